@@ -1,0 +1,19 @@
+//! tokwatt: a node agent that runs token-generating GPU work, reads telemetry, and asks a
+//! sandboxed WebAssembly policy every control tick which power cap, SM clock and batch
+//! size to use.
+//!
+//! The data flow reads top to bottom, one module per boundary:
+//!
+//! ```text
+//! telemetry -> observation -> plugin (wasm) -> envelope -> actuator / workload
+//! (nvml|sim)                                   (clamp,      (nvml|dry-run|sim,
+//!                                               rate)        batch size)
+//! ```
+//!
+//! See ARCHITECTURE.md for the code map and the invariants.
+
+pub mod actuator;
+pub mod clock;
+pub mod types;
+pub mod telemetry;
+pub mod workload;

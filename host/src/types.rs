@@ -1,0 +1,169 @@
+//! Plain data shared by every boundary. Nothing here knows about wasmtime, NVML or CUDA.
+
+use serde::{Deserialize, Serialize};
+
+/// Which knobs a policy may turn (granted by the operator's policy spec).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Knobs {
+    pub power_cap: bool,
+    pub sm_clock: bool,
+    pub batch_size: bool,
+}
+
+/// NVML clock-event reasons, reduced to what a policy can act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ClockEvents {
+    pub gpu_idle: bool,
+    pub sw_power_cap: bool,
+    pub hw_slowdown: bool,
+    pub sw_thermal: bool,
+    pub hw_thermal: bool,
+    pub clock_setting: bool,
+}
+
+impl ClockEvents {
+    /// Every reason seen in either.
+    pub fn union(self, other: ClockEvents) -> ClockEvents {
+        ClockEvents {
+            gpu_idle: self.gpu_idle || other.gpu_idle,
+            sw_power_cap: self.sw_power_cap || other.sw_power_cap,
+            hw_slowdown: self.hw_slowdown || other.hw_slowdown,
+            sw_thermal: self.sw_thermal || other.sw_thermal,
+            hw_thermal: self.hw_thermal || other.hw_thermal,
+            clock_setting: self.clock_setting || other.clock_setting,
+        }
+    }
+}
+
+/// Constraints and identity of one GPU, as its backend reports them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub simulated: bool,
+    pub power_cap_min_w: f64,
+    pub power_cap_max_w: f64,
+    pub power_cap_default_w: f64,
+    /// Supported SM clocks, highest first.
+    pub sm_clocks_mhz: Vec<u32>,
+    /// Supported memory clocks, highest first.
+    pub mem_clocks_mhz: Vec<u32>,
+}
+
+impl DeviceInfo {
+    pub fn sm_clock_max_mhz(&self) -> u32 {
+        self.sm_clocks_mhz.iter().copied().max().unwrap_or(0)
+    }
+    pub fn sm_clock_min_mhz(&self) -> u32 {
+        self.sm_clocks_mhz.iter().copied().min().unwrap_or(0)
+    }
+}
+
+/// What a policy asks for one GPU. `None` leaves the knob as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Settings {
+    pub power_cap_w: Option<f64>,
+    pub sm_clock_max_mhz: Option<u32>,
+    pub batch_size: Option<u32>,
+}
+
+/// The settings actually in force on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct InForce {
+    pub power_cap_w: f64,
+    /// Upper bound of the SM clock lock (the maximum supported clock when unlocked).
+    pub sm_clock_max_mhz: u32,
+    pub batch_size: u32,
+}
+
+/// What the telemetry backend saw on one GPU since the previous window was read.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct TelemetryWindow {
+    /// Length of the window, seconds.
+    pub interval_s: f64,
+    /// Energy counter difference over the window (never integrated power samples).
+    pub energy_j: f64,
+    /// The energy counter at the end of the window, joules since the backend started.
+    pub energy_counter_j: f64,
+    /// NVML's 1 s averaged power reading at the end of the window.
+    pub power_avg_reading_w: f64,
+    /// Highest instantaneous power sample in the window.
+    pub power_peak_w: f64,
+    /// Median SM clock of the window's samples.
+    pub sm_clock_mhz: u32,
+    pub mem_clock_mhz: u32,
+    pub temperature_c: f64,
+    pub gpu_util_pct: f64,
+    pub clock_events: ClockEvents,
+    /// Power limit the GPU enforced at the end of the window.
+    pub power_limit_enforced_w: f64,
+    /// Number of samples the window was built from.
+    pub samples: u32,
+}
+
+/// What the workload did on one GPU since the previous window was read.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct WorkloadWindow {
+    pub tokens: u64,
+    /// Decode steps completed.
+    pub steps: u64,
+    /// Time per output token (one decode step), median and 99th percentile, ms.
+    pub tpot_p50_ms: f64,
+    pub tpot_p99_ms: f64,
+    /// Sequences decoding together at the end of the window.
+    pub active_sequences: u32,
+    /// Requests waiting for a batch slot at the end of the window.
+    pub queue_depth: u32,
+    /// Batch size in force.
+    pub batch_size: u32,
+}
+
+/// One GPU over one control interval, as handed to the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Observation {
+    pub gpu: u32,
+    pub tick: u64,
+    pub interval_s: f64,
+    pub tokens: u64,
+    pub energy_j: f64,
+    pub tokens_per_joule: f64,
+    pub tokens_per_s: f64,
+    pub power_avg_w: f64,
+    pub power_peak_w: f64,
+    pub sm_clock_mhz: u32,
+    pub mem_clock_mhz: u32,
+    pub temperature_c: f64,
+    pub gpu_util_pct: f64,
+    pub clock_events: ClockEvents,
+    pub tpot_p50_ms: f64,
+    pub tpot_p99_ms: f64,
+    pub active_sequences: u32,
+    pub queue_depth: u32,
+    pub in_force: InForce,
+    pub last_clamped: bool,
+    pub settling: bool,
+}
+
+/// The operator's service objective.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Objective {
+    /// Largest acceptable p99 time per output token, ms.
+    pub tpot_p99_limit_ms: Option<f64>,
+    /// Smallest acceptable throughput per GPU, tokens/s.
+    pub min_tokens_per_s: Option<f64>,
+}
+
+impl Objective {
+    /// Whether an observation meets the objective. Idle intervals (no tokens) are not violations.
+    pub fn violated_by(&self, obs: &Observation) -> bool {
+        let tpot = self
+            .tpot_p99_limit_ms
+            .is_some_and(|limit| obs.tokens > 0 && obs.tpot_p99_ms > limit);
+        let throughput = self
+            .min_tokens_per_s
+            .is_some_and(|min| obs.queue_depth > 0 && obs.tokens_per_s < min);
+        tpot || throughput
+    }
+}

@@ -1,0 +1,29 @@
+//! The workload boundary: the token-generating work and its own knob, the batch size.
+//!
+//! Backends: the simulator, the CUDA decode workload, and an external token source
+//! (a serving engine's Prometheus counter).
+
+use crate::types::WorkloadWindow;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("GPU index {index} is out of range: this workload runs on {count} GPU(s)")]
+    NoSuchGpu { index: u32, count: u32 },
+    #[error("batch size {requested} is out of range: this workload accepts 1 to {max}")]
+    BatchOutOfRange { requested: u32, max: u32 },
+    #[error("the workload cannot change its batch size: {0}")]
+    BatchFixed(String),
+    #[error("the workload failed: {0}")]
+    Failed(String),
+}
+
+pub trait Workload: Send {
+    fn name(&self) -> &'static str;
+    /// The largest batch size the workload accepts on `gpu`.
+    fn batch_size_max(&self, gpu: u32) -> u32;
+    fn batch_size(&self, gpu: u32) -> u32;
+    /// Takes effect at the next decode step; never reallocates.
+    fn set_batch_size(&mut self, gpu: u32, batch: u32) -> Result<(), WorkloadError>;
+    /// Tokens and latency on `gpu` since the previous call, and start a new window.
+    fn read_window(&mut self, gpu: u32) -> Result<WorkloadWindow, WorkloadError>;
+}
