@@ -1,0 +1,438 @@
+//! The control loop: every tick, read each GPU's window, build the observations, ask the
+//! policy (through its supervisor), pass the answer through the envelope, apply what
+//! changes, and record everything. Simulated and real runs share every line of it: only
+//! the backends and the clock differ.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::actuator::{Actuator, ActuatorError};
+use crate::clock::Clock;
+use crate::envelope::Envelope;
+use crate::policy::{DecisionSource, PolicyCounters, Supervisor};
+use crate::recorder::{Recorder, RecorderError, TickRecord};
+use crate::telemetry::Telemetry;
+use crate::types::{InForce, Objective, Observation, Settings, TelemetryWindow, WorkloadWindow};
+use crate::workload::Workload;
+
+/// The hardware and the clock a run drives.
+pub struct Backends {
+    pub telemetry: Box<dyn Telemetry>,
+    pub actuator: Box<dyn Actuator>,
+    pub workload: Box<dyn Workload>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Backends {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backends")
+            .field("actuator", &self.actuator.name())
+            .field("workload", &self.workload.name())
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+/// Called before the agent changes any GPU setting, so the originals can be saved first.
+pub trait ChangeGuard {
+    fn before_change(&mut self, actuator: &mut dyn Actuator) -> Result<(), String>;
+}
+
+/// For runs that change nothing that needs restoring.
+#[derive(Debug, Default)]
+pub struct NoGuard;
+
+impl ChangeGuard for NoGuard {
+    fn before_change(&mut self, _actuator: &mut dyn Actuator) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    pub duration: Duration,
+    pub tick: Duration,
+    pub objective: Objective,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("reading the workload on GPU {gpu} failed: {reason}")]
+    Workload { gpu: u32, reason: String },
+    #[error(transparent)]
+    Recorder(#[from] RecorderError),
+    #[error("the agent could not save the GPU settings before changing them: {0}")]
+    Guard(String),
+}
+
+/// Totals for one GPU.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GpuTotals {
+    pub gpu: u32,
+    pub tokens: u64,
+    pub energy_j: f64,
+    pub tokens_per_joule: f64,
+    pub slo_violation_ticks: u64,
+    pub final_settings: Option<InForce>,
+}
+
+/// What a run did, for `summary.json`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LoopTotals {
+    pub tokens: u64,
+    pub energy_j: f64,
+    pub tokens_per_joule: f64,
+    pub duration_s: f64,
+    pub ticks: u64,
+    pub fallback_ticks: u64,
+    pub plugin_traps: u64,
+    pub slo_violation_ticks: u64,
+    pub clamped_decisions: u64,
+    pub non_finite_values: u64,
+    pub actuator_errors: u64,
+    pub telemetry_errors: u64,
+    pub settings_changes: u64,
+    pub interrupted: bool,
+    pub policy_counters: PolicyCounters,
+    pub gpus: Vec<GpuTotals>,
+    /// Wall time the loop took, seconds (on a virtual clock, far less than `duration_s`).
+    pub wall_time_s: f64,
+}
+
+/// Progress, reported after every tick.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress<'a> {
+    pub tick: u64,
+    pub ticks: u64,
+    pub time: Duration,
+    pub totals: &'a LoopTotals,
+    pub observations: &'a [Observation],
+}
+
+pub struct ControlLoop<'a> {
+    backends: Backends,
+    supervisor: Supervisor,
+    envelope: Envelope,
+    config: LoopConfig,
+    guard: &'a mut dyn ChangeGuard,
+    stop: Arc<AtomicBool>,
+    in_force: Vec<InForce>,
+    last_clamped: Vec<bool>,
+    settling: Vec<bool>,
+    last_telemetry: Vec<TelemetryWindow>,
+    totals: LoopTotals,
+}
+
+impl std::fmt::Debug for ControlLoop<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlLoop")
+            .field("backends", &self.backends)
+            .field("supervisor", &self.supervisor)
+            .field("in_force", &self.in_force)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> ControlLoop<'a> {
+    /// Read the settings in force and apply the policy's first settings (from `init`)
+    /// through the envelope.
+    pub fn new(
+        mut backends: Backends,
+        supervisor: Supervisor,
+        first_settings: &[Settings],
+        envelope: Envelope,
+        config: LoopConfig,
+        guard: &'a mut dyn ChangeGuard,
+        stop: Arc<AtomicBool>,
+    ) -> Result<Self, ControlError> {
+        let devices = backends.telemetry.devices();
+        let mut in_force = Vec::with_capacity(devices.len());
+        for device in &devices {
+            let gpu = device.index;
+            let read = backends.actuator.read(gpu);
+            let (cap, sm_max) = match read {
+                Ok(s) => (
+                    s.power_cap_enforced_w,
+                    s.sm_clock_lock_mhz
+                        .map_or(device.sm_clock_max_mhz(), |(_, hi)| hi),
+                ),
+                Err(e) => {
+                    tracing::warn!(gpu, "cannot read the settings in force: {e}");
+                    (device.power_cap_default_w, device.sm_clock_max_mhz())
+                }
+            };
+            in_force.push(InForce {
+                power_cap_w: cap,
+                sm_clock_max_mhz: sm_max,
+                batch_size: backends.workload.batch_size(gpu),
+            });
+        }
+        let n = devices.len();
+        let totals = LoopTotals {
+            gpus: devices
+                .iter()
+                .map(|d| GpuTotals {
+                    gpu: d.index,
+                    ..GpuTotals::default()
+                })
+                .collect(),
+            ..LoopTotals::default()
+        };
+        let mut this = Self {
+            backends,
+            supervisor,
+            envelope,
+            config,
+            guard,
+            stop,
+            in_force,
+            last_clamped: vec![false; n],
+            settling: vec![false; n],
+            last_telemetry: vec![TelemetryWindow::default(); n],
+            totals,
+        };
+        for (gpu, settings) in first_settings.iter().enumerate() {
+            let applied = this.envelope.apply(gpu as u32, settings, &this.in_force[gpu]);
+            this.last_clamped[gpu] = applied.clamped;
+            this.apply(gpu as u32, &applied.settings)?;
+        }
+        // Whatever the first settings did, the first window starts now.
+        for gpu in 0..n as u32 {
+            let _ = this.backends.telemetry.read_window(gpu);
+            let _ = this.backends.workload.read_window(gpu);
+        }
+        Ok(this)
+    }
+
+    /// Run until the configured duration is over or `stop` is raised (between ticks).
+    pub fn run(
+        mut self,
+        recorder: &mut Recorder,
+        progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<(LoopTotals, Backends), ControlError> {
+        let started = Instant::now();
+        let start = self.backends.clock.now();
+        let tick_len = self.config.tick;
+        let ticks = (self.config.duration.as_nanos() / tick_len.as_nanos().max(1)) as u64;
+        let n = self.in_force.len();
+        let mut window_start = start;
+        for tick in 0..ticks {
+            if self.stop.load(Ordering::Relaxed) {
+                self.totals.interrupted = true;
+                break;
+            }
+            let deadline = start + tick_len * u32::try_from(tick + 1).unwrap_or(u32::MAX);
+            self.backends.clock.sleep_until(deadline);
+            let now = self.backends.clock.now();
+            let interval = now.saturating_sub(window_start);
+            window_start = now;
+
+            let mut observations = Vec::with_capacity(n);
+            for gpu in 0..n as u32 {
+                let t = self.read_telemetry(gpu);
+                let w = self
+                    .backends
+                    .workload
+                    .read_window(gpu)
+                    .map_err(|e| ControlError::Workload {
+                        gpu,
+                        reason: e.to_string(),
+                    })?;
+                observations.push(self.observe(gpu, tick, interval, &t, &w));
+            }
+
+            let decision = self.supervisor.decide(tick, now - start, &observations);
+            let fallback = !matches!(decision.source, DecisionSource::Policy);
+            let mut any_violation = false;
+            for (gpu, obs) in observations.iter().enumerate() {
+                let requested = decision.settings.get(gpu).copied().unwrap_or_default();
+                let applied = self.envelope.apply(gpu as u32, &requested, &self.in_force[gpu]);
+                self.last_clamped[gpu] = applied.clamped;
+                self.totals.clamped_decisions += u64::from(applied.clamped);
+                self.totals.non_finite_values += u64::from(applied.non_finite);
+                self.apply(gpu as u32, &applied.settings)?;
+
+                let violation = self.config.objective.violated_by(obs);
+                any_violation |= violation;
+                let gpu_totals = &mut self.totals.gpus[gpu];
+                gpu_totals.tokens += obs.tokens;
+                gpu_totals.energy_j += obs.energy_j;
+                gpu_totals.slo_violation_ticks += u64::from(violation);
+                self.totals.tokens += obs.tokens;
+                self.totals.energy_j += obs.energy_j;
+
+                recorder.record(&TickRecord {
+                    time_s: (now - start).as_secs_f64(),
+                    observation: *obs,
+                    requested,
+                    applied: applied.settings,
+                    in_force_after: self.in_force[gpu],
+                    fallback,
+                    clamped: applied.clamped,
+                    slo_violation: violation,
+                    energy_counter_j: self.last_telemetry[gpu].energy_counter_j,
+                })?;
+            }
+            self.totals.ticks += 1;
+            self.totals.slo_violation_ticks += u64::from(any_violation);
+            self.totals.duration_s = (now - start).as_secs_f64();
+            let counters = self.supervisor.counters();
+            self.totals.fallback_ticks = counters.fallback_ticks;
+            self.totals.plugin_traps = counters.plugin_traps();
+            progress(Progress {
+                tick,
+                ticks,
+                time: now - start,
+                totals: &self.totals,
+                observations: &observations,
+            });
+        }
+        self.totals.policy_counters = self.supervisor.counters();
+        self.totals.tokens_per_joule = ratio(self.totals.tokens, self.totals.energy_j);
+        for (gpu, totals) in self.totals.gpus.iter_mut().enumerate() {
+            totals.tokens_per_joule = ratio(totals.tokens, totals.energy_j);
+            totals.final_settings = Some(self.in_force[gpu]);
+        }
+        self.totals.wall_time_s = started.elapsed().as_secs_f64();
+        Ok((self.totals, self.backends))
+    }
+
+    fn read_telemetry(&mut self, gpu: u32) -> TelemetryWindow {
+        match self.backends.telemetry.read_window(gpu) {
+            Ok(window) => {
+                self.last_telemetry[gpu as usize] = window;
+                window
+            }
+            Err(e) => {
+                self.totals.telemetry_errors += 1;
+                tracing::warn!(gpu, "telemetry read failed, the tick sees an empty window: {e}");
+                TelemetryWindow::default()
+            }
+        }
+    }
+
+    fn observe(
+        &mut self,
+        gpu: u32,
+        tick: u64,
+        interval: Duration,
+        t: &TelemetryWindow,
+        w: &WorkloadWindow,
+    ) -> Observation {
+        let g = gpu as usize;
+        let interval_s = interval.as_secs_f64();
+        // The enforced limit comes from the device, not from what was asked.
+        if t.power_limit_enforced_w > 0.0 {
+            self.in_force[g].power_cap_w = t.power_limit_enforced_w;
+        }
+        let observation = Observation {
+            gpu,
+            tick,
+            interval_s,
+            tokens: w.tokens,
+            energy_j: t.energy_j,
+            tokens_per_joule: ratio(w.tokens, t.energy_j),
+            tokens_per_s: if interval_s > 0.0 {
+                w.tokens as f64 / interval_s
+            } else {
+                0.0
+            },
+            power_avg_w: if interval_s > 0.0 {
+                t.energy_j / interval_s
+            } else {
+                0.0
+            },
+            power_peak_w: t.power_peak_w,
+            sm_clock_mhz: t.sm_clock_mhz,
+            mem_clock_mhz: t.mem_clock_mhz,
+            temperature_c: t.temperature_c,
+            gpu_util_pct: t.gpu_util_pct,
+            clock_events: t.clock_events,
+            tpot_p50_ms: w.tpot_p50_ms,
+            tpot_p99_ms: w.tpot_p99_ms,
+            active_sequences: w.active_sequences,
+            queue_depth: w.queue_depth,
+            in_force: self.in_force[g],
+            last_clamped: self.last_clamped[g],
+            settling: self.settling[g],
+        };
+        self.settling[g] = false;
+        observation
+    }
+
+    /// Apply the knobs that change. A failed change is logged and counted, never fatal:
+    /// the setting stays as it was.
+    fn apply(&mut self, gpu: u32, settings: &Settings) -> Result<(), ControlError> {
+        let g = gpu as usize;
+        let touches_gpu = settings.power_cap_w.is_some() || settings.sm_clock_max_mhz.is_some();
+        if touches_gpu {
+            self.guard
+                .before_change(self.backends.actuator.as_mut())
+                .map_err(ControlError::Guard)?;
+        }
+        if let Some(watts) = settings.power_cap_w {
+            match self.backends.actuator.set_power_cap(gpu, watts) {
+                Ok(enforced) => {
+                    self.in_force[g].power_cap_w = enforced;
+                    self.changed(gpu);
+                }
+                Err(e) => self.actuator_error(gpu, e),
+            }
+        }
+        if let Some(mhz) = settings.sm_clock_max_mhz {
+            let device_max = self
+                .envelope
+                .limits(gpu)
+                .map_or(mhz, |l| l.sm_clock_device_max_mhz);
+            let min = self
+                .envelope
+                .limits(gpu)
+                .and_then(|l| l.sm_clocks_mhz.last().copied())
+                .unwrap_or(mhz)
+                .min(mhz);
+            // The device's top clock means "no lock": release it rather than pin it.
+            let range = (mhz < device_max).then_some((min, mhz));
+            match self.backends.actuator.set_sm_clock_lock(gpu, range) {
+                Ok(()) => {
+                    self.in_force[g].sm_clock_max_mhz = mhz;
+                    self.changed(gpu);
+                }
+                Err(e) => self.actuator_error(gpu, e),
+            }
+        }
+        if let Some(batch) = settings.batch_size {
+            match self.backends.workload.set_batch_size(gpu, batch) {
+                Ok(()) => {
+                    self.in_force[g].batch_size = batch;
+                    self.changed(gpu);
+                }
+                Err(e) => {
+                    self.totals.actuator_errors += 1;
+                    tracing::warn!(gpu, "batch size change failed: {e}");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn changed(&mut self, gpu: u32) {
+        self.settling[gpu as usize] = true;
+        self.totals.settings_changes += 1;
+    }
+
+    fn actuator_error(&mut self, gpu: u32, e: ActuatorError) {
+        self.totals.actuator_errors += 1;
+        tracing::warn!(gpu, "setting change failed, the old setting stays: {e}");
+    }
+}
+
+fn ratio(tokens: u64, energy_j: f64) -> f64 {
+    if energy_j > 0.0 {
+        tokens as f64 / energy_j
+    } else {
+        0.0
+    }
+}

@@ -1,0 +1,450 @@
+//! The safety envelope between a policy's wishes and the hardware: every setting is
+//! clamped to the device's constraints and the operator's guardrails, limited to a
+//! configured change per tick, and dropped when it is not a finite number or turns a
+//! knob the policy was not granted. Whatever a plugin returns, what leaves here is safe.
+
+use serde::{Deserialize, Serialize};
+
+use crate::policy::DeviceFacts;
+use crate::types::{DeviceInfo, InForce, Knobs, Settings};
+
+/// The operator's limits, from the policy spec's `[guardrails]` table. Unset means the
+/// device's own limit.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Guardrails {
+    pub power_cap_min_w: Option<f64>,
+    pub power_cap_max_w: Option<f64>,
+    pub sm_clock_min_mhz: Option<u32>,
+    pub sm_clock_max_mhz: Option<u32>,
+    pub batch_size_min: Option<u32>,
+    pub batch_size_max: Option<u32>,
+    /// Largest power cap change per tick.
+    pub max_power_cap_step_w: Option<f64>,
+    /// Largest SM clock change per tick.
+    pub max_sm_clock_step_mhz: Option<u32>,
+    /// Largest batch size change per tick.
+    pub max_batch_size_step: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EnvelopeError {
+    #[error(
+        "GPU {gpu}: the guardrails allow {what} {lo}..{hi}, which is outside the device's range {dev_lo}..{dev_hi}; fix [guardrails] in the policy spec"
+    )]
+    Disjoint {
+        gpu: u32,
+        what: &'static str,
+        lo: f64,
+        hi: f64,
+        dev_lo: f64,
+        dev_hi: f64,
+    },
+    #[error("guardrail `{0}` must be a positive, finite number")]
+    BadValue(&'static str),
+}
+
+/// The effective limits of one GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuLimits {
+    pub power_cap_w: (f64, f64),
+    /// Allowed SM clocks, highest first (device-supported, within guardrails).
+    pub sm_clocks_mhz: Vec<u32>,
+    /// The device's highest clock: asking for it releases the lock.
+    pub sm_clock_device_max_mhz: u32,
+    pub batch_size: (u32, u32),
+    pub max_power_cap_step_w: f64,
+    pub max_sm_clock_step_mhz: u32,
+    pub max_batch_size_step: u32,
+}
+
+/// What survives the envelope for one GPU: only the knobs that change.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Applied {
+    pub settings: Settings,
+    /// Something asked for was changed or dropped.
+    pub clamped: bool,
+    /// A value was not a finite number (NaN or infinite).
+    pub non_finite: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Envelope {
+    knobs: Knobs,
+    gpus: Vec<GpuLimits>,
+}
+
+fn check_positive(value: Option<f64>, name: &'static str) -> Result<(), EnvelopeError> {
+    match value {
+        Some(v) if !(v.is_finite() && v > 0.0) => Err(EnvelopeError::BadValue(name)),
+        _ => Ok(()),
+    }
+}
+
+impl Envelope {
+    pub fn new(
+        devices: &[DeviceInfo],
+        batch_size_max: &[u32],
+        guardrails: &Guardrails,
+        knobs: Knobs,
+    ) -> Result<Self, EnvelopeError> {
+        check_positive(guardrails.power_cap_min_w, "power_cap_min_w")?;
+        check_positive(guardrails.power_cap_max_w, "power_cap_max_w")?;
+        check_positive(guardrails.max_power_cap_step_w, "max_power_cap_step_w")?;
+        let mut gpus = Vec::with_capacity(devices.len());
+        for (device, &workload_max) in devices.iter().zip(batch_size_max) {
+            let gpu = device.index;
+            let lo = guardrails
+                .power_cap_min_w
+                .map_or(device.power_cap_min_w, |g| g.max(device.power_cap_min_w));
+            let hi = guardrails
+                .power_cap_max_w
+                .map_or(device.power_cap_max_w, |g| g.min(device.power_cap_max_w));
+            if lo > hi {
+                return Err(EnvelopeError::Disjoint {
+                    gpu,
+                    what: "power cap (W)",
+                    lo: guardrails.power_cap_min_w.unwrap_or(lo),
+                    hi: guardrails.power_cap_max_w.unwrap_or(hi),
+                    dev_lo: device.power_cap_min_w,
+                    dev_hi: device.power_cap_max_w,
+                });
+            }
+            let clock_lo = guardrails.sm_clock_min_mhz.unwrap_or(0);
+            let clock_hi = guardrails.sm_clock_max_mhz.unwrap_or(u32::MAX);
+            let mut sm_clocks: Vec<u32> = device
+                .sm_clocks_mhz
+                .iter()
+                .copied()
+                .filter(|c| (clock_lo..=clock_hi).contains(c))
+                .collect();
+            sm_clocks.sort_unstable_by(|a, b| b.cmp(a));
+            sm_clocks.dedup();
+            if sm_clocks.is_empty() && !device.sm_clocks_mhz.is_empty() {
+                return Err(EnvelopeError::Disjoint {
+                    gpu,
+                    what: "SM clock (MHz)",
+                    lo: f64::from(clock_lo),
+                    hi: f64::from(clock_hi),
+                    dev_lo: f64::from(device.sm_clock_min_mhz()),
+                    dev_hi: f64::from(device.sm_clock_max_mhz()),
+                });
+            }
+            let batch_lo = guardrails.batch_size_min.unwrap_or(1).max(1);
+            let batch_hi = guardrails
+                .batch_size_max
+                .map_or(workload_max, |g| g.min(workload_max));
+            if batch_lo > batch_hi {
+                return Err(EnvelopeError::Disjoint {
+                    gpu,
+                    what: "batch size",
+                    lo: f64::from(batch_lo),
+                    hi: f64::from(batch_hi),
+                    dev_lo: 1.0,
+                    dev_hi: f64::from(workload_max),
+                });
+            }
+            gpus.push(GpuLimits {
+                power_cap_w: (lo, hi),
+                sm_clocks_mhz: sm_clocks,
+                sm_clock_device_max_mhz: device.sm_clock_max_mhz(),
+                batch_size: (batch_lo, batch_hi),
+                max_power_cap_step_w: guardrails.max_power_cap_step_w.unwrap_or(f64::INFINITY),
+                max_sm_clock_step_mhz: guardrails.max_sm_clock_step_mhz.unwrap_or(u32::MAX),
+                max_batch_size_step: guardrails.max_batch_size_step.unwrap_or(u32::MAX),
+            });
+        }
+        Ok(Self { knobs, gpus })
+    }
+
+    pub fn limits(&self, gpu: u32) -> Option<&GpuLimits> {
+        self.gpus.get(gpu as usize)
+    }
+
+    /// What a policy is told about each GPU: the device's facts narrowed by the guardrails.
+    pub fn facts(&self, devices: &[DeviceInfo]) -> Vec<DeviceFacts> {
+        devices
+            .iter()
+            .zip(&self.gpus)
+            .map(|(d, limits)| DeviceFacts {
+                index: d.index,
+                uuid: d.uuid.clone(),
+                name: d.name.clone(),
+                simulated: d.simulated,
+                power_cap_min_w: limits.power_cap_w.0,
+                power_cap_max_w: limits.power_cap_w.1,
+                power_cap_default_w: d.power_cap_default_w,
+                sm_clocks_mhz: limits.sm_clocks_mhz.clone(),
+                batch_size_max: limits.batch_size.1,
+            })
+            .collect()
+    }
+
+    /// Clamp `requested` for `gpu`, given what is in force. Returns only the knobs that change.
+    pub fn apply(&self, gpu: u32, requested: &Settings, in_force: &InForce) -> Applied {
+        let mut applied = Applied::default();
+        let Some(limits) = self.gpus.get(gpu as usize) else {
+            applied.clamped = requested != &Settings::default();
+            return applied;
+        };
+
+        if let Some(want) = requested.power_cap_w {
+            match self.power_cap(limits, want, in_force.power_cap_w) {
+                Ok((watts, clamped)) => {
+                    applied.clamped |= clamped;
+                    if (watts - in_force.power_cap_w).abs() >= 0.5 {
+                        applied.settings.power_cap_w = Some(watts);
+                    }
+                }
+                Err(non_finite) => {
+                    applied.clamped = true;
+                    applied.non_finite |= non_finite;
+                }
+            }
+        }
+        if let Some(want) = requested.sm_clock_max_mhz {
+            match self.sm_clock(limits, want, in_force.sm_clock_max_mhz) {
+                Some((mhz, clamped)) => {
+                    applied.clamped |= clamped;
+                    if mhz != in_force.sm_clock_max_mhz {
+                        applied.settings.sm_clock_max_mhz = Some(mhz);
+                    }
+                }
+                None => applied.clamped = true,
+            }
+        }
+        if let Some(want) = requested.batch_size {
+            if self.knobs.batch_size {
+                let (batch, clamped) = step_limited_u32(
+                    want.clamp(limits.batch_size.0, limits.batch_size.1),
+                    in_force.batch_size,
+                    limits.max_batch_size_step,
+                );
+                applied.clamped |= clamped || batch != want;
+                if batch != in_force.batch_size {
+                    applied.settings.batch_size = Some(batch);
+                }
+            } else {
+                applied.clamped = true;
+            }
+        }
+        applied
+    }
+
+    /// `Err(true)` for a non-finite value, `Err(false)` for a knob not granted.
+    fn power_cap(&self, limits: &GpuLimits, want: f64, current: f64) -> Result<(f64, bool), bool> {
+        if !self.knobs.power_cap {
+            return Err(false);
+        }
+        if !want.is_finite() {
+            return Err(true);
+        }
+        let (lo, hi) = limits.power_cap_w;
+        let in_range = want.clamp(lo, hi);
+        let step = limits.max_power_cap_step_w;
+        let stepped = in_range.clamp(current - step, current + step).clamp(lo, hi);
+        Ok((stepped, stepped != want))
+    }
+
+    fn sm_clock(&self, limits: &GpuLimits, want: u32, current: u32) -> Option<(u32, bool)> {
+        if !self.knobs.sm_clock || limits.sm_clocks_mhz.is_empty() {
+            return None;
+        }
+        let (stepped, _) = step_limited_u32(want, current, limits.max_sm_clock_step_mhz);
+        // The highest allowed clock at or below the target; the lowest allowed if none.
+        let snapped = limits
+            .sm_clocks_mhz
+            .iter()
+            .copied()
+            .find(|&c| c <= stepped)
+            .or_else(|| limits.sm_clocks_mhz.last().copied())?;
+        Some((snapped, snapped != want))
+    }
+}
+
+/// Move from `current` toward `target` by at most `max_step`.
+fn step_limited_u32(target: u32, current: u32, max_step: u32) -> (u32, bool) {
+    let out = if target > current {
+        current.saturating_add(max_step).min(target)
+    } else {
+        current.saturating_sub(max_step).max(target)
+    };
+    (out, out != target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h200() -> DeviceInfo {
+        DeviceInfo {
+            index: 0,
+            uuid: "GPU-test".into(),
+            name: "test".into(),
+            simulated: true,
+            power_cap_min_w: 200.0,
+            power_cap_max_w: 700.0,
+            power_cap_default_w: 700.0,
+            sm_clocks_mhz: (0..110).map(|i| 1980 - 15 * i).collect(),
+            mem_clocks_mhz: vec![3201],
+        }
+    }
+
+    fn all_knobs() -> Knobs {
+        Knobs {
+            power_cap: true,
+            sm_clock: true,
+            batch_size: true,
+        }
+    }
+
+    fn in_force() -> InForce {
+        InForce {
+            power_cap_w: 700.0,
+            sm_clock_max_mhz: 1980,
+            batch_size: 64,
+        }
+    }
+
+    fn envelope(g: Guardrails) -> Envelope {
+        Envelope::new(&[h200()], &[512], &g, all_knobs()).expect("valid")
+    }
+
+    #[test]
+    fn garbage_never_leaves_the_envelope() {
+        let env = envelope(Guardrails {
+            power_cap_min_w: Some(300.0),
+            max_power_cap_step_w: Some(100.0),
+            ..Guardrails::default()
+        });
+        let garbage = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -5.0, 0.0, 1e300, f64::MAX];
+        for &watts in &garbage {
+            for &mhz in &[0, 1, 7, u32::MAX] {
+                for &batch in &[0, 1, u32::MAX] {
+                    let req = Settings {
+                        power_cap_w: Some(watts),
+                        sm_clock_max_mhz: Some(mhz),
+                        batch_size: Some(batch),
+                    };
+                    let out = env.apply(0, &req, &in_force());
+                    assert!(out.clamped);
+                    if let Some(w) = out.settings.power_cap_w {
+                        assert!((300.0..=700.0).contains(&w), "{w}");
+                        assert!((w - 700.0).abs() <= 100.0);
+                    }
+                    if let Some(c) = out.settings.sm_clock_max_mhz {
+                        assert!(h200().sm_clocks_mhz.contains(&c));
+                    }
+                    if let Some(b) = out.settings.batch_size {
+                        assert!((1..=512).contains(&b));
+                    }
+                }
+            }
+        }
+        let nan = env.apply(0, &Settings { power_cap_w: Some(f64::NAN), ..Settings::default() }, &in_force());
+        assert!(nan.non_finite && nan.settings.power_cap_w.is_none());
+    }
+
+    #[test]
+    fn in_range_requests_pass_unchanged() {
+        let env = envelope(Guardrails::default());
+        let req = Settings {
+            power_cap_w: Some(450.0),
+            sm_clock_max_mhz: Some(1500),
+            batch_size: Some(128),
+        };
+        let out = env.apply(0, &req, &in_force());
+        assert!(!out.clamped);
+        assert_eq!(out.settings, req);
+    }
+
+    #[test]
+    fn unchanged_values_are_not_reapplied() {
+        let env = envelope(Guardrails::default());
+        let req = Settings {
+            power_cap_w: Some(700.0),
+            sm_clock_max_mhz: Some(1980),
+            batch_size: Some(64),
+        };
+        let out = env.apply(0, &req, &in_force());
+        assert_eq!(out.settings, Settings::default());
+        assert!(!out.clamped);
+    }
+
+    #[test]
+    fn rate_limits_hold() {
+        let env = envelope(Guardrails {
+            max_power_cap_step_w: Some(50.0),
+            max_sm_clock_step_mhz: Some(100),
+            max_batch_size_step: Some(16),
+            ..Guardrails::default()
+        });
+        let req = Settings {
+            power_cap_w: Some(200.0),
+            sm_clock_max_mhz: Some(800),
+            batch_size: Some(512),
+        };
+        let out = env.apply(0, &req, &in_force());
+        assert_eq!(out.settings.power_cap_w, Some(650.0));
+        // 1980 - 100 = 1880, snapped down to the 15 MHz grid.
+        assert_eq!(out.settings.sm_clock_max_mhz, Some(1875));
+        assert_eq!(out.settings.batch_size, Some(80));
+        assert!(out.clamped);
+    }
+
+    #[test]
+    fn knobs_not_granted_are_dropped() {
+        let env = Envelope::new(
+            &[h200()],
+            &[512],
+            &Guardrails::default(),
+            Knobs {
+                power_cap: true,
+                ..Knobs::default()
+            },
+        )
+        .expect("valid");
+        let out = env.apply(
+            0,
+            &Settings {
+                power_cap_w: Some(500.0),
+                sm_clock_max_mhz: Some(1500),
+                batch_size: Some(8),
+            },
+            &in_force(),
+        );
+        assert_eq!(out.settings.power_cap_w, Some(500.0));
+        assert_eq!(out.settings.sm_clock_max_mhz, None);
+        assert_eq!(out.settings.batch_size, None);
+        assert!(out.clamped);
+    }
+
+    #[test]
+    fn guardrails_outside_the_device_are_refused() {
+        let err = Envelope::new(
+            &[h200()],
+            &[512],
+            &Guardrails {
+                power_cap_min_w: Some(800.0),
+                ..Guardrails::default()
+            },
+            all_knobs(),
+        )
+        .expect_err("disjoint");
+        assert!(err.to_string().contains("power cap"), "{err}");
+    }
+
+    #[test]
+    fn facts_reflect_guardrails() {
+        let env = envelope(Guardrails {
+            power_cap_max_w: Some(600.0),
+            sm_clock_min_mhz: Some(1000),
+            batch_size_max: Some(256),
+            ..Guardrails::default()
+        });
+        let facts = env.facts(&[h200()]);
+        assert_eq!(facts[0].power_cap_max_w, 600.0);
+        assert_eq!(facts[0].batch_size_max, 256);
+        assert!(facts[0].sm_clocks_mhz.iter().all(|&c| c >= 1000));
+    }
+}

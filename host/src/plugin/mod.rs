@@ -1,0 +1,589 @@
+//! The WebAssembly plugin host: the only code that knows wasmtime.
+//!
+//! A policy is a component implementing `tokwatt:policy@0.1.*` (see `wit/policy.wit`).
+//! Loading validates the file, checks the contract version, compiles it (or takes the
+//! compiled form from the on-disk cache) and links it once into an `InstancePre`, so
+//! instantiating a fresh copy after a trap is cheap. Each instance runs sandboxed: a
+//! fuel budget and an epoch deadline per call, a memory limit, and a locked-down WASI
+//! context (no filesystem, network, environment or arguments; clocks and random made
+//! deterministic) — plain Rust guests import WASI through std even when they never use it.
+
+mod cache;
+mod sandbox;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, Store};
+
+pub use cache::ComponentCache;
+pub use sandbox::SandboxLimits;
+
+use crate::policy::{InitArgs, PolicyEngine, PolicyFailure, PolicyState};
+use crate::types::{Observation, Settings};
+use sandbox::HostState;
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "policy",
+    });
+}
+
+use bindings::exports::tokwatt::policy::guest as wit_guest;
+use bindings::tokwatt::policy::types as wit;
+
+/// The contract this host implements, and the versions it accepts.
+pub const CONTRACT_PACKAGE: &str = "tokwatt:policy";
+pub const CONTRACT_VERSION: &str = "0.1.0";
+const GUEST_INTERFACE: &str = "tokwatt:policy/guest";
+
+/// How often the epoch ticker advances; deadlines are rounded up to it.
+const EPOCH_PERIOD: Duration = Duration::from_millis(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("cannot read plugin {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} is not a WebAssembly file (it does not start with the `\\0asm` magic): point the policy spec's `plugin` at a .wasm component"
+    )]
+    NotWasm { path: PathBuf },
+    #[error(
+        "{path} is a core WebAssembly module, not a component: build it for the wasm32-wasip2 target (`cargo build --target wasm32-wasip2`), or wrap it with `wasm-tools component new`"
+    )]
+    CoreModule { path: PathBuf },
+    #[error("{path} is not a valid WebAssembly component: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error(
+        "{path} does not export `{GUEST_INTERFACE}`: it is not a tokwatt policy (a policy implements the world `policy` of wit/policy.wit)"
+    )]
+    NotAPolicy { path: PathBuf },
+    #[error(
+        "{path} implements `{found}`, but this tokwatt accepts {CONTRACT_PACKAGE}@{accepted}: rebuild the plugin against the contract in this tokwatt's wit/ folder"
+    )]
+    WrongVersion {
+        path: PathBuf,
+        found: String,
+        accepted: String,
+    },
+    #[error(
+        "{path} needs imports this host does not offer ({reason}); a policy may import only tokwatt:policy/host and the WASI 0.2 interfaces that Rust's std pulls in"
+    )]
+    Link { path: PathBuf, reason: String },
+    #[error("the WebAssembly engine could not be set up: {0}")]
+    Engine(String),
+}
+
+/// Engine-wide settings.
+#[derive(Debug, Clone, Default)]
+pub struct HostConfig {
+    /// Where compiled components are cached; `None` disables the cache.
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Advances the engine's epoch so that calls past their deadline are interrupted.
+#[derive(Debug)]
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> Result<Self, PluginError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::Builder::new()
+            .name("tokwatt-epoch".into())
+            .spawn({
+                let stop = Arc::clone(&stop);
+                move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(EPOCH_PERIOD);
+                        engine.increment_epoch();
+                    }
+                }
+            })
+            .map_err(|e| PluginError::Engine(format!("cannot start the epoch thread: {e}")))?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The engine, linker and cache, shared by every plugin of a process.
+pub struct PluginHost {
+    engine: Engine,
+    linker: Linker<HostState>,
+    cache: Option<ComponentCache>,
+    _ticker: Arc<EpochTicker>,
+}
+
+impl std::fmt::Debug for PluginHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginHost")
+            .field("cache", &self.cache)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginHost {
+    pub fn new(config: &HostConfig) -> Result<Self, PluginError> {
+        let mut wasm_config = Config::new();
+        wasm_config
+            .wasm_component_model(true)
+            .consume_fuel(true)
+            .epoch_interruption(true)
+            .cranelift_opt_level(wasmtime::OptLevel::Speed);
+        let engine =
+            Engine::new(&wasm_config).map_err(|e| PluginError::Engine(format!("{e:#}")))?;
+        let mut linker = Linker::<HostState>::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| PluginError::Engine(format!("linking WASI: {e:#}")))?;
+        bindings::Policy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
+            .map_err(|e| PluginError::Engine(format!("linking tokwatt:policy/host: {e:#}")))?;
+        let cache = config
+            .cache_dir
+            .as_ref()
+            .map(|dir| ComponentCache::new(dir.clone(), &engine));
+        let ticker = EpochTicker::start(engine.clone())?;
+        Ok(Self {
+            engine,
+            linker,
+            cache,
+            _ticker: Arc::new(ticker),
+        })
+    }
+
+    /// Validate, compile (or load from the cache) and link a policy component.
+    pub fn load(
+        &self,
+        path: &Path,
+        name: &str,
+        limits: SandboxLimits,
+    ) -> Result<LoadedPlugin, PluginError> {
+        let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        check_component_header(path, &bytes)?;
+        let component = match &self.cache {
+            Some(cache) => cache.load_or_compile(&self.engine, &bytes),
+            None => Component::new(&self.engine, &bytes).map_err(|e| format!("{e:#}")),
+        }
+        .map_err(|reason| PluginError::Invalid {
+            path: path.to_owned(),
+            reason,
+        })?;
+        check_contract_version(&self.engine, path, &component)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(|e| PluginError::Link {
+                path: path.to_owned(),
+                reason: format!("{e:#}"),
+            })?;
+        let pre = bindings::PolicyPre::new(pre).map_err(|e| PluginError::Link {
+            path: path.to_owned(),
+            reason: format!("{e:#}"),
+        })?;
+        Ok(LoadedPlugin {
+            engine: self.engine.clone(),
+            pre,
+            name: name.to_owned(),
+            path: path.to_owned(),
+            limits,
+            _ticker: Arc::clone(&self._ticker),
+        })
+    }
+}
+
+fn check_component_header(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
+    const MAGIC: &[u8] = b"\0asm";
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        return Err(PluginError::NotWasm {
+            path: path.to_owned(),
+        });
+    }
+    // Bytes 4..8: version 1 + layer 0 is a core module; the component layer is 1.
+    if bytes[6..8] == [0, 0] {
+        return Err(PluginError::CoreModule {
+            path: path.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Accept `tokwatt:policy/guest@0.1.*`: for 0.x versions the minor is the compatibility line.
+fn check_contract_version(
+    engine: &Engine,
+    path: &Path,
+    component: &Component,
+) -> Result<(), PluginError> {
+    let ty = component.component_type();
+    let guest = ty
+        .exports(engine)
+        .map(|(name, _)| name.to_owned())
+        .find(|name| name.starts_with(GUEST_INTERFACE));
+    let Some(found) = guest else {
+        return Err(PluginError::NotAPolicy {
+            path: path.to_owned(),
+        });
+    };
+    let version = found
+        .split_once('@')
+        .map(|(_, v)| v)
+        .unwrap_or_default()
+        .to_owned();
+    if !compatible_version(&version) {
+        return Err(PluginError::WrongVersion {
+            path: path.to_owned(),
+            found,
+            accepted: accepted_versions(),
+        });
+    }
+    Ok(())
+}
+
+fn compatibility_line(version: &str) -> Option<(u64, u64)> {
+    let mut parts = version.split('.').map(|p| p.parse::<u64>().ok());
+    let major = parts.next()??;
+    let minor = parts.next()??;
+    Some(if major == 0 { (0, minor) } else { (major, 0) })
+}
+
+fn compatible_version(version: &str) -> bool {
+    compatibility_line(version).is_some() && compatibility_line(version) == compatibility_line(CONTRACT_VERSION)
+}
+
+fn accepted_versions() -> String {
+    match compatibility_line(CONTRACT_VERSION) {
+        Some((0, minor)) => format!("0.{minor}.*"),
+        Some((major, _)) => format!("{major}.*"),
+        None => CONTRACT_VERSION.to_owned(),
+    }
+}
+
+/// A compiled, linked policy, ready to instantiate any number of times.
+pub struct LoadedPlugin {
+    engine: Engine,
+    pre: bindings::PolicyPre<HostState>,
+    name: String,
+    path: PathBuf,
+    limits: SandboxLimits,
+    _ticker: Arc<EpochTicker>,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("name", &self.name)
+            .field("path", &self.path)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadedPlugin {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A fresh sandboxed instance, seeded for exact replay.
+    pub fn instantiate(self: &Arc<Self>, seed: u64) -> Result<WasmPolicy, PolicyFailure> {
+        let (store, bindings) = self.new_instance(seed, 0)?;
+        Ok(WasmPolicy {
+            plugin: Arc::clone(self),
+            store,
+            bindings,
+            seed,
+            generation: 0,
+            logs_dropped_before: 0,
+        })
+    }
+
+    fn new_instance(
+        &self,
+        seed: u64,
+        generation: u64,
+    ) -> Result<(Store<HostState>, bindings::Policy), PolicyFailure> {
+        // Each rebuild gets its own stream so a replay stays exact but a rebuilt
+        // instance does not repeat the random numbers that led to its trap.
+        let state = HostState::new(&self.name, seed ^ generation.wrapping_mul(0x9E37_79B9_7F4A_7C15), &self.limits);
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|state| &mut state.limiter);
+        self.arm(&mut store)?;
+        let bindings = self
+            .pre
+            .instantiate(&mut store)
+            .map_err(|e| classify(&store, &self.limits, e))?;
+        Ok((store, bindings))
+    }
+
+    /// Give the next call its fuel and deadline.
+    fn arm(&self, store: &mut Store<HostState>) -> Result<(), PolicyFailure> {
+        store
+            .set_fuel(self.limits.fuel_per_call)
+            .map_err(|e| PolicyFailure::Instantiate(format!("setting fuel: {e:#}")))?;
+        let period = EPOCH_PERIOD.as_millis().max(1) as u64;
+        store.set_epoch_deadline(self.limits.deadline_ms.div_ceil(period).max(1) + 1);
+        store.epoch_deadline_trap();
+        store.data_mut().begin_call();
+        Ok(())
+    }
+}
+
+/// Name a failed call: fuel, deadline, memory limit or a plain trap.
+fn classify(
+    store: &Store<HostState>,
+    limits: &SandboxLimits,
+    error: wasmtime::Error,
+) -> PolicyFailure {
+    if store.data().limiter.hit() {
+        return PolicyFailure::MemoryLimit {
+            limit_mib: limits.memory_mib,
+        };
+    }
+    match error.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::OutOfFuel) => PolicyFailure::OutOfFuel,
+        Some(wasmtime::Trap::Interrupt) => PolicyFailure::Deadline {
+            deadline_ms: limits.deadline_ms,
+        },
+        _ => PolicyFailure::Trap(format!("{error:#}")),
+    }
+}
+
+/// One sandboxed instance of a policy.
+pub struct WasmPolicy {
+    plugin: Arc<LoadedPlugin>,
+    store: Store<HostState>,
+    bindings: bindings::Policy,
+    seed: u64,
+    generation: u64,
+    logs_dropped_before: u64,
+}
+
+impl std::fmt::Debug for WasmPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WasmPolicy")
+            .field("plugin", &self.plugin)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WasmPolicy {
+    fn call<R>(
+        &mut self,
+        f: impl FnOnce(&wit_guest::Guest, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PolicyFailure> {
+        self.plugin.arm(&mut self.store)?;
+        let guest = self.bindings.tokwatt_policy_guest();
+        f(guest, &mut self.store).map_err(|e| classify(&self.store, &self.plugin.limits, e))
+    }
+}
+
+impl PolicyEngine for WasmPolicy {
+    fn name(&self) -> &str {
+        &self.plugin.name
+    }
+
+    fn init(&mut self, args: &InitArgs) -> Result<Vec<Settings>, PolicyFailure> {
+        let wit_args = convert::init_args(args);
+        self.store.data_mut().set_tick_time(Duration::ZERO);
+        let answer = self.call(|guest, store| guest.call_init(store, &wit_args))?;
+        let settings = answer.map_err(PolicyFailure::Refused)?;
+        Ok(settings.iter().map(convert::settings_from_wit).collect())
+    }
+
+    fn decide(
+        &mut self,
+        tick_time: Duration,
+        observations: &[Observation],
+    ) -> Result<Vec<Settings>, PolicyFailure> {
+        let wit_observations: Vec<wit::Observation> =
+            observations.iter().map(convert::observation).collect();
+        self.store.data_mut().set_tick_time(tick_time);
+        let answer = self.call(|guest, store| guest.call_decide(store, &wit_observations))?;
+        Ok(answer.iter().map(convert::settings_from_wit).collect())
+    }
+
+    fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
+        let state = self.call(|guest, store| guest.call_snapshot(store))?;
+        Ok(PolicyState {
+            schema_version: state.schema_version,
+            bytes: state.bytes,
+        })
+    }
+
+    fn restore(&mut self, state: &PolicyState) -> Result<(), PolicyFailure> {
+        let wit_state = wit::State {
+            schema_version: state.schema_version,
+            bytes: state.bytes.clone(),
+        };
+        self.call(|guest, store| guest.call_restore(store, &wit_state))?
+            .map_err(PolicyFailure::Refused)
+    }
+
+    fn rebuild(&mut self) -> Result<(), PolicyFailure> {
+        self.logs_dropped_before += self.store.data().logs_dropped();
+        self.generation += 1;
+        let (store, bindings) = self.plugin.new_instance(self.seed, self.generation)?;
+        self.store = store;
+        self.bindings = bindings;
+        Ok(())
+    }
+
+    fn logs_dropped(&self) -> u64 {
+        self.logs_dropped_before + self.store.data().logs_dropped()
+    }
+}
+
+/// Between the host's types and the generated WIT types.
+mod convert {
+    use super::wit;
+    use crate::policy::InitArgs;
+    use crate::types::{ClockEvents, Knobs, Observation, Settings};
+
+    fn knobs(k: Knobs) -> wit::Knobs {
+        let mut out = wit::Knobs::empty();
+        if k.power_cap {
+            out |= wit::Knobs::POWER_CAP;
+        }
+        if k.sm_clock {
+            out |= wit::Knobs::SM_CLOCK;
+        }
+        if k.batch_size {
+            out |= wit::Knobs::BATCH_SIZE;
+        }
+        out
+    }
+
+    fn clock_events(e: ClockEvents) -> wit::ClockEvents {
+        let mut out = wit::ClockEvents::empty();
+        for (set, flag) in [
+            (e.gpu_idle, wit::ClockEvents::GPU_IDLE),
+            (e.sw_power_cap, wit::ClockEvents::SW_POWER_CAP),
+            (e.hw_slowdown, wit::ClockEvents::HW_SLOWDOWN),
+            (e.sw_thermal, wit::ClockEvents::SW_THERMAL),
+            (e.hw_thermal, wit::ClockEvents::HW_THERMAL),
+            (e.clock_setting, wit::ClockEvents::CLOCK_SETTING),
+        ] {
+            if set {
+                out |= flag;
+            }
+        }
+        out
+    }
+
+    pub(super) fn init_args(args: &InitArgs) -> wit::InitArgs {
+        wit::InitArgs {
+            devices: args
+                .devices
+                .iter()
+                .map(|d| wit::DeviceFacts {
+                    index: d.index,
+                    uuid: d.uuid.clone(),
+                    name: d.name.clone(),
+                    simulated: d.simulated,
+                    power_cap_min_w: d.power_cap_min_w,
+                    power_cap_max_w: d.power_cap_max_w,
+                    power_cap_default_w: d.power_cap_default_w,
+                    sm_clocks_mhz: d.sm_clocks_mhz.clone(),
+                    batch_size_max: d.batch_size_max,
+                })
+                .collect(),
+            knobs: knobs(args.knobs),
+            objective: wit::Objective {
+                tpot_p99_limit_ms: args.objective.tpot_p99_limit_ms,
+                min_tokens_per_s: args.objective.min_tokens_per_s,
+            },
+            params: args.params.clone(),
+            tick_ms: args.tick_ms,
+            seed: args.seed,
+        }
+    }
+
+    pub(super) fn observation(o: &Observation) -> wit::Observation {
+        wit::Observation {
+            gpu: o.gpu,
+            tick: o.tick,
+            interval_s: o.interval_s,
+            tokens: o.tokens,
+            energy_j: o.energy_j,
+            tokens_per_joule: o.tokens_per_joule,
+            tokens_per_s: o.tokens_per_s,
+            power_avg_w: o.power_avg_w,
+            power_peak_w: o.power_peak_w,
+            sm_clock_mhz: o.sm_clock_mhz,
+            mem_clock_mhz: o.mem_clock_mhz,
+            temperature_c: o.temperature_c,
+            gpu_util_pct: o.gpu_util_pct,
+            clock_events: clock_events(o.clock_events),
+            tpot_p50_ms: o.tpot_p50_ms,
+            tpot_p99_ms: o.tpot_p99_ms,
+            active_sequences: o.active_sequences,
+            queue_depth: o.queue_depth,
+            in_force: wit::InForce {
+                power_cap_w: o.in_force.power_cap_w,
+                sm_clock_max_mhz: o.in_force.sm_clock_max_mhz,
+                batch_size: o.in_force.batch_size,
+            },
+            last_clamped: o.last_clamped,
+            settling: o.settling,
+        }
+    }
+
+    pub(super) fn settings_from_wit(s: &wit::Settings) -> Settings {
+        Settings {
+            power_cap_w: s.power_cap_w,
+            sm_clock_max_mhz: s.sm_clock_max_mhz,
+            batch_size: s.batch_size,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contract_versions() {
+        assert!(compatible_version("0.1.0"));
+        assert!(compatible_version("0.1.7"));
+        assert!(!compatible_version("0.2.0"));
+        assert!(!compatible_version("1.0.0"));
+        assert!(!compatible_version(""));
+        assert_eq!(accepted_versions(), "0.1.*");
+    }
+
+    #[test]
+    fn headers() {
+        let p = Path::new("x.wasm");
+        assert!(matches!(
+            check_component_header(p, b"hello world"),
+            Err(PluginError::NotWasm { .. })
+        ));
+        assert!(matches!(
+            check_component_header(p, b"\0asm\x01\0\0\0"),
+            Err(PluginError::CoreModule { .. })
+        ));
+        assert!(check_component_header(p, b"\0asm\x0d\0\x01\0").is_ok());
+    }
+}

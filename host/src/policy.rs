@@ -1,0 +1,570 @@
+//! The policy boundary as the control loop sees it: a [`PolicyEngine`] (the WebAssembly
+//! plugin host implements it; tests may use a native double) wrapped in a [`Supervisor`]
+//! that turns every failure into a fallback decision and ejects a failing policy.
+//!
+//! Nothing here knows about wasmtime.
+
+use std::time::Duration;
+
+use crate::types::{Knobs, Objective, Observation, Settings};
+
+/// What a policy knows about one managed GPU (guardrails already applied).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DeviceFacts {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub simulated: bool,
+    pub power_cap_min_w: f64,
+    pub power_cap_max_w: f64,
+    pub power_cap_default_w: f64,
+    /// Highest first.
+    pub sm_clocks_mhz: Vec<u32>,
+    pub batch_size_max: u32,
+}
+
+/// What `init` receives.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct InitArgs {
+    pub devices: Vec<DeviceFacts>,
+    pub knobs: Knobs,
+    pub objective: Objective,
+    pub params: Vec<(String, String)>,
+    pub tick_ms: u32,
+    pub seed: u64,
+}
+
+/// Opaque policy state, handed to a new version at a swap.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PolicyState {
+    pub schema_version: u32,
+    pub bytes: Vec<u8>,
+}
+
+/// Why a policy call did not produce a usable answer. Each costs one tick.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PolicyFailure {
+    #[error("the plugin trapped: {0}")]
+    Trap(String),
+    #[error("the plugin ran out of fuel (its per-call instruction budget)")]
+    OutOfFuel,
+    #[error("the plugin missed its deadline of {deadline_ms} ms")]
+    Deadline { deadline_ms: u64 },
+    #[error("the plugin hit its memory limit of {limit_mib} MiB")]
+    MemoryLimit { limit_mib: u64 },
+    #[error("the plugin's answer is invalid: {0}")]
+    InvalidAnswer(String),
+    #[error("the plugin refused: {0}")]
+    Refused(String),
+    #[error("the plugin could not be instantiated: {0}")]
+    Instantiate(String),
+}
+
+impl PolicyFailure {
+    /// A short stable name for counters and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PolicyFailure::Trap(_) => "trap",
+            PolicyFailure::OutOfFuel => "fuel",
+            PolicyFailure::Deadline { .. } => "deadline",
+            PolicyFailure::MemoryLimit { .. } => "memory",
+            PolicyFailure::InvalidAnswer(_) => "invalid",
+            PolicyFailure::Refused(_) => "refused",
+            PolicyFailure::Instantiate(_) => "instantiate",
+        }
+    }
+
+    /// Whether the instance is unusable afterwards and must be rebuilt (a trap poisons a
+    /// component instance; an invalid answer does not).
+    pub fn poisons_instance(&self) -> bool {
+        !matches!(
+            self,
+            PolicyFailure::InvalidAnswer(_) | PolicyFailure::Refused(_)
+        )
+    }
+}
+
+/// A policy the supervisor can drive. Implemented by the WebAssembly plugin host.
+pub trait PolicyEngine: Send {
+    fn name(&self) -> &str;
+    fn init(&mut self, args: &InitArgs) -> Result<Vec<Settings>, PolicyFailure>;
+    fn decide(
+        &mut self,
+        tick_time: Duration,
+        observations: &[Observation],
+    ) -> Result<Vec<Settings>, PolicyFailure>;
+    fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure>;
+    fn restore(&mut self, state: &PolicyState) -> Result<(), PolicyFailure>;
+    /// Throw the instance away and start a fresh one (after a trap). `init` must be called again.
+    fn rebuild(&mut self) -> Result<(), PolicyFailure>;
+    /// Log messages the policy sent past its rate limit, since the start.
+    fn logs_dropped(&self) -> u64 {
+        0
+    }
+}
+
+/// When to give up on a failing policy and when to try it again.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Consecutive failed ticks that eject the policy.
+    pub failures_to_eject: u32,
+    /// Ticks an ejected policy sits out the first time; doubled at each ejection.
+    pub backoff_ticks: u64,
+    /// Longest sit-out.
+    pub max_backoff_ticks: u64,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failures_to_eject: 3,
+            backoff_ticks: 10,
+            max_backoff_ticks: 600,
+        }
+    }
+}
+
+/// Who decided a tick.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DecisionSource {
+    Policy,
+    /// The safe fallback held the last good settings, because of this failure.
+    Fallback(PolicyFailure),
+    /// The policy is ejected; the fallback decides until `until_tick`.
+    Ejected { until_tick: u64 },
+}
+
+/// Failure counts over a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PolicyCounters {
+    pub calls: u64,
+    pub fallback_ticks: u64,
+    pub traps: u64,
+    pub fuel_exhausted: u64,
+    pub deadlines_missed: u64,
+    pub memory_limit_hits: u64,
+    pub invalid_answers: u64,
+    pub ejections: u64,
+    pub rebuilds: u64,
+    pub rebuild_failures: u64,
+    pub logs_dropped: u64,
+}
+
+impl PolicyCounters {
+    fn count(&mut self, failure: &PolicyFailure) {
+        match failure {
+            PolicyFailure::Trap(_) | PolicyFailure::Refused(_) | PolicyFailure::Instantiate(_) => {
+                self.traps += 1
+            }
+            PolicyFailure::OutOfFuel => self.fuel_exhausted += 1,
+            PolicyFailure::Deadline { .. } => self.deadlines_missed += 1,
+            PolicyFailure::MemoryLimit { .. } => self.memory_limit_hits += 1,
+            PolicyFailure::InvalidAnswer(_) => self.invalid_answers += 1,
+        }
+    }
+
+    /// Every failure that trapped the plugin (trap, fuel, deadline, memory).
+    pub fn plugin_traps(&self) -> u64 {
+        self.traps + self.fuel_exhausted + self.deadlines_missed + self.memory_limit_hits
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BreakerState {
+    Closed { consecutive_failures: u32 },
+    Open { until_tick: u64 },
+}
+
+/// Drives a policy, catching every failure: a failed tick is decided by the safe
+/// fallback (hold the last good settings: "leave unchanged"), a poisoned instance is
+/// rebuilt, and repeated failures eject the policy with exponential backoff.
+pub struct Supervisor {
+    engine: Box<dyn PolicyEngine>,
+    init_args: InitArgs,
+    config: BreakerConfig,
+    state: BreakerState,
+    ejections: u32,
+    needs_rebuild: bool,
+    counters: PolicyCounters,
+}
+
+impl std::fmt::Debug for Supervisor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Supervisor")
+            .field("policy", &self.engine.name())
+            .field("state", &self.state)
+            .field("counters", &self.counters)
+            .finish()
+    }
+}
+
+/// One tick's answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// One per GPU; all `None` ("hold") when the fallback decided.
+    pub settings: Vec<Settings>,
+    pub source: DecisionSource,
+}
+
+impl Supervisor {
+    /// Initialise `engine`. An `init` failure is returned: a policy that cannot start is
+    /// not run (the caller reports it, or keeps the previous policy at a swap).
+    pub fn start(
+        mut engine: Box<dyn PolicyEngine>,
+        init_args: InitArgs,
+        config: BreakerConfig,
+    ) -> Result<(Supervisor, Vec<Settings>), PolicyFailure> {
+        let first = engine.init(&init_args)?;
+        check_length(&first, init_args.devices.len())?;
+        let supervisor = Supervisor {
+            engine,
+            init_args,
+            config,
+            state: BreakerState::Closed {
+                consecutive_failures: 0,
+            },
+            ejections: 0,
+            needs_rebuild: false,
+            counters: PolicyCounters::default(),
+        };
+        Ok((supervisor, first))
+    }
+
+    pub fn policy_name(&self) -> &str {
+        self.engine.name()
+    }
+
+    pub fn counters(&self) -> PolicyCounters {
+        let mut counters = self.counters.clone();
+        counters.logs_dropped = self.engine.logs_dropped();
+        counters
+    }
+
+    pub fn is_ejected(&self) -> bool {
+        matches!(self.state, BreakerState::Open { .. })
+    }
+
+    /// Ask the policy for this tick's settings; never fails.
+    pub fn decide(
+        &mut self,
+        tick: u64,
+        tick_time: Duration,
+        observations: &[Observation],
+    ) -> Decision {
+        let hold = vec![Settings::default(); observations.len()];
+        if let BreakerState::Open { until_tick } = self.state {
+            if tick < until_tick {
+                self.counters.fallback_ticks += 1;
+                return Decision {
+                    settings: hold,
+                    source: DecisionSource::Ejected { until_tick },
+                };
+            }
+            // Half-open: give it one more chance on a fresh instance.
+            tracing::info!(policy = self.engine.name(), tick, "retrying ejected policy");
+            self.needs_rebuild = true;
+        }
+
+        if self.needs_rebuild
+            && let Err(failure) = self.rebuild()
+        {
+            return self.fail(tick, hold, failure);
+        }
+
+        self.counters.calls += 1;
+        match self
+            .engine
+            .decide(tick_time, observations)
+            .and_then(|settings| check_length(&settings, observations.len()).map(|()| settings))
+        {
+            Ok(settings) => {
+                self.state = BreakerState::Closed {
+                    consecutive_failures: 0,
+                };
+                Decision {
+                    settings,
+                    source: DecisionSource::Policy,
+                }
+            }
+            Err(failure) => self.fail(tick, hold, failure),
+        }
+    }
+
+    fn rebuild(&mut self) -> Result<(), PolicyFailure> {
+        self.counters.rebuilds += 1;
+        let result = self
+            .engine
+            .rebuild()
+            .and_then(|()| self.engine.init(&self.init_args))
+            .and_then(|first| check_length(&first, self.init_args.devices.len()));
+        match result {
+            Ok(()) => {
+                self.needs_rebuild = false;
+                Ok(())
+            }
+            Err(failure) => {
+                self.counters.rebuild_failures += 1;
+                Err(failure)
+            }
+        }
+    }
+
+    fn fail(&mut self, tick: u64, hold: Vec<Settings>, failure: PolicyFailure) -> Decision {
+        self.counters.count(&failure);
+        self.counters.fallback_ticks += 1;
+        if failure.poisons_instance() {
+            self.needs_rebuild = true;
+        }
+        let consecutive = match self.state {
+            BreakerState::Closed {
+                consecutive_failures,
+            } => consecutive_failures + 1,
+            // A failed half-open try ejects again at once.
+            BreakerState::Open { .. } => self.config.failures_to_eject,
+        };
+        tracing::warn!(
+            policy = self.engine.name(),
+            tick,
+            kind = failure.kind(),
+            "policy failed, fallback holds the settings: {failure}"
+        );
+        if consecutive >= self.config.failures_to_eject {
+            let backoff = self
+                .config
+                .backoff_ticks
+                .saturating_mul(1u64 << self.ejections.min(32))
+                .min(self.config.max_backoff_ticks);
+            self.ejections += 1;
+            self.counters.ejections += 1;
+            let until_tick = tick + 1 + backoff;
+            tracing::error!(
+                policy = self.engine.name(),
+                tick,
+                until_tick,
+                "policy ejected after {consecutive} consecutive failures; the fallback decides for {backoff} ticks"
+            );
+            self.state = BreakerState::Open { until_tick };
+        } else {
+            self.state = BreakerState::Closed {
+                consecutive_failures: consecutive,
+            };
+        }
+        Decision {
+            settings: hold,
+            source: DecisionSource::Fallback(failure),
+        }
+    }
+
+    /// Hand state to a new policy: snapshot this one, start `next` off the loop's
+    /// critical path and restore the snapshot into it. On any failure the caller keeps
+    /// this supervisor (the old policy comes back).
+    pub fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
+        self.engine.snapshot()
+    }
+}
+
+fn check_length(settings: &[Settings], expected: usize) -> Result<(), PolicyFailure> {
+    if settings.len() == expected {
+        Ok(())
+    } else {
+        Err(PolicyFailure::InvalidAnswer(format!(
+            "returned {} settings for {expected} GPU(s)",
+            settings.len()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Objective;
+
+    /// A native policy double whose decide fails on the ticks listed.
+    struct Scripted {
+        fail_on: Vec<u64>,
+        calls: u64,
+        rebuilds: u32,
+    }
+
+    impl PolicyEngine for Scripted {
+        fn name(&self) -> &str {
+            "scripted"
+        }
+        fn init(&mut self, args: &InitArgs) -> Result<Vec<Settings>, PolicyFailure> {
+            Ok(vec![Settings::default(); args.devices.len()])
+        }
+        fn decide(
+            &mut self,
+            _tick_time: Duration,
+            observations: &[Observation],
+        ) -> Result<Vec<Settings>, PolicyFailure> {
+            let call = self.calls;
+            self.calls += 1;
+            if self.fail_on.contains(&call) {
+                return Err(PolicyFailure::Trap("scripted".into()));
+            }
+            Ok(vec![
+                Settings {
+                    power_cap_w: Some(500.0),
+                    ..Settings::default()
+                };
+                observations.len()
+            ])
+        }
+        fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
+            Ok(PolicyState::default())
+        }
+        fn restore(&mut self, _state: &PolicyState) -> Result<(), PolicyFailure> {
+            Ok(())
+        }
+        fn rebuild(&mut self) -> Result<(), PolicyFailure> {
+            self.rebuilds += 1;
+            Ok(())
+        }
+    }
+
+    fn args() -> InitArgs {
+        InitArgs {
+            devices: vec![],
+            knobs: Knobs::default(),
+            objective: Objective::default(),
+            params: vec![],
+            tick_ms: 1000,
+            seed: 1,
+        }
+    }
+
+    fn observation() -> Observation {
+        Observation {
+            gpu: 0,
+            tick: 0,
+            interval_s: 1.0,
+            tokens: 0,
+            energy_j: 0.0,
+            tokens_per_joule: 0.0,
+            tokens_per_s: 0.0,
+            power_avg_w: 0.0,
+            power_peak_w: 0.0,
+            sm_clock_mhz: 0,
+            mem_clock_mhz: 0,
+            temperature_c: 0.0,
+            gpu_util_pct: 0.0,
+            clock_events: Default::default(),
+            tpot_p50_ms: 0.0,
+            tpot_p99_ms: 0.0,
+            active_sequences: 0,
+            queue_depth: 0,
+            in_force: crate::types::InForce {
+                power_cap_w: 700.0,
+                sm_clock_max_mhz: 1980,
+                batch_size: 1,
+            },
+            last_clamped: false,
+            settling: false,
+        }
+    }
+
+    fn supervisor(fail_on: Vec<u64>) -> Supervisor {
+        let engine = Scripted {
+            fail_on,
+            calls: 0,
+            rebuilds: 0,
+        };
+        Supervisor::start(Box::new(engine), args(), BreakerConfig::default())
+            .expect("starts")
+            .0
+    }
+
+    #[test]
+    fn a_failure_costs_one_tick_and_holds_settings() {
+        let mut sup = supervisor(vec![1]);
+        let obs = [observation()];
+        assert_eq!(sup.decide(0, Duration::ZERO, &obs).source, DecisionSource::Policy);
+        let failed = sup.decide(1, Duration::ZERO, &obs);
+        assert!(matches!(failed.source, DecisionSource::Fallback(_)));
+        assert_eq!(failed.settings, vec![Settings::default()]);
+        assert_eq!(sup.decide(2, Duration::ZERO, &obs).source, DecisionSource::Policy);
+        let counters = sup.counters();
+        assert_eq!(counters.traps, 1);
+        assert_eq!(counters.fallback_ticks, 1);
+        assert_eq!(counters.rebuilds, 1, "a trap rebuilds the instance");
+        assert_eq!(counters.ejections, 0);
+    }
+
+    #[test]
+    fn repeated_failures_eject_with_backoff_then_retry() {
+        // Fails on calls 0..=2 (eject), then the half-open call 3 succeeds.
+        let mut sup = supervisor(vec![0, 1, 2]);
+        let obs = [observation()];
+        for tick in 0..3 {
+            assert!(matches!(
+                sup.decide(tick, Duration::ZERO, &obs).source,
+                DecisionSource::Fallback(_)
+            ));
+        }
+        assert!(sup.is_ejected());
+        let backoff = BreakerConfig::default().backoff_ticks;
+        for tick in 3..3 + backoff {
+            assert!(matches!(
+                sup.decide(tick, Duration::ZERO, &obs).source,
+                DecisionSource::Ejected { .. }
+            ));
+        }
+        assert_eq!(
+            sup.decide(3 + backoff, Duration::ZERO, &obs).source,
+            DecisionSource::Policy
+        );
+        assert!(!sup.is_ejected());
+        assert_eq!(sup.counters().ejections, 1);
+    }
+
+    #[test]
+    fn backoff_doubles_at_each_ejection() {
+        let mut sup = supervisor((0..1000).collect());
+        let obs = [observation()];
+        let mut ejected_until = Vec::new();
+        for tick in 0..200 {
+            if let DecisionSource::Ejected { until_tick } = sup.decide(tick, Duration::ZERO, &obs).source
+                && ejected_until.last() != Some(&until_tick)
+            {
+                ejected_until.push(until_tick);
+            }
+        }
+        // First ejection at tick 2 for 10 ticks, then a failed retry ejects for 20, then 40...
+        assert_eq!(&ejected_until[..3], &[13, 34, 75]);
+    }
+
+    #[test]
+    fn wrong_length_is_an_invalid_answer() {
+        struct Short;
+        impl PolicyEngine for Short {
+            fn name(&self) -> &str {
+                "short"
+            }
+            fn init(&mut self, _: &InitArgs) -> Result<Vec<Settings>, PolicyFailure> {
+                Ok(vec![])
+            }
+            fn decide(&mut self, _: Duration, _: &[Observation]) -> Result<Vec<Settings>, PolicyFailure> {
+                Ok(vec![])
+            }
+            fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
+                Ok(PolicyState::default())
+            }
+            fn restore(&mut self, _: &PolicyState) -> Result<(), PolicyFailure> {
+                Ok(())
+            }
+            fn rebuild(&mut self) -> Result<(), PolicyFailure> {
+                Ok(())
+            }
+        }
+        let (mut sup, _) =
+            Supervisor::start(Box::new(Short), args(), BreakerConfig::default()).expect("starts");
+        let decision = sup.decide(0, Duration::ZERO, &[observation()]);
+        assert!(matches!(
+            decision.source,
+            DecisionSource::Fallback(PolicyFailure::InvalidAnswer(_))
+        ));
+        assert_eq!(sup.counters().invalid_answers, 1);
+    }
+}

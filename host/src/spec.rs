@@ -1,0 +1,230 @@
+//! The policy spec: the TOML file an operator deploys. It names the plugin, the knobs it
+//! may turn, its parameters, the service objective, the guardrails and the sandbox limits.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::envelope::Guardrails;
+use crate::plugin::SandboxLimits;
+use crate::policy::BreakerConfig;
+use crate::types::{Knobs, Objective};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("cannot read policy spec {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("policy spec {path} is not valid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error(
+        "policy spec {path}: unknown knob `{knob}`; the knobs are \"power-cap\", \"sm-clock\" and \"batch-size\""
+    )]
+    UnknownKnob { path: PathBuf, knob: String },
+    #[error("policy spec {path}: `tick_ms` must be between 10 and 3600000, not {tick_ms}")]
+    BadTick { path: PathBuf, tick_ms: u64 },
+    #[error(
+        "policy spec {spec}: plugin `{plugin}` not found (looked in {searched}); build the plugins with `cargo build -p tokwatt`, or fix `plugin`"
+    )]
+    PluginNotFound {
+        spec: PathBuf,
+        plugin: String,
+        searched: String,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    name: String,
+    plugin: String,
+    #[serde(default)]
+    knobs: Vec<String>,
+    #[serde(default = "default_tick_ms")]
+    tick_ms: u64,
+    #[serde(default)]
+    params: BTreeMap<String, toml::Value>,
+    #[serde(default)]
+    objective: Objective,
+    #[serde(default)]
+    guardrails: Guardrails,
+    #[serde(default)]
+    sandbox: SandboxLimits,
+    #[serde(default)]
+    breaker: BreakerConfig,
+}
+
+fn default_tick_ms() -> u64 {
+    1000
+}
+
+/// A parsed, validated policy spec.
+#[derive(Debug, Clone)]
+pub struct PolicySpec {
+    /// Where the spec was read from.
+    pub path: PathBuf,
+    pub name: String,
+    /// The plugin as written in the spec.
+    pub plugin: String,
+    pub knobs: Knobs,
+    pub tick_ms: u32,
+    /// Parameters passed to the policy's `init`, as strings, sorted by key.
+    pub params: Vec<(String, String)>,
+    pub objective: Objective,
+    pub guardrails: Guardrails,
+    pub sandbox: SandboxLimits,
+    pub breaker: BreakerConfig,
+}
+
+impl PolicySpec {
+    pub fn load(path: &Path) -> Result<Self, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Self, SpecError> {
+        let raw: RawSpec = toml::from_str(text).map_err(|e| SpecError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        let mut knobs = Knobs::default();
+        for knob in &raw.knobs {
+            match knob.as_str() {
+                "power-cap" => knobs.power_cap = true,
+                "sm-clock" => knobs.sm_clock = true,
+                "batch-size" => knobs.batch_size = true,
+                _ => {
+                    return Err(SpecError::UnknownKnob {
+                        path: path.to_owned(),
+                        knob: knob.clone(),
+                    });
+                }
+            }
+        }
+        if !(10..=3_600_000).contains(&raw.tick_ms) {
+            return Err(SpecError::BadTick {
+                path: path.to_owned(),
+                tick_ms: raw.tick_ms,
+            });
+        }
+        // Parameters reach the policy as strings; numbers and booleans are accepted
+        // unquoted for convenience.
+        let params = raw
+            .params
+            .into_iter()
+            .map(|(k, v)| {
+                let value = match v {
+                    toml::Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                (k, value)
+            })
+            .collect();
+        Ok(Self {
+            path: path.to_owned(),
+            name: raw.name,
+            plugin: raw.plugin,
+            knobs,
+            tick_ms: raw.tick_ms as u32,
+            params,
+            objective: raw.objective,
+            guardrails: raw.guardrails,
+            sandbox: raw.sandbox,
+            breaker: raw.breaker,
+        })
+    }
+
+    /// The plugin file: relative to the spec's folder first, then each folder of
+    /// `search` (the plugin folder given on the command line, and the folder the build
+    /// put the shipped plugins in).
+    pub fn resolve_plugin(&self, search: &[PathBuf]) -> Result<PathBuf, SpecError> {
+        let written = Path::new(&self.plugin);
+        let spec_dir = self.path.parent().unwrap_or(Path::new("."));
+        let mut candidates = vec![spec_dir.join(written)];
+        if written.is_relative() {
+            candidates.extend(search.iter().map(|dir| dir.join(written)));
+        }
+        if let Some(found) = candidates.iter().find(|c| c.is_file()) {
+            return Ok(found.clone());
+        }
+        Err(SpecError::PluginNotFound {
+            spec: self.path.clone(),
+            plugin: self.plugin.clone(),
+            searched: candidates
+                .iter()
+                .map(|c| c.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<PolicySpec, SpecError> {
+        PolicySpec::parse(Path::new("/specs/p.toml"), text)
+    }
+
+    #[test]
+    fn full_spec() {
+        let spec = parse(
+            r#"
+            name = "hill-climb"
+            plugin = "policy_hill_climb.wasm"
+            knobs = ["power-cap", "batch-size"]
+            tick_ms = 500
+            [params]
+            step_w = "50"
+            window = 5
+            [objective]
+            tpot_p99_limit_ms = 60.0
+            [guardrails]
+            power_cap_min_w = 300.0
+            max_power_cap_step_w = 100.0
+            [sandbox]
+            fuel_per_call = 1000
+            "#,
+        )
+        .expect("valid");
+        assert!(spec.knobs.power_cap && spec.knobs.batch_size && !spec.knobs.sm_clock);
+        assert_eq!(spec.tick_ms, 500);
+        assert_eq!(
+            spec.params,
+            vec![("step_w".into(), "50".into()), ("window".into(), "5".into())]
+        );
+        assert_eq!(spec.objective.tpot_p99_limit_ms, Some(60.0));
+        assert_eq!(spec.guardrails.power_cap_min_w, Some(300.0));
+        assert_eq!(spec.sandbox.fuel_per_call, 1000);
+        assert_eq!(spec.sandbox.memory_mib, SandboxLimits::default().memory_mib);
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let unknown_knob = parse("name='x'\nplugin='x.wasm'\nknobs=['fan-speed']").expect_err("bad");
+        assert!(unknown_knob.to_string().contains("fan-speed"), "{unknown_knob}");
+        let typo = parse("name='x'\nplugin='x.wasm'\n[guardrails]\npower_cap_max=5").expect_err("bad");
+        assert!(typo.to_string().contains("power_cap_max"), "{typo}");
+        let missing = parse("name='x'").expect_err("bad");
+        assert!(missing.to_string().contains("plugin"), "{missing}");
+        let tick = parse("name='x'\nplugin='x.wasm'\ntick_ms=0").expect_err("bad");
+        assert!(tick.to_string().contains("tick_ms"), "{tick}");
+    }
+
+    #[test]
+    fn plugin_not_found_lists_where_it_looked() {
+        let spec = parse("name='x'\nplugin='nope.wasm'").expect("valid");
+        let err = spec
+            .resolve_plugin(&[PathBuf::from("/built")])
+            .expect_err("missing");
+        let text = err.to_string();
+        assert!(text.contains("/specs/nope.wasm") && text.contains("/built/nope.wasm"), "{text}");
+    }
+}
