@@ -195,7 +195,9 @@ impl<'a> ControlLoop<'a> {
             totals,
         };
         for (gpu, settings) in first_settings.iter().enumerate() {
-            let applied = this.envelope.apply(gpu as u32, settings, &this.in_force[gpu]);
+            let applied = this
+                .envelope
+                .apply(gpu as u32, settings, &this.in_force[gpu]);
             this.last_clamped[gpu] = applied.clamped;
             this.apply(gpu as u32, &applied.settings)?;
         }
@@ -233,14 +235,12 @@ impl<'a> ControlLoop<'a> {
             let mut observations = Vec::with_capacity(n);
             for gpu in 0..n as u32 {
                 let t = self.read_telemetry(gpu);
-                let w = self
-                    .backends
-                    .workload
-                    .read_window(gpu)
-                    .map_err(|e| ControlError::Workload {
+                let w = self.backends.workload.read_window(gpu).map_err(|e| {
+                    ControlError::Workload {
                         gpu,
                         reason: e.to_string(),
-                    })?;
+                    }
+                })?;
                 observations.push(self.observe(gpu, tick, interval, &t, &w));
             }
 
@@ -249,7 +249,9 @@ impl<'a> ControlLoop<'a> {
             let mut any_violation = false;
             for (gpu, obs) in observations.iter().enumerate() {
                 let requested = decision.settings.get(gpu).copied().unwrap_or_default();
-                let applied = self.envelope.apply(gpu as u32, &requested, &self.in_force[gpu]);
+                let applied = self
+                    .envelope
+                    .apply(gpu as u32, &requested, &self.in_force[gpu]);
                 self.last_clamped[gpu] = applied.clamped;
                 self.totals.clamped_decisions += u64::from(applied.clamped);
                 self.totals.non_finite_values += u64::from(applied.non_finite);
@@ -308,7 +310,10 @@ impl<'a> ControlLoop<'a> {
             }
             Err(e) => {
                 self.totals.telemetry_errors += 1;
-                tracing::warn!(gpu, "telemetry read failed, the tick sees an empty window: {e}");
+                tracing::warn!(
+                    gpu,
+                    "telemetry read failed, the tick sees an empty window: {e}"
+                );
                 TelemetryWindow::default()
             }
         }

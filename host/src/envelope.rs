@@ -317,7 +317,15 @@ mod tests {
             max_power_cap_step_w: Some(100.0),
             ..Guardrails::default()
         });
-        let garbage = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -5.0, 0.0, 1e300, f64::MAX];
+        let garbage = [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -5.0,
+            0.0,
+            1e300,
+            f64::MAX,
+        ];
         for &watts in &garbage {
             for &mhz in &[0, 1, 7, u32::MAX] {
                 for &batch in &[0, 1, u32::MAX] {
@@ -341,7 +349,14 @@ mod tests {
                 }
             }
         }
-        let nan = env.apply(0, &Settings { power_cap_w: Some(f64::NAN), ..Settings::default() }, &in_force());
+        let nan = env.apply(
+            0,
+            &Settings {
+                power_cap_w: Some(f64::NAN),
+                ..Settings::default()
+            },
+            &in_force(),
+        );
         assert!(nan.non_finite && nan.settings.power_cap_w.is_none());
     }
 

@@ -13,13 +13,16 @@
 //! See ARCHITECTURE.md for the code map and the invariants.
 
 pub mod actuator;
+pub mod agent;
+pub mod bench;
+pub mod cli;
 pub mod clock;
-pub mod types;
-pub mod telemetry;
-pub mod workload;
+pub mod control;
+pub mod envelope;
 pub mod plugin;
 pub mod policy;
-pub mod envelope;
-pub mod spec;
-pub mod control;
 pub mod recorder;
+pub mod spec;
+pub mod telemetry;
+pub mod types;
+pub mod workload;

@@ -132,7 +132,9 @@ pub enum DecisionSource {
     /// The safe fallback held the last good settings, because of this failure.
     Fallback(PolicyFailure),
     /// The policy is ejected; the fallback decides until `until_tick`.
-    Ejected { until_tick: u64 },
+    Ejected {
+        until_tick: u64,
+    },
 }
 
 /// Failure counts over a run.
@@ -480,11 +482,17 @@ mod tests {
     fn a_failure_costs_one_tick_and_holds_settings() {
         let mut sup = supervisor(vec![1]);
         let obs = [observation()];
-        assert_eq!(sup.decide(0, Duration::ZERO, &obs).source, DecisionSource::Policy);
+        assert_eq!(
+            sup.decide(0, Duration::ZERO, &obs).source,
+            DecisionSource::Policy
+        );
         let failed = sup.decide(1, Duration::ZERO, &obs);
         assert!(matches!(failed.source, DecisionSource::Fallback(_)));
         assert_eq!(failed.settings, vec![Settings::default()]);
-        assert_eq!(sup.decide(2, Duration::ZERO, &obs).source, DecisionSource::Policy);
+        assert_eq!(
+            sup.decide(2, Duration::ZERO, &obs).source,
+            DecisionSource::Policy
+        );
         let counters = sup.counters();
         assert_eq!(counters.traps, 1);
         assert_eq!(counters.fallback_ticks, 1);
@@ -525,7 +533,8 @@ mod tests {
         let obs = [observation()];
         let mut ejected_until = Vec::new();
         for tick in 0..200 {
-            if let DecisionSource::Ejected { until_tick } = sup.decide(tick, Duration::ZERO, &obs).source
+            if let DecisionSource::Ejected { until_tick } =
+                sup.decide(tick, Duration::ZERO, &obs).source
                 && ejected_until.last() != Some(&until_tick)
             {
                 ejected_until.push(until_tick);
@@ -545,7 +554,11 @@ mod tests {
             fn init(&mut self, _: &InitArgs) -> Result<Vec<Settings>, PolicyFailure> {
                 Ok(vec![])
             }
-            fn decide(&mut self, _: Duration, _: &[Observation]) -> Result<Vec<Settings>, PolicyFailure> {
+            fn decide(
+                &mut self,
+                _: Duration,
+                _: &[Observation],
+            ) -> Result<Vec<Settings>, PolicyFailure> {
                 Ok(vec![])
             }
             fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {

@@ -198,7 +198,10 @@ mod tests {
         assert_eq!(spec.tick_ms, 500);
         assert_eq!(
             spec.params,
-            vec![("step_w".into(), "50".into()), ("window".into(), "5".into())]
+            vec![
+                ("step_w".into(), "50".into()),
+                ("window".into(), "5".into())
+            ]
         );
         assert_eq!(spec.objective.tpot_p99_limit_ms, Some(60.0));
         assert_eq!(spec.guardrails.power_cap_min_w, Some(300.0));
@@ -208,9 +211,14 @@ mod tests {
 
     #[test]
     fn errors_name_the_problem() {
-        let unknown_knob = parse("name='x'\nplugin='x.wasm'\nknobs=['fan-speed']").expect_err("bad");
-        assert!(unknown_knob.to_string().contains("fan-speed"), "{unknown_knob}");
-        let typo = parse("name='x'\nplugin='x.wasm'\n[guardrails]\npower_cap_max=5").expect_err("bad");
+        let unknown_knob =
+            parse("name='x'\nplugin='x.wasm'\nknobs=['fan-speed']").expect_err("bad");
+        assert!(
+            unknown_knob.to_string().contains("fan-speed"),
+            "{unknown_knob}"
+        );
+        let typo =
+            parse("name='x'\nplugin='x.wasm'\n[guardrails]\npower_cap_max=5").expect_err("bad");
         assert!(typo.to_string().contains("power_cap_max"), "{typo}");
         let missing = parse("name='x'").expect_err("bad");
         assert!(missing.to_string().contains("plugin"), "{missing}");
@@ -225,6 +233,9 @@ mod tests {
             .resolve_plugin(&[PathBuf::from("/built")])
             .expect_err("missing");
         let text = err.to_string();
-        assert!(text.contains("/specs/nope.wasm") && text.contains("/built/nope.wasm"), "{text}");
+        assert!(
+            text.contains("/specs/nope.wasm") && text.contains("/built/nope.wasm"),
+            "{text}"
+        );
     }
 }

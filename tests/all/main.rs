@@ -1,1 +1,9 @@
+//! End-to-end tests: they drive the built `tokwatt` binary with the shipped policies and
+//! the fixture plugins on the simulated GPU, and check what an operator would check.
+//! One binary for all of them (wasmtime's `tests/all` layout), a module per area.
 
+mod support;
+
+mod bad_input;
+mod hostile_plugins;
+mod shipped_policies;

@@ -269,7 +269,8 @@ fn compatibility_line(version: &str) -> Option<(u64, u64)> {
 }
 
 fn compatible_version(version: &str) -> bool {
-    compatibility_line(version).is_some() && compatibility_line(version) == compatibility_line(CONTRACT_VERSION)
+    compatibility_line(version).is_some()
+        && compatibility_line(version) == compatibility_line(CONTRACT_VERSION)
 }
 
 fn accepted_versions() -> String {
@@ -325,7 +326,11 @@ impl LoadedPlugin {
     ) -> Result<(Store<HostState>, bindings::Policy), PolicyFailure> {
         // Each rebuild gets its own stream so a replay stays exact but a rebuilt
         // instance does not repeat the random numbers that led to its trap.
-        let state = HostState::new(&self.name, seed ^ generation.wrapping_mul(0x9E37_79B9_7F4A_7C15), &self.limits);
+        let state = HostState::new(
+            &self.name,
+            seed ^ generation.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            &self.limits,
+        );
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limiter);
         self.arm(&mut store)?;

@@ -9,7 +9,9 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use wasmtime::component::ResourceTable;
-use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{
+    HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
+};
 
 use super::bindings::tokwatt::policy::{host, types};
 
@@ -139,7 +141,8 @@ impl HostState {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false);
-        let limit_bytes = usize::try_from(limits.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+        let limit_bytes =
+            usize::try_from(limits.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
         Self {
             wasi: builder.build(),
             table: ResourceTable::new(),

@@ -1,0 +1,118 @@
+//! Measurements behind `tokwatt bench` and the criterion benchmarks.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::plugin::{HostConfig, PluginHost, SandboxLimits};
+use crate::policy::{BreakerConfig, DeviceFacts, InitArgs, PolicyFailure, Supervisor};
+use crate::types::{ClockEvents, InForce, Knobs, Objective, Observation};
+
+/// A plausible observation of an H200 decoding, for benchmarks.
+pub fn sample_observation(gpu: u32, tick: u64) -> Observation {
+    Observation {
+        gpu,
+        tick,
+        interval_s: 1.0,
+        tokens: 11_876,
+        energy_j: 690.0,
+        tokens_per_joule: 17.2,
+        tokens_per_s: 11_876.0,
+        power_avg_w: 690.0,
+        power_peak_w: 760.0,
+        sm_clock_mhz: 1890,
+        mem_clock_mhz: 3201,
+        temperature_c: 55.0,
+        gpu_util_pct: 100.0,
+        clock_events: ClockEvents {
+            sw_power_cap: true,
+            ..ClockEvents::default()
+        },
+        tpot_p50_ms: 10.8,
+        tpot_p99_ms: 11.2,
+        active_sequences: 128,
+        queue_depth: 40,
+        in_force: InForce {
+            power_cap_w: 700.0,
+            sm_clock_max_mhz: 1980,
+            batch_size: 128,
+        },
+        last_clamped: false,
+        settling: false,
+    }
+}
+
+fn sample_facts(gpu: u32) -> DeviceFacts {
+    DeviceFacts {
+        index: gpu,
+        uuid: format!("SIM-h200-{gpu}"),
+        name: "bench".into(),
+        simulated: true,
+        power_cap_min_w: 200.0,
+        power_cap_max_w: 700.0,
+        power_cap_default_w: 700.0,
+        sm_clocks_mhz: (0..110).map(|i| 1980 - 15 * i).collect(),
+        batch_size_max: 512,
+    }
+}
+
+/// A started supervisor around `plugin` managing `gpus` GPUs.
+pub fn supervisor_for(plugin: &Path, gpus: u32) -> Result<Supervisor, String> {
+    let host = PluginHost::new(&HostConfig::default()).map_err(|e| e.to_string())?;
+    let loaded = Arc::new(
+        host.load(plugin, "bench", SandboxLimits::default())
+            .map_err(|e| e.to_string())?,
+    );
+    let engine = loaded
+        .instantiate(1)
+        .map_err(|e: PolicyFailure| e.to_string())?;
+    let args = InitArgs {
+        devices: (0..gpus).map(sample_facts).collect(),
+        knobs: Knobs {
+            power_cap: true,
+            sm_clock: true,
+            batch_size: true,
+        },
+        objective: Objective::default(),
+        params: vec![],
+        tick_ms: 1000,
+        seed: 1,
+    };
+    Supervisor::start(Box::new(engine), args, BreakerConfig::default())
+        .map(|(s, _)| s)
+        .map_err(|e| e.to_string())
+}
+
+/// Time `calls` decide calls for `gpus` GPUs through the supervisor and plugin host.
+pub fn decide_latencies(plugin: &Path, gpus: u32, calls: usize) -> Result<Vec<Duration>, String> {
+    let mut supervisor = supervisor_for(plugin, gpus)?;
+    let observations: Vec<Observation> = (0..gpus).map(|g| sample_observation(g, 0)).collect();
+    // Warm up caches and the instance.
+    for tick in 0..1000 {
+        supervisor.decide(tick, Duration::ZERO, &observations);
+    }
+    let mut times = Vec::with_capacity(calls);
+    for tick in 0..calls as u64 {
+        let start = Instant::now();
+        let decision = supervisor.decide(tick, Duration::ZERO, &observations);
+        times.push(start.elapsed());
+        std::hint::black_box(decision);
+    }
+    if supervisor.counters().fallback_ticks > 0 {
+        return Err(format!(
+            "the benchmark policy failed: {:?}",
+            supervisor.counters()
+        ));
+    }
+    Ok(times)
+}
+
+/// The `q`-quantile (0..=1) of `times`, by nearest rank.
+pub fn quantile(times: &mut [Duration], q: f64) -> Duration {
+    if times.is_empty() {
+        return Duration::ZERO;
+    }
+    times.sort_unstable();
+    let rank = ((q * times.len() as f64).ceil() as usize).clamp(1, times.len());
+    times[rank - 1]
+}

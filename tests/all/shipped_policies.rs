@@ -1,0 +1,79 @@
+//! The shipped policies on the simulated H200.
+
+use crate::support::*;
+
+#[test]
+fn static_policy_holds_its_settings() {
+    let dir = tempdir();
+    let spec = repo_root().join("policies/static.toml");
+    let r = run_sim(&spec, "10m", dir.path(), &[]);
+    assert_run_sound(&r, 600);
+    assert_eq!(num(&r.summary, "fallback_ticks"), 0.0);
+    assert_eq!(num(&r.summary, "plugin_traps"), 0.0);
+    let caps: std::collections::BTreeSet<String> = r
+        .trace
+        .iter()
+        .map(|row| row.fields["power_cap_w"].clone())
+        .collect();
+    assert_eq!(caps.len(), 1, "a static policy holds one cap: {caps:?}");
+}
+
+#[test]
+fn hill_climb_moves_the_cap_within_guardrails_and_beats_the_default_cap() {
+    let dir = tempdir();
+    let spec = repo_root().join("policies/hill-climb.toml");
+    let r = run_sim(&spec, "30m", &dir.path().join("hill"), &[]);
+    assert_run_sound(&r, 1800);
+    assert_eq!(num(&r.summary, "fallback_ticks"), 0.0);
+    let distinct_caps: std::collections::BTreeSet<String> = r
+        .trace
+        .iter()
+        .map(|row| row.fields["power_cap_w"].clone())
+        .collect();
+    assert!(
+        distinct_caps.len() > 3,
+        "hill-climb explored caps: {distinct_caps:?}"
+    );
+
+    // The same work at the default cap, same seed: hill-climb must do better per joule.
+    let default_cap = write_spec(
+        dir.path(),
+        "default-cap",
+        &built_plugin("policy_static"),
+        "[params]\npower_cap_w = \"700\"",
+    );
+    let baseline = run_sim(&default_cap, "30m", &dir.path().join("base"), &[]);
+    let hill = num(&r.summary, "tokens_per_joule");
+    let base = num(&baseline.summary, "tokens_per_joule");
+    assert!(
+        hill > base,
+        "hill-climb {hill} tok/J vs default cap {base} tok/J (simulator)"
+    );
+}
+
+#[test]
+fn same_seed_same_run() {
+    let dir = tempdir();
+    let spec = repo_root().join("policies/hill-climb.toml");
+    run_sim(&spec, "3m", &dir.path().join("a"), &["--seed", "7"]);
+    run_sim(&spec, "3m", &dir.path().join("b"), &["--seed", "7"]);
+    run_sim(&spec, "3m", &dir.path().join("c"), &["--seed", "8"]);
+    let read =
+        |d: &str| std::fs::read_to_string(dir.path().join(d).join("trace.csv")).expect("trace");
+    assert_eq!(
+        read("a"),
+        read("b"),
+        "a seeded simulated run replays exactly"
+    );
+    assert_ne!(read("a"), read("c"));
+}
+
+#[test]
+fn several_simulated_gpus() {
+    let dir = tempdir();
+    let spec = repo_root().join("policies/hill-climb.toml");
+    let r = run_sim(&spec, "2m", dir.path(), &["--gpus", "4"]);
+    assert_eq!(num(&r.summary, "ticks"), 120.0);
+    assert_eq!(r.trace.len(), 480);
+    assert_eq!(r.summary["gpus"].as_array().map(Vec::len), Some(4));
+}

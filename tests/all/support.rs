@@ -1,0 +1,165 @@
+//! Helpers: run the binary, read its outputs, write throwaway specs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn tokwatt() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tokwatt"));
+    // Keep compiled plugins inside the test's target folder, not in the user's cache.
+    cmd.env(
+        "TOKWATT_CACHE_DIR",
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache"),
+    );
+    cmd.env_remove("RUST_LOG");
+    cmd
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("host/ has a parent")
+        .to_owned()
+}
+
+pub fn built_plugin(name: &str) -> PathBuf {
+    let path = Path::new(env!("TOKWATT_BUILT_PLUGIN_DIR")).join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} was not built by host/build.rs",
+        path.display()
+    );
+    path
+}
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("tokwatt-e2e-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("temp dir")
+}
+
+/// A spec for `plugin` granting all knobs, with the given extra TOML appended.
+pub fn write_spec(dir: &Path, name: &str, plugin: &Path, extra: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    let text = format!(
+        "name = \"{name}\"\nplugin = \"{}\"\nknobs = [\"power-cap\", \"sm-clock\", \"batch-size\"]\n{extra}\n",
+        plugin.display()
+    );
+    std::fs::write(&path, text).expect("write spec");
+    path
+}
+
+#[derive(Debug)]
+pub struct RunResult {
+    pub summary: serde_json::Value,
+    pub trace: Vec<TraceRow>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TraceRow {
+    pub fields: std::collections::HashMap<String, String>,
+}
+
+impl TraceRow {
+    pub fn f64(&self, key: &str) -> f64 {
+        self.fields[key]
+            .parse()
+            .unwrap_or_else(|_| panic!("{key} is not a number"))
+    }
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Run `tokwatt run --sim h200 --quiet` with `args`, expecting success.
+pub fn run_sim(spec: &Path, duration: &str, out: &Path, args: &[&str]) -> RunResult {
+    let output = tokwatt()
+        .args(["run", "--sim", "h200", "--quiet", "--duration", duration])
+        .arg("--policy")
+        .arg(spec)
+        .arg("--out")
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("tokwatt runs");
+    assert!(
+        output.status.success(),
+        "tokwatt run failed: {}\n{}",
+        output.status,
+        stderr(&output)
+    );
+    assert!(!stderr(&output).contains("panicked"), "{}", stderr(&output));
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("summary.json")).expect("summary.json written"),
+    )
+    .expect("summary.json is JSON");
+    RunResult {
+        summary,
+        trace: read_trace(&out.join("trace.csv")),
+    }
+}
+
+pub fn read_trace(path: &Path) -> Vec<TraceRow> {
+    let text = std::fs::read_to_string(path).expect("trace.csv written");
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("header").split(',').collect();
+    lines
+        .map(|line| TraceRow {
+            fields: header
+                .iter()
+                .zip(line.split(','))
+                .map(|(k, v)| ((*k).to_owned(), v.to_owned()))
+                .collect(),
+        })
+        .collect()
+}
+
+pub fn num(summary: &serde_json::Value, key: &str) -> f64 {
+    summary[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("summary.{key} missing: {summary}"))
+}
+
+/// The checks every completed run must pass.
+pub fn assert_run_sound(r: &RunResult, expected_ticks: u64) {
+    let s = &r.summary;
+    assert_eq!(num(s, "ticks") as u64, expected_ticks, "ran on schedule");
+    assert_eq!(s["simulated"], serde_json::Value::Bool(true));
+    assert_eq!(s["gpu_profile"], "h200");
+    let tokens = num(s, "tokens");
+    let energy = num(s, "energy_j");
+    assert!(energy > 0.0);
+    let tpj = num(s, "tokens_per_joule");
+    assert!(
+        (tpj - tokens / energy).abs() <= 1e-9 * tpj.max(1.0),
+        "tokens_per_joule {tpj} != tokens / energy_j {}",
+        tokens / energy
+    );
+    for key in [
+        "duration_s",
+        "fallback_ticks",
+        "plugin_traps",
+        "slo_violation_ticks",
+    ] {
+        assert!(s[key].is_number(), "summary lacks {key}");
+    }
+    assert!(s["policy"].is_string());
+    assert_eq!(
+        r.trace.len() as u64,
+        expected_ticks,
+        "one trace row per tick per GPU"
+    );
+    // The envelope held on every tick: the H200's constraints.
+    for row in &r.trace {
+        let cap = row.f64("power_cap_w");
+        assert!(
+            (200.0..=700.0).contains(&cap),
+            "cap {cap} outside the device range"
+        );
+        let clock = row.f64("sm_clock_max_mhz");
+        assert!((345.0..=1980.0).contains(&clock), "clock {clock}");
+        let batch = row.f64("batch_size");
+        assert!((1.0..=512.0).contains(&batch), "batch {batch}");
+    }
+}
