@@ -14,6 +14,8 @@
 
 pub mod actuator;
 pub mod clock;
-pub mod types;
+pub mod nvml;
+pub mod restore;
 pub mod telemetry;
+pub mod types;
 pub mod workload;
