@@ -11,8 +11,6 @@ use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 
@@ -727,26 +725,12 @@ impl Drop for SettingsGuard {
     }
 }
 
-/// Set a flag on SIGINT, SIGTERM and SIGHUP so the run can stop at a tick boundary and
-/// restore; a second signal of the same kind exits at once (status 1), leaving the state
-/// file for the next start or `tokwatt restore`.
-pub fn termination_flag() -> io::Result<Arc<AtomicBool>> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let flag = Arc::new(AtomicBool::new(false));
-    for signal in [SIGINT, SIGTERM, SIGHUP] {
-        // Order matters: the shutdown checks the flag before this signal's own handler sets it.
-        signal_hook::flag::register_conditional_shutdown(signal, 1, Arc::clone(&flag))?;
-        signal_hook::flag::register(signal, Arc::clone(&flag))?;
-    }
-    Ok(flag)
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // tests may unwrap
 mod tests {
     use super::*;
     use crate::actuator::DryRun;
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     fn device(index: u32, uuid: &str) -> DeviceInfo {
         DeviceInfo {

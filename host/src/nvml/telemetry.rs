@@ -141,6 +141,7 @@ const ENERGY: &str = "the energy counter";
 const POWER_FIELDS: &str = "power (fields 185/186)";
 const POWER_AVG: &str = "averaged power (field 185)";
 const POWER_INSTANT: &str = "instantaneous power (field 186)";
+const POWER_USAGE: &str = "the power usage";
 const MEM_POWER: &str = "memory power (field 185, memory scope)";
 const SM_CLOCK: &str = "the SM clock";
 const MEM_CLOCK: &str = "the memory clock";
@@ -190,6 +191,12 @@ impl SampleSource for NvmlSource {
                     power.set(field, milliwatts);
                 }
             }
+        }
+
+        // Without field 185 (GPUs before Ampere, and the A100), nvmlDeviceGetPowerUsage
+        // is the averaged reading there is.
+        if power.avg.is_none() && !(state.wants(POWER_FIELDS) && state.wants(POWER_AVG)) {
+            power.avg = state.keep(POWER_USAGE, device.power_usage(), errors);
         }
 
         Sample {
@@ -379,18 +386,23 @@ mod tests {
             Err(TelemetryError::NoSuchGpu { .. })
         ));
         // Wait for a few samples (progress, not time, is what is checked).
-        let mut window = telemetry.read_window_detailed(0).unwrap();
-        let mut energy_j = window.window.energy_j;
+        let (mut samples, mut energy_j, mut interval_s) = (0, 0.0, 0.0);
+        let mut window = NvmlWindow::default();
         for _ in 0..100 {
-            if window.window.samples >= 2 && energy_j > 0.0 {
+            std::thread::sleep(Duration::from_millis(100));
+            window = telemetry.read_window_detailed(0).unwrap();
+            samples += window.window.samples;
+            energy_j += window.window.energy_j;
+            interval_s += window.window.interval_s;
+            if samples >= 5 && energy_j > 0.0 {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(50));
-            window = telemetry.read_window_detailed(0).unwrap();
-            energy_j += window.window.energy_j;
         }
         println!("NVML window: {window:?}");
         assert!(energy_j > 0.0, "the energy counter never moved");
+        // Units check: counter energy over counter time is a board power.
+        let power_w = energy_j / interval_s;
+        assert!((10.0..2000.0).contains(&power_w), "{power_w} W");
         assert!(window.window.power_avg_reading_w > 0.0);
         assert!(window.window.sm_clock_mhz > 0);
         assert!(window.window.power_limit_enforced_w > 0.0);
