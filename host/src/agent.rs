@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::control::{Backends, ChangeGuard, ControlLoop, LoopConfig, LoopTotals, Progress};
+use crate::control::{Backends, ControlLoop, LoopConfig, LoopTotals, Progress};
 use crate::envelope::Envelope;
 use crate::plugin::{ComponentCache, HostConfig, PluginHost};
 use crate::policy::{InitArgs, Supervisor};
@@ -147,7 +147,6 @@ pub fn run(
     request: &RunRequest,
     backends: Backends,
     meta: RunMeta,
-    guard: &mut dyn ChangeGuard,
     stop: Arc<AtomicBool>,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<(RunSummary, Backends), AgentError> {
@@ -181,7 +180,6 @@ pub fn run(
             tick,
             objective: spec.objective,
         },
-        guard,
         stop,
     )?;
     let (totals, backends) = control.run(&mut recorder, progress)?;

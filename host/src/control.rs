@@ -18,7 +18,9 @@ use crate::telemetry::Telemetry;
 use crate::types::{InForce, Objective, Observation, Settings, TelemetryWindow, WorkloadWindow};
 use crate::workload::Workload;
 
-/// The hardware and the clock a run drives.
+/// The hardware and the clock a run drives. To have changed settings restored, wrap
+/// the actuator in a [`crate::restore::SettingsGuard`]: it saves the originals before the
+/// first change and puts them back when dropped (normal end, interrupt, or panic).
 pub struct Backends {
     pub telemetry: Box<dyn Telemetry>,
     pub actuator: Box<dyn Actuator>,
@@ -36,21 +38,6 @@ impl std::fmt::Debug for Backends {
     }
 }
 
-/// Called before the agent changes any GPU setting, so the originals can be saved first.
-pub trait ChangeGuard {
-    fn before_change(&mut self, actuator: &mut dyn Actuator) -> Result<(), String>;
-}
-
-/// For runs that change nothing that needs restoring.
-#[derive(Debug, Default)]
-pub struct NoGuard;
-
-impl ChangeGuard for NoGuard {
-    fn before_change(&mut self, _actuator: &mut dyn Actuator) -> Result<(), String> {
-        Ok(())
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct LoopConfig {
     pub duration: Duration,
@@ -64,8 +51,6 @@ pub enum ControlError {
     Workload { gpu: u32, reason: String },
     #[error(transparent)]
     Recorder(#[from] RecorderError),
-    #[error("the agent could not save the GPU settings before changing them: {0}")]
-    Guard(String),
 }
 
 /// Totals for one GPU.
@@ -112,12 +97,11 @@ pub struct Progress<'a> {
     pub observations: &'a [Observation],
 }
 
-pub struct ControlLoop<'a> {
+pub struct ControlLoop {
     backends: Backends,
     supervisor: Supervisor,
     envelope: Envelope,
     config: LoopConfig,
-    guard: &'a mut dyn ChangeGuard,
     stop: Arc<AtomicBool>,
     in_force: Vec<InForce>,
     last_clamped: Vec<bool>,
@@ -126,7 +110,7 @@ pub struct ControlLoop<'a> {
     totals: LoopTotals,
 }
 
-impl std::fmt::Debug for ControlLoop<'_> {
+impl std::fmt::Debug for ControlLoop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControlLoop")
             .field("backends", &self.backends)
@@ -136,7 +120,7 @@ impl std::fmt::Debug for ControlLoop<'_> {
     }
 }
 
-impl<'a> ControlLoop<'a> {
+impl ControlLoop {
     /// Read the settings in force and apply the policy's first settings (from `init`)
     /// through the envelope.
     pub fn new(
@@ -145,8 +129,7 @@ impl<'a> ControlLoop<'a> {
         first_settings: &[Settings],
         envelope: Envelope,
         config: LoopConfig,
-        guard: &'a mut dyn ChangeGuard,
-        stop: Arc<AtomicBool>,
+            stop: Arc<AtomicBool>,
     ) -> Result<Self, ControlError> {
         let devices = backends.telemetry.devices();
         let mut in_force = Vec::with_capacity(devices.len());
@@ -186,7 +169,6 @@ impl<'a> ControlLoop<'a> {
             supervisor,
             envelope,
             config,
-            guard,
             stop,
             in_force,
             last_clamped: vec![false; n],
@@ -199,7 +181,7 @@ impl<'a> ControlLoop<'a> {
                 .envelope
                 .apply(gpu as u32, settings, &this.in_force[gpu]);
             this.last_clamped[gpu] = applied.clamped;
-            this.apply(gpu as u32, &applied.settings)?;
+            this.apply(gpu as u32, &applied.settings);
         }
         // Whatever the first settings did, the first window starts now.
         for gpu in 0..n as u32 {
@@ -255,7 +237,7 @@ impl<'a> ControlLoop<'a> {
                 self.last_clamped[gpu] = applied.clamped;
                 self.totals.clamped_decisions += u64::from(applied.clamped);
                 self.totals.non_finite_values += u64::from(applied.non_finite);
-                self.apply(gpu as u32, &applied.settings)?;
+                self.apply(gpu as u32, &applied.settings);
 
                 let violation = self.config.objective.violated_by(obs);
                 any_violation |= violation;
@@ -370,14 +352,8 @@ impl<'a> ControlLoop<'a> {
 
     /// Apply the knobs that change. A failed change is logged and counted, never fatal:
     /// the setting stays as it was.
-    fn apply(&mut self, gpu: u32, settings: &Settings) -> Result<(), ControlError> {
+    fn apply(&mut self, gpu: u32, settings: &Settings) {
         let g = gpu as usize;
-        let touches_gpu = settings.power_cap_w.is_some() || settings.sm_clock_max_mhz.is_some();
-        if touches_gpu {
-            self.guard
-                .before_change(self.backends.actuator.as_mut())
-                .map_err(ControlError::Guard)?;
-        }
         if let Some(watts) = settings.power_cap_w {
             match self.backends.actuator.set_power_cap(gpu, watts) {
                 Ok(enforced) => {
@@ -420,7 +396,6 @@ impl<'a> ControlLoop<'a> {
                 }
             }
         }
-        Ok(())
     }
 
     fn changed(&mut self, gpu: u32) {

@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 
 use tokwatt::agent::{self, RunMeta, RunRequest, RunSummary};
 use tokwatt::clock::{Clock, VirtualClock, WallClock};
-use tokwatt::control::{Backends, NoGuard, Progress};
+use tokwatt::control::{Backends, Progress};
 use tokwatt::sim::{GpuProfile, Scenario, SimConfig, SimGpu};
 use tokwatt::spec::PolicySpec;
 
