@@ -87,7 +87,8 @@
 //!   [`State::empty`] and `restore` an error.
 //! - A second `init` starts over: the previous instance is dropped first.
 //! - A panic is a trap: the host counts the tick as failed and falls back to its safe
-//!   settings. Return an `Err` from `init` or `restore` for errors you can explain.
+//!   settings. The panic message goes to the agent's log first, at error level. Return
+//!   an `Err` from `init` or `restore` for errors you can explain.
 //! - The SDK passes the policy's answers through unchanged; the host, not the SDK,
 //!   checks their number and clamps their values.
 //!

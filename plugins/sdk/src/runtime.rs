@@ -5,6 +5,30 @@ use crate::{InitArgs, LogLevel, Observation, Policy, Settings, State, log};
 use std::cell::RefCell;
 use std::fmt;
 
+/// Makes a panic in the policy reach the agent's log, tagged with the policy's name,
+/// before it traps: the trap itself carries no message. The default hook still runs
+/// afterwards (it writes to the component's standard error).
+#[cfg(target_arch = "wasm32")]
+fn report_panics_to_the_host_log() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let message = info.payload_as_str().unwrap_or("(no message)");
+            let report = match info.location() {
+                Some(location) => format!("policy panicked at {location}: {message}"),
+                None => format!("policy panicked: {message}"),
+            };
+            log(LogLevel::Error, &report);
+            default_hook(info);
+        }));
+    });
+}
+
+/// Natively, for a policy's own tests, panics keep the test harness's reporting.
+#[cfg(not(target_arch = "wasm32"))]
+fn report_panics_to_the_host_log() {}
+
 /// The single policy instance of a component, empty until `init` succeeds.
 ///
 /// WebAssembly components are single-threaded and the component model forbids
@@ -36,6 +60,7 @@ impl<P: Policy> Slot<P> {
     /// Creates the instance. A second call starts over from scratch: the old instance
     /// is dropped first, so a failed re-`init` leaves no stale instance behind.
     pub fn init(&self, args: InitArgs) -> Result<Vec<Settings>, String> {
+        report_panics_to_the_host_log();
         self.instance.replace(None);
         let (policy, settings) = P::init(args)?;
         self.instance.replace(Some(policy));
@@ -44,6 +69,7 @@ impl<P: Policy> Slot<P> {
 
     /// Runs `decide`; before a successful `init`, leaves every GPU unchanged.
     pub fn decide(&self, observations: &[Observation]) -> Vec<Settings> {
+        report_panics_to_the_host_log();
         match self.instance.borrow_mut().as_mut() {
             Some(policy) => policy.decide(observations),
             None => {
@@ -58,6 +84,7 @@ impl<P: Policy> Slot<P> {
 
     /// Runs `snapshot`; before a successful `init`, there is no state.
     pub fn snapshot(&self) -> State {
+        report_panics_to_the_host_log();
         self.instance
             .borrow()
             .as_ref()
@@ -66,6 +93,7 @@ impl<P: Policy> Slot<P> {
 
     /// Runs `restore`; before a successful `init` there is nothing to restore into.
     pub fn restore(&self, state: State) -> Result<(), String> {
+        report_panics_to_the_host_log();
         match self.instance.borrow_mut().as_mut() {
             Some(policy) => policy.restore(state),
             None => Err(
