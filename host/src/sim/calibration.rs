@@ -420,18 +420,9 @@ mod tests {
     #[ignore = "fit helper: prints the fitted constants for profiles/h200.toml"]
     fn fit_h200() {
         let base = GpuProfile::load("h200").unwrap();
-        let d = base.decode;
-        let p = base.power;
-        let mut best = vec![
-            d.overhead_per_layer_us,
-            d.weights_bandwidth_tbs,
-            d.kv_bandwidth_tbs,
-            d.tensor_tflops,
-            d.roofline_sharpness,
-            p.core_w,
-            p.stream_activity,
-            p.voltage_slope,
-        ];
+        // Neutral starting guesses, not the profile's values: the measured copy rate for both
+        // bandwidths, 80 % of the datasheet tensor peak, 40 us per layer.
+        let mut best = vec![40.0, 4.23, 4.23, 800.0, 1.5, 1000.0, 0.3, 0.6];
         let mut best_loss = loss(&base, &best);
         println!("start: loss {best_loss:.5}");
         for round in 0..4 {

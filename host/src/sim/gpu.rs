@@ -20,6 +20,12 @@ use crate::types::{ClockEvents, TelemetryWindow, WorkloadWindow};
 const SUBSTEPS_PER_UPDATE: u64 = 4;
 /// Two decode-step counts closer than this are the same step (guards float round-off).
 const STEP_EPSILON: f64 = 1e-6;
+/// Arrivals in one substep beyond which their times are not drawn (they all queue: the
+/// batch fills in this substep anyway).
+const MAX_TIMED_ARRIVALS: u64 = 4096;
+/// Every pass of a substep's event loop retires a request, admits an arrival or ends the
+/// substep, so it terminates; this bound only guards against a float pathology.
+const MAX_EVENTS_PER_SUBSTEP: usize = 10_000_000;
 
 /// Exact quantities the sensors only approximate, for tests and evaluation.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -111,7 +117,7 @@ pub(super) struct GpuSim {
     substeps_done: u64,
     sm_mhz: f64,
     target: FirmwareClock,
-    target_key: Option<(u32, u64, u32, u64)>,
+    cache: ModelCache,
     temperature_c: f64,
     last_power_w: f64,
     was_idle: bool,
@@ -187,7 +193,7 @@ impl GpuSim {
                 sm_mhz: idle_mhz,
                 limit: ClockLimit::None,
             },
-            target_key: None,
+            cache: ModelCache::default(),
             temperature_c,
             last_power_w: idle_w,
             was_idle: true,
@@ -251,9 +257,8 @@ impl GpuSim {
         let mut steps_taken = 0.0;
         let mut next_arrival = 0;
         let idle_w = self.profile.idle.power_w;
-        // A request finishing or arriving splits the substep; the bound only guards against a
-        // float pathology turning this into an endless loop.
-        for _ in 0..100_000 {
+        // A request finishing or arriving splits the substep.
+        for _ in 0..MAX_EVENTS_PER_SUBSTEP {
             let remaining = dt - elapsed;
             if remaining <= 1e-12 {
                 break;
@@ -306,10 +311,10 @@ impl GpuSim {
             return;
         }
         let slot_free = (self.running.len() as u32) < self.batch && self.waiting() == 0;
-        if slot_free {
+        if slot_free && count <= MAX_TIMED_ARRIVALS {
             let times = &mut self.streams.arrival_times;
             self.arrival_offsets
-                .extend((0..count.min(100_000)).map(|_| times.uniform() * dt));
+                .extend((0..count).map(|_| times.uniform() * dt));
             self.arrival_offsets.sort_unstable_by(f64::total_cmp);
         } else {
             self.enqueue(count);
@@ -362,34 +367,37 @@ impl GpuSim {
         }
     }
 
-    fn point(&self, active: u32) -> StepPoint {
-        self.model.point(active, self.sm_mhz, self.mem_mhz)
+    fn point(&mut self, active: u32) -> StepPoint {
+        self.cache.check_settings(self.settings_key());
+        let (model, sm_mhz, mem_mhz) = (&self.model, self.sm_mhz, self.mem_mhz);
+        self.cache
+            .point(active, sm_mhz, || model.point(active, sm_mhz, mem_mhz))
+    }
+
+    /// What the model results depend on besides the load and the clock.
+    fn settings_key(&self) -> (u64, u32, u64) {
+        let lock_max = self.sm_lock.map_or(u32::MAX, |(_, hi)| hi);
+        (self.cap_w.to_bits(), lock_max, self.mem_mhz.to_bits())
     }
 
     /// The firmware picks a target clock for the load at the start of the substep; the clock
     /// moves toward it with the settle lag.
     fn steer_clock(&mut self) {
         let active = self.running.len() as u32;
-        let lock_max = self.sm_lock.map_or(u32::MAX, |(_, hi)| hi);
-        let key = (
-            active,
-            self.cap_w.to_bits(),
-            lock_max,
-            self.mem_mhz.to_bits(),
-        );
-        if self.target_key != Some(key) {
-            self.target = if active == 0 {
-                let (lo, hi) = self.sm_lock.unwrap_or((0, u32::MAX));
-                FirmwareClock {
-                    sm_mhz: self.profile.clocks.idle_sm_mhz.clamp(lo, hi),
-                    limit: ClockLimit::None,
-                }
-            } else {
-                self.model
-                    .firmware_clock(active, self.cap_w, lock_max, self.mem_mhz)
-            };
-            self.target_key = Some(key);
-        }
+        self.target = if active == 0 {
+            let (lo, hi) = self.sm_lock.unwrap_or((0, u32::MAX));
+            FirmwareClock {
+                sm_mhz: self.profile.clocks.idle_sm_mhz.clamp(lo, hi),
+                limit: ClockLimit::None,
+            }
+        } else {
+            let key = self.settings_key();
+            self.cache.check_settings(key);
+            let (model, cap_w, lock_max, mem_mhz) = (&self.model, key.0, key.1, self.mem_mhz);
+            self.cache.clock(active, || {
+                model.firmware_clock(active, f64::from_bits(cap_w), lock_max, mem_mhz)
+            })
+        };
         let target = f64::from(self.target.sm_mhz);
         self.sm_mhz += (target - self.sm_mhz) * self.clock_alpha;
         if (target - self.sm_mhz).abs() < 0.5 {
@@ -582,6 +590,59 @@ impl GpuSim {
             waiting: self.waiting(),
         }
     }
+}
+
+/// Model results memoised per active-sequence count, for one set of device settings (cap,
+/// clock lock, memory clock): under varying load the same counts recur substep after substep,
+/// and the firmware's clock search is the costliest part of a substep.
+#[derive(Debug, Default)]
+struct ModelCache {
+    settings: Option<(u64, u32, u64)>,
+    clocks: Vec<Option<FirmwareClock>>,
+    /// The step at one clock (bits of the MHz value) for each count.
+    points: Vec<Option<(u64, StepPoint)>>,
+}
+
+impl ModelCache {
+    /// Forget everything when the settings changed.
+    fn check_settings(&mut self, settings: (u64, u32, u64)) {
+        if self.settings != Some(settings) {
+            self.settings = Some(settings);
+            self.clocks.clear();
+            self.points.clear();
+        }
+    }
+
+    fn clock(&mut self, active: u32, compute: impl FnOnce() -> FirmwareClock) -> FirmwareClock {
+        let slot = slot(&mut self.clocks, active);
+        *slot.get_or_insert_with(compute)
+    }
+
+    fn point(
+        &mut self,
+        active: u32,
+        sm_mhz: f64,
+        compute: impl FnOnce() -> StepPoint,
+    ) -> StepPoint {
+        let slot = slot(&mut self.points, active);
+        match slot {
+            Some((bits, point)) if *bits == sm_mhz.to_bits() => *point,
+            _ => {
+                let point = compute();
+                *slot = Some((sm_mhz.to_bits(), point));
+                point
+            }
+        }
+    }
+}
+
+/// The cache slot for `active`, growing the table as needed.
+fn slot<T>(table: &mut Vec<Option<T>>, active: u32) -> &mut Option<T> {
+    let index = active as usize;
+    if table.len() <= index {
+        table.resize_with(index + 1, || None);
+    }
+    &mut table[index]
 }
 
 /// The `q` quantile of values weighted by their counts (0 with no samples).

@@ -153,6 +153,12 @@ impl Scenario {
                 self.batch_size_max, self.initial_batch_size
             ));
         }
+        if self.queue_max > 1_000_000 {
+            return Err(format!(
+                "queue_max must be at most 1000000 (got {})",
+                self.queue_max
+            ));
+        }
         let Some(first) = self.phases.first() else {
             return Err("give at least one [[phases]] entry (start_s, arrival_rps)".to_owned());
         };
