@@ -97,7 +97,6 @@ pub(super) struct GpuSim {
     model: DecodeModel,
     scenario: Arc<Scenario>,
     profile: Arc<GpuProfile>,
-    sm_grid: Vec<u32>,
     mem_grid: Vec<u32>,
     substep_ns: u64,
     substep_s: f64,
@@ -170,7 +169,6 @@ impl GpuSim {
         let idle_w = profile.idle.power_w;
         let boxcar_len =
             ((nvml.power_average_window_s / nvml.energy_update_s).round() as usize).max(1);
-        let sm_grid = profile.sm_clocks_mhz();
         let mem_grid = profile.mem_clocks_mhz();
         let idle_mhz = profile.clocks.idle_sm_mhz;
         let temperature_c = profile.thermal.ambient_c + profile.thermal.resistance_c_per_w * idle_w;
@@ -216,12 +214,8 @@ impl GpuSim {
                 sm_mhz: idle_mhz,
                 temperature_c,
             },
-            telemetry: TelemetryAccumulator {
-                peak_w: 0.0,
-                ..TelemetryAccumulator::default()
-            },
+            telemetry: TelemetryAccumulator::default(),
             workload: WorkloadAccumulator::default(),
-            sm_grid,
             mem_grid,
             substep_ns,
             substep_s,
@@ -393,9 +387,10 @@ impl GpuSim {
         } else {
             let key = self.settings_key();
             self.cache.check_settings(key);
-            let (model, cap_w, lock_max, mem_mhz) = (&self.model, key.0, key.1, self.mem_mhz);
+            let lock_max = key.1;
+            let (model, cap_w, mem_mhz) = (&self.model, self.cap_w, self.mem_mhz);
             self.cache.clock(active, || {
-                model.firmware_clock(active, f64::from_bits(cap_w), lock_max, mem_mhz)
+                model.firmware_clock(active, cap_w, lock_max, mem_mhz)
             })
         };
         let target = f64::from(self.target.sm_mhz);
@@ -464,10 +459,16 @@ impl GpuSim {
         }
     }
 
+    /// The supported clock nearest `mhz` (what NVML reports while the clock settles).
     fn nearest_sm_clock(&self, mhz: f64) -> u32 {
-        self.sm_grid
-            .iter()
-            .copied()
+        let grid = self.model.sm_grid();
+        // Highest first: `above` is the first clock at or below `mhz`.
+        let above = grid.partition_point(|&f| f64::from(f) > mhz);
+        let candidates = [above.checked_sub(1), Some(above)];
+        candidates
+            .into_iter()
+            .flatten()
+            .filter_map(|i| grid.get(i).copied())
             .min_by(|a, b| {
                 (f64::from(*a) - mhz)
                     .abs()
