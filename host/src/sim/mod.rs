@@ -131,7 +131,7 @@ impl SimGpu {
         })?;
         scenario.validate().map_err(|problem| SimError::Invalid {
             what: "scenario",
-            origin: format!("'{}'", scenario.description),
+            origin: format!("'{}' ({})", scenario.description, scenario.model_name),
             problem,
         })?;
         let profile = Arc::new(profile);

@@ -76,6 +76,38 @@ fn devices_are_labelled_simulated_with_the_profile_constraints() {
 }
 
 #[test]
+fn an_invalid_in_memory_configuration_is_refused() {
+    let clock = VirtualClock::new();
+    let config = |gpus: u32, batch: u32| SimConfig {
+        profile: GpuProfile::load("h200").unwrap(),
+        scenario: Scenario {
+            initial_batch_size: batch,
+            ..saturated("llama-3-8b", 1024, 1)
+        },
+        gpus,
+        seed: 0,
+    };
+    let err = SimGpu::new(config(0, 1), clock.clone())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "the simulation needs 1 to 1024 GPUs (got 0)");
+    let err = SimGpu::new(config(1, 600), clock.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("scenario 'saturated' (llama-3-8b): initial_batch_size"),
+        "{err}"
+    );
+    let mut bad_profile = config(1, 1);
+    bad_profile.profile.power.core_w = f64::NAN;
+    let err = SimGpu::new(bad_profile, clock).unwrap_err().to_string();
+    assert!(
+        err.contains("GPU profile 'h200': power.core_w must be a number above 0"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_saturated_run_through_the_traits_matches_the_measured_rows() {
     // The calibration rows through the whole path: energy from the (quantised) counter over a
     // 6 s window after 4 s of warm-up, as the reference script measured.
