@@ -24,6 +24,7 @@ pub mod plugin;
 pub mod policy;
 pub mod recorder;
 pub mod restore;
+pub mod sim;
 pub mod spec;
 pub mod telemetry;
 pub mod types;

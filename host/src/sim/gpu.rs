@@ -1,0 +1,679 @@
+//! One simulated GPU: its serving queue, firmware clock control, NVML's view of it, and the
+//! windows the control loop reads.
+//!
+//! Time advances in fixed substeps (a quarter of NVML's update period: 25 ms on the built-in
+//! profiles). Within a substep the decode loop is handled analytically: the number of decode
+//! steps is the elapsed time over the step time, split only where a request finishes or
+//! arrives — never one iteration per decode step.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::model::{ClockLimit, DecodeCost, DecodeModel, FirmwareClock, StepPoint};
+use super::profile::GpuProfile;
+use super::rng::Rng;
+use super::scenario::Scenario;
+use crate::actuator::GpuSettings;
+use crate::types::{ClockEvents, TelemetryWindow, WorkloadWindow};
+
+/// Substeps per NVML update period.
+const SUBSTEPS_PER_UPDATE: u64 = 4;
+/// Two decode-step counts closer than this are the same step (guards float round-off).
+const STEP_EPSILON: f64 = 1e-6;
+/// Arrivals in one substep beyond which their times are not drawn (they all queue: the
+/// batch fills in this substep anyway).
+const MAX_TIMED_ARRIVALS: u64 = 4096;
+/// Every pass of a substep's event loop retires a request, admits an arrival or ends the
+/// substep, so it terminates; this bound only guards against a float pathology.
+const MAX_EVENTS_PER_SUBSTEP: usize = 10_000_000;
+
+/// Exact quantities the sensors only approximate, for tests and evaluation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimTruth {
+    /// Simulated time, seconds.
+    pub time_s: f64,
+    /// Energy drawn, joules (no sensor gain error, no update quantisation).
+    pub energy_j: f64,
+    /// Tokens generated (fractional: a decode step may be part-way done).
+    pub tokens: f64,
+    /// Current SM clock (continuous, while it settles), MHz.
+    pub sm_mhz: f64,
+    /// The clock the firmware is steering to, MHz.
+    pub target_sm_mhz: u32,
+    /// Power over the last substep, watts.
+    pub power_w: f64,
+    pub temperature_c: f64,
+    pub requests_completed: u64,
+    /// Arrivals turned away because the queue was full.
+    pub requests_turned_away: u64,
+    pub active_sequences: u32,
+    /// Waiting requests, including sequences paused by a batch-size cut.
+    pub waiting: u64,
+}
+
+/// What NVML would answer now (values change only at update boundaries).
+#[derive(Debug, Clone, Copy)]
+struct Readings {
+    energy_counter_j: f64,
+    power_avg_w: f64,
+    power_inst_w: f64,
+    sm_mhz: u32,
+    temperature_c: f64,
+}
+
+/// Telemetry accumulated since the last `read_window`.
+#[derive(Debug, Default)]
+struct TelemetryAccumulator {
+    start_substep: u64,
+    start_counter_j: f64,
+    samples: u32,
+    peak_w: f64,
+    clocks: Vec<u32>,
+    events: ClockEvents,
+    busy_s: f64,
+}
+
+/// Workload accounting since the last `read_window`.
+#[derive(Debug, Default)]
+struct WorkloadAccumulator {
+    start_tokens: u64,
+    start_steps: u64,
+    /// (step time ms, decode steps) per busy substep.
+    step_times: Vec<(f64, f64)>,
+}
+
+/// Independent random streams, so drawing more of one (e.g. arrival times, only needed when
+/// a slot is free) never shifts another (the arrival counts every policy must face).
+#[derive(Debug)]
+struct Streams {
+    arrival_counts: Rng,
+    arrival_times: Rng,
+    sensor: Rng,
+    step_jitter: Rng,
+}
+
+#[derive(Debug)]
+pub(super) struct GpuSim {
+    model: DecodeModel,
+    scenario: Arc<Scenario>,
+    profile: Arc<GpuProfile>,
+    mem_grid: Vec<u32>,
+    substep_ns: u64,
+    substep_s: f64,
+    clock_alpha: f64,
+    thermal_alpha: f64,
+    gain: f64,
+    streams: Streams,
+
+    // Settings.
+    cap_w: f64,
+    sm_lock: Option<(u32, u32)>,
+    mem_lock: Option<(u32, u32)>,
+    mem_mhz: f64,
+    batch: u32,
+
+    // Dynamics.
+    substeps_done: u64,
+    sm_mhz: f64,
+    target: FirmwareClock,
+    cache: ModelCache,
+    temperature_c: f64,
+    last_power_w: f64,
+    was_idle: bool,
+
+    // Serving state. `decode_steps` counts the steps every active sequence has taken together;
+    // a running sequence is stored as the step count at which it finishes (ascending).
+    decode_steps: f64,
+    running: VecDeque<f64>,
+    paused: Vec<f64>,
+    queued: u64,
+    turned_away: u64,
+    completed: u64,
+    tokens: f64,
+    arrival_offsets: Vec<f64>,
+
+    // NVML emulation.
+    energy_true_j: f64,
+    bin_energy_j: f64,
+    boxcar: VecDeque<f64>,
+    boxcar_len: usize,
+    readings: Readings,
+
+    telemetry: TelemetryAccumulator,
+    workload: WorkloadAccumulator,
+}
+
+impl GpuSim {
+    pub(super) fn new(
+        index: u32,
+        profile: Arc<GpuProfile>,
+        scenario: Arc<Scenario>,
+        seed: u64,
+    ) -> Self {
+        let cost = DecodeCost::new(&scenario.model, scenario.context_tokens);
+        let model = DecodeModel::new(&profile, &cost);
+        let nvml = profile.nvml;
+        let substep_s = nvml.energy_update_s / SUBSTEPS_PER_UPDATE as f64;
+        let substep_ns = ((substep_s * 1e9).round() as u64).max(1);
+        let substep_s = substep_ns as f64 * 1e-9;
+        // The clock follows its target as a first-order lag reaching 95 % after `settle_s`.
+        let clock_alpha = if nvml.settle_s > 0.0 {
+            1.0 - (-substep_s * 3.0 / nvml.settle_s).exp()
+        } else {
+            1.0
+        };
+        let thermal_alpha = 1.0 - (-substep_s / profile.thermal.time_constant_s).exp();
+        let stream_base = u64::from(index) << 8;
+        let mut gain_stream = Rng::stream(seed, stream_base | 4);
+        let gain = 1.0 + nvml.gain_error_max * (2.0 * gain_stream.uniform() - 1.0);
+        let idle_w = profile.idle.power_w;
+        let boxcar_len =
+            ((nvml.power_average_window_s / nvml.energy_update_s).round() as usize).max(1);
+        let mem_grid = profile.mem_clocks_mhz();
+        let idle_mhz = profile.clocks.idle_sm_mhz;
+        let temperature_c = profile.thermal.ambient_c + profile.thermal.resistance_c_per_w * idle_w;
+        Self {
+            model,
+            streams: Streams {
+                arrival_counts: Rng::stream(seed, stream_base),
+                arrival_times: Rng::stream(seed, stream_base | 1),
+                sensor: Rng::stream(seed, stream_base | 2),
+                step_jitter: Rng::stream(seed, stream_base | 3),
+            },
+            cap_w: profile.power_cap.default_w,
+            sm_lock: None,
+            mem_lock: None,
+            mem_mhz: f64::from(mem_grid.first().copied().unwrap_or(1)),
+            batch: scenario.initial_batch_size,
+            substeps_done: 0,
+            sm_mhz: f64::from(idle_mhz),
+            target: FirmwareClock {
+                sm_mhz: idle_mhz,
+                limit: ClockLimit::None,
+            },
+            cache: ModelCache::default(),
+            temperature_c,
+            last_power_w: idle_w,
+            was_idle: true,
+            decode_steps: 0.0,
+            running: VecDeque::new(),
+            paused: Vec::new(),
+            queued: 0,
+            turned_away: 0,
+            completed: 0,
+            tokens: 0.0,
+            arrival_offsets: Vec::new(),
+            energy_true_j: 0.0,
+            bin_energy_j: 0.0,
+            boxcar: std::iter::repeat_n(idle_w * gain, boxcar_len).collect(),
+            boxcar_len,
+            readings: Readings {
+                energy_counter_j: 0.0,
+                power_avg_w: idle_w * gain,
+                power_inst_w: idle_w * gain,
+                sm_mhz: idle_mhz,
+                temperature_c,
+            },
+            telemetry: TelemetryAccumulator::default(),
+            workload: WorkloadAccumulator::default(),
+            mem_grid,
+            substep_ns,
+            substep_s,
+            clock_alpha,
+            thermal_alpha,
+            gain,
+            scenario,
+            profile,
+        }
+    }
+
+    /// Simulate every whole substep up to `now_ns` (a change made now applies from the next one).
+    pub(super) fn advance_to(&mut self, now_ns: u64) {
+        let target = now_ns / self.substep_ns;
+        while self.substeps_done < target {
+            self.substep();
+        }
+    }
+
+    fn now_s(&self) -> f64 {
+        self.substeps_done as f64 * self.substep_s
+    }
+
+    fn substep(&mut self) {
+        let dt = self.substep_s;
+        self.draw_arrivals(dt);
+        self.rebalance();
+        self.steer_clock();
+
+        let mut elapsed = 0.0;
+        let mut energy = 0.0;
+        let mut busy = 0.0;
+        let mut steps_taken = 0.0;
+        let mut next_arrival = 0;
+        let idle_w = self.profile.idle.power_w;
+        // A request finishing or arriving splits the substep.
+        for _ in 0..MAX_EVENTS_PER_SUBSTEP {
+            let remaining = dt - elapsed;
+            if remaining <= 1e-12 {
+                break;
+            }
+            let until_arrival = self
+                .arrival_offsets
+                .get(next_arrival)
+                .map_or(f64::INFINITY, |&at| (at - elapsed).max(0.0));
+            let active = self.running.len() as u32;
+            let segment = if active == 0 {
+                let segment = remaining.min(until_arrival);
+                energy += idle_w * segment;
+                segment
+            } else {
+                let point = self.point(active);
+                let until_finish = self.running.front().map_or(f64::INFINITY, |&finish| {
+                    (finish - self.decode_steps).max(0.0) * point.step_s
+                });
+                let segment = remaining.min(until_arrival).min(until_finish);
+                let steps = segment / point.step_s;
+                self.decode_steps += steps;
+                self.tokens += steps * f64::from(active);
+                steps_taken += steps;
+                energy += point.power_w * segment;
+                busy += segment;
+                self.retire_finished();
+                segment
+            };
+            elapsed += segment;
+            while let Some(&at) = self.arrival_offsets.get(next_arrival) {
+                if at > elapsed + 1e-12 {
+                    break;
+                }
+                self.enqueue(1);
+                next_arrival += 1;
+            }
+            self.rebalance();
+        }
+
+        self.finish_substep(energy, busy, steps_taken);
+    }
+
+    /// Arrivals of this substep: the count from its own stream (identical for every policy);
+    /// their times within the substep only matter, and are only drawn, when a slot is free.
+    fn draw_arrivals(&mut self, dt: f64) {
+        self.arrival_offsets.clear();
+        let rate = self.scenario.arrival_rps_at(self.now_s());
+        let count = self.streams.arrival_counts.poisson(rate * dt);
+        if count == 0 {
+            return;
+        }
+        let slot_free = (self.running.len() as u32) < self.batch && self.waiting() == 0;
+        if slot_free && count <= MAX_TIMED_ARRIVALS {
+            let times = &mut self.streams.arrival_times;
+            self.arrival_offsets
+                .extend((0..count).map(|_| times.uniform() * dt));
+            self.arrival_offsets.sort_unstable_by(f64::total_cmp);
+        } else {
+            self.enqueue(count);
+        }
+    }
+
+    fn enqueue(&mut self, count: u64) {
+        let room = u64::from(self.scenario.queue_max).saturating_sub(self.queued);
+        let accepted = count.min(room);
+        self.queued += accepted;
+        self.turned_away += count - accepted;
+    }
+
+    fn waiting(&self) -> u64 {
+        self.queued + self.paused.len() as u64
+    }
+
+    /// Active sequences = min(batch size, requests in the system): pause the sequences with the
+    /// most tokens left when the batch shrank, fill free slots (paused sequences first).
+    fn rebalance(&mut self) {
+        let batch = self.batch as usize;
+        while self.running.len() > batch {
+            if let Some(finish) = self.running.pop_back() {
+                self.paused.push(finish - self.decode_steps);
+            }
+        }
+        while self.running.len() < batch {
+            if let Some(left) = self.paused.pop() {
+                let finish = self.decode_steps + left;
+                let at = self.running.partition_point(|&f| f <= finish);
+                self.running.insert(at, finish);
+            } else if self.queued > 0 {
+                self.queued -= 1;
+                // Every finish time so far is at most this one: the queue stays sorted.
+                self.running
+                    .push_back(self.decode_steps + f64::from(self.scenario.output_tokens));
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn retire_finished(&mut self) {
+        while let Some(&finish) = self.running.front() {
+            if finish > self.decode_steps + STEP_EPSILON {
+                break;
+            }
+            self.running.pop_front();
+            self.completed += 1;
+        }
+    }
+
+    fn point(&mut self, active: u32) -> StepPoint {
+        self.cache.check_settings(self.settings_key());
+        let (model, sm_mhz, mem_mhz) = (&self.model, self.sm_mhz, self.mem_mhz);
+        self.cache
+            .point(active, sm_mhz, || model.point(active, sm_mhz, mem_mhz))
+    }
+
+    /// What the model results depend on besides the load and the clock.
+    fn settings_key(&self) -> (u64, u32, u64) {
+        let lock_max = self.sm_lock.map_or(u32::MAX, |(_, hi)| hi);
+        (self.cap_w.to_bits(), lock_max, self.mem_mhz.to_bits())
+    }
+
+    /// The firmware picks a target clock for the load at the start of the substep; the clock
+    /// moves toward it with the settle lag.
+    fn steer_clock(&mut self) {
+        let active = self.running.len() as u32;
+        self.target = if active == 0 {
+            let (lo, hi) = self.sm_lock.unwrap_or((0, u32::MAX));
+            FirmwareClock {
+                sm_mhz: self.profile.clocks.idle_sm_mhz.clamp(lo, hi),
+                limit: ClockLimit::None,
+            }
+        } else {
+            let key = self.settings_key();
+            self.cache.check_settings(key);
+            let lock_max = key.1;
+            let (model, cap_w, mem_mhz) = (&self.model, self.cap_w, self.mem_mhz);
+            self.cache.clock(active, || {
+                model.firmware_clock(active, cap_w, lock_max, mem_mhz)
+            })
+        };
+        let target = f64::from(self.target.sm_mhz);
+        self.sm_mhz += (target - self.sm_mhz) * self.clock_alpha;
+        if (target - self.sm_mhz).abs() < 0.5 {
+            self.sm_mhz = target;
+        }
+        self.was_idle = active == 0;
+    }
+
+    fn finish_substep(&mut self, energy_j: f64, busy_s: f64, steps: f64) {
+        let dt = self.substep_s;
+        self.substeps_done += 1;
+        self.energy_true_j += energy_j;
+        self.bin_energy_j += energy_j;
+        self.last_power_w = energy_j / dt;
+        let thermal = self.profile.thermal;
+        let settled_c = thermal.ambient_c + thermal.resistance_c_per_w * self.last_power_w;
+        self.temperature_c += (settled_c - self.temperature_c) * self.thermal_alpha;
+        self.telemetry.busy_s += busy_s;
+        if steps > 0.0 {
+            let sigma = self.profile.nvml.step_time_jitter;
+            let jitter = (sigma * self.streams.step_jitter.normal() - 0.5 * sigma * sigma).exp();
+            let step_ms = busy_s / steps * 1e3 * jitter;
+            self.workload.step_times.push((step_ms, steps));
+        }
+        if self.substeps_done.is_multiple_of(SUBSTEPS_PER_UPDATE) {
+            self.nvml_update();
+        }
+    }
+
+    /// NVML's update: counter, boxcar average, an instantaneous sample, clock, temperature.
+    fn nvml_update(&mut self) {
+        let nvml = self.profile.nvml;
+        let sensed_bin_j = self.bin_energy_j * self.gain;
+        self.bin_energy_j = 0.0;
+        self.boxcar.push_back(sensed_bin_j / nvml.energy_update_s);
+        while self.boxcar.len() > self.boxcar_len {
+            self.boxcar.pop_front();
+        }
+        let dynamic_w = (self.last_power_w - self.profile.idle.power_w).max(0.0);
+        let noise_sd = nvml.instantaneous_noise_w + nvml.instantaneous_noise_fraction * dynamic_w;
+        let inst =
+            (self.last_power_w * self.gain + noise_sd * self.streams.sensor.normal()).max(0.0);
+        self.readings = Readings {
+            energy_counter_j: self.readings.energy_counter_j + sensed_bin_j,
+            power_avg_w: self.boxcar.iter().sum::<f64>() / self.boxcar.len() as f64,
+            power_inst_w: inst,
+            sm_mhz: self.nearest_sm_clock(self.sm_mhz),
+            temperature_c: self.temperature_c,
+        };
+        let events = self.clock_events();
+        let acc = &mut self.telemetry;
+        acc.samples += 1;
+        acc.peak_w = acc.peak_w.max(inst);
+        acc.clocks.push(self.readings.sm_mhz);
+        acc.events = acc.events.union(events);
+    }
+
+    fn clock_events(&self) -> ClockEvents {
+        ClockEvents {
+            gpu_idle: self.was_idle,
+            sw_power_cap: !self.was_idle && self.target.limit == ClockLimit::PowerCap,
+            clock_setting: !self.was_idle && self.target.limit == ClockLimit::ClockLock,
+            ..ClockEvents::default()
+        }
+    }
+
+    /// The supported clock nearest `mhz` (what NVML reports while the clock settles).
+    fn nearest_sm_clock(&self, mhz: f64) -> u32 {
+        let grid = self.model.sm_grid();
+        // Highest first: `above` is the first clock at or below `mhz`.
+        let above = grid.partition_point(|&f| f64::from(f) > mhz);
+        let candidates = [above.checked_sub(1), Some(above)];
+        candidates
+            .into_iter()
+            .flatten()
+            .filter_map(|i| grid.get(i).copied())
+            .min_by(|a, b| {
+                (f64::from(*a) - mhz)
+                    .abs()
+                    .total_cmp(&(f64::from(*b) - mhz).abs())
+            })
+            .unwrap_or(0)
+    }
+
+    pub(super) fn read_telemetry_window(&mut self) -> TelemetryWindow {
+        let acc = std::mem::take(&mut self.telemetry);
+        self.telemetry = TelemetryAccumulator {
+            start_substep: self.substeps_done,
+            start_counter_j: self.readings.energy_counter_j,
+            clocks: Vec::with_capacity(acc.clocks.capacity()),
+            ..TelemetryAccumulator::default()
+        };
+        let interval_s = (self.substeps_done - acc.start_substep) as f64 * self.substep_s;
+        let mut clocks = acc.clocks;
+        clocks.sort_unstable();
+        let sm_clock_mhz = clocks
+            .get(clocks.len() / 2)
+            .copied()
+            .unwrap_or(self.readings.sm_mhz);
+        TelemetryWindow {
+            interval_s,
+            energy_j: self.readings.energy_counter_j - acc.start_counter_j,
+            energy_counter_j: self.readings.energy_counter_j,
+            power_avg_reading_w: self.readings.power_avg_w,
+            power_peak_w: if acc.samples > 0 {
+                acc.peak_w
+            } else {
+                self.readings.power_inst_w
+            },
+            sm_clock_mhz,
+            mem_clock_mhz: self.mem_mhz.round() as u32,
+            temperature_c: self.readings.temperature_c,
+            gpu_util_pct: if interval_s > 0.0 {
+                (acc.busy_s / interval_s * 100.0).clamp(0.0, 100.0)
+            } else {
+                0.0
+            },
+            clock_events: acc.events,
+            power_limit_enforced_w: self.cap_w,
+            samples: acc.samples,
+        }
+    }
+
+    pub(super) fn read_workload_window(&mut self) -> WorkloadWindow {
+        let tokens_now = self.tokens.floor() as u64;
+        let steps_now = self.decode_steps.floor() as u64;
+        let mut step_times = std::mem::take(&mut self.workload.step_times);
+        let window = WorkloadWindow {
+            tokens: tokens_now - self.workload.start_tokens,
+            steps: steps_now - self.workload.start_steps,
+            tpot_p50_ms: weighted_percentile(&mut step_times, 0.50),
+            tpot_p99_ms: weighted_percentile(&mut step_times, 0.99),
+            active_sequences: self.running.len() as u32,
+            queue_depth: u32::try_from(self.waiting()).unwrap_or(u32::MAX),
+            batch_size: self.batch,
+        };
+        step_times.clear();
+        self.workload = WorkloadAccumulator {
+            start_tokens: tokens_now,
+            start_steps: steps_now,
+            step_times,
+        };
+        window
+    }
+
+    pub(super) fn batch_size(&self) -> u32 {
+        self.batch
+    }
+
+    /// Takes effect at the next substep (the decode loop picks it up at its next step).
+    pub(super) fn set_batch_size(&mut self, batch: u32) {
+        self.batch = batch;
+    }
+
+    pub(super) fn settings(&self) -> GpuSettings {
+        GpuSettings {
+            power_cap_w: self.cap_w,
+            power_cap_enforced_w: self.cap_w,
+            sm_clock_lock_mhz: self.sm_lock,
+            mem_clock_lock_mhz: self.mem_lock,
+        }
+    }
+
+    /// Set the power limit (already validated against the device range); NVML takes milliwatts.
+    pub(super) fn set_power_cap(&mut self, watts: f64) -> f64 {
+        self.cap_w = (watts * 1000.0).round() / 1000.0;
+        self.cap_w
+    }
+
+    /// Lock the SM clock to the supported clocks within `range` (validated by the caller).
+    pub(super) fn set_sm_lock(&mut self, range: Option<(u32, u32)>) {
+        self.sm_lock = range;
+    }
+
+    pub(super) fn set_mem_lock(&mut self, range: Option<(u32, u32)>, mem_mhz: u32) {
+        self.mem_lock = range;
+        self.mem_mhz = f64::from(mem_mhz);
+    }
+
+    pub(super) fn mem_grid(&self) -> &[u32] {
+        &self.mem_grid
+    }
+
+    pub(super) fn truth(&self) -> SimTruth {
+        SimTruth {
+            time_s: self.now_s(),
+            energy_j: self.energy_true_j,
+            tokens: self.tokens,
+            sm_mhz: self.sm_mhz,
+            target_sm_mhz: self.target.sm_mhz,
+            power_w: self.last_power_w,
+            temperature_c: self.temperature_c,
+            requests_completed: self.completed,
+            requests_turned_away: self.turned_away,
+            active_sequences: self.running.len() as u32,
+            waiting: self.waiting(),
+        }
+    }
+}
+
+/// Model results memoised per active-sequence count, for one set of device settings (cap,
+/// clock lock, memory clock): under varying load the same counts recur substep after substep,
+/// and the firmware's clock search is the costliest part of a substep.
+#[derive(Debug, Default)]
+struct ModelCache {
+    settings: Option<(u64, u32, u64)>,
+    clocks: Vec<Option<FirmwareClock>>,
+    /// The step at one clock (bits of the MHz value) for each count.
+    points: Vec<Option<(u64, StepPoint)>>,
+}
+
+impl ModelCache {
+    /// Forget everything when the settings changed.
+    fn check_settings(&mut self, settings: (u64, u32, u64)) {
+        if self.settings != Some(settings) {
+            self.settings = Some(settings);
+            self.clocks.clear();
+            self.points.clear();
+        }
+    }
+
+    fn clock(&mut self, active: u32, compute: impl FnOnce() -> FirmwareClock) -> FirmwareClock {
+        let slot = slot(&mut self.clocks, active);
+        *slot.get_or_insert_with(compute)
+    }
+
+    fn point(
+        &mut self,
+        active: u32,
+        sm_mhz: f64,
+        compute: impl FnOnce() -> StepPoint,
+    ) -> StepPoint {
+        let slot = slot(&mut self.points, active);
+        match slot {
+            Some((bits, point)) if *bits == sm_mhz.to_bits() => *point,
+            _ => {
+                let point = compute();
+                *slot = Some((sm_mhz.to_bits(), point));
+                point
+            }
+        }
+    }
+}
+
+/// The cache slot for `active`, growing the table as needed.
+fn slot<T>(table: &mut Vec<Option<T>>, active: u32) -> &mut Option<T> {
+    let index = active as usize;
+    if table.len() <= index {
+        table.resize_with(index + 1, || None);
+    }
+    &mut table[index]
+}
+
+/// The `q` quantile of values weighted by their counts (0 with no samples).
+fn weighted_percentile(samples: &mut [(f64, f64)], q: f64) -> f64 {
+    samples.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+    let total: f64 = samples.iter().map(|&(_, weight)| weight).sum();
+    if total <= 0.0 {
+        return 0.0;
+    }
+    let mut cumulative = 0.0;
+    for &(value, weight) in samples.iter() {
+        cumulative += weight;
+        if cumulative >= q * total {
+            return value;
+        }
+    }
+    samples.last().map_or(0.0, |&(value, _)| value)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may unwrap
+mod tests {
+    use super::weighted_percentile;
+
+    #[test]
+    fn weighted_percentiles() {
+        let mut samples = vec![(3.0, 1.0), (1.0, 1.0), (2.0, 98.0)];
+        assert_eq!(weighted_percentile(&mut samples, 0.5), 2.0);
+        assert_eq!(weighted_percentile(&mut samples, 0.99), 2.0);
+        assert_eq!(weighted_percentile(&mut samples, 1.0), 3.0);
+        assert_eq!(weighted_percentile(&mut [], 0.5), 0.0);
+    }
+}

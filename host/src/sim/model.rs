@@ -1,0 +1,469 @@
+//! The decode model: time and power of one decode step of `n` sequences at an SM clock, and
+//! the firmware's choice of clock under a power cap and a clock lock.
+//!
+//! For `n` sequences at SM clock `f`, with `x = f / f_max`, `v = max(v_min, 1 - slope·(1 - x))`,
+//! `s = min(1, f / f_knee)` and `m = mem_clock / mem_clock_max`:
+//!
+//! ```text
+//! t_ovh = layers · overhead_per_layer / s             launch gaps, small kernels
+//! t_w   = weight_bytes / weights_bandwidth / (s·m)    streaming the weights
+//! t_kv  = n · kv_bytes / kv_bandwidth / (s·m)         attention reads the KV cache
+//! t_c   = n · flops_per_token / (tensor_rate · x)     arithmetic of the weight GEMMs
+//! step  = t_ovh + t_kv + (t_w^p + t_c^p)^(1/p)        smooth roofline: GEMMs overlap their
+//!                                                      arithmetic with the weight stream
+//! P     = p0 + clock·x·v² + u_m·memory + u_c·core·x·v²
+//! u_m   = bytes moved per second / peak bandwidth
+//! u_c   = stream_activity · (step - t_ovh)/step + t_c/step
+//! ```
+//!
+//! The constants live in the profile files (`host/profiles/*.toml`), fitted to measurements.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::SimError;
+use super::profile::GpuProfile;
+
+const PRESETS_TOML: &str = include_str!("../../profiles/models.toml");
+
+/// Decode-relevant shape of a transformer model.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelShape {
+    pub hidden: u32,
+    pub layers: u32,
+    /// Query heads.
+    pub heads: u32,
+    pub kv_heads: u32,
+    /// MLP intermediate size.
+    pub mlp: u32,
+    pub vocab: u32,
+    /// Bytes per weight and per KV element (2 for bf16).
+    #[serde(default = "bf16_bytes")]
+    pub bytes_per_param: f64,
+}
+
+fn bf16_bytes() -> f64 {
+    2.0
+}
+
+impl ModelShape {
+    /// All presets, by name.
+    pub fn presets() -> Result<BTreeMap<String, ModelShape>, SimError> {
+        toml::from_str(PRESETS_TOML).map_err(|e| SimError::Parse {
+            what: "model presets",
+            origin: "built-in models.toml".to_owned(),
+            message: e.to_string(),
+        })
+    }
+
+    /// A preset by name (`llama-3-8b`, `llama-3.2-1b`).
+    pub fn preset(name: &str) -> Result<ModelShape, SimError> {
+        let mut presets = Self::presets()?;
+        let known = presets.keys().cloned().collect::<Vec<_>>().join(", ");
+        presets.remove(name).ok_or_else(|| SimError::UnknownModel {
+            name: name.to_owned(),
+            known,
+        })
+    }
+
+    /// Check the shape; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let fields = [
+            ("hidden", self.hidden),
+            ("layers", self.layers),
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("mlp", self.mlp),
+            ("vocab", self.vocab),
+        ];
+        if let Some((field, _)) = fields.iter().find(|(_, value)| *value == 0) {
+            return Err(format!("model.{field} must be above 0"));
+        }
+        if !self.hidden.is_multiple_of(self.heads) {
+            return Err(format!(
+                "model.hidden ({}) must be a multiple of model.heads ({})",
+                self.hidden, self.heads
+            ));
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(format!(
+                "model.heads ({}) must be a multiple of model.kv_heads ({})",
+                self.heads, self.kv_heads
+            ));
+        }
+        if !(self.bytes_per_param.is_finite() && self.bytes_per_param > 0.0) {
+            return Err(format!(
+                "model.bytes_per_param must be above 0 (got {})",
+                self.bytes_per_param
+            ));
+        }
+        Ok(())
+    }
+
+    fn head_dim(&self) -> f64 {
+        f64::from(self.hidden) / f64::from(self.heads)
+    }
+
+    /// Parameters read in one decode step: every projection and the output head (the
+    /// embedding table is only indexed).
+    pub fn params_read_per_step(&self) -> f64 {
+        let h = f64::from(self.hidden);
+        let kv_width = f64::from(self.kv_heads) * self.head_dim();
+        let qkv = h * (h + 2.0 * kv_width);
+        let out = h * h;
+        let mlp = 3.0 * h * f64::from(self.mlp);
+        f64::from(self.layers) * (qkv + out + mlp) + h * f64::from(self.vocab)
+    }
+
+    /// KV-cache bytes per sequence per context token (K and V, every layer).
+    pub fn kv_bytes_per_token(&self) -> f64 {
+        2.0 * f64::from(self.layers)
+            * f64::from(self.kv_heads)
+            * self.head_dim()
+            * self.bytes_per_param
+    }
+}
+
+/// What one decode step costs for one model at one context length.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeCost {
+    pub layers: u32,
+    /// Weight bytes read per step, whatever the batch.
+    pub weight_bytes: f64,
+    /// KV-cache bytes read per sequence per step.
+    pub kv_bytes_per_sequence: f64,
+    /// FLOPs per generated token (weight GEMMs and attention).
+    pub flops_per_token: f64,
+}
+
+impl DecodeCost {
+    pub fn new(shape: &ModelShape, context_tokens: u32) -> Self {
+        let params = shape.params_read_per_step();
+        let attention_flops =
+            4.0 * f64::from(shape.layers) * f64::from(shape.hidden) * f64::from(context_tokens);
+        Self {
+            layers: shape.layers,
+            weight_bytes: params * shape.bytes_per_param,
+            kv_bytes_per_sequence: shape.kv_bytes_per_token() * f64::from(context_tokens),
+            flops_per_token: 2.0 * params + attention_flops,
+        }
+    }
+}
+
+/// One decode step at one operating point.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepPoint {
+    pub step_s: f64,
+    pub power_w: f64,
+}
+
+/// What holds the SM clock below the highest supported clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockLimit {
+    /// Nothing: the clock is at the top of its allowed range.
+    None,
+    /// The power cap (NVML `sw_power_cap`).
+    PowerCap,
+    /// A locked clock range (NVML `clock_setting`).
+    ClockLock,
+}
+
+/// The clock the firmware picks, and why.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FirmwareClock {
+    pub sm_mhz: u32,
+    pub limit: ClockLimit,
+}
+
+/// Steady state of a saturated decode loop at fixed settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SteadyState {
+    pub sm_mhz: u32,
+    pub step_s: f64,
+    pub power_w: f64,
+    pub tokens_per_s: f64,
+    pub limit: ClockLimit,
+}
+
+/// The decode model of one profile and one workload, with the per-step constants precomputed.
+#[derive(Debug, Clone)]
+pub struct DecodeModel {
+    sm_max_mhz: f64,
+    mem_max_mhz: f64,
+    knee_mhz: f64,
+    overhead_s: f64,
+    weights_s: f64,
+    kv_s_per_sequence: f64,
+    compute_s_per_sequence: f64,
+    weight_bytes: f64,
+    kv_bytes_per_sequence: f64,
+    peak_bytes_per_s: f64,
+    sharpness: f64,
+    power: super::profile::PowerConstants,
+    /// Supported SM clocks, highest first.
+    sm_grid: Vec<u32>,
+}
+
+impl DecodeModel {
+    pub fn new(profile: &GpuProfile, cost: &DecodeCost) -> Self {
+        let d = &profile.decode;
+        Self {
+            sm_max_mhz: f64::from(profile.sm_max_mhz()),
+            mem_max_mhz: f64::from(profile.mem_max_mhz()),
+            knee_mhz: d.knee_mhz,
+            overhead_s: f64::from(cost.layers) * d.overhead_per_layer_us * 1e-6,
+            weights_s: cost.weight_bytes / (d.weights_bandwidth_tbs * 1e12),
+            kv_s_per_sequence: cost.kv_bytes_per_sequence / (d.kv_bandwidth_tbs * 1e12),
+            compute_s_per_sequence: cost.flops_per_token / (d.tensor_tflops * 1e12),
+            weight_bytes: cost.weight_bytes,
+            kv_bytes_per_sequence: cost.kv_bytes_per_sequence,
+            peak_bytes_per_s: profile.memory.peak_bandwidth_tbs * 1e12,
+            sharpness: d.roofline_sharpness,
+            power: profile.power,
+            sm_grid: profile.sm_clocks_mhz(),
+        }
+    }
+
+    /// Supported SM clocks, highest first.
+    pub fn sm_grid(&self) -> &[u32] {
+        &self.sm_grid
+    }
+
+    /// `x·v²` at relative clock `x`: how clocked power scales.
+    fn clock_power_factor(&self, x: f64) -> f64 {
+        let v = (1.0 - self.power.voltage_slope * (1.0 - x)).max(self.power.v_min);
+        x * v * v
+    }
+
+    /// Time and power of one step of `active` sequences at `sm_mhz` and `mem_mhz`. With no
+    /// active sequence: the power of a clocked GPU with nothing to run, and no step.
+    pub fn point(&self, active: u32, sm_mhz: f64, mem_mhz: f64) -> StepPoint {
+        let x = (sm_mhz / self.sm_max_mhz).max(1e-3);
+        let xv2 = self.clock_power_factor(x);
+        let p = &self.power;
+        if active == 0 {
+            return StepPoint {
+                step_s: f64::INFINITY,
+                power_w: p.p0_w + p.clock_w * xv2,
+            };
+        }
+        let n = f64::from(active);
+        // Below the knee the SMs cannot issue loads fast enough; a lower memory clock lowers the
+        // bandwidth in proportion.
+        let below_knee = (sm_mhz / self.knee_mhz).clamp(1e-3, 1.0);
+        let memory_speed = below_knee * (mem_mhz / self.mem_max_mhz).clamp(1e-3, 1.0);
+        let t_ovh = self.overhead_s / below_knee;
+        let t_w = self.weights_s / memory_speed;
+        let t_kv = n * self.kv_s_per_sequence / memory_speed;
+        let t_c = n * self.compute_s_per_sequence / x;
+        let gemm = (t_w.powf(self.sharpness) + t_c.powf(self.sharpness)).powf(1.0 / self.sharpness);
+        let step_s = t_ovh + t_kv + gemm;
+        let memory_util =
+            (self.weight_bytes + n * self.kv_bytes_per_sequence) / (step_s * self.peak_bytes_per_s);
+        let core_util = p.stream_activity * (step_s - t_ovh) / step_s + t_c / step_s;
+        StepPoint {
+            step_s,
+            power_w: p.p0_w
+                + p.clock_w * xv2
+                + memory_util * p.memory_w
+                + core_util * p.core_w * xv2,
+        }
+    }
+
+    /// The clock the firmware runs `active` sequences at: the highest supported clock not above
+    /// `lock_max_mhz` whose power fits under `cap_w` (the lowest clock if none fits; the power
+    /// limiter may go below a locked minimum, as on real GPUs).
+    pub fn firmware_clock(
+        &self,
+        active: u32,
+        cap_w: f64,
+        lock_max_mhz: u32,
+        mem_mhz: f64,
+    ) -> FirmwareClock {
+        let grid = &self.sm_grid;
+        let Some(&lowest) = grid.last() else {
+            return FirmwareClock {
+                sm_mhz: 0,
+                limit: ClockLimit::None,
+            };
+        };
+        let fits = |f: u32| self.point(active, f64::from(f), mem_mhz).power_w <= cap_w;
+        // The grid is highest first and power falls with the clock, so "too hot" is a prefix.
+        let first_allowed = grid
+            .partition_point(|&f| f > lock_max_mhz)
+            .min(grid.len() - 1);
+        let allowed = &grid[first_allowed..];
+        let too_hot = allowed.partition_point(|&f| !fits(f));
+        match allowed.get(too_hot) {
+            None => FirmwareClock {
+                sm_mhz: lowest,
+                limit: ClockLimit::PowerCap,
+            },
+            Some(&f) if too_hot > 0 => FirmwareClock {
+                sm_mhz: f,
+                limit: ClockLimit::PowerCap,
+            },
+            Some(&f) => {
+                // The lock binds when the next clock above it would also have fitted.
+                let lock_binds = first_allowed > 0 && fits(grid[first_allowed - 1]);
+                FirmwareClock {
+                    sm_mhz: f,
+                    limit: if lock_binds {
+                        ClockLimit::ClockLock
+                    } else {
+                        ClockLimit::None
+                    },
+                }
+            }
+        }
+    }
+
+    /// The steady state of `active` sequences decoding back to back.
+    pub fn steady_state(
+        &self,
+        active: u32,
+        cap_w: f64,
+        lock_max_mhz: u32,
+        mem_mhz: f64,
+    ) -> SteadyState {
+        let clock = self.firmware_clock(active, cap_w, lock_max_mhz, mem_mhz);
+        let point = self.point(active, f64::from(clock.sm_mhz), mem_mhz);
+        SteadyState {
+            sm_mhz: clock.sm_mhz,
+            step_s: point.step_s,
+            power_w: point.power_w,
+            tokens_per_s: f64::from(active) / point.step_s,
+            limit: clock.limit,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may unwrap
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_have_the_published_sizes() {
+        let names: Vec<String> = ModelShape::presets().unwrap().into_keys().collect();
+        assert_eq!(names, ["llama-3-8b", "llama-3.2-1b"]);
+        // calibration README: Llama-3-8B reads 7.5 B parameters per step (15.0 GB of bf16).
+        let llama8 = ModelShape::preset("llama-3-8b").unwrap();
+        assert!((llama8.params_read_per_step() / 1e9 - 7.50).abs() < 0.01);
+        let cost = DecodeCost::new(&llama8, 1024);
+        assert!((cost.weight_bytes / 1e9 - 15.0).abs() < 0.05);
+        // 2 (K, V) × 32 layers × 8 heads × 128 dims × 2 bytes × 1024 tokens = 134 MB.
+        assert_eq!(cost.kv_bytes_per_sequence, 134_217_728.0);
+        let llama1 = ModelShape::preset("llama-3.2-1b").unwrap();
+        assert!((llama1.params_read_per_step() / 1e9 - 1.236).abs() < 0.001);
+        for shape in [llama8, llama1] {
+            shape.validate().unwrap();
+        }
+    }
+
+    #[test]
+    fn unknown_preset_lists_the_known_ones() {
+        let err = ModelShape::preset("gpt-5").unwrap_err().to_string();
+        assert!(
+            err.contains("'gpt-5'") && err.contains("llama-3-8b, llama-3.2-1b"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn inconsistent_shapes_are_rejected() {
+        let mut shape = ModelShape::preset("llama-3-8b").unwrap();
+        shape.kv_heads = 5;
+        assert!(shape.validate().unwrap_err().contains("model.kv_heads (5)"));
+        shape.kv_heads = 0;
+        assert_eq!(
+            shape.validate().unwrap_err(),
+            "model.kv_heads must be above 0"
+        );
+    }
+
+    fn h200_8b(context: u32) -> DecodeModel {
+        let profile = GpuProfile::load("h200").unwrap();
+        DecodeModel::new(
+            &profile,
+            &DecodeCost::new(&ModelShape::preset("llama-3-8b").unwrap(), context),
+        )
+    }
+
+    #[test]
+    fn power_rises_with_clock_so_the_firmware_search_is_valid() {
+        for name in GpuProfile::built_in_names() {
+            let profile = GpuProfile::load(name).unwrap();
+            for preset in ["llama-3-8b", "llama-3.2-1b"] {
+                let shape = ModelShape::preset(preset).unwrap();
+                for context in [256, 1024, 4096] {
+                    let model = DecodeModel::new(&profile, &DecodeCost::new(&shape, context));
+                    for active in [1, 8, 64, 512] {
+                        let powers: Vec<f64> = model
+                            .sm_grid()
+                            .iter()
+                            .map(|&f| {
+                                model
+                                    .point(active, f64::from(f), f64::from(profile.mem_max_mhz()))
+                                    .power_w
+                            })
+                            .collect();
+                        assert!(
+                            powers.windows(2).all(|w| w[0] >= w[1]),
+                            "{name} {preset} ctx {context} n {active}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn firmware_lowers_the_clock_until_the_power_fits_the_cap() {
+        let model = h200_8b(1024);
+        for cap in [200.0, 300.0, 450.0, 600.0, 700.0] {
+            let state = model.steady_state(256, cap, 1980, 3201.0);
+            let next_up = model
+                .point(256, f64::from(state.sm_mhz + 15), 3201.0)
+                .power_w;
+            if state.sm_mhz > 345 {
+                assert!(state.power_w <= cap, "cap {cap}: {state:?}");
+            }
+            if state.sm_mhz < 1980 {
+                assert_eq!(state.limit, ClockLimit::PowerCap);
+                assert!(next_up > cap, "cap {cap}: one step up would have fitted");
+            }
+        }
+        // At the lowest cap the clock falls to a fraction of its range.
+        assert!(model.steady_state(512, 200.0, 1980, 3201.0).sm_mhz < 600);
+    }
+
+    #[test]
+    fn a_lock_below_the_firmware_clock_binds_and_says_so() {
+        let model = h200_8b(1024);
+        let light = model.steady_state(16, 700.0, 1500, 3201.0);
+        assert_eq!((light.sm_mhz, light.limit), (1500, ClockLimit::ClockLock));
+        // A lock off the grid is rounded down to a supported clock.
+        assert_eq!(model.steady_state(16, 700.0, 1507, 3201.0).sm_mhz, 1500);
+        // Heavy load under a low cap: the cap, not the lock, holds the clock.
+        let heavy = model.steady_state(512, 400.0, 1800, 3201.0);
+        assert_eq!(heavy.limit, ClockLimit::PowerCap);
+        assert!(heavy.sm_mhz < 1800);
+        // A lock at the top never binds.
+        assert_eq!(
+            model.steady_state(16, 700.0, 1980, 3201.0).limit,
+            ClockLimit::None
+        );
+    }
+
+    #[test]
+    fn context_length_and_memory_clock_slow_the_step() {
+        let short = h200_8b(1024).point(64, 1980.0, 3201.0);
+        let long = h200_8b(4096).point(64, 1980.0, 3201.0);
+        assert!(long.step_s > short.step_s * 1.5);
+        let slow_memory = h200_8b(1024).point(64, 1980.0, 2201.0);
+        assert!(slow_memory.step_s > short.step_s * 1.3);
+    }
+}

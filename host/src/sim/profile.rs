@@ -1,0 +1,539 @@
+//! GPU profiles: everything the simulator knows about one GPU model, as data.
+//!
+//! The built-in profiles are the TOML files in `host/profiles/`, embedded at build time; each
+//! cites the measurements or datasheet figures its constants come from. A user profile is any
+//! TOML file of the same shape.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::SimError;
+
+/// The built-in profiles: (name, TOML text).
+const BUILT_IN: [(&str, &str); 3] = [
+    ("a100", include_str!("../../profiles/a100.toml")),
+    ("h100", include_str!("../../profiles/h100.toml")),
+    ("h200", include_str!("../../profiles/h200.toml")),
+];
+
+/// One GPU model: device constraints, the constants of the decode power and step-time model
+/// (see [`super::model`]), NVML's reporting behaviour and a thermal model.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuProfile {
+    /// Short identifier, used in simulated UUIDs (`SIM-<id>-<index>`).
+    pub id: String,
+    /// Marketing name, reported as the device name.
+    pub name: String,
+    pub calibration: Calibration,
+    pub power_cap: PowerCapRange,
+    pub clocks: Clocks,
+    pub idle: Idle,
+    pub memory: Memory,
+    pub decode: DecodeConstants,
+    pub power: PowerConstants,
+    pub nvml: NvmlBehaviour,
+    pub thermal: Thermal,
+}
+
+/// Where the constants come from, for labelling output.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Calibration {
+    /// Whether the constants were fitted to measurements of this GPU model.
+    pub measured: bool,
+    /// What they were fitted to, e.g. "measured H200 data (driver 580.159.04, 2026-11-29)".
+    pub source: String,
+}
+
+/// Power limit constraints, watts (NVML's power management limit constraints).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PowerCapRange {
+    pub min_w: f64,
+    pub default_w: f64,
+    pub max_w: f64,
+}
+
+/// Supported clocks. SM clocks are either listed (`sm_mhz`) or given as a grid
+/// (`sm_min_mhz`, `sm_max_mhz`, `sm_step_mhz`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Clocks {
+    pub sm_mhz: Option<Vec<u32>>,
+    pub sm_min_mhz: Option<u32>,
+    pub sm_max_mhz: Option<u32>,
+    pub sm_step_mhz: Option<u32>,
+    /// Supported memory clocks.
+    pub mem_mhz: Vec<u32>,
+    /// SM clock when no work runs.
+    pub idle_sm_mhz: u32,
+}
+
+/// The idle state (a CUDA context, no work).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Idle {
+    pub power_w: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Memory {
+    /// Datasheet peak memory bandwidth, TB/s (the denominator of memory utilisation).
+    pub peak_bandwidth_tbs: f64,
+}
+
+/// Step-time constants of the decode model.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeConstants {
+    /// Launch gaps and small kernels, per transformer layer, microseconds.
+    pub overhead_per_layer_us: f64,
+    /// Effective bandwidth when streaming the weights, TB/s.
+    pub weights_bandwidth_tbs: f64,
+    /// Effective bandwidth when reading the KV cache, TB/s.
+    pub kv_bandwidth_tbs: f64,
+    /// Effective tensor rate of the decode GEMMs at the highest SM clock, TFLOP/s.
+    pub tensor_tflops: f64,
+    /// Exponent `p` of the smooth roofline `(t_w^p + t_c^p)^(1/p)` (large: a hard max).
+    pub roofline_sharpness: f64,
+    /// SM clock below which memory-bound work slows with the clock, MHz.
+    pub knee_mhz: f64,
+}
+
+/// Power constants of the decode model, watts at the highest SM clock.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PowerConstants {
+    pub p0_w: f64,
+    /// Clock tree and idle SMs: scales with `x·v²`.
+    pub clock_w: f64,
+    /// Memory traffic at the peak bandwidth.
+    pub memory_w: f64,
+    /// SM activity at full utilisation: scales with `x·v²`.
+    pub core_w: f64,
+    /// Activity of the SMs while they stream memory (relative to full tensor activity).
+    pub stream_activity: f64,
+    /// Slope of the relative voltage against the relative clock: `v = 1 - slope·(1 - x)`.
+    pub voltage_slope: f64,
+    /// Lowest relative voltage.
+    pub v_min: f64,
+}
+
+/// How NVML reports power and energy.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NvmlBehaviour {
+    /// Update period of the energy counter and the power readings, seconds.
+    pub energy_update_s: f64,
+    /// Length of the boxcar behind the averaged power reading, seconds.
+    pub power_average_window_s: f64,
+    /// Noise of the instantaneous reading: `noise_w + noise_fraction·(P - idle)` (standard deviation).
+    pub instantaneous_noise_w: f64,
+    pub instantaneous_noise_fraction: f64,
+    /// Time for the SM clock to reach a new target (95 %), seconds.
+    pub settle_s: f64,
+    /// Largest per-board gain error of the power sensor (fraction; each simulated board draws one).
+    pub gain_error_max: f64,
+    /// Lognormal sigma of the decode step time.
+    pub step_time_jitter: f64,
+}
+
+/// First-order thermal model: `T → ambient + resistance·P` with a time constant.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Thermal {
+    pub ambient_c: f64,
+    pub resistance_c_per_w: f64,
+    pub time_constant_s: f64,
+}
+
+impl GpuProfile {
+    /// Names of the built-in profiles.
+    pub fn built_in_names() -> impl Iterator<Item = &'static str> {
+        BUILT_IN.iter().map(|(name, _)| *name)
+    }
+
+    /// A built-in profile by name (`a100`, `h100`, `h200`, any case), else the profile in the
+    /// TOML file at `name_or_path`.
+    pub fn load(name_or_path: &str) -> Result<GpuProfile, SimError> {
+        let wanted = name_or_path.trim().to_ascii_lowercase();
+        if let Some((name, text)) = BUILT_IN.iter().find(|(name, _)| *name == wanted) {
+            return Self::from_toml_str(text, &format!("built-in profile '{name}'"));
+        }
+        let path = Path::new(name_or_path);
+        if !path.is_file() {
+            return Err(SimError::UnknownProfile(name_or_path.to_owned()));
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| SimError::Read {
+            what: "GPU profile",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Parse and validate a profile; `origin` names it in errors (a path or "built-in profile 'x'").
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<GpuProfile, SimError> {
+        let profile: GpuProfile = toml::from_str(text).map_err(|e| SimError::Parse {
+            what: "GPU profile",
+            origin: origin.to_owned(),
+            message: e.to_string(),
+        })?;
+        profile.validate().map_err(|problem| SimError::Invalid {
+            what: "GPU profile",
+            origin: origin.to_owned(),
+            problem,
+        })?;
+        Ok(profile)
+    }
+
+    /// Supported SM clocks, highest first.
+    pub fn sm_clocks_mhz(&self) -> Vec<u32> {
+        let mut clocks = match (
+            &self.clocks.sm_mhz,
+            self.clocks.sm_min_mhz,
+            self.clocks.sm_max_mhz,
+            self.clocks.sm_step_mhz,
+        ) {
+            (Some(list), ..) => list.clone(),
+            (None, Some(min), Some(max), Some(step)) if step > 0 && min <= max => (0..)
+                .map(|i| max.saturating_sub(i * step))
+                .take_while(|&f| f >= min && f > 0)
+                .take(100_000)
+                .collect(),
+            _ => Vec::new(),
+        };
+        clocks.sort_unstable_by(|a, b| b.cmp(a));
+        clocks.dedup();
+        clocks
+    }
+
+    /// Supported memory clocks, highest first.
+    pub fn mem_clocks_mhz(&self) -> Vec<u32> {
+        let mut clocks = self.clocks.mem_mhz.clone();
+        clocks.sort_unstable_by(|a, b| b.cmp(a));
+        clocks.dedup();
+        clocks
+    }
+
+    /// Highest supported SM clock, MHz.
+    pub fn sm_max_mhz(&self) -> u32 {
+        self.sm_clocks_mhz().first().copied().unwrap_or(0)
+    }
+
+    /// Highest supported memory clock, MHz.
+    pub fn mem_max_mhz(&self) -> u32 {
+        self.mem_clocks_mhz().first().copied().unwrap_or(0)
+    }
+
+    /// Check every value; the error names the field, the value and what is expected.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut checks = Checks::default();
+        checks.require(
+            !self.id.is_empty()
+                && self
+                    .id
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_'),
+            || {
+                format!(
+                    "id '{}' must be non-empty lowercase letters, digits, '-' or '_'",
+                    self.id
+                )
+            },
+        );
+        checks.require(!self.name.trim().is_empty(), || {
+            "name must not be empty".into()
+        });
+
+        let cap = &self.power_cap;
+        checks.positive("power_cap.min_w", cap.min_w);
+        checks.positive("power_cap.default_w", cap.default_w);
+        checks.positive("power_cap.max_w", cap.max_w);
+        checks.require(cap.min_w < cap.max_w, || {
+            format!(
+                "power_cap.min_w ({}) must be below power_cap.max_w ({})",
+                cap.min_w, cap.max_w
+            )
+        });
+        checks.require(
+            cap.min_w <= cap.default_w && cap.default_w <= cap.max_w,
+            || {
+                format!(
+                    "power_cap.default_w ({}) must lie between min_w ({}) and max_w ({})",
+                    cap.default_w, cap.min_w, cap.max_w
+                )
+            },
+        );
+
+        self.validate_clocks(&mut checks);
+
+        checks.positive("idle.power_w", self.idle.power_w);
+        checks.require(self.idle.power_w < cap.min_w, || {
+            format!(
+                "idle.power_w ({}) must be below power_cap.min_w ({}): the GPU must fit under any cap when idle",
+                self.idle.power_w, cap.min_w
+            )
+        });
+        checks.positive("memory.peak_bandwidth_tbs", self.memory.peak_bandwidth_tbs);
+
+        let d = &self.decode;
+        checks.positive("decode.overhead_per_layer_us", d.overhead_per_layer_us);
+        checks.positive("decode.weights_bandwidth_tbs", d.weights_bandwidth_tbs);
+        checks.positive("decode.kv_bandwidth_tbs", d.kv_bandwidth_tbs);
+        checks.positive("decode.tensor_tflops", d.tensor_tflops);
+        checks.in_range("decode.roofline_sharpness", d.roofline_sharpness, 1.0, 64.0);
+        checks.positive("decode.knee_mhz", d.knee_mhz);
+        checks.require(d.knee_mhz <= f64::from(self.sm_max_mhz()), || {
+            format!(
+                "decode.knee_mhz ({}) must not exceed the highest SM clock ({} MHz)",
+                d.knee_mhz,
+                self.sm_max_mhz()
+            )
+        });
+
+        let p = &self.power;
+        checks.non_negative("power.p0_w", p.p0_w);
+        checks.non_negative("power.clock_w", p.clock_w);
+        checks.non_negative("power.memory_w", p.memory_w);
+        checks.positive("power.core_w", p.core_w);
+        checks.in_range("power.stream_activity", p.stream_activity, 0.0, 1.0);
+        checks.in_range("power.voltage_slope", p.voltage_slope, 0.0, 1.0);
+        checks.in_range("power.v_min", p.v_min, 0.01, 1.0);
+
+        let n = &self.nvml;
+        checks.positive("nvml.energy_update_s", n.energy_update_s);
+        checks.in_range("nvml.energy_update_s", n.energy_update_s, 0.001, 10.0);
+        let bins = n.power_average_window_s / n.energy_update_s;
+        checks.require(
+            n.power_average_window_s.is_finite() && bins >= 1.0 && (bins - bins.round()).abs() < 1e-6,
+            || {
+                format!(
+                    "nvml.power_average_window_s ({}) must be a whole multiple (1 or more) of nvml.energy_update_s ({})",
+                    n.power_average_window_s, n.energy_update_s
+                )
+            },
+        );
+        checks.non_negative("nvml.instantaneous_noise_w", n.instantaneous_noise_w);
+        checks.in_range(
+            "nvml.instantaneous_noise_fraction",
+            n.instantaneous_noise_fraction,
+            0.0,
+            0.5,
+        );
+        checks.in_range("nvml.settle_s", n.settle_s, 0.0, 60.0);
+        checks.in_range("nvml.gain_error_max", n.gain_error_max, 0.0, 0.5);
+        checks.in_range("nvml.step_time_jitter", n.step_time_jitter, 0.0, 1.0);
+
+        let t = &self.thermal;
+        checks.require(t.ambient_c.is_finite(), || {
+            "thermal.ambient_c must be a number".into()
+        });
+        checks.non_negative("thermal.resistance_c_per_w", t.resistance_c_per_w);
+        checks.positive("thermal.time_constant_s", t.time_constant_s);
+
+        checks.finish()
+    }
+
+    fn validate_clocks(&self, checks: &mut Checks) {
+        let c = &self.clocks;
+        let grid_fields = [c.sm_min_mhz, c.sm_max_mhz, c.sm_step_mhz];
+        match (&c.sm_mhz, grid_fields) {
+            (Some(list), [None, None, None]) => {
+                checks.require(!list.is_empty() && list.iter().all(|&f| f > 0), || {
+                    "clocks.sm_mhz must list at least one clock, all above 0 MHz".into()
+                });
+            }
+            (None, [Some(min), Some(max), Some(step)]) => {
+                checks.require(min > 0 && min < max, || {
+                    format!("clocks.sm_min_mhz ({min}) must be above 0 and below clocks.sm_max_mhz ({max})")
+                });
+                checks.require(step > 0, || "clocks.sm_step_mhz must be above 0".into());
+                checks.require(step == 0 || (max.saturating_sub(min)) / step <= 10_000, || {
+                    format!("clocks: {min}-{max} MHz in steps of {step} MHz gives too many clocks (10000 at most)")
+                });
+            }
+            _ => checks.require(false, || {
+                "clocks: give either sm_mhz = [..] or all of sm_min_mhz, sm_max_mhz and sm_step_mhz".into()
+            }),
+        }
+        checks.require(
+            !c.mem_mhz.is_empty() && c.mem_mhz.iter().all(|&f| f > 0),
+            || "clocks.mem_mhz must list at least one memory clock, all above 0 MHz".into(),
+        );
+        let grid = self.sm_clocks_mhz();
+        if let (Some(&highest), Some(&lowest)) = (grid.first(), grid.last()) {
+            checks.require((lowest..=highest).contains(&c.idle_sm_mhz), || {
+                format!(
+                    "clocks.idle_sm_mhz ({}) must lie within the SM clock range {lowest}-{highest} MHz",
+                    c.idle_sm_mhz
+                )
+            });
+        }
+    }
+}
+
+/// Collects validation problems so a profile with several mistakes reports them all at once.
+#[derive(Debug, Default)]
+struct Checks {
+    problems: Vec<String>,
+}
+
+impl Checks {
+    fn require(&mut self, ok: bool, problem: impl FnOnce() -> String) {
+        if !ok {
+            self.problems.push(problem());
+        }
+    }
+    fn positive(&mut self, field: &str, value: f64) {
+        self.require(value.is_finite() && value > 0.0, || {
+            format!("{field} must be a number above 0 (got {value})")
+        });
+    }
+    fn non_negative(&mut self, field: &str, value: f64) {
+        self.require(value.is_finite() && value >= 0.0, || {
+            format!("{field} must be a number of 0 or more (got {value})")
+        });
+    }
+    fn in_range(&mut self, field: &str, value: f64, lo: f64, hi: f64) {
+        self.require(value.is_finite() && (lo..=hi).contains(&value), || {
+            format!("{field} must lie between {lo} and {hi} (got {value})")
+        });
+    }
+    fn finish(self) -> Result<(), String> {
+        if self.problems.is_empty() {
+            Ok(())
+        } else {
+            Err(self.problems.join("; "))
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may unwrap
+mod tests {
+    use super::*;
+
+    #[test]
+    fn built_in_profiles_load_and_describe_their_devices() {
+        for name in GpuProfile::built_in_names() {
+            let profile = GpuProfile::load(name).unwrap();
+            assert_eq!(profile.id, name);
+            assert!(!profile.sm_clocks_mhz().is_empty());
+        }
+        let h200 = GpuProfile::load("H200").unwrap();
+        let clocks = h200.sm_clocks_mhz();
+        assert_eq!(clocks.len(), 110, "probe: 110 graphics clocks");
+        assert_eq!((clocks[0], clocks[109]), (1980, 345));
+        assert_eq!(h200.mem_clocks_mhz(), vec![3201, 2201]);
+        assert!(h200.calibration.measured);
+        assert!(!GpuProfile::load("h100").unwrap().calibration.measured);
+        assert!(!GpuProfile::load("a100").unwrap().calibration.measured);
+    }
+
+    #[test]
+    fn unknown_name_that_is_not_a_file_says_what_is_available() {
+        let err = GpuProfile::load("b300").unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "unknown GPU profile 'b300': built-in profiles are a100, h100, h200; or pass the path of a profile TOML file"
+        );
+    }
+
+    #[test]
+    fn bad_toml_names_the_file_and_the_parser_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("broken.toml");
+        std::fs::write(&path, "id = \"x\"\nname = [unclosed\n").unwrap();
+        let err = GpuProfile::load(path.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("broken.toml"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+    }
+
+    /// `text` with the line `key = ...` replaced by `replacement`.
+    fn replace_line(text: &str, key: &str, replacement: &str) -> String {
+        let prefix = format!("{key} = ");
+        assert!(
+            text.lines().any(|line| line.starts_with(&prefix)),
+            "no line {key}"
+        );
+        text.lines()
+            .map(|line| {
+                if line.starts_with(&prefix) {
+                    replacement
+                } else {
+                    line
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let text = BUILT_IN[2]
+            .1
+            .replace("[idle]\n", "[idle]\npower_watts = 3\n");
+        let err = GpuProfile::from_toml_str(&text, "typo.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("typo.toml") && err.contains("power_watts"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn invalid_values_are_all_reported_with_the_field_and_value() {
+        let text = replace_line(BUILT_IN[2].1, "min_w", "min_w = 800.0");
+        let text = replace_line(&text, "tensor_tflops", "tensor_tflops = -1.0");
+        let err = GpuProfile::from_toml_str(&text, "mine.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("GPU profile mine.toml: "), "{err}");
+        assert!(
+            err.contains("power_cap.min_w (800) must be below power_cap.max_w (700)"),
+            "{err}"
+        );
+        assert!(
+            err.contains("decode.tensor_tflops must be a number above 0 (got -1)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn clocks_must_be_a_list_or_a_grid_not_both() {
+        let text = BUILT_IN[2]
+            .1
+            .replace("sm_step_mhz = 15", "sm_step_mhz = 15\nsm_mhz = [1980]");
+        let err = GpuProfile::from_toml_str(&text, "both.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("give either sm_mhz"), "{err}");
+
+        let text = BUILT_IN[2].1.replace(
+            "sm_max_mhz = 1980\nsm_min_mhz = 345\nsm_step_mhz = 15",
+            "sm_mhz = [1500, 1980, 390]",
+        );
+        let profile = GpuProfile::from_toml_str(&text, "list.toml").unwrap();
+        assert_eq!(profile.sm_clocks_mhz(), vec![1980, 1500, 390]);
+    }
+
+    #[test]
+    fn a_profile_file_on_disk_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mine.toml");
+        std::fs::write(
+            &path,
+            BUILT_IN[2].1.replace("id = \"h200\"", "id = \"mine\""),
+        )
+        .unwrap();
+        let profile = GpuProfile::load(path.to_str().unwrap()).unwrap();
+        assert_eq!(profile.id, "mine");
+    }
+}

@@ -1,0 +1,319 @@
+//! Scenarios: the workload a simulated GPU serves — model, context length, batch limits and
+//! demand phases (Poisson arrivals), so a policy faces load that changes under it.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::SimError;
+use super::model::ModelShape;
+
+/// The built-in scenario (also the example file `host/scenarios/phases.toml`).
+const DEFAULT_SCENARIO: &str = include_str!("../../scenarios/phases.toml");
+
+/// A validated scenario.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scenario {
+    pub description: String,
+    /// Preset name, or "custom" for a shape given in the file.
+    pub model_name: String,
+    pub model: ModelShape,
+    /// KV-cache length every sequence attends over.
+    pub context_tokens: u32,
+    /// Tokens each request generates before it leaves.
+    pub output_tokens: u32,
+    /// Largest batch size the workload accepts.
+    pub batch_size_max: u32,
+    pub initial_batch_size: u32,
+    /// Waiting requests beyond this are turned away.
+    pub queue_max: u32,
+    /// Demand phases, by start time (the first starts at 0).
+    pub phases: Vec<Phase>,
+}
+
+/// From `start_s` on, requests arrive at `arrival_rps` (Poisson).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Phase {
+    pub start_s: f64,
+    pub arrival_rps: f64,
+}
+
+/// The file format.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScenarioFile {
+    #[serde(default)]
+    description: String,
+    model: Option<String>,
+    model_shape: Option<ModelShape>,
+    context_tokens: u32,
+    output_tokens: u32,
+    #[serde(default = "default_batch_size_max")]
+    batch_size_max: u32,
+    initial_batch_size: Option<u32>,
+    #[serde(default = "default_queue_max")]
+    queue_max: u32,
+    phases: Vec<Phase>,
+}
+
+fn default_batch_size_max() -> u32 {
+    512
+}
+
+fn default_queue_max() -> u32 {
+    2048
+}
+
+impl Scenario {
+    /// The built-in scenario (`host/scenarios/phases.toml`, embedded): saturating, then light,
+    /// then medium load on llama-3-8b.
+    pub fn built_in() -> Result<Scenario, SimError> {
+        Self::from_toml_str(
+            DEFAULT_SCENARIO,
+            "built-in scenario (scenarios/phases.toml)",
+        )
+    }
+
+    /// Load a scenario TOML file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Scenario, SimError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| SimError::Read {
+            what: "scenario",
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Parse and validate; `origin` names the scenario in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Scenario, SimError> {
+        let file: ScenarioFile = toml::from_str(text).map_err(|e| SimError::Parse {
+            what: "scenario",
+            origin: origin.to_owned(),
+            message: e.to_string(),
+        })?;
+        let invalid = |problem: String| SimError::Invalid {
+            what: "scenario",
+            origin: origin.to_owned(),
+            problem,
+        };
+        let (model_name, model) = match (file.model, file.model_shape) {
+            (Some(name), None) => {
+                let shape = ModelShape::preset(&name)?;
+                (name, shape)
+            }
+            (None, Some(shape)) => {
+                shape.validate().map_err(invalid)?;
+                ("custom".to_owned(), shape)
+            }
+            _ => {
+                return Err(invalid(
+                    "give either model = \"<preset>\" or a [model_shape] table, not both or neither"
+                        .to_owned(),
+                ));
+            }
+        };
+        let scenario = Scenario {
+            description: file.description,
+            model_name,
+            model,
+            context_tokens: file.context_tokens,
+            output_tokens: file.output_tokens,
+            batch_size_max: file.batch_size_max,
+            initial_batch_size: file.initial_batch_size.unwrap_or(file.batch_size_max),
+            queue_max: file.queue_max,
+            phases: file.phases,
+        };
+        scenario.validate().map_err(invalid)?;
+        Ok(scenario)
+    }
+
+    /// Check every value; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        self.model.validate()?;
+        if !(1..=1_048_576).contains(&self.context_tokens) {
+            return Err(format!(
+                "context_tokens must lie between 1 and 1048576 (got {})",
+                self.context_tokens
+            ));
+        }
+        if self.output_tokens == 0 {
+            return Err("output_tokens must be at least 1".to_owned());
+        }
+        if !(1..=65_536).contains(&self.batch_size_max) {
+            return Err(format!(
+                "batch_size_max must lie between 1 and 65536 (got {})",
+                self.batch_size_max
+            ));
+        }
+        if !(1..=self.batch_size_max).contains(&self.initial_batch_size) {
+            return Err(format!(
+                "initial_batch_size must lie between 1 and batch_size_max ({}) (got {})",
+                self.batch_size_max, self.initial_batch_size
+            ));
+        }
+        if self.queue_max > 1_000_000 {
+            return Err(format!(
+                "queue_max must be at most 1000000 (got {})",
+                self.queue_max
+            ));
+        }
+        let Some(first) = self.phases.first() else {
+            return Err("give at least one [[phases]] entry (start_s, arrival_rps)".to_owned());
+        };
+        if first.start_s != 0.0 {
+            return Err(format!(
+                "the first phase must start at start_s = 0 (got {})",
+                first.start_s
+            ));
+        }
+        for (i, phase) in self.phases.iter().enumerate() {
+            if !(phase.arrival_rps.is_finite() && (0.0..=1e6).contains(&phase.arrival_rps)) {
+                return Err(format!(
+                    "phases[{i}].arrival_rps must lie between 0 and 1000000 (got {})",
+                    phase.arrival_rps
+                ));
+            }
+            if !phase.start_s.is_finite() {
+                return Err(format!("phases[{i}].start_s must be a number"));
+            }
+        }
+        if let Some(i) = self
+            .phases
+            .windows(2)
+            .position(|pair| pair[1].start_s <= pair[0].start_s)
+        {
+            return Err(format!(
+                "phases must start in increasing order: phases[{}] starts at {} s, not after phases[{i}] at {} s",
+                i + 1,
+                self.phases[i + 1].start_s,
+                self.phases[i].start_s
+            ));
+        }
+        Ok(())
+    }
+
+    /// Arrival rate in force at time `t_s`.
+    pub fn arrival_rps_at(&self, t_s: f64) -> f64 {
+        self.phases
+            .iter()
+            .take_while(|phase| phase.start_s <= t_s)
+            .last()
+            .map_or(0.0, |phase| phase.arrival_rps)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may unwrap
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_built_in_scenario_is_the_example_file_and_has_three_phases() {
+        let scenario = Scenario::built_in().unwrap();
+        let example = Scenario::from_toml_str(DEFAULT_SCENARIO, "phases.toml").unwrap();
+        assert_eq!(scenario, example);
+        assert_eq!(scenario.model_name, "llama-3-8b");
+        assert_eq!(scenario.phases.len(), 3);
+        assert_eq!(scenario.arrival_rps_at(0.0), 100.0);
+        assert_eq!(scenario.arrival_rps_at(599.9), 100.0);
+        assert_eq!(scenario.arrival_rps_at(600.0), 5.0);
+        assert_eq!(scenario.arrival_rps_at(5000.0), 30.0);
+    }
+
+    #[test]
+    fn defaults_apply_and_a_custom_shape_is_accepted() {
+        let text = r#"
+            context_tokens = 2048
+            output_tokens = 64
+            [model_shape]
+            hidden = 1024
+            layers = 4
+            heads = 8
+            kv_heads = 2
+            mlp = 4096
+            vocab = 32000
+            [[phases]]
+            start_s = 0
+            arrival_rps = 1
+        "#;
+        let scenario = Scenario::from_toml_str(text, "custom.toml").unwrap();
+        assert_eq!(scenario.model_name, "custom");
+        assert_eq!(
+            (scenario.batch_size_max, scenario.initial_batch_size),
+            (512, 512)
+        );
+        assert_eq!(scenario.queue_max, 2048);
+    }
+
+    fn error_for(text: &str) -> String {
+        Scenario::from_toml_str(text, "bad.toml")
+            .unwrap_err()
+            .to_string()
+    }
+
+    const VALID_HEAD: &str = "model = \"llama-3-8b\"\ncontext_tokens = 1024\noutput_tokens = 16\n";
+
+    #[test]
+    fn bad_scenarios_give_clear_errors() {
+        let err = error_for("model = \"llama-3-8b\"\ncontext_tokens = [\n");
+        assert!(
+            err.starts_with("scenario file bad.toml is not valid:"),
+            "{err}"
+        );
+
+        let err = error_for(&format!(
+            "{VALID_HEAD}[[phases]]\nstart_s = 5\narrival_rps = 1\n"
+        ));
+        assert_eq!(
+            err,
+            "scenario bad.toml: the first phase must start at start_s = 0 (got 5)"
+        );
+
+        let err = error_for(&format!(
+            "{VALID_HEAD}[[phases]]\nstart_s = 0\narrival_rps = 1\n[[phases]]\nstart_s = 0\narrival_rps = 2\n"
+        ));
+        assert!(
+            err.contains("phases must start in increasing order"),
+            "{err}"
+        );
+
+        let err = error_for(&format!(
+            "{VALID_HEAD}[[phases]]\nstart_s = 0\narrival_rps = -1\n"
+        ));
+        assert!(
+            err.contains("phases[0].arrival_rps must lie between 0 and 1000000 (got -1)"),
+            "{err}"
+        );
+
+        let err = error_for(&format!(
+            "{VALID_HEAD}batch_size_max = 64\ninitial_batch_size = 65\n[[phases]]\nstart_s = 0\narrival_rps = 1\n"
+        ));
+        assert!(
+            err.contains("initial_batch_size must lie between 1 and batch_size_max (64) (got 65)"),
+            "{err}"
+        );
+
+        let err = error_for(&format!("{VALID_HEAD}phases = []\n"));
+        assert!(err.contains("at least one [[phases]]"), "{err}");
+
+        let err =
+            error_for("model = \"llama-9\"\ncontext_tokens = 1\noutput_tokens = 1\nphases = []\n");
+        assert!(err.contains("unknown model preset 'llama-9'"), "{err}");
+
+        let err = error_for(&format!("{VALID_HEAD}arrival_rate = 3\nphases = []\n"));
+        assert!(err.contains("arrival_rate"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_file_is_named_in_the_error() {
+        let err = Scenario::load("/nonexistent/scenario.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot read scenario file /nonexistent/scenario.toml"),
+            "{err}"
+        );
+    }
+}
