@@ -129,7 +129,7 @@ impl ControlLoop {
         first_settings: &[Settings],
         envelope: Envelope,
         config: LoopConfig,
-            stop: Arc<AtomicBool>,
+        stop: Arc<AtomicBool>,
     ) -> Result<Self, ControlError> {
         let devices = backends.telemetry.devices();
         let mut in_force = Vec::with_capacity(devices.len());

@@ -167,7 +167,7 @@ fn check(spec_path: &std::path::Path, plugin_dirs: &[PathBuf]) -> Result<()> {
     let sim = SimGpu::new(
         SimConfig {
             profile: GpuProfile::load("h200")?,
-            scenario: Scenario::default(),
+            scenario: Scenario::built_in()?,
             gpus: 1,
             seed: 1,
         },
@@ -202,7 +202,7 @@ fn run(args: RunArgs) -> Result<()> {
     let profile = GpuProfile::load(profile_name)?;
     let scenario = match &args.scenario {
         Some(path) => Scenario::load(path)?,
-        None => Scenario::default(),
+        None => Scenario::built_in()?,
     };
     let clock: Arc<dyn Clock> = if args.realtime {
         WallClock::new()
@@ -256,9 +256,7 @@ fn run(args: RunArgs) -> Result<()> {
     }
     let mut reporter = ProgressReporter::new(args.quiet);
     let (summary, _backends) =
-        agent::run(&request, backends, meta, &mut NoGuard, stop, &mut |p| {
-            reporter.report(p)
-        })?;
+        agent::run(&request, backends, meta, stop, &mut |p| reporter.report(p))?;
     print_summary(&summary, &args.out);
     Ok(())
 }
