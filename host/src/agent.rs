@@ -43,8 +43,11 @@ pub fn plugin_search_path(extra: &[PathBuf]) -> Vec<PathBuf> {
 pub struct RunMeta {
     /// True when the GPU was the simulator: then every figure is simulator output.
     pub simulated: bool,
-    /// GPU profile (simulator) or GPU name (real).
+    /// The simulator's GPU profile as given (`h200`, or a profile file), or the real
+    /// GPU's name.
     pub gpu_profile: String,
+    /// The GPU's name (the profile's for the simulator).
+    pub gpu_name: String,
     /// Where the figures come from, in words.
     pub data_source: String,
     pub gpus: u32,

@@ -221,7 +221,8 @@ fn run(args: RunArgs) -> Result<()> {
     .context("setting up the simulated GPU")?;
     let meta = RunMeta {
         simulated: true,
-        gpu_profile: sim.profile().name.clone(),
+        gpu_profile: profile_name.to_owned(),
+        gpu_name: sim.profile().name.clone(),
         data_source: sim.calibration_note(),
         gpus: args.gpus,
         actuator: "sim".into(),
@@ -316,7 +317,10 @@ impl ProgressReporter {
 fn print_summary(s: &RunSummary, out: &std::path::Path) {
     let t = &s.totals;
     let source = if s.meta.simulated {
-        format!("SIMULATED {} — {}", s.meta.gpu_profile, s.meta.data_source)
+        format!(
+            "SIMULATED ({}) — {}",
+            s.meta.gpu_profile, s.meta.data_source
+        )
     } else {
         format!("{} (measured)", s.meta.gpu_profile)
     };

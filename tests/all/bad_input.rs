@@ -6,7 +6,7 @@ fn fails_with(args: &[&str], expected: &[&str]) {
     let output = tokwatt().args(args).output().expect("runs");
     let err = stderr(&output);
     assert!(!output.status.success(), "{args:?} should fail");
-    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("thread 'main' panicked"), "{err}");
     for needle in expected {
         assert!(
             err.contains(needle),

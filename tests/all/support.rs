@@ -89,7 +89,11 @@ pub fn run_sim(spec: &Path, duration: &str, out: &Path, args: &[&str]) -> RunRes
         output.status,
         stderr(&output)
     );
-    assert!(!stderr(&output).contains("panicked"), "{}", stderr(&output));
+    assert!(
+        !stderr(&output).contains("thread 'main' panicked"),
+        "{}",
+        stderr(&output)
+    );
     let summary: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out.join("summary.json")).expect("summary.json written"),
     )

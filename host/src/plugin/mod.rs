@@ -370,7 +370,10 @@ fn classify(
         Some(wasmtime::Trap::Interrupt) => PolicyFailure::Deadline {
             deadline_ms: limits.deadline_ms,
         },
-        _ => PolicyFailure::Trap(format!("{error:#}")),
+        // The trap code, not the wasm backtrace: the guest's own panic message (if any)
+        // has already been logged through its `log` import.
+        Some(trap) => PolicyFailure::Trap(trap.to_string()),
+        None => PolicyFailure::Trap(error.to_string()),
     }
 }
 
