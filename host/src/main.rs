@@ -12,6 +12,9 @@ use tokwatt::agent::{self, RunMeta, RunRequest, RunSummary};
 use tokwatt::clock::{Clock, VirtualClock, WallClock};
 use tokwatt::control::{Backends, Progress};
 use tokwatt::sim::{GpuProfile, Scenario, SimConfig, SimGpu};
+use tokwatt::actuator::{Actuator, DryRun};
+use tokwatt::nvml::NvmlSystem;
+use tokwatt::restore::{SettingsGuard, StateFile, restore_all};
 use tokwatt::spec::PolicySpec;
 
 #[derive(Debug, Parser)]
@@ -39,6 +42,21 @@ enum Command {
         #[arg(long = "plugin-dir")]
         plugin_dirs: Vec<PathBuf>,
     },
+    /// Put back the GPU settings saved in the state file (after a crash or `kill -9`).
+    Restore {
+        /// State file (default: /var/lib/tokwatt/state.json as root, else $XDG_STATE_HOME/tokwatt/state.json).
+        #[arg(long)]
+        state_file: Option<PathBuf>,
+        /// Restore through the simulated GPU with this profile (for testing).
+        #[arg(long, value_name = "PROFILE")]
+        sim: Option<String>,
+    },
+    /// List the GPUs: constraints, supported clocks, current settings, whether tokwatt may change them.
+    Gpus {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Benchmarks of the agent itself and of the workload.
     Bench {
         #[command(subcommand)]
@@ -48,6 +66,28 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
+    /// The CUDA decode workload on a real GPU: tokens/s, step time, watts (NVML energy
+    /// counter) and tokens per joule per batch size. Changes no GPU setting.
+    Workload {
+        /// CUDA device / NVML index.
+        #[arg(long, default_value_t = 0)]
+        gpu: u32,
+        /// Model preset (llama-3-8b, llama-3.2-1b).
+        #[arg(long, default_value = "llama-3-8b")]
+        model: String,
+        /// KV context length, tokens.
+        #[arg(long, default_value_t = 1024)]
+        context: u32,
+        /// Batch sizes to measure.
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,128,256,512")]
+        batches: Vec<u32>,
+        /// Measured seconds per batch size (after a warm-up).
+        #[arg(long, default_value_t = 6.0)]
+        seconds: f64,
+        /// Also write the rows as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Host overhead of one `decide` call (plugin host + supervisor), p50 and p99.
     Decide {
         /// GPUs per call.
@@ -100,6 +140,32 @@ struct RunArgs {
     /// No progress lines.
     #[arg(long, short)]
     quiet: bool,
+    /// Run on these real GPUs (NVML indices, comma-separated).
+    #[arg(long, value_delimiter = ',', conflicts_with = "sim")]
+    gpu: Option<Vec<u32>>,
+    /// Observe only: log every GPU setting decision and change nothing (the batch size,
+    /// the workload's own knob, still changes).
+    #[arg(long, requires = "gpu")]
+    dry_run: bool,
+    /// Let the policy change only the batch size (for running without privileges).
+    #[arg(long, requires = "gpu")]
+    batch_only: bool,
+    /// CUDA workload model preset (llama-3-8b, llama-3.2-1b).
+    #[arg(long, default_value = "llama-3-8b", requires = "gpu")]
+    model: String,
+    /// CUDA workload KV context length, tokens.
+    #[arg(long, default_value_t = 1024, requires = "gpu")]
+    context: u32,
+    /// CUDA workload largest batch size (buffers are sized for it).
+    #[arg(long, default_value_t = 512, requires = "gpu")]
+    batch_size_max: u32,
+    /// State file of original GPU settings (default for real GPUs: /var/lib/tokwatt/state.json
+    /// as root, else $XDG_STATE_HOME/tokwatt/state.json). With --sim, only used when given.
+    #[arg(long)]
+    state_file: Option<PathBuf>,
+    /// Testing aid: panic after this many ticks (to check that settings are restored).
+    #[arg(long, hide = true)]
+    debug_panic_after_ticks: Option<u64>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -131,7 +197,17 @@ fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run(args) => run(args),
         Command::Check { spec, plugin_dirs } => check(&spec, &plugin_dirs),
+        Command::Restore { state_file, sim } => restore(state_file, sim.as_deref()),
+        Command::Gpus { json } => gpus(json),
         Command::Bench { what } => match what {
+            BenchCommand::Workload {
+                gpu,
+                model,
+                context,
+                batches,
+                seconds,
+                json,
+            } => bench_workload(gpu, &model, context, batches, seconds, json),
             BenchCommand::Decide {
                 gpus,
                 calls,
@@ -139,6 +215,88 @@ fn dispatch(cli: Cli) -> Result<()> {
             } => bench_decide(gpus, calls, plugin),
         },
     }
+}
+
+fn restore(state_file: Option<PathBuf>, sim: Option<&str>) -> Result<()> {
+    let state = StateFile::new(state_file.unwrap_or_else(StateFile::default_path));
+    if state.load()?.is_none() {
+        println!("nothing to restore: {} does not exist", state.path().display());
+        return Ok(());
+    }
+    let mut actuator: Box<dyn Actuator> = match sim {
+        Some(profile) => {
+            let clock: Arc<dyn Clock> = VirtualClock::new();
+            let sim = SimGpu::new(
+                SimConfig {
+                    profile: GpuProfile::load(profile)?,
+                    scenario: Scenario::built_in()?,
+                    gpus: 8,
+                    seed: 1,
+                },
+                clock,
+            )?;
+            sim.actuator()
+        }
+        None => Box::new(NvmlSystem::open(None)?.actuator()),
+    };
+    let report = restore_all(&state, actuator.as_mut())?;
+    println!("{report}");
+    if !report.is_complete() {
+        bail!(
+            "some settings were not restored; {} keeps them: fix the cause and run `tokwatt restore` again",
+            state.path().display()
+        );
+    }
+    Ok(())
+}
+
+fn gpus(json: bool) -> Result<()> {
+    let reports = tokwatt::nvml::list_gpus()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    } else {
+        print!("{}", tokwatt::nvml::GpuTable(&reports));
+    }
+    Ok(())
+}
+
+fn bench_workload(
+    gpu: u32,
+    model: &str,
+    context: u32,
+    batches: Vec<u32>,
+    seconds: f64,
+    json: Option<PathBuf>,
+) -> Result<()> {
+    let system = NvmlSystem::open(Some(&[gpu]))?;
+    let mut telemetry = system
+        .telemetry(tokwatt::nvml::SamplerConfig::default())
+        .context("starting NVML telemetry")?;
+    let shape = tokwatt::cuda::ModelShape::preset(model)?;
+    let mut config = tokwatt::cuda::BenchConfig::new(shape, context, batches, seconds);
+    config.device = gpu;
+    // Energy from the NVML energy counter (the sampler's latest reading), never from
+    // integrated power samples.
+    let mut energy = || {
+        use tokwatt::telemetry::Telemetry;
+        telemetry.read_window(0).ok().map(|w| w.energy_counter_j)
+    };
+    println!(
+        "tokwatt bench workload: {model}, context {context}, GPU {gpu} ({}); energy from the NVML counter",
+        system.devices().first().map_or("?", |d| d.name.as_str())
+    );
+    let rows = tokwatt::cuda::bench_with(&config, &mut energy, &mut |row| {
+        eprintln!(
+            "batch {:>4}: {:>9.1} tok/s  {:>7.3} ms/step  {:>6.1} W  {:>7.3} tok/J",
+            row.batch, row.tokens_per_s, row.step_ms, row.watts, row.tokens_per_joule
+        )
+    })?;
+    println!("{}", tokwatt::cuda::format_table(&rows, &|_| None));
+    if let Some(path) = json {
+        std::fs::write(&path, serde_json::to_string_pretty(&rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn bench_decide(gpus: u32, calls: usize, plugin: Option<PathBuf>) -> Result<()> {
@@ -195,10 +353,139 @@ fn check(spec_path: &std::path::Path, plugin_dirs: &[PathBuf]) -> Result<()> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    let spec = PolicySpec::load(&args.policy)?;
-    let Some(profile_name) = args.sim.as_deref() else {
-        bail!("choose a GPU: `--sim h200` for the simulator");
+    let mut spec = PolicySpec::load(&args.policy)?;
+    let (mut backends, meta, needs_restore) = match (&args.sim, &args.gpu) {
+        (Some(profile), None) => {
+            let (backends, meta) = sim_backends(&args, profile)?;
+            (backends, meta, args.state_file.is_some())
+        }
+        (None, Some(indices)) => {
+            let (backends, meta) = gpu_backends(&args, indices, &mut spec)?;
+            (backends, meta, !args.dry_run)
+        }
+        _ => bail!(
+            "choose where to run: `--sim h200` for the simulated GPU, or `--gpu 0` for a real GPU (add --dry-run to observe only)"
+        ),
     };
+    if needs_restore {
+        // Saves the original settings before the first change (restoring first whatever
+        // a crashed run left behind) and puts them back when the run ends, however it ends.
+        let state = StateFile::new(args.state_file.clone().unwrap_or_else(StateFile::default_path));
+        let mut guard = SettingsGuard::new(state, backends.actuator);
+        guard
+            .arm()
+            .context("saving the original GPU settings before the run")?;
+        backends.actuator = Box::new(guard);
+    }
+    let request = RunRequest {
+        spec,
+        duration: args.duration,
+        tick: args.tick,
+        out_dir: args.out.clone(),
+        plugin_dirs: args.plugin_dirs.clone(),
+        cache_dir: args.cache_dir.clone(),
+        seed: args.seed,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    if !args.quiet {
+        eprintln!(
+            "tokwatt: running policy `{}` for {:?} on {} [{}]",
+            request.spec.name, request.duration, meta.gpu_name, meta.data_source
+        );
+    }
+    let mut reporter = ProgressReporter::new(args.quiet, args.debug_panic_after_ticks);
+    let (summary, backends) =
+        agent::run(&request, backends, meta, stop, &mut |p| reporter.report(p))?;
+    // Dropping the backends puts back every setting the run changed (SettingsGuard).
+    drop(backends);
+    print_summary(&summary, &args.out);
+    Ok(())
+}
+
+fn gpu_backends(
+    args: &RunArgs,
+    indices: &[u32],
+    spec: &mut PolicySpec,
+) -> Result<(Backends, RunMeta)> {
+    let [index] = indices else {
+        bail!(
+            "the CUDA decode workload runs on one GPU; pass one index to --gpu (got {indices:?})"
+        );
+    };
+    let system = NvmlSystem::open(Some(indices))?;
+    let devices = system.devices();
+    let mut nvml_actuator = system.actuator();
+    if args.batch_only {
+        spec.knobs.power_cap = false;
+        spec.knobs.sm_clock = false;
+    }
+    let actuator: Box<dyn Actuator> = if args.dry_run {
+        let current = (0..devices.len() as u32)
+            .map(|gpu| nvml_actuator.read(gpu))
+            .collect::<Result<Vec<_>, _>>()
+            .context("reading the GPU settings in force")?;
+        Box::new(DryRun::new(devices.clone(), current))
+    } else {
+        // Explain a missing privilege now, not half-way through the run.
+        for device in &devices {
+            let can = nvml_actuator.capabilities(device.index);
+            let missing: Vec<&str> = [
+                (spec.knobs.power_cap && !can.power_cap, "the power cap"),
+                (spec.knobs.sm_clock && !can.sm_clock, "the SM clock lock"),
+            ]
+            .into_iter()
+            .filter_map(|(missing, what)| missing.then_some(what))
+            .collect();
+            if !missing.is_empty() {
+                bail!(
+                    "policy `{}` may change {} on GPU {}, but this process may not ({}). Run as root or with CAP_SYS_ADMIN, or run observe-only with --dry-run, or let the policy change only the batch size with --batch-only",
+                    spec.name,
+                    missing.join(" and "),
+                    device.index,
+                    tokwatt::nvml::privileges::Privileges::current()
+                        .denial()
+                        .map_or_else(|| "the driver refused".to_owned(), |d| d.to_string())
+                );
+            }
+        }
+        Box::new(nvml_actuator)
+    };
+    let telemetry = system
+        .telemetry(tokwatt::nvml::SamplerConfig::default())
+        .context("starting NVML telemetry")?;
+    let model = tokwatt::cuda::ModelShape::preset(&args.model)?;
+    let mut config =
+        tokwatt::cuda::CudaDecodeConfig::new(model, args.context, args.batch_size_max);
+    config.device = *index;
+    let workload = tokwatt::cuda::CudaDecode::new(config).context("starting the CUDA decode workload")?;
+    let name = devices.first().map_or_else(String::new, |d| d.name.clone());
+    let meta = RunMeta {
+        simulated: false,
+        gpu_profile: name.clone(),
+        gpu_name: name,
+        data_source: format!(
+            "measured on GPU {index} (NVML energy counter, CUDA decode of {} at context {})",
+            args.model, args.context
+        ),
+        gpus: 1,
+        actuator: actuator.name().to_owned(),
+        workload: "cuda".into(),
+        seed: args.seed,
+    };
+    let backends = Backends {
+        telemetry: Box::new(telemetry),
+        actuator,
+        workload: Box::new(workload),
+        clock: WallClock::new(),
+    };
+    Ok((backends, meta))
+}
+
+fn sim_backends(args: &RunArgs, profile_name: &str) -> Result<(Backends, RunMeta)> {
     let profile = GpuProfile::load(profile_name)?;
     let scenario = match &args.scenario {
         Some(path) => Scenario::load(path)?,
@@ -223,7 +510,7 @@ fn run(args: RunArgs) -> Result<()> {
         simulated: true,
         gpu_profile: profile_name.to_owned(),
         gpu_name: sim.profile().name.clone(),
-        data_source: sim.calibration_note(),
+        data_source: format!("simulator output: {}", sim.calibration_note()),
         gpus: args.gpus,
         actuator: "sim".into(),
         workload: "sim".into(),
@@ -235,48 +522,29 @@ fn run(args: RunArgs) -> Result<()> {
         workload: sim.workload(),
         clock,
     };
-    let request = RunRequest {
-        spec,
-        duration: args.duration,
-        tick: args.tick,
-        out_dir: args.out.clone(),
-        plugin_dirs: args.plugin_dirs.clone(),
-        cache_dir: args.cache_dir.clone(),
-        seed: args.seed,
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-    }
-    if !args.quiet {
-        eprintln!(
-            "tokwatt: running policy `{}` for {:?} on {} ({})",
-            request.spec.name, request.duration, meta.gpu_profile, meta.data_source
-        );
-    }
-    let mut reporter = ProgressReporter::new(args.quiet);
-    let (summary, _backends) =
-        agent::run(&request, backends, meta, stop, &mut |p| reporter.report(p))?;
-    print_summary(&summary, &args.out);
-    Ok(())
+    Ok((backends, meta))
 }
 
 /// Prints a progress line at every tenth of the run.
 struct ProgressReporter {
     quiet: bool,
     next_tenth: u64,
+    panic_after_ticks: Option<u64>,
 }
 
 impl ProgressReporter {
-    fn new(quiet: bool) -> Self {
+    fn new(quiet: bool, panic_after_ticks: Option<u64>) -> Self {
         Self {
             quiet,
             next_tenth: 1,
+            panic_after_ticks,
         }
     }
 
     fn report(&mut self, p: Progress<'_>) {
+        if self.panic_after_ticks.is_some_and(|n| p.tick + 1 >= n) {
+            panic!("--debug-panic-after-ticks: panicking on purpose at tick {}", p.tick);
+        }
         if self.quiet || p.ticks == 0 {
             return;
         }

@@ -6,4 +6,5 @@ mod support;
 
 mod bad_input;
 mod hostile_plugins;
+mod restore;
 mod shipped_policies;
