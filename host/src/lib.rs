@@ -14,6 +14,7 @@
 
 pub mod actuator;
 pub mod clock;
-pub mod types;
+pub mod cuda;
 pub mod telemetry;
+pub mod types;
 pub mod workload;
