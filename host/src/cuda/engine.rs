@@ -620,7 +620,7 @@ impl Engine {
         batch: u32,
         path: MatmulPath,
         split: AttentionSplit,
-    ) -> Result<CudaGraph, CudaError> {
+    ) -> Result<(CudaGraph, bool), CudaError> {
         let attempt = |engine: &Engine| -> Result<CudaGraph, CudaError> {
             let graph = engine.capture(batch, path, split)?;
             graph
@@ -630,12 +630,11 @@ impl Engine {
             Ok(graph)
         };
         match attempt(self) {
-            Ok(graph) => Ok(graph),
+            Ok(graph) => Ok((graph, self.gpu.pdl())),
             Err(error) if self.gpu.pdl() => {
                 tracing::warn!(%error, "capturing the decode step with programmatic dependent launch failed; retrying without it");
                 self.gpu.set_pdl(false)?;
-                self.graphs.clear();
-                attempt(self)
+                attempt(self).map(|graph| (graph, false))
             }
             Err(error) => Err(error),
         }
@@ -674,10 +673,10 @@ impl Engine {
             self.settle()?;
             let split = AttentionSplit::plan(&self.shape, batch, self.context, self.gpu.sms);
             let candidates = self.candidates(batch);
-            let mut best: Option<(CudaGraph, MatmulPath, f64)> = None;
+            let mut best: Option<(CudaGraph, MatmulPath, bool, f64)> = None;
             let mut timings = Vec::new();
             for &path in &candidates {
-                let graph = self.capture_checked(batch, path, split)?;
+                let (graph, pdl) = self.capture_checked(batch, path, split)?;
                 let ms = if candidates.len() > 1 {
                     self.time_graph(&graph)?
                 } else {
@@ -686,11 +685,11 @@ impl Engine {
                 if candidates.len() > 1 {
                     timings.push((path, ms));
                 }
-                if best.as_ref().is_none_or(|(_, _, best_ms)| ms < *best_ms) {
-                    best = Some((graph, path, ms));
+                if best.as_ref().is_none_or(|(_, _, _, best_ms)| ms < *best_ms) {
+                    best = Some((graph, path, pdl, ms));
                 }
             }
-            let Some((graph, path, _)) = best else {
+            let Some((graph, path, pdl, _)) = best else {
                 return Err(CudaError::Config(format!(
                     "no matmul path applies to batch {batch}"
                 )));
@@ -698,7 +697,7 @@ impl Engine {
             let info = GraphInfo {
                 path,
                 attention: split,
-                pdl: self.gpu.pdl(),
+                pdl,
                 candidates_ms: timings,
             };
             self.graphs.insert(batch, StepGraph { graph, info });
@@ -830,6 +829,13 @@ impl Engine {
     #[cfg(test)]
     pub(crate) fn gpu(&self) -> &Gpu {
         &self.gpu
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Nothing may still run on buffers about to be freed, nor on the cuBLAS handle.
+        let _ = self.gpu.synchronize();
     }
 }
 

@@ -524,8 +524,20 @@ __device__ __forceinline__ void attention_impl(
     const bool owns_pos = pos >= start && pos < end;
     const int stop = owns_pos ? pos : end;   // cache positions read: [start, stop)
     const int n_local = end - start;
+    const size_t seq_base = ((size_t)b * n_kv_heads + kvh) * (size_t)ctx * HD;
 
     pdl_trigger();
+    // Cache positions before `pos` are written by no kernel of this step: pull the head of this
+    // block's keys and values into L2 while the QKV projection drains (small splits: all of it).
+    {
+        const char* kb = (const char*)(k_cache + seq_base + (size_t)start * HD);
+        const char* vb = (const char*)(v_cache + seq_base + (size_t)start * HD);
+        const int bytes = min((stop - start) * HD * 2, 16384);
+        for (int off = tid * 128; off < bytes; off += ATT_THREADS * 128) {
+            prefetch_l2(kb + off);
+            prefetch_l2(vb + off);
+        }
+    }
     pdl_wait();
 
     const bf16* row = qkv + (size_t)b * ld_qkv;
@@ -539,7 +551,6 @@ __device__ __forceinline__ void attention_impl(
         q_s[g][j] = (x1 * c - x2 * s) * q_scale;
         q_s[g][j + HALF] = (x2 * c + x1 * s) * q_scale;
     }
-    const size_t seq_base = ((size_t)b * n_kv_heads + kvh) * (size_t)ctx * HD;
     if (owns_pos) {
         const bf16* kh = row + n_heads * HD + kvh * HD;
         const bf16* vh = row + (n_heads + n_kv_heads) * HD + kvh * HD;
