@@ -18,6 +18,7 @@ pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod control;
+pub mod cuda;
 pub mod envelope;
 pub mod nvml;
 pub mod plugin;

@@ -1,0 +1,811 @@
+// Decode-step kernels for tokwatt's CUDA workload, compiled at run time by NVRTC.
+//
+// Conventions:
+// - bf16 values are carried as raw 16-bit patterns (`bf16` below), so the source needs no CUDA
+//   headers; conversions are bit operations and `cvt.rn.bf16.f32`. Arithmetic is fp32.
+// - Matrices are row-major with one row per output feature ([out, in], as nn.Linear stores
+//   them), so a warp streams a weight row with coalesced 16-byte loads.
+// - Every kernel calls `pdl_trigger()` first and `pdl_wait()` before its first read of data that
+//   an earlier kernel wrote, and before its first write. Launched without programmatic
+//   dependent launch both are no-ops; launched with it, a kernel's blocks can start (and
+//   prefetch weights) while the previous kernel drains. Because every kernel waits, completion
+//   stays transitive: when kernel N has finished, so has every kernel before it.
+
+typedef unsigned short bf16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define WARP_SIZE 32
+#define FULL_MASK 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ float bf16_to_f32(bf16 v) { return __uint_as_float(((u32)v) << 16); }
+__device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ bf16 f32_to_bf16(float f) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+
+// Two floats to a packed bf16x2 word: `lo` in the low half.
+__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ void unpack8(const uint4& v, float* f) {
+    f[0] = bf16_lo(v.x); f[1] = bf16_hi(v.x);
+    f[2] = bf16_lo(v.y); f[3] = bf16_hi(v.y);
+    f[4] = bf16_lo(v.z); f[5] = bf16_hi(v.z);
+    f[6] = bf16_lo(v.w); f[7] = bf16_hi(v.w);
+}
+
+__device__ __forceinline__ uint4 pack8(const float* f) {
+    uint4 v;
+    v.x = pack_bf16x2(f[0], f[1]);
+    v.y = pack_bf16x2(f[2], f[3]);
+    v.z = pack_bf16x2(f[4], f[5]);
+    v.w = pack_bf16x2(f[6], f[7]);
+    return v;
+}
+
+// Streaming load of data read once per step (weights, the KV cache): skip L1 so that the
+// activations, which every warp of a block re-reads, stay there. Not volatile: the compiler may
+// hoist these loads, which is what keeps many of them in flight. Only for data no kernel of
+// the step writes before reading it here.
+__device__ __forceinline__ uint4 ld_stream(const void* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+// Load that bypasses L1 (data another block of the same grid wrote).
+__device__ __forceinline__ float ld_cg_f32(const float* p) {
+    float r;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(r) : "l"(p) : "memory");
+    return r;
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = WARP_SIZE / 2; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = WARP_SIZE / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+    return v;
+}
+
+// Sum over a block of `nwarps` warps; every thread gets the result. `scratch` holds nwarps floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & (WARP_SIZE - 1);
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int nwarps = blockDim.x / WARP_SIZE;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read from a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float total = 0.f;
+    for (int w = 0; w < nwarps; ++w) total += scratch[w];
+    return total;
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
+
+// Rotary angle for pair `i` of a head of `head_dim`, at position `pos`:
+// angle = pos * theta^(-2i/head_dim), theta given as log2(theta).
+__device__ __forceinline__ void rope_sincos(int pos, int i, int head_dim, float log2_theta,
+                                            float* s, float* c) {
+    const float inv_freq = exp2f(-(2.f * (float)i / (float)head_dim) * log2_theta);
+    sincosf((float)pos * inv_freq, s, c);
+}
+
+// 64-bit mix (splitmix64 finaliser), for reproducible random fills.
+__device__ __forceinline__ u64 mix64(u64 x) {
+    x ^= x >> 30; x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27; x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Initialisation: uniform values in [offset - scale, offset + scale), from (seed, index) only.
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void fill_uniform(bf16* __restrict__ out, u64 n, u64 seed, float scale,
+                                        float offset) {
+    pdl_trigger();
+    pdl_wait();
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const u64 h = mix64(i * 0x9e3779b97f4a7c15ull + seed);
+        // 24 random bits to [-1, 1).
+        const float u = (float)(h >> 40) * (2.f / 16777216.f) - 1.f;
+        out[i] = f32_to_bf16(offset + scale * u);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding lookup: x[b] = table[tokens[b]]; sumsq[b] = sum of x[b]^2 (for the fused norms).
+// grid = batch, block = 256.
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void embed(const u32* __restrict__ tokens, const bf16* __restrict__ table,
+                                 bf16* __restrict__ x, float* __restrict__ sumsq, int hidden,
+                                 int vocab) {
+    __shared__ float scratch[32];
+    pdl_trigger();
+    pdl_wait();
+    const int b = blockIdx.x;
+    u32 token = tokens[b];
+    if (token >= (u32)vocab) token = (u32)vocab - 1;
+    const uint4* src = (const uint4*)(table + (size_t)token * hidden);
+    uint4* dst = (uint4*)(x + (size_t)b * hidden);
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) {
+        const uint4 v = src[i];
+        dst[i] = v;
+        float f[8];
+        unpack8(v, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+    }
+    ss = block_sum(ss, scratch);
+    if (threadIdx.x == 0) sumsq[b] = ss;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm: out[b] = x[b] * rsqrt(mean(x[b]^2) + eps) * gamma. grid = batch, block = 256.
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void rmsnorm(const bf16* __restrict__ x, const bf16* __restrict__ gamma,
+                                   bf16* __restrict__ out, int hidden, float eps) {
+    __shared__ float scratch[32];
+    pdl_trigger();
+    pdl_wait();
+    const int b = blockIdx.x;
+    const uint4* xr = (const uint4*)(x + (size_t)b * hidden);
+    const uint4* gr = (const uint4*)gamma;
+    uint4* outr = (uint4*)(out + (size_t)b * hidden);
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) {
+        float f[8];
+        unpack8(xr[i], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+    }
+    ss = block_sum(ss, scratch);
+    const float rstd = rsqrtf(ss / (float)hidden + eps);
+    for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) {
+        float f[8], g[8];
+        unpack8(xr[i], f);
+        unpack8(gr[i], g);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] = f[e] * rstd * g[e];
+        outr[i] = pack8(f);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SiLU-gated product: out[b, j] = silu(gu[b, j]) * gu[b, mlp + j]. One thread per 8 outputs.
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out, int mlp,
+                                    int batch) {
+    pdl_trigger();
+    pdl_wait();
+    const int vecs_per_row = mlp / 8;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= batch * vecs_per_row) return;
+    const int b = i / vecs_per_row;
+    const int j = i - b * vecs_per_row;
+    const uint4* row = (const uint4*)(gu + (size_t)b * 2 * mlp);
+    float g[8], u[8];
+    unpack8(row[j], g);
+    unpack8(row[vecs_per_row + j], u);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) g[e] = silu(g[e]) * u[e];
+    ((uint4*)(out + (size_t)b * mlp))[j] = pack8(g);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE in place on the query and key heads of a fused qkv row (rotate-half convention).
+// The decode step fuses the same rotation into `attention`; this kernel exists so the rotation
+// can be checked on its own. grid = batch, block = 128.
+// ---------------------------------------------------------------------------------------------
+
+extern "C" __global__ void rope_qk(bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads,
+                                   int head_dim, int pos, float log2_theta) {
+    pdl_trigger();
+    pdl_wait();
+    const int b = blockIdx.x;
+    const int half = head_dim / 2;
+    const int pairs = (n_heads + n_kv_heads) * half;
+    bf16* row = qkv + (size_t)b * ld_qkv;
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+        const int head = p / half;  // query heads first, then key heads: contiguous in the row
+        const int i = p - head * half;
+        bf16* h = row + head * head_dim;
+        float s, c;
+        rope_sincos(pos, i, head_dim, log2_theta, &s, &c);
+        const float x1 = bf16_to_f32(h[i]);
+        const float x2 = bf16_to_f32(h[i + half]);
+        h[i] = f32_to_bf16(x1 * c - x2 * s);
+        h[i + half] = f32_to_bf16(x2 * c + x1 * s);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Greedy argmax over each row of logits; ties go to the lowest index. grid = batch, block = 1024.
+// ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void argmax_merge(float& v, int& i, float v2, int i2) {
+    if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
+}
+
+extern "C" __global__ void argmax(const bf16* __restrict__ logits, int vocab, u32* __restrict__ tokens) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    pdl_trigger();
+    pdl_wait();
+    const int b = blockIdx.x;
+    const bf16* row = logits + (size_t)b * vocab;
+    float best = NEG_INF;
+    int best_i = 0x7fffffff;
+    const int nvec = vocab / 8;
+    for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
+        float f[8];
+        unpack8(((const uint4*)row)[v], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) argmax_merge(best, best_i, f[e], v * 8 + e);
+    }
+    for (int i = nvec * 8 + threadIdx.x; i < vocab; i += blockDim.x)
+        argmax_merge(best, best_i, bf16_to_f32(row[i]), i);
+#pragma unroll
+    for (int off = WARP_SIZE / 2; off > 0; off >>= 1) {
+        const float v2 = __shfl_xor_sync(FULL_MASK, best, off);
+        const int i2 = __shfl_xor_sync(FULL_MASK, best_i, off);
+        argmax_merge(best, best_i, v2, i2);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) { sv[warp] = best; si[warp] = best_i; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x / WARP_SIZE); ++w) argmax_merge(best, best_i, sv[w], si[w]);
+        // A row of NaNs (never in practice) yields token 0 rather than an out-of-range id.
+        tokens[b] = best_i == 0x7fffffff ? 0u : (u32)best_i;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bandwidth-bound matrix-vector products for small batches: Y[b, n] = sum_k W[n, k] * X[b, k].
+//
+// A block of 8 warps owns 8 * RW consecutive output rows; each warp owns RW rows over the whole
+// of K, so no cross-warp reduction is needed. Each lane streams 16 bytes of every row per chunk
+// of 256 columns, U chunks at a time (all loads issued before use). The activations X are tiny
+// and re-read by every warp of the block, so they stay in L1.
+//
+// Modes:
+//   MODE_STORE:    Y = acc                          (fused QKV, LM head)
+//   MODE_RESIDUAL: Y += acc, and sumsq_out[b] += sum of the new Y[b]^2 (O and down projections,
+//                  Y is the residual stream; the sum feeds the next fused RMSNorm)
+//   MODE_SILU:     Y[b, n] = silu(acc(n)) * acc(N + n): W holds the gate rows then the up rows.
+// With NORM, X is RMS-normalised on the fly: X * gamma, and the result scaled by
+// rsqrt(sumsq_in[b] / K + eps); block 0 also zeroes `zero_out` for the next accumulation.
+// ---------------------------------------------------------------------------------------------
+
+#define MODE_STORE 0
+#define MODE_RESIDUAL 1
+#define MODE_SILU 2
+#define GEMV_WARPS 8
+#define GEMV_THREADS (GEMV_WARPS * WARP_SIZE)
+
+template <int B, int RW, int U, int MODE, bool NORM>
+__device__ __forceinline__ void gemv_impl(const bf16* __restrict__ W, const bf16* __restrict__ X,
+                                          const bf16* __restrict__ gamma,
+                                          const float* __restrict__ sumsq_in,
+                                          float* __restrict__ zero_out, bf16* __restrict__ Y,
+                                          float* __restrict__ sumsq_out, int N, int K, int ldx,
+                                          int ldy, float eps) {
+    constexpr int NR = (MODE == MODE_SILU) ? 2 * RW : RW;  // weight rows streamed per warp
+    __shared__ float block_ss[GEMV_WARPS][B];
+    const int lane = threadIdx.x & (WARP_SIZE - 1);
+    const int warp = threadIdx.x / WARP_SIZE;
+    const int row0 = (blockIdx.x * GEMV_WARPS + warp) * RW;
+
+    const bf16* wrow[NR];
+#pragma unroll
+    for (int i = 0; i < RW; ++i) {
+        const int r = min(row0 + i, N - 1);  // rows past N are computed but never stored
+        wrow[i] = W + (size_t)r * K;
+        if (MODE == MODE_SILU) wrow[RW + i] = W + (size_t)(N + r) * K;
+    }
+
+    pdl_trigger();
+    // Weights do not depend on earlier kernels: start pulling the head of each row into L2
+    // while the previous kernel drains (only the head, so the prefetches cannot evict each other).
+    if (lane < 16) {
+#pragma unroll
+        for (int i = 0; i < NR; ++i)
+            if (lane * 128 < K * 2) prefetch_l2((const char*)wrow[i] + lane * 128);
+    }
+    pdl_wait();
+
+    float rstd[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) rstd[b] = NORM ? rsqrtf(sumsq_in[b] / (float)K + eps) : 1.f;
+    if (NORM && zero_out != nullptr && blockIdx.x == 0 && threadIdx.x < B) zero_out[threadIdx.x] = 0.f;
+
+    float acc[NR][B];
+#pragma unroll
+    for (int i = 0; i < NR; ++i)
+#pragma unroll
+        for (int b = 0; b < B; ++b) acc[i][b] = 0.f;
+
+    const int nchunks = (K + 255) / 256;
+    for (int c0 = 0; c0 < nchunks; c0 += U) {
+        uint4 w[U][NR];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int e = (c0 + u) * 256 + lane * 8;
+            const bool ok = (c0 + u < nchunks) && (e < K);
+#pragma unroll
+            for (int i = 0; i < NR; ++i) w[u][i] = ok ? ld_stream(wrow[i] + e) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int e = (c0 + u) * 256 + lane * 8;
+            if ((c0 + u < nchunks) && (e < K)) {
+                float wf[NR][8];
+#pragma unroll
+                for (int i = 0; i < NR; ++i) unpack8(w[u][i], wf[i]);
+                float g[8];
+                if (NORM) unpack8(*(const uint4*)(gamma + e), g);
+#pragma unroll
+                for (int b = 0; b < B; ++b) {
+                    float xf[8];
+                    unpack8(*(const uint4*)(X + (size_t)b * ldx + e), xf);
+                    if (NORM) {
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) xf[j] *= g[j];
+                    }
+#pragma unroll
+                    for (int i = 0; i < NR; ++i)
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) acc[i][b] = fmaf(wf[i][j], xf[j], acc[i][b]);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < NR; ++i)
+#pragma unroll
+        for (int b = 0; b < B; ++b) acc[i][b] = warp_sum(acc[i][b]);
+
+    // Every lane now holds every total; lane (i * B + b) % 32 stores output (i, b).
+    float ss[B];
+#pragma unroll
+    for (int b = 0; b < B; ++b) ss[b] = 0.f;
+#pragma unroll
+    for (int i = 0; i < RW; ++i) {
+        const int r = row0 + i;
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            if (lane == (i * B + b) % WARP_SIZE && r < N) {
+                bf16* y = Y + (size_t)b * ldy + r;
+                if (MODE == MODE_STORE) {
+                    *y = f32_to_bf16(acc[i][b] * rstd[b]);
+                } else if (MODE == MODE_RESIDUAL) {
+                    const bf16 out = f32_to_bf16(bf16_to_f32(*y) + acc[i][b]);
+                    *y = out;
+                    const float o = bf16_to_f32(out);
+                    ss[b] += o * o;
+                } else {
+                    *y = f32_to_bf16(silu(acc[i][b] * rstd[b]) * (acc[RW + i][b] * rstd[b]));
+                }
+            }
+        }
+    }
+
+    if (MODE == MODE_RESIDUAL) {
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+            const float s = warp_sum(ss[b]);
+            if (lane == 0) block_ss[warp][b] = s;
+        }
+        __syncthreads();
+        if (threadIdx.x < B) {
+            float s = 0.f;
+#pragma unroll
+            for (int w2 = 0; w2 < GEMV_WARPS; ++w2) s += block_ss[w2][threadIdx.x];
+            atomicAdd(sumsq_out + threadIdx.x, s);
+        }
+    }
+}
+
+#define GEMV_PARAMS                                                                               \
+    const bf16 *__restrict__ W, const bf16 *__restrict__ X, const bf16 *__restrict__ gamma,       \
+        const float *__restrict__ sumsq_in, float *__restrict__ zero_out, bf16 *__restrict__ Y,   \
+        float *__restrict__ sumsq_out, int N, int K, int ldx, int ldy, float eps
+#define GEMV_ARGS W, X, gamma, sumsq_in, zero_out, Y, sumsq_out, N, K, ldx, ldy, eps
+
+// Rows per warp and chunks in flight: about eight 16-byte loads in flight per lane for small
+// batches, fewer when the batch multiplies the arithmetic per loaded byte.
+#define GEMV_FOR_BATCH(BB, U_STORE, U_SILU)                                                       \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_norm_store_b##BB(GEMV_PARAMS) { \
+        gemv_impl<BB, 2, U_STORE, MODE_STORE, true>(GEMV_ARGS);                                   \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_residual_b##BB(GEMV_PARAMS) { \
+        gemv_impl<BB, 2, U_STORE, MODE_RESIDUAL, false>(GEMV_ARGS);                               \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_norm_silu_b##BB(GEMV_PARAMS) { \
+        gemv_impl<BB, 2, U_SILU, MODE_SILU, true>(GEMV_ARGS);                                     \
+    }
+
+GEMV_FOR_BATCH(1, 4, 2)
+GEMV_FOR_BATCH(2, 4, 2)
+GEMV_FOR_BATCH(3, 4, 2)
+GEMV_FOR_BATCH(4, 4, 2)
+GEMV_FOR_BATCH(5, 2, 1)
+GEMV_FOR_BATCH(6, 2, 1)
+GEMV_FOR_BATCH(7, 2, 1)
+GEMV_FOR_BATCH(8, 2, 1)
+
+// ---------------------------------------------------------------------------------------------
+// Decode attention (one new token per sequence) with grouped-query heads, RoPE and the KV-cache
+// append fused in.
+//
+// The KV cache of a layer is [batch_max, n_kv_heads, ctx, HD]. The new token sits at position
+// `pos`; its key (rotated) and value are taken from the qkv row and written to slot `pos`.
+// grid = (splits, n_kv_heads, batch), block = 128: a block handles the G query heads of one KV
+// head over positions [split * chunk, min(ctx, (split + 1) * chunk)). Scores go to shared memory
+// (dynamic, G * chunk floats), then softmax, then the value pass. With several splits, each block
+// writes its partial output, maximum and sum, and the last block of a (sequence, KV head) to
+// finish merges them; it also resets the arrival counter for the next launch.
+// The block owning `pos` uses the new key and value from shared memory rather than reading them
+// back, so no block reads a cache slot written in the same launch.
+// Softmax runs in base 2: q is scaled by log2(e) / sqrt(HD) up front.
+// ---------------------------------------------------------------------------------------------
+
+#define ATT_THREADS 128
+#define ATT_WARPS (ATT_THREADS / WARP_SIZE)
+
+template <int HD, int G>
+__device__ __forceinline__ void attention_impl(
+    const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* __restrict__ k_cache,
+    bf16* __restrict__ v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,
+    float* __restrict__ part_o, float* __restrict__ part_ml, u32* __restrict__ counters,
+    float q_scale, float log2_theta) {
+    constexpr int TPP = HD / 16;             // threads per position; each handles 16 dims
+    constexpr int PPI = ATT_THREADS / TPP;   // positions per block iteration
+    constexpr int U = (G <= 4) ? 4 : 2;      // iterations with loads in flight
+
+    extern __shared__ float scores[];        // [G][chunk]
+    __shared__ float q_s[G][HD];
+    __shared__ float knew_s[HD];
+    __shared__ float vnew_s[HD];
+    __shared__ float red[ATT_WARPS][G * HD];
+    __shared__ float stat[ATT_WARPS][G];
+    __shared__ float m_s[G], l_s[G];
+    __shared__ int is_last;
+
+    const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & (WARP_SIZE - 1), warp = tid / WARP_SIZE;
+    const int start = split * chunk;
+    const int end = min(start + chunk, ctx);
+    const bool owns_pos = pos >= start && pos < end;
+    const int stop = owns_pos ? pos : end;   // cache positions read: [start, stop)
+    const int n_local = end - start;
+    const size_t seq_base = ((size_t)b * n_kv_heads + kvh) * (size_t)ctx * HD;
+
+    pdl_trigger();
+    // Cache positions before `pos` are written by no kernel of this step: pull the head of this
+    // block's keys and values into L2 while the QKV projection drains (small splits: all of it).
+    {
+        const char* kb = (const char*)(k_cache + seq_base + (size_t)start * HD);
+        const char* vb = (const char*)(v_cache + seq_base + (size_t)start * HD);
+        const int bytes = min((stop - start) * HD * 2, 16384);
+        for (int off = tid * 128; off < bytes; off += ATT_THREADS * 128) {
+            prefetch_l2(kb + off);
+            prefetch_l2(vb + off);
+        }
+    }
+    pdl_wait();
+
+    const bf16* row = qkv + (size_t)b * ld_qkv;
+    constexpr int HALF = HD / 2;
+    for (int i = tid; i < G * HALF; i += ATT_THREADS) {
+        const int g = i / HALF, j = i - g * HALF;
+        const bf16* qh = row + (kvh * G + g) * HD;
+        float s, c;
+        rope_sincos(pos, j, HD, log2_theta, &s, &c);
+        const float x1 = bf16_to_f32(qh[j]), x2 = bf16_to_f32(qh[j + HALF]);
+        q_s[g][j] = (x1 * c - x2 * s) * q_scale;
+        q_s[g][j + HALF] = (x2 * c + x1 * s) * q_scale;
+    }
+    if (owns_pos) {
+        const bf16* kh = row + n_heads * HD + kvh * HD;
+        const bf16* vh = row + (n_heads + n_kv_heads) * HD + kvh * HD;
+        bf16* kslot = k_cache + seq_base + (size_t)pos * HD;
+        bf16* vslot = v_cache + seq_base + (size_t)pos * HD;
+        for (int j = tid; j < HALF; j += ATT_THREADS) {
+            float s, c;
+            rope_sincos(pos, j, HD, log2_theta, &s, &c);
+            const float x1 = bf16_to_f32(kh[j]), x2 = bf16_to_f32(kh[j + HALF]);
+            const bf16 k1 = f32_to_bf16(x1 * c - x2 * s), k2 = f32_to_bf16(x2 * c + x1 * s);
+            kslot[j] = k1;
+            kslot[j + HALF] = k2;
+            knew_s[j] = bf16_to_f32(k1);
+            knew_s[j + HALF] = bf16_to_f32(k2);
+        }
+        for (int j = tid; j < HD; j += ATT_THREADS) {
+            const bf16 v = vh[j];
+            vslot[j] = v;
+            vnew_s[j] = bf16_to_f32(v);
+        }
+    }
+    __syncthreads();
+
+    const int sub = tid % TPP;   // which 16 dimensions this thread handles
+    const int pgrp = tid / TPP;  // which position of an iteration
+    const bf16* kbase = k_cache + seq_base + sub * 16;
+    const bf16* vbase = v_cache + seq_base + sub * 16;
+
+    // Pass 1: scores for cache positions [start, stop).
+    {
+        float qr[G][16];
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int e = 0; e < 16; ++e) qr[g][e] = q_s[g][sub * 16 + e];
+        for (int p0 = start; p0 < stop; p0 += PPI * U) {
+            uint4 kv[U][2];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int p = p0 + u * PPI + pgrp;
+                if (p < stop) {
+                    kv[u][0] = ld_stream(kbase + (size_t)p * HD);
+                    kv[u][1] = ld_stream(kbase + (size_t)p * HD + 8);
+                } else {
+                    kv[u][0] = make_uint4(0, 0, 0, 0);
+                    kv[u][1] = make_uint4(0, 0, 0, 0);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                float kf[16];
+                unpack8(kv[u][0], kf);
+                unpack8(kv[u][1], kf + 8);
+                float s[G];
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    s[g] = 0.f;
+#pragma unroll
+                    for (int e = 0; e < 16; ++e) s[g] = fmaf(qr[g][e], kf[e], s[g]);
+#pragma unroll
+                    for (int off = TPP / 2; off > 0; off >>= 1) s[g] += __shfl_xor_sync(FULL_MASK, s[g], off);
+                }
+                const int p = p0 + u * PPI + pgrp;
+                if (sub == 0 && p < stop) {
+#pragma unroll
+                    for (int g = 0; g < G; ++g) scores[g * chunk + (p - start)] = s[g];
+                }
+            }
+        }
+    }
+    if (owns_pos && warp == 0) {
+        for (int g = 0; g < G; ++g) {
+            float s = 0.f;
+            for (int d = lane; d < HD; d += WARP_SIZE) s = fmaf(q_s[g][d], knew_s[d], s);
+            s = warp_sum(s);
+            if (lane == 0) scores[g * chunk + (pos - start)] = s;
+        }
+    }
+    __syncthreads();
+
+    // Softmax statistics over the n_local scores of this block.
+    {
+        float m[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            m[g] = NEG_INF;
+            for (int i = tid; i < n_local; i += ATT_THREADS) m[g] = fmaxf(m[g], scores[g * chunk + i]);
+            m[g] = warp_max(m[g]);
+            if (lane == 0) stat[warp][g] = m[g];
+        }
+        __syncthreads();
+        if (tid < G) {
+            float mm = stat[0][tid];
+            for (int w2 = 1; w2 < ATT_WARPS; ++w2) mm = fmaxf(mm, stat[w2][tid]);
+            m_s[tid] = mm;
+        }
+        __syncthreads();
+        float l[G];
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            l[g] = 0.f;
+            const float mg = m_s[g];
+            for (int i = tid; i < n_local; i += ATT_THREADS) {
+                const float e = exp2f(scores[g * chunk + i] - mg);
+                scores[g * chunk + i] = e;
+                l[g] += e;
+            }
+            l[g] = warp_sum(l[g]);
+        }
+        __syncthreads();  // stat is reused below
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+            if (lane == 0) stat[warp][g] = l[g];
+        __syncthreads();
+        if (tid < G) {
+            float ll = 0.f;
+            for (int w2 = 0; w2 < ATT_WARPS; ++w2) ll += stat[w2][tid];
+            l_s[tid] = ll;
+        }
+        __syncthreads();
+    }
+
+    // Pass 2: weighted sum of values.
+    float acc[G][16];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int e = 0; e < 16; ++e) acc[g][e] = 0.f;
+    for (int p0 = start; p0 < stop; p0 += PPI * U) {
+        uint4 vv[U][2];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int p = p0 + u * PPI + pgrp;
+            if (p < stop) {
+                vv[u][0] = ld_stream(vbase + (size_t)p * HD);
+                vv[u][1] = ld_stream(vbase + (size_t)p * HD + 8);
+            } else {
+                vv[u][0] = make_uint4(0, 0, 0, 0);
+                vv[u][1] = make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int p = p0 + u * PPI + pgrp;
+            if (p < stop) {
+                float vf[16];
+                unpack8(vv[u][0], vf);
+                unpack8(vv[u][1], vf + 8);
+#pragma unroll
+                for (int g = 0; g < G; ++g) {
+                    const float w = scores[g * chunk + (p - start)];
+#pragma unroll
+                    for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vf[e], acc[g][e]);
+                }
+            }
+        }
+    }
+    if (owns_pos && pgrp == 0) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+            const float w = scores[g * chunk + (pos - start)];
+#pragma unroll
+            for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vnew_s[sub * 16 + e], acc[g][e]);
+        }
+    }
+    // Lanes with the same `sub` hold partial sums for the same dimensions.
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int e = 0; e < 16; ++e)
+#pragma unroll
+            for (int off = TPP; off < WARP_SIZE; off <<= 1) acc[g][e] += __shfl_xor_sync(FULL_MASK, acc[g][e], off);
+    if (lane < TPP) {
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int e = 0; e < 16; ++e) red[warp][g * HD + lane * 16 + e] = acc[g][e];
+    }
+    __syncthreads();
+
+    const size_t pair = (size_t)b * n_kv_heads + kvh;
+    bf16* out_row = out + (size_t)b * n_heads * HD + (size_t)kvh * G * HD;
+    if (splits == 1) {
+        for (int i = tid; i < G * HD; i += ATT_THREADS) {
+            float o = 0.f;
+#pragma unroll
+            for (int w2 = 0; w2 < ATT_WARPS; ++w2) o += red[w2][i];
+            out_row[i] = f32_to_bf16(o / l_s[i / HD]);
+        }
+        return;
+    }
+
+    float* my_o = part_o + (pair * splits + split) * G * HD;
+    for (int i = tid; i < G * HD; i += ATT_THREADS) {
+        float o = 0.f;
+#pragma unroll
+        for (int w2 = 0; w2 < ATT_WARPS; ++w2) o += red[w2][i];
+        my_o[i] = o;
+    }
+    if (tid < G) {
+        float* ml = part_ml + ((pair * splits + split) * G + tid) * 2;
+        ml[0] = m_s[tid];
+        ml[1] = l_s[tid];
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) is_last = atomicAdd(counters + pair, 1u) == (u32)(splits - 1);
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+
+    // Merge: weight of split s for head g is 2^(m_s - M); reuse `scores` for the weights.
+    float* weight = scores;  // [G][splits]
+    for (int i = tid; i < G; i += ATT_THREADS) {
+        float mx = NEG_INF;
+        for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ld_cg_f32(part_ml + ((pair * splits + s) * G + i) * 2));
+        float total = 0.f;
+        for (int s = 0; s < splits; ++s) {
+            const float* ml = part_ml + ((pair * splits + s) * G + i) * 2;
+            const float w = exp2f(ld_cg_f32(ml) - mx);
+            weight[i * splits + s] = w;
+            total += w * ld_cg_f32(ml + 1);
+        }
+        m_s[i] = total;  // the merged denominator
+    }
+    __syncthreads();
+    for (int i = tid; i < G * HD; i += ATT_THREADS) {
+        const int g = i / HD;
+        float o = 0.f;
+#pragma unroll 8
+        for (int s = 0; s < splits; ++s)
+            o = fmaf(weight[g * splits + s], ld_cg_f32(part_o + (pair * splits + s) * G * HD + i), o);
+        out_row[i] = f32_to_bf16(o / m_s[g]);
+    }
+    if (tid == 0) counters[pair] = 0u;
+}
+
+#define ATTENTION_KERNEL(HD_, G_)                                                                 \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_hd##HD_##_g##G_(           \
+        const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* k_cache,      \
+        bf16* v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,            \
+        float* __restrict__ part_o, float* __restrict__ part_ml, u32* __restrict__ counters,      \
+        float q_scale, float log2_theta) {                                                        \
+        attention_impl<HD_, G_>(qkv, ld_qkv, n_heads, n_kv_heads, k_cache, v_cache, ctx, pos,      \
+                                chunk, splits, out, part_o, part_ml, counters, q_scale,           \
+                                log2_theta);                                                      \
+    }
+
+ATTENTION_KERNEL(64, 1)
+ATTENTION_KERNEL(64, 2)
+ATTENTION_KERNEL(64, 3)
+ATTENTION_KERNEL(64, 4)
+ATTENTION_KERNEL(64, 8)
+ATTENTION_KERNEL(128, 1)
+ATTENTION_KERNEL(128, 2)
+ATTENTION_KERNEL(128, 3)
+ATTENTION_KERNEL(128, 4)
+ATTENTION_KERNEL(128, 8)

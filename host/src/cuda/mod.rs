@@ -1,0 +1,31 @@
+//! The real token-generating workload: Llama-shaped greedy decoding with random bf16 weights
+//! on one NVIDIA GPU, through cudarc (the only module that knows it).
+//!
+//! - [`shape`]: model shapes as data (`models.toml`) and the bytes a step reads;
+//! - [`engine`]: weights, KV cache and one CUDA graph per batch size; cuBLAS GEMMs or
+//!   hand-written matrix-vector kernels for the projections, NVRTC kernels for RMSNorm, RoPE,
+//!   SiLU·mul, grouped-query decode attention and greedy argmax (`kernels.cu`);
+//! - [`CudaDecode`]: the engine stepping on a thread of its own, behind [`crate::workload::Workload`];
+//! - [`bench_batches`]: tokens/s, step time, watts and tokens per joule per batch size.
+//!
+//! On a machine without the NVIDIA driver every constructor returns
+//! [`CudaError::DriverNotFound`]; nothing panics.
+
+mod bench;
+mod decode;
+mod device;
+pub mod engine;
+mod error;
+mod plan;
+pub mod shape;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may unwrap
+mod tests;
+
+pub use bench::{BenchConfig, BenchRow, bench_batches, bench_with, format_table};
+pub use decode::{CudaDecode, CudaDecodeConfig};
+pub use engine::{EngineOptions, GraphInfo, MatmulChoice, MatmulPath};
+pub use error::CudaError;
+pub use plan::{AttentionSplit, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT};
+pub use shape::{ModelShape, ShapeError};
