@@ -8,13 +8,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 
+use tokwatt::actuator::{Actuator, DryRun};
 use tokwatt::agent::{self, RunMeta, RunRequest, RunSummary};
 use tokwatt::clock::{Clock, VirtualClock, WallClock};
 use tokwatt::control::{Backends, Progress};
-use tokwatt::sim::{GpuProfile, Scenario, SimConfig, SimGpu};
-use tokwatt::actuator::{Actuator, DryRun};
 use tokwatt::nvml::NvmlSystem;
 use tokwatt::restore::{SettingsGuard, StateFile, restore_all};
+use tokwatt::sim::{GpuProfile, Scenario, SimConfig, SimGpu};
 use tokwatt::spec::PolicySpec;
 
 #[derive(Debug, Parser)]
@@ -220,7 +220,10 @@ fn dispatch(cli: Cli) -> Result<()> {
 fn restore(state_file: Option<PathBuf>, sim: Option<&str>) -> Result<()> {
     let state = StateFile::new(state_file.unwrap_or_else(StateFile::default_path));
     if state.load()?.is_none() {
-        println!("nothing to restore: {} does not exist", state.path().display());
+        println!(
+            "nothing to restore: {} does not exist",
+            state.path().display()
+        );
         return Ok(());
     }
     let mut actuator: Box<dyn Actuator> = match sim {
@@ -288,7 +291,11 @@ fn bench_workload(
     let rows = tokwatt::cuda::bench_with(&config, &mut energy, &mut |row| {
         eprintln!(
             "batch {:>4}: {:>9.1} tok/s  {:>7.3} ms/step  {:>6.1} W  {:>7.3} tok/J",
-            row.batch, row.tokens_per_s, row.step_ms, row.watts, row.tokens_per_joule
+            row.batch,
+            row.tokens_per_s,
+            row.step_ms,
+            row.watts.unwrap_or(f64::NAN),
+            row.tokens_per_j.unwrap_or(f64::NAN)
         )
     })?;
     println!("{}", tokwatt::cuda::format_table(&rows, &|_| None));
@@ -370,7 +377,11 @@ fn run(args: RunArgs) -> Result<()> {
     if needs_restore {
         // Saves the original settings before the first change (restoring first whatever
         // a crashed run left behind) and puts them back when the run ends, however it ends.
-        let state = StateFile::new(args.state_file.clone().unwrap_or_else(StateFile::default_path));
+        let state = StateFile::new(
+            args.state_file
+                .clone()
+                .unwrap_or_else(StateFile::default_path),
+        );
         let mut guard = SettingsGuard::new(state, backends.actuator);
         guard
             .arm()
@@ -458,10 +469,10 @@ fn gpu_backends(
         .telemetry(tokwatt::nvml::SamplerConfig::default())
         .context("starting NVML telemetry")?;
     let model = tokwatt::cuda::ModelShape::preset(&args.model)?;
-    let mut config =
-        tokwatt::cuda::CudaDecodeConfig::new(model, args.context, args.batch_size_max);
+    let mut config = tokwatt::cuda::CudaDecodeConfig::new(model, args.context, args.batch_size_max);
     config.device = *index;
-    let workload = tokwatt::cuda::CudaDecode::new(config).context("starting the CUDA decode workload")?;
+    let workload =
+        tokwatt::cuda::CudaDecode::new(config).context("starting the CUDA decode workload")?;
     let name = devices.first().map_or_else(String::new, |d| d.name.clone());
     let meta = RunMeta {
         simulated: false,
@@ -543,7 +554,10 @@ impl ProgressReporter {
 
     fn report(&mut self, p: Progress<'_>) {
         if self.panic_after_ticks.is_some_and(|n| p.tick + 1 >= n) {
-            panic!("--debug-panic-after-ticks: panicking on purpose at tick {}", p.tick);
+            panic!(
+                "--debug-panic-after-ticks: panicking on purpose at tick {}",
+                p.tick
+            );
         }
         if self.quiet || p.ticks == 0 {
             return;

@@ -1,5 +1,7 @@
 //! Bad input gets a clear error naming the problem, and never a panic.
 
+use std::path::Path;
+
 use crate::support::*;
 
 fn fails_with(args: &[&str], expected: &[&str]) {
@@ -89,4 +91,32 @@ fn bad_duration() {
         ],
         &["duration"],
     );
+}
+
+#[test]
+fn gpu_commands_without_a_driver_say_so() {
+    if Path::new("/proc/driver/nvidia").exists() {
+        println!(
+            "skipping: an NVIDIA driver is present, so the no-driver message cannot be checked here"
+        );
+        return;
+    }
+    let spec = repo_root().join("policies/hill-climb.toml");
+    let spec = spec.to_string_lossy();
+    for args in [
+        vec!["gpus"],
+        vec!["bench", "workload"],
+        vec![
+            "run",
+            "--gpu",
+            "0",
+            "--dry-run",
+            "--duration",
+            "10s",
+            "--policy",
+            &spec,
+        ],
+    ] {
+        fails_with(&args, &["NVIDIA driver", "simulated GPU"]);
+    }
 }

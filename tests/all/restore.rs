@@ -11,7 +11,17 @@ use crate::support::*;
 /// A run on the simulator against the wall clock, so there is time to interrupt it.
 fn spawn_realtime(state: &Path, out: &Path) -> Child {
     tokwatt()
-        .args(["run", "--sim", "h200", "--realtime", "--quiet", "--duration", "120s", "--tick", "100ms"])
+        .args([
+            "run",
+            "--sim",
+            "h200",
+            "--realtime",
+            "--quiet",
+            "--duration",
+            "120s",
+            "--tick",
+            "100ms",
+        ])
         .arg("--policy")
         .arg(repo_root().join("policies/hill-climb.toml"))
         .arg("--state-file")
@@ -31,7 +41,10 @@ fn wait_for_state_file(state: &Path, child: &mut Child) {
         if let Ok(Some(status)) = child.try_wait() {
             panic!("tokwatt exited early: {status}");
         }
-        assert!(start.elapsed() < Duration::from_secs(60), "no state file written");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no state file written"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // Let a few ticks pass so settings have changed.
@@ -56,7 +69,10 @@ fn sigterm_and_sigint_restore_and_clear_the_state_file() {
         signal(&child, sig);
         let output = child.wait_with_output().expect("exits");
         assert!(output.status.success(), "SIG{sig}: {}", stderr(&output));
-        assert!(!state.exists(), "SIG{sig}: settings restored, state file cleared");
+        assert!(
+            !state.exists(),
+            "SIG{sig}: settings restored, state file cleared"
+        );
         let summary: serde_json::Value = serde_json::from_str(
             &std::fs::read_to_string(dir.path().join("out/summary.json")).expect("summary"),
         )
@@ -110,7 +126,10 @@ fn the_next_start_restores_what_a_crash_left() {
         &["--state-file", &state.to_string_lossy()],
     );
     assert_eq!(num(&r.summary, "ticks"), 30.0);
-    assert!(!state.exists(), "the next run restored the leftovers, then its own settings");
+    assert!(
+        !state.exists(),
+        "the next run restored the leftovers, then its own settings"
+    );
 }
 
 #[test]
@@ -118,7 +137,16 @@ fn a_panic_restores_settings() {
     let dir = tempdir();
     let state = dir.path().join("state.json");
     let output = tokwatt()
-        .args(["run", "--sim", "h200", "--quiet", "--duration", "1m", "--debug-panic-after-ticks", "5"])
+        .args([
+            "run",
+            "--sim",
+            "h200",
+            "--quiet",
+            "--duration",
+            "1m",
+            "--debug-panic-after-ticks",
+            "5",
+        ])
         .arg("--policy")
         .arg(repo_root().join("policies/hill-climb.toml"))
         .arg("--state-file")
@@ -128,6 +156,13 @@ fn a_panic_restores_settings() {
         .output()
         .expect("runs");
     assert!(!output.status.success());
-    assert!(stderr(&output).contains("panicking on purpose"), "{}", stderr(&output));
-    assert!(!state.exists(), "unwinding restored the settings and cleared the state file");
+    assert!(
+        stderr(&output).contains("panicking on purpose"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(
+        !state.exists(),
+        "unwinding restored the settings and cleared the state file"
+    );
 }
