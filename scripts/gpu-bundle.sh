@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Build everything the GPU checks need on a machine WITHOUT a GPU, into one folder that
+# travels to a GPU machine WITHOUT a Rust toolchain:
+#
+#   scripts/gpu-bundle.sh [DIR]          # default DIR: dist/
+#   (copy DIR to the GPU machine)
+#   DIR/gpu-check.sh OUT                 # on the GPU machine; results land in OUT
+#
+# The bundle holds the release `tokwatt` binary, the built policy plugins and specs, the
+# library's test binary (its CUDA and NVML tests run for real where a GPU is present),
+# and the PyTorch decode reference when ../shared/calibration has it.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+dist="${1:-$root/dist}"
+cd "$root"
+
+cargo build --release -p tokwatt
+# The library's unit tests as one executable (cargo prints its path).
+test_bin="$(cargo test --release -p tokwatt --lib --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
+        print(m["executable"])')"
+
+rm -rf "$dist"
+mkdir -p "$dist/specs"
+cp target/release/tokwatt "$dist/"
+cp "$test_bin" "$dist/tokwatt-lib-tests"
+cp target/plugins/wasm32-wasip2/plugin/policy_*.wasm "$dist/"
+cp policies/*.toml "$dist/specs/"
+cp scripts/gpu-check.sh "$dist/"
+reference="$root/../shared/calibration/pytorch_decode_reference.py"
+if [[ -f "$reference" ]]; then
+  cp "$reference" "$dist/"
+fi
+du -sh "$dist"
+echo "bundle ready in $dist: run $dist/gpu-check.sh OUT on a GPU machine"
