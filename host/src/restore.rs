@@ -1301,6 +1301,11 @@ mod tests {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
+        // The child's process name settles only once its exec has completed.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !owned_by_other_live_process(owner.id()) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let document = StateDocument {
             format: FORMAT,
             pid: owner.id(),
