@@ -77,3 +77,31 @@ fn several_simulated_gpus() {
     assert_eq!(r.trace.len(), 480);
     assert_eq!(r.summary["gpus"].as_array().map(Vec::len), Some(4));
 }
+
+#[test]
+fn cap_and_batch_moves_both_knobs_and_keeps_the_latency_objective() {
+    let dir = tempdir();
+    let spec = repo_root().join("policies/cap-and-batch.toml");
+    let r = run_sim(&spec, "30m", dir.path(), &[]);
+    assert_run_sound(&r, 1800);
+    assert_eq!(num(&r.summary, "fallback_ticks"), 0.0);
+    let distinct = |key: &str| {
+        r.trace
+            .iter()
+            .map(|row| row.fields[key].clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
+    assert!(distinct("power_cap_w") > 3, "the cap moved");
+    assert!(distinct("batch_size") > 3, "the batch size moved");
+    // The spec's objective is p99 TPOT under 20 ms: violations are rare.
+    let violations = num(&r.summary, "slo_violation_ticks");
+    assert!(
+        violations < 1800.0 * 0.02,
+        "{violations} SLO violation ticks"
+    );
+    for row in &r.trace {
+        assert!(row.f64("batch_size") <= 512.0);
+        assert!(row.f64("power_cap_w") >= 300.0, "guardrail");
+    }
+}
