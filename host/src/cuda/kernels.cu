@@ -5,11 +5,12 @@
 //   headers; conversions are bit operations and `cvt.rn.bf16.f32`. Arithmetic is fp32.
 // - Matrices are row-major with one row per output feature ([out, in], as nn.Linear stores
 //   them), so a warp streams a weight row with coalesced 16-byte loads.
-// - Every kernel calls `pdl_trigger()` first and `pdl_wait()` before its first read of data that
-//   an earlier kernel wrote, and before its first write. Launched without programmatic
-//   dependent launch both are no-ops; launched with it, a kernel's blocks can start (and
-//   prefetch weights) while the previous kernel drains. Because every kernel waits, completion
-//   stays transitive: when kernel N has finished, so has every kernel before it.
+// - Every kernel calls `pdl_wait()` before its first read of data that an earlier kernel wrote,
+//   and before its first write, then `pdl_trigger()`. Launched without programmatic dependent
+//   launch both are no-ops; launched with it, the next kernel's blocks can start (and prefetch
+//   weights into L2) while this one runs. Triggering only after the wait keeps that look-ahead
+//   to one kernel, and because every kernel waits, completion stays transitive: when kernel N
+//   has finished, so has every kernel before it.
 
 typedef unsigned short bf16;
 typedef unsigned int u32;
@@ -80,12 +81,6 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
     return r;
 }
 
-// Load that bypasses L1 (data another block of the same grid wrote).
-__device__ __forceinline__ float ld_cg_f32(const float* p) {
-    float r;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(r) : "l"(p) : "memory");
-    return r;
-}
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
@@ -141,8 +136,8 @@ __device__ __forceinline__ u64 mix64(u64 x) {
 
 extern "C" __global__ void fill_uniform(bf16* __restrict__ out, u64 n, u64 seed, float scale,
                                         float offset) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const u64 h = mix64(i * 0x9e3779b97f4a7c15ull + seed);
@@ -161,8 +156,8 @@ extern "C" __global__ void embed(const u32* __restrict__ tokens, const bf16* __r
                                  bf16* __restrict__ x, float* __restrict__ sumsq, int hidden,
                                  int vocab) {
     __shared__ float scratch[32];
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     const int b = blockIdx.x;
     u32 token = tokens[b];
     if (token >= (u32)vocab) token = (u32)vocab - 1;
@@ -188,8 +183,8 @@ extern "C" __global__ void embed(const u32* __restrict__ tokens, const bf16* __r
 extern "C" __global__ void rmsnorm(const bf16* __restrict__ x, const bf16* __restrict__ gamma,
                                    bf16* __restrict__ out, int hidden, float eps) {
     __shared__ float scratch[32];
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     const int b = blockIdx.x;
     const uint4* xr = (const uint4*)(x + (size_t)b * hidden);
     const uint4* gr = (const uint4*)gamma;
@@ -219,8 +214,8 @@ extern "C" __global__ void rmsnorm(const bf16* __restrict__ x, const bf16* __res
 
 extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out, int mlp,
                                     int batch) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     const int vecs_per_row = mlp / 8;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= batch * vecs_per_row) return;
@@ -243,8 +238,8 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restric
 
 extern "C" __global__ void rope_qk(bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads,
                                    int head_dim, int pos, float log2_theta) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     const int b = blockIdx.x;
     const int half = head_dim / 2;
     const int pairs = (n_heads + n_kv_heads) * half;
@@ -273,13 +268,14 @@ __device__ __forceinline__ void argmax_merge(float& v, int& i, float v2, int i2)
 extern "C" __global__ void argmax(const bf16* __restrict__ logits, int vocab, u32* __restrict__ tokens) {
     __shared__ float sv[32];
     __shared__ int si[32];
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     const int b = blockIdx.x;
     const bf16* row = logits + (size_t)b * vocab;
     float best = NEG_INF;
     int best_i = 0x7fffffff;
-    const int nvec = vocab / 8;
+    // 16-byte loads need every row 16-byte aligned; other vocabularies take the scalar loop.
+    const int nvec = (vocab % 8 == 0) ? vocab / 8 : 0;
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
         float f[8];
         unpack8(((const uint4*)row)[v], f);
@@ -307,10 +303,11 @@ extern "C" __global__ void argmax(const bf16* __restrict__ logits, int vocab, u3
 // ---------------------------------------------------------------------------------------------
 // Bandwidth-bound matrix-vector products for small batches: Y[b, n] = sum_k W[n, k] * X[b, k].
 //
-// A block of 8 warps owns 8 * RW consecutive output rows; each warp owns RW rows over the whole
-// of K, so no cross-warp reduction is needed. Each lane streams 16 bytes of every row per chunk
-// of 256 columns, U chunks at a time (all loads issued before use). The activations X are tiny
-// and re-read by every warp of the block, so they stay in L1.
+// One warp per output row (two for MODE_SILU: the gate row and the up row), over the whole of K:
+// each lane streams 16 bytes of the row per chunk of 256 columns, U chunks at a time (all loads
+// issued before use), so no cross-warp reduction is needed. A block holds 8 warps (8 rows); a
+// kernel is thousands of warps, which the GPU balances across multiprocessors. The activations
+// X are tiny and re-read by every warp of a block, so they stay in L1.
 //
 // Modes:
 //   MODE_STORE:    Y = acc                          (fused QKV, LM head)
@@ -327,36 +324,34 @@ extern "C" __global__ void argmax(const bf16* __restrict__ logits, int vocab, u3
 #define GEMV_WARPS 8
 #define GEMV_THREADS (GEMV_WARPS * WARP_SIZE)
 
-template <int B, int RW, int U, int MODE, bool NORM>
+template <int B, int U, int MODE, bool NORM>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ W, const bf16* __restrict__ X,
                                           const bf16* __restrict__ gamma,
                                           const float* __restrict__ sumsq_in,
                                           float* __restrict__ zero_out, bf16* __restrict__ Y,
                                           float* __restrict__ sumsq_out, int N, int K, int ldx,
                                           int ldy, float eps) {
-    constexpr int NR = (MODE == MODE_SILU) ? 2 * RW : RW;  // weight rows streamed per warp
+    constexpr int NR = (MODE == MODE_SILU) ? 2 : 1;  // weight rows streamed per warp
     __shared__ float block_ss[GEMV_WARPS][B];
     const int lane = threadIdx.x & (WARP_SIZE - 1);
     const int warp = threadIdx.x / WARP_SIZE;
-    const int row0 = (blockIdx.x * GEMV_WARPS + warp) * RW;
+    const int row = blockIdx.x * GEMV_WARPS + warp;
+    const bool valid = row < N;
+    const int r = min(row, N - 1);  // a row past N is computed but never stored
 
     const bf16* wrow[NR];
-#pragma unroll
-    for (int i = 0; i < RW; ++i) {
-        const int r = min(row0 + i, N - 1);  // rows past N are computed but never stored
-        wrow[i] = W + (size_t)r * K;
-        if (MODE == MODE_SILU) wrow[RW + i] = W + (size_t)(N + r) * K;
-    }
+    wrow[0] = W + (size_t)r * K;
+    if (MODE == MODE_SILU) wrow[NR - 1] = W + (size_t)(N + r) * K;
 
-    pdl_trigger();
-    // Weights do not depend on earlier kernels: start pulling the head of each row into L2
-    // while the previous kernel drains (only the head, so the prefetches cannot evict each other).
+    // Weights do not depend on earlier kernels: pull the head of each row into L2 while the
+    // previous kernel drains (only the head, so prefetches of waiting warps cannot evict each other).
     if (lane < 16) {
 #pragma unroll
         for (int i = 0; i < NR; ++i)
             if (lane * 128 < K * 2) prefetch_l2((const char*)wrow[i] + lane * 128);
     }
     pdl_wait();
+    pdl_trigger();
 
     float rstd[B];
 #pragma unroll
@@ -410,43 +405,33 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ W, const bf16
 #pragma unroll
         for (int b = 0; b < B; ++b) acc[i][b] = warp_sum(acc[i][b]);
 
-    // Every lane now holds every total; lane (i * B + b) % 32 stores output (i, b).
-    float ss[B];
+    // Every lane now holds every total; lane b stores the output of sequence b.
+    float ss = 0.f;
 #pragma unroll
-    for (int b = 0; b < B; ++b) ss[b] = 0.f;
-#pragma unroll
-    for (int i = 0; i < RW; ++i) {
-        const int r = row0 + i;
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-            if (lane == (i * B + b) % WARP_SIZE && r < N) {
-                bf16* y = Y + (size_t)b * ldy + r;
-                if (MODE == MODE_STORE) {
-                    *y = f32_to_bf16(acc[i][b] * rstd[b]);
-                } else if (MODE == MODE_RESIDUAL) {
-                    const bf16 out = f32_to_bf16(bf16_to_f32(*y) + acc[i][b]);
-                    *y = out;
-                    const float o = bf16_to_f32(out);
-                    ss[b] += o * o;
-                } else {
-                    *y = f32_to_bf16(silu(acc[i][b] * rstd[b]) * (acc[RW + i][b] * rstd[b]));
-                }
+    for (int b = 0; b < B; ++b) {
+        if (lane == b && valid) {
+            bf16* y = Y + (size_t)b * ldy + row;
+            if (MODE == MODE_STORE) {
+                *y = f32_to_bf16(acc[0][b] * rstd[b]);
+            } else if (MODE == MODE_RESIDUAL) {
+                const bf16 out = f32_to_bf16(bf16_to_f32(*y) + acc[0][b]);
+                *y = out;
+                const float o = bf16_to_f32(out);
+                ss = o * o;
+            } else {
+                *y = f32_to_bf16(silu(acc[0][b] * rstd[b]) * (acc[NR - 1][b] * rstd[b]));
             }
         }
     }
 
     if (MODE == MODE_RESIDUAL) {
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-            const float s = warp_sum(ss[b]);
-            if (lane == 0) block_ss[warp][b] = s;
-        }
+        if (lane < B) block_ss[warp][lane] = ss;
         __syncthreads();
         if (threadIdx.x < B) {
-            float s = 0.f;
+            float total = 0.f;
 #pragma unroll
-            for (int w2 = 0; w2 < GEMV_WARPS; ++w2) s += block_ss[w2][threadIdx.x];
-            atomicAdd(sumsq_out + threadIdx.x, s);
+            for (int w2 = 0; w2 < GEMV_WARPS; ++w2) total += block_ss[w2][threadIdx.x];
+            atomicAdd(sumsq_out + threadIdx.x, total);
         }
     }
 }
@@ -457,21 +442,21 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ W, const bf16
         float *__restrict__ sumsq_out, int N, int K, int ldx, int ldy, float eps
 #define GEMV_ARGS W, X, gamma, sumsq_in, zero_out, Y, sumsq_out, N, K, ldx, ldy, eps
 
-// Rows per warp and chunks in flight: about eight 16-byte loads in flight per lane for small
-// batches, fewer when the batch multiplies the arithmetic per loaded byte.
-#define GEMV_FOR_BATCH(BB, U_STORE, U_SILU)                                                       \
+// Chunks in flight per warp: about eight 16-byte loads per lane for small batches, fewer when
+// the batch multiplies the arithmetic per loaded byte.
+#define GEMV_FOR_BATCH(BB, U_ONE, U_TWO)                                                          \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_norm_store_b##BB(GEMV_PARAMS) { \
-        gemv_impl<BB, 2, U_STORE, MODE_STORE, true>(GEMV_ARGS);                                   \
+        gemv_impl<BB, U_ONE, MODE_STORE, true>(GEMV_ARGS);                                        \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_residual_b##BB(GEMV_PARAMS) { \
-        gemv_impl<BB, 2, U_STORE, MODE_RESIDUAL, false>(GEMV_ARGS);                               \
+        gemv_impl<BB, U_ONE, MODE_RESIDUAL, false>(GEMV_ARGS);                                    \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_norm_silu_b##BB(GEMV_PARAMS) { \
-        gemv_impl<BB, 2, U_SILU, MODE_SILU, true>(GEMV_ARGS);                                     \
+        gemv_impl<BB, U_TWO, MODE_SILU, true>(GEMV_ARGS);                                         \
     }
 
-GEMV_FOR_BATCH(1, 4, 2)
-GEMV_FOR_BATCH(2, 4, 2)
+GEMV_FOR_BATCH(1, 8, 4)
+GEMV_FOR_BATCH(2, 8, 4)
 GEMV_FOR_BATCH(3, 4, 2)
 GEMV_FOR_BATCH(4, 4, 2)
 GEMV_FOR_BATCH(5, 2, 1)
@@ -498,7 +483,7 @@ GEMV_FOR_BATCH(8, 2, 1)
 #define ATT_THREADS 128
 #define ATT_WARPS (ATT_THREADS / WARP_SIZE)
 
-template <int HD, int G>
+template <int HD, int G, int U>
 __device__ __forceinline__ void attention_impl(
     const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* __restrict__ k_cache,
     bf16* __restrict__ v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,
@@ -506,9 +491,9 @@ __device__ __forceinline__ void attention_impl(
     float q_scale, float log2_theta) {
     constexpr int TPP = HD / 16;             // threads per position; each handles 16 dims
     constexpr int PPI = ATT_THREADS / TPP;   // positions per block iteration
-    constexpr int U = (G <= 4) ? 4 : 2;      // iterations with loads in flight
+    // U: block iterations with loads in flight (32 bytes per thread each).
 
-    extern __shared__ float scores[];        // [G][chunk]
+    extern __shared__ float scores[];        // [G][chunk]; the merge reuses it as [2][G][splits]
     __shared__ float q_s[G][HD];
     __shared__ float knew_s[HD];
     __shared__ float vnew_s[HD];
@@ -526,7 +511,6 @@ __device__ __forceinline__ void attention_impl(
     const int n_local = end - start;
     const size_t seq_base = ((size_t)b * n_kv_heads + kvh) * (size_t)ctx * HD;
 
-    pdl_trigger();
     // Cache positions before `pos` are written by no kernel of this step: pull the head of this
     // block's keys and values into L2 while the QKV projection drains (small splits: all of it).
     {
@@ -539,6 +523,7 @@ __device__ __forceinline__ void attention_impl(
         }
     }
     pdl_wait();
+    pdl_trigger();
 
     const bf16* row = qkv + (size_t)b * ld_qkv;
     constexpr int HALF = HD / 2;
@@ -762,50 +747,63 @@ __device__ __forceinline__ void attention_impl(
     if (!is_last) return;
     __threadfence();
 
-    // Merge: weight of split s for head g is 2^(m_s - M); reuse `scores` for the weights.
-    float* weight = scores;  // [G][splits]
-    for (int i = tid; i < G; i += ATT_THREADS) {
+    // Merge: split s of head g weighs 2^(m_s - M). Partials come from other blocks of this
+    // grid, so they are read through L2 (`__ldcg`), never from a possibly stale L1.
+    float* split_m = scores;                 // [G][splits], then the weights
+    float* split_l = scores + G * splits;    // [G][splits]
+    for (int i = tid; i < G * splits; i += ATT_THREADS) {
+        const int g = i / splits, s = i - g * splits;
+        const float* ml = part_ml + ((pair * splits + s) * G + g) * 2;
+        split_m[i] = __ldcg(ml);
+        split_l[i] = __ldcg(ml + 1);
+    }
+    __syncthreads();
+    if (tid < G) {
         float mx = NEG_INF;
-        for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ld_cg_f32(part_ml + ((pair * splits + s) * G + i) * 2));
+        for (int s = 0; s < splits; ++s) mx = fmaxf(mx, split_m[tid * splits + s]);
         float total = 0.f;
         for (int s = 0; s < splits; ++s) {
-            const float* ml = part_ml + ((pair * splits + s) * G + i) * 2;
-            const float w = exp2f(ld_cg_f32(ml) - mx);
-            weight[i * splits + s] = w;
-            total += w * ld_cg_f32(ml + 1);
+            const float w = exp2f(split_m[tid * splits + s] - mx);
+            split_m[tid * splits + s] = w;
+            total += w * split_l[tid * splits + s];
         }
-        m_s[i] = total;  // the merged denominator
+        m_s[tid] = total;  // the merged denominator
     }
     __syncthreads();
     for (int i = tid; i < G * HD; i += ATT_THREADS) {
         const int g = i / HD;
+        const float* po = part_o + pair * splits * G * HD + i;
         float o = 0.f;
 #pragma unroll 8
-        for (int s = 0; s < splits; ++s)
-            o = fmaf(weight[g * splits + s], ld_cg_f32(part_o + (pair * splits + s) * G * HD + i), o);
+        for (int s = 0; s < splits; ++s) o = fmaf(split_m[g * splits + s], __ldcg(po + (size_t)s * G * HD), o);
         out_row[i] = f32_to_bf16(o / m_s[g]);
     }
     if (tid == 0) counters[pair] = 0u;
 }
 
-#define ATTENTION_KERNEL(HD_, G_)                                                                 \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_hd##HD_##_g##G_(           \
+#define ATTENTION_KERNEL(HD_, G_, U_)                                                             \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_hd##HD_##_g##G_##_u##U_(   \
         const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* k_cache,      \
         bf16* v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,            \
         float* __restrict__ part_o, float* __restrict__ part_ml, u32* __restrict__ counters,      \
         float q_scale, float log2_theta) {                                                        \
-        attention_impl<HD_, G_>(qkv, ld_qkv, n_heads, n_kv_heads, k_cache, v_cache, ctx, pos,      \
-                                chunk, splits, out, part_o, part_ml, counters, q_scale,           \
-                                log2_theta);                                                      \
+        attention_impl<HD_, G_, U_>(qkv, ld_qkv, n_heads, n_kv_heads, k_cache, v_cache, ctx, pos,  \
+                                    chunk, splits, out, part_o, part_ml, counters, q_scale,       \
+                                    log2_theta);                                                  \
     }
 
-ATTENTION_KERNEL(64, 1)
-ATTENTION_KERNEL(64, 2)
-ATTENTION_KERNEL(64, 3)
-ATTENTION_KERNEL(64, 4)
-ATTENTION_KERNEL(64, 8)
-ATTENTION_KERNEL(128, 1)
-ATTENTION_KERNEL(128, 2)
-ATTENTION_KERNEL(128, 3)
-ATTENTION_KERNEL(128, 4)
-ATTENTION_KERNEL(128, 8)
+// Two depths of loads in flight per group size; the engine times both and keeps the faster.
+#define ATTENTION_KERNELS(HD_)    \
+    ATTENTION_KERNEL(HD_, 1, 4)   \
+    ATTENTION_KERNEL(HD_, 1, 8)   \
+    ATTENTION_KERNEL(HD_, 2, 4)   \
+    ATTENTION_KERNEL(HD_, 2, 8)   \
+    ATTENTION_KERNEL(HD_, 3, 4)   \
+    ATTENTION_KERNEL(HD_, 3, 8)   \
+    ATTENTION_KERNEL(HD_, 4, 4)   \
+    ATTENTION_KERNEL(HD_, 4, 8)   \
+    ATTENTION_KERNEL(HD_, 8, 2)   \
+    ATTENTION_KERNEL(HD_, 8, 4)
+
+ATTENTION_KERNELS(64)
+ATTENTION_KERNELS(128)

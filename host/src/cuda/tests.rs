@@ -8,7 +8,9 @@ use std::sync::{Mutex, MutexGuard};
 
 use cudarc::driver::CudaSlice;
 
-use super::device::{Arg, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, int};
+use super::device::{
+    Arg, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, attention_unrolls, int,
+};
 use super::engine::{
     AttentionArgs, Engine, EngineOptions, MatmulChoice, MatmulPath, launch_attention,
 };
@@ -604,71 +606,76 @@ fn attention_matches_the_cpu_with_and_without_splits() {
             let part_o = upload(&gpu, &vec![0f32; pairs * g * hd]);
             let part_ml = upload(&gpu, &vec![0f32; pairs * g * 2]);
             let counters = upload(&gpu, &vec![0u32; batch * nkv]);
-            let kernel = gpu.kernels.attention(head_dim, shape.group_size()).unwrap();
-            let args = AttentionArgs {
-                batch: batch as u32,
-                qkv: gpu.addr(&dqkv, 0),
-                k_cache: gpu.addr(&dk, 0),
-                v_cache: gpu.addr(&dv, 0),
-                context: context as u32,
-                out: gpu.addr(&out, 0),
-                part_o: gpu.addr(&part_o, 0),
-                part_ml: gpu.addr(&part_ml, 0),
-                counters: gpu.addr(&counters, 0),
-                split,
-            };
-            // Twice: the merge must leave its arrival counters ready for the next launch.
-            for launch in 0..2 {
-                gpu.upload(&vec![POISON; batch * heads as usize * hd], &mut out)
+            for unroll in attention_unrolls(shape.group_size()) {
+                let kernel = gpu
+                    .kernels
+                    .attention(head_dim, shape.group_size(), unroll)
                     .unwrap();
-                launch_attention(&gpu, kernel, &shape, args).unwrap();
-                let got = floats(&download(&gpu, &out));
-                let got_k = download(&gpu, &dk);
-                let got_v = download(&gpu, &dv);
-                let (qf, kf, vf) = (floats(&qkv), floats(&k_cache), floats(&v_cache));
-                let mut want = Vec::new();
-                for b in 0..batch {
-                    for kvh in 0..nkv {
-                        let seq = (b * nkv + kvh) * context * hd;
-                        let (o, k_new, v_new) = attention_reference(
-                            &qf[b * width..(b + 1) * width],
-                            &kf[seq..seq + context * hd],
-                            &vf[seq..seq + context * hd],
-                            &shape,
-                            kvh,
-                            context,
-                        );
-                        want.extend(o);
-                        let slot = seq + (context - 1) * hd;
-                        for d in 0..hd {
-                            let (got, expected) = (got_k[slot + d], k_new[d]);
-                            assert!(
-                                got.abs_diff(expected) <= 1,
-                                "key slot: {got:#x} vs {expected:#x}"
+                let args = AttentionArgs {
+                    batch: batch as u32,
+                    qkv: gpu.addr(&dqkv, 0),
+                    k_cache: gpu.addr(&dk, 0),
+                    v_cache: gpu.addr(&dv, 0),
+                    context: context as u32,
+                    out: gpu.addr(&out, 0),
+                    part_o: gpu.addr(&part_o, 0),
+                    part_ml: gpu.addr(&part_ml, 0),
+                    counters: gpu.addr(&counters, 0),
+                    split,
+                };
+                // Twice: the merge must leave its arrival counters ready for the next launch.
+                for launch in 0..2 {
+                    gpu.upload(&vec![POISON; batch * heads as usize * hd], &mut out)
+                        .unwrap();
+                    launch_attention(&gpu, kernel, &shape, args).unwrap();
+                    let got = floats(&download(&gpu, &out));
+                    let got_k = download(&gpu, &dk);
+                    let got_v = download(&gpu, &dv);
+                    let (qf, kf, vf) = (floats(&qkv), floats(&k_cache), floats(&v_cache));
+                    let mut want = Vec::new();
+                    for b in 0..batch {
+                        for kvh in 0..nkv {
+                            let seq = (b * nkv + kvh) * context * hd;
+                            let (o, k_new, v_new) = attention_reference(
+                                &qf[b * width..(b + 1) * width],
+                                &kf[seq..seq + context * hd],
+                                &vf[seq..seq + context * hd],
+                                &shape,
+                                kvh,
+                                context,
                             );
+                            want.extend(o);
+                            let slot = seq + (context - 1) * hd;
+                            for d in 0..hd {
+                                let (got, expected) = (got_k[slot + d], k_new[d]);
+                                assert!(
+                                    got.abs_diff(expected) <= 1,
+                                    "key slot: {got:#x} vs {expected:#x}"
+                                );
+                                assert_eq!(
+                                    f64::from(from_bf16(got_v[slot + d])),
+                                    v_new[d],
+                                    "value slot"
+                                );
+                            }
                             assert_eq!(
-                                f64::from(from_bf16(got_v[slot + d])),
-                                v_new[d],
-                                "value slot"
+                                got_k[seq..slot],
+                                k_cache[seq..slot],
+                                "earlier keys must not change"
                             );
                         }
-                        assert_eq!(
-                            got_k[seq..slot],
-                            k_cache[seq..slot],
-                            "earlier keys must not change"
-                        );
                     }
+                    let err = relative_error(&got, &want);
+                    assert!(
+                        err < BF16_TOLERANCE,
+                        "hd {head_dim} g {g} u{unroll} {split:?} launch {launch}: relative error {err}"
+                    );
+                    assert_eq!(
+                        download(&gpu, &counters),
+                        vec![0; batch * nkv],
+                        "counters reset"
+                    );
                 }
-                let err = relative_error(&got, &want);
-                assert!(
-                    err < BF16_TOLERANCE,
-                    "hd {head_dim} g {g} {split:?} launch {launch}: relative error {err}"
-                );
-                assert_eq!(
-                    download(&gpu, &counters),
-                    vec![0; batch * nkv],
-                    "counters reset"
-                );
             }
         }
     }
@@ -738,7 +745,32 @@ fn both_matmul_paths_compute_the_same_step() {
 }
 
 #[test]
-fn graph_replay_matches_eager_launches() {
+fn every_step_variant_replayed_as_a_graph_matches_eager_launches() {
+    let _lock = gpu_lock();
+    let Some(mut engine) = tiny_engine(MatmulChoice::Auto) else {
+        return;
+    };
+    for batch in [2u32, 5, 8] {
+        let start: Vec<u32> = (0..batch).map(|b| 5 + 31 * b).collect();
+        let variants = engine.variants(batch);
+        // Both paths, both attention depths, and PDL on and off where the GPU has it.
+        assert!(variants.len() >= 4, "{variants:?}");
+        for variant in variants {
+            engine.set_tokens(&start).unwrap();
+            engine.step_eager(batch, variant.path).unwrap();
+            let eager = floats(&engine.logits(batch).unwrap());
+            engine.set_tokens(&start).unwrap();
+            engine.replay_variant(batch, variant).unwrap();
+            let replayed = floats(&engine.logits(batch).unwrap());
+            let err = relative_error(&replayed, &eager);
+            // Only the order of float atomics in the fused norms may differ.
+            assert!(err < 1e-2, "{} batch {batch}: {err}", variant.label());
+        }
+    }
+}
+
+#[test]
+fn a_prepared_graph_steps_and_reports_its_time() {
     let _lock = gpu_lock();
     for matmul in [MatmulChoice::Gemv, MatmulChoice::Cublas] {
         let Some(mut engine) = tiny_engine(matmul) else {
@@ -749,33 +781,19 @@ fn graph_replay_matches_eager_launches() {
         } else {
             MatmulPath::Cublas
         };
-        for batch in [2u32, 5] {
-            let start: Vec<u32> = (0..batch).map(|b| 5 + 31 * b).collect();
-            engine.set_tokens(&start).unwrap();
-            engine.step_eager(batch, path).unwrap();
-            let eager = floats(&engine.logits(batch).unwrap());
-            let eager_tokens = engine.tokens(batch).unwrap();
-            // Building the graph replays it (capture check, timing); reset the tokens after.
-            let info = engine.prepare(batch).unwrap().clone();
-            assert_eq!(info.path, path);
-            engine.set_tokens(&start).unwrap();
-            engine.launch_step(batch).unwrap();
-            let done = engine.drain().unwrap();
-            assert_eq!(done.len(), 1);
-            assert_eq!(done[0].batch, batch);
-            assert!(done[0].gpu_ms > 0.0);
-            let replayed = floats(&engine.logits(batch).unwrap());
-            let err = relative_error(&replayed, &eager);
-            // Only the order of float atomics in the fused norms may differ.
-            assert!(
-                err < 1e-2,
-                "{path:?} batch {batch} (pdl {}): {err}",
-                info.pdl
-            );
-            if err == 0.0 {
-                assert_eq!(engine.tokens(batch).unwrap(), eager_tokens);
-            }
-        }
+        let info = engine.prepare(3).unwrap().clone();
+        assert_eq!(info.variant.path, path);
+        engine.set_tokens(&[1, 2, 3]).unwrap();
+        engine.launch_step(3).unwrap();
+        let done = engine.drain().unwrap();
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].batch, 3);
+        assert!(done[0].gpu_ms > 0.0);
+        let logits = engine.logits(3).unwrap();
+        assert_eq!(
+            engine.tokens(3).unwrap(),
+            cpu_argmax(&logits, engine.shape().vocab as usize)
+        );
     }
 }
 
@@ -796,13 +814,12 @@ fn batch_size_changes_between_steps_without_reallocation() {
             info.attention,
             AttentionSplit::plan(engine.shape(), batch, 100, engine.gpu().sms)
         );
-        if batch <= 8 {
-            assert_eq!(
-                info.candidates_ms.len(),
-                2,
-                "both paths timed at batch {batch}"
-            );
-        }
+        // Both matmul paths and both attention depths (and PDL on and off, where supported).
+        let timed = &info.candidates_ms;
+        assert!(timed.len() >= 4, "{timed:?}");
+        assert!(timed.iter().any(|(v, _)| v.path == MatmulPath::Gemv));
+        assert!(timed.iter().any(|(v, _)| v.path == MatmulPath::Cublas));
+        assert!(timed.iter().all(|(_, ms)| *ms > 0.0));
     }
     assert_eq!(seen, [1, 3, 8, 3, 1, 7]);
     let err = engine.launch_step(9).unwrap_err().to_string();
