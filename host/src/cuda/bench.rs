@@ -52,8 +52,8 @@ pub struct BenchRow {
     pub path: &'static str,
     /// Whether its kernels are launched with programmatic dependent launch.
     pub pdl: bool,
-    /// Attention's depth of loads in flight.
-    pub attention_unroll: u32,
+    /// Attention's arithmetic: `cuda-cores` or `tensor-cores`.
+    pub attention: &'static str,
     pub attention_splits: u32,
     /// Median replay time of each step variant timed when the graph was built, ms.
     pub candidates_ms: Vec<(String, f64)>,
@@ -154,7 +154,7 @@ pub fn bench_with(
             batch,
             path: info.variant.path.name(),
             pdl: info.variant.pdl,
-            attention_unroll: info.variant.attention_unroll,
+            attention: info.variant.attention.name(),
             attention_splits: info.attention.splits,
             candidates_ms: info
                 .candidates_ms
@@ -213,10 +213,14 @@ pub fn format_table(
             "{:<6} {:<14} {:<7} {:<10.1} {:<10} {:<6} {:<8.3} {:<8.3} {:<8.3} {:<6.2} {:<6} {}\n",
             r.batch,
             format!(
-                "{}{}/u{}",
+                "{}{}/{}",
                 r.path,
                 if r.pdl { "+pdl" } else { "" },
-                r.attention_unroll
+                if r.attention == "tensor-cores" {
+                    "tc"
+                } else {
+                    "cc"
+                }
             ),
             r.attention_splits,
             r.tokens_per_s,
@@ -243,7 +247,7 @@ mod tests {
             batch,
             path: "gemv",
             pdl: true,
-            attention_unroll: 8,
+            attention: "tensor-cores",
             attention_splits: 16,
             candidates_ms: vec![],
             steps: 100,
@@ -266,7 +270,7 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(
-            lines[1].starts_with("1      gemv+pdl/u8    16      256.4      204.0      1.257"),
+            lines[1].starts_with("1      gemv+pdl/tc    16      256.4      204.0      1.257"),
             "{}",
             lines[1]
         );

@@ -162,17 +162,38 @@ pub(crate) struct Kernels {
     pub argmax: CudaFunction,
     /// Indexed by batch - 1, then by mode.
     gemv: Vec<[CudaFunction; 3]>,
-    /// Keyed by (head_dim, group, unroll).
-    attention: HashMap<(u32, u32, u32), CudaFunction>,
+    /// Keyed by (head_dim, group, implementation).
+    attention: HashMap<(u32, u32, AttentionImpl), CudaFunction>,
 }
 
-/// The two depths of loads in flight the attention kernel is compiled with for `group` query
-/// heads per KV head (registers decide which is faster; the engine times both).
-pub(crate) fn attention_unrolls(group: u32) -> [u32; 2] {
-    if group <= 4 { [4, 8] } else { [2, 4] }
+/// How decode attention does its arithmetic; the engine times both and keeps the faster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttentionImpl {
+    /// fp32 FMAs on CUDA cores, butterfly sums across the lanes of a position.
+    CudaCores,
+    /// bf16 `mma.sync` tiles of 16 positions on tensor cores, fp32 accumulation.
+    TensorCores,
 }
 
-fn attention_kernel_name(head_dim: u32, group: u32, unroll: u32) -> String {
+impl AttentionImpl {
+    pub const ALL: [AttentionImpl; 2] = [AttentionImpl::CudaCores, AttentionImpl::TensorCores];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionImpl::CudaCores => "cuda-cores",
+            AttentionImpl::TensorCores => "tensor-cores",
+        }
+    }
+}
+
+/// The kernel's name: `_u<U>` is the CUDA-core variant's unroll (4, or 2 for 8 heads per KV
+/// head, whose accumulators need the registers), `_u0` the tensor-core variant.
+fn attention_kernel_name(head_dim: u32, group: u32, implementation: AttentionImpl) -> String {
+    let unroll = match implementation {
+        AttentionImpl::CudaCores if group <= 4 => 4,
+        AttentionImpl::CudaCores => 2,
+        AttentionImpl::TensorCores => 0,
+    };
     format!("attention_hd{head_dim}_g{group}_u{unroll}")
 }
 
@@ -196,11 +217,11 @@ impl Kernels {
         }
         let mut attention = HashMap::new();
         for head_dim in SUPPORTED_HEAD_DIMS {
-            for (group, unroll) in SUPPORTED_GROUP_SIZES
+            for (group, implementation) in SUPPORTED_GROUP_SIZES
                 .into_iter()
-                .flat_map(|g| attention_unrolls(g).map(|u| (g, u)))
+                .flat_map(|g| AttentionImpl::ALL.map(|i| (g, i)))
             {
-                let name = attention_kernel_name(head_dim, group, unroll);
+                let name = attention_kernel_name(head_dim, group, implementation);
                 let kernel = function(&name)?;
                 let static_bytes = kernel
                     .shared_size_bytes()
@@ -213,7 +234,7 @@ impl Kernels {
                         ),
                     });
                 }
-                attention.insert((head_dim, group, unroll), kernel);
+                attention.insert((head_dim, group, implementation), kernel);
             }
         }
         Ok(Kernels {
@@ -239,8 +260,13 @@ impl Kernels {
         })
     }
 
-    pub fn attention(&self, head_dim: u32, group: u32, unroll: u32) -> Option<&CudaFunction> {
-        self.attention.get(&(head_dim, group, unroll))
+    pub fn attention(
+        &self,
+        head_dim: u32,
+        group: u32,
+        implementation: AttentionImpl,
+    ) -> Option<&CudaFunction> {
+        self.attention.get(&(head_dim, group, implementation))
     }
 }
 
@@ -619,8 +645,8 @@ mod tests {
         }
         for head_dim in SUPPORTED_HEAD_DIMS {
             for group in SUPPORTED_GROUP_SIZES {
-                for unroll in attention_unrolls(group) {
-                    let name = attention_kernel_name(head_dim, group, unroll);
+                for implementation in AttentionImpl::ALL {
+                    let name = attention_kernel_name(head_dim, group, implementation);
                     assert!(text.contains(&name), "{name}");
                 }
             }

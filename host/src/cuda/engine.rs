@@ -19,9 +19,7 @@ use std::collections::{HashMap, VecDeque};
 use cudarc::driver::sys as cu;
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 
-use super::device::{
-    Arg, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, attention_unrolls, int,
-};
+use super::device::{Arg, AttentionImpl, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, int};
 use super::error::CudaError;
 use super::plan::{
     AttentionSplit, BufferPlan, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT, TensorKind, WeightLayout,
@@ -69,12 +67,24 @@ pub enum MatmulChoice {
     Cublas,
 }
 
+/// Which attention implementation to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionChoice {
+    /// Time both and keep the faster.
+    #[default]
+    Auto,
+    CudaCores,
+    TensorCores,
+}
+
 /// Knobs of the engine that do not change the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineOptions {
     pub matmul: MatmulChoice,
+    pub attention: AttentionChoice,
     /// Also try programmatic dependent launch (Hopper and newer), which lets a kernel start,
     /// and prefetch its weights, while the previous one drains; kept only where it is faster.
+    /// Off by default: on the H200 it never beat plain graph replay.
     pub pdl: bool,
     /// Seed of the random weights, KV cache and first tokens.
     pub seed: u64,
@@ -84,7 +94,8 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             matmul: MatmulChoice::Auto,
-            pdl: true,
+            attention: AttentionChoice::Auto,
+            pdl: false,
             seed: 0x0074_6f6b_7761_7474, // "tokwatt"
         }
     }
@@ -110,15 +121,14 @@ pub struct StepVariant {
     pub path: MatmulPath,
     /// Kernels launched with programmatic dependent launch.
     pub pdl: bool,
-    /// Attention's depth of loads in flight (iterations unrolled).
-    pub attention_unroll: u32,
+    pub attention: AttentionImpl,
 }
 
 impl StepVariant {
     /// E.g. `gemv+pdl/u8`.
     pub fn label(&self) -> String {
         let pdl = if self.pdl { "+pdl" } else { "" };
-        format!("{}{pdl}/u{}", self.path.name(), self.attention_unroll)
+        format!("{}{pdl}/{}", self.path.name(), self.attention.name())
     }
 }
 
@@ -383,15 +393,19 @@ impl Engine {
         } else {
             &[false]
         };
-        let unrolls = attention_unrolls(self.shape.group_size());
+        let attentions: &[AttentionImpl] = match self.options.attention {
+            AttentionChoice::Auto => &AttentionImpl::ALL,
+            AttentionChoice::CudaCores => &[AttentionImpl::CudaCores],
+            AttentionChoice::TensorCores => &[AttentionImpl::TensorCores],
+        };
         let mut variants = Vec::new();
         for &path in &paths {
             for &pdl in pdls {
-                for &attention_unroll in &unrolls {
+                for &attention in attentions {
                     variants.push(StepVariant {
                         path,
                         pdl,
-                        attention_unroll,
+                        attention,
                     });
                 }
             }
@@ -407,7 +421,7 @@ impl Engine {
         split: AttentionSplit,
     ) -> Result<(), CudaError> {
         let path = variant.path;
-        let unroll = variant.attention_unroll;
+        let attention = variant.attention;
         let s = &self.shape;
         let a = self.addrs();
         let w = self.gpu.addr(&self.weights, 0);
@@ -438,7 +452,7 @@ impl Engine {
                         .norm(wt(offsets.attn_norm), a.sumsq_attn, a.sumsq_mlp)
                         .output(a.qkv, qkv_dim);
                     self.gemv(GemvMode::NormStore, batch, qkv, eps)?;
-                    self.attention(batch, layer, split, unroll, &a)?;
+                    self.attention(batch, layer, split, attention, &a)?;
                     let o = GemvCall::new(wt(offsets.o), a.attn, hidden, q_dim)
                         .output(a.x, hidden)
                         .accumulate_sumsq(a.sumsq_mlp);
@@ -465,7 +479,7 @@ impl Engine {
                         qkv_dim,
                         false,
                     )?;
-                    self.attention(batch, layer, split, unroll, &a)?;
+                    self.attention(batch, layer, split, attention, &a)?;
                     self.gpu.gemm(
                         hidden,
                         batch,
@@ -596,17 +610,18 @@ impl Engine {
         batch: u32,
         layer: usize,
         split: AttentionSplit,
-        unroll: u32,
+        implementation: AttentionImpl,
         a: &Addrs,
     ) -> Result<(), CudaError> {
         let s = &self.shape;
         let kernel = self
             .gpu
             .kernels
-            .attention(s.head_dim, s.group_size(), unroll)
+            .attention(s.head_dim, s.group_size(), implementation)
             .ok_or_else(|| {
                 CudaError::Config(format!(
-                    "no attention kernel for head_dim {}, group {} and unroll {unroll}",
+                    "no {} attention kernel for head_dim {} and group {}",
+                    implementation.name(),
                     s.head_dim,
                     s.group_size()
                 ))
@@ -861,7 +876,7 @@ impl Engine {
         let variant = StepVariant {
             path,
             pdl: false,
-            attention_unroll: attention_unrolls(self.shape.group_size())[0],
+            attention: AttentionImpl::CudaCores,
         };
         self.gpu.set_pdl(false);
         self.gpu.bind()?;
@@ -1060,16 +1075,28 @@ impl Engine {
         let wt = |offset: u64| w + offset * BYTES_PER_ELEMENT;
         let l0 = self.layout.layers[0];
         let split = AttentionSplit::plan(&s, batch, self.context, self.gpu.sms);
-        let unroll = attention_unrolls(s.group_size())[1];
+
         let eps = s.norm_eps as f32;
         let (h, mlp, vocab, qkv_dim, q_dim) = (s.hidden, s.mlp, s.vocab, s.qkv_dim(), s.q_dim());
         let bytes = |rows: u32, cols: u32| u64::from(rows) * u64::from(cols) * BYTES_PER_ELEMENT;
         type Part<'a> = Box<dyn Fn(&Engine) -> Result<(), CudaError> + 'a>;
-        let mut parts: Vec<(String, Part, u64)> = vec![(
-            format!("attention (splits {})", split.splits),
-            Box::new(move |e: &Engine| e.attention(batch, 0, split, unroll, &a)),
-            s.kv_cache_bytes(batch, self.context) / u64::from(s.layers),
-        )];
+        let kv_bytes = s.kv_cache_bytes(batch, self.context) / u64::from(s.layers);
+        let mut parts: Vec<(String, Part, u64)> = AttentionImpl::ALL
+            .into_iter()
+            .map(|implementation| {
+                let part: Part =
+                    Box::new(move |e: &Engine| e.attention(batch, 0, split, implementation, &a));
+                (
+                    format!(
+                        "attention {} (splits {})",
+                        implementation.name(),
+                        split.splits
+                    ),
+                    part,
+                    kv_bytes,
+                )
+            })
+            .collect();
         if batch <= GEMV_MAX_BATCH {
             let calls = [
                 (

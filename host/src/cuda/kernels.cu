@@ -86,6 +86,16 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// D = A·B + D for one m16n8k16 tile: bf16 operands, fp32 accumulators, fragments in the
+// PTX ISA's register layout for .row.col.
+__device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int off = WARP_SIZE / 2; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
@@ -478,6 +488,9 @@ GEMV_FOR_BATCH(8, 2, 1)
 // The block owning `pos` uses the new key and value from shared memory rather than reading them
 // back, so no block reads a cache slot written in the same launch.
 // Softmax runs in base 2: q is scaled by log2(e) / sqrt(HD) up front.
+// Two implementations of the score and value passes share everything else: CUDA cores (U > 0,
+// fp32) and tensor cores (U == 0: bf16 mma.sync with fp32 accumulation, as flash attention
+// does; far fewer instructions per byte, which matters once the power cap lowers the clock).
 // ---------------------------------------------------------------------------------------------
 
 #define ATT_THREADS 128
@@ -491,7 +504,8 @@ __device__ __forceinline__ void attention_impl(
     float q_scale, float log2_theta) {
     constexpr int TPP = HD / 16;             // threads per position; each handles 16 dims
     constexpr int PPI = ATT_THREADS / TPP;   // positions per block iteration
-    // U: block iterations with loads in flight (32 bytes per thread each).
+    // U > 0: CUDA cores, U block iterations with loads in flight (32 bytes per thread each);
+    // U == 0: tensor cores for both passes.
 
     extern __shared__ float scores[];        // [G][chunk]; the merge reuses it as [2][G][splits]
     __shared__ float q_s[G][HD];
@@ -559,13 +573,12 @@ __device__ __forceinline__ void attention_impl(
     }
     __syncthreads();
 
-    const int sub = tid % TPP;   // which 16 dimensions this thread handles
-    const int pgrp = tid / TPP;  // which position of an iteration
-    const bf16* kbase = k_cache + seq_base + sub * 16;
-    const bf16* vbase = v_cache + seq_base + sub * 16;
-
     // Pass 1: scores for cache positions [start, stop).
-    {
+    if constexpr (U > 0) {
+        // CUDA cores: TPP threads per position, 16 dimensions each, butterfly sums.
+        const int sub = tid % TPP;   // which 16 dimensions this thread handles
+        const int pgrp = tid / TPP;  // which position of an iteration
+        const bf16* kbase = k_cache + seq_base + sub * 16;
         float qr[G][16];
 #pragma unroll
         for (int g = 0; g < G; ++g)
@@ -605,7 +618,66 @@ __device__ __forceinline__ void attention_impl(
                 }
             }
         }
+    } else {
+        // Tensor cores: each warp takes tiles of 16 positions; S[p][h] = K[p][:] · Q[h][:] as
+        // mma.m16n8k16 with A = 16 key rows, B = the (up to 8) query heads. Lane (gid, t4) loads
+        // the t4-th quarter of rows gid and gid + 8 with 16-byte loads; the contraction order
+        // of the dimensions is permuted identically for keys and queries, which a dot product
+        // does not notice.
+        constexpr int QD = HD / 4;      // dimensions of a row per lane
+        constexpr int QW = QD / 2;      // their 32-bit words
+        constexpr int KSTEPS = HD / 16;
+        constexpr int UT = 2;           // tiles with loads in flight per warp
+        const int gid = lane >> 2, t4 = lane & 3;
+        u32 qb[KSTEPS][2];
+#pragma unroll
+        for (int j = 0; j < KSTEPS; ++j) {
+            if (gid < G) {
+                const float* q = &q_s[gid][t4 * QD + 4 * j];
+                qb[j][0] = pack_bf16x2(q[0], q[1]);
+                qb[j][1] = pack_bf16x2(q[2], q[3]);
+            } else {
+                qb[j][0] = 0u;
+                qb[j][1] = 0u;
+            }
+        }
+        const bf16* kq = k_cache + seq_base + t4 * QD;
+        for (int t0 = start + warp * 16; t0 < stop; t0 += ATT_WARPS * 16 * UT) {
+            u32 kw[UT][2][QW];
+#pragma unroll
+            for (int u = 0; u < UT; ++u)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int p = t0 + u * ATT_WARPS * 16 + gid + 8 * h;
+#pragma unroll
+                    for (int v = 0; v < QW / 4; ++v) {
+                        const uint4 x = p < stop ? ld_stream(kq + (size_t)p * HD + 8 * v) : make_uint4(0, 0, 0, 0);
+                        kw[u][h][4 * v] = x.x;
+                        kw[u][h][4 * v + 1] = x.y;
+                        kw[u][h][4 * v + 2] = x.z;
+                        kw[u][h][4 * v + 3] = x.w;
+                    }
+                }
+#pragma unroll
+            for (int u = 0; u < UT; ++u) {
+                float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int j = 0; j < KSTEPS; ++j)
+                    mma_bf16_16816(c, kw[u][0][2 * j], kw[u][1][2 * j], kw[u][0][2 * j + 1],
+                                   kw[u][1][2 * j + 1], qb[j][0], qb[j][1]);
+                // c0, c1: position (row gid), heads 2*t4 and 2*t4 + 1; c2, c3: row gid + 8.
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int p = t0 + u * ATT_WARPS * 16 + gid + 8 * h;
+                    if (p < stop) {
+                        if (2 * t4 < G) scores[(2 * t4) * chunk + (p - start)] = c[2 * h];
+                        if (2 * t4 + 1 < G) scores[(2 * t4 + 1) * chunk + (p - start)] = c[2 * h + 1];
+                    }
+                }
+            }
+        }
     }
+
     if (owns_pos && warp == 0) {
         for (int g = 0; g < G; ++g) {
             float s = 0.f;
@@ -658,61 +730,133 @@ __device__ __forceinline__ void attention_impl(
         __syncthreads();
     }
 
-    // Pass 2: weighted sum of values.
-    float acc[G][16];
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int e = 0; e < 16; ++e) acc[g][e] = 0.f;
-    for (int p0 = start; p0 < stop; p0 += PPI * U) {
-        uint4 vv[U][2];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int p = p0 + u * PPI + pgrp;
-            if (p < stop) {
-                vv[u][0] = ld_stream(vbase + (size_t)p * HD);
-                vv[u][1] = ld_stream(vbase + (size_t)p * HD + 8);
-            } else {
-                vv[u][0] = make_uint4(0, 0, 0, 0);
-                vv[u][1] = make_uint4(0, 0, 0, 0);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int p = p0 + u * PPI + pgrp;
-            if (p < stop) {
-                float vf[16];
-                unpack8(vv[u][0], vf);
-                unpack8(vv[u][1], vf + 8);
-#pragma unroll
-                for (int g = 0; g < G; ++g) {
-                    const float w = scores[g * chunk + (p - start)];
-#pragma unroll
-                    for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vf[e], acc[g][e]);
-                }
-            }
-        }
-    }
-    if (owns_pos && pgrp == 0) {
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            const float w = scores[g * chunk + (pos - start)];
-#pragma unroll
-            for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vnew_s[sub * 16 + e], acc[g][e]);
-        }
-    }
-    // Lanes with the same `sub` hold partial sums for the same dimensions.
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int e = 0; e < 16; ++e)
-#pragma unroll
-            for (int off = TPP; off < WARP_SIZE; off <<= 1) acc[g][e] += __shfl_xor_sync(FULL_MASK, acc[g][e], off);
-    if (lane < TPP) {
+    // Pass 2: weighted sum of values, into red[warp][head][dim].
+    if constexpr (U > 0) {
+        const int sub = tid % TPP;   // which 16 dimensions this thread handles
+        const int pgrp = tid / TPP;  // which position of an iteration
+        const bf16* vbase = v_cache + seq_base + sub * 16;
+        float acc[G][16];
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
-            for (int e = 0; e < 16; ++e) red[warp][g * HD + lane * 16 + e] = acc[g][e];
+            for (int e = 0; e < 16; ++e) acc[g][e] = 0.f;
+        for (int p0 = start; p0 < stop; p0 += PPI * U) {
+            uint4 vv[U][2];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int p = p0 + u * PPI + pgrp;
+                if (p < stop) {
+                    vv[u][0] = ld_stream(vbase + (size_t)p * HD);
+                    vv[u][1] = ld_stream(vbase + (size_t)p * HD + 8);
+                } else {
+                    vv[u][0] = make_uint4(0, 0, 0, 0);
+                    vv[u][1] = make_uint4(0, 0, 0, 0);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int p = p0 + u * PPI + pgrp;
+                if (p < stop) {
+                    float vf[16];
+                    unpack8(vv[u][0], vf);
+                    unpack8(vv[u][1], vf + 8);
+#pragma unroll
+                    for (int g = 0; g < G; ++g) {
+                        const float w = scores[g * chunk + (p - start)];
+#pragma unroll
+                        for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vf[e], acc[g][e]);
+                    }
+                }
+            }
+        }
+        if (owns_pos && pgrp == 0) {
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float w = scores[g * chunk + (pos - start)];
+#pragma unroll
+                for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vnew_s[sub * 16 + e], acc[g][e]);
+            }
+        }
+        // Lanes with the same `sub` hold partial sums for the same dimensions.
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int e = 0; e < 16; ++e)
+#pragma unroll
+                for (int off = TPP; off < WARP_SIZE; off <<= 1) acc[g][e] += __shfl_xor_sync(FULL_MASK, acc[g][e], off);
+        if (lane < TPP) {
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+#pragma unroll
+                for (int e = 0; e < 16; ++e) red[warp][g * HD + lane * 16 + e] = acc[g][e];
+        }
+    } else {
+        // Tensor cores: O^T[d][h] = V^T[d][:] · P^T[:][h] as mma.m16n8k16 with A = 16 value
+        // dimensions x 16 positions, B = the probabilities of the (up to 8) heads. Lane (gid, t4)
+        // loads positions 2*t4, 2*t4 + 1, 2*t4 + 8, 2*t4 + 9 of a tile, dimensions
+        // [gid * DV, gid * DV + DV); word mt of that chunk holds the dimensions of rows gid and
+        // gid + 8 of m-tile mt, which byte permutes pair up across positions.
+        constexpr int DV = HD / 8;      // dimensions per lane and position
+        constexpr int MT = HD / 16;     // m-tiles (= 32-bit words of DV dimensions)
+        constexpr int UT = 2;
+        const int gid = lane >> 2, t4 = lane & 3;
+        float acc[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][e] = 0.f;
+        const bf16* vq = v_cache + seq_base + gid * DV;
+        for (int t0 = start + warp * 16; t0 < stop; t0 += ATT_WARPS * 16 * UT) {
+            u32 vw[UT][4][MT];
+#pragma unroll
+            for (int u = 0; u < UT; ++u)
+#pragma unroll
+                for (int k4 = 0; k4 < 4; ++k4) {
+                    const int p = t0 + u * ATT_WARPS * 16 + 2 * t4 + (k4 & 1) + 8 * (k4 >> 1);
+#pragma unroll
+                    for (int v = 0; v < MT / 4; ++v) {
+                        const uint4 x = p < stop ? ld_stream(vq + (size_t)p * HD + 8 * v) : make_uint4(0, 0, 0, 0);
+                        vw[u][k4][4 * v] = x.x;
+                        vw[u][k4][4 * v + 1] = x.y;
+                        vw[u][k4][4 * v + 2] = x.z;
+                        vw[u][k4][4 * v + 3] = x.w;
+                    }
+                }
+#pragma unroll
+            for (int u = 0; u < UT; ++u) {
+                float pv[4];
+#pragma unroll
+                for (int k4 = 0; k4 < 4; ++k4) {
+                    const int p = t0 + u * ATT_WARPS * 16 + 2 * t4 + (k4 & 1) + 8 * (k4 >> 1);
+                    pv[k4] = (gid < G && p < stop) ? scores[gid * chunk + (p - start)] : 0.f;
+                }
+                const u32 b0 = pack_bf16x2(pv[0], pv[1]);
+                const u32 b1 = pack_bf16x2(pv[2], pv[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const u32 a0 = __byte_perm(vw[u][0][mt], vw[u][1][mt], 0x5410);
+                    const u32 a1 = __byte_perm(vw[u][0][mt], vw[u][1][mt], 0x7632);
+                    const u32 a2 = __byte_perm(vw[u][2][mt], vw[u][3][mt], 0x5410);
+                    const u32 a3 = __byte_perm(vw[u][2][mt], vw[u][3][mt], 0x7632);
+                    mma_bf16_16816(acc[mt], a0, a1, a2, a3, b0, b1);
+                }
+            }
+        }
+        // c0: (dim gid*DV + 2*mt, head 2*t4), c1: head 2*t4 + 1; c2, c3: dim + 1.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int head = 2 * t4 + (e & 1);
+                const int dim = gid * DV + 2 * mt + (e >> 1);
+                if (head < G) {
+                    float o = acc[mt][e];
+                    // The new token's value is not in the cache reads: warp 0 adds it.
+                    if (owns_pos && warp == 0) o = fmaf(scores[head * chunk + (pos - start)], vnew_s[dim], o);
+                    red[warp][head * HD + dim] = o;
+                }
+            }
+        }
     }
     __syncthreads();
 
@@ -792,18 +936,19 @@ __device__ __forceinline__ void attention_impl(
                                     log2_theta);                                                  \
     }
 
-// Two depths of loads in flight per group size; the engine times both and keeps the faster.
+// Per group size: CUDA cores with U iterations of loads in flight (u4, u2 for 8 heads), and
+// tensor cores (u0). The engine times both and keeps the faster.
 #define ATTENTION_KERNELS(HD_)    \
     ATTENTION_KERNEL(HD_, 1, 4)   \
-    ATTENTION_KERNEL(HD_, 1, 8)   \
+    ATTENTION_KERNEL(HD_, 1, 0)   \
     ATTENTION_KERNEL(HD_, 2, 4)   \
-    ATTENTION_KERNEL(HD_, 2, 8)   \
+    ATTENTION_KERNEL(HD_, 2, 0)   \
     ATTENTION_KERNEL(HD_, 3, 4)   \
-    ATTENTION_KERNEL(HD_, 3, 8)   \
+    ATTENTION_KERNEL(HD_, 3, 0)   \
     ATTENTION_KERNEL(HD_, 4, 4)   \
-    ATTENTION_KERNEL(HD_, 4, 8)   \
+    ATTENTION_KERNEL(HD_, 4, 0)   \
     ATTENTION_KERNEL(HD_, 8, 2)   \
-    ATTENTION_KERNEL(HD_, 8, 4)
+    ATTENTION_KERNEL(HD_, 8, 0)
 
 ATTENTION_KERNELS(64)
 ATTENTION_KERNELS(128)

@@ -25,7 +25,10 @@ mod tests;
 
 pub use bench::{BenchConfig, BenchRow, bench_batches, bench_with, format_table};
 pub use decode::{CudaDecode, CudaDecodeConfig};
-pub use engine::{EngineOptions, GraphInfo, MatmulChoice, MatmulPath};
+pub use device::AttentionImpl;
+pub use engine::{
+    AttentionChoice, EngineOptions, GraphInfo, MatmulChoice, MatmulPath, StepVariant,
+};
 pub use error::CudaError;
 pub use plan::{AttentionSplit, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT};
 pub use shape::{ModelShape, ShapeError};

@@ -8,11 +8,10 @@ use std::sync::{Mutex, MutexGuard};
 
 use cudarc::driver::CudaSlice;
 
-use super::device::{
-    Arg, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, attention_unrolls, int,
-};
+use super::device::{Arg, AttentionImpl, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, int};
 use super::engine::{
-    AttentionArgs, Engine, EngineOptions, MatmulChoice, MatmulPath, launch_attention,
+    AttentionArgs, AttentionChoice, Engine, EngineOptions, MatmulChoice, MatmulPath,
+    launch_attention,
 };
 use super::error::CudaError;
 use super::plan::AttentionSplit;
@@ -606,10 +605,10 @@ fn attention_matches_the_cpu_with_and_without_splits() {
             let part_o = upload(&gpu, &vec![0f32; pairs * g * hd]);
             let part_ml = upload(&gpu, &vec![0f32; pairs * g * 2]);
             let counters = upload(&gpu, &vec![0u32; batch * nkv]);
-            for unroll in attention_unrolls(shape.group_size()) {
+            for implementation in AttentionImpl::ALL {
                 let kernel = gpu
                     .kernels
-                    .attention(head_dim, shape.group_size(), unroll)
+                    .attention(head_dim, shape.group_size(), implementation)
                     .unwrap();
                 let args = AttentionArgs {
                     batch: batch as u32,
@@ -668,7 +667,8 @@ fn attention_matches_the_cpu_with_and_without_splits() {
                     let err = relative_error(&got, &want);
                     assert!(
                         err < BF16_TOLERANCE,
-                        "hd {head_dim} g {g} u{unroll} {split:?} launch {launch}: relative error {err}"
+                        "hd {head_dim} g {g} {} {split:?} launch {launch}: relative error {err}",
+                        implementation.name()
                     );
                     assert_eq!(
                         download(&gpu, &counters),
@@ -683,10 +683,11 @@ fn attention_matches_the_cpu_with_and_without_splits() {
 
 // ---- the engine -------------------------------------------------------------------------
 
-fn tiny_engine(matmul: MatmulChoice) -> Option<Engine> {
+fn tiny_engine(matmul: MatmulChoice, pdl: bool) -> Option<Engine> {
     let shape = tiny_shape(64, 4, 2);
     let options = EngineOptions {
         matmul,
+        pdl,
         ..EngineOptions::default()
     };
     match Engine::new(&shape, 100, 8, 0, options) {
@@ -717,7 +718,7 @@ fn cpu_argmax(logits: &[u16], vocab: usize) -> Vec<u32> {
 #[test]
 fn both_matmul_paths_compute_the_same_step() {
     let _lock = gpu_lock();
-    let Some(mut engine) = tiny_engine(MatmulChoice::Auto) else {
+    let Some(mut engine) = tiny_engine(MatmulChoice::Auto, false) else {
         return;
     };
     let vocab = engine.shape().vocab as usize;
@@ -747,13 +748,13 @@ fn both_matmul_paths_compute_the_same_step() {
 #[test]
 fn every_step_variant_replayed_as_a_graph_matches_eager_launches() {
     let _lock = gpu_lock();
-    let Some(mut engine) = tiny_engine(MatmulChoice::Auto) else {
+    let Some(mut engine) = tiny_engine(MatmulChoice::Auto, true) else {
         return;
     };
     for batch in [2u32, 5, 8] {
         let start: Vec<u32> = (0..batch).map(|b| 5 + 31 * b).collect();
         let variants = engine.variants(batch);
-        // Both paths, both attention depths, and PDL on and off where the GPU has it.
+        // Both paths, both attention implementations, and PDL on and off where the GPU has it.
         assert!(variants.len() >= 4, "{variants:?}");
         for variant in variants {
             engine.set_tokens(&start).unwrap();
@@ -773,7 +774,7 @@ fn every_step_variant_replayed_as_a_graph_matches_eager_launches() {
 fn a_prepared_graph_steps_and_reports_its_time() {
     let _lock = gpu_lock();
     for matmul in [MatmulChoice::Gemv, MatmulChoice::Cublas] {
-        let Some(mut engine) = tiny_engine(matmul) else {
+        let Some(mut engine) = tiny_engine(matmul, false) else {
             return;
         };
         let path = if matmul == MatmulChoice::Gemv {
@@ -800,7 +801,7 @@ fn a_prepared_graph_steps_and_reports_its_time() {
 #[test]
 fn batch_size_changes_between_steps_without_reallocation() {
     let _lock = gpu_lock();
-    let Some(mut engine) = tiny_engine(MatmulChoice::Auto) else {
+    let Some(mut engine) = tiny_engine(MatmulChoice::Auto, false) else {
         return;
     };
     let vocab = engine.shape().vocab;
@@ -814,7 +815,7 @@ fn batch_size_changes_between_steps_without_reallocation() {
             info.attention,
             AttentionSplit::plan(engine.shape(), batch, 100, engine.gpu().sms)
         );
-        // Both matmul paths and both attention depths (and PDL on and off, where supported).
+        // Both matmul paths and both attention implementations.
         let timed = &info.candidates_ms;
         assert!(timed.len() >= 4, "{timed:?}");
         assert!(timed.iter().any(|(v, _)| v.path == MatmulPath::Gemv));
@@ -938,7 +939,8 @@ fn the_workload_decodes_on_its_own_thread_and_follows_the_batch_size() {
 /// The benchmark table on a real GPU (ignored: minutes of device time). Environment:
 /// `TOKWATT_BENCH_MODEL` (llama-3-8b), `TOKWATT_BENCH_CONTEXT` (1024), `TOKWATT_BENCH_BATCHES`
 /// (1,4,16,64,128,256,512), `TOKWATT_BENCH_SECONDS` (3), `TOKWATT_BENCH_WARMUP` (1),
-/// `TOKWATT_BENCH_PDL` (1), `TOKWATT_BENCH_MATMUL` (auto|gemv|cublas); `TOKWATT_ENERGY_FILE`, a
+/// `TOKWATT_BENCH_PDL` (0), `TOKWATT_BENCH_MATMUL` (auto|gemv|cublas),
+/// `TOKWATT_BENCH_ATTENTION` (auto|cuda-cores|tensor-cores); `TOKWATT_ENERGY_FILE`, a
 /// file holding a joules counter that something else keeps current; `TOKWATT_REFERENCE_JSON`,
 /// the PyTorch reference's output, printed beside ours; `TOKWATT_BENCH_JSON`, where to write rows.
 #[test]
@@ -959,7 +961,12 @@ fn bench_on_device() {
         env("TOKWATT_BENCH_SECONDS", "3").parse().unwrap(),
     );
     config.warmup_seconds = env("TOKWATT_BENCH_WARMUP", "1").parse().unwrap();
-    config.engine.pdl = env("TOKWATT_BENCH_PDL", "1") == "1";
+    config.engine.pdl = env("TOKWATT_BENCH_PDL", "0") == "1";
+    config.engine.attention = match env("TOKWATT_BENCH_ATTENTION", "auto").as_str() {
+        "cuda-cores" => AttentionChoice::CudaCores,
+        "tensor-cores" => AttentionChoice::TensorCores,
+        _ => AttentionChoice::Auto,
+    };
     config.engine.matmul = match env("TOKWATT_BENCH_MATMUL", "auto").as_str() {
         "gemv" => MatmulChoice::Gemv,
         "cublas" => MatmulChoice::Cublas,
@@ -1025,7 +1032,7 @@ fn profile_parts_on_device() {
         .map(|b| b.trim().parse().unwrap())
         .collect();
     let options = EngineOptions {
-        pdl: env("TOKWATT_BENCH_PDL", "1") == "1",
+        pdl: env("TOKWATT_BENCH_PDL", "0") == "1",
         ..EngineOptions::default()
     };
     let batch_max = batches.iter().copied().max().unwrap();
