@@ -15,6 +15,6 @@
 pub mod actuator;
 pub mod clock;
 pub mod cuda;
-pub mod telemetry;
 pub mod types;
+pub mod telemetry;
 pub mod workload;
