@@ -50,11 +50,13 @@ pub struct BenchRow {
     pub batch: u32,
     /// Matmul path the step graph uses: `gemv` or `cublas`.
     pub path: &'static str,
-    /// Mean replay time of each path tried when the path was chosen, ms.
-    pub candidates_ms: Vec<(&'static str, f64)>,
-    pub attention_splits: u32,
-    /// Whether kernels were launched with programmatic dependent launch.
+    /// Whether its kernels are launched with programmatic dependent launch.
     pub pdl: bool,
+    /// Attention's arithmetic: `cuda-cores` or `tensor-cores`.
+    pub attention: &'static str,
+    pub attention_splits: u32,
+    /// Median replay time of each step variant timed when the graph was built, ms.
+    pub candidates_ms: Vec<(String, f64)>,
     pub steps: u64,
     pub seconds: f64,
     pub tokens_per_s: f64,
@@ -150,14 +152,15 @@ pub fn bench_with(
             + config.model.kv_cache_bytes(batch, config.context);
         let row = BenchRow {
             batch,
-            path: info.path.name(),
+            path: info.variant.path.name(),
+            pdl: info.variant.pdl,
+            attention: info.variant.attention.name(),
+            attention_splits: info.attention.splits,
             candidates_ms: info
                 .candidates_ms
                 .iter()
-                .map(|&(p, ms)| (p.name(), ms))
+                .map(|(variant, ms)| (variant.label(), *ms))
                 .collect(),
-            attention_splits: info.attention.splits,
-            pdl: info.pdl,
             steps: count,
             seconds,
             tokens_per_s: tokens as f64 / seconds,
@@ -201,15 +204,24 @@ pub fn format_table(
     reference_tokens_per_s: &dyn Fn(u32) -> Option<f64>,
 ) -> String {
     let mut out = String::from(
-        "batch  path    splits  tok/s      ref tok/s  ratio  step ms  gpu p50  gpu p99  TB/s   W      tok/J\n",
+        "batch  variant        splits  tok/s      ref tok/s  ratio  step ms  gpu p50  gpu p99  TB/s   W      tok/J\n",
     );
     for r in rows {
         let reference = reference_tokens_per_s(r.batch);
         let na = || "-".to_owned();
         out.push_str(&format!(
-            "{:<6} {:<7} {:<7} {:<10.1} {:<10} {:<6} {:<8.3} {:<8.3} {:<8.3} {:<6.2} {:<6} {}\n",
+            "{:<6} {:<14} {:<7} {:<10.1} {:<10} {:<6} {:<8.3} {:<8.3} {:<8.3} {:<6.2} {:<6} {}\n",
             r.batch,
-            r.path,
+            format!(
+                "{}{}/{}",
+                r.path,
+                if r.pdl { "+pdl" } else { "" },
+                if r.attention == "tensor-cores" {
+                    "tc"
+                } else {
+                    "cc"
+                }
+            ),
             r.attention_splits,
             r.tokens_per_s,
             reference.map_or_else(na, |t| format!("{t:.1}")),
@@ -234,9 +246,10 @@ mod tests {
         BenchRow {
             batch,
             path: "gemv",
-            candidates_ms: vec![],
-            attention_splits: 16,
             pdl: true,
+            attention: "tensor-cores",
+            attention_splits: 16,
+            candidates_ms: vec![],
             steps: 100,
             seconds: 1.0,
             tokens_per_s,
@@ -257,7 +270,7 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(
-            lines[1].starts_with("1      gemv    16      256.4      204.0      1.257"),
+            lines[1].starts_with("1      gemv+pdl/tc    16      256.4      204.0      1.257"),
             "{}",
             lines[1]
         );

@@ -23,8 +23,8 @@ const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 /// Threads per block of the matrix-vector kernels (8 warps; must match `GEMV_THREADS`).
 pub(crate) const GEMV_THREADS: u32 = 256;
-/// Output rows per block of the matrix-vector kernels (8 warps of 2 rows).
-pub(crate) const GEMV_ROWS_PER_BLOCK: u32 = 16;
+/// Output rows per block of the matrix-vector kernels (8 warps of one row each).
+pub(crate) const GEMV_ROWS_PER_BLOCK: u32 = 8;
 /// Threads per attention block (must match `ATT_THREADS`).
 pub(crate) const ATTENTION_THREADS: u32 = 128;
 /// Shared memory a block may use without opting in to more.
@@ -162,7 +162,39 @@ pub(crate) struct Kernels {
     pub argmax: CudaFunction,
     /// Indexed by batch - 1, then by mode.
     gemv: Vec<[CudaFunction; 3]>,
-    attention: HashMap<(u32, u32), CudaFunction>,
+    /// Keyed by (head_dim, group, implementation).
+    attention: HashMap<(u32, u32, AttentionImpl), CudaFunction>,
+}
+
+/// How decode attention does its arithmetic; the engine times both and keeps the faster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttentionImpl {
+    /// fp32 FMAs on CUDA cores, butterfly sums across the lanes of a position.
+    CudaCores,
+    /// bf16 `mma.sync` tiles of 16 positions on tensor cores, fp32 accumulation.
+    TensorCores,
+}
+
+impl AttentionImpl {
+    pub const ALL: [AttentionImpl; 2] = [AttentionImpl::CudaCores, AttentionImpl::TensorCores];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionImpl::CudaCores => "cuda-cores",
+            AttentionImpl::TensorCores => "tensor-cores",
+        }
+    }
+}
+
+/// The kernel's name: `_u<U>` is the CUDA-core variant's unroll (4, or 2 for 8 heads per KV
+/// head, whose accumulators need the registers), `_u0` the tensor-core variant.
+fn attention_kernel_name(head_dim: u32, group: u32, implementation: AttentionImpl) -> String {
+    let unroll = match implementation {
+        AttentionImpl::CudaCores if group <= 4 => 4,
+        AttentionImpl::CudaCores => 2,
+        AttentionImpl::TensorCores => 0,
+    };
+    format!("attention_hd{head_dim}_g{group}_u{unroll}")
 }
 
 impl Kernels {
@@ -185,8 +217,11 @@ impl Kernels {
         }
         let mut attention = HashMap::new();
         for head_dim in SUPPORTED_HEAD_DIMS {
-            for group in SUPPORTED_GROUP_SIZES {
-                let name = format!("attention_hd{head_dim}_g{group}");
+            for (group, implementation) in SUPPORTED_GROUP_SIZES
+                .into_iter()
+                .flat_map(|g| AttentionImpl::ALL.map(|i| (g, i)))
+            {
+                let name = attention_kernel_name(head_dim, group, implementation);
                 let kernel = function(&name)?;
                 let static_bytes = kernel
                     .shared_size_bytes()
@@ -199,7 +234,7 @@ impl Kernels {
                         ),
                     });
                 }
-                attention.insert((head_dim, group), kernel);
+                attention.insert((head_dim, group, implementation), kernel);
             }
         }
         Ok(Kernels {
@@ -225,8 +260,13 @@ impl Kernels {
         })
     }
 
-    pub fn attention(&self, head_dim: u32, group: u32) -> Option<&CudaFunction> {
-        self.attention.get(&(head_dim, group))
+    pub fn attention(
+        &self,
+        head_dim: u32,
+        group: u32,
+        implementation: AttentionImpl,
+    ) -> Option<&CudaFunction> {
+        self.attention.get(&(head_dim, group, implementation))
     }
 }
 
@@ -268,8 +308,9 @@ pub(crate) struct Gpu {
     pub kernels: Kernels,
     pub name: String,
     pub sms: u32,
-    /// Launch kernels with programmatic dependent launch (Hopper and newer).
+    /// Launch kernels with programmatic dependent launch.
     pdl: bool,
+    pdl_supported: bool,
 }
 
 impl Gpu {
@@ -338,23 +379,19 @@ impl Gpu {
             kernels,
             name,
             sms: u32::try_from(sms).unwrap_or(1).max(1),
-            pdl: major >= 9,
+            pdl: false,
+            pdl_supported: major >= 9,
         })
     }
 
-    /// Whether kernels are launched with programmatic dependent launch.
-    pub fn pdl(&self) -> bool {
-        self.pdl
+    /// Whether the GPU supports programmatic dependent launch (Hopper and newer).
+    pub fn pdl_supported(&self) -> bool {
+        self.pdl_supported
     }
 
-    /// Turns programmatic dependent launch off (or back on, where the GPU supports it).
-    pub fn set_pdl(&mut self, on: bool) -> Result<(), CudaError> {
-        let (major, _) = self
-            .ctx
-            .compute_capability()
-            .map_err(|e| CudaError::driver("cuDeviceGetAttribute", e))?;
-        self.pdl = on && major >= 9;
-        Ok(())
+    /// Launches from now on use programmatic dependent launch, where the GPU supports it.
+    pub fn set_pdl(&mut self, on: bool) {
+        self.pdl = on && self.pdl_supported;
     }
 
     /// Makes this GPU's context current on the calling thread (raw driver and cuBLAS calls need it).
@@ -608,7 +645,10 @@ mod tests {
         }
         for head_dim in SUPPORTED_HEAD_DIMS {
             for group in SUPPORTED_GROUP_SIZES {
-                assert!(text.contains(&format!("attention_hd{head_dim}_g{group}")));
+                for implementation in AttentionImpl::ALL {
+                    let name = attention_kernel_name(head_dim, group, implementation);
+                    assert!(text.contains(&name), "{name}");
+                }
             }
         }
         // The cache hands back the same image.

@@ -19,19 +19,23 @@ use std::collections::{HashMap, VecDeque};
 use cudarc::driver::sys as cu;
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 
-use super::device::{Arg, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, int};
+use super::device::{Arg, AttentionImpl, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, int};
 use super::error::CudaError;
 use super::plan::{
     AttentionSplit, BufferPlan, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT, TensorKind, WeightLayout,
+    percentile,
 };
 use super::shape::{BYTES_PER_ELEMENT, ModelShape};
 
 /// Memory left free beyond the planned buffers: CUDA graphs, cuBLAS and the module.
 const MEMORY_HEADROOM_BYTES: u64 = 1 << 30;
 
-/// Replays used to time a candidate graph when choosing the matmul path.
-const TUNE_WARMUP_REPLAYS: usize = 3;
-const TUNE_TIMED_REPLAYS: usize = 10;
+/// Timing of candidate graphs: warm-up replays each, then rounds that visit every candidate in
+/// turn (so a drifting clock or temperature favours none), `TUNE_REPLAYS_PER_ROUND` replays per
+/// visit; each candidate's median visit decides.
+const TUNE_WARMUP_REPLAYS: usize = 2;
+const TUNE_ROUNDS: usize = 5;
+const TUNE_REPLAYS_PER_ROUND: usize = 2;
 
 /// How the matrix products of a step are done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,12 +67,24 @@ pub enum MatmulChoice {
     Cublas,
 }
 
+/// Which attention implementation to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionChoice {
+    /// Time both and keep the faster.
+    #[default]
+    Auto,
+    CudaCores,
+    TensorCores,
+}
+
 /// Knobs of the engine that do not change the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineOptions {
     pub matmul: MatmulChoice,
-    /// Programmatic dependent launch (Hopper and newer): lets a kernel start, and prefetch its
-    /// weights, while the previous one drains. Falls back to off if graph capture refuses it.
+    pub attention: AttentionChoice,
+    /// Also try programmatic dependent launch (Hopper and newer), which lets a kernel start,
+    /// and prefetch its weights, while the previous one drains; kept only where it is faster.
+    /// Off by default: on the H200 it never beat plain graph replay.
     pub pdl: bool,
     /// Seed of the random weights, KV cache and first tokens.
     pub seed: u64,
@@ -78,7 +94,8 @@ impl Default for EngineOptions {
     fn default() -> Self {
         EngineOptions {
             matmul: MatmulChoice::Auto,
-            pdl: true,
+            attention: AttentionChoice::Auto,
+            pdl: false,
             seed: 0x0074_6f6b_7761_7474, // "tokwatt"
         }
     }
@@ -98,14 +115,30 @@ impl std::fmt::Debug for StepGraph {
     }
 }
 
+/// One way to build a step: what the engine chooses between, per batch size, by timing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepVariant {
+    pub path: MatmulPath,
+    /// Kernels launched with programmatic dependent launch.
+    pub pdl: bool,
+    pub attention: AttentionImpl,
+}
+
+impl StepVariant {
+    /// E.g. `gemv+pdl/u8`.
+    pub fn label(&self) -> String {
+        let pdl = if self.pdl { "+pdl" } else { "" };
+        format!("{}{pdl}/{}", self.path.name(), self.attention.name())
+    }
+}
+
 /// How a batch size's step was built, and what the alternatives measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GraphInfo {
-    pub path: MatmulPath,
+    pub variant: StepVariant,
     pub attention: AttentionSplit,
-    pub pdl: bool,
-    /// Mean replay time of each candidate path that was timed, ms.
-    pub candidates_ms: Vec<(MatmulPath, f64)>,
+    /// Median replay time of each candidate timed, ms (empty when there was one candidate).
+    pub candidates_ms: Vec<(StepVariant, f64)>,
 }
 
 /// A step launched and not yet waited for.
@@ -204,8 +237,7 @@ impl Engine {
         options: EngineOptions,
     ) -> Result<Engine, CudaError> {
         validate(shape, context, batch_max)?;
-        let mut gpu = Gpu::open(ordinal)?;
-        gpu.set_pdl(options.pdl)?;
+        let gpu = Gpu::open(ordinal)?;
         gpu.bind()?;
         let plan = BufferPlan::new(shape, batch_max, context, gpu.sms);
         let layout = WeightLayout::new(shape);
@@ -348,23 +380,48 @@ impl Engine {
         }
     }
 
-    /// The matmul paths that apply to `batch` under the options, fastest-first guess first.
-    fn candidates(&self, batch: u32) -> Vec<MatmulPath> {
+    /// The step variants that apply to `batch` under the options.
+    fn candidates(&self, batch: u32) -> Vec<StepVariant> {
         let gemv_fits = batch <= GEMV_MAX_BATCH;
-        match self.options.matmul {
+        let paths = match self.options.matmul {
             MatmulChoice::Auto if gemv_fits => vec![MatmulPath::Gemv, MatmulPath::Cublas],
             MatmulChoice::Gemv if gemv_fits => vec![MatmulPath::Gemv],
             _ => vec![MatmulPath::Cublas],
+        };
+        let pdls: &[bool] = if self.options.pdl && self.gpu.pdl_supported() {
+            &[true, false]
+        } else {
+            &[false]
+        };
+        let attentions: &[AttentionImpl] = match self.options.attention {
+            AttentionChoice::Auto => &AttentionImpl::ALL,
+            AttentionChoice::CudaCores => &[AttentionImpl::CudaCores],
+            AttentionChoice::TensorCores => &[AttentionImpl::TensorCores],
+        };
+        let mut variants = Vec::new();
+        for &path in &paths {
+            for &pdl in pdls {
+                for &attention in attentions {
+                    variants.push(StepVariant {
+                        path,
+                        pdl,
+                        attention,
+                    });
+                }
+            }
         }
+        variants
     }
 
     /// Enqueues one decode step for `batch` sequences on the stream (no graph).
     fn enqueue_step(
         &self,
         batch: u32,
-        path: MatmulPath,
+        variant: StepVariant,
         split: AttentionSplit,
     ) -> Result<(), CudaError> {
+        let path = variant.path;
+        let attention = variant.attention;
         let s = &self.shape;
         let a = self.addrs();
         let w = self.gpu.addr(&self.weights, 0);
@@ -395,7 +452,7 @@ impl Engine {
                         .norm(wt(offsets.attn_norm), a.sumsq_attn, a.sumsq_mlp)
                         .output(a.qkv, qkv_dim);
                     self.gemv(GemvMode::NormStore, batch, qkv, eps)?;
-                    self.attention(batch, layer, split, &a)?;
+                    self.attention(batch, layer, split, attention, &a)?;
                     let o = GemvCall::new(wt(offsets.o), a.attn, hidden, q_dim)
                         .output(a.x, hidden)
                         .accumulate_sumsq(a.sumsq_mlp);
@@ -422,7 +479,7 @@ impl Engine {
                         qkv_dim,
                         false,
                     )?;
-                    self.attention(batch, layer, split, &a)?;
+                    self.attention(batch, layer, split, attention, &a)?;
                     self.gpu.gemm(
                         hidden,
                         batch,
@@ -553,16 +610,18 @@ impl Engine {
         batch: u32,
         layer: usize,
         split: AttentionSplit,
+        implementation: AttentionImpl,
         a: &Addrs,
     ) -> Result<(), CudaError> {
         let s = &self.shape;
         let kernel = self
             .gpu
             .kernels
-            .attention(s.head_dim, s.group_size())
+            .attention(s.head_dim, s.group_size(), implementation)
             .ok_or_else(|| {
                 CudaError::Config(format!(
-                    "no attention kernel for head_dim {} and group {}",
+                    "no {} attention kernel for head_dim {} and group {}",
+                    implementation.name(),
                     s.head_dim,
                     s.group_size()
                 ))
@@ -589,19 +648,20 @@ impl Engine {
         )
     }
 
-    /// Captures one step of `batch` on `path` into a graph.
+    /// Captures one step of `batch` built as `variant` into a graph.
     fn capture(
-        &self,
+        &mut self,
         batch: u32,
-        path: MatmulPath,
+        variant: StepVariant,
         split: AttentionSplit,
     ) -> Result<CudaGraph, CudaError> {
+        self.gpu.set_pdl(variant.pdl);
         self.gpu.bind()?;
         self.gpu
             .stream
             .begin_capture(cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| CudaError::driver("cuStreamBeginCapture", e))?;
-        let enqueued = self.enqueue_step(batch, path, split);
+        let enqueued = self.enqueue_step(batch, variant, split);
         // End the capture whatever happened, so the stream leaves capture mode.
         let ended = self.gpu.stream.end_capture(cu::CUgraphInstantiate_flags(0));
         enqueued?;
@@ -613,92 +673,103 @@ impl Engine {
             })
     }
 
-    /// Captures and checks a graph; if that fails with programmatic dependent launch on,
-    /// turns it off for good and tries once more.
+    /// Captures a graph and replays it once, so that a variant the driver refuses fails here.
     fn capture_checked(
         &mut self,
         batch: u32,
-        path: MatmulPath,
+        variant: StepVariant,
         split: AttentionSplit,
-    ) -> Result<(CudaGraph, bool), CudaError> {
-        let attempt = |engine: &Engine| -> Result<CudaGraph, CudaError> {
-            let graph = engine.capture(batch, path, split)?;
-            graph
-                .launch()
-                .map_err(|e| CudaError::driver("cuGraphLaunch", e))?;
-            engine.gpu.synchronize()?;
-            Ok(graph)
-        };
-        match attempt(self) {
-            Ok(graph) => Ok((graph, self.gpu.pdl())),
-            Err(error) if self.gpu.pdl() => {
-                tracing::warn!(%error, "capturing the decode step with programmatic dependent launch failed; retrying without it");
-                self.gpu.set_pdl(false)?;
-                attempt(self).map(|graph| (graph, false))
-            }
-            Err(error) => Err(error),
-        }
+    ) -> Result<CudaGraph, CudaError> {
+        let graph = self.capture(batch, variant, split)?;
+        graph
+            .launch()
+            .map_err(|e| CudaError::driver("cuGraphLaunch", e))?;
+        self.gpu.synchronize()?;
+        Ok(graph)
     }
 
-    /// Mean replay time of `graph`, ms.
-    fn time_graph(&self, graph: &CudaGraph) -> Result<f64, CudaError> {
-        for _ in 0..TUNE_WARMUP_REPLAYS {
+    /// Median replay time of each graph, ms, visiting them in turn (see `TUNE_ROUNDS`).
+    fn time_graphs(&self, graphs: &[&CudaGraph]) -> Result<Vec<f64>, CudaError> {
+        let launch = |graph: &CudaGraph| {
             graph
                 .launch()
-                .map_err(|e| CudaError::driver("cuGraphLaunch", e))?;
+                .map_err(|e| CudaError::driver("cuGraphLaunch", e))
+        };
+        for graph in graphs {
+            for _ in 0..TUNE_WARMUP_REPLAYS {
+                launch(graph)?;
+            }
         }
         let start = self.new_event()?;
         let end = self.new_event()?;
-        start
-            .record(&self.gpu.stream)
-            .map_err(|e| CudaError::driver("cuEventRecord", e))?;
-        for _ in 0..TUNE_TIMED_REPLAYS {
-            graph
-                .launch()
-                .map_err(|e| CudaError::driver("cuGraphLaunch", e))?;
+        let mut samples = vec![Vec::with_capacity(TUNE_ROUNDS); graphs.len()];
+        for _ in 0..TUNE_ROUNDS {
+            for (graph, samples) in graphs.iter().zip(&mut samples) {
+                start
+                    .record(&self.gpu.stream)
+                    .map_err(|e| CudaError::driver("cuEventRecord", e))?;
+                for _ in 0..TUNE_REPLAYS_PER_ROUND {
+                    launch(graph)?;
+                }
+                end.record(&self.gpu.stream)
+                    .map_err(|e| CudaError::driver("cuEventRecord", e))?;
+                let ms = start
+                    .elapsed_ms(&end)
+                    .map_err(|e| CudaError::driver("cuEventElapsedTime", e))?;
+                samples.push(f64::from(ms) / TUNE_REPLAYS_PER_ROUND as f64);
+            }
         }
-        end.record(&self.gpu.stream)
-            .map_err(|e| CudaError::driver("cuEventRecord", e))?;
-        let ms = start
-            .elapsed_ms(&end)
-            .map_err(|e| CudaError::driver("cuEventElapsedTime", e))?;
-        Ok(f64::from(ms) / TUNE_TIMED_REPLAYS as f64)
+        Ok(samples.iter_mut().map(|s| percentile(s, 50.0)).collect())
     }
 
-    /// Builds the graph for `batch` if it does not exist yet: captures every applicable matmul
-    /// path, times them when there is a choice, and keeps the fastest. Waits for steps in flight.
+    /// Builds the graph for `batch` if it does not exist yet: captures every applicable step
+    /// variant, times them when there is a choice, and keeps the fastest. A variant with
+    /// programmatic dependent launch that the driver refuses is skipped. Waits for steps in flight.
     pub fn prepare(&mut self, batch: u32) -> Result<&GraphInfo, CudaError> {
         self.check_batch(batch)?;
         if !self.graphs.contains_key(&batch) {
             self.settle()?;
             let split = AttentionSplit::plan(&self.shape, batch, self.context, self.gpu.sms);
-            let candidates = self.candidates(batch);
-            let mut best: Option<(CudaGraph, MatmulPath, bool, f64)> = None;
-            let mut timings = Vec::new();
-            for &path in &candidates {
-                let (graph, pdl) = self.capture_checked(batch, path, split)?;
-                let ms = if candidates.len() > 1 {
-                    self.time_graph(&graph)?
-                } else {
-                    0.0
-                };
-                if candidates.len() > 1 {
-                    timings.push((path, ms));
-                }
-                if best.as_ref().is_none_or(|(_, _, _, best_ms)| ms < *best_ms) {
-                    best = Some((graph, path, pdl, ms));
+            let mut captured = Vec::new();
+            for variant in self.candidates(batch) {
+                match self.capture_checked(batch, variant, split) {
+                    Ok(graph) => captured.push((variant, graph)),
+                    Err(error) if variant.pdl => {
+                        tracing::warn!(%error, variant = %variant.label(), "skipping a step variant the driver refused");
+                    }
+                    Err(error) => return Err(error),
                 }
             }
-            let Some((graph, path, pdl, _)) = best else {
+            let timings = if captured.len() > 1 {
+                let graphs: Vec<&CudaGraph> = captured.iter().map(|(_, g)| g).collect();
+                self.time_graphs(&graphs)?
+            } else {
+                vec![0.0; captured.len()]
+            };
+            let candidates_ms: Vec<(StepVariant, f64)> = if captured.len() > 1 {
+                captured
+                    .iter()
+                    .map(|(v, _)| *v)
+                    .zip(timings.iter().copied())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let fastest = timings
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(index, _)| index);
+            let Some(fastest) = fastest else {
                 return Err(CudaError::Config(format!(
-                    "no matmul path applies to batch {batch}"
+                    "no step variant applies to batch {batch}"
                 )));
             };
+            let (variant, graph) = captured.swap_remove(fastest);
             let info = GraphInfo {
-                path,
+                variant,
                 attention: split,
-                pdl,
-                candidates_ms: timings,
+                candidates_ms,
             };
             self.graphs.insert(batch, StepGraph { graph, info });
         }
@@ -802,8 +873,14 @@ impl Engine {
         self.check_batch(batch)?;
         self.settle()?;
         let split = AttentionSplit::plan(&self.shape, batch, self.context, self.gpu.sms);
+        let variant = StepVariant {
+            path,
+            pdl: false,
+            attention: AttentionImpl::CudaCores,
+        };
+        self.gpu.set_pdl(false);
         self.gpu.bind()?;
-        self.enqueue_step(batch, path, split)?;
+        self.enqueue_step(batch, variant, split)?;
         self.gpu.synchronize()
     }
 
@@ -815,6 +892,25 @@ impl Engine {
     /// The token ids of the first `batch` sequences (waits for the stream).
     pub fn tokens(&self, batch: u32) -> Result<Vec<u32>, CudaError> {
         self.gpu.download(&self.buffers.tokens, batch as usize)
+    }
+
+    /// Every step variant that applies to `batch`.
+    #[cfg(test)]
+    pub(crate) fn variants(&self, batch: u32) -> Vec<StepVariant> {
+        self.candidates(batch)
+    }
+
+    /// Captures `variant` for `batch` and replays it once (no graph is kept).
+    #[cfg(test)]
+    pub(crate) fn replay_variant(
+        &mut self,
+        batch: u32,
+        variant: StepVariant,
+    ) -> Result<(), CudaError> {
+        self.check_batch(batch)?;
+        self.settle()?;
+        let split = AttentionSplit::plan(&self.shape, batch, self.context, self.gpu.sms);
+        self.capture_checked(batch, variant, split).map(drop)
     }
 
     /// The logits of the last step, `batch` rows of `vocab` bf16 values.
@@ -972,21 +1068,35 @@ impl Engine {
         const REPS: usize = 20;
         self.check_batch(batch)?;
         self.settle()?;
+        self.gpu.set_pdl(self.options.pdl);
         let s = self.shape.clone();
         let a = self.addrs();
         let w = self.gpu.addr(&self.weights, 0);
         let wt = |offset: u64| w + offset * BYTES_PER_ELEMENT;
         let l0 = self.layout.layers[0];
         let split = AttentionSplit::plan(&s, batch, self.context, self.gpu.sms);
+
         let eps = s.norm_eps as f32;
         let (h, mlp, vocab, qkv_dim, q_dim) = (s.hidden, s.mlp, s.vocab, s.qkv_dim(), s.q_dim());
         let bytes = |rows: u32, cols: u32| u64::from(rows) * u64::from(cols) * BYTES_PER_ELEMENT;
         type Part<'a> = Box<dyn Fn(&Engine) -> Result<(), CudaError> + 'a>;
-        let mut parts: Vec<(String, Part, u64)> = vec![(
-            format!("attention (splits {})", split.splits),
-            Box::new(move |e: &Engine| e.attention(batch, 0, split, &a)),
-            s.kv_cache_bytes(batch, self.context) / u64::from(s.layers),
-        )];
+        let kv_bytes = s.kv_cache_bytes(batch, self.context) / u64::from(s.layers);
+        let mut parts: Vec<(String, Part, u64)> = AttentionImpl::ALL
+            .into_iter()
+            .map(|implementation| {
+                let part: Part =
+                    Box::new(move |e: &Engine| e.attention(batch, 0, split, implementation, &a));
+                (
+                    format!(
+                        "attention {} (splits {})",
+                        implementation.name(),
+                        split.splits
+                    ),
+                    part,
+                    kv_bytes,
+                )
+            })
+            .collect();
         if batch <= GEMV_MAX_BATCH {
             let calls = [
                 (
@@ -1106,7 +1216,7 @@ impl Engine {
             let graph = ended
                 .map_err(|e| CudaError::driver("cuStreamEndCapture", e))?
                 .ok_or_else(|| CudaError::Config("empty capture".into()))?;
-            let per_replay = self.time_graph(&graph)?;
+            let per_replay = self.time_graphs(&[&graph])?[0];
             timings.push(PartTiming {
                 name: name.clone(),
                 micros: per_replay * 1e3 / REPS as f64,

@@ -5,11 +5,12 @@
 //   headers; conversions are bit operations and `cvt.rn.bf16.f32`. Arithmetic is fp32.
 // - Matrices are row-major with one row per output feature ([out, in], as nn.Linear stores
 //   them), so a warp streams a weight row with coalesced 16-byte loads.
-// - Every kernel calls `pdl_trigger()` first and `pdl_wait()` before its first read of data that
-//   an earlier kernel wrote, and before its first write. Launched without programmatic
-//   dependent launch both are no-ops; launched with it, a kernel's blocks can start (and
-//   prefetch weights) while the previous kernel drains. Because every kernel waits, completion
-//   stays transitive: when kernel N has finished, so has every kernel before it.
+// - Every kernel calls `pdl_wait()` before its first read of data that an earlier kernel wrote,
+//   and before its first write, then `pdl_trigger()`. Launched without programmatic dependent
+//   launch both are no-ops; launched with it, the next kernel's blocks can start (and prefetch
+//   weights into L2) while this one runs. Triggering only after the wait keeps that look-ahead
+//   to one kernel, and because every kernel waits, completion stays transitive: when kernel N
+//   has finished, so has every kernel before it.
 
 typedef unsigned short bf16;
 typedef unsigned int u32;
@@ -80,15 +81,19 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
     return r;
 }
 
-// Load that bypasses L1 (data another block of the same grid wrote).
-__device__ __forceinline__ float ld_cg_f32(const float* p) {
-    float r;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(r) : "l"(p) : "memory");
-    return r;
-}
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// D = A·B + D for one m16n8k16 tile: bf16 operands, fp32 accumulators, fragments in the
+// PTX ISA's register layout for .row.col.
+__device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -141,8 +146,8 @@ __device__ __forceinline__ u64 mix64(u64 x) {
 
 extern "C" __global__ void fill_uniform(bf16* __restrict__ out, u64 n, u64 seed, float scale,
                                         float offset) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const u64 h = mix64(i * 0x9e3779b97f4a7c15ull + seed);
@@ -161,8 +166,8 @@ extern "C" __global__ void embed(const u32* __restrict__ tokens, const bf16* __r
                                  bf16* __restrict__ x, float* __restrict__ sumsq, int hidden,
                                  int vocab) {
     __shared__ float scratch[32];
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     const int b = blockIdx.x;
     u32 token = tokens[b];
     if (token >= (u32)vocab) token = (u32)vocab - 1;
@@ -188,8 +193,8 @@ extern "C" __global__ void embed(const u32* __restrict__ tokens, const bf16* __r
 extern "C" __global__ void rmsnorm(const bf16* __restrict__ x, const bf16* __restrict__ gamma,
                                    bf16* __restrict__ out, int hidden, float eps) {
     __shared__ float scratch[32];
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     const int b = blockIdx.x;
     const uint4* xr = (const uint4*)(x + (size_t)b * hidden);
     const uint4* gr = (const uint4*)gamma;
@@ -219,8 +224,8 @@ extern "C" __global__ void rmsnorm(const bf16* __restrict__ x, const bf16* __res
 
 extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out, int mlp,
                                     int batch) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     const int vecs_per_row = mlp / 8;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= batch * vecs_per_row) return;
@@ -243,8 +248,8 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restric
 
 extern "C" __global__ void rope_qk(bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads,
                                    int head_dim, int pos, float log2_theta) {
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     const int b = blockIdx.x;
     const int half = head_dim / 2;
     const int pairs = (n_heads + n_kv_heads) * half;
@@ -273,13 +278,14 @@ __device__ __forceinline__ void argmax_merge(float& v, int& i, float v2, int i2)
 extern "C" __global__ void argmax(const bf16* __restrict__ logits, int vocab, u32* __restrict__ tokens) {
     __shared__ float sv[32];
     __shared__ int si[32];
-    pdl_trigger();
     pdl_wait();
+    pdl_trigger();
     const int b = blockIdx.x;
     const bf16* row = logits + (size_t)b * vocab;
     float best = NEG_INF;
     int best_i = 0x7fffffff;
-    const int nvec = vocab / 8;
+    // 16-byte loads need every row 16-byte aligned; other vocabularies take the scalar loop.
+    const int nvec = (vocab % 8 == 0) ? vocab / 8 : 0;
     for (int v = threadIdx.x; v < nvec; v += blockDim.x) {
         float f[8];
         unpack8(((const uint4*)row)[v], f);
@@ -307,10 +313,11 @@ extern "C" __global__ void argmax(const bf16* __restrict__ logits, int vocab, u3
 // ---------------------------------------------------------------------------------------------
 // Bandwidth-bound matrix-vector products for small batches: Y[b, n] = sum_k W[n, k] * X[b, k].
 //
-// A block of 8 warps owns 8 * RW consecutive output rows; each warp owns RW rows over the whole
-// of K, so no cross-warp reduction is needed. Each lane streams 16 bytes of every row per chunk
-// of 256 columns, U chunks at a time (all loads issued before use). The activations X are tiny
-// and re-read by every warp of the block, so they stay in L1.
+// One warp per output row (two for MODE_SILU: the gate row and the up row), over the whole of K:
+// each lane streams 16 bytes of the row per chunk of 256 columns, U chunks at a time (all loads
+// issued before use), so no cross-warp reduction is needed. A block holds 8 warps (8 rows); a
+// kernel is thousands of warps, which the GPU balances across multiprocessors. The activations
+// X are tiny and re-read by every warp of a block, so they stay in L1.
 //
 // Modes:
 //   MODE_STORE:    Y = acc                          (fused QKV, LM head)
@@ -327,36 +334,34 @@ extern "C" __global__ void argmax(const bf16* __restrict__ logits, int vocab, u3
 #define GEMV_WARPS 8
 #define GEMV_THREADS (GEMV_WARPS * WARP_SIZE)
 
-template <int B, int RW, int U, int MODE, bool NORM>
+template <int B, int U, int MODE, bool NORM>
 __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ W, const bf16* __restrict__ X,
                                           const bf16* __restrict__ gamma,
                                           const float* __restrict__ sumsq_in,
                                           float* __restrict__ zero_out, bf16* __restrict__ Y,
                                           float* __restrict__ sumsq_out, int N, int K, int ldx,
                                           int ldy, float eps) {
-    constexpr int NR = (MODE == MODE_SILU) ? 2 * RW : RW;  // weight rows streamed per warp
+    constexpr int NR = (MODE == MODE_SILU) ? 2 : 1;  // weight rows streamed per warp
     __shared__ float block_ss[GEMV_WARPS][B];
     const int lane = threadIdx.x & (WARP_SIZE - 1);
     const int warp = threadIdx.x / WARP_SIZE;
-    const int row0 = (blockIdx.x * GEMV_WARPS + warp) * RW;
+    const int row = blockIdx.x * GEMV_WARPS + warp;
+    const bool valid = row < N;
+    const int r = min(row, N - 1);  // a row past N is computed but never stored
 
     const bf16* wrow[NR];
-#pragma unroll
-    for (int i = 0; i < RW; ++i) {
-        const int r = min(row0 + i, N - 1);  // rows past N are computed but never stored
-        wrow[i] = W + (size_t)r * K;
-        if (MODE == MODE_SILU) wrow[RW + i] = W + (size_t)(N + r) * K;
-    }
+    wrow[0] = W + (size_t)r * K;
+    if (MODE == MODE_SILU) wrow[NR - 1] = W + (size_t)(N + r) * K;
 
-    pdl_trigger();
-    // Weights do not depend on earlier kernels: start pulling the head of each row into L2
-    // while the previous kernel drains (only the head, so the prefetches cannot evict each other).
+    // Weights do not depend on earlier kernels: pull the head of each row into L2 while the
+    // previous kernel drains (only the head, so prefetches of waiting warps cannot evict each other).
     if (lane < 16) {
 #pragma unroll
         for (int i = 0; i < NR; ++i)
             if (lane * 128 < K * 2) prefetch_l2((const char*)wrow[i] + lane * 128);
     }
     pdl_wait();
+    pdl_trigger();
 
     float rstd[B];
 #pragma unroll
@@ -410,43 +415,33 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ W, const bf16
 #pragma unroll
         for (int b = 0; b < B; ++b) acc[i][b] = warp_sum(acc[i][b]);
 
-    // Every lane now holds every total; lane (i * B + b) % 32 stores output (i, b).
-    float ss[B];
+    // Every lane now holds every total; lane b stores the output of sequence b.
+    float ss = 0.f;
 #pragma unroll
-    for (int b = 0; b < B; ++b) ss[b] = 0.f;
-#pragma unroll
-    for (int i = 0; i < RW; ++i) {
-        const int r = row0 + i;
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-            if (lane == (i * B + b) % WARP_SIZE && r < N) {
-                bf16* y = Y + (size_t)b * ldy + r;
-                if (MODE == MODE_STORE) {
-                    *y = f32_to_bf16(acc[i][b] * rstd[b]);
-                } else if (MODE == MODE_RESIDUAL) {
-                    const bf16 out = f32_to_bf16(bf16_to_f32(*y) + acc[i][b]);
-                    *y = out;
-                    const float o = bf16_to_f32(out);
-                    ss[b] += o * o;
-                } else {
-                    *y = f32_to_bf16(silu(acc[i][b] * rstd[b]) * (acc[RW + i][b] * rstd[b]));
-                }
+    for (int b = 0; b < B; ++b) {
+        if (lane == b && valid) {
+            bf16* y = Y + (size_t)b * ldy + row;
+            if (MODE == MODE_STORE) {
+                *y = f32_to_bf16(acc[0][b] * rstd[b]);
+            } else if (MODE == MODE_RESIDUAL) {
+                const bf16 out = f32_to_bf16(bf16_to_f32(*y) + acc[0][b]);
+                *y = out;
+                const float o = bf16_to_f32(out);
+                ss = o * o;
+            } else {
+                *y = f32_to_bf16(silu(acc[0][b] * rstd[b]) * (acc[NR - 1][b] * rstd[b]));
             }
         }
     }
 
     if (MODE == MODE_RESIDUAL) {
-#pragma unroll
-        for (int b = 0; b < B; ++b) {
-            const float s = warp_sum(ss[b]);
-            if (lane == 0) block_ss[warp][b] = s;
-        }
+        if (lane < B) block_ss[warp][lane] = ss;
         __syncthreads();
         if (threadIdx.x < B) {
-            float s = 0.f;
+            float total = 0.f;
 #pragma unroll
-            for (int w2 = 0; w2 < GEMV_WARPS; ++w2) s += block_ss[w2][threadIdx.x];
-            atomicAdd(sumsq_out + threadIdx.x, s);
+            for (int w2 = 0; w2 < GEMV_WARPS; ++w2) total += block_ss[w2][threadIdx.x];
+            atomicAdd(sumsq_out + threadIdx.x, total);
         }
     }
 }
@@ -457,21 +452,21 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ W, const bf16
         float *__restrict__ sumsq_out, int N, int K, int ldx, int ldy, float eps
 #define GEMV_ARGS W, X, gamma, sumsq_in, zero_out, Y, sumsq_out, N, K, ldx, ldy, eps
 
-// Rows per warp and chunks in flight: about eight 16-byte loads in flight per lane for small
-// batches, fewer when the batch multiplies the arithmetic per loaded byte.
-#define GEMV_FOR_BATCH(BB, U_STORE, U_SILU)                                                       \
+// Chunks in flight per warp: about eight 16-byte loads per lane for small batches, fewer when
+// the batch multiplies the arithmetic per loaded byte.
+#define GEMV_FOR_BATCH(BB, U_ONE, U_TWO)                                                          \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_norm_store_b##BB(GEMV_PARAMS) { \
-        gemv_impl<BB, 2, U_STORE, MODE_STORE, true>(GEMV_ARGS);                                   \
+        gemv_impl<BB, U_ONE, MODE_STORE, true>(GEMV_ARGS);                                        \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_residual_b##BB(GEMV_PARAMS) { \
-        gemv_impl<BB, 2, U_STORE, MODE_RESIDUAL, false>(GEMV_ARGS);                               \
+        gemv_impl<BB, U_ONE, MODE_RESIDUAL, false>(GEMV_ARGS);                                    \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_norm_silu_b##BB(GEMV_PARAMS) { \
-        gemv_impl<BB, 2, U_SILU, MODE_SILU, true>(GEMV_ARGS);                                     \
+        gemv_impl<BB, U_TWO, MODE_SILU, true>(GEMV_ARGS);                                         \
     }
 
-GEMV_FOR_BATCH(1, 4, 2)
-GEMV_FOR_BATCH(2, 4, 2)
+GEMV_FOR_BATCH(1, 8, 4)
+GEMV_FOR_BATCH(2, 8, 4)
 GEMV_FOR_BATCH(3, 4, 2)
 GEMV_FOR_BATCH(4, 4, 2)
 GEMV_FOR_BATCH(5, 2, 1)
@@ -493,12 +488,15 @@ GEMV_FOR_BATCH(8, 2, 1)
 // The block owning `pos` uses the new key and value from shared memory rather than reading them
 // back, so no block reads a cache slot written in the same launch.
 // Softmax runs in base 2: q is scaled by log2(e) / sqrt(HD) up front.
+// Two implementations of the score and value passes share everything else: CUDA cores (U > 0,
+// fp32) and tensor cores (U == 0: bf16 mma.sync with fp32 accumulation, as flash attention
+// does; far fewer instructions per byte, which matters once the power cap lowers the clock).
 // ---------------------------------------------------------------------------------------------
 
 #define ATT_THREADS 128
 #define ATT_WARPS (ATT_THREADS / WARP_SIZE)
 
-template <int HD, int G>
+template <int HD, int G, int U>
 __device__ __forceinline__ void attention_impl(
     const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* __restrict__ k_cache,
     bf16* __restrict__ v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,
@@ -506,9 +504,10 @@ __device__ __forceinline__ void attention_impl(
     float q_scale, float log2_theta) {
     constexpr int TPP = HD / 16;             // threads per position; each handles 16 dims
     constexpr int PPI = ATT_THREADS / TPP;   // positions per block iteration
-    constexpr int U = (G <= 4) ? 4 : 2;      // iterations with loads in flight
+    // U > 0: CUDA cores, U block iterations with loads in flight (32 bytes per thread each);
+    // U == 0: tensor cores for both passes.
 
-    extern __shared__ float scores[];        // [G][chunk]
+    extern __shared__ float scores[];        // [G][chunk]; the merge reuses it as [2][G][splits]
     __shared__ float q_s[G][HD];
     __shared__ float knew_s[HD];
     __shared__ float vnew_s[HD];
@@ -526,7 +525,6 @@ __device__ __forceinline__ void attention_impl(
     const int n_local = end - start;
     const size_t seq_base = ((size_t)b * n_kv_heads + kvh) * (size_t)ctx * HD;
 
-    pdl_trigger();
     // Cache positions before `pos` are written by no kernel of this step: pull the head of this
     // block's keys and values into L2 while the QKV projection drains (small splits: all of it).
     {
@@ -539,6 +537,7 @@ __device__ __forceinline__ void attention_impl(
         }
     }
     pdl_wait();
+    pdl_trigger();
 
     const bf16* row = qkv + (size_t)b * ld_qkv;
     constexpr int HALF = HD / 2;
@@ -574,13 +573,12 @@ __device__ __forceinline__ void attention_impl(
     }
     __syncthreads();
 
-    const int sub = tid % TPP;   // which 16 dimensions this thread handles
-    const int pgrp = tid / TPP;  // which position of an iteration
-    const bf16* kbase = k_cache + seq_base + sub * 16;
-    const bf16* vbase = v_cache + seq_base + sub * 16;
-
     // Pass 1: scores for cache positions [start, stop).
-    {
+    if constexpr (U > 0) {
+        // CUDA cores: TPP threads per position, 16 dimensions each, butterfly sums.
+        const int sub = tid % TPP;   // which 16 dimensions this thread handles
+        const int pgrp = tid / TPP;  // which position of an iteration
+        const bf16* kbase = k_cache + seq_base + sub * 16;
         float qr[G][16];
 #pragma unroll
         for (int g = 0; g < G; ++g)
@@ -620,7 +618,66 @@ __device__ __forceinline__ void attention_impl(
                 }
             }
         }
+    } else {
+        // Tensor cores: each warp takes tiles of 16 positions; S[p][h] = K[p][:] · Q[h][:] as
+        // mma.m16n8k16 with A = 16 key rows, B = the (up to 8) query heads. Lane (gid, t4) loads
+        // the t4-th quarter of rows gid and gid + 8 with 16-byte loads; the contraction order
+        // of the dimensions is permuted identically for keys and queries, which a dot product
+        // does not notice.
+        constexpr int QD = HD / 4;      // dimensions of a row per lane
+        constexpr int QW = QD / 2;      // their 32-bit words
+        constexpr int KSTEPS = HD / 16;
+        constexpr int UT = 2;           // tiles with loads in flight per warp
+        const int gid = lane >> 2, t4 = lane & 3;
+        u32 qb[KSTEPS][2];
+#pragma unroll
+        for (int j = 0; j < KSTEPS; ++j) {
+            if (gid < G) {
+                const float* q = &q_s[gid][t4 * QD + 4 * j];
+                qb[j][0] = pack_bf16x2(q[0], q[1]);
+                qb[j][1] = pack_bf16x2(q[2], q[3]);
+            } else {
+                qb[j][0] = 0u;
+                qb[j][1] = 0u;
+            }
+        }
+        const bf16* kq = k_cache + seq_base + t4 * QD;
+        for (int t0 = start + warp * 16; t0 < stop; t0 += ATT_WARPS * 16 * UT) {
+            u32 kw[UT][2][QW];
+#pragma unroll
+            for (int u = 0; u < UT; ++u)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int p = t0 + u * ATT_WARPS * 16 + gid + 8 * h;
+#pragma unroll
+                    for (int v = 0; v < QW / 4; ++v) {
+                        const uint4 x = p < stop ? ld_stream(kq + (size_t)p * HD + 8 * v) : make_uint4(0, 0, 0, 0);
+                        kw[u][h][4 * v] = x.x;
+                        kw[u][h][4 * v + 1] = x.y;
+                        kw[u][h][4 * v + 2] = x.z;
+                        kw[u][h][4 * v + 3] = x.w;
+                    }
+                }
+#pragma unroll
+            for (int u = 0; u < UT; ++u) {
+                float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int j = 0; j < KSTEPS; ++j)
+                    mma_bf16_16816(c, kw[u][0][2 * j], kw[u][1][2 * j], kw[u][0][2 * j + 1],
+                                   kw[u][1][2 * j + 1], qb[j][0], qb[j][1]);
+                // c0, c1: position (row gid), heads 2*t4 and 2*t4 + 1; c2, c3: row gid + 8.
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int p = t0 + u * ATT_WARPS * 16 + gid + 8 * h;
+                    if (p < stop) {
+                        if (2 * t4 < G) scores[(2 * t4) * chunk + (p - start)] = c[2 * h];
+                        if (2 * t4 + 1 < G) scores[(2 * t4 + 1) * chunk + (p - start)] = c[2 * h + 1];
+                    }
+                }
+            }
+        }
     }
+
     if (owns_pos && warp == 0) {
         for (int g = 0; g < G; ++g) {
             float s = 0.f;
@@ -673,61 +730,133 @@ __device__ __forceinline__ void attention_impl(
         __syncthreads();
     }
 
-    // Pass 2: weighted sum of values.
-    float acc[G][16];
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int e = 0; e < 16; ++e) acc[g][e] = 0.f;
-    for (int p0 = start; p0 < stop; p0 += PPI * U) {
-        uint4 vv[U][2];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int p = p0 + u * PPI + pgrp;
-            if (p < stop) {
-                vv[u][0] = ld_stream(vbase + (size_t)p * HD);
-                vv[u][1] = ld_stream(vbase + (size_t)p * HD + 8);
-            } else {
-                vv[u][0] = make_uint4(0, 0, 0, 0);
-                vv[u][1] = make_uint4(0, 0, 0, 0);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const int p = p0 + u * PPI + pgrp;
-            if (p < stop) {
-                float vf[16];
-                unpack8(vv[u][0], vf);
-                unpack8(vv[u][1], vf + 8);
-#pragma unroll
-                for (int g = 0; g < G; ++g) {
-                    const float w = scores[g * chunk + (p - start)];
-#pragma unroll
-                    for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vf[e], acc[g][e]);
-                }
-            }
-        }
-    }
-    if (owns_pos && pgrp == 0) {
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            const float w = scores[g * chunk + (pos - start)];
-#pragma unroll
-            for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vnew_s[sub * 16 + e], acc[g][e]);
-        }
-    }
-    // Lanes with the same `sub` hold partial sums for the same dimensions.
-#pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int e = 0; e < 16; ++e)
-#pragma unroll
-            for (int off = TPP; off < WARP_SIZE; off <<= 1) acc[g][e] += __shfl_xor_sync(FULL_MASK, acc[g][e], off);
-    if (lane < TPP) {
+    // Pass 2: weighted sum of values, into red[warp][head][dim].
+    if constexpr (U > 0) {
+        const int sub = tid % TPP;   // which 16 dimensions this thread handles
+        const int pgrp = tid / TPP;  // which position of an iteration
+        const bf16* vbase = v_cache + seq_base + sub * 16;
+        float acc[G][16];
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
-            for (int e = 0; e < 16; ++e) red[warp][g * HD + lane * 16 + e] = acc[g][e];
+            for (int e = 0; e < 16; ++e) acc[g][e] = 0.f;
+        for (int p0 = start; p0 < stop; p0 += PPI * U) {
+            uint4 vv[U][2];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int p = p0 + u * PPI + pgrp;
+                if (p < stop) {
+                    vv[u][0] = ld_stream(vbase + (size_t)p * HD);
+                    vv[u][1] = ld_stream(vbase + (size_t)p * HD + 8);
+                } else {
+                    vv[u][0] = make_uint4(0, 0, 0, 0);
+                    vv[u][1] = make_uint4(0, 0, 0, 0);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int p = p0 + u * PPI + pgrp;
+                if (p < stop) {
+                    float vf[16];
+                    unpack8(vv[u][0], vf);
+                    unpack8(vv[u][1], vf + 8);
+#pragma unroll
+                    for (int g = 0; g < G; ++g) {
+                        const float w = scores[g * chunk + (p - start)];
+#pragma unroll
+                        for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vf[e], acc[g][e]);
+                    }
+                }
+            }
+        }
+        if (owns_pos && pgrp == 0) {
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const float w = scores[g * chunk + (pos - start)];
+#pragma unroll
+                for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vnew_s[sub * 16 + e], acc[g][e]);
+            }
+        }
+        // Lanes with the same `sub` hold partial sums for the same dimensions.
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int e = 0; e < 16; ++e)
+#pragma unroll
+                for (int off = TPP; off < WARP_SIZE; off <<= 1) acc[g][e] += __shfl_xor_sync(FULL_MASK, acc[g][e], off);
+        if (lane < TPP) {
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+#pragma unroll
+                for (int e = 0; e < 16; ++e) red[warp][g * HD + lane * 16 + e] = acc[g][e];
+        }
+    } else {
+        // Tensor cores: O^T[d][h] = V^T[d][:] · P^T[:][h] as mma.m16n8k16 with A = 16 value
+        // dimensions x 16 positions, B = the probabilities of the (up to 8) heads. Lane (gid, t4)
+        // loads positions 2*t4, 2*t4 + 1, 2*t4 + 8, 2*t4 + 9 of a tile, dimensions
+        // [gid * DV, gid * DV + DV); word mt of that chunk holds the dimensions of rows gid and
+        // gid + 8 of m-tile mt, which byte permutes pair up across positions.
+        constexpr int DV = HD / 8;      // dimensions per lane and position
+        constexpr int MT = HD / 16;     // m-tiles (= 32-bit words of DV dimensions)
+        constexpr int UT = 2;
+        const int gid = lane >> 2, t4 = lane & 3;
+        float acc[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][e] = 0.f;
+        const bf16* vq = v_cache + seq_base + gid * DV;
+        for (int t0 = start + warp * 16; t0 < stop; t0 += ATT_WARPS * 16 * UT) {
+            u32 vw[UT][4][MT];
+#pragma unroll
+            for (int u = 0; u < UT; ++u)
+#pragma unroll
+                for (int k4 = 0; k4 < 4; ++k4) {
+                    const int p = t0 + u * ATT_WARPS * 16 + 2 * t4 + (k4 & 1) + 8 * (k4 >> 1);
+#pragma unroll
+                    for (int v = 0; v < MT / 4; ++v) {
+                        const uint4 x = p < stop ? ld_stream(vq + (size_t)p * HD + 8 * v) : make_uint4(0, 0, 0, 0);
+                        vw[u][k4][4 * v] = x.x;
+                        vw[u][k4][4 * v + 1] = x.y;
+                        vw[u][k4][4 * v + 2] = x.z;
+                        vw[u][k4][4 * v + 3] = x.w;
+                    }
+                }
+#pragma unroll
+            for (int u = 0; u < UT; ++u) {
+                float pv[4];
+#pragma unroll
+                for (int k4 = 0; k4 < 4; ++k4) {
+                    const int p = t0 + u * ATT_WARPS * 16 + 2 * t4 + (k4 & 1) + 8 * (k4 >> 1);
+                    pv[k4] = (gid < G && p < stop) ? scores[gid * chunk + (p - start)] : 0.f;
+                }
+                const u32 b0 = pack_bf16x2(pv[0], pv[1]);
+                const u32 b1 = pack_bf16x2(pv[2], pv[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const u32 a0 = __byte_perm(vw[u][0][mt], vw[u][1][mt], 0x5410);
+                    const u32 a1 = __byte_perm(vw[u][0][mt], vw[u][1][mt], 0x7632);
+                    const u32 a2 = __byte_perm(vw[u][2][mt], vw[u][3][mt], 0x5410);
+                    const u32 a3 = __byte_perm(vw[u][2][mt], vw[u][3][mt], 0x7632);
+                    mma_bf16_16816(acc[mt], a0, a1, a2, a3, b0, b1);
+                }
+            }
+        }
+        // c0: (dim gid*DV + 2*mt, head 2*t4), c1: head 2*t4 + 1; c2, c3: dim + 1.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int head = 2 * t4 + (e & 1);
+                const int dim = gid * DV + 2 * mt + (e >> 1);
+                if (head < G) {
+                    float o = acc[mt][e];
+                    // The new token's value is not in the cache reads: warp 0 adds it.
+                    if (owns_pos && warp == 0) o = fmaf(scores[head * chunk + (pos - start)], vnew_s[dim], o);
+                    red[warp][head * HD + dim] = o;
+                }
+            }
+        }
     }
     __syncthreads();
 
@@ -762,50 +891,64 @@ __device__ __forceinline__ void attention_impl(
     if (!is_last) return;
     __threadfence();
 
-    // Merge: weight of split s for head g is 2^(m_s - M); reuse `scores` for the weights.
-    float* weight = scores;  // [G][splits]
-    for (int i = tid; i < G; i += ATT_THREADS) {
+    // Merge: split s of head g weighs 2^(m_s - M). Partials come from other blocks of this
+    // grid, so they are read through L2 (`__ldcg`), never from a possibly stale L1.
+    float* split_m = scores;                 // [G][splits], then the weights
+    float* split_l = scores + G * splits;    // [G][splits]
+    for (int i = tid; i < G * splits; i += ATT_THREADS) {
+        const int g = i / splits, s = i - g * splits;
+        const float* ml = part_ml + ((pair * splits + s) * G + g) * 2;
+        split_m[i] = __ldcg(ml);
+        split_l[i] = __ldcg(ml + 1);
+    }
+    __syncthreads();
+    if (tid < G) {
         float mx = NEG_INF;
-        for (int s = 0; s < splits; ++s) mx = fmaxf(mx, ld_cg_f32(part_ml + ((pair * splits + s) * G + i) * 2));
+        for (int s = 0; s < splits; ++s) mx = fmaxf(mx, split_m[tid * splits + s]);
         float total = 0.f;
         for (int s = 0; s < splits; ++s) {
-            const float* ml = part_ml + ((pair * splits + s) * G + i) * 2;
-            const float w = exp2f(ld_cg_f32(ml) - mx);
-            weight[i * splits + s] = w;
-            total += w * ld_cg_f32(ml + 1);
+            const float w = exp2f(split_m[tid * splits + s] - mx);
+            split_m[tid * splits + s] = w;
+            total += w * split_l[tid * splits + s];
         }
-        m_s[i] = total;  // the merged denominator
+        m_s[tid] = total;  // the merged denominator
     }
     __syncthreads();
     for (int i = tid; i < G * HD; i += ATT_THREADS) {
         const int g = i / HD;
+        const float* po = part_o + pair * splits * G * HD + i;
         float o = 0.f;
 #pragma unroll 8
-        for (int s = 0; s < splits; ++s)
-            o = fmaf(weight[g * splits + s], ld_cg_f32(part_o + (pair * splits + s) * G * HD + i), o);
+        for (int s = 0; s < splits; ++s) o = fmaf(split_m[g * splits + s], __ldcg(po + (size_t)s * G * HD), o);
         out_row[i] = f32_to_bf16(o / m_s[g]);
     }
     if (tid == 0) counters[pair] = 0u;
 }
 
-#define ATTENTION_KERNEL(HD_, G_)                                                                 \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_hd##HD_##_g##G_(           \
+#define ATTENTION_KERNEL(HD_, G_, U_)                                                             \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_hd##HD_##_g##G_##_u##U_(   \
         const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* k_cache,      \
         bf16* v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,            \
         float* __restrict__ part_o, float* __restrict__ part_ml, u32* __restrict__ counters,      \
         float q_scale, float log2_theta) {                                                        \
-        attention_impl<HD_, G_>(qkv, ld_qkv, n_heads, n_kv_heads, k_cache, v_cache, ctx, pos,      \
-                                chunk, splits, out, part_o, part_ml, counters, q_scale,           \
-                                log2_theta);                                                      \
+        attention_impl<HD_, G_, U_>(qkv, ld_qkv, n_heads, n_kv_heads, k_cache, v_cache, ctx, pos,  \
+                                    chunk, splits, out, part_o, part_ml, counters, q_scale,       \
+                                    log2_theta);                                                  \
     }
 
-ATTENTION_KERNEL(64, 1)
-ATTENTION_KERNEL(64, 2)
-ATTENTION_KERNEL(64, 3)
-ATTENTION_KERNEL(64, 4)
-ATTENTION_KERNEL(64, 8)
-ATTENTION_KERNEL(128, 1)
-ATTENTION_KERNEL(128, 2)
-ATTENTION_KERNEL(128, 3)
-ATTENTION_KERNEL(128, 4)
-ATTENTION_KERNEL(128, 8)
+// Per group size: CUDA cores with U iterations of loads in flight (u4, u2 for 8 heads), and
+// tensor cores (u0). The engine times both and keeps the faster.
+#define ATTENTION_KERNELS(HD_)    \
+    ATTENTION_KERNEL(HD_, 1, 4)   \
+    ATTENTION_KERNEL(HD_, 1, 0)   \
+    ATTENTION_KERNEL(HD_, 2, 4)   \
+    ATTENTION_KERNEL(HD_, 2, 0)   \
+    ATTENTION_KERNEL(HD_, 3, 4)   \
+    ATTENTION_KERNEL(HD_, 3, 0)   \
+    ATTENTION_KERNEL(HD_, 4, 4)   \
+    ATTENTION_KERNEL(HD_, 4, 0)   \
+    ATTENTION_KERNEL(HD_, 8, 2)   \
+    ATTENTION_KERNEL(HD_, 8, 0)
+
+ATTENTION_KERNELS(64)
+ATTENTION_KERNELS(128)

@@ -4,7 +4,10 @@
 //! - [`shape`]: model shapes as data (`models.toml`) and the bytes a step reads;
 //! - [`engine`]: weights, KV cache and one CUDA graph per batch size; cuBLAS GEMMs or
 //!   hand-written matrix-vector kernels for the projections, NVRTC kernels for RMSNorm, RoPE,
-//!   SiLU·mul, grouped-query decode attention and greedy argmax (`kernels.cu`);
+//!   SiLU·mul, grouped-query decode attention (CUDA-core and tensor-core variants) and greedy
+//!   argmax (`kernels.cu`). Where there is a choice, each batch size's graph is built every
+//!   way and the fastest by interleaved timing is kept (on the H200: cuBLAS at every batch
+//!   size; tensor-core attention at batches 4 and 16, CUDA-core attention elsewhere);
 //! - [`CudaDecode`]: the engine stepping on a thread of its own, behind [`crate::workload::Workload`];
 //! - [`bench_batches`]: tokens/s, step time, watts and tokens per joule per batch size.
 //!
@@ -25,7 +28,10 @@ mod tests;
 
 pub use bench::{BenchConfig, BenchRow, bench_batches, bench_with, format_table};
 pub use decode::{CudaDecode, CudaDecodeConfig};
-pub use engine::{EngineOptions, GraphInfo, MatmulChoice, MatmulPath};
+pub use device::AttentionImpl;
+pub use engine::{
+    AttentionChoice, EngineOptions, GraphInfo, MatmulChoice, MatmulPath, StepVariant,
+};
 pub use error::CudaError;
 pub use plan::{AttentionSplit, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT};
 pub use shape::{ModelShape, ShapeError};

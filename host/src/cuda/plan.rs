@@ -14,7 +14,7 @@ pub const MAX_CONTEXT: u32 = 1 << 18;
 pub const MAX_BATCH: u32 = 8192;
 
 /// Shared-memory budget (bytes) for one attention block's scores (`group * chunk` floats) and,
-/// when splits merge, their weights (`group * splits` floats). With the kernel's static shared
+/// when splits merge, their maxima and sums (`2 * group * splits` floats). With the kernel's static shared
 /// memory (at most ~22 KB) it stays under the 48 KB available without opting in to more.
 pub const ATTENTION_SCORE_BYTES: u32 = 24 * 1024;
 
@@ -56,9 +56,10 @@ impl AttentionSplit {
         }
     }
 
-    /// Dynamic shared memory for one attention block, bytes.
+    /// Dynamic shared memory for one attention block, bytes: the scores, or, in the block that
+    /// merges the splits, their maxima and sums.
     pub fn shared_bytes(&self, group: u32) -> u32 {
-        4 * group * self.chunk.max(self.splits)
+        4 * group * self.chunk.max(2 * self.splits)
     }
 }
 
@@ -275,6 +276,26 @@ mod tests {
                     p.shared_bytes(4) <= ATTENTION_SCORE_BYTES,
                     "{p:?} at {context}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn every_plan_fits_the_shared_memory_budget() {
+        for (heads, kv_heads) in [(8, 8), (8, 4), (24, 8), (32, 8), (64, 8), (8, 1)] {
+            let mut s = llama_8b();
+            s.heads = heads;
+            s.kv_heads = kv_heads;
+            for context in [1, 100, 1024, 4096, 65_536, MAX_CONTEXT] {
+                for batch in [1, 2, 7, 64, 512, MAX_BATCH] {
+                    let p = AttentionSplit::plan(&s, batch, context, 132);
+                    let bytes = p.shared_bytes(s.group_size());
+                    assert!(
+                        bytes <= ATTENTION_SCORE_BYTES,
+                        "{p:?}: {bytes} bytes, group {}",
+                        s.group_size()
+                    );
+                }
             }
         }
     }

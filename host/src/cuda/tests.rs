@@ -8,9 +8,10 @@ use std::sync::{Mutex, MutexGuard};
 
 use cudarc::driver::CudaSlice;
 
-use super::device::{Arg, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, int};
+use super::device::{Arg, AttentionImpl, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, int};
 use super::engine::{
-    AttentionArgs, Engine, EngineOptions, MatmulChoice, MatmulPath, launch_attention,
+    AttentionArgs, AttentionChoice, Engine, EngineOptions, MatmulChoice, MatmulPath,
+    launch_attention,
 };
 use super::error::CudaError;
 use super::plan::AttentionSplit;
@@ -604,71 +605,77 @@ fn attention_matches_the_cpu_with_and_without_splits() {
             let part_o = upload(&gpu, &vec![0f32; pairs * g * hd]);
             let part_ml = upload(&gpu, &vec![0f32; pairs * g * 2]);
             let counters = upload(&gpu, &vec![0u32; batch * nkv]);
-            let kernel = gpu.kernels.attention(head_dim, shape.group_size()).unwrap();
-            let args = AttentionArgs {
-                batch: batch as u32,
-                qkv: gpu.addr(&dqkv, 0),
-                k_cache: gpu.addr(&dk, 0),
-                v_cache: gpu.addr(&dv, 0),
-                context: context as u32,
-                out: gpu.addr(&out, 0),
-                part_o: gpu.addr(&part_o, 0),
-                part_ml: gpu.addr(&part_ml, 0),
-                counters: gpu.addr(&counters, 0),
-                split,
-            };
-            // Twice: the merge must leave its arrival counters ready for the next launch.
-            for launch in 0..2 {
-                gpu.upload(&vec![POISON; batch * heads as usize * hd], &mut out)
+            for implementation in AttentionImpl::ALL {
+                let kernel = gpu
+                    .kernels
+                    .attention(head_dim, shape.group_size(), implementation)
                     .unwrap();
-                launch_attention(&gpu, kernel, &shape, args).unwrap();
-                let got = floats(&download(&gpu, &out));
-                let got_k = download(&gpu, &dk);
-                let got_v = download(&gpu, &dv);
-                let (qf, kf, vf) = (floats(&qkv), floats(&k_cache), floats(&v_cache));
-                let mut want = Vec::new();
-                for b in 0..batch {
-                    for kvh in 0..nkv {
-                        let seq = (b * nkv + kvh) * context * hd;
-                        let (o, k_new, v_new) = attention_reference(
-                            &qf[b * width..(b + 1) * width],
-                            &kf[seq..seq + context * hd],
-                            &vf[seq..seq + context * hd],
-                            &shape,
-                            kvh,
-                            context,
-                        );
-                        want.extend(o);
-                        let slot = seq + (context - 1) * hd;
-                        for d in 0..hd {
-                            let (got, expected) = (got_k[slot + d], k_new[d]);
-                            assert!(
-                                got.abs_diff(expected) <= 1,
-                                "key slot: {got:#x} vs {expected:#x}"
+                let args = AttentionArgs {
+                    batch: batch as u32,
+                    qkv: gpu.addr(&dqkv, 0),
+                    k_cache: gpu.addr(&dk, 0),
+                    v_cache: gpu.addr(&dv, 0),
+                    context: context as u32,
+                    out: gpu.addr(&out, 0),
+                    part_o: gpu.addr(&part_o, 0),
+                    part_ml: gpu.addr(&part_ml, 0),
+                    counters: gpu.addr(&counters, 0),
+                    split,
+                };
+                // Twice: the merge must leave its arrival counters ready for the next launch.
+                for launch in 0..2 {
+                    gpu.upload(&vec![POISON; batch * heads as usize * hd], &mut out)
+                        .unwrap();
+                    launch_attention(&gpu, kernel, &shape, args).unwrap();
+                    let got = floats(&download(&gpu, &out));
+                    let got_k = download(&gpu, &dk);
+                    let got_v = download(&gpu, &dv);
+                    let (qf, kf, vf) = (floats(&qkv), floats(&k_cache), floats(&v_cache));
+                    let mut want = Vec::new();
+                    for b in 0..batch {
+                        for kvh in 0..nkv {
+                            let seq = (b * nkv + kvh) * context * hd;
+                            let (o, k_new, v_new) = attention_reference(
+                                &qf[b * width..(b + 1) * width],
+                                &kf[seq..seq + context * hd],
+                                &vf[seq..seq + context * hd],
+                                &shape,
+                                kvh,
+                                context,
                             );
+                            want.extend(o);
+                            let slot = seq + (context - 1) * hd;
+                            for d in 0..hd {
+                                let (got, expected) = (got_k[slot + d], k_new[d]);
+                                assert!(
+                                    got.abs_diff(expected) <= 1,
+                                    "key slot: {got:#x} vs {expected:#x}"
+                                );
+                                assert_eq!(
+                                    f64::from(from_bf16(got_v[slot + d])),
+                                    v_new[d],
+                                    "value slot"
+                                );
+                            }
                             assert_eq!(
-                                f64::from(from_bf16(got_v[slot + d])),
-                                v_new[d],
-                                "value slot"
+                                got_k[seq..slot],
+                                k_cache[seq..slot],
+                                "earlier keys must not change"
                             );
                         }
-                        assert_eq!(
-                            got_k[seq..slot],
-                            k_cache[seq..slot],
-                            "earlier keys must not change"
-                        );
                     }
+                    let err = relative_error(&got, &want);
+                    assert!(
+                        err < BF16_TOLERANCE,
+                        "hd {head_dim} g {g} {} {split:?} launch {launch}: relative error {err}",
+                        implementation.name()
+                    );
+                    assert_eq!(
+                        download(&gpu, &counters),
+                        vec![0; batch * nkv],
+                        "counters reset"
+                    );
                 }
-                let err = relative_error(&got, &want);
-                assert!(
-                    err < BF16_TOLERANCE,
-                    "hd {head_dim} g {g} {split:?} launch {launch}: relative error {err}"
-                );
-                assert_eq!(
-                    download(&gpu, &counters),
-                    vec![0; batch * nkv],
-                    "counters reset"
-                );
             }
         }
     }
@@ -676,10 +683,11 @@ fn attention_matches_the_cpu_with_and_without_splits() {
 
 // ---- the engine -------------------------------------------------------------------------
 
-fn tiny_engine(matmul: MatmulChoice) -> Option<Engine> {
+fn tiny_engine(matmul: MatmulChoice, pdl: bool) -> Option<Engine> {
     let shape = tiny_shape(64, 4, 2);
     let options = EngineOptions {
         matmul,
+        pdl,
         ..EngineOptions::default()
     };
     match Engine::new(&shape, 100, 8, 0, options) {
@@ -710,7 +718,7 @@ fn cpu_argmax(logits: &[u16], vocab: usize) -> Vec<u32> {
 #[test]
 fn both_matmul_paths_compute_the_same_step() {
     let _lock = gpu_lock();
-    let Some(mut engine) = tiny_engine(MatmulChoice::Auto) else {
+    let Some(mut engine) = tiny_engine(MatmulChoice::Auto, false) else {
         return;
     };
     let vocab = engine.shape().vocab as usize;
@@ -738,10 +746,35 @@ fn both_matmul_paths_compute_the_same_step() {
 }
 
 #[test]
-fn graph_replay_matches_eager_launches() {
+fn every_step_variant_replayed_as_a_graph_matches_eager_launches() {
+    let _lock = gpu_lock();
+    let Some(mut engine) = tiny_engine(MatmulChoice::Auto, true) else {
+        return;
+    };
+    for batch in [2u32, 5, 8] {
+        let start: Vec<u32> = (0..batch).map(|b| 5 + 31 * b).collect();
+        let variants = engine.variants(batch);
+        // Both paths, both attention implementations, and PDL on and off where the GPU has it.
+        assert!(variants.len() >= 4, "{variants:?}");
+        for variant in variants {
+            engine.set_tokens(&start).unwrap();
+            engine.step_eager(batch, variant.path).unwrap();
+            let eager = floats(&engine.logits(batch).unwrap());
+            engine.set_tokens(&start).unwrap();
+            engine.replay_variant(batch, variant).unwrap();
+            let replayed = floats(&engine.logits(batch).unwrap());
+            let err = relative_error(&replayed, &eager);
+            // Only the order of float atomics in the fused norms may differ.
+            assert!(err < 1e-2, "{} batch {batch}: {err}", variant.label());
+        }
+    }
+}
+
+#[test]
+fn a_prepared_graph_steps_and_reports_its_time() {
     let _lock = gpu_lock();
     for matmul in [MatmulChoice::Gemv, MatmulChoice::Cublas] {
-        let Some(mut engine) = tiny_engine(matmul) else {
+        let Some(mut engine) = tiny_engine(matmul, false) else {
             return;
         };
         let path = if matmul == MatmulChoice::Gemv {
@@ -749,40 +782,26 @@ fn graph_replay_matches_eager_launches() {
         } else {
             MatmulPath::Cublas
         };
-        for batch in [2u32, 5] {
-            let start: Vec<u32> = (0..batch).map(|b| 5 + 31 * b).collect();
-            engine.set_tokens(&start).unwrap();
-            engine.step_eager(batch, path).unwrap();
-            let eager = floats(&engine.logits(batch).unwrap());
-            let eager_tokens = engine.tokens(batch).unwrap();
-            // Building the graph replays it (capture check, timing); reset the tokens after.
-            let info = engine.prepare(batch).unwrap().clone();
-            assert_eq!(info.path, path);
-            engine.set_tokens(&start).unwrap();
-            engine.launch_step(batch).unwrap();
-            let done = engine.drain().unwrap();
-            assert_eq!(done.len(), 1);
-            assert_eq!(done[0].batch, batch);
-            assert!(done[0].gpu_ms > 0.0);
-            let replayed = floats(&engine.logits(batch).unwrap());
-            let err = relative_error(&replayed, &eager);
-            // Only the order of float atomics in the fused norms may differ.
-            assert!(
-                err < 1e-2,
-                "{path:?} batch {batch} (pdl {}): {err}",
-                info.pdl
-            );
-            if err == 0.0 {
-                assert_eq!(engine.tokens(batch).unwrap(), eager_tokens);
-            }
-        }
+        let info = engine.prepare(3).unwrap().clone();
+        assert_eq!(info.variant.path, path);
+        engine.set_tokens(&[1, 2, 3]).unwrap();
+        engine.launch_step(3).unwrap();
+        let done = engine.drain().unwrap();
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].batch, 3);
+        assert!(done[0].gpu_ms > 0.0);
+        let logits = engine.logits(3).unwrap();
+        assert_eq!(
+            engine.tokens(3).unwrap(),
+            cpu_argmax(&logits, engine.shape().vocab as usize)
+        );
     }
 }
 
 #[test]
 fn batch_size_changes_between_steps_without_reallocation() {
     let _lock = gpu_lock();
-    let Some(mut engine) = tiny_engine(MatmulChoice::Auto) else {
+    let Some(mut engine) = tiny_engine(MatmulChoice::Auto, false) else {
         return;
     };
     let vocab = engine.shape().vocab;
@@ -796,13 +815,12 @@ fn batch_size_changes_between_steps_without_reallocation() {
             info.attention,
             AttentionSplit::plan(engine.shape(), batch, 100, engine.gpu().sms)
         );
-        if batch <= 8 {
-            assert_eq!(
-                info.candidates_ms.len(),
-                2,
-                "both paths timed at batch {batch}"
-            );
-        }
+        // Both matmul paths and both attention implementations.
+        let timed = &info.candidates_ms;
+        assert!(timed.len() >= 4, "{timed:?}");
+        assert!(timed.iter().any(|(v, _)| v.path == MatmulPath::Gemv));
+        assert!(timed.iter().any(|(v, _)| v.path == MatmulPath::Cublas));
+        assert!(timed.iter().all(|(_, ms)| *ms > 0.0));
     }
     assert_eq!(seen, [1, 3, 8, 3, 1, 7]);
     let err = engine.launch_step(9).unwrap_err().to_string();
@@ -921,7 +939,8 @@ fn the_workload_decodes_on_its_own_thread_and_follows_the_batch_size() {
 /// The benchmark table on a real GPU (ignored: minutes of device time). Environment:
 /// `TOKWATT_BENCH_MODEL` (llama-3-8b), `TOKWATT_BENCH_CONTEXT` (1024), `TOKWATT_BENCH_BATCHES`
 /// (1,4,16,64,128,256,512), `TOKWATT_BENCH_SECONDS` (3), `TOKWATT_BENCH_WARMUP` (1),
-/// `TOKWATT_BENCH_PDL` (1), `TOKWATT_BENCH_MATMUL` (auto|gemv|cublas); `TOKWATT_ENERGY_FILE`, a
+/// `TOKWATT_BENCH_PDL` (0), `TOKWATT_BENCH_MATMUL` (auto|gemv|cublas),
+/// `TOKWATT_BENCH_ATTENTION` (auto|cuda-cores|tensor-cores); `TOKWATT_ENERGY_FILE`, a
 /// file holding a joules counter that something else keeps current; `TOKWATT_REFERENCE_JSON`,
 /// the PyTorch reference's output, printed beside ours; `TOKWATT_BENCH_JSON`, where to write rows.
 #[test]
@@ -942,7 +961,12 @@ fn bench_on_device() {
         env("TOKWATT_BENCH_SECONDS", "3").parse().unwrap(),
     );
     config.warmup_seconds = env("TOKWATT_BENCH_WARMUP", "1").parse().unwrap();
-    config.engine.pdl = env("TOKWATT_BENCH_PDL", "1") == "1";
+    config.engine.pdl = env("TOKWATT_BENCH_PDL", "0") == "1";
+    config.engine.attention = match env("TOKWATT_BENCH_ATTENTION", "auto").as_str() {
+        "cuda-cores" => AttentionChoice::CudaCores,
+        "tensor-cores" => AttentionChoice::TensorCores,
+        _ => AttentionChoice::Auto,
+    };
     config.engine.matmul = match env("TOKWATT_BENCH_MATMUL", "auto").as_str() {
         "gemv" => MatmulChoice::Gemv,
         "cublas" => MatmulChoice::Cublas,
@@ -1008,7 +1032,7 @@ fn profile_parts_on_device() {
         .map(|b| b.trim().parse().unwrap())
         .collect();
     let options = EngineOptions {
-        pdl: env("TOKWATT_BENCH_PDL", "1") == "1",
+        pdl: env("TOKWATT_BENCH_PDL", "0") == "1",
         ..EngineOptions::default()
     };
     let batch_max = batches.iter().copied().max().unwrap();
