@@ -327,10 +327,12 @@ impl ControlLoop {
             } else {
                 0.0
             },
-            power_avg_w: if interval_s > 0.0 {
-                t.energy_j / interval_s
-            } else {
-                0.0
+            // Over the span between the two energy readings when the backend knows it
+            // (NVML's counter updates every 100 ms, so it differs from the tick).
+            power_avg_w: match (t.interval_s > 0.0, interval_s > 0.0) {
+                (true, _) => t.energy_j / t.interval_s,
+                (false, true) => t.energy_j / interval_s,
+                (false, false) => 0.0,
             },
             power_peak_w: t.power_peak_w,
             sm_clock_mhz: t.sm_clock_mhz,

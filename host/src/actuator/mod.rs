@@ -85,8 +85,8 @@ pub trait Actuator: Send {
 pub struct DryRun {
     devices: Vec<DeviceInfo>,
     settings: Vec<GpuSettings>,
-    /// Every change it was asked for, in order: (gpu, description).
-    pub log: Vec<(u32, String)>,
+    /// How many changes it was asked for (each is logged at info level).
+    changes_withheld: u64,
 }
 
 impl DryRun {
@@ -95,8 +95,13 @@ impl DryRun {
         Self {
             devices,
             settings,
-            log: Vec::new(),
+            changes_withheld: 0,
         }
+    }
+
+    /// Changes asked for and not made.
+    pub fn changes_withheld(&self) -> u64 {
+        self.changes_withheld
     }
 
     fn slot(&mut self, gpu: u32) -> Result<&mut GpuSettings, ActuatorError> {
@@ -108,7 +113,7 @@ impl DryRun {
 
     fn record(&mut self, gpu: u32, what: String) {
         tracing::info!(gpu, "dry-run: would {what}");
-        self.log.push((gpu, what));
+        self.changes_withheld += 1;
     }
 }
 
