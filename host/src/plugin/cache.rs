@@ -61,11 +61,13 @@ impl ComponentCache {
     /// compiled and written back. A cache that cannot be written only costs speed.
     pub fn load_or_compile(&self, engine: &Engine, wasm: &[u8]) -> Result<Component, String> {
         let path = self.path_for(wasm);
-        if path.exists() {
+        // Read into memory rather than map the file: a mapped cache file truncated by
+        // another process would crash this one (SIGBUS).
+        if let Ok(compiled) = std::fs::read(&path) {
             // SAFETY: the file is named by the hash of its source and of this engine's
             // compatibility settings, and only this cache writes it (atomically, via
             // rename); wasmtime also checks its header against the engine.
-            match unsafe { Component::deserialize_file(engine, &path) } {
+            match unsafe { Component::deserialize(engine, &compiled) } {
                 Ok(component) => return Ok(component),
                 Err(e) => {
                     tracing::warn!(path = %path.display(), "ignoring unusable cached component: {e:#}")

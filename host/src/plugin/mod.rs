@@ -568,7 +568,10 @@ mod convert {
 }
 
 #[cfg(test)]
-mod tests {
+mod tests;
+
+#[cfg(test)]
+mod unit_tests {
     use super::*;
 
     #[test]
