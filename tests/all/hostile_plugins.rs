@@ -164,3 +164,23 @@ fn other_contract_versions_are_refused() {
     let err = stderr(&output);
     assert!(err.contains("1.0.0") && err.contains("0.1.*"), "{err}");
 }
+
+#[test]
+fn a_well_behaved_stateful_plugin_is_followed_tick_by_tick() {
+    // The stateful fixture asks for 200 + n W at call n: the envelope lets each through
+    // (they are in range), so the trace shows the policy's answers applied in order.
+    let r = run_fixture(
+        "fixture_stateful",
+        "20s",
+        "[guardrails]\npower_cap_min_w = 200.0",
+    );
+    assert_run_sound(&r, 20);
+    let caps: Vec<f64> = r.trace.iter().map(|row| row.f64("power_cap_w")).collect();
+    // Row n shows the cap in force during tick n, set by call n (1-based: 200 + n).
+    assert_eq!(caps[5], 205.0, "{caps:?}");
+    assert!(
+        caps.windows(2).skip(1).all(|w| w[1] == w[0] + 1.0),
+        "{caps:?}"
+    );
+    assert_eq!(num(&r.summary, "fallback_ticks"), 0.0);
+}

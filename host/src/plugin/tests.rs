@@ -169,8 +169,7 @@ fn other_contract_versions_are_refused_by_name() {
 
 #[test]
 fn plugins_see_the_runs_clock_and_seeded_random() {
-    // Two instances with the same seed replay the same random stream (checked through
-    // the SDK's own use in hill-climb is indirect); here: the host import directly.
+    // Same seed, same stream: what makes a seeded run replay exactly.
     let limits = SandboxLimits::default();
     let mut a = sandbox::HostState::new("a", 9, &limits);
     let mut b = sandbox::HostState::new("b", 9, &limits);
