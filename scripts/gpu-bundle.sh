@@ -25,8 +25,9 @@ for line in sys.stdin:
 
 rm -rf "$dist"
 mkdir -p "$dist/specs"
-cp target/release/tokwatt "$dist/"
-cp "$test_bin" "$dist/tokwatt-lib-tests"
+# Stripped: the debug info is most of their size, and the bundle travels.
+strip -o "$dist/tokwatt" target/release/tokwatt
+strip -o "$dist/tokwatt-lib-tests" "$test_bin"
 cp target/plugins/wasm32-wasip2/plugin/policy_*.wasm "$dist/"
 cp policies/*.toml "$dist/specs/"
 cp scripts/gpu-check.sh "$dist/"
