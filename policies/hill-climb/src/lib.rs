@@ -3,7 +3,7 @@
 //!
 //! # The search
 //!
-//! Each GPU is searched on its own. A *window* sums tokens and energy over
+//! Each GPU is searched on its own, with the cap search of `tokwatt-policy-kit`. A *window* sums tokens and energy over
 //! `window_ticks` ticks at one cap and divides them (a ratio of sums, so a busy tick
 //! weighs more than a quiet one). Ticks that say nothing about the cap are skipped:
 //! `settling` ticks (a setting changed during them), idle ticks (no tokens) and ticks
@@ -47,41 +47,21 @@
 //! The policy needs the `power-cap` knob and turns no other. Its state (schema version
 //! 1, see `state.rs`) goes to a new version at a hot swap, so the search carries on.
 
-mod config;
 mod search;
 mod state;
 
-use config::Config;
 use search::GpuSearch;
+use tokwatt_policy_kit::{CapConfig, check_objective, decide_per_gpu};
 use tokwatt_policy_sdk::{
     InitArgs, Knobs, Objective, Observation, Params, Policy, Settings, State, info,
 };
 
 #[derive(Debug, Clone)]
 struct HillClimb {
-    config: Config,
+    config: CapConfig,
     objective: Objective,
     /// One search per GPU, by device index.
     searches: Vec<GpuSearch>,
-}
-
-/// Checks that the objective's limits can be met by some setting at all.
-fn validate_objective(objective: &Objective) -> Result<(), String> {
-    if let Some(limit_ms) = objective.tpot_p99_limit_ms
-        && !(limit_ms.is_finite() && limit_ms > 0.0)
-    {
-        return Err(format!(
-            "objective `tpot_p99_limit_ms` = {limit_ms} must be a positive number of ms"
-        ));
-    }
-    if let Some(min_tokens_per_s) = objective.min_tokens_per_s
-        && !(min_tokens_per_s.is_finite() && min_tokens_per_s >= 0.0)
-    {
-        return Err(format!(
-            "objective `min_tokens_per_s` = {min_tokens_per_s} must be zero or more"
-        ));
-    }
-    Ok(())
 }
 
 impl Policy for HillClimb {
@@ -91,8 +71,8 @@ impl Policy for HillClimb {
                 "hill-climb turns the power cap: add \"power-cap\" to the spec's `knobs`".into(),
             );
         }
-        let config = Config::from_params(&Params::new(&args.params))?;
-        validate_objective(&args.objective)?;
+        let config = CapConfig::from_params(&Params::new(&args.params))?;
+        check_objective(&args.objective)?;
         let searches = args
             .devices
             .iter()
@@ -119,18 +99,9 @@ impl Policy for HillClimb {
     }
 
     fn decide(&mut self, observations: &[Observation]) -> Vec<Settings> {
-        observations
-            .iter()
-            .map(|observation| {
-                let search = usize::try_from(observation.gpu)
-                    .ok()
-                    .and_then(|index| self.searches.get_mut(index));
-                match search {
-                    Some(search) => search.observe(observation, &self.objective, &self.config),
-                    None => Settings::unchanged(),
-                }
-            })
-            .collect()
+        decide_per_gpu(&mut self.searches, observations, |search, observation| {
+            search.observe(observation, &self.objective, &self.config)
+        })
     }
 
     fn snapshot(&self) -> State {

@@ -1,10 +1,20 @@
-//! The policy's parameters, read from the spec's `[params]`.
+//! The cap search's parameters, read from the spec's `[params]`.
 
 use tokwatt_policy_sdk::Params;
 
-/// How the search moves. See the crate documentation for each parameter.
+/// How the power cap search moves. The keys and defaults are the same in every policy
+/// that uses the search:
+///
+/// | key | default | meaning |
+/// |---|---|---|
+/// | `window_ticks` | 5 | settled, busy ticks per measurement |
+/// | `step_w` | 50 | first and largest step, W; also the objective raise |
+/// | `min_step_w` | 10 | smallest step, W |
+/// | `min_gain` | 0.005 | relative gain that counts as better |
+/// | `slo_hold_windows` | 10 | windows to stay above a cap that broke the objective |
+/// | `start_w` | the GPU's default cap | first cap, W |
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Config {
+pub struct CapConfig {
     /// Settled, busy ticks per measurement window.
     pub window_ticks: u32,
     /// The largest (and first) step of the power cap.
@@ -19,8 +29,8 @@ pub(crate) struct Config {
     pub start_w: Option<f64>,
 }
 
-impl Config {
-    /// The parameter names, for the unknown-parameter check.
+impl CapConfig {
+    /// The parameter names the search reads, for a policy's unknown-parameter check.
     pub const KEYS: [&str; 6] = [
         "window_ticks",
         "step_w",
@@ -30,9 +40,23 @@ impl Config {
         "start_w",
     ];
 
-    pub fn from_params(params: &Params<'_>) -> Result<Config, String> {
+    /// The search's parameters, for a policy that has no others: any key outside
+    /// [`CapConfig::KEYS`] is refused.
+    ///
+    /// # Errors
+    /// An unknown key, or a value that does not parse or makes no sense, by name.
+    pub fn from_params(params: &Params<'_>) -> Result<CapConfig, String> {
         params.check_known(&Self::KEYS)?;
-        let config = Config {
+        Self::read(params)
+    }
+
+    /// The search's parameters, for a policy that reads further keys of its own: the
+    /// caller checks for unknown keys.
+    ///
+    /// # Errors
+    /// A value that does not parse or makes no sense, by name.
+    pub fn read(params: &Params<'_>) -> Result<CapConfig, String> {
+        let config = CapConfig {
             window_ticks: params.get("window_ticks", 5)?,
             step_w: params.get("step_w", 50.0)?,
             min_step_w: params.get("min_step_w", 10.0)?,
@@ -82,16 +106,16 @@ mod tests {
     use super::*;
     use tokwatt_policy_sdk::testing;
 
-    fn config(pairs: &[(&str, &str)]) -> Result<Config, String> {
+    fn config(pairs: &[(&str, &str)]) -> Result<CapConfig, String> {
         let pairs = testing::params(pairs);
-        Config::from_params(&Params::new(&pairs))
+        CapConfig::from_params(&Params::new(&pairs))
     }
 
     #[test]
     fn defaults_match_the_documentation() {
         assert_eq!(
             config(&[]),
-            Ok(Config {
+            Ok(CapConfig {
                 window_ticks: 5,
                 step_w: 50.0,
                 min_step_w: 10.0,
@@ -118,5 +142,16 @@ mod tests {
             let error = config(pairs).err().unwrap_or_default();
             assert!(error.contains(named), "{pairs:?}: {error:?}");
         }
+    }
+
+    #[test]
+    fn read_leaves_other_keys_to_the_caller() {
+        let pairs = testing::params(&[("batch_step", "8"), ("step_w", "40")]);
+        let params = Params::new(&pairs);
+        assert_eq!(
+            CapConfig::read(&params).map(|config| config.step_w),
+            Ok(40.0)
+        );
+        assert!(CapConfig::from_params(&params).is_err());
     }
 }
