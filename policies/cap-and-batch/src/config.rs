@@ -1,24 +1,7 @@
 //! The policy's parameters, read from the spec's `[params]`.
 
+pub(crate) use tokwatt_policy_kit::CapConfig;
 use tokwatt_policy_sdk::Params;
-
-/// How the power cap search moves. See the crate documentation for each parameter.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct CapConfig {
-    /// Settled, busy ticks at one cap and one batch size per measurement window.
-    pub window_ticks: u32,
-    /// The largest (and first) step of the power cap.
-    pub step_w: f64,
-    /// The smallest step: halving stops here.
-    pub min_step_w: f64,
-    /// The relative gain in tokens per joule that counts as an improvement.
-    pub min_gain: f64,
-    /// Windows during which the search stays above a cap that broke the objective at
-    /// the smallest batch.
-    pub slo_hold_windows: u32,
-    /// Where to start; `None` starts from each GPU's default cap.
-    pub start_w: Option<f64>,
-}
 
 /// How the batch size follows the latency objective.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,14 +28,19 @@ pub(crate) struct Config {
 }
 
 impl Config {
-    /// The parameter names, for the unknown-parameter check.
-    pub const KEYS: [&str; 12] = [
-        "window_ticks",
-        "step_w",
-        "min_step_w",
-        "min_gain",
-        "slo_hold_windows",
-        "start_w",
+    /// Reads and checks every parameter; a key that neither loop reads is refused.
+    pub fn from_params(params: &Params<'_>) -> Result<Config, String> {
+        params.check_known(&[CapConfig::KEYS.as_slice(), BatchConfig::KEYS.as_slice()].concat())?;
+        Ok(Config {
+            cap: CapConfig::read(params)?,
+            batch: BatchConfig::read(params)?,
+        })
+    }
+}
+
+impl BatchConfig {
+    /// The parameter names the batch control reads.
+    const KEYS: [&str; 6] = [
         "batch_headroom",
         "batch_step",
         "batch_multiplicative_below",
@@ -61,67 +49,19 @@ impl Config {
         "start_batch_size",
     ];
 
-    pub fn from_params(params: &Params<'_>) -> Result<Config, String> {
-        params.check_known(&Self::KEYS)?;
-        let config = Config {
-            cap: CapConfig {
-                window_ticks: params.get("window_ticks", 5)?,
-                step_w: params.get("step_w", 50.0)?,
-                min_step_w: params.get("min_step_w", 10.0)?,
-                min_gain: params.get("min_gain", 0.005)?,
-                slo_hold_windows: params.get("slo_hold_windows", 10)?,
-                start_w: params.get_optional("start_w")?,
-            },
-            batch: BatchConfig {
-                headroom: params.get("batch_headroom", 0.85)?,
-                step: params.get("batch_step", 16)?,
-                multiplicative_below: params.get("batch_multiplicative_below", 64)?,
-                grow_factor: params.get("batch_grow_factor", 1.25)?,
-                shrink_factor: params.get("batch_shrink_factor", 0.7)?,
-                start: params.get_optional("start_batch_size")?,
-            },
+    fn read(params: &Params<'_>) -> Result<BatchConfig, String> {
+        let config = BatchConfig {
+            headroom: params.get("batch_headroom", 0.85)?,
+            step: params.get("batch_step", 16)?,
+            multiplicative_below: params.get("batch_multiplicative_below", 64)?,
+            grow_factor: params.get("batch_grow_factor", 1.25)?,
+            shrink_factor: params.get("batch_shrink_factor", 0.7)?,
+            start: params.get_optional("start_batch_size")?,
         };
-        config.cap.validate()?;
-        config.batch.validate()?;
+        config.validate()?;
         Ok(config)
     }
-}
 
-impl CapConfig {
-    fn validate(&self) -> Result<(), String> {
-        if self.window_ticks == 0 {
-            return Err("parameter `window_ticks` must be at least 1".into());
-        }
-        if !(self.min_step_w.is_finite() && self.min_step_w > 0.0) {
-            return Err(format!(
-                "parameter `min_step_w` = {} must be a positive number of watts",
-                self.min_step_w
-            ));
-        }
-        if !(self.step_w.is_finite() && self.step_w >= self.min_step_w) {
-            return Err(format!(
-                "parameter `step_w` = {} must be a number of watts at least `min_step_w` ({})",
-                self.step_w, self.min_step_w
-            ));
-        }
-        if !(self.min_gain.is_finite() && (0.0..1.0).contains(&self.min_gain)) {
-            return Err(format!(
-                "parameter `min_gain` = {} must be a fraction in [0, 1), e.g. 0.005 for 0.5 %",
-                self.min_gain
-            ));
-        }
-        if let Some(start_w) = self.start_w
-            && !(start_w.is_finite() && start_w > 0.0)
-        {
-            return Err(format!(
-                "parameter `start_w` = {start_w} must be a positive number of watts"
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl BatchConfig {
     fn validate(&self) -> Result<(), String> {
         if !(self.headroom.is_finite() && self.headroom > 0.0 && self.headroom <= 1.0) {
             return Err(format!(

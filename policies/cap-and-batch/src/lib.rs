@@ -23,7 +23,7 @@
 //!
 //! # The power cap: hill climbing on windows of one batch size
 //!
-//! As in the `hill-climb` policy, a *window* sums tokens and energy over `window_ticks`
+//! With the cap search of `tokwatt-policy-kit`, as in the `hill-climb` policy, a *window* sums tokens and energy over `window_ticks`
 //! settled, busy ticks and divides them; a full window is compared with the previous
 //! one. Better by more than `min_gain`: keep going (doubling the step, up to `step_w`,
 //! from the second improvement in a row); otherwise reverse and halve the step (down to
@@ -68,8 +68,8 @@ mod config;
 mod state;
 
 use batch::{BatchControl, BatchMove};
-use cap::CapSearch;
 use config::Config;
+use tokwatt_policy_kit::{CapSearch, WindowScope, check_objective, decide_per_gpu};
 use tokwatt_policy_sdk::{
     DeviceFacts, InitArgs, Knobs, Objective, Observation, Params, Policy, Settings, State, info,
 };
@@ -84,7 +84,8 @@ struct GpuControl {
 impl GpuControl {
     fn new(device: &DeviceFacts, config: &Config) -> Result<GpuControl, String> {
         Ok(GpuControl {
-            cap: CapSearch::new(device, &config.cap)?,
+            // A window holds one batch size: the batch loop's moves are not the cap's.
+            cap: CapSearch::new(device, &config.cap, WindowScope::CapAndBatch)?,
             batch: BatchControl::new(device, config.batch.start)?,
         })
     }
@@ -110,8 +111,7 @@ impl GpuControl {
                 self.cap.request(in_force.power_cap_w)
             }
             BatchMove::AtSmallest => {
-                self.cap.raise_for_slo(observation, &config.cap);
-                self.cap.request(in_force.power_cap_w)
+                cap::raise_at_smallest_batch(&mut self.cap, observation, &config.cap)
             }
         };
         Settings {
@@ -139,18 +139,7 @@ fn latency_limit(objective: &Objective) -> Result<f64, String> {
     let Some(limit_ms) = objective.tpot_p99_limit_ms else {
         return Err(MISSING.into());
     };
-    if !(limit_ms.is_finite() && limit_ms > 0.0) {
-        return Err(format!(
-            "objective `tpot_p99_limit_ms` = {limit_ms} must be a positive number of ms"
-        ));
-    }
-    if let Some(min_tokens_per_s) = objective.min_tokens_per_s
-        && !(min_tokens_per_s.is_finite() && min_tokens_per_s >= 0.0)
-    {
-        return Err(format!(
-            "objective `min_tokens_per_s` = {min_tokens_per_s} must be zero or more"
-        ));
-    }
+    check_objective(objective)?;
     Ok(limit_ms)
 }
 
@@ -203,18 +192,9 @@ impl Policy for CapAndBatch {
     }
 
     fn decide(&mut self, observations: &[Observation]) -> Vec<Settings> {
-        observations
-            .iter()
-            .map(|observation| {
-                let control = usize::try_from(observation.gpu)
-                    .ok()
-                    .and_then(|index| self.gpus.get_mut(index));
-                match control {
-                    Some(control) => control.observe(observation, self.limit_ms, &self.config),
-                    None => Settings::unchanged(),
-                }
-            })
-            .collect()
+        decide_per_gpu(&mut self.gpus, observations, |control, observation| {
+            control.observe(observation, self.limit_ms, &self.config)
+        })
     }
 
     fn snapshot(&self) -> State {
