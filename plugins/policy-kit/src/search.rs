@@ -372,3 +372,140 @@ impl CapSearch {
         step(self.direction, self.step_w)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokwatt_policy_sdk::testing;
+
+    /// The documented defaults, with windows of two ticks to keep the tests short.
+    fn config() -> CapConfig {
+        CapConfig {
+            window_ticks: 2,
+            step_w: 50.0,
+            min_step_w: 10.0,
+            min_gain: 0.005,
+            slo_hold_windows: 3,
+            start_w: None,
+        }
+    }
+
+    fn search(scope: WindowScope) -> CapSearch {
+        CapSearch::new(&testing::h200(0), &config(), scope).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A settled, busy tick at `cap_w` and `batch` giving `tokens_per_j`.
+    fn tick(cap_w: f64, batch: u32, tokens_per_j: f64) -> Observation {
+        let mut observation = testing::observation(0, 0);
+        observation.in_force.power_cap_w = cap_w;
+        observation.in_force.batch_size = batch;
+        observation.energy_j = 500.0;
+        observation.tokens = (tokens_per_j * 500.0).round() as u64;
+        observation
+    }
+
+    /// Feeds one full window at `cap_w` and returns the cap asked for after it.
+    fn window(search: &mut CapSearch, cap_w: f64, tokens_per_j: f64) -> Option<f64> {
+        search.observe(&tick(cap_w, 64, tokens_per_j), &config());
+        search.observe(&tick(cap_w, 64, tokens_per_j), &config())
+    }
+
+    #[test]
+    fn starts_at_the_default_cap_inside_the_range_going_down() {
+        let search = search(WindowScope::Cap);
+        assert_eq!((search.min_w, search.max_w), (200.0, 700.0));
+        assert_eq!(search.target_w, 700.0);
+        assert_eq!(search.direction, Direction::Down);
+        let mut narrow = testing::h200(1);
+        narrow.power_cap_min_w = 800.0;
+        let error = CapSearch::new(&narrow, &config(), WindowScope::Cap)
+            .err()
+            .unwrap_or_default();
+        assert!(
+            error.contains("gpu 1") && error.contains("800-700 W"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn only_settled_busy_ticks_with_energy_fill_a_window() {
+        let mut search = search(WindowScope::Cap);
+        let busy = tick(700.0, 64, 10.0);
+        let mut settling = busy;
+        settling.settling = true;
+        let mut idle = busy;
+        idle.tokens = 0;
+        let mut no_energy = busy;
+        no_energy.energy_j = f64::NAN;
+        for observation in [busy, settling, idle, no_energy] {
+            assert_eq!(search.observe(&observation, &config()), None);
+        }
+        assert_eq!(search.window.ticks, 1);
+        assert_eq!(search.observe(&busy, &config()), Some(650.0));
+        assert_eq!(
+            search.previous,
+            Some(Measurement {
+                cap_w: 700.0,
+                tokens_per_j: 10.0
+            })
+        );
+    }
+
+    #[test]
+    fn better_keeps_going_and_doubles_from_the_second_gain_worse_reverses_and_halves() {
+        let mut search = search(WindowScope::Cap);
+        search.step_w = 20.0;
+        assert_eq!(window(&mut search, 700.0, 10.0), Some(680.0));
+        assert_eq!(window(&mut search, 680.0, 10.2), Some(660.0));
+        // The second gain in a row doubles the step, up to `step_w`.
+        assert_eq!(window(&mut search, 660.0, 10.4), Some(620.0));
+        assert_eq!(search.improvements_in_a_row, 2);
+        // A change within `min_gain` is noise: reverse and halve.
+        assert_eq!(window(&mut search, 620.0, 10.42), Some(640.0));
+        assert_eq!((search.direction, search.step_w), (Direction::Up, 20.0));
+        assert_eq!(window(&mut search, 640.0, 10.0), Some(630.0));
+        assert_eq!((search.direction, search.step_w), (Direction::Down, 10.0));
+    }
+
+    #[test]
+    fn at_a_bound_the_search_turns_back_by_the_smallest_step() {
+        let mut search = search(WindowScope::Cap);
+        search.direction = Direction::Up;
+        assert_eq!(window(&mut search, 700.0, 10.0), Some(690.0));
+        assert_eq!((search.direction, search.step_w), (Direction::Down, 10.0));
+    }
+
+    #[test]
+    fn a_window_holds_the_batch_only_under_the_batch_scope() {
+        for (scope, ticks_after_resize) in [(WindowScope::Cap, 2), (WindowScope::CapAndBatch, 1)] {
+            let mut search = search(scope);
+            let mut long = config();
+            long.window_ticks = 10;
+            search.observe(&tick(700.0, 64, 10.0), &long);
+            search.observe(&tick(700.0, 80, 10.0), &long);
+            assert_eq!(search.window.ticks, ticks_after_resize, "{scope:?}");
+        }
+        let mut search = search(WindowScope::CapAndBatch);
+        search.observe(&tick(700.0, 64, 10.0), &config());
+        search.restart_window(&tick(700.0, 64, 10.0));
+        assert_eq!(search.window, Window::empty(700.0, 64));
+    }
+
+    #[test]
+    fn a_raise_sets_a_floor_that_lifts_after_its_windows() {
+        let mut search = search(WindowScope::Cap);
+        search.target_w = 400.0;
+        assert_eq!(
+            search.raise_for_slo(&tick(400.0, 64, 10.0), &config()),
+            450.0
+        );
+        assert_eq!((search.direction, search.step_w), (Direction::Down, 10.0));
+        // Probing down from 450 W stops at the floor plus the smallest step.
+        search.step_w = 50.0;
+        assert_eq!(window(&mut search, 450.0, 10.0), Some(410.0));
+        assert_eq!(search.slo_floor.map(|floor| floor.windows_left), Some(2));
+        window(&mut search, 410.0, 10.0);
+        window(&mut search, 420.0, 10.0);
+        assert_eq!(search.slo_floor, None);
+    }
+}

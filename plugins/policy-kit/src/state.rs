@@ -165,3 +165,122 @@ impl CapSearch {
         Ok(search)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokwatt_policy_sdk::testing;
+
+    fn config() -> CapConfig {
+        CapConfig {
+            window_ticks: 5,
+            step_w: 50.0,
+            min_step_w: 10.0,
+            min_gain: 0.005,
+            slo_hold_windows: 10,
+            start_w: None,
+        }
+    }
+
+    /// A search on `gpu` with every field away from its starting value.
+    fn busy_search(gpu: u32, scope: WindowScope) -> CapSearch {
+        let mut search = CapSearch::new(&testing::h200(gpu), &config(), scope)
+            .unwrap_or_else(|error| panic!("{error}"));
+        search.target_w = 480.0;
+        search.step_w = 20.0;
+        search.direction = Direction::Up;
+        search.improvements_in_a_row = 2;
+        search.window = Window {
+            cap_w: 460.0,
+            batch_size: if scope == WindowScope::Cap { 0 } else { 192 },
+            tokens: 123_456,
+            energy_j: 4321.5,
+            ticks: 3,
+        };
+        search.previous = Some(Measurement {
+            cap_w: 440.0,
+            tokens_per_j: 19.5,
+        });
+        search.slo_floor = Some(SloFloor {
+            cap_w: 400.0,
+            windows_left: 4,
+        });
+        search
+    }
+
+    fn encode(searches: &[CapSearch]) -> State {
+        encode_per_gpu(7, searches, |writer, search| search.write_state(writer))
+    }
+
+    fn decode(state: &State, current: &[CapSearch]) -> Result<Vec<CapSearch>, String> {
+        decode_per_gpu(state, 7, current, |reader, search| {
+            search.read_state(reader, &config())
+        })
+    }
+
+    #[test]
+    fn searches_round_trip_in_both_scopes_and_only_the_batch_scope_writes_the_batch() {
+        let mut lengths = Vec::new();
+        for scope in [WindowScope::Cap, WindowScope::CapAndBatch] {
+            let old = [busy_search(0, scope), busy_search(1, scope)];
+            let state = encode(&old);
+            assert_eq!(state.schema_version, 7);
+            let fresh = [0, 1].map(|gpu| {
+                CapSearch::new(&testing::h200(gpu), &config(), scope)
+                    .unwrap_or_else(|error| panic!("{error}"))
+            });
+            assert_eq!(decode(&state, &fresh), Ok(old.to_vec()), "{scope:?}");
+            lengths.push(state.bytes.len());
+        }
+        // Per GPU, the batch scope adds one u32: the window's batch size.
+        assert_eq!(lengths[1] - lengths[0], 2 * 4);
+    }
+
+    #[test]
+    fn restored_values_are_fitted_to_the_new_range_and_config() {
+        let state = encode(&[busy_search(0, WindowScope::Cap)]);
+        let mut device = testing::h200(0);
+        device.power_cap_max_w = 450.0;
+        let mut narrower = config();
+        narrower.step_w = 15.0;
+        narrower.slo_hold_windows = 2;
+        let current = CapSearch::new(&device, &narrower, WindowScope::Cap)
+            .unwrap_or_else(|error| panic!("{error}"));
+        let restored = decode_per_gpu(&state, 7, &[current], |reader, search| {
+            search.read_state(reader, &narrower)
+        });
+        let Ok([restored]) = restored.as_deref() else {
+            panic!("{restored:?}");
+        };
+        assert_eq!(restored.target_w, 450.0);
+        assert_eq!(restored.step_w, 15.0);
+        assert_eq!(restored.slo_floor.map(|floor| floor.windows_left), Some(2));
+    }
+
+    #[test]
+    fn foreign_or_damaged_state_is_refused_by_what_is_wrong() {
+        let current = [busy_search(0, WindowScope::Cap)];
+        let good = encode(&current);
+        let error = |state: &State| decode(state, &current).err().unwrap_or_default();
+
+        let other_schema = State {
+            schema_version: 8,
+            bytes: good.bytes.clone(),
+        };
+        assert!(error(&other_schema).contains("schema version 7, got version 8"));
+        let two_gpus = encode(&[current[0].clone(), current[0].clone()]);
+        assert!(error(&two_gpus).contains("the state is for 2 GPUs"));
+        let mut truncated = good.clone();
+        truncated.bytes.pop();
+        assert!(!error(&truncated).is_empty());
+        let mut extended = good.clone();
+        extended.bytes.push(0);
+        assert!(error(&extended).contains("unexpected bytes"));
+        let mut not_a_number = good.clone();
+        not_a_number.bytes[4..12].copy_from_slice(&f64::NAN.to_le_bytes());
+        assert!(error(&not_a_number).contains("gpu 0: target_w in the state is NaN"));
+        let mut bad_direction = good;
+        bad_direction.bytes[20] = 2;
+        assert!(error(&bad_direction).contains("gpu 0: direction 2"));
+    }
+}
