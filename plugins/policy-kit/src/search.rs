@@ -28,7 +28,9 @@ pub const CAP_TOLERANCE_W: f64 = 0.5;
 /// Which way the power cap moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
+    /// Towards lower caps.
     Down,
+    /// Towards higher caps.
     Up,
 }
 
@@ -80,11 +82,15 @@ impl WindowScope {
 /// under [`WindowScope::CapAndBatch`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Window {
+    /// The cap in force over the window, W.
     pub cap_w: f64,
     /// The batch size the window is held at; 0 under [`WindowScope::Cap`].
     pub batch_size: u32,
+    /// Tokens made over the window's ticks.
     pub tokens: u64,
+    /// Energy used over the window's ticks, J.
     pub energy_j: f64,
+    /// The ticks summed so far.
     pub ticks: u32,
 }
 
@@ -109,7 +115,9 @@ impl Window {
 /// The efficiency measured over one full window.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Measurement {
+    /// The cap the window ran at, W.
     pub cap_w: f64,
+    /// Tokens per joule over the window, as a ratio of sums.
     pub tokens_per_j: f64,
 }
 
@@ -117,13 +125,16 @@ pub struct Measurement {
 /// `windows_left` more windows, then may probe below it again (the load may have eased).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SloFloor {
+    /// The cap that broke the objective, W.
     pub cap_w: f64,
+    /// Full windows until the floor lifts.
     pub windows_left: u32,
 }
 
 /// The power cap search of one GPU.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CapSearch {
+    /// The device index of the GPU searched.
     pub gpu: u32,
     /// The device's power cap range, after the operator's guardrails.
     pub min_w: f64,
@@ -141,6 +152,7 @@ pub struct CapSearch {
     pub window: Window,
     /// The last full window, the reference for the next one.
     pub previous: Option<Measurement>,
+    /// The cap the search stays above for a while after it broke the objective.
     pub slo_floor: Option<SloFloor>,
     /// What a window holds still; fixed by the policy, not part of the handed-over state.
     pub scope: WindowScope,

@@ -169,17 +169,11 @@ impl CapSearch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokwatt_policy_sdk::testing;
+    use tokwatt_policy_sdk::{Params, testing};
 
+    /// The documented defaults.
     fn config() -> CapConfig {
-        CapConfig {
-            window_ticks: 5,
-            step_w: 50.0,
-            min_step_w: 10.0,
-            min_gain: 0.005,
-            slo_hold_windows: 10,
-            start_w: None,
-        }
+        CapConfig::from_params(&Params::new(&[])).unwrap_or_else(|error| panic!("{error}"))
     }
 
     /// A search on `gpu` with every field away from its starting value.
