@@ -37,9 +37,29 @@ step "tokwatt bench workload (llama-3-8b, ctx 1024)"
 
 if [[ -f pytorch_decode_reference.py ]]; then
   step "PyTorch reference, same GPU, same run"
-  MODEL=llama-3-8b CTX=1024 BATCHES=1,4,16,64,128,256,512 \
+  env -u OUT MODEL=llama-3-8b CTX=1024 SECS="$seconds" BATCHES=1,4,16,64,128,256,512 \
     python3 pytorch_decode_reference.py > "$out/bench-reference.json" 2> "$out/bench-reference.log" || status=1
-  tail -n 12 "$out/bench-reference.log"
+  step "side by side (tokens/s; energy from the NVML counter in both)"
+  python3 - "$out/bench-tokwatt.json" "$out/bench-reference.json" <<'PY' | tee "$out/side-by-side.txt"
+import json, sys
+ours = {r["batch"]: r for r in json.load(open(sys.argv[1]))}
+ref = {}
+for line in open(sys.argv[2]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if isinstance(r, dict) and "batch" in r:
+        ref[r["batch"]] = r
+print(f"{'batch':>5} {'tokwatt tok/s':>14} {'ref tok/s':>10} {'ratio':>6} {'step ms':>8} {'W':>6} {'tok/J':>7} {'ref W':>6} {'ref tok/J':>9}")
+for b in sorted(ours):
+    o, r = ours[b], ref.get(b, {})
+    rt = r.get("tok_s")
+    ratio = o["tokens_per_s"] / rt if rt else float("nan")
+    print(f"{b:>5} {o['tokens_per_s']:>14.1f} {rt or float('nan'):>10.1f} {ratio:>6.3f} {o['step_ms']:>8.3f} "
+          f"{o.get('watts') or float('nan'):>6.1f} {o.get('tokens_per_j') or float('nan'):>7.3f} "
+          f"{float(r.get('watts', 'nan')):>6.1f} {float(r.get('tok_per_j', 'nan')):>9.3f}")
+PY
 fi
 
 step "dry-run tokwatt run: cap and batch decided, caps logged not applied"
