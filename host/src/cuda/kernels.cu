@@ -496,6 +496,30 @@ GEMV_FOR_BATCH(8, 2, 1)
 #define ATT_THREADS 128
 #define ATT_WARPS (ATT_THREADS / WARP_SIZE)
 
+// Cache rows are read so that every 16-byte load instruction of a warp covers whole 32-byte
+// sectors: lanes that read the same row take adjacent 16-byte pieces. (Reading 32 contiguous
+// bytes per lane as two loads would fetch each sector from L2 twice, since the streaming loads
+// do not allocate in L1.) Which dimensions a lane then holds is given by these maps.
+
+// CUDA cores: element e (0..15) of the thread that is `sub`-th of its position's HD / 16
+// threads: two runs of 8, one in each half of the row.
+template <int HD>
+__device__ __forceinline__ int thread_dim(int sub, int e) {
+    return (e >> 3) * (HD / 2) + sub * 8 + (e & 7);
+}
+
+// Tensor-core scores: 32-bit word w of the key row quarter held by lane t4 (of 4): its load
+// v = w / 4 covers 32 dimensions, 8 per lane.
+__device__ __forceinline__ int key_word_dim(int t4, int w) {
+    return (w >> 2) * 32 + t4 * 8 + (w & 3) * 2;
+}
+
+// Tensor-core values: 32-bit word mt (one per m-tile) of the value row part held by lane gid
+// (of 8): its load v = mt / 4 covers 64 dimensions, 8 per lane.
+__device__ __forceinline__ int value_word_dim(int gid, int mt) {
+    return (mt >> 2) * 64 + gid * 8 + (mt & 3) * 2;
+}
+
 template <int HD, int G, int U>
 __device__ __forceinline__ void attention_impl(
     const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* __restrict__ k_cache,
@@ -575,15 +599,15 @@ __device__ __forceinline__ void attention_impl(
 
     // Pass 1: scores for cache positions [start, stop).
     if constexpr (U > 0) {
-        // CUDA cores: TPP threads per position, 16 dimensions each, butterfly sums.
+        // CUDA cores: TPP threads per position, 16 dimensions each (`thread_dim`), butterfly sums.
         const int sub = tid % TPP;   // which 16 dimensions this thread handles
         const int pgrp = tid / TPP;  // which position of an iteration
-        const bf16* kbase = k_cache + seq_base + sub * 16;
+        const bf16* kbase = k_cache + seq_base + sub * 8;
         float qr[G][16];
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
-            for (int e = 0; e < 16; ++e) qr[g][e] = q_s[g][sub * 16 + e];
+            for (int e = 0; e < 16; ++e) qr[g][e] = q_s[g][thread_dim<HD>(sub, e)];
         for (int p0 = start; p0 < stop; p0 += PPI * U) {
             uint4 kv[U][2];
 #pragma unroll
@@ -591,7 +615,7 @@ __device__ __forceinline__ void attention_impl(
                 const int p = p0 + u * PPI + pgrp;
                 if (p < stop) {
                     kv[u][0] = ld_stream(kbase + (size_t)p * HD);
-                    kv[u][1] = ld_stream(kbase + (size_t)p * HD + 8);
+                    kv[u][1] = ld_stream(kbase + (size_t)p * HD + HALF);
                 } else {
                     kv[u][0] = make_uint4(0, 0, 0, 0);
                     kv[u][1] = make_uint4(0, 0, 0, 0);
@@ -621,9 +645,9 @@ __device__ __forceinline__ void attention_impl(
     } else {
         // Tensor cores: each warp takes tiles of 16 positions; S[p][h] = K[p][:] · Q[h][:] as
         // mma.m16n8k16 with A = 16 key rows, B = the (up to 8) query heads. Lane (gid, t4) loads
-        // the t4-th quarter of rows gid and gid + 8 with 16-byte loads; the contraction order
-        // of the dimensions is permuted identically for keys and queries, which a dot product
-        // does not notice.
+        // a quarter of rows gid and gid + 8 with 16-byte loads (`key_word_dim`); the contraction
+        // order of the dimensions is permuted identically for keys and queries, which a dot
+        // product does not notice.
         constexpr int QD = HD / 4;      // dimensions of a row per lane
         constexpr int QW = QD / 2;      // their 32-bit words
         constexpr int KSTEPS = HD / 16;
@@ -633,15 +657,16 @@ __device__ __forceinline__ void attention_impl(
 #pragma unroll
         for (int j = 0; j < KSTEPS; ++j) {
             if (gid < G) {
-                const float* q = &q_s[gid][t4 * QD + 4 * j];
-                qb[j][0] = pack_bf16x2(q[0], q[1]);
-                qb[j][1] = pack_bf16x2(q[2], q[3]);
+                const float* q0 = &q_s[gid][key_word_dim(t4, 2 * j)];
+                const float* q1 = &q_s[gid][key_word_dim(t4, 2 * j + 1)];
+                qb[j][0] = pack_bf16x2(q0[0], q0[1]);
+                qb[j][1] = pack_bf16x2(q1[0], q1[1]);
             } else {
                 qb[j][0] = 0u;
                 qb[j][1] = 0u;
             }
         }
-        const bf16* kq = k_cache + seq_base + t4 * QD;
+        const bf16* kq = k_cache + seq_base + t4 * 8;
         for (int t0 = start + warp * 16; t0 < stop; t0 += ATT_WARPS * 16 * UT) {
             u32 kw[UT][2][QW];
 #pragma unroll
@@ -651,7 +676,7 @@ __device__ __forceinline__ void attention_impl(
                     const int p = t0 + u * ATT_WARPS * 16 + gid + 8 * h;
 #pragma unroll
                     for (int v = 0; v < QW / 4; ++v) {
-                        const uint4 x = p < stop ? ld_stream(kq + (size_t)p * HD + 8 * v) : make_uint4(0, 0, 0, 0);
+                        const uint4 x = p < stop ? ld_stream(kq + (size_t)p * HD + 32 * v) : make_uint4(0, 0, 0, 0);
                         kw[u][h][4 * v] = x.x;
                         kw[u][h][4 * v + 1] = x.y;
                         kw[u][h][4 * v + 2] = x.z;
@@ -734,7 +759,7 @@ __device__ __forceinline__ void attention_impl(
     if constexpr (U > 0) {
         const int sub = tid % TPP;   // which 16 dimensions this thread handles
         const int pgrp = tid / TPP;  // which position of an iteration
-        const bf16* vbase = v_cache + seq_base + sub * 16;
+        const bf16* vbase = v_cache + seq_base + sub * 8;
         float acc[G][16];
 #pragma unroll
         for (int g = 0; g < G; ++g)
@@ -747,7 +772,7 @@ __device__ __forceinline__ void attention_impl(
                 const int p = p0 + u * PPI + pgrp;
                 if (p < stop) {
                     vv[u][0] = ld_stream(vbase + (size_t)p * HD);
-                    vv[u][1] = ld_stream(vbase + (size_t)p * HD + 8);
+                    vv[u][1] = ld_stream(vbase + (size_t)p * HD + HALF);
                 } else {
                     vv[u][0] = make_uint4(0, 0, 0, 0);
                     vv[u][1] = make_uint4(0, 0, 0, 0);
@@ -774,7 +799,7 @@ __device__ __forceinline__ void attention_impl(
             for (int g = 0; g < G; ++g) {
                 const float w = scores[g * chunk + (pos - start)];
 #pragma unroll
-                for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vnew_s[sub * 16 + e], acc[g][e]);
+                for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vnew_s[thread_dim<HD>(sub, e)], acc[g][e]);
             }
         }
         // Lanes with the same `sub` hold partial sums for the same dimensions.
@@ -788,16 +813,15 @@ __device__ __forceinline__ void attention_impl(
 #pragma unroll
             for (int g = 0; g < G; ++g)
 #pragma unroll
-                for (int e = 0; e < 16; ++e) red[warp][g * HD + lane * 16 + e] = acc[g][e];
+                for (int e = 0; e < 16; ++e) red[warp][g * HD + thread_dim<HD>(lane, e)] = acc[g][e];
         }
     } else {
         // Tensor cores: O^T[d][h] = V^T[d][:] · P^T[:][h] as mma.m16n8k16 with A = 16 value
         // dimensions x 16 positions, B = the probabilities of the (up to 8) heads. Lane (gid, t4)
-        // loads positions 2*t4, 2*t4 + 1, 2*t4 + 8, 2*t4 + 9 of a tile, dimensions
-        // [gid * DV, gid * DV + DV); word mt of that chunk holds the dimensions of rows gid and
-        // gid + 8 of m-tile mt, which byte permutes pair up across positions.
-        constexpr int DV = HD / 8;      // dimensions per lane and position
-        constexpr int MT = HD / 16;     // m-tiles (= 32-bit words of DV dimensions)
+        // loads positions 2*t4, 2*t4 + 1, 2*t4 + 8, 2*t4 + 9 of a tile, HD / 8 dimensions of
+        // each; word mt of them holds the dimensions (`value_word_dim`) of rows gid and gid + 8
+        // of m-tile mt, which byte permutes pair up across positions.
+        constexpr int MT = HD / 16;     // m-tiles (= 32-bit words of a lane's dimensions)
         constexpr int UT = 2;
         const int gid = lane >> 2, t4 = lane & 3;
         float acc[MT][4];
@@ -805,7 +829,7 @@ __device__ __forceinline__ void attention_impl(
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][e] = 0.f;
-        const bf16* vq = v_cache + seq_base + gid * DV;
+        const bf16* vq = v_cache + seq_base + gid * 8;
         for (int t0 = start + warp * 16; t0 < stop; t0 += ATT_WARPS * 16 * UT) {
             u32 vw[UT][4][MT];
 #pragma unroll
@@ -815,7 +839,7 @@ __device__ __forceinline__ void attention_impl(
                     const int p = t0 + u * ATT_WARPS * 16 + 2 * t4 + (k4 & 1) + 8 * (k4 >> 1);
 #pragma unroll
                     for (int v = 0; v < MT / 4; ++v) {
-                        const uint4 x = p < stop ? ld_stream(vq + (size_t)p * HD + 8 * v) : make_uint4(0, 0, 0, 0);
+                        const uint4 x = p < stop ? ld_stream(vq + (size_t)p * HD + 64 * v) : make_uint4(0, 0, 0, 0);
                         vw[u][k4][4 * v] = x.x;
                         vw[u][k4][4 * v + 1] = x.y;
                         vw[u][k4][4 * v + 2] = x.z;
@@ -842,13 +866,13 @@ __device__ __forceinline__ void attention_impl(
                 }
             }
         }
-        // c0: (dim gid*DV + 2*mt, head 2*t4), c1: head 2*t4 + 1; c2, c3: dim + 1.
+        // c0: (dim value_word_dim(gid, mt), head 2*t4), c1: head 2*t4 + 1; c2, c3: dim + 1.
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int head = 2 * t4 + (e & 1);
-                const int dim = gid * DV + 2 * mt + (e >> 1);
+                const int dim = value_word_dim(gid, mt) + (e >> 1);
                 if (head < G) {
                     float o = acc[mt][e];
                     // The new token's value is not in the cache reads: warp 0 adds it.
