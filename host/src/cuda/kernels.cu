@@ -488,8 +488,8 @@ GEMV_FOR_BATCH(8, 2, 1)
 // The block owning `pos` uses the new key and value from shared memory rather than reading them
 // back, so no block reads a cache slot written in the same launch.
 // Softmax runs in base 2: q is scaled by log2(e) / sqrt(HD) up front.
-// Two implementations of the score and value passes share everything else: CUDA cores (U > 0,
-// fp32) and tensor cores (U == 0: bf16 mma.sync with fp32 accumulation, as flash attention
+// The score and the value pass each come in two implementations that share everything else:
+// CUDA cores (fp32) and tensor cores (bf16 mma.sync with fp32 accumulation, as flash attention
 // does; far fewer instructions per byte, which matters once the power cap lowers the clock).
 // ---------------------------------------------------------------------------------------------
 
@@ -520,7 +520,7 @@ __device__ __forceinline__ int value_word_dim(int gid, int mt) {
     return (mt >> 2) * 64 + gid * 8 + (mt & 3) * 2;
 }
 
-template <int HD, int G, int U>
+template <int HD, int G, int UK, int UV>
 __device__ __forceinline__ void attention_impl(
     const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* __restrict__ k_cache,
     bf16* __restrict__ v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,
@@ -528,8 +528,8 @@ __device__ __forceinline__ void attention_impl(
     float q_scale, float log2_theta) {
     constexpr int TPP = HD / 16;             // threads per position; each handles 16 dims
     constexpr int PPI = ATT_THREADS / TPP;   // positions per block iteration
-    // U > 0: CUDA cores, U block iterations with loads in flight (32 bytes per thread each);
-    // U == 0: tensor cores for both passes.
+    // UK (scores) and UV (values) > 0: that pass on CUDA cores, with that many block iterations
+    // of loads in flight (32 bytes per thread each); 0: that pass on tensor cores.
 
     extern __shared__ float scores[];        // [G][chunk]; the merge reuses it as [2][G][splits]
     __shared__ float q_s[G][HD];
@@ -598,7 +598,7 @@ __device__ __forceinline__ void attention_impl(
     __syncthreads();
 
     // Pass 1: scores for cache positions [start, stop).
-    if constexpr (U > 0) {
+    if constexpr (UK > 0) {
         // CUDA cores: TPP threads per position, 16 dimensions each (`thread_dim`), butterfly sums.
         const int sub = tid % TPP;   // which 16 dimensions this thread handles
         const int pgrp = tid / TPP;  // which position of an iteration
@@ -608,10 +608,10 @@ __device__ __forceinline__ void attention_impl(
         for (int g = 0; g < G; ++g)
 #pragma unroll
             for (int e = 0; e < 16; ++e) qr[g][e] = q_s[g][thread_dim<HD>(sub, e)];
-        for (int p0 = start; p0 < stop; p0 += PPI * U) {
-            uint4 kv[U][2];
+        for (int p0 = start; p0 < stop; p0 += PPI * UK) {
+            uint4 kv[UK][2];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
+            for (int u = 0; u < UK; ++u) {
                 const int p = p0 + u * PPI + pgrp;
                 if (p < stop) {
                     kv[u][0] = ld_stream(kbase + (size_t)p * HD);
@@ -622,7 +622,7 @@ __device__ __forceinline__ void attention_impl(
                 }
             }
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
+            for (int u = 0; u < UK; ++u) {
                 float kf[16];
                 unpack8(kv[u][0], kf);
                 unpack8(kv[u][1], kf + 8);
@@ -756,7 +756,7 @@ __device__ __forceinline__ void attention_impl(
     }
 
     // Pass 2: weighted sum of values, into red[warp][head][dim].
-    if constexpr (U > 0) {
+    if constexpr (UV > 0) {
         const int sub = tid % TPP;   // which 16 dimensions this thread handles
         const int pgrp = tid / TPP;  // which position of an iteration
         const bf16* vbase = v_cache + seq_base + sub * 8;
@@ -765,10 +765,10 @@ __device__ __forceinline__ void attention_impl(
         for (int g = 0; g < G; ++g)
 #pragma unroll
             for (int e = 0; e < 16; ++e) acc[g][e] = 0.f;
-        for (int p0 = start; p0 < stop; p0 += PPI * U) {
-            uint4 vv[U][2];
+        for (int p0 = start; p0 < stop; p0 += PPI * UV) {
+            uint4 vv[UV][2];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
+            for (int u = 0; u < UV; ++u) {
                 const int p = p0 + u * PPI + pgrp;
                 if (p < stop) {
                     vv[u][0] = ld_stream(vbase + (size_t)p * HD);
@@ -779,7 +779,7 @@ __device__ __forceinline__ void attention_impl(
                 }
             }
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
+            for (int u = 0; u < UV; ++u) {
                 const int p = p0 + u * PPI + pgrp;
                 if (p < stop) {
                     float vf[16];
@@ -949,30 +949,31 @@ __device__ __forceinline__ void attention_impl(
     if (tid == 0) counters[pair] = 0u;
 }
 
-#define ATTENTION_KERNEL(HD_, G_, U_)                                                             \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_hd##HD_##_g##G_##_u##U_(   \
+#define ATTENTION_KERNEL(HD_, G_, UK_, UV_)                                                       \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                     \
+        attention_hd##HD_##_g##G_##_k##UK_##_v##UV_(                                              \
         const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* k_cache,      \
         bf16* v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,            \
         float* __restrict__ part_o, float* __restrict__ part_ml, u32* __restrict__ counters,      \
         float q_scale, float log2_theta) {                                                        \
-        attention_impl<HD_, G_, U_>(qkv, ld_qkv, n_heads, n_kv_heads, k_cache, v_cache, ctx, pos,  \
+        attention_impl<HD_, G_, UK_, UV_>(qkv, ld_qkv, n_heads, n_kv_heads, k_cache, v_cache, ctx, pos,  \
                                     chunk, splits, out, part_o, part_ml, counters, q_scale,       \
                                     log2_theta);                                                  \
     }
 
-// Per group size: CUDA cores with U iterations of loads in flight (u4, u2 for 8 heads), and
-// tensor cores (u0). The engine times both and keeps the faster.
-#define ATTENTION_KERNELS(HD_)    \
-    ATTENTION_KERNEL(HD_, 1, 4)   \
-    ATTENTION_KERNEL(HD_, 1, 0)   \
-    ATTENTION_KERNEL(HD_, 2, 4)   \
-    ATTENTION_KERNEL(HD_, 2, 0)   \
-    ATTENTION_KERNEL(HD_, 3, 4)   \
-    ATTENTION_KERNEL(HD_, 3, 0)   \
-    ATTENTION_KERNEL(HD_, 4, 4)   \
-    ATTENTION_KERNEL(HD_, 4, 0)   \
-    ATTENTION_KERNEL(HD_, 8, 2)   \
-    ATTENTION_KERNEL(HD_, 8, 0)
+// Per group size, each pass on CUDA cores with U iterations of loads in flight (4, or 2 for 8
+// heads) or on tensor cores (0): all four pairings. The engine times them and keeps the fastest.
+#define ATTENTION_PAIRINGS(HD_, G_, U_) \
+    ATTENTION_KERNEL(HD_, G_, U_, U_)   \
+    ATTENTION_KERNEL(HD_, G_, 0, 0)     \
+    ATTENTION_KERNEL(HD_, G_, 0, U_)    \
+    ATTENTION_KERNEL(HD_, G_, U_, 0)
+#define ATTENTION_KERNELS(HD_)       \
+    ATTENTION_PAIRINGS(HD_, 1, 4)    \
+    ATTENTION_PAIRINGS(HD_, 2, 4)    \
+    ATTENTION_PAIRINGS(HD_, 3, 4)    \
+    ATTENTION_PAIRINGS(HD_, 4, 4)    \
+    ATTENTION_PAIRINGS(HD_, 8, 2)
 
 ATTENTION_KERNELS(64)
 ATTENTION_KERNELS(128)
