@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::device::AttentionImpl;
 use super::engine::{Engine, EngineOptions, StepDone};
 use super::error::CudaError;
 use super::plan::{MAX_BATCH, percentile};
@@ -216,11 +217,7 @@ pub fn format_table(
                 "{}{}/{}",
                 r.path,
                 if r.pdl { "+pdl" } else { "" },
-                if r.attention == "tensor-cores" {
-                    "tc"
-                } else {
-                    "cc"
-                }
+                AttentionImpl::from_name(r.attention).map_or("?", AttentionImpl::short_name)
             ),
             r.attention_splits,
             r.tokens_per_s,

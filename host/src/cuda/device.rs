@@ -166,35 +166,64 @@ pub(crate) struct Kernels {
     attention: HashMap<(u32, u32, AttentionImpl), CudaFunction>,
 }
 
-/// How decode attention does its arithmetic; the engine times both and keeps the faster.
+/// How decode attention does its arithmetic in its two passes (scores, then the weighted sum
+/// of values); the engine times every pairing and keeps the fastest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttentionImpl {
-    /// fp32 FMAs on CUDA cores, butterfly sums across the lanes of a position.
+    /// Both passes as fp32 FMAs on CUDA cores, butterfly sums across the lanes of a position.
     CudaCores,
-    /// bf16 `mma.sync` tiles of 16 positions on tensor cores, fp32 accumulation.
+    /// Both passes as bf16 `mma.sync` tiles of 16 positions on tensor cores, fp32 accumulation.
     TensorCores,
+    /// Scores on tensor cores, values on CUDA cores.
+    TensorScores,
+    /// Scores on CUDA cores, values on tensor cores.
+    TensorValues,
 }
 
 impl AttentionImpl {
-    pub const ALL: [AttentionImpl; 2] = [AttentionImpl::CudaCores, AttentionImpl::TensorCores];
+    pub const ALL: [AttentionImpl; 4] = [
+        AttentionImpl::CudaCores,
+        AttentionImpl::TensorCores,
+        AttentionImpl::TensorScores,
+        AttentionImpl::TensorValues,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             AttentionImpl::CudaCores => "cuda-cores",
             AttentionImpl::TensorCores => "tensor-cores",
+            AttentionImpl::TensorScores => "tensor-scores",
+            AttentionImpl::TensorValues => "tensor-values",
         }
+    }
+
+    /// A short name for tables: `cc`, `tc`, `tc-s`, `tc-v`.
+    pub fn short_name(self) -> &'static str {
+        match self {
+            AttentionImpl::CudaCores => "cc",
+            AttentionImpl::TensorCores => "tc",
+            AttentionImpl::TensorScores => "tc-s",
+            AttentionImpl::TensorValues => "tc-v",
+        }
+    }
+
+    /// The implementation called `name` (as [`AttentionImpl::name`] gives it).
+    pub fn from_name(name: &str) -> Option<AttentionImpl> {
+        AttentionImpl::ALL.into_iter().find(|i| i.name() == name)
     }
 }
 
-/// The kernel's name: `_u<U>` is the CUDA-core variant's unroll (4, or 2 for 8 heads per KV
-/// head, whose accumulators need the registers), `_u0` the tensor-core variant.
+/// The kernel's name: `_k<UK>_v<UV>` give the score and value passes' unrolls on CUDA cores
+/// (4, or 2 for 8 heads per KV head, whose accumulators need the registers), 0 for tensor cores.
 fn attention_kernel_name(head_dim: u32, group: u32, implementation: AttentionImpl) -> String {
-    let unroll = match implementation {
-        AttentionImpl::CudaCores if group <= 4 => 4,
-        AttentionImpl::CudaCores => 2,
-        AttentionImpl::TensorCores => 0,
+    let unroll = if group <= 4 { 4 } else { 2 };
+    let (scores, values) = match implementation {
+        AttentionImpl::CudaCores => (unroll, unroll),
+        AttentionImpl::TensorCores => (0, 0),
+        AttentionImpl::TensorScores => (0, unroll),
+        AttentionImpl::TensorValues => (unroll, 0),
     };
-    format!("attention_hd{head_dim}_g{group}_u{unroll}")
+    format!("attention_hd{head_dim}_g{group}_k{scores}_v{values}")
 }
 
 impl Kernels {

@@ -70,11 +70,11 @@ pub enum MatmulChoice {
 /// Which attention implementation to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionChoice {
-    /// Time both and keep the faster.
+    /// Time every implementation and keep the fastest.
     #[default]
     Auto,
-    CudaCores,
-    TensorCores,
+    /// This one only.
+    Only(AttentionImpl),
 }
 
 /// Knobs of the engine that do not change the model.
@@ -125,7 +125,7 @@ pub struct StepVariant {
 }
 
 impl StepVariant {
-    /// E.g. `gemv+pdl/u8`.
+    /// E.g. `cublas+pdl/tensor-cores`.
     pub fn label(&self) -> String {
         let pdl = if self.pdl { "+pdl" } else { "" };
         format!("{}{pdl}/{}", self.path.name(), self.attention.name())
@@ -393,10 +393,13 @@ impl Engine {
         } else {
             &[false]
         };
+        let only;
         let attentions: &[AttentionImpl] = match self.options.attention {
             AttentionChoice::Auto => &AttentionImpl::ALL,
-            AttentionChoice::CudaCores => &[AttentionImpl::CudaCores],
-            AttentionChoice::TensorCores => &[AttentionImpl::TensorCores],
+            AttentionChoice::Only(implementation) => {
+                only = [implementation];
+                &only
+            }
         };
         let mut variants = Vec::new();
         for &path in &paths {

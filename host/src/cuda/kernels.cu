@@ -488,15 +488,39 @@ GEMV_FOR_BATCH(8, 2, 1)
 // The block owning `pos` uses the new key and value from shared memory rather than reading them
 // back, so no block reads a cache slot written in the same launch.
 // Softmax runs in base 2: q is scaled by log2(e) / sqrt(HD) up front.
-// Two implementations of the score and value passes share everything else: CUDA cores (U > 0,
-// fp32) and tensor cores (U == 0: bf16 mma.sync with fp32 accumulation, as flash attention
+// The score and the value pass each come in two implementations that share everything else:
+// CUDA cores (fp32) and tensor cores (bf16 mma.sync with fp32 accumulation, as flash attention
 // does; far fewer instructions per byte, which matters once the power cap lowers the clock).
 // ---------------------------------------------------------------------------------------------
 
 #define ATT_THREADS 128
 #define ATT_WARPS (ATT_THREADS / WARP_SIZE)
 
-template <int HD, int G, int U>
+// Cache rows are read so that every 16-byte load instruction of a warp covers whole 32-byte
+// sectors: lanes that read the same row take adjacent 16-byte pieces. (Reading 32 contiguous
+// bytes per lane as two loads would fetch each sector from L2 twice, since the streaming loads
+// do not allocate in L1.) Which dimensions a lane then holds is given by these maps.
+
+// CUDA cores: element e (0..15) of the thread that is `sub`-th of its position's HD / 16
+// threads: two runs of 8, one in each half of the row.
+template <int HD>
+__device__ __forceinline__ int thread_dim(int sub, int e) {
+    return (e >> 3) * (HD / 2) + sub * 8 + (e & 7);
+}
+
+// Tensor-core scores: 32-bit word w of the key row quarter held by lane t4 (of 4): its load
+// v = w / 4 covers 32 dimensions, 8 per lane.
+__device__ __forceinline__ int key_word_dim(int t4, int w) {
+    return (w >> 2) * 32 + t4 * 8 + (w & 3) * 2;
+}
+
+// Tensor-core values: 32-bit word mt (one per m-tile) of the value row part held by lane gid
+// (of 8): its load v = mt / 4 covers 64 dimensions, 8 per lane.
+__device__ __forceinline__ int value_word_dim(int gid, int mt) {
+    return (mt >> 2) * 64 + gid * 8 + (mt & 3) * 2;
+}
+
+template <int HD, int G, int UK, int UV>
 __device__ __forceinline__ void attention_impl(
     const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* __restrict__ k_cache,
     bf16* __restrict__ v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,
@@ -504,8 +528,8 @@ __device__ __forceinline__ void attention_impl(
     float q_scale, float log2_theta) {
     constexpr int TPP = HD / 16;             // threads per position; each handles 16 dims
     constexpr int PPI = ATT_THREADS / TPP;   // positions per block iteration
-    // U > 0: CUDA cores, U block iterations with loads in flight (32 bytes per thread each);
-    // U == 0: tensor cores for both passes.
+    // UK (scores) and UV (values) > 0: that pass on CUDA cores, with that many block iterations
+    // of loads in flight (32 bytes per thread each); 0: that pass on tensor cores.
 
     extern __shared__ float scores[];        // [G][chunk]; the merge reuses it as [2][G][splits]
     __shared__ float q_s[G][HD];
@@ -574,31 +598,31 @@ __device__ __forceinline__ void attention_impl(
     __syncthreads();
 
     // Pass 1: scores for cache positions [start, stop).
-    if constexpr (U > 0) {
-        // CUDA cores: TPP threads per position, 16 dimensions each, butterfly sums.
+    if constexpr (UK > 0) {
+        // CUDA cores: TPP threads per position, 16 dimensions each (`thread_dim`), butterfly sums.
         const int sub = tid % TPP;   // which 16 dimensions this thread handles
         const int pgrp = tid / TPP;  // which position of an iteration
-        const bf16* kbase = k_cache + seq_base + sub * 16;
+        const bf16* kbase = k_cache + seq_base + sub * 8;
         float qr[G][16];
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
-            for (int e = 0; e < 16; ++e) qr[g][e] = q_s[g][sub * 16 + e];
-        for (int p0 = start; p0 < stop; p0 += PPI * U) {
-            uint4 kv[U][2];
+            for (int e = 0; e < 16; ++e) qr[g][e] = q_s[g][thread_dim<HD>(sub, e)];
+        for (int p0 = start; p0 < stop; p0 += PPI * UK) {
+            uint4 kv[UK][2];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
+            for (int u = 0; u < UK; ++u) {
                 const int p = p0 + u * PPI + pgrp;
                 if (p < stop) {
                     kv[u][0] = ld_stream(kbase + (size_t)p * HD);
-                    kv[u][1] = ld_stream(kbase + (size_t)p * HD + 8);
+                    kv[u][1] = ld_stream(kbase + (size_t)p * HD + HALF);
                 } else {
                     kv[u][0] = make_uint4(0, 0, 0, 0);
                     kv[u][1] = make_uint4(0, 0, 0, 0);
                 }
             }
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
+            for (int u = 0; u < UK; ++u) {
                 float kf[16];
                 unpack8(kv[u][0], kf);
                 unpack8(kv[u][1], kf + 8);
@@ -621,9 +645,9 @@ __device__ __forceinline__ void attention_impl(
     } else {
         // Tensor cores: each warp takes tiles of 16 positions; S[p][h] = K[p][:] · Q[h][:] as
         // mma.m16n8k16 with A = 16 key rows, B = the (up to 8) query heads. Lane (gid, t4) loads
-        // the t4-th quarter of rows gid and gid + 8 with 16-byte loads; the contraction order
-        // of the dimensions is permuted identically for keys and queries, which a dot product
-        // does not notice.
+        // a quarter of rows gid and gid + 8 with 16-byte loads (`key_word_dim`); the contraction
+        // order of the dimensions is permuted identically for keys and queries, which a dot
+        // product does not notice.
         constexpr int QD = HD / 4;      // dimensions of a row per lane
         constexpr int QW = QD / 2;      // their 32-bit words
         constexpr int KSTEPS = HD / 16;
@@ -633,15 +657,16 @@ __device__ __forceinline__ void attention_impl(
 #pragma unroll
         for (int j = 0; j < KSTEPS; ++j) {
             if (gid < G) {
-                const float* q = &q_s[gid][t4 * QD + 4 * j];
-                qb[j][0] = pack_bf16x2(q[0], q[1]);
-                qb[j][1] = pack_bf16x2(q[2], q[3]);
+                const float* q0 = &q_s[gid][key_word_dim(t4, 2 * j)];
+                const float* q1 = &q_s[gid][key_word_dim(t4, 2 * j + 1)];
+                qb[j][0] = pack_bf16x2(q0[0], q0[1]);
+                qb[j][1] = pack_bf16x2(q1[0], q1[1]);
             } else {
                 qb[j][0] = 0u;
                 qb[j][1] = 0u;
             }
         }
-        const bf16* kq = k_cache + seq_base + t4 * QD;
+        const bf16* kq = k_cache + seq_base + t4 * 8;
         for (int t0 = start + warp * 16; t0 < stop; t0 += ATT_WARPS * 16 * UT) {
             u32 kw[UT][2][QW];
 #pragma unroll
@@ -651,7 +676,7 @@ __device__ __forceinline__ void attention_impl(
                     const int p = t0 + u * ATT_WARPS * 16 + gid + 8 * h;
 #pragma unroll
                     for (int v = 0; v < QW / 4; ++v) {
-                        const uint4 x = p < stop ? ld_stream(kq + (size_t)p * HD + 8 * v) : make_uint4(0, 0, 0, 0);
+                        const uint4 x = p < stop ? ld_stream(kq + (size_t)p * HD + 32 * v) : make_uint4(0, 0, 0, 0);
                         kw[u][h][4 * v] = x.x;
                         kw[u][h][4 * v + 1] = x.y;
                         kw[u][h][4 * v + 2] = x.z;
@@ -731,30 +756,30 @@ __device__ __forceinline__ void attention_impl(
     }
 
     // Pass 2: weighted sum of values, into red[warp][head][dim].
-    if constexpr (U > 0) {
+    if constexpr (UV > 0) {
         const int sub = tid % TPP;   // which 16 dimensions this thread handles
         const int pgrp = tid / TPP;  // which position of an iteration
-        const bf16* vbase = v_cache + seq_base + sub * 16;
+        const bf16* vbase = v_cache + seq_base + sub * 8;
         float acc[G][16];
 #pragma unroll
         for (int g = 0; g < G; ++g)
 #pragma unroll
             for (int e = 0; e < 16; ++e) acc[g][e] = 0.f;
-        for (int p0 = start; p0 < stop; p0 += PPI * U) {
-            uint4 vv[U][2];
+        for (int p0 = start; p0 < stop; p0 += PPI * UV) {
+            uint4 vv[UV][2];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
+            for (int u = 0; u < UV; ++u) {
                 const int p = p0 + u * PPI + pgrp;
                 if (p < stop) {
                     vv[u][0] = ld_stream(vbase + (size_t)p * HD);
-                    vv[u][1] = ld_stream(vbase + (size_t)p * HD + 8);
+                    vv[u][1] = ld_stream(vbase + (size_t)p * HD + HALF);
                 } else {
                     vv[u][0] = make_uint4(0, 0, 0, 0);
                     vv[u][1] = make_uint4(0, 0, 0, 0);
                 }
             }
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
+            for (int u = 0; u < UV; ++u) {
                 const int p = p0 + u * PPI + pgrp;
                 if (p < stop) {
                     float vf[16];
@@ -774,7 +799,7 @@ __device__ __forceinline__ void attention_impl(
             for (int g = 0; g < G; ++g) {
                 const float w = scores[g * chunk + (pos - start)];
 #pragma unroll
-                for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vnew_s[sub * 16 + e], acc[g][e]);
+                for (int e = 0; e < 16; ++e) acc[g][e] = fmaf(w, vnew_s[thread_dim<HD>(sub, e)], acc[g][e]);
             }
         }
         // Lanes with the same `sub` hold partial sums for the same dimensions.
@@ -788,16 +813,15 @@ __device__ __forceinline__ void attention_impl(
 #pragma unroll
             for (int g = 0; g < G; ++g)
 #pragma unroll
-                for (int e = 0; e < 16; ++e) red[warp][g * HD + lane * 16 + e] = acc[g][e];
+                for (int e = 0; e < 16; ++e) red[warp][g * HD + thread_dim<HD>(lane, e)] = acc[g][e];
         }
     } else {
         // Tensor cores: O^T[d][h] = V^T[d][:] · P^T[:][h] as mma.m16n8k16 with A = 16 value
         // dimensions x 16 positions, B = the probabilities of the (up to 8) heads. Lane (gid, t4)
-        // loads positions 2*t4, 2*t4 + 1, 2*t4 + 8, 2*t4 + 9 of a tile, dimensions
-        // [gid * DV, gid * DV + DV); word mt of that chunk holds the dimensions of rows gid and
-        // gid + 8 of m-tile mt, which byte permutes pair up across positions.
-        constexpr int DV = HD / 8;      // dimensions per lane and position
-        constexpr int MT = HD / 16;     // m-tiles (= 32-bit words of DV dimensions)
+        // loads positions 2*t4, 2*t4 + 1, 2*t4 + 8, 2*t4 + 9 of a tile, HD / 8 dimensions of
+        // each; word mt of them holds the dimensions (`value_word_dim`) of rows gid and gid + 8
+        // of m-tile mt, which byte permutes pair up across positions.
+        constexpr int MT = HD / 16;     // m-tiles (= 32-bit words of a lane's dimensions)
         constexpr int UT = 2;
         const int gid = lane >> 2, t4 = lane & 3;
         float acc[MT][4];
@@ -805,7 +829,7 @@ __device__ __forceinline__ void attention_impl(
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][e] = 0.f;
-        const bf16* vq = v_cache + seq_base + gid * DV;
+        const bf16* vq = v_cache + seq_base + gid * 8;
         for (int t0 = start + warp * 16; t0 < stop; t0 += ATT_WARPS * 16 * UT) {
             u32 vw[UT][4][MT];
 #pragma unroll
@@ -815,7 +839,7 @@ __device__ __forceinline__ void attention_impl(
                     const int p = t0 + u * ATT_WARPS * 16 + 2 * t4 + (k4 & 1) + 8 * (k4 >> 1);
 #pragma unroll
                     for (int v = 0; v < MT / 4; ++v) {
-                        const uint4 x = p < stop ? ld_stream(vq + (size_t)p * HD + 8 * v) : make_uint4(0, 0, 0, 0);
+                        const uint4 x = p < stop ? ld_stream(vq + (size_t)p * HD + 64 * v) : make_uint4(0, 0, 0, 0);
                         vw[u][k4][4 * v] = x.x;
                         vw[u][k4][4 * v + 1] = x.y;
                         vw[u][k4][4 * v + 2] = x.z;
@@ -842,13 +866,13 @@ __device__ __forceinline__ void attention_impl(
                 }
             }
         }
-        // c0: (dim gid*DV + 2*mt, head 2*t4), c1: head 2*t4 + 1; c2, c3: dim + 1.
+        // c0: (dim value_word_dim(gid, mt), head 2*t4), c1: head 2*t4 + 1; c2, c3: dim + 1.
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int head = 2 * t4 + (e & 1);
-                const int dim = gid * DV + 2 * mt + (e >> 1);
+                const int dim = value_word_dim(gid, mt) + (e >> 1);
                 if (head < G) {
                     float o = acc[mt][e];
                     // The new token's value is not in the cache reads: warp 0 adds it.
@@ -925,30 +949,31 @@ __device__ __forceinline__ void attention_impl(
     if (tid == 0) counters[pair] = 0u;
 }
 
-#define ATTENTION_KERNEL(HD_, G_, U_)                                                             \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS) attention_hd##HD_##_g##G_##_u##U_(   \
+#define ATTENTION_KERNEL(HD_, G_, UK_, UV_)                                                       \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                     \
+        attention_hd##HD_##_g##G_##_k##UK_##_v##UV_(                                              \
         const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* k_cache,      \
         bf16* v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,            \
         float* __restrict__ part_o, float* __restrict__ part_ml, u32* __restrict__ counters,      \
         float q_scale, float log2_theta) {                                                        \
-        attention_impl<HD_, G_, U_>(qkv, ld_qkv, n_heads, n_kv_heads, k_cache, v_cache, ctx, pos,  \
+        attention_impl<HD_, G_, UK_, UV_>(qkv, ld_qkv, n_heads, n_kv_heads, k_cache, v_cache, ctx, pos,  \
                                     chunk, splits, out, part_o, part_ml, counters, q_scale,       \
                                     log2_theta);                                                  \
     }
 
-// Per group size: CUDA cores with U iterations of loads in flight (u4, u2 for 8 heads), and
-// tensor cores (u0). The engine times both and keeps the faster.
-#define ATTENTION_KERNELS(HD_)    \
-    ATTENTION_KERNEL(HD_, 1, 4)   \
-    ATTENTION_KERNEL(HD_, 1, 0)   \
-    ATTENTION_KERNEL(HD_, 2, 4)   \
-    ATTENTION_KERNEL(HD_, 2, 0)   \
-    ATTENTION_KERNEL(HD_, 3, 4)   \
-    ATTENTION_KERNEL(HD_, 3, 0)   \
-    ATTENTION_KERNEL(HD_, 4, 4)   \
-    ATTENTION_KERNEL(HD_, 4, 0)   \
-    ATTENTION_KERNEL(HD_, 8, 2)   \
-    ATTENTION_KERNEL(HD_, 8, 0)
+// Per group size, each pass on CUDA cores with U iterations of loads in flight (4, or 2 for 8
+// heads) or on tensor cores (0): all four pairings. The engine times them and keeps the fastest.
+#define ATTENTION_PAIRINGS(HD_, G_, U_) \
+    ATTENTION_KERNEL(HD_, G_, U_, U_)   \
+    ATTENTION_KERNEL(HD_, G_, 0, 0)     \
+    ATTENTION_KERNEL(HD_, G_, 0, U_)    \
+    ATTENTION_KERNEL(HD_, G_, U_, 0)
+#define ATTENTION_KERNELS(HD_)       \
+    ATTENTION_PAIRINGS(HD_, 1, 4)    \
+    ATTENTION_PAIRINGS(HD_, 2, 4)    \
+    ATTENTION_PAIRINGS(HD_, 3, 4)    \
+    ATTENTION_PAIRINGS(HD_, 4, 4)    \
+    ATTENTION_PAIRINGS(HD_, 8, 2)
 
 ATTENTION_KERNELS(64)
 ATTENTION_KERNELS(128)

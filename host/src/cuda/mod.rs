@@ -4,10 +4,11 @@
 //! - [`shape`]: model shapes as data (`models.toml`) and the bytes a step reads;
 //! - [`engine`]: weights, KV cache and one CUDA graph per batch size; cuBLAS GEMMs or
 //!   hand-written matrix-vector kernels for the projections, NVRTC kernels for RMSNorm, RoPE,
-//!   SiLU·mul, grouped-query decode attention (CUDA-core and tensor-core variants) and greedy
-//!   argmax (`kernels.cu`). Where there is a choice, each batch size's graph is built every
-//!   way and the fastest by interleaved timing is kept (on the H200: cuBLAS at every batch
-//!   size; tensor-core attention at batches 4 and 16, CUDA-core attention elsewhere);
+//!   SiLU·mul, grouped-query decode attention (each of its two passes on CUDA or tensor cores)
+//!   and greedy argmax (`kernels.cu`). Where there is a choice, each batch size's graph is
+//!   built every way and the fastest by interleaved timing is kept (on the H200: cuBLAS at
+//!   every batch size; scores on tensor cores at batches 1 to 16 and 512, values on tensor
+//!   cores at 128 and 256, CUDA cores for both at 64);
 //! - [`CudaDecode`]: the engine stepping on a thread of its own, behind [`crate::workload::Workload`];
 //! - [`bench_batches`]: tokens/s, step time, watts and tokens per joule per batch size.
 //!

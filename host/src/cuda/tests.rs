@@ -940,7 +940,8 @@ fn the_workload_decodes_on_its_own_thread_and_follows_the_batch_size() {
 /// `TOKWATT_BENCH_MODEL` (llama-3-8b), `TOKWATT_BENCH_CONTEXT` (1024), `TOKWATT_BENCH_BATCHES`
 /// (1,4,16,64,128,256,512), `TOKWATT_BENCH_SECONDS` (3), `TOKWATT_BENCH_WARMUP` (1),
 /// `TOKWATT_BENCH_PDL` (0), `TOKWATT_BENCH_MATMUL` (auto|gemv|cublas),
-/// `TOKWATT_BENCH_ATTENTION` (auto|cuda-cores|tensor-cores); `TOKWATT_ENERGY_FILE`, a
+/// `TOKWATT_BENCH_ATTENTION` (auto, or one implementation's name: cuda-cores, tensor-cores,
+/// tensor-scores, tensor-values); `TOKWATT_ENERGY_FILE`, a
 /// file holding a joules counter that something else keeps current; `TOKWATT_REFERENCE_JSON`,
 /// the PyTorch reference's output, printed beside ours; `TOKWATT_BENCH_JSON`, where to write rows.
 #[test]
@@ -962,11 +963,8 @@ fn bench_on_device() {
     );
     config.warmup_seconds = env("TOKWATT_BENCH_WARMUP", "1").parse().unwrap();
     config.engine.pdl = env("TOKWATT_BENCH_PDL", "0") == "1";
-    config.engine.attention = match env("TOKWATT_BENCH_ATTENTION", "auto").as_str() {
-        "cuda-cores" => AttentionChoice::CudaCores,
-        "tensor-cores" => AttentionChoice::TensorCores,
-        _ => AttentionChoice::Auto,
-    };
+    config.engine.attention = AttentionImpl::from_name(&env("TOKWATT_BENCH_ATTENTION", "auto"))
+        .map_or(AttentionChoice::Auto, AttentionChoice::Only);
     config.engine.matmul = match env("TOKWATT_BENCH_MATMUL", "auto").as_str() {
         "gemv" => MatmulChoice::Gemv,
         "cublas" => MatmulChoice::Cublas,
