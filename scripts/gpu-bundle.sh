@@ -28,7 +28,9 @@ mkdir -p "$dist/specs"
 # Stripped: the debug info is most of their size, and the bundle travels.
 strip -o "$dist/tokwatt" target/release/tokwatt
 strip -o "$dist/tokwatt-lib-tests" "$test_bin"
+# The shipped policies, and the fixtures the library's plugin tests load.
 cp target/plugins/wasm32-wasip2/plugin/policy_*.wasm "$dist/"
+cp target/plugins/wasm32-wasip2/plugin/fixture_*.wasm "$dist/"
 cp policies/*.toml "$dist/specs/"
 cp scripts/gpu-check.sh "$dist/"
 reference="$root/../shared/calibration/pytorch_decode_reference.py"

@@ -311,8 +311,9 @@ impl ControlLoop {
     ) -> Observation {
         let g = gpu as usize;
         let interval_s = interval.as_secs_f64();
-        // The enforced limit comes from the device, not from what was asked.
-        if t.power_limit_enforced_w > 0.0 {
+        // The enforced limit comes from the device, not from what was asked (unless the
+        // run is a dry run, whose changes never reach the device).
+        if self.backends.actuator.applies_settings() && t.power_limit_enforced_w > 0.0 {
             self.in_force[g].power_cap_w = t.power_limit_enforced_w;
         }
         let observation = Observation {
@@ -416,5 +417,137 @@ fn ratio(tokens: u64, energy_j: f64) -> f64 {
         tokens as f64 / energy_j
     } else {
         0.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::actuator::DryRun;
+    use crate::clock::VirtualClock;
+    use crate::envelope::Guardrails;
+    use crate::policy::{BreakerConfig, InitArgs, PolicyEngine, PolicyFailure, PolicyState};
+    use crate::recorder::Recorder;
+    use crate::sim::{GpuProfile, Scenario, SimConfig, SimGpu};
+    use crate::types::Knobs;
+
+    /// Always asks for the same cap.
+    struct FixedCap(f64);
+
+    impl PolicyEngine for FixedCap {
+        fn name(&self) -> &str {
+            "fixed-cap"
+        }
+        fn init(&mut self, args: &InitArgs) -> Result<Vec<Settings>, PolicyFailure> {
+            Ok(vec![Settings::default(); args.devices.len()])
+        }
+        fn decide(
+            &mut self,
+            _: Duration,
+            observations: &[Observation],
+        ) -> Result<Vec<Settings>, PolicyFailure> {
+            Ok(vec![
+                Settings {
+                    power_cap_w: Some(self.0),
+                    ..Settings::default()
+                };
+                observations.len()
+            ])
+        }
+        fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
+            Ok(PolicyState::default())
+        }
+        fn restore(&mut self, _: &PolicyState) -> Result<(), PolicyFailure> {
+            Ok(())
+        }
+        fn rebuild(&mut self) -> Result<(), PolicyFailure> {
+            Ok(())
+        }
+    }
+
+    /// 20 ticks on the simulator, through its own actuator or a dry run, with a policy
+    /// that always asks for 650 W. Returns the totals and every observation.
+    fn run_fixed_cap(dry_run: bool) -> (LoopTotals, Vec<Observation>) {
+        let clock = VirtualClock::new();
+        let sim = SimGpu::new(
+            SimConfig {
+                profile: GpuProfile::load("h200").expect("profile"),
+                scenario: Scenario::built_in().expect("scenario"),
+                gpus: 1,
+                seed: 1,
+            },
+            clock.clone(),
+        )
+        .expect("sim");
+        let devices = sim.telemetry().devices();
+        let mut real = sim.actuator();
+        let actuator: Box<dyn Actuator> = if dry_run {
+            let current = vec![real.read(0).expect("read")];
+            Box::new(DryRun::new(devices.clone(), current))
+        } else {
+            real
+        };
+        let backends = Backends {
+            telemetry: sim.telemetry(),
+            actuator,
+            workload: sim.workload(),
+            clock,
+        };
+        let knobs = Knobs {
+            power_cap: true,
+            ..Knobs::default()
+        };
+        let envelope =
+            Envelope::new(&devices, &[512], &Guardrails::default(), knobs).expect("envelope");
+        let args = InitArgs {
+            devices: envelope.facts(&devices),
+            knobs,
+            objective: Objective::default(),
+            params: vec![],
+            tick_ms: 1000,
+            seed: 1,
+        };
+        let (supervisor, first) =
+            Supervisor::start(Box::new(FixedCap(650.0)), args, BreakerConfig::default())
+                .expect("starts");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut recorder = Recorder::create(dir.path()).expect("recorder");
+        let control = ControlLoop::new(
+            backends,
+            supervisor,
+            &first,
+            envelope,
+            LoopConfig {
+                duration: Duration::from_secs(20),
+                tick: Duration::from_secs(1),
+                objective: Objective::default(),
+            },
+            Arc::new(AtomicBool::new(false)),
+        )
+        .expect("loop");
+        let mut seen = Vec::new();
+        let (totals, _) = control
+            .run(&mut recorder, &mut |p| {
+                seen.extend_from_slice(p.observations)
+            })
+            .expect("runs");
+        (totals, seen)
+    }
+
+    #[test]
+    fn a_setting_is_applied_once_not_every_tick() {
+        for dry_run in [false, true] {
+            let (totals, seen) = run_fixed_cap(dry_run);
+            assert_eq!(totals.settings_changes, 1, "dry run {dry_run}");
+            assert_eq!(totals.ticks, 20);
+            // From the tick after the change on, the policy sees its cap in force.
+            assert!(
+                seen[1..].iter().all(|o| o.in_force.power_cap_w == 650.0),
+                "dry run {dry_run}: {:?}",
+                seen.iter()
+                    .map(|o| o.in_force.power_cap_w)
+                    .collect::<Vec<_>>()
+            );
+        }
     }
 }

@@ -678,6 +678,9 @@ impl Actuator for SettingsGuard {
     fn name(&self) -> &'static str {
         self.actuator.name()
     }
+    fn applies_settings(&self) -> bool {
+        self.actuator.applies_settings()
+    }
     fn devices(&self) -> Vec<DeviceInfo> {
         self.actuator.devices()
     }

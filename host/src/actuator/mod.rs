@@ -57,6 +57,12 @@ pub struct Capabilities {
 pub trait Actuator: Send {
     /// Short name for logs and the summary ("nvml", "dry-run", "sim").
     fn name(&self) -> &'static str;
+    /// Whether changes reach the hardware. A dry run pretends: the loop then shows the
+    /// policy the settings it pretended to apply rather than the device's enforced ones,
+    /// so the policy behaves as it would if its decisions were applied.
+    fn applies_settings(&self) -> bool {
+        true
+    }
     fn devices(&self) -> Vec<DeviceInfo>;
     /// What this actuator may change on `gpu`.
     fn capabilities(&self, gpu: u32) -> Capabilities;
@@ -120,6 +126,9 @@ impl DryRun {
 impl Actuator for DryRun {
     fn name(&self) -> &'static str {
         "dry-run"
+    }
+    fn applies_settings(&self) -> bool {
+        false
     }
     fn devices(&self) -> Vec<DeviceInfo> {
         self.devices.clone()
