@@ -258,6 +258,7 @@ impl ControlLoop {
                     clamped: applied.clamped,
                     slo_violation: violation,
                     energy_counter_j: self.last_telemetry[gpu].energy_counter_j,
+                    power_mem_avg_w: self.last_telemetry[gpu].power_mem_avg_w,
                 })?;
             }
             self.totals.ticks += 1;

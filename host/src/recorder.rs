@@ -40,9 +40,11 @@ pub struct TickRecord {
     pub slo_violation: bool,
     /// Energy counter reading at the end of the window, joules.
     pub energy_counter_j: f64,
+    /// Averaged memory power, where the GPU reports it.
+    pub power_mem_avg_w: Option<f64>,
 }
 
-const TRACE_HEADER: &str = "time_s,tick,gpu,power_cap_w,sm_clock_max_mhz,batch_size,power_avg_w,power_peak_w,energy_j,energy_counter_j,tokens,tokens_per_joule,tokens_per_s,sm_clock_mhz,mem_clock_mhz,temperature_c,gpu_util_pct,tpot_p50_ms,tpot_p99_ms,active_sequences,queue_depth,sw_power_cap,settling,clamped,fallback,slo_violation";
+const TRACE_HEADER: &str = "time_s,tick,gpu,power_cap_w,sm_clock_max_mhz,batch_size,power_avg_w,power_peak_w,energy_j,energy_counter_j,tokens,tokens_per_joule,tokens_per_s,sm_clock_mhz,mem_clock_mhz,temperature_c,gpu_util_pct,tpot_p50_ms,tpot_p99_ms,active_sequences,queue_depth,sw_power_cap,settling,clamped,fallback,slo_violation,power_mem_w";
 
 /// Writes the trace of a run into a folder.
 #[derive(Debug)]
@@ -85,7 +87,7 @@ impl Recorder {
         let o = &r.observation;
         // The settings in force during the window are the ones the observation reports.
         let line = format!(
-            "{:.3},{},{},{:.1},{},{},{:.2},{:.2},{:.4},{:.3},{},{:.5},{:.2},{},{},{:.1},{:.1},{:.3},{:.3},{},{},{},{},{},{},{}",
+            "{:.3},{},{},{:.1},{},{},{:.2},{:.2},{:.4},{:.3},{},{:.5},{:.2},{},{},{:.1},{:.1},{:.3},{:.3},{},{},{},{},{},{},{},{}",
             r.time_s,
             o.tick,
             o.gpu,
@@ -112,6 +114,8 @@ impl Recorder {
             u8::from(r.clamped),
             u8::from(r.fallback),
             u8::from(r.slo_violation),
+            r.power_mem_avg_w
+                .map_or_else(String::new, |w| format!("{w:.2}")),
         );
         writeln!(self.trace, "{line}").map_err(|source| RecorderError::Write {
             path: self.dir.join("trace.csv"),

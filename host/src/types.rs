@@ -98,6 +98,10 @@ pub struct TelemetryWindow {
     pub clock_events: ClockEvents,
     /// Power limit the GPU enforced at the end of the window.
     pub power_limit_enforced_w: f64,
+    /// Power limit requested through NVML at the end of the window, where known.
+    pub power_limit_requested_w: Option<f64>,
+    /// Averaged memory power at the end of the window, where the GPU reports it.
+    pub power_mem_avg_w: Option<f64>,
     /// Number of samples the window was built from.
     pub samples: u32,
 }

@@ -210,6 +210,8 @@ impl Accumulator {
             },
             clock_events: stats.clock_events,
             power_limit_enforced_w: latest.power_limit_enforced_mw.map_or(0.0, watts),
+            power_limit_requested_w: None,
+            power_mem_avg_w: None,
             samples: stats.samples,
         };
         NvmlWindow {

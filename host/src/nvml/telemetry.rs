@@ -70,8 +70,12 @@ impl Telemetry for NvmlTelemetry {
     }
 
     fn read_window(&mut self, gpu: u32) -> Result<crate::types::TelemetryWindow, TelemetryError> {
-        self.read_window_detailed(gpu)
-            .map(|detailed| detailed.window)
+        self.read_window_detailed(gpu).map(|detailed| {
+            let mut window = detailed.window;
+            window.power_limit_requested_w = detailed.power_limit_requested_w;
+            window.power_mem_avg_w = detailed.mem_power_avg_w;
+            window
+        })
     }
 }
 

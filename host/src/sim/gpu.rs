@@ -512,6 +512,9 @@ impl GpuSim {
             },
             clock_events: acc.events,
             power_limit_enforced_w: self.cap_w,
+            power_limit_requested_w: Some(self.cap_w),
+            // The simulator does not split memory power out.
+            power_mem_avg_w: None,
             samples: acc.samples,
         }
     }
