@@ -102,6 +102,12 @@ enum BenchCommand {
     },
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum WorkloadKind {
+    Cuda,
+    External,
+}
+
 #[derive(Debug, clap::Args)]
 struct RunArgs {
     /// Run on the simulated GPU with this profile (built-in: h200, h100, a100; or a profile file).
@@ -150,6 +156,19 @@ struct RunArgs {
     /// Let the policy change only the batch size (for running without privileges).
     #[arg(long, requires = "gpu")]
     batch_only: bool,
+    /// Where the tokens come from on a real GPU: `cuda` (tokwatt's own decode workload)
+    /// or `external` (a running server's Prometheus token counter, see --metrics-url).
+    #[arg(long, value_enum, default_value_t = WorkloadKind::Cuda, requires = "gpu")]
+    workload: WorkloadKind,
+    /// The serving engine's metrics endpoint, for `--workload external` (http://HOST:PORT/metrics).
+    #[arg(long, required_if_eq("workload", "external"))]
+    metrics_url: Option<String>,
+    /// Counter of generated tokens at --metrics-url (summed over its series).
+    #[arg(long, default_value = "vllm:generation_tokens_total")]
+    token_counter: String,
+    /// Histogram of time per output token (seconds) at --metrics-url; "" for none.
+    #[arg(long, default_value = "vllm:time_per_output_token_seconds")]
+    tpot_histogram: String,
     /// CUDA workload model preset (llama-3-8b, llama-3.2-1b).
     #[arg(long, default_value = "llama-3-8b", requires = "gpu")]
     model: String,
@@ -484,29 +503,58 @@ fn gpu_backends(
     let telemetry = system
         .telemetry(tokwatt::nvml::SamplerConfig::default())
         .context("starting NVML telemetry")?;
-    let model = tokwatt::cuda::ModelShape::preset(&args.model)?;
-    let mut config = tokwatt::cuda::CudaDecodeConfig::new(model, args.context, args.batch_size_max);
-    config.device = *index;
-    let workload =
-        tokwatt::cuda::CudaDecode::new(config).context("starting the CUDA decode workload")?;
+    let (workload, workload_note): (Box<dyn tokwatt::workload::Workload>, String) = match args
+        .workload
+    {
+        WorkloadKind::Cuda => {
+            let model = tokwatt::cuda::ModelShape::preset(&args.model)?;
+            let mut config =
+                tokwatt::cuda::CudaDecodeConfig::new(model, args.context, args.batch_size_max);
+            config.device = *index;
+            let workload = tokwatt::cuda::CudaDecode::new(config)
+                .context("starting the CUDA decode workload")?;
+            let note = format!("CUDA decode of {} at context {}", args.model, args.context);
+            (Box::new(workload), note)
+        }
+        WorkloadKind::External => {
+            let url = args
+                .metrics_url
+                .clone()
+                .context("--workload external needs --metrics-url")?;
+            if spec.knobs.batch_size {
+                eprintln!(
+                    "tokwatt: the external server sets its own batch size; policy `{}` will not get the batch-size knob",
+                    spec.name
+                );
+                spec.knobs.batch_size = false;
+            }
+            let config = tokwatt::workload::prometheus::PrometheusConfig {
+                url: url.clone(),
+                token_counter: args.token_counter.clone(),
+                tpot_histogram: (!args.tpot_histogram.is_empty())
+                    .then(|| args.tpot_histogram.clone()),
+                period: Duration::from_secs(1),
+            };
+            let workload = tokwatt::workload::prometheus::PrometheusTokens::start(config)
+                .with_context(|| format!("reading tokens from {url}"))?;
+            (Box::new(workload), format!("tokens from {url}"))
+        }
+    };
     let name = devices.first().map_or_else(String::new, |d| d.name.clone());
     let meta = RunMeta {
         simulated: false,
         gpu_profile: name.clone(),
         gpu_name: name,
-        data_source: format!(
-            "measured on GPU {index} (NVML energy counter, CUDA decode of {} at context {})",
-            args.model, args.context
-        ),
+        data_source: format!("measured on GPU {index} (NVML energy counter, {workload_note})"),
         gpus: 1,
         actuator: actuator.name().to_owned(),
-        workload: "cuda".into(),
+        workload: workload.name().into(),
         seed: args.seed,
     };
     let backends = Backends {
         telemetry: Box::new(telemetry),
         actuator,
-        workload: Box::new(workload),
+        workload,
         clock: WallClock::new(),
     };
     Ok((backends, meta))

@@ -3,6 +3,8 @@
 //! Backends: the simulator, the CUDA decode workload, and an external token source
 //! (a serving engine's Prometheus counter).
 
+pub mod prometheus;
+
 use crate::types::WorkloadWindow;
 
 #[derive(Debug, thiserror::Error)]
