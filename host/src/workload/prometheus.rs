@@ -369,11 +369,7 @@ fn scrape(target: &Target, config: &PrometheusConfig) -> Result<Scrape, Workload
         .split_once("\r\n\r\n")
         .ok_or_else(|| WorkloadError::Failed(format!("{} sent no HTTP response", config.url)))?;
     let status = head.lines().next().unwrap_or_default();
-    if !status
-        .split_whitespace()
-        .nth(1)
-        .is_some_and(|code| code == "200")
-    {
+    if status.split_whitespace().nth(1) != Some("200") {
         return Err(WorkloadError::Failed(format!(
             "{} answered `{status}`",
             config.url
