@@ -34,7 +34,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a policy on the simulator or on real GPUs, writing summary.json and trace.csv.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Load a policy spec and its plugin, and check it starts (no run).
     Check {
         /// The policy spec (TOML).
@@ -230,7 +230,7 @@ fn init_logging(filter: Option<&str>) {
 
 fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Check { spec, plugin_dirs } => check(&spec, &plugin_dirs),
         Command::Restore { state_file, sim } => restore(state_file, sim.as_deref()),
         Command::Gpus { json } => gpus(json),
