@@ -395,6 +395,13 @@ fn check(spec_path: &std::path::Path, plugin_dirs: &[PathBuf]) -> Result<()> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
+    // First, so that from the moment any setting could change, SIGINT and SIGTERM end
+    // the run at a tick boundary (and the settings are restored) instead of killing it.
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
     let mut spec = PolicySpec::load(&args.policy)?;
     let (mut backends, meta, needs_restore) = match (&args.sim, &args.gpu) {
         (Some(profile), None) => {
@@ -432,11 +439,6 @@ fn run(args: RunArgs) -> Result<()> {
         cache_dir: args.cache_dir.clone(),
         seed: args.seed,
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-    }
     if !args.quiet {
         eprintln!(
             "tokwatt: running policy `{}` for {:?} on {} [{}]",
