@@ -42,7 +42,8 @@ pub fn sample_observation(gpu: u32, tick: u64) -> Observation {
     }
 }
 
-fn sample_facts(gpu: u32) -> DeviceFacts {
+/// A plausible H200 as a policy is told about it, for benchmarks and tests.
+pub fn sample_facts(gpu: u32) -> DeviceFacts {
     DeviceFacts {
         index: gpu,
         uuid: format!("SIM-h200-{gpu}"),

@@ -427,44 +427,11 @@ mod tests {
     use crate::actuator::DryRun;
     use crate::clock::VirtualClock;
     use crate::envelope::Guardrails;
-    use crate::policy::{BreakerConfig, InitArgs, PolicyEngine, PolicyFailure, PolicyState};
+    use crate::policy::doubles::NativePolicy;
+    use crate::policy::{BreakerConfig, InitArgs};
     use crate::recorder::Recorder;
     use crate::sim::{GpuProfile, Scenario, SimConfig, SimGpu};
     use crate::types::Knobs;
-
-    /// Always asks for the same cap.
-    struct FixedCap(f64);
-
-    impl PolicyEngine for FixedCap {
-        fn name(&self) -> &str {
-            "fixed-cap"
-        }
-        fn init(&mut self, args: &InitArgs) -> Result<Vec<Settings>, PolicyFailure> {
-            Ok(vec![Settings::default(); args.devices.len()])
-        }
-        fn decide(
-            &mut self,
-            _: Duration,
-            observations: &[Observation],
-        ) -> Result<Vec<Settings>, PolicyFailure> {
-            Ok(vec![
-                Settings {
-                    power_cap_w: Some(self.0),
-                    ..Settings::default()
-                };
-                observations.len()
-            ])
-        }
-        fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
-            Ok(PolicyState::default())
-        }
-        fn restore(&mut self, _: &PolicyState) -> Result<(), PolicyFailure> {
-            Ok(())
-        }
-        fn rebuild(&mut self) -> Result<(), PolicyFailure> {
-            Ok(())
-        }
-    }
 
     /// 20 ticks on the simulator, through its own actuator or a dry run, with a policy
     /// that always asks for 650 W. Returns the totals and every observation.
@@ -508,9 +475,17 @@ mod tests {
             tick_ms: 1000,
             seed: 1,
         };
+        let fixed_cap = NativePolicy::new(|_, observations| {
+            Ok(vec![
+                Settings {
+                    power_cap_w: Some(650.0),
+                    ..Settings::default()
+                };
+                observations.len()
+            ])
+        });
         let (supervisor, first) =
-            Supervisor::start(Box::new(FixedCap(650.0)), args, BreakerConfig::default())
-                .expect("starts");
+            Supervisor::start(Box::new(fixed_cap), args, BreakerConfig::default()).expect("starts");
         let dir = tempfile::tempdir().expect("tempdir");
         let mut recorder = Recorder::create(dir.path()).expect("recorder");
         let control = ControlLoop::new(

@@ -377,21 +377,35 @@ fn check_length(settings: &[Settings], expected: usize) -> Result<(), PolicyFail
     }
 }
 
+/// A native stand-in for a plugin, for tests of the supervisor and the loop.
 #[cfg(test)]
-mod tests {
+pub(crate) mod doubles {
     use super::*;
-    use crate::types::Objective;
 
-    /// A native policy double whose decide fails on the ticks listed.
-    struct Scripted {
-        fail_on: Vec<u64>,
+    type Decide = dyn FnMut(u64, &[Observation]) -> Result<Vec<Settings>, PolicyFailure> + Send;
+
+    /// A policy whose `decide` is a closure of the call number and the observations.
+    pub(crate) struct NativePolicy {
+        decide: Box<Decide>,
         calls: u64,
-        rebuilds: u32,
     }
 
-    impl PolicyEngine for Scripted {
+    impl NativePolicy {
+        pub(crate) fn new(
+            decide: impl FnMut(u64, &[Observation]) -> Result<Vec<Settings>, PolicyFailure>
+            + Send
+            + 'static,
+        ) -> Self {
+            Self {
+                decide: Box::new(decide),
+                calls: 0,
+            }
+        }
+    }
+
+    impl PolicyEngine for NativePolicy {
         fn name(&self) -> &str {
-            "scripted"
+            "native"
         }
         fn init(&mut self, args: &InitArgs) -> Result<Vec<Settings>, PolicyFailure> {
             Ok(vec![Settings::default(); args.devices.len()])
@@ -403,7 +417,30 @@ mod tests {
         ) -> Result<Vec<Settings>, PolicyFailure> {
             let call = self.calls;
             self.calls += 1;
-            if self.fail_on.contains(&call) {
+            (self.decide)(call, observations)
+        }
+        fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
+            Ok(PolicyState::default())
+        }
+        fn restore(&mut self, _state: &PolicyState) -> Result<(), PolicyFailure> {
+            Ok(())
+        }
+        fn rebuild(&mut self) -> Result<(), PolicyFailure> {
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::doubles::NativePolicy;
+    use super::*;
+    use crate::types::Objective;
+
+    /// Asks for 500 W, except on the calls listed, which trap.
+    fn failing_on(fail_on: Vec<u64>) -> NativePolicy {
+        NativePolicy::new(move |call, observations| {
+            if fail_on.contains(&call) {
                 return Err(PolicyFailure::Trap("scripted".into()));
             }
             Ok(vec![
@@ -413,17 +450,7 @@ mod tests {
                 };
                 observations.len()
             ])
-        }
-        fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
-            Ok(PolicyState::default())
-        }
-        fn restore(&mut self, _state: &PolicyState) -> Result<(), PolicyFailure> {
-            Ok(())
-        }
-        fn rebuild(&mut self) -> Result<(), PolicyFailure> {
-            self.rebuilds += 1;
-            Ok(())
-        }
+        })
     }
 
     fn args() -> InitArgs {
@@ -468,14 +495,13 @@ mod tests {
     }
 
     fn supervisor(fail_on: Vec<u64>) -> Supervisor {
-        let engine = Scripted {
-            fail_on,
-            calls: 0,
-            rebuilds: 0,
-        };
-        Supervisor::start(Box::new(engine), args(), BreakerConfig::default())
-            .expect("starts")
-            .0
+        Supervisor::start(
+            Box::new(failing_on(fail_on)),
+            args(),
+            BreakerConfig::default(),
+        )
+        .expect("starts")
+        .0
     }
 
     #[test]
@@ -546,33 +572,9 @@ mod tests {
 
     #[test]
     fn wrong_length_is_an_invalid_answer() {
-        struct Short;
-        impl PolicyEngine for Short {
-            fn name(&self) -> &str {
-                "short"
-            }
-            fn init(&mut self, _: &InitArgs) -> Result<Vec<Settings>, PolicyFailure> {
-                Ok(vec![])
-            }
-            fn decide(
-                &mut self,
-                _: Duration,
-                _: &[Observation],
-            ) -> Result<Vec<Settings>, PolicyFailure> {
-                Ok(vec![])
-            }
-            fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
-                Ok(PolicyState::default())
-            }
-            fn restore(&mut self, _: &PolicyState) -> Result<(), PolicyFailure> {
-                Ok(())
-            }
-            fn rebuild(&mut self) -> Result<(), PolicyFailure> {
-                Ok(())
-            }
-        }
+        let short = NativePolicy::new(|_, _| Ok(vec![]));
         let (mut sup, _) =
-            Supervisor::start(Box::new(Short), args(), BreakerConfig::default()).expect("starts");
+            Supervisor::start(Box::new(short), args(), BreakerConfig::default()).expect("starts");
         let decision = sup.decide(0, Duration::ZERO, &[observation()]);
         assert!(matches!(
             decision.source,

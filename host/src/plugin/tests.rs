@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::bench::sample_observation;
-use crate::policy::{DeviceFacts, InitArgs, PolicyEngine, PolicyState};
+use crate::bench::{sample_facts, sample_observation};
+use crate::policy::{InitArgs, PolicyEngine, PolicyState};
 use crate::types::{Knobs, Objective};
 
 /// A plugin built by host/build.rs; `$TOKWATT_PLUGIN_DIR` first, so the test binary also
@@ -21,19 +21,7 @@ fn built(name: &str) -> PathBuf {
 
 fn args(gpus: u32) -> InitArgs {
     InitArgs {
-        devices: (0..gpus)
-            .map(|index| DeviceFacts {
-                index,
-                uuid: format!("SIM-test-{index}"),
-                name: "test".into(),
-                simulated: true,
-                power_cap_min_w: 200.0,
-                power_cap_max_w: 700.0,
-                power_cap_default_w: 700.0,
-                sm_clocks_mhz: vec![1980, 1500, 1000],
-                batch_size_max: 512,
-            })
-            .collect(),
+        devices: (0..gpus).map(sample_facts).collect(),
         knobs: Knobs {
             power_cap: true,
             sm_clock: true,
