@@ -184,7 +184,7 @@ pub fn run(
             objective: spec.objective,
         },
         stop,
-    )?;
+    );
     let (totals, backends) = control.run(&mut recorder, progress)?;
     let summary = RunSummary {
         policy: spec.name.clone(),

@@ -57,17 +57,9 @@ pub fn sample_facts(gpu: u32) -> DeviceFacts {
     }
 }
 
-/// A started supervisor around `plugin` managing `gpus` GPUs.
-pub fn supervisor_for(plugin: &Path, gpus: u32) -> Result<Supervisor, String> {
-    let host = PluginHost::new(&HostConfig::default()).map_err(|e| e.to_string())?;
-    let loaded = Arc::new(
-        host.load(plugin, "bench", SandboxLimits::default())
-            .map_err(|e| e.to_string())?,
-    );
-    let engine = loaded
-        .instantiate(1)
-        .map_err(|e: PolicyFailure| e.to_string())?;
-    let args = InitArgs {
+/// What `init` gets for `gpus` sample GPUs with every knob granted.
+pub fn sample_init_args(gpus: u32) -> InitArgs {
+    InitArgs {
         devices: (0..gpus).map(sample_facts).collect(),
         knobs: Knobs {
             power_cap: true,
@@ -78,10 +70,26 @@ pub fn supervisor_for(plugin: &Path, gpus: u32) -> Result<Supervisor, String> {
         params: vec![],
         tick_ms: 1000,
         seed: 1,
-    };
-    Supervisor::start(Box::new(engine), args, BreakerConfig::default())
-        .map(|(s, _)| s)
-        .map_err(|e| e.to_string())
+    }
+}
+
+/// A started supervisor around `plugin` managing `gpus` GPUs.
+pub fn supervisor_for(plugin: &Path, gpus: u32) -> Result<Supervisor, String> {
+    let host = PluginHost::new(&HostConfig::default()).map_err(|e| e.to_string())?;
+    let loaded = Arc::new(
+        host.load(plugin, "bench", SandboxLimits::default())
+            .map_err(|e| e.to_string())?,
+    );
+    let engine = loaded
+        .instantiate(1)
+        .map_err(|e: PolicyFailure| e.to_string())?;
+    Supervisor::start(
+        Box::new(engine),
+        sample_init_args(gpus),
+        BreakerConfig::default(),
+    )
+    .map(|(s, _)| s)
+    .map_err(|e| e.to_string())
 }
 
 /// Time `calls` decide calls for `gpus` GPUs through the supervisor and plugin host.

@@ -130,7 +130,7 @@ impl ControlLoop {
         envelope: Envelope,
         config: LoopConfig,
         stop: Arc<AtomicBool>,
-    ) -> Result<Self, ControlError> {
+    ) -> Self {
         let devices = backends.telemetry.devices();
         let mut in_force = Vec::with_capacity(devices.len());
         for device in &devices {
@@ -188,7 +188,7 @@ impl ControlLoop {
             let _ = this.backends.telemetry.read_window(gpu);
             let _ = this.backends.workload.read_window(gpu);
         }
-        Ok(this)
+        this
     }
 
     /// Run until the configured duration is over or `stop` is raised (between ticks).
@@ -499,8 +499,7 @@ mod tests {
                 objective: Objective::default(),
             },
             Arc::new(AtomicBool::new(false)),
-        )
-        .expect("loop");
+        );
         let mut seen = Vec::new();
         let (totals, _) = control
             .run(&mut recorder, &mut |p| {

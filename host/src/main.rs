@@ -262,18 +262,11 @@ fn restore(state_file: Option<PathBuf>, sim: Option<&str>) -> Result<()> {
         return Ok(());
     }
     let mut actuator: Box<dyn Actuator> = match sim {
+        // Enough simulated GPUs for any state file a simulated run could have written.
         Some(profile) => {
-            let clock: Arc<dyn Clock> = VirtualClock::new();
-            let sim = SimGpu::new(
-                SimConfig {
-                    profile: GpuProfile::load(profile)?,
-                    scenario: Scenario::built_in()?,
-                    gpus: 8,
-                    seed: 1,
-                },
-                clock,
-            )?;
-            sim.actuator()
+            simulator(profile, None, 8, 1, VirtualClock::new())?
+                .1
+                .actuator
         }
         None => Box::new(NvmlSystem::open(None)?.actuator()),
     };
@@ -363,22 +356,7 @@ fn bench_decide(gpus: u32, calls: usize, plugin: Option<PathBuf>) -> Result<()> 
 
 fn check(spec_path: &std::path::Path, plugin_dirs: &[PathBuf]) -> Result<()> {
     let spec = PolicySpec::load(spec_path)?;
-    let clock: Arc<dyn Clock> = VirtualClock::new();
-    let sim = SimGpu::new(
-        SimConfig {
-            profile: GpuProfile::load("h200")?,
-            scenario: Scenario::built_in()?,
-            gpus: 1,
-            seed: 1,
-        },
-        clock.clone(),
-    )?;
-    let backends = Backends {
-        telemetry: sim.telemetry(),
-        actuator: sim.actuator(),
-        workload: sim.workload(),
-        clock,
-    };
+    let (_, backends) = simulator("h200", None, 1, 1, VirtualClock::new())?;
     let plugin = spec.resolve_plugin(&agent::plugin_search_path(plugin_dirs))?;
     let host = tokwatt::plugin::PluginHost::new(&tokwatt::plugin::HostConfig {
         cache_dir: tokwatt::plugin::ComponentCache::default_dir(),
@@ -562,27 +540,52 @@ fn gpu_backends(
     Ok((backends, meta))
 }
 
-fn sim_backends(args: &RunArgs, profile_name: &str) -> Result<(Backends, RunMeta)> {
-    let profile = GpuProfile::load(profile_name)?;
-    let scenario = match &args.scenario {
+/// The simulated GPU with `profile` (a built-in name or a file) and `scenario` (the
+/// built-in one if `None`), and the backends of a run on it.
+fn simulator(
+    profile: &str,
+    scenario: Option<&std::path::Path>,
+    gpus: u32,
+    seed: u64,
+    clock: Arc<dyn Clock>,
+) -> Result<(SimGpu, Backends)> {
+    let profile = GpuProfile::load(profile)?;
+    let scenario = match scenario {
         Some(path) => Scenario::load(path)?,
         None => Scenario::built_in()?,
-    };
-    let clock: Arc<dyn Clock> = if args.realtime {
-        WallClock::new()
-    } else {
-        VirtualClock::new()
     };
     let sim = SimGpu::new(
         SimConfig {
             profile,
             scenario,
-            gpus: args.gpus,
-            seed: args.seed,
+            gpus,
+            seed,
         },
         clock.clone(),
     )
     .context("setting up the simulated GPU")?;
+    let backends = Backends {
+        telemetry: sim.telemetry(),
+        actuator: sim.actuator(),
+        workload: sim.workload(),
+        clock,
+    };
+    Ok((sim, backends))
+}
+
+fn sim_backends(args: &RunArgs, profile_name: &str) -> Result<(Backends, RunMeta)> {
+    let clock: Arc<dyn Clock> = if args.realtime {
+        WallClock::new()
+    } else {
+        VirtualClock::new()
+    };
+    let (sim, backends) = simulator(
+        profile_name,
+        args.scenario.as_deref(),
+        args.gpus,
+        args.seed,
+        clock,
+    )?;
     let meta = RunMeta {
         simulated: true,
         gpu_profile: profile_name.to_owned(),
@@ -592,12 +595,6 @@ fn sim_backends(args: &RunArgs, profile_name: &str) -> Result<(Backends, RunMeta
         actuator: "sim".into(),
         workload: "sim".into(),
         seed: args.seed,
-    };
-    let backends = Backends {
-        telemetry: sim.telemetry(),
-        actuator: sim.actuator(),
-        workload: sim.workload(),
-        clock,
     };
     Ok((backends, meta))
 }

@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::bench::{sample_facts, sample_observation};
+use crate::bench::{sample_init_args, sample_observation};
 use crate::policy::{InitArgs, PolicyEngine, PolicyState};
-use crate::types::{Knobs, Objective};
 
 /// A plugin built by host/build.rs; `$TOKWATT_PLUGIN_DIR` first, so the test binary also
 /// runs from a bundle on another machine (scripts/gpu-bundle.sh ships the fixtures).
@@ -20,18 +19,7 @@ fn built(name: &str) -> PathBuf {
 }
 
 fn args(gpus: u32) -> InitArgs {
-    InitArgs {
-        devices: (0..gpus).map(sample_facts).collect(),
-        knobs: Knobs {
-            power_cap: true,
-            sm_clock: true,
-            batch_size: true,
-        },
-        objective: Objective::default(),
-        params: vec![],
-        tick_ms: 1000,
-        seed: 3,
-    }
+    sample_init_args(gpus)
 }
 
 fn instance(host: &PluginHost, name: &str, limits: SandboxLimits) -> WasmPolicy {
