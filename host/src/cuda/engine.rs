@@ -1065,30 +1065,35 @@ pub(crate) struct PartTiming {
 
 #[cfg(test)]
 impl Engine {
-    /// Times the launches a step of `batch` is made of, each on its own (layer 0's), by
-    /// capturing `REPS` launches into a graph and replaying it.
+    /// Times the launches a step of `batch` is made of, each on its own, by capturing `REPS`
+    /// launches into a graph and replaying it. Each launch takes the next layer's weights, as a
+    /// step does: repeating one layer's would serve the smaller matrices from L2.
     pub(crate) fn profile_parts(&mut self, batch: u32) -> Result<Vec<PartTiming>, CudaError> {
-        const REPS: usize = 20;
+        const REPS: usize = 32;
         self.check_batch(batch)?;
         self.settle()?;
         self.gpu.set_pdl(self.options.pdl);
         let s = self.shape.clone();
         let a = self.addrs();
         let w = self.gpu.addr(&self.weights, 0);
-        let wt = |offset: u64| w + offset * BYTES_PER_ELEMENT;
-        let l0 = self.layout.layers[0];
+        let wt = move |offset: u64| w + offset * BYTES_PER_ELEMENT;
+        let layers = self.layout.layers.clone();
+        let layer = move |rep: usize| layers[rep % layers.len()];
+        let (lm_head, final_norm) = (self.layout.lm_head, self.layout.final_norm);
         let split = AttentionSplit::plan(&s, batch, self.context, self.gpu.sms);
 
         let eps = s.norm_eps as f32;
         let (h, mlp, vocab, qkv_dim, q_dim) = (s.hidden, s.mlp, s.vocab, s.qkv_dim(), s.q_dim());
         let bytes = |rows: u32, cols: u32| u64::from(rows) * u64::from(cols) * BYTES_PER_ELEMENT;
-        type Part<'a> = Box<dyn Fn(&Engine) -> Result<(), CudaError> + 'a>;
+        type Part<'a> = Box<dyn Fn(&Engine, usize) -> Result<(), CudaError> + 'a>;
         let kv_bytes = s.kv_cache_bytes(batch, self.context) / u64::from(s.layers);
+        let layer_count = s.layers as usize;
         let mut parts: Vec<(String, Part, u64)> = AttentionImpl::ALL
             .into_iter()
             .map(|implementation| {
-                let part: Part =
-                    Box::new(move |e: &Engine| e.attention(batch, 0, split, implementation, &a));
+                let part: Part = Box::new(move |e: &Engine, rep: usize| {
+                    e.attention(batch, rep % layer_count, split, implementation, &a)
+                });
                 (
                     format!(
                         "attention {} (splits {})",
@@ -1101,101 +1106,137 @@ impl Engine {
             })
             .collect();
         if batch <= GEMV_MAX_BATCH {
-            let calls = [
+            let layer = layer.clone();
+            // The call each repetition makes.
+            type CallFor = Box<dyn Fn(usize) -> GemvCall>;
+            let calls: [(&str, GemvMode, CallFor, u64); 5] = [
                 (
                     "gemv qkv",
                     GemvMode::NormStore,
-                    GemvCall::new(wt(l0.qkv), a.x, qkv_dim, h)
-                        .norm(wt(l0.attn_norm), a.sumsq_attn, 0)
-                        .output(a.qkv, qkv_dim),
+                    Box::new({
+                        let layer = layer.clone();
+                        move |rep| {
+                            let l = layer(rep);
+                            GemvCall::new(wt(l.qkv), a.x, qkv_dim, h)
+                                .norm(wt(l.attn_norm), a.sumsq_attn, 0)
+                                .output(a.qkv, qkv_dim)
+                        }
+                    }),
                     bytes(qkv_dim, h),
                 ),
                 (
                     "gemv o",
                     GemvMode::Residual,
-                    GemvCall::new(wt(l0.o), a.attn, h, q_dim)
-                        .output(a.x, h)
-                        .accumulate_sumsq(a.sumsq_mlp),
+                    Box::new({
+                        let layer = layer.clone();
+                        move |rep| {
+                            GemvCall::new(wt(layer(rep).o), a.attn, h, q_dim)
+                                .output(a.x, h)
+                                .accumulate_sumsq(a.sumsq_mlp)
+                        }
+                    }),
                     bytes(h, q_dim),
                 ),
                 (
                     "gemv gate_up",
                     GemvMode::NormSilu,
-                    GemvCall::new(wt(l0.gate_up), a.x, mlp, h)
-                        .norm(wt(l0.mlp_norm), a.sumsq_mlp, 0)
-                        .output(a.act, mlp),
+                    Box::new({
+                        let layer = layer.clone();
+                        move |rep| {
+                            let l = layer(rep);
+                            GemvCall::new(wt(l.gate_up), a.x, mlp, h)
+                                .norm(wt(l.mlp_norm), a.sumsq_mlp, 0)
+                                .output(a.act, mlp)
+                        }
+                    }),
                     bytes(2 * mlp, h),
                 ),
                 (
                     "gemv down",
                     GemvMode::Residual,
-                    GemvCall::new(wt(l0.down), a.act, h, mlp)
-                        .output(a.x, h)
-                        .accumulate_sumsq(a.sumsq_attn),
+                    Box::new({
+                        let layer = layer.clone();
+                        move |rep| {
+                            GemvCall::new(wt(layer(rep).down), a.act, h, mlp)
+                                .output(a.x, h)
+                                .accumulate_sumsq(a.sumsq_attn)
+                        }
+                    }),
                     bytes(h, mlp),
                 ),
                 (
                     "gemv lm_head",
                     GemvMode::NormStore,
-                    GemvCall::new(wt(self.layout.lm_head), a.x, vocab, h)
-                        .norm(wt(self.layout.final_norm), a.sumsq_attn, 0)
-                        .output(a.logits, vocab),
+                    Box::new(move |_| {
+                        GemvCall::new(wt(lm_head), a.x, vocab, h)
+                            .norm(wt(final_norm), a.sumsq_attn, 0)
+                            .output(a.logits, vocab)
+                    }),
                     bytes(vocab, h),
                 ),
             ];
             for (name, mode, call, b) in calls {
                 parts.push((
                     name.to_owned(),
-                    Box::new(move |e: &Engine| e.gemv(mode, batch, call, eps)),
+                    Box::new(move |e: &Engine, rep: usize| e.gemv(mode, batch, call(rep), eps)),
                     b,
                 ));
             }
         }
-        let gemms = [
-            ("cublas qkv", qkv_dim, h, wt(l0.qkv), a.x_norm, a.qkv, false),
-            ("cublas o", h, q_dim, wt(l0.o), a.attn, a.x, true),
+        // The layer's weights a GEMM reads; none: the output head's.
+        type Weights = Option<fn(&super::plan::LayerOffsets) -> u64>;
+        let gemms: [(&str, u32, u32, Weights, u64, u64, bool); 5] = [
+            (
+                "cublas qkv",
+                qkv_dim,
+                h,
+                Some(|l| l.qkv),
+                a.x_norm,
+                a.qkv,
+                false,
+            ),
+            ("cublas o", h, q_dim, Some(|l| l.o), a.attn, a.x, true),
             (
                 "cublas gate_up",
                 2 * mlp,
                 h,
-                wt(l0.gate_up),
+                Some(|l| l.gate_up),
                 a.x_norm,
                 a.gate_up,
                 false,
             ),
-            ("cublas down", h, mlp, wt(l0.down), a.act, a.x, true),
-            (
-                "cublas lm_head",
-                vocab,
-                h,
-                wt(self.layout.lm_head),
-                a.x_norm,
-                a.logits,
-                false,
-            ),
+            ("cublas down", h, mlp, Some(|l| l.down), a.act, a.x, true),
+            ("cublas lm_head", vocab, h, None, a.x_norm, a.logits, false),
         ];
         for (name, out, inp, weights, x, y, accumulate) in gemms {
+            let layer = layer.clone();
             parts.push((
                 name.to_owned(),
-                Box::new(move |e: &Engine| {
+                Box::new(move |e: &Engine, rep: usize| {
+                    let offset = weights.map_or(lm_head, |pick| pick(&layer(rep)));
                     e.gpu
-                        .gemm(out, batch, inp, weights, x, inp, y, out, accumulate)
+                        .gemm(out, batch, inp, wt(offset), x, inp, y, out, accumulate)
                 }),
                 bytes(out, inp),
             ));
         }
-        parts.push((
-            "rmsnorm".to_owned(),
-            Box::new(move |e: &Engine| e.rmsnorm(batch, a.x, wt(l0.attn_norm), a.x_norm)),
-            bytes(batch, h),
-        ));
+        {
+            let layer = layer.clone();
+            parts.push((
+                "rmsnorm".to_owned(),
+                Box::new(move |e: &Engine, rep: usize| {
+                    e.rmsnorm(batch, a.x, wt(layer(rep).attn_norm), a.x_norm)
+                }),
+                bytes(batch, h),
+            ));
+        }
         let (Some(k0), Some(v0)) = (self.k_cache.first(), self.v_cache.first()) else {
             return Err(CudaError::Config("no KV cache".into()));
         };
         let (k0, v0, copy_len) = (self.gpu.addr(k0, 0), self.gpu.addr(v0, 0), k0.len());
         parts.push((
             "copy (read bytes; moves twice that)".to_owned(),
-            Box::new(move |e: &Engine| {
+            Box::new(move |e: &Engine, _| {
                 // SAFETY: both ranges are whole, distinct allocations of `copy_len` elements.
                 unsafe {
                     cu::cuMemcpyDtoDAsync_v2(v0, k0, copy_len * 2, e.gpu.stream.cu_stream())
@@ -1213,7 +1254,7 @@ impl Engine {
                 .stream
                 .begin_capture(cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(|e| CudaError::driver("cuStreamBeginCapture", e))?;
-            let enqueued = (0..REPS).try_for_each(|_| part(self));
+            let enqueued = (0..REPS).try_for_each(|rep| part(self, rep));
             let ended = self.gpu.stream.end_capture(cu::CUgraphInstantiate_flags(0));
             enqueued?;
             let graph = ended

@@ -417,10 +417,21 @@ fn gemv_kernels_match_the_cpu_in_every_mode() {
     let _lock = gpu_lock();
     let Some(gpu) = open_gpu() else { return };
     let eps = 1e-5f32;
-    // 40 rows: a partial block; 264 columns: a partial 256-column chunk.
-    for batch in [1usize, 3, 5, 8] {
+    // 42 rows: a partial block; 264 columns: a partial 256-column chunk; the wider rows take
+    // many rounds of loads per warp.
+    let shapes = [
+        (1usize, 264usize),
+        (1, 4104),
+        (1, 14336),
+        (1, 33000),
+        (3, 264),
+        (5, 264),
+        (8, 264),
+        (8, 14336),
+    ];
+    for (batch, cols) in shapes {
         for mode in [GemvMode::NormStore, GemvMode::Residual, GemvMode::NormSilu] {
-            let case = GemvCase::new(mode, batch, 40, 264, 10 + batch as u64);
+            let case = GemvCase::new(mode, batch, 42, cols, 10 + batch as u64);
             let (y, zeroed, sumsq_out) = run_gemv(&gpu, mode, &case, eps);
             let mut want = Vec::new();
             for b in 0..batch {
@@ -441,7 +452,7 @@ fn gemv_kernels_match_the_cpu_in_every_mode() {
             let err = relative_error(&floats(&y), &want);
             assert!(
                 err < BF16_TOLERANCE,
-                "{mode:?} batch {batch}: relative error {err}"
+                "{mode:?} batch {batch} cols {cols}: relative error {err}"
             );
             if mode == GemvMode::Residual {
                 // 0.5 to start with, plus the squares of the new residual rows as stored.
