@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
-use super::engine::{Engine, EngineOptions, StepDone};
+use super::engine::{Engine, EngineOptions, StepDone, Tuning};
 use super::error::CudaError;
 use super::plan::percentile;
 use super::shape::ModelShape;
@@ -45,7 +45,12 @@ impl CudaDecodeConfig {
             batch_size: 1,
             device: 0,
             gpu_index: 0,
-            engine: EngineOptions::default(),
+            // A policy moves the batch size while tokens are counted: a new size takes the
+            // nearest timed size's variant instead of stalling for a full tuning.
+            engine: EngineOptions {
+                tuning: Tuning::Nearest,
+                ..EngineOptions::default()
+            },
         }
     }
 }

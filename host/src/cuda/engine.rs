@@ -77,11 +77,25 @@ pub enum AttentionChoice {
     Only(AttentionImpl),
 }
 
+/// How a batch size not seen before picks its step variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tuning {
+    /// Capture and time every variant (1–3 s per new batch size on an H200): the fastest step
+    /// at every batch size, which is what a benchmark wants.
+    #[default]
+    EveryBatch,
+    /// Time every variant for the first batch size; later ones take the variant chosen for the
+    /// nearest timed batch size and capture only that (milliseconds), so that a policy moving
+    /// the batch size does not stall decoding at each new size.
+    Nearest,
+}
+
 /// Knobs of the engine that do not change the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineOptions {
     pub matmul: MatmulChoice,
     pub attention: AttentionChoice,
+    pub tuning: Tuning,
     /// Also try programmatic dependent launch (Hopper and newer), which lets a kernel start,
     /// and prefetch its weights, while the previous one drains; kept only where it is faster.
     /// Off by default: on the H200 it never beat plain graph replay.
@@ -95,6 +109,7 @@ impl Default for EngineOptions {
         EngineOptions {
             matmul: MatmulChoice::Auto,
             attention: AttentionChoice::Auto,
+            tuning: Tuning::EveryBatch,
             pdl: false,
             seed: 0x0074_6f6b_7761_7474, // "tokwatt"
         }
@@ -139,6 +154,9 @@ pub struct GraphInfo {
     pub attention: AttentionSplit,
     /// Median replay time of each candidate timed, ms (empty when there was one candidate).
     pub candidates_ms: Vec<(StepVariant, f64)>,
+    /// Under [`Tuning::Nearest`], the timed batch size whose choice this one took (None: this
+    /// batch size chose for itself).
+    pub chosen_for: Option<u32>,
 }
 
 /// A step launched and not yet waited for.
@@ -733,16 +751,19 @@ impl Engine {
         if !self.graphs.contains_key(&batch) {
             self.settle()?;
             let split = AttentionSplit::plan(&self.shape, batch, self.context, self.gpu.sms);
-            let mut captured = Vec::new();
-            for variant in self.candidates(batch) {
-                match self.capture_checked(batch, variant, split) {
-                    Ok(graph) => captured.push((variant, graph)),
-                    Err(error) if variant.pdl => {
-                        tracing::warn!(%error, variant = %variant.label(), "skipping a step variant the driver refused");
-                    }
-                    Err(error) => return Err(error),
-                }
-            }
+            let inherited = match self.options.tuning {
+                Tuning::Nearest => self.nearest_choice(batch),
+                Tuning::EveryBatch => None,
+            };
+            let mut captured =
+                self.capture_variants(batch, split, inherited.map(|(_, v)| vec![v]))?;
+            let chosen_for = if captured.is_empty() {
+                // The inherited variant was refused here: choose among all of them.
+                captured = self.capture_variants(batch, split, None)?;
+                None
+            } else {
+                inherited.map(|(timed, _)| timed)
+            };
             let timings = if captured.len() > 1 {
                 let graphs: Vec<&CudaGraph> = captured.iter().map(|(_, g)| g).collect();
                 self.time_graphs(&graphs)?
@@ -773,6 +794,7 @@ impl Engine {
                 variant,
                 attention: split,
                 candidates_ms,
+                chosen_for,
             };
             self.graphs.insert(batch, StepGraph { graph, info });
         }
@@ -780,6 +802,39 @@ impl Engine {
             .get(&batch)
             .map(|g| &g.info)
             .ok_or_else(|| CudaError::Config(format!("the graph of batch {batch} is missing")))
+    }
+
+    /// Captures `variants` (default: every candidate for `batch`), skipping those with
+    /// programmatic dependent launch that the driver refuses.
+    fn capture_variants(
+        &mut self,
+        batch: u32,
+        split: AttentionSplit,
+        variants: Option<Vec<StepVariant>>,
+    ) -> Result<Vec<(StepVariant, CudaGraph)>, CudaError> {
+        let mut captured = Vec::new();
+        for variant in variants.unwrap_or_else(|| self.candidates(batch)) {
+            match self.capture_checked(batch, variant, split) {
+                Ok(graph) => captured.push((variant, graph)),
+                Err(error) if variant.pdl => {
+                    tracing::warn!(%error, variant = %variant.label(), "skipping a step variant the driver refused");
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(captured)
+    }
+
+    /// The variant chosen by timing for the batch size nearest `batch` (by ratio) among those
+    /// whose variant applies to `batch`, with that batch size.
+    fn nearest_choice(&self, batch: u32) -> Option<(u32, StepVariant)> {
+        let candidates = self.candidates(batch);
+        let distance = |timed: u32| (f64::from(timed) / f64::from(batch)).ln().abs();
+        self.graphs
+            .iter()
+            .filter(|(_, g)| g.info.chosen_for.is_none() && candidates.contains(&g.info.variant))
+            .map(|(&timed, g)| (timed, g.info.variant))
+            .min_by(|a, b| distance(a.0).total_cmp(&distance(b.0)).then(a.0.cmp(&b.0)))
     }
 
     fn new_event(&self) -> Result<CudaEvent, CudaError> {

@@ -31,7 +31,7 @@ pub use bench::{BenchConfig, BenchRow, bench_batches, bench_with, format_table};
 pub use decode::{CudaDecode, CudaDecodeConfig};
 pub use device::AttentionImpl;
 pub use engine::{
-    AttentionChoice, EngineOptions, GraphInfo, MatmulChoice, MatmulPath, StepVariant,
+    AttentionChoice, EngineOptions, GraphInfo, MatmulChoice, MatmulPath, StepVariant, Tuning,
 };
 pub use error::CudaError;
 pub use plan::{AttentionSplit, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT};

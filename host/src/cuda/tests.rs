@@ -10,7 +10,7 @@ use cudarc::driver::CudaSlice;
 
 use super::device::{Arg, AttentionImpl, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, int};
 use super::engine::{
-    AttentionArgs, AttentionChoice, Engine, EngineOptions, MatmulChoice, MatmulPath,
+    AttentionArgs, AttentionChoice, Engine, EngineOptions, MatmulChoice, MatmulPath, Tuning,
     launch_attention,
 };
 use super::error::CudaError;
@@ -839,6 +839,54 @@ fn batch_size_changes_between_steps_without_reallocation() {
 }
 
 #[test]
+fn nearest_tuning_times_once_then_reuses_the_nearest_choice() {
+    let _lock = gpu_lock();
+    let Some(mut tuned) = tiny_engine(MatmulChoice::Auto, false) else {
+        return;
+    };
+    let shape = tuned.shape().clone();
+    let options = EngineOptions {
+        tuning: Tuning::Nearest,
+        ..EngineOptions::default()
+    };
+    let mut engine = Engine::new(&shape, 100, 8, 0, options).unwrap();
+    let first = engine.prepare(2).unwrap().clone();
+    assert_eq!(first.chosen_for, None);
+    assert!(first.candidates_ms.len() >= 4, "{first:?}");
+    // Only timed choices are handed on: every later size takes batch 2's.
+    for batch in [3u32, 8, 1] {
+        let info = engine.prepare(batch).unwrap().clone();
+        assert_eq!(info.chosen_for, Some(2), "batch {batch}");
+        assert_eq!(info.variant, first.variant, "batch {batch}");
+        assert!(
+            info.candidates_ms.is_empty(),
+            "batch {batch}: nothing timed"
+        );
+        assert_eq!(
+            info.attention,
+            AttentionSplit::plan(&shape, batch, 100, engine.gpu().sms),
+            "the split still fits the batch size"
+        );
+    }
+    // Same weights, same input: the reused variant computes what a fully tuned engine does
+    // (up to the rounding of whichever variant each chose).
+    let vocab = shape.vocab as usize;
+    let mut logits = Vec::new();
+    for e in [&mut engine, &mut tuned] {
+        // Tuning replays the step, which rewrites the tokens: prepare first.
+        e.prepare(3).unwrap();
+        e.set_tokens(&[5, 6, 7]).unwrap();
+        e.launch_step(3).unwrap();
+        e.drain().unwrap();
+        let l = e.logits(3).unwrap();
+        assert_eq!(e.tokens(3).unwrap(), cpu_argmax(&l, vocab));
+        logits.push(floats(&l));
+    }
+    let err = relative_error(&logits[0], &logits[1]);
+    assert!(err < 2e-2, "nearest vs fully tuned logits differ by {err}");
+}
+
+#[test]
 fn a_model_larger_than_the_gpu_is_refused_with_the_sizes() {
     let _lock = gpu_lock();
     let shape = ModelShape::preset("llama-3.1-70b").unwrap();
@@ -1060,5 +1108,43 @@ fn profile_parts_on_device() {
                 part.bytes as f64 / part.micros / 1e6
             );
         }
+    }
+}
+
+/// The stall a new batch size costs on a real GPU (ignored): `prepare` of sizes not seen
+/// before, after batch 1 was tuned, under each tuning mode. `TOKWATT_BENCH_MODEL` and
+/// `TOKWATT_BENCH_CONTEXT` as for `bench_on_device`.
+#[test]
+#[ignore]
+fn batch_change_pause_on_device() {
+    let _lock = gpu_lock();
+    let env =
+        |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
+    let model = ModelShape::preset(&env("TOKWATT_BENCH_MODEL", "llama-3-8b")).unwrap();
+    let context: u32 = env("TOKWATT_BENCH_CONTEXT", "1024").parse().unwrap();
+    for tuning in [Tuning::EveryBatch, Tuning::Nearest] {
+        let options = EngineOptions {
+            tuning,
+            ..EngineOptions::default()
+        };
+        let mut engine = match Engine::new(&model, context, 256, 0, options) {
+            Ok(engine) => engine,
+            Err(error) if no_cuda(&error) => return println!("skipping: no CUDA driver: {error}"),
+            Err(error) => panic!("{error}"),
+        };
+        engine.prepare(1).unwrap();
+        let mut pauses = Vec::new();
+        for batch in [2u32, 3, 5, 9, 17, 33, 65, 129, 256] {
+            let started = std::time::Instant::now();
+            engine.prepare(batch).unwrap();
+            pauses.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        pauses.sort_by(f64::total_cmp);
+        println!(
+            "pause {tuning:?}: median {:.1} ms, max {:.1} ms over {} new batch sizes",
+            pauses[pauses.len() / 2],
+            pauses[pauses.len() - 1],
+            pauses.len()
+        );
     }
 }
