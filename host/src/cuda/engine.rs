@@ -98,7 +98,8 @@ pub struct EngineOptions {
     pub tuning: Tuning,
     /// Also try programmatic dependent launch (Hopper and newer), which lets a kernel start,
     /// and prefetch its weights, while the previous one drains; kept only where it is faster.
-    /// Off by default: on the H200 it never beat plain graph replay.
+    /// Off by default: on the H200 it was faster in one timing out of four and slower in the
+    /// others, and it doubles the variants to time.
     pub pdl: bool,
     /// Seed of the random weights, KV cache and first tokens.
     pub seed: u64,
