@@ -80,8 +80,8 @@ pub enum AttentionChoice {
 /// How a batch size not seen before picks its step variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Tuning {
-    /// Capture and time every variant (1–3 s per new batch size on an H200): the fastest step
-    /// at every batch size, which is what a benchmark wants.
+    /// Capture and time every variant (0.5–0.8 s per new batch size for llama-3-8b on an
+    /// H200): the fastest step at every batch size, which is what a benchmark wants.
     #[default]
     EveryBatch,
     /// Time every variant for the first batch size; later ones take the variant chosen for the
@@ -756,15 +756,18 @@ impl Engine {
                 Tuning::Nearest => self.nearest_choice(batch),
                 Tuning::EveryBatch => None,
             };
-            let mut captured =
-                self.capture_variants(batch, split, inherited.map(|(_, v)| vec![v]))?;
-            let chosen_for = if captured.is_empty() {
-                // The inherited variant was refused here: choose among all of them.
-                captured = self.capture_variants(batch, split, None)?;
-                None
-            } else {
-                inherited.map(|(timed, _)| timed)
+            let variants = match inherited {
+                Some((_, variant)) => vec![variant],
+                None => self.candidates(batch),
             };
+            let mut captured = self.capture_variants(batch, split, variants)?;
+            let mut chosen_for = inherited.map(|(timed, _)| timed);
+            if captured.is_empty() && chosen_for.is_some() {
+                // The inherited variant was refused here: choose among all of them.
+                let all = self.candidates(batch);
+                captured = self.capture_variants(batch, split, all)?;
+                chosen_for = None;
+            }
             let timings = if captured.len() > 1 {
                 let graphs: Vec<&CudaGraph> = captured.iter().map(|(_, g)| g).collect();
                 self.time_graphs(&graphs)?
@@ -805,16 +808,16 @@ impl Engine {
             .ok_or_else(|| CudaError::Config(format!("the graph of batch {batch} is missing")))
     }
 
-    /// Captures `variants` (default: every candidate for `batch`), skipping those with
-    /// programmatic dependent launch that the driver refuses.
+    /// Captures `variants` of the step for `batch`, skipping those with programmatic dependent
+    /// launch that the driver refuses.
     fn capture_variants(
         &mut self,
         batch: u32,
         split: AttentionSplit,
-        variants: Option<Vec<StepVariant>>,
+        variants: Vec<StepVariant>,
     ) -> Result<Vec<(StepVariant, CudaGraph)>, CudaError> {
         let mut captured = Vec::new();
-        for variant in variants.unwrap_or_else(|| self.candidates(batch)) {
+        for variant in variants {
             match self.capture_checked(batch, variant, split) {
                 Ok(graph) => captured.push((variant, graph)),
                 Err(error) if variant.pdl => {
@@ -1125,6 +1128,7 @@ impl Engine {
     /// launches into a graph and replaying it. Each launch takes the next layer's weights, as a
     /// step does: repeating one layer's would serve the smaller matrices from L2.
     pub(crate) fn profile_parts(&mut self, batch: u32) -> Result<Vec<PartTiming>, CudaError> {
+        use super::plan::LayerOffsets;
         const REPS: usize = 32;
         self.check_batch(batch)?;
         self.settle()?;
@@ -1133,22 +1137,20 @@ impl Engine {
         let a = self.addrs();
         let w = self.gpu.addr(&self.weights, 0);
         let wt = move |offset: u64| w + offset * BYTES_PER_ELEMENT;
-        let layers = self.layout.layers.clone();
-        let layer = move |rep: usize| layers[rep % layers.len()];
         let (lm_head, final_norm) = (self.layout.lm_head, self.layout.final_norm);
         let split = AttentionSplit::plan(&s, batch, self.context, self.gpu.sms);
 
         let eps = s.norm_eps as f32;
         let (h, mlp, vocab, qkv_dim, q_dim) = (s.hidden, s.mlp, s.vocab, s.qkv_dim(), s.q_dim());
         let bytes = |rows: u32, cols: u32| u64::from(rows) * u64::from(cols) * BYTES_PER_ELEMENT;
-        type Part<'a> = Box<dyn Fn(&Engine, usize) -> Result<(), CudaError> + 'a>;
+        // One launch of a part, for the layer of that index and offsets.
+        type Part<'a> = Box<dyn Fn(&Engine, usize, LayerOffsets) -> Result<(), CudaError> + 'a>;
         let kv_bytes = s.kv_cache_bytes(batch, self.context) / u64::from(s.layers);
-        let layer_count = s.layers as usize;
         let mut parts: Vec<(String, Part, u64)> = AttentionImpl::ALL
             .into_iter()
             .map(|implementation| {
-                let part: Part = Box::new(move |e: &Engine, rep: usize| {
-                    e.attention(batch, rep % layer_count, split, implementation, &a)
+                let part: Part = Box::new(move |e: &Engine, layer, _| {
+                    e.attention(batch, layer, split, implementation, &a)
                 });
                 (
                     format!(
@@ -1162,61 +1164,46 @@ impl Engine {
             })
             .collect();
         if batch <= GEMV_MAX_BATCH {
-            let layer = layer.clone();
-            // The call each repetition makes.
-            type CallFor = Box<dyn Fn(usize) -> GemvCall>;
+            // The call a launch makes for a layer.
+            type CallFor = Box<dyn Fn(LayerOffsets) -> GemvCall>;
             let calls: [(&str, GemvMode, CallFor, u64); 5] = [
                 (
                     "gemv qkv",
                     GemvMode::NormStore,
-                    Box::new({
-                        let layer = layer.clone();
-                        move |rep| {
-                            let l = layer(rep);
-                            GemvCall::new(wt(l.qkv), a.x, qkv_dim, h)
-                                .norm(wt(l.attn_norm), a.sumsq_attn, 0)
-                                .output(a.qkv, qkv_dim)
-                        }
+                    Box::new(move |l| {
+                        GemvCall::new(wt(l.qkv), a.x, qkv_dim, h)
+                            .norm(wt(l.attn_norm), a.sumsq_attn, 0)
+                            .output(a.qkv, qkv_dim)
                     }),
                     bytes(qkv_dim, h),
                 ),
                 (
                     "gemv o",
                     GemvMode::Residual,
-                    Box::new({
-                        let layer = layer.clone();
-                        move |rep| {
-                            GemvCall::new(wt(layer(rep).o), a.attn, h, q_dim)
-                                .output(a.x, h)
-                                .accumulate_sumsq(a.sumsq_mlp)
-                        }
+                    Box::new(move |l| {
+                        GemvCall::new(wt(l.o), a.attn, h, q_dim)
+                            .output(a.x, h)
+                            .accumulate_sumsq(a.sumsq_mlp)
                     }),
                     bytes(h, q_dim),
                 ),
                 (
                     "gemv gate_up",
                     GemvMode::NormSilu,
-                    Box::new({
-                        let layer = layer.clone();
-                        move |rep| {
-                            let l = layer(rep);
-                            GemvCall::new(wt(l.gate_up), a.x, mlp, h)
-                                .norm(wt(l.mlp_norm), a.sumsq_mlp, 0)
-                                .output(a.act, mlp)
-                        }
+                    Box::new(move |l| {
+                        GemvCall::new(wt(l.gate_up), a.x, mlp, h)
+                            .norm(wt(l.mlp_norm), a.sumsq_mlp, 0)
+                            .output(a.act, mlp)
                     }),
                     bytes(2 * mlp, h),
                 ),
                 (
                     "gemv down",
                     GemvMode::Residual,
-                    Box::new({
-                        let layer = layer.clone();
-                        move |rep| {
-                            GemvCall::new(wt(layer(rep).down), a.act, h, mlp)
-                                .output(a.x, h)
-                                .accumulate_sumsq(a.sumsq_attn)
-                        }
+                    Box::new(move |l| {
+                        GemvCall::new(wt(l.down), a.act, h, mlp)
+                            .output(a.x, h)
+                            .accumulate_sumsq(a.sumsq_attn)
                     }),
                     bytes(h, mlp),
                 ),
@@ -1234,13 +1221,13 @@ impl Engine {
             for (name, mode, call, b) in calls {
                 parts.push((
                     name.to_owned(),
-                    Box::new(move |e: &Engine, rep: usize| e.gemv(mode, batch, call(rep), eps)),
+                    Box::new(move |e: &Engine, _, l| e.gemv(mode, batch, call(l), eps)),
                     b,
                 ));
             }
         }
         // The layer's weights a GEMM reads; none: the output head's.
-        type Weights = Option<fn(&super::plan::LayerOffsets) -> u64>;
+        type Weights = Option<fn(&LayerOffsets) -> u64>;
         let gemms: [(&str, u32, u32, Weights, u64, u64, bool); 5] = [
             (
                 "cublas qkv",
@@ -1265,34 +1252,28 @@ impl Engine {
             ("cublas lm_head", vocab, h, None, a.x_norm, a.logits, false),
         ];
         for (name, out, inp, weights, x, y, accumulate) in gemms {
-            let layer = layer.clone();
             parts.push((
                 name.to_owned(),
-                Box::new(move |e: &Engine, rep: usize| {
-                    let offset = weights.map_or(lm_head, |pick| pick(&layer(rep)));
+                Box::new(move |e: &Engine, _, l| {
+                    let offset = weights.map_or(lm_head, |pick| pick(&l));
                     e.gpu
                         .gemm(out, batch, inp, wt(offset), x, inp, y, out, accumulate)
                 }),
                 bytes(out, inp),
             ));
         }
-        {
-            let layer = layer.clone();
-            parts.push((
-                "rmsnorm".to_owned(),
-                Box::new(move |e: &Engine, rep: usize| {
-                    e.rmsnorm(batch, a.x, wt(layer(rep).attn_norm), a.x_norm)
-                }),
-                bytes(batch, h),
-            ));
-        }
+        parts.push((
+            "rmsnorm".to_owned(),
+            Box::new(move |e: &Engine, _, l| e.rmsnorm(batch, a.x, wt(l.attn_norm), a.x_norm)),
+            bytes(batch, h),
+        ));
         let (Some(k0), Some(v0)) = (self.k_cache.first(), self.v_cache.first()) else {
             return Err(CudaError::Config("no KV cache".into()));
         };
         let (k0, v0, copy_len) = (self.gpu.addr(k0, 0), self.gpu.addr(v0, 0), k0.len());
         parts.push((
             "copy (read bytes; moves twice that)".to_owned(),
-            Box::new(move |e: &Engine, _| {
+            Box::new(move |e: &Engine, _, _| {
                 // SAFETY: both ranges are whole, distinct allocations of `copy_len` elements.
                 unsafe {
                     cu::cuMemcpyDtoDAsync_v2(v0, k0, copy_len * 2, e.gpu.stream.cu_stream())
@@ -1310,7 +1291,11 @@ impl Engine {
                 .stream
                 .begin_capture(cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
                 .map_err(|e| CudaError::driver("cuStreamBeginCapture", e))?;
-            let enqueued = (0..REPS).try_for_each(|rep| part(self, rep));
+            let layers = &self.layout.layers;
+            let enqueued = (0..REPS).try_for_each(|rep| {
+                let layer = rep % layers.len();
+                part(self, layer, layers[layer])
+            });
             let ended = self.gpu.stream.end_capture(cu::CUgraphInstantiate_flags(0));
             enqueued?;
             let graph = ended
