@@ -694,14 +694,14 @@ fn attention_matches_the_cpu_with_and_without_splits() {
 
 // ---- the engine -------------------------------------------------------------------------
 
-fn tiny_engine(matmul: MatmulChoice, pdl: bool) -> Option<Engine> {
-    let shape = tiny_shape(64, 4, 2);
-    let options = EngineOptions {
-        matmul,
-        pdl,
-        ..EngineOptions::default()
-    };
-    match Engine::new(&shape, 100, 8, 0, options) {
+/// An engine on device 0, or None (with the reason printed) where there is no CUDA driver.
+fn engine_or_skip(
+    shape: &ModelShape,
+    context: u32,
+    batch_max: u32,
+    options: EngineOptions,
+) -> Option<Engine> {
+    match Engine::new(shape, context, batch_max, 0, options) {
         Ok(engine) => Some(engine),
         Err(error) if no_cuda(&error) => {
             println!("skipping: no CUDA driver: {error}");
@@ -709,6 +709,19 @@ fn tiny_engine(matmul: MatmulChoice, pdl: bool) -> Option<Engine> {
         }
         Err(error) => panic!("{error}"),
     }
+}
+
+/// The tiny test model: context 100, batches up to 8.
+fn tiny_engine_with(options: EngineOptions) -> Option<Engine> {
+    engine_or_skip(&tiny_shape(64, 4, 2), 100, 8, options)
+}
+
+fn tiny_engine(matmul: MatmulChoice, pdl: bool) -> Option<Engine> {
+    tiny_engine_with(EngineOptions {
+        matmul,
+        pdl,
+        ..EngineOptions::default()
+    })
 }
 
 fn cpu_argmax(logits: &[u16], vocab: usize) -> Vec<u32> {
@@ -845,11 +858,12 @@ fn nearest_tuning_times_once_then_reuses_the_nearest_choice() {
         return;
     };
     let shape = tuned.shape().clone();
-    let options = EngineOptions {
+    let Some(mut engine) = tiny_engine_with(EngineOptions {
         tuning: Tuning::Nearest,
         ..EngineOptions::default()
+    }) else {
+        return;
     };
-    let mut engine = Engine::new(&shape, 100, 8, 0, options).unwrap();
     let first = engine.prepare(2).unwrap().clone();
     assert_eq!(first.chosen_for, None);
     assert!(first.candidates_ms.len() >= 4, "{first:?}");
@@ -995,6 +1009,27 @@ fn the_workload_decodes_on_its_own_thread_and_follows_the_batch_size() {
     drop(decode); // joins the thread
 }
 
+/// A device benchmark's setting from the environment, or its default.
+fn bench_env(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+/// The model and context of the device benchmarks: `TOKWATT_BENCH_MODEL` (llama-3-8b) and
+/// `TOKWATT_BENCH_CONTEXT` (1024).
+fn bench_model() -> (ModelShape, u32) {
+    let model = ModelShape::preset(&bench_env("TOKWATT_BENCH_MODEL", "llama-3-8b")).unwrap();
+    let context = bench_env("TOKWATT_BENCH_CONTEXT", "1024").parse().unwrap();
+    (model, context)
+}
+
+/// The batch sizes in `TOKWATT_BENCH_BATCHES` (comma-separated), or `default`'s.
+fn bench_batches(default: &str) -> Vec<u32> {
+    bench_env("TOKWATT_BENCH_BATCHES", default)
+        .split(',')
+        .map(|b| b.trim().parse().unwrap())
+        .collect()
+}
+
 /// The benchmark table on a real GPU (ignored: minutes of device time). Environment:
 /// `TOKWATT_BENCH_MODEL` (llama-3-8b), `TOKWATT_BENCH_CONTEXT` (1024), `TOKWATT_BENCH_BATCHES`
 /// (1,4,16,64,128,256,512), `TOKWATT_BENCH_SECONDS` (3), `TOKWATT_BENCH_WARMUP` (1),
@@ -1006,25 +1041,20 @@ fn the_workload_decodes_on_its_own_thread_and_follows_the_batch_size() {
 #[test]
 #[ignore]
 fn bench_on_device() {
-    let env =
-        |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
-    let model = ModelShape::preset(&env("TOKWATT_BENCH_MODEL", "llama-3-8b")).unwrap();
-    let context: u32 = env("TOKWATT_BENCH_CONTEXT", "1024").parse().unwrap();
-    let batches: Vec<u32> = env("TOKWATT_BENCH_BATCHES", "1,4,16,64,128,256,512")
-        .split(',')
-        .map(|b| b.trim().parse().unwrap())
-        .collect();
+    let (model, context) = bench_model();
+    let batches = bench_batches("1,4,16,64,128,256,512");
     let mut config = BenchConfig::new(
         model,
         context,
         batches,
-        env("TOKWATT_BENCH_SECONDS", "3").parse().unwrap(),
+        bench_env("TOKWATT_BENCH_SECONDS", "3").parse().unwrap(),
     );
-    config.warmup_seconds = env("TOKWATT_BENCH_WARMUP", "1").parse().unwrap();
-    config.engine.pdl = env("TOKWATT_BENCH_PDL", "0") == "1";
-    config.engine.attention = AttentionImpl::from_name(&env("TOKWATT_BENCH_ATTENTION", "auto"))
-        .map_or(AttentionChoice::Auto, AttentionChoice::Only);
-    config.engine.matmul = match env("TOKWATT_BENCH_MATMUL", "auto").as_str() {
+    config.warmup_seconds = bench_env("TOKWATT_BENCH_WARMUP", "1").parse().unwrap();
+    config.engine.pdl = bench_env("TOKWATT_BENCH_PDL", "0") == "1";
+    config.engine.attention =
+        AttentionImpl::from_name(&bench_env("TOKWATT_BENCH_ATTENTION", "auto"))
+            .map_or(AttentionChoice::Auto, AttentionChoice::Only);
+    config.engine.matmul = match bench_env("TOKWATT_BENCH_MATMUL", "auto").as_str() {
         "gemv" => MatmulChoice::Gemv,
         "cublas" => MatmulChoice::Cublas,
         _ => MatmulChoice::Auto,
@@ -1080,23 +1110,15 @@ fn bench_on_device() {
 #[ignore]
 fn profile_parts_on_device() {
     let _lock = gpu_lock();
-    let env =
-        |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
-    let model = ModelShape::preset(&env("TOKWATT_BENCH_MODEL", "llama-3-8b")).unwrap();
-    let context: u32 = env("TOKWATT_BENCH_CONTEXT", "1024").parse().unwrap();
-    let batches: Vec<u32> = env("TOKWATT_BENCH_BATCHES", "1,8,16,64,512")
-        .split(',')
-        .map(|b| b.trim().parse().unwrap())
-        .collect();
+    let (model, context) = bench_model();
+    let batches = bench_batches("1,8,16,64,512");
     let options = EngineOptions {
-        pdl: env("TOKWATT_BENCH_PDL", "0") == "1",
+        pdl: bench_env("TOKWATT_BENCH_PDL", "0") == "1",
         ..EngineOptions::default()
     };
     let batch_max = batches.iter().copied().max().unwrap();
-    let mut engine = match Engine::new(&model, context, batch_max, 0, options) {
-        Ok(engine) => engine,
-        Err(error) if no_cuda(&error) => return println!("skipping: no CUDA driver: {error}"),
-        Err(error) => panic!("{error}"),
+    let Some(mut engine) = engine_or_skip(&model, context, batch_max, options) else {
+        return;
     };
     println!("{} on {} ctx {context}", model.name, engine.gpu_name());
     for batch in batches {
@@ -1118,19 +1140,14 @@ fn profile_parts_on_device() {
 #[ignore]
 fn batch_change_pause_on_device() {
     let _lock = gpu_lock();
-    let env =
-        |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.to_owned());
-    let model = ModelShape::preset(&env("TOKWATT_BENCH_MODEL", "llama-3-8b")).unwrap();
-    let context: u32 = env("TOKWATT_BENCH_CONTEXT", "1024").parse().unwrap();
+    let (model, context) = bench_model();
     for tuning in [Tuning::EveryBatch, Tuning::Nearest] {
         let options = EngineOptions {
             tuning,
             ..EngineOptions::default()
         };
-        let mut engine = match Engine::new(&model, context, 256, 0, options) {
-            Ok(engine) => engine,
-            Err(error) if no_cuda(&error) => return println!("skipping: no CUDA driver: {error}"),
-            Err(error) => panic!("{error}"),
+        let Some(mut engine) = engine_or_skip(&model, context, 256, options) else {
+            return;
         };
         engine.prepare(1).unwrap();
         let mut pauses = Vec::new();
