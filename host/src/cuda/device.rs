@@ -153,6 +153,7 @@ impl GemvMode {
 #[derive(Debug)]
 pub(crate) struct Kernels {
     pub fill_uniform: CudaFunction,
+    pub scale_columns: CudaFunction,
     pub embed: CudaFunction,
     pub rmsnorm: CudaFunction,
     pub silu_mul: CudaFunction,
@@ -268,6 +269,7 @@ impl Kernels {
         }
         Ok(Kernels {
             fill_uniform: function("fill_uniform")?,
+            scale_columns: function("scale_columns")?,
             embed: function("embed")?,
             rmsnorm: function("rmsnorm")?,
             silu_mul: function("silu_mul")?,
@@ -631,6 +633,32 @@ impl Gpu {
                 Arg::U64(seed),
                 Arg::F32(scale),
                 Arg::F32(offset),
+            ],
+        )
+    }
+
+    /// Folds RMSNorm weights `gamma` (`cols` of them) into the `[rows, cols]` matrix at `matrix`:
+    /// each column scaled by its weight.
+    pub fn scale_columns(
+        &self,
+        matrix: u64,
+        rows: u32,
+        cols: u32,
+        gamma: u64,
+    ) -> Result<(), CudaError> {
+        let blocks = u32::try_from((u64::from(rows) * u64::from(cols)).div_ceil(256))
+            .unwrap_or(u32::MAX)
+            .clamp(1, 65_535);
+        self.launch(
+            &self.kernels.scale_columns,
+            (blocks, 1, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(matrix),
+                Arg::U64(u64::from(rows)),
+                int(cols, "columns")?,
+                Arg::Ptr(gamma),
             ],
         )
     }

@@ -8,7 +8,9 @@
 //! Two ways to do the matrix products, chosen per batch size by timing both:
 //! - `Gemv` (batch ≤ 8): hand-written bandwidth-bound kernels with RMSNorm, the residual add
 //!   and SiLU·mul fused in (5 kernels per layer);
-//! - `Cublas`: cuBLAS GEMMs with separate RMSNorm and SiLU·mul kernels (8 per layer).
+//! - `Cublas`: cuBLAS GEMMs and a SiLU·mul kernel (6 per layer). Each layer's RMSNorm weights
+//!   are folded into the projection after them when the weights are made, so QKV and gate/up
+//!   read the raw residual stream and attention and SiLU·mul apply the norms' factors.
 //!
 //! The KV cache holds `context` positions per sequence; the new token sits at the last one
 //! (`context - 1`) and overwrites it, so every step attends over `context` positions, as the
@@ -297,6 +299,18 @@ impl Engine {
                 center,
             )?;
         }
+        // Fold each layer's two RMSNorm weights into the projection after them (as inference
+        // engines do at load time), leaving weights of exactly 1: the cuBLAS path then needs no
+        // norm kernel, and the fused matrix-vector kernels multiply by 1.
+        let (hidden, qkv_dim, mlp) = (shape.hidden, shape.qkv_dim(), shape.mlp);
+        for l in &layout.layers {
+            let at = |offset: u64| base + offset * BYTES_PER_ELEMENT;
+            gpu.scale_columns(at(l.qkv), qkv_dim, hidden, at(l.attn_norm))?;
+            gpu.scale_columns(at(l.gate_up), 2 * mlp, hidden, at(l.mlp_norm))?;
+            for gamma in [l.attn_norm, l.mlp_norm] {
+                gpu.fill_uniform(at(gamma), u64::from(hidden), 0, 0.0, 1.0)?;
+            }
+        }
         let mut k_cache = Vec::new();
         let mut v_cache = Vec::new();
         for layer in 0..u64::from(shape.layers) {
@@ -451,7 +465,6 @@ impl Engine {
         let (hidden, mlp, vocab) = (s.hidden, s.mlp, s.vocab);
         let (qkv_dim, q_dim) = (s.qkv_dim(), s.q_dim());
         let eps = s.norm_eps as f32;
-        let rows = |b: u32| int(b, "batch");
 
         self.gpu.launch(
             &self.gpu.kernels.embed,
@@ -474,7 +487,7 @@ impl Engine {
                         .norm(wt(offsets.attn_norm), a.sumsq_attn, a.sumsq_mlp)
                         .output(a.qkv, qkv_dim);
                     self.gemv(GemvMode::NormStore, batch, qkv, eps)?;
-                    self.attention(batch, layer, split, attention, &a)?;
+                    self.attention(batch, layer, split, attention, &a, 0)?;
                     let o = GemvCall::new(wt(offsets.o), a.attn, hidden, q_dim)
                         .output(a.x, hidden)
                         .accumulate_sumsq(a.sumsq_mlp);
@@ -489,19 +502,20 @@ impl Engine {
                     self.gemv(GemvMode::Residual, batch, down, eps)?;
                 }
                 MatmulPath::Cublas => {
-                    self.rmsnorm(batch, a.x, wt(offsets.attn_norm), a.x_norm)?;
+                    // The norms' weights are folded into QKV and gate/up, which read the raw
+                    // residual stream; attention and SiLU·mul apply the norms' factors.
                     self.gpu.gemm(
                         qkv_dim,
                         batch,
                         hidden,
                         wt(offsets.qkv),
-                        a.x_norm,
+                        a.x,
                         hidden,
                         a.qkv,
                         qkv_dim,
                         false,
                     )?;
-                    self.attention(batch, layer, split, attention, &a)?;
+                    self.attention(batch, layer, split, attention, &a, a.x)?;
                     self.gpu.gemm(
                         hidden,
                         batch,
@@ -513,29 +527,29 @@ impl Engine {
                         hidden,
                         true,
                     )?;
-                    self.rmsnorm(batch, a.x, wt(offsets.mlp_norm), a.x_norm)?;
                     self.gpu.gemm(
                         2 * mlp,
                         batch,
                         hidden,
                         wt(offsets.gate_up),
-                        a.x_norm,
+                        a.x,
                         hidden,
                         a.gate_up,
                         2 * mlp,
                         false,
                     )?;
-                    let vectors = u64::from(batch) * u64::from(mlp / 8);
                     self.gpu.launch(
                         &self.gpu.kernels.silu_mul,
-                        (grid_for(vectors, 256)?, 1, 1),
+                        (grid_for(u64::from(mlp / 8), 256)?, batch, 1),
                         256,
                         0,
                         &[
                             Arg::Ptr(a.gate_up),
                             Arg::Ptr(a.act),
                             int(mlp, "mlp")?,
-                            rows(batch)?,
+                            Arg::Ptr(a.x),
+                            int(hidden, "hidden")?,
+                            Arg::F32(eps),
                         ],
                     )?;
                     self.gpu.gemm(
@@ -634,6 +648,7 @@ impl Engine {
         split: AttentionSplit,
         implementation: AttentionImpl,
         a: &Addrs,
+        norm_of: u64,
     ) -> Result<(), CudaError> {
         let s = &self.shape;
         let kernel = self
@@ -666,6 +681,7 @@ impl Engine {
                 part_ml: a.part_ml,
                 counters: a.counters,
                 split,
+                norm_of,
             },
         )
     }
@@ -1064,6 +1080,9 @@ pub(crate) struct AttentionArgs {
     pub part_ml: u64,
     pub counters: u64,
     pub split: AttentionSplit,
+    /// The residual stream whose RMSNorm factor scales q, k and v (the norm's weights folded
+    /// into the QKV projection), or 0 when the QKV input was normalised already.
+    pub norm_of: u64,
 }
 
 /// Launches decode attention: the new token at position `context - 1`.
@@ -1103,6 +1122,9 @@ pub(crate) fn launch_attention(
             Arg::Ptr(args.counters),
             Arg::F32(q_scale),
             Arg::F32(shape.rope_theta.log2() as f32),
+            Arg::Ptr(args.norm_of),
+            int(shape.hidden, "hidden")?,
+            Arg::F32(shape.norm_eps as f32),
         ],
     )
 }
@@ -1128,7 +1150,7 @@ impl Engine {
     /// launches into a graph and replaying it. Each launch takes the next layer's weights, as a
     /// step does: repeating one layer's would serve the smaller matrices from L2.
     pub(crate) fn profile_parts(&mut self, batch: u32) -> Result<Vec<PartTiming>, CudaError> {
-        use super::plan::LayerOffsets;
+        use super::plan::{ATTENTION_SCORE_BYTES, LayerOffsets};
         const REPS: usize = 32;
         self.check_batch(batch)?;
         self.settle()?;
@@ -1150,7 +1172,7 @@ impl Engine {
             .into_iter()
             .map(|implementation| {
                 let part: Part = Box::new(move |e: &Engine, layer, _| {
-                    e.attention(batch, layer, split, implementation, &a)
+                    e.attention(batch, layer, split, implementation, &a, a.x)
                 });
                 (
                     format!(
@@ -1163,6 +1185,29 @@ impl Engine {
                 )
             })
             .collect();
+        // Fewer context splits than planned (the merge scratch is sized for the plan): longer
+        // blocks, a shorter merge.
+        let context = self.context;
+        for splits in [1u32, 2, 4, 8] {
+            let chunk = context.div_ceil(splits);
+            let swept = AttentionSplit {
+                splits: context.div_ceil(chunk),
+                chunk,
+            };
+            if swept.splits >= split.splits
+                || swept.shared_bytes(s.group_size()) > ATTENTION_SCORE_BYTES
+            {
+                continue;
+            }
+            let part: Part = Box::new(move |e: &Engine, layer, _| {
+                e.attention(batch, layer, swept, AttentionImpl::CudaCores, &a, a.x)
+            });
+            parts.push((
+                format!("attention cuda-cores (splits {})", swept.splits),
+                part,
+                kv_bytes,
+            ));
+        }
         if batch <= GEMV_MAX_BATCH {
             // The call a launch makes for a layer.
             type CallFor = Box<dyn Fn(LayerOffsets) -> GemvCall>;

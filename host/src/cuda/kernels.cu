@@ -122,6 +122,21 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return total;
 }
 
+// rsqrt(mean(x^2) + eps) of one row of `hidden` values, for the whole block; `scratch` holds
+// one float per warp. Every thread of the block must call it.
+__device__ __forceinline__ float rms_factor(const bf16* __restrict__ x, int hidden, float eps,
+                                            float* scratch) {
+    const uint4* xr = (const uint4*)x;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) {
+        float f[8];
+        unpack8(xr[i], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+    }
+    return rsqrtf(block_sum(ss, scratch) / (float)hidden + eps);
+}
+
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
 // Rotary angle for pair `i` of a head of `head_dim`, at position `pos`:
@@ -155,6 +170,17 @@ extern "C" __global__ void fill_uniform(bf16* __restrict__ out, u64 n, u64 seed,
         const float u = (float)(h >> 40) * (2.f / 16777216.f) - 1.f;
         out[i] = f32_to_bf16(offset + scale * u);
     }
+}
+
+// Folds an RMSNorm's weights into the projection after it: W[n, k] *= gamma[k] for W of
+// [rows, cols]. Then norm(x) · W^T = rsqrt(mean(x^2) + eps) * (x · W'^T): the projection reads the
+// raw residual stream and the kernel after it applies the factor.
+extern "C" __global__ void scale_columns(bf16* __restrict__ w, u64 rows, int cols,
+                                         const bf16* __restrict__ gamma) {
+    const u64 n = rows * (u64)cols;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        w[i] = f32_to_bf16(bf16_to_f32(w[i]) * bf16_to_f32(gamma[i % (u64)cols]));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -219,24 +245,29 @@ extern "C" __global__ void rmsnorm(const bf16* __restrict__ x, const bf16* __res
 }
 
 // ---------------------------------------------------------------------------------------------
-// SiLU-gated product: out[b, j] = silu(gu[b, j]) * gu[b, mlp + j]. One thread per 8 outputs.
+// SiLU-gated product: out[b, j] = silu(r * gu[b, j]) * (r * gu[b, mlp + j]), r the RMSNorm
+// factor rsqrt(mean(x[b]^2) + eps) when `x` is given (the norm's weights are folded into the
+// gate/up projection, whose input was the raw residual stream), else 1.
+// grid = (blocks covering mlp / 8, batch), one thread per 8 outputs.
 // ---------------------------------------------------------------------------------------------
 
 extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out, int mlp,
-                                    int batch) {
+                                    const bf16* __restrict__ x, int hidden, float eps) {
+    __shared__ float scratch[32];
     pdl_wait();
     pdl_trigger();
+    const int b = blockIdx.y;
+    float r = 1.f;
+    if (x != nullptr) r = rms_factor(x + (size_t)b * hidden, hidden, eps, scratch);
     const int vecs_per_row = mlp / 8;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= batch * vecs_per_row) return;
-    const int b = i / vecs_per_row;
-    const int j = i - b * vecs_per_row;
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= vecs_per_row) return;
     const uint4* row = (const uint4*)(gu + (size_t)b * 2 * mlp);
     float g[8], u[8];
     unpack8(row[j], g);
     unpack8(row[vecs_per_row + j], u);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) g[e] = silu(g[e]) * u[e];
+    for (int e = 0; e < 8; ++e) g[e] = silu(g[e] * r) * (u[e] * r);
     ((uint4*)(out + (size_t)b * mlp))[j] = pack8(g);
 }
 
@@ -525,7 +556,7 @@ __device__ __forceinline__ void attention_impl(
     const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* __restrict__ k_cache,
     bf16* __restrict__ v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,
     float* __restrict__ part_o, float* __restrict__ part_ml, u32* __restrict__ counters,
-    float q_scale, float log2_theta) {
+    float q_scale, float log2_theta, const bf16* __restrict__ x, int hidden, float eps) {
     constexpr int TPP = HD / 16;             // threads per position; each handles 16 dims
     constexpr int PPI = ATT_THREADS / TPP;   // positions per block iteration
     // UK (scores) and UV (values) > 0: that pass on CUDA cores, with that many block iterations
@@ -539,6 +570,7 @@ __device__ __forceinline__ void attention_impl(
     __shared__ float stat[ATT_WARPS][G];
     __shared__ float m_s[G], l_s[G];
     __shared__ int is_last;
+    __shared__ float norm_scratch[ATT_WARPS];
 
     const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & (WARP_SIZE - 1), warp = tid / WARP_SIZE;
@@ -565,12 +597,29 @@ __device__ __forceinline__ void attention_impl(
 
     const bf16* row = qkv + (size_t)b * ld_qkv;
     constexpr int HALF = HD / 2;
-    for (int i = tid; i < G * HALF; i += ATT_THREADS) {
+    // The query's rotation pairs, loaded before the norm factor's reduction so that both reads
+    // are in flight at once.
+    constexpr int QPT = (G * HALF + ATT_THREADS - 1) / ATT_THREADS;
+    float q1[QPT], q2[QPT];
+#pragma unroll
+    for (int t = 0; t < QPT; ++t) {
+        const int i = tid + t * ATT_THREADS;
         const int g = i / HALF, j = i - g * HALF;
         const bf16* qh = row + (kvh * G + g) * HD;
+        q1[t] = i < G * HALF ? bf16_to_f32(qh[j]) : 0.f;
+        q2[t] = i < G * HALF ? bf16_to_f32(qh[j + HALF]) : 0.f;
+    }
+    // With x given, the attention norm's weights are folded into the QKV projection, which read
+    // the raw residual stream: q, k and v take the RMSNorm factor here.
+    const float r = x != nullptr ? rms_factor(x + (size_t)b * hidden, hidden, eps, norm_scratch) : 1.f;
+#pragma unroll
+    for (int t = 0; t < QPT; ++t) {
+        const int i = tid + t * ATT_THREADS;
+        if (i >= G * HALF) break;
+        const int g = i / HALF, j = i - g * HALF;
         float s, c;
         rope_sincos(pos, j, HD, log2_theta, &s, &c);
-        const float x1 = bf16_to_f32(qh[j]), x2 = bf16_to_f32(qh[j + HALF]);
+        const float x1 = q1[t] * r, x2 = q2[t] * r;
         q_s[g][j] = (x1 * c - x2 * s) * q_scale;
         q_s[g][j + HALF] = (x2 * c + x1 * s) * q_scale;
     }
@@ -582,7 +631,7 @@ __device__ __forceinline__ void attention_impl(
         for (int j = tid; j < HALF; j += ATT_THREADS) {
             float s, c;
             rope_sincos(pos, j, HD, log2_theta, &s, &c);
-            const float x1 = bf16_to_f32(kh[j]), x2 = bf16_to_f32(kh[j + HALF]);
+            const float x1 = bf16_to_f32(kh[j]) * r, x2 = bf16_to_f32(kh[j + HALF]) * r;
             const bf16 k1 = f32_to_bf16(x1 * c - x2 * s), k2 = f32_to_bf16(x2 * c + x1 * s);
             kslot[j] = k1;
             kslot[j + HALF] = k2;
@@ -590,7 +639,7 @@ __device__ __forceinline__ void attention_impl(
             knew_s[j + HALF] = bf16_to_f32(k2);
         }
         for (int j = tid; j < HD; j += ATT_THREADS) {
-            const bf16 v = vh[j];
+            const bf16 v = f32_to_bf16(bf16_to_f32(vh[j]) * r);
             vslot[j] = v;
             vnew_s[j] = bf16_to_f32(v);
         }
@@ -955,10 +1004,10 @@ __device__ __forceinline__ void attention_impl(
         const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* k_cache,      \
         bf16* v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,            \
         float* __restrict__ part_o, float* __restrict__ part_ml, u32* __restrict__ counters,      \
-        float q_scale, float log2_theta) {                                                        \
+        float q_scale, float log2_theta, const bf16* __restrict__ x, int hidden, float eps) {     \
         attention_impl<HD_, G_, UK_, UV_>(qkv, ld_qkv, n_heads, n_kv_heads, k_cache, v_cache, ctx, pos,  \
                                     chunk, splits, out, part_o, part_ml, counters, q_scale,       \
-                                    log2_theta);                                                  \
+                                    log2_theta, x, hidden, eps);                                  \
     }
 
 // Per group size, each pass on CUDA cores with U iterations of loads in flight (4, or 2 for 8

@@ -179,37 +179,77 @@ fn rmsnorm_matches_the_cpu() {
 }
 
 #[test]
-fn silu_mul_matches_the_cpu() {
+fn silu_mul_matches_the_cpu_with_and_without_the_norm_factor() {
     let _lock = gpu_lock();
     let Some(gpu) = open_gpu() else { return };
-    let (batch, mlp) = (3usize, 72usize);
+    let (batch, mlp, hidden, eps) = (3usize, 2072usize, 264usize, 1e-5f32);
     let mut rng = Rng(2);
     let gate_up = rng.bf16s(batch * 2 * mlp, 4.0, 0.0);
-    let dgu = upload(&gpu, &gate_up);
-    let out = upload(&gpu, &vec![POISON; batch * mlp]);
-    gpu.launch(
-        &gpu.kernels.silu_mul,
-        (1, 1, 1),
-        256,
-        0,
-        &[
-            Arg::Ptr(gpu.addr(&dgu, 0)),
-            Arg::Ptr(gpu.addr(&out, 0)),
-            int(mlp, "mlp").unwrap(),
-            int(batch, "b").unwrap(),
-        ],
-    )
-    .unwrap();
-    let got = floats(&download(&gpu, &out));
-    let gu = floats(&gate_up);
-    let want: Vec<f64> = (0..batch)
-        .flat_map(|b| {
-            let row = &gu[b * 2 * mlp..(b + 1) * 2 * mlp];
-            (0..mlp).map(move |j| silu(row[j]) * row[mlp + j])
-        })
-        .collect();
-    let err = relative_error(&got, &want);
-    assert!(err < BF16_TOLERANCE, "relative error {err}");
+    let x = rng.bf16s(batch * hidden, 3.0, 0.0);
+    let (dgu, dx) = (upload(&gpu, &gate_up), upload(&gpu, &x));
+    let (gu, xf) = (floats(&gate_up), floats(&x));
+    for with_norm in [false, true] {
+        let out = upload(&gpu, &vec![POISON; batch * mlp]);
+        gpu.launch(
+            &gpu.kernels.silu_mul,
+            ((mlp / 8).div_ceil(256) as u32, batch as u32, 1),
+            256,
+            0,
+            &[
+                Arg::Ptr(gpu.addr(&dgu, 0)),
+                Arg::Ptr(gpu.addr(&out, 0)),
+                int(mlp, "mlp").unwrap(),
+                Arg::Ptr(if with_norm { gpu.addr(&dx, 0) } else { 0 }),
+                int(hidden, "hidden").unwrap(),
+                Arg::F32(eps),
+            ],
+        )
+        .unwrap();
+        let got = floats(&download(&gpu, &out));
+        let want: Vec<f64> = (0..batch)
+            .flat_map(|b| {
+                let row = &gu[b * 2 * mlp..(b + 1) * 2 * mlp];
+                let r = if with_norm {
+                    rms_factor(&xf[b * hidden..(b + 1) * hidden], eps)
+                } else {
+                    1.0
+                };
+                (0..mlp).map(move |j| silu(r * row[j]) * (r * row[mlp + j]))
+            })
+            .collect();
+        let err = relative_error(&got, &want);
+        assert!(
+            err < BF16_TOLERANCE,
+            "norm {with_norm}: relative error {err}"
+        );
+    }
+}
+
+#[test]
+fn scale_columns_folds_norm_weights_into_each_column() {
+    let _lock = gpu_lock();
+    let Some(gpu) = open_gpu() else { return };
+    let (rows, cols) = (37usize, 264usize);
+    let mut rng = Rng(9);
+    let w = rng.bf16s(rows * cols, 1.0, 0.0);
+    let gamma = rng.bf16s(cols, 0.5, 1.0);
+    let (dw, dg) = (upload(&gpu, &w), upload(&gpu, &gamma));
+    gpu.scale_columns(gpu.addr(&dw, 0), rows as u32, cols as u32, gpu.addr(&dg, 0))
+        .unwrap();
+    let got = download(&gpu, &dw);
+    for (i, (&got, &before)) in got.iter().zip(&w).enumerate() {
+        let want = to_bf16(from_bf16(before) * from_bf16(gamma[i % cols]));
+        assert!(
+            got.abs_diff(want) <= 1,
+            "element {i}: {got:#x} vs {want:#x}"
+        );
+    }
+}
+
+/// rsqrt(mean(x^2) + eps), the RMSNorm factor of one row.
+fn rms_factor(x: &[f64], eps: f32) -> f64 {
+    let mean_square = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+    1.0 / (mean_square + f64::from(eps)).sqrt()
 }
 
 #[test]
@@ -594,6 +634,10 @@ fn attention_matches_the_cpu_with_and_without_splits() {
         let qkv = rng.bf16s(batch * width, 1.5, 0.0);
         let k_cache = rng.bf16s(batch * nkv * context * hd, 1.0, 0.0);
         let v_cache = rng.bf16s(batch * nkv * context * hd, 1.0, 0.0);
+        // The residual stream whose RMSNorm factor scales q, k and v when given.
+        let hidden = shape.hidden as usize;
+        let x = rng.bf16s(batch * hidden, 2.0, 0.0);
+        let (dx, xf) = (upload(&gpu, &x), floats(&x));
         // One block per (sequence, KV head); even splits; uneven splits with a short last one.
         for split in [
             AttentionSplit {
@@ -616,7 +660,10 @@ fn attention_matches_the_cpu_with_and_without_splits() {
             let part_o = upload(&gpu, &vec![0f32; pairs * g * hd]);
             let part_ml = upload(&gpu, &vec![0f32; pairs * g * 2]);
             let counters = upload(&gpu, &vec![0u32; batch * nkv]);
-            for implementation in AttentionImpl::ALL {
+            for (implementation, with_norm) in AttentionImpl::ALL
+                .into_iter()
+                .flat_map(|i| [(i, false), (i, true)])
+            {
                 let kernel = gpu
                     .kernels
                     .attention(head_dim, shape.group_size(), implementation)
@@ -632,6 +679,7 @@ fn attention_matches_the_cpu_with_and_without_splits() {
                     part_ml: gpu.addr(&part_ml, 0),
                     counters: gpu.addr(&counters, 0),
                     split,
+                    norm_of: if with_norm { gpu.addr(&dx, 0) } else { 0 },
                 };
                 // Twice: the merge must leave its arrival counters ready for the next launch.
                 for launch in 0..2 {
@@ -644,10 +692,19 @@ fn attention_matches_the_cpu_with_and_without_splits() {
                     let (qf, kf, vf) = (floats(&qkv), floats(&k_cache), floats(&v_cache));
                     let mut want = Vec::new();
                     for b in 0..batch {
+                        let r = if with_norm {
+                            rms_factor(&xf[b * hidden..(b + 1) * hidden], shape.norm_eps as f32)
+                        } else {
+                            1.0
+                        };
+                        let row: Vec<f64> = qf[b * width..(b + 1) * width]
+                            .iter()
+                            .map(|v| v * r)
+                            .collect();
                         for kvh in 0..nkv {
                             let seq = (b * nkv + kvh) * context * hd;
                             let (o, k_new, v_new) = attention_reference(
-                                &qf[b * width..(b + 1) * width],
+                                &row,
                                 &kf[seq..seq + context * hd],
                                 &vf[seq..seq + context * hd],
                                 &shape,
@@ -662,10 +719,10 @@ fn attention_matches_the_cpu_with_and_without_splits() {
                                     got.abs_diff(expected) <= 1,
                                     "key slot: {got:#x} vs {expected:#x}"
                                 );
-                                assert_eq!(
-                                    f64::from(from_bf16(got_v[slot + d])),
-                                    v_new[d],
-                                    "value slot"
+                                let (got, expected) = (got_v[slot + d], to_bf16(v_new[d] as f32));
+                                assert!(
+                                    got.abs_diff(expected) <= 1,
+                                    "value slot: {got:#x} vs {expected:#x}"
                                 );
                             }
                             assert_eq!(
@@ -678,7 +735,8 @@ fn attention_matches_the_cpu_with_and_without_splits() {
                     let err = relative_error(&got, &want);
                     assert!(
                         err < BF16_TOLERANCE,
-                        "hd {head_dim} g {g} {} {split:?} launch {launch}: relative error {err}",
+                        "hd {head_dim} g {g} {} norm {with_norm} {split:?} launch {launch}: \
+                         relative error {err}",
                         implementation.name()
                     );
                     assert_eq!(
