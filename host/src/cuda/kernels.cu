@@ -127,12 +127,23 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 __device__ __forceinline__ float rms_factor(const bf16* __restrict__ x, int hidden, float eps,
                                             float* scratch) {
     const uint4* xr = (const uint4*)x;
+    const int n = hidden / 8;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) {
-        float f[8];
-        unpack8(xr[i], f);
+    // Four loads per thread in flight before any is used: one round trip, not four.
+    for (int i0 = threadIdx.x; i0 < n; i0 += 4 * blockDim.x) {
+        uint4 v[4];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+        for (int u = 0; u < 4; ++u) {
+            const int i = i0 + u * blockDim.x;
+            v[u] = i < n ? xr[i] : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            float f[8];
+            unpack8(v[u], f);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+        }
     }
     return rsqrtf(block_sum(ss, scratch) / (float)hidden + eps);
 }
@@ -965,35 +976,73 @@ __device__ __forceinline__ void attention_impl(
     __threadfence();
 
     // Merge: split s of head g weighs 2^(m_s - M). Partials come from other blocks of this
-    // grid, so they are read through L2 (`__ldcg`), never from a possibly stale L1.
-    float* split_m = scores;                 // [G][splits], then the weights
+    // grid, so they are read through L2 (`__ldcg`), never from a possibly stale L1. The
+    // statistics are requested first, then the partial outputs of the first SB splits (each
+    // thread has OPT outputs), all before any is used, so that the reads overlap: one L2 round
+    // trip per SB splits rather than one per split.
+    constexpr int OPT = (G * HD + ATT_THREADS - 1) / ATT_THREADS;
+    constexpr int SB = OPT > 4 ? 8 : 16;
+    float* split_w = scores;                 // [G][splits]: maxima, then weights
     float* split_l = scores + G * splits;    // [G][splits]
     for (int i = tid; i < G * splits; i += ATT_THREADS) {
         const int g = i / splits, s = i - g * splits;
         const float* ml = part_ml + ((pair * splits + s) * G + g) * 2;
-        split_m[i] = __ldcg(ml);
+        split_w[i] = __ldcg(ml);
         split_l[i] = __ldcg(ml + 1);
     }
-    __syncthreads();
-    if (tid < G) {
-        float mx = NEG_INF;
-        for (int s = 0; s < splits; ++s) mx = fmaxf(mx, split_m[tid * splits + s]);
-        float total = 0.f;
-        for (int s = 0; s < splits; ++s) {
-            const float w = exp2f(split_m[tid * splits + s] - mx);
-            split_m[tid * splits + s] = w;
-            total += w * split_l[tid * splits + s];
+    const float* po = part_o + pair * splits * G * HD;
+    float pv[SB][OPT];
+#pragma unroll
+    for (int sb = 0; sb < SB; ++sb)
+#pragma unroll
+        for (int k = 0; k < OPT; ++k) {
+            const int i = tid + k * ATT_THREADS;
+            pv[sb][k] = (sb < splits && i < G * HD) ? __ldcg(po + (size_t)sb * G * HD + i) : 0.f;
         }
-        m_s[tid] = total;  // the merged denominator
+    __syncthreads();
+    // A warp per head: the maximum over its splits, each split's weight, the merged denominator.
+    for (int g = warp; g < G; g += ATT_WARPS) {
+        float mx = NEG_INF;
+        for (int s = lane; s < splits; s += WARP_SIZE) mx = fmaxf(mx, split_w[g * splits + s]);
+        mx = warp_max(mx);
+        float total = 0.f;
+        for (int s = lane; s < splits; s += WARP_SIZE) {
+            const float w = exp2f(split_w[g * splits + s] - mx);
+            split_w[g * splits + s] = w;
+            total = fmaf(w, split_l[g * splits + s], total);
+        }
+        total = warp_sum(total);
+        if (lane == 0) m_s[g] = total;  // the merged denominator
     }
     __syncthreads();
-    for (int i = tid; i < G * HD; i += ATT_THREADS) {
-        const int g = i / HD;
-        const float* po = part_o + pair * splits * G * HD + i;
-        float o = 0.f;
-#pragma unroll 8
-        for (int s = 0; s < splits; ++s) o = fmaf(split_m[g * splits + s], __ldcg(po + (size_t)s * G * HD), o);
-        out_row[i] = f32_to_bf16(o / m_s[g]);
+    float o[OPT];
+#pragma unroll
+    for (int k = 0; k < OPT; ++k) o[k] = 0.f;
+    for (int s0 = 0; s0 < splits; s0 += SB) {
+        if (s0 > 0) {
+#pragma unroll
+            for (int sb = 0; sb < SB; ++sb)
+#pragma unroll
+                for (int k = 0; k < OPT; ++k) {
+                    const int i = tid + k * ATT_THREADS;
+                    pv[sb][k] = (s0 + sb < splits && i < G * HD)
+                                    ? __ldcg(po + (size_t)(s0 + sb) * G * HD + i)
+                                    : 0.f;
+                }
+        }
+#pragma unroll
+        for (int sb = 0; sb < SB; ++sb)
+#pragma unroll
+            for (int k = 0; k < OPT; ++k) {
+                const int i = tid + k * ATT_THREADS;
+                if (s0 + sb < splits && i < G * HD)
+                    o[k] = fmaf(split_w[(i / HD) * splits + s0 + sb], pv[sb][k], o[k]);
+            }
+    }
+#pragma unroll
+    for (int k = 0; k < OPT; ++k) {
+        const int i = tid + k * ATT_THREADS;
+        if (i < G * HD) out_row[i] = f32_to_bf16(o[k] / m_s[i / HD]);
     }
     if (tid == 0) counters[pair] = 0u;
 }

@@ -621,7 +621,7 @@ fn attention_matches_the_cpu_with_and_without_splits() {
     let _lock = gpu_lock();
     let Some(gpu) = open_gpu() else { return };
     // (head_dim, heads, kv_heads): both head sizes, groups of 4, 1 and 8.
-    for (head_dim, heads, kv_heads) in [(128u32, 8u32, 2u32), (64, 4, 4), (64, 8, 1)] {
+    for (head_dim, heads, kv_heads) in [(128u32, 8u32, 2u32), (64, 4, 4), (64, 8, 1), (128, 8, 1)] {
         let shape = tiny_shape(head_dim, heads, kv_heads);
         let (batch, context) = (3usize, 300usize);
         let (hd, nkv, g) = (
@@ -651,6 +651,11 @@ fn attention_matches_the_cpu_with_and_without_splits() {
             AttentionSplit {
                 splits: 3,
                 chunk: 128,
+            },
+            // More splits than the merge loads at once.
+            AttentionSplit {
+                splits: 20,
+                chunk: 15,
             },
         ] {
             let dqkv = upload(&gpu, &qkv);
