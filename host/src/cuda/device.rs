@@ -228,7 +228,7 @@ fn attention_kernel_name(head_dim: u32, group: u32, implementation: AttentionImp
 }
 
 impl Kernels {
-    fn load(ctx: &Arc<CudaContext>, cubin: &[u8]) -> Result<Kernels, CudaError> {
+    fn load(ctx: &Arc<CudaContext>, cubin: &[u8], clusters: bool) -> Result<Kernels, CudaError> {
         let module = ctx
             .load_module(Ptx::from_binary(cubin.to_vec()))
             .map_err(|e| CudaError::driver("cuModuleLoadData", e))?;
@@ -263,6 +263,20 @@ impl Kernels {
                             "{static_bytes} bytes of static shared memory leave too little for the scores"
                         ),
                     });
+                }
+                if clusters {
+                    // The split merge runs in clusters of up to 16 blocks, beyond the
+                    // portable 8.
+                    // SAFETY: a valid function handle and attribute.
+                    unsafe {
+                        cu::cuFuncSetAttribute(
+                            kernel.cu_function(),
+                            cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                            1,
+                        )
+                        .result()
+                        .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+                    }
                 }
                 attention.insert((head_dim, group, implementation), kernel);
             }
@@ -329,6 +343,43 @@ pub(crate) fn int(value: impl TryInto<i32>, what: &str) -> Result<Arg, CudaError
         .map_err(|_| CudaError::Config(format!("{what} does not fit a 32-bit kernel argument")))
 }
 
+/// A launch attribute that groups blocks into clusters of `x` along the grid's x.
+fn cluster_attribute(x: u32) -> cu::CUlaunchAttribute {
+    // SAFETY: a zeroed attribute is a valid value for this plain C struct.
+    let mut attribute: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attribute.id = cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attribute.value.clusterDim.x = x;
+    attribute.value.clusterDim.y = 1;
+    attribute.value.clusterDim.z = 1;
+    attribute
+}
+
+fn launch_config(
+    grid: (u32, u32, u32),
+    block: u32,
+    shared_bytes: u32,
+    stream: &CudaStream,
+    attrs: *mut cu::CUlaunchAttribute,
+    count: u32,
+) -> cu::CUlaunchConfig {
+    cu::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: shared_bytes,
+        hStream: stream.cu_stream(),
+        attrs: if count == 0 {
+            std::ptr::null_mut()
+        } else {
+            attrs
+        },
+        numAttrs: count,
+    }
+}
+
 /// One GPU, ready to run decode kernels.
 #[derive(Debug)]
 pub(crate) struct Gpu {
@@ -381,7 +432,7 @@ impl Gpu {
             .attribute(cu::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| CudaError::driver("cuDeviceGetAttribute", e))?;
         let cubin = compile_kernels(&format!("sm_{major}{minor}"))?;
-        let kernels = Kernels::load(&ctx, &cubin)?;
+        let kernels = Kernels::load(&ctx, &cubin, major >= 9)?;
 
         let blas =
             CudaBlas::new(stream.clone()).map_err(|e| CudaError::cublas("cublasCreate", e))?;
@@ -524,30 +575,85 @@ impl Gpu {
         shared_bytes: u32,
         args: &[Arg],
     ) -> Result<(), CudaError> {
-        let mut params: Vec<*mut c_void> = args.iter().map(Arg::as_param).collect();
-        // SAFETY: a zeroed attribute is a valid value for this plain C struct.
-        let mut attribute: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attribute.id =
-            cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attribute.value.programmaticStreamSerializationAllowed = 1;
-        let config = cu::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: shared_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: if self.pdl {
-                &mut attribute
-            } else {
-                std::ptr::null_mut()
-            },
-            numAttrs: u32::from(self.pdl),
+        self.launch_with(kernel, grid, block, shared_bytes, args, None)
+    }
+
+    /// Whether this GPU runs thread block clusters (Hopper and newer).
+    pub fn clusters_supported(&self) -> bool {
+        self.pdl_supported
+    }
+
+    /// Whether `kernel` can run as clusters of `cluster_x` blocks along x with this launch
+    /// shape (the GPU has them and some multiprocessor group holds a whole cluster).
+    pub fn cluster_fits(
+        &self,
+        kernel: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared_bytes: u32,
+        cluster_x: u32,
+    ) -> bool {
+        if !self.clusters_supported() || cluster_x == 0 || !grid.0.is_multiple_of(cluster_x) {
+            return false;
+        }
+        let mut attribute = cluster_attribute(cluster_x);
+        let config = launch_config(grid, block, shared_bytes, &self.stream, &mut attribute, 1);
+        let mut clusters = 0i32;
+        // SAFETY: `config` and its attribute live across the call; the query launches nothing.
+        let status = unsafe {
+            cu::cuOccupancyMaxActiveClusters(&mut clusters, kernel.cu_function(), &config)
         };
-        // SAFETY: `params` points at `args`, which outlive the call; the caller passes the
-        // arguments in the kernel's order and types, and buffers sized for the launch.
+        status == cu::CUresult::CUDA_SUCCESS && clusters > 0
+    }
+
+    /// Launches `kernel` as clusters of `cluster_x` blocks along x (check [`Gpu::cluster_fits`]
+    /// first).
+    pub fn launch_in_clusters(
+        &self,
+        kernel: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared_bytes: u32,
+        args: &[Arg],
+        cluster_x: u32,
+    ) -> Result<(), CudaError> {
+        self.launch_with(kernel, grid, block, shared_bytes, args, Some(cluster_x))
+    }
+
+    fn launch_with(
+        &self,
+        kernel: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        shared_bytes: u32,
+        args: &[Arg],
+        cluster_x: Option<u32>,
+    ) -> Result<(), CudaError> {
+        let mut params: Vec<*mut c_void> = args.iter().map(Arg::as_param).collect();
+        let mut attributes = Vec::with_capacity(2);
+        if self.pdl {
+            // SAFETY: a zeroed attribute is a valid value for this plain C struct.
+            let mut attribute: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attribute.id =
+                cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attribute.value.programmaticStreamSerializationAllowed = 1;
+            attributes.push(attribute);
+        }
+        if let Some(x) = cluster_x {
+            attributes.push(cluster_attribute(x));
+        }
+        let count = u32::try_from(attributes.len()).unwrap_or(0);
+        let config = launch_config(
+            grid,
+            block,
+            shared_bytes,
+            &self.stream,
+            attributes.as_mut_ptr(),
+            count,
+        );
+        // SAFETY: `params` points at `args`, and `config` at `attributes`, which outlive the
+        // call; the caller passes the arguments in the kernel's order and types, and buffers
+        // sized for the launch.
         unsafe {
             cu::cuLaunchKernelEx(
                 &config,

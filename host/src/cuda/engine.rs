@@ -1100,34 +1100,49 @@ pub(crate) fn launch_attention(
         )));
     }
     let q_scale = std::f32::consts::LOG2_E / (shape.head_dim as f32).sqrt();
-    gpu.launch(
-        kernel,
-        (split.splits, shape.kv_heads, args.batch),
-        gpu.attention_threads(),
-        shared,
-        &[
-            Arg::Ptr(args.qkv),
-            int(shape.qkv_dim(), "qkv width")?,
-            int(shape.heads, "heads")?,
-            int(shape.kv_heads, "kv heads")?,
-            Arg::Ptr(args.k_cache),
-            Arg::Ptr(args.v_cache),
-            int(args.context, "context")?,
-            int(args.context - 1, "position")?,
-            int(split.chunk, "chunk")?,
-            int(split.splits, "splits")?,
-            Arg::Ptr(args.out),
-            Arg::Ptr(args.part_o),
-            Arg::Ptr(args.part_ml),
-            Arg::Ptr(args.counters),
-            Arg::F32(q_scale),
-            Arg::F32(shape.rope_theta.log2() as f32),
-            Arg::Ptr(args.norm_of),
-            int(shape.hidden, "hidden")?,
-            Arg::F32(shape.norm_eps as f32),
-        ],
-    )
+    let grid = (split.splits, shape.kv_heads, args.batch);
+    let threads = gpu.attention_threads();
+    // The splits of a (sequence, KV head) merge through the shared memory of one cluster
+    // where the GPU has clusters and one fits; otherwise through L2 with an arrival counter.
+    let cluster = (MIN_CLUSTER_SPLITS..=MAX_CLUSTER_SPLITS).contains(&split.splits)
+        && gpu.cluster_fits(kernel, grid, threads, shared, split.splits);
+    let launch_args = [
+        Arg::Ptr(args.qkv),
+        int(shape.qkv_dim(), "qkv width")?,
+        int(shape.heads, "heads")?,
+        int(shape.kv_heads, "kv heads")?,
+        Arg::Ptr(args.k_cache),
+        Arg::Ptr(args.v_cache),
+        int(args.context, "context")?,
+        int(args.context - 1, "position")?,
+        int(split.chunk, "chunk")?,
+        int(split.splits, "splits")?,
+        Arg::Ptr(args.out),
+        Arg::Ptr(args.part_o),
+        Arg::Ptr(args.part_ml),
+        Arg::Ptr(args.counters),
+        Arg::F32(q_scale),
+        Arg::F32(shape.rope_theta.log2() as f32),
+        Arg::Ptr(args.norm_of),
+        int(shape.hidden, "hidden")?,
+        Arg::F32(shape.norm_eps as f32),
+        Arg::I32(i32::from(cluster)),
+    ];
+    if cluster {
+        gpu.launch_in_clusters(kernel, grid, threads, shared, &launch_args, split.splits)
+    } else {
+        gpu.launch(kernel, grid, threads, shared, &launch_args)
+    }
 }
+
+/// Fewest splits merged inside a cluster. On the H200 (llama-3-8b, context 1024) the cluster
+/// merge made the step 3.5 % faster at batch 1 (16 splits) and 0.9 % at batch 4 (9), and
+/// 0.35 % slower at batch 16 (3 splits, where the merge through L2 is short anyway).
+const MIN_CLUSTER_SPLITS: u32 = 8;
+
+/// Most splits merged inside one thread block cluster (the kernel's `MAX_RANKS`; 16 is the
+/// largest cluster Hopper allows, with the non-portable size opted in).
+const MAX_CLUSTER_SPLITS: u32 = 16;
 
 /// Blocks of `threads` covering `items`.
 fn grid_for(items: u64, threads: u32) -> Result<u32, CudaError> {

@@ -86,6 +86,29 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// Thread block clusters (Hopper and newer): a barrier over every block of the cluster that
+// orders their shared-memory writes before the reads after it, and a load from the shared
+// memory of block `rank` of the cluster at the address `p` has in this block.
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ float ld_cluster(const float* p, u32 rank) {
+#if __CUDA_ARCH__ >= 900
+    u64 generic = (u64)p, local;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(local) : "l"(generic));
+    u32 remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((u32)local), "r"(rank));
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+    return v;
+#else
+    return 0.f;
+#endif
+}
+
 // D = A·B + D for one m16n8k16 tile: bf16 operands, fp32 accumulators, fragments in the
 // PTX ISA's register layout for .row.col.
 __device__ __forceinline__ void mma_bf16_16816(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
@@ -518,15 +541,18 @@ GEMV_FOR_BATCH(8, 2, 1)
 
 // ---------------------------------------------------------------------------------------------
 // Decode attention (one new token per sequence) with grouped-query heads, RoPE and the KV-cache
-// append fused in.
+// append fused in; with `x` given, also the attention RMSNorm's factor (its weights are folded
+// into the QKV projection).
 //
 // The KV cache of a layer is [batch_max, n_kv_heads, ctx, HD]. The new token sits at position
 // `pos`; its key (rotated) and value are taken from the qkv row and written to slot `pos`.
 // grid = (splits, n_kv_heads, batch), block = 128: a block handles the G query heads of one KV
 // head over positions [split * chunk, min(ctx, (split + 1) * chunk)). Scores go to shared memory
-// (dynamic, G * chunk floats), then softmax, then the value pass. With several splits, each block
-// writes its partial output, maximum and sum, and the last block of a (sequence, KV head) to
-// finish merges them; it also resets the arrival counter for the next launch.
+// (dynamic, G * chunk floats), then softmax, then the value pass. With several splits, either
+// (cluster_merge, launched as clusters of `splits` blocks) every block keeps its partial output,
+// maximum and sum in shared memory and merges a slice of the outputs from all blocks of its
+// cluster; or each block writes them to global memory and the last block of a (sequence, KV
+// head) to finish merges them, resetting the arrival counter for the next launch.
 // The block owning `pos` uses the new key and value from shared memory rather than reading them
 // back, so no block reads a cache slot written in the same launch.
 // Softmax runs in base 2: q is scaled by log2(e) / sqrt(HD) up front.
@@ -567,7 +593,8 @@ __device__ __forceinline__ void attention_impl(
     const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* __restrict__ k_cache,
     bf16* __restrict__ v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,
     float* __restrict__ part_o, float* __restrict__ part_ml, u32* __restrict__ counters,
-    float q_scale, float log2_theta, const bf16* __restrict__ x, int hidden, float eps) {
+    float q_scale, float log2_theta, const bf16* __restrict__ x, int hidden, float eps,
+    int cluster_merge) {
     constexpr int TPP = HD / 16;             // threads per position; each handles 16 dims
     constexpr int PPI = ATT_THREADS / TPP;   // positions per block iteration
     // UK (scores) and UV (values) > 0: that pass on CUDA cores, with that many block iterations
@@ -956,6 +983,64 @@ __device__ __forceinline__ void attention_impl(
         return;
     }
 
+    if (cluster_merge) {
+        // The splits of this (sequence, KV head) form one cluster (rank = split): each block
+        // leaves its partial output in its own shared memory (red[0]) and, after a cluster
+        // barrier, merges a slice of the outputs from all of them. No global round trips,
+        // fences or atomics, and the merge is spread over the splits.
+        constexpr int OPT = (G * HD + ATT_THREADS - 1) / ATT_THREADS;
+        float o[OPT];
+#pragma unroll
+        for (int k = 0; k < OPT; ++k) {
+            const int i = tid + k * ATT_THREADS;
+            o[k] = 0.f;
+            if (i < G * HD) {
+#pragma unroll
+                for (int w2 = 0; w2 < ATT_WARPS; ++w2) o[k] += red[w2][i];
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < OPT; ++k) {
+            const int i = tid + k * ATT_THREADS;
+            if (i < G * HD) red[0][i] = o[k];
+        }
+        cluster_sync();
+        const int slice = (G * HD + splits - 1) / splits;
+        for (int j = tid; j < slice; j += ATT_THREADS) {
+            const int i = split * slice + j;
+            if (i >= G * HD) break;
+            const int g = i / HD;
+            constexpr int MAX_RANKS = 16;
+            float m[MAX_RANKS], l[MAX_RANKS], p[MAX_RANKS];
+#pragma unroll
+            for (int r = 0; r < MAX_RANKS; ++r) {
+                if (r < splits) {
+                    m[r] = ld_cluster(&m_s[g], r);
+                    l[r] = ld_cluster(&l_s[g], r);
+                    p[r] = ld_cluster(&red[0][i], r);
+                }
+            }
+            float mx = NEG_INF;
+#pragma unroll
+            for (int r = 0; r < MAX_RANKS; ++r)
+                if (r < splits) mx = fmaxf(mx, m[r]);
+            float num = 0.f, den = 0.f;
+#pragma unroll
+            for (int r = 0; r < MAX_RANKS; ++r) {
+                if (r < splits) {
+                    const float w = exp2f(m[r] - mx);
+                    num = fmaf(w, p[r], num);
+                    den = fmaf(w, l[r], den);
+                }
+            }
+            out_row[i] = f32_to_bf16(num / den);
+        }
+        // Every block's shared memory must outlive the other blocks' reads of it.
+        cluster_sync();
+        return;
+    }
+
     float* my_o = part_o + (pair * splits + split) * G * HD;
     for (int i = tid; i < G * HD; i += ATT_THREADS) {
         float o = 0.f;
@@ -1053,10 +1138,11 @@ __device__ __forceinline__ void attention_impl(
         const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* k_cache,      \
         bf16* v_cache, int ctx, int pos, int chunk, int splits, bf16* __restrict__ out,            \
         float* __restrict__ part_o, float* __restrict__ part_ml, u32* __restrict__ counters,      \
-        float q_scale, float log2_theta, const bf16* __restrict__ x, int hidden, float eps) {     \
+        float q_scale, float log2_theta, const bf16* __restrict__ x, int hidden, float eps,      \
+        int cluster_merge) {                                                                      \
         attention_impl<HD_, G_, UK_, UV_>(qkv, ld_qkv, n_heads, n_kv_heads, k_cache, v_cache, ctx, pos,  \
                                     chunk, splits, out, part_o, part_ml, counters, q_scale,       \
-                                    log2_theta, x, hidden, eps);                                  \
+                                    log2_theta, x, hidden, eps, cluster_merge);                   \
     }
 
 // Per group size, each pass on CUDA cores with U iterations of loads in flight (4, or 2 for 8

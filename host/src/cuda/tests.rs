@@ -652,7 +652,17 @@ fn attention_matches_the_cpu_with_and_without_splits() {
                 splits: 3,
                 chunk: 128,
             },
-            // More splits than the merge loads at once.
+            // Merged in a thread block cluster where the GPU has them: 10, and the largest
+            // cluster (16, with a short last split).
+            AttentionSplit {
+                splits: 10,
+                chunk: 30,
+            },
+            AttentionSplit {
+                splits: 16,
+                chunk: 19,
+            },
+            // More splits than a cluster holds or the L2 merge loads at once.
             AttentionSplit {
                 splits: 20,
                 chunk: 15,
