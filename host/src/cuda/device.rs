@@ -393,6 +393,8 @@ pub(crate) struct Gpu {
     /// Launch kernels with programmatic dependent launch.
     pdl: bool,
     pdl_supported: bool,
+    /// Thread block clusters (Hopper and newer).
+    clusters_supported: bool,
 }
 
 impl Gpu {
@@ -463,6 +465,7 @@ impl Gpu {
             sms: u32::try_from(sms).unwrap_or(1).max(1),
             pdl: false,
             pdl_supported: major >= 9,
+            clusters_supported: major >= 9,
         })
     }
 
@@ -580,7 +583,7 @@ impl Gpu {
 
     /// Whether this GPU runs thread block clusters (Hopper and newer).
     pub fn clusters_supported(&self) -> bool {
-        self.pdl_supported
+        self.clusters_supported
     }
 
     /// Whether `kernel` can run as clusters of `cluster_x` blocks along x with this launch

@@ -765,6 +765,34 @@ fn attention_matches_the_cpu_with_and_without_splits() {
     }
 }
 
+#[test]
+fn attention_splits_merge_in_a_cluster_where_the_gpu_has_clusters() {
+    let _lock = gpu_lock();
+    let Some(gpu) = open_gpu() else { return };
+    if !gpu.clusters_supported() {
+        println!("skipping: {} has no thread block clusters", gpu.name);
+        return;
+    }
+    // llama-3-8b at batch 1: 16 splits of 64 positions, 8 KV heads, group 4.
+    let shape = ModelShape::preset("llama-3-8b").unwrap();
+    let split = AttentionSplit {
+        splits: 16,
+        chunk: 64,
+    };
+    for implementation in AttentionImpl::ALL {
+        let kernel = gpu.kernels.attention(128, 4, implementation).unwrap();
+        let shared = split.shared_bytes(shape.group_size());
+        let grid = (split.splits, shape.kv_heads, 1);
+        assert!(
+            gpu.cluster_fits(kernel, grid, gpu.attention_threads(), shared, 16),
+            "{}: a cluster of 16 must fit, or the merge falls back to L2",
+            implementation.name()
+        );
+        // A cluster must divide the grid.
+        assert!(!gpu.cluster_fits(kernel, grid, gpu.attention_threads(), shared, 3));
+    }
+}
+
 // ---- the engine -------------------------------------------------------------------------
 
 /// An engine on device 0, or None (with the reason printed) where there is no CUDA driver.
