@@ -343,6 +343,14 @@ pub(crate) fn int(value: impl TryInto<i32>, what: &str) -> Result<Arg, CudaError
         .map_err(|_| CudaError::Config(format!("{what} does not fit a 32-bit kernel argument")))
 }
 
+/// Blocks of 256 threads for a grid-stride kernel over `elements`: one element per thread, at
+/// most 65 535 blocks (the threads then loop).
+fn grid_stride_blocks(elements: u64) -> u32 {
+    u32::try_from(elements.div_ceil(256))
+        .unwrap_or(u32::MAX)
+        .clamp(1, 65_535)
+}
+
 /// A launch attribute that groups blocks into clusters of `x` along the grid's x.
 fn cluster_attribute(x: u32) -> cu::CUlaunchAttribute {
     // SAFETY: a zeroed attribute is a valid value for this plain C struct.
@@ -728,12 +736,9 @@ impl Gpu {
         scale: f32,
         offset: f32,
     ) -> Result<(), CudaError> {
-        let blocks = u32::try_from(len.div_ceil(256))
-            .unwrap_or(u32::MAX)
-            .clamp(1, 65_535);
         self.launch(
             &self.kernels.fill_uniform,
-            (blocks, 1, 1),
+            (grid_stride_blocks(len), 1, 1),
             256,
             0,
             &[
@@ -755,12 +760,9 @@ impl Gpu {
         cols: u32,
         gamma: u64,
     ) -> Result<(), CudaError> {
-        let blocks = u32::try_from((u64::from(rows) * u64::from(cols)).div_ceil(256))
-            .unwrap_or(u32::MAX)
-            .clamp(1, 65_535);
         self.launch(
             &self.kernels.scale_columns,
-            (blocks, 1, 1),
+            (grid_stride_blocks(u64::from(rows) * u64::from(cols)), 1, 1),
             256,
             0,
             &[

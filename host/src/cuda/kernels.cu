@@ -588,6 +588,20 @@ __device__ __forceinline__ int value_word_dim(int gid, int mt) {
     return (mt >> 2) * 64 + gid * 8 + (mt & 3) * 2;
 }
 
+// The merge's partial outputs of splits [s0, s0 + SB), OPT of the N per split for this thread
+// (output tid + k * ATT_THREADS), all requested before any is used; zeros past the ends.
+template <int N, int SB, int OPT>
+__device__ __forceinline__ void load_partials(float (&pv)[SB][OPT], const float* po, int s0,
+                                              int splits, int tid) {
+#pragma unroll
+    for (int sb = 0; sb < SB; ++sb)
+#pragma unroll
+        for (int k = 0; k < OPT; ++k) {
+            const int i = tid + k * ATT_THREADS;
+            pv[sb][k] = (s0 + sb < splits && i < N) ? __ldcg(po + (size_t)(s0 + sb) * N + i) : 0.f;
+        }
+}
+
 template <int HD, int G, int UK, int UV>
 __device__ __forceinline__ void attention_impl(
     const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads, bf16* __restrict__ k_cache,
@@ -1077,13 +1091,7 @@ __device__ __forceinline__ void attention_impl(
     }
     const float* po = part_o + pair * splits * G * HD;
     float pv[SB][OPT];
-#pragma unroll
-    for (int sb = 0; sb < SB; ++sb)
-#pragma unroll
-        for (int k = 0; k < OPT; ++k) {
-            const int i = tid + k * ATT_THREADS;
-            pv[sb][k] = (sb < splits && i < G * HD) ? __ldcg(po + (size_t)sb * G * HD + i) : 0.f;
-        }
+    load_partials<G * HD>(pv, po, 0, splits, tid);
     __syncthreads();
     // A warp per head: the maximum over its splits, each split's weight, the merged denominator.
     for (int g = warp; g < G; g += ATT_WARPS) {
@@ -1104,17 +1112,7 @@ __device__ __forceinline__ void attention_impl(
 #pragma unroll
     for (int k = 0; k < OPT; ++k) o[k] = 0.f;
     for (int s0 = 0; s0 < splits; s0 += SB) {
-        if (s0 > 0) {
-#pragma unroll
-            for (int sb = 0; sb < SB; ++sb)
-#pragma unroll
-                for (int k = 0; k < OPT; ++k) {
-                    const int i = tid + k * ATT_THREADS;
-                    pv[sb][k] = (s0 + sb < splits && i < G * HD)
-                                    ? __ldcg(po + (size_t)(s0 + sb) * G * HD + i)
-                                    : 0.f;
-                }
-        }
+        if (s0 > 0) load_partials<G * HD>(pv, po, s0, splits, tid);
 #pragma unroll
         for (int sb = 0; sb < SB; ++sb)
 #pragma unroll
