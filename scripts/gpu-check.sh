@@ -4,6 +4,10 @@
 # workload's own batch size moves. Writes everything under OUT.
 #
 #   gpu-check.sh OUT [SECONDS_PER_BATCH]
+#
+# Where the runner brings back only a few files from the GPU machine, write OUT elsewhere and
+# bring back one archive of it, keeping the verdict:
+#   gpu-check.sh /tmp/check 6; rc=$?; tar czf RESULT.tgz -C /tmp check; exit $rc
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:?usage: gpu-check.sh OUT [SECONDS_PER_BATCH]}"
