@@ -99,7 +99,8 @@ pub struct WeightLayout {
 pub enum TensorKind {
     /// A projection matrix.
     Matrix,
-    /// An RMSNorm weight (values near 1).
+    /// An RMSNorm weight (values near 1; the engine folds each layer's into the projection
+    /// after it and leaves exactly 1 in their place).
     Norm,
     /// The token embedding table.
     Embedding,
