@@ -37,7 +37,7 @@ impl AttentionSplit {
     ///
     /// Large batches give one block per (sequence, KV head) already; small ones split the
     /// context so that at least two blocks per multiprocessor stream the cache, but no block
-    /// gets fewer than [`ATTENTION_MIN_CHUNK`] positions (each split costs a merge).
+    /// gets fewer than `ATTENTION_MIN_CHUNK` positions (each split costs a merge).
     pub fn plan(shape: &ModelShape, batch: u32, context: u32, sms: u32) -> AttentionSplit {
         let group = shape.group_size();
         let max_chunk = (ATTENTION_SCORE_BYTES / (4 * group)).max(1);
