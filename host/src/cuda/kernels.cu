@@ -259,15 +259,7 @@ extern "C" __global__ void rmsnorm(const bf16* __restrict__ x, const bf16* __res
     const uint4* xr = (const uint4*)(x + (size_t)b * hidden);
     const uint4* gr = (const uint4*)gamma;
     uint4* outr = (uint4*)(out + (size_t)b * hidden);
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) {
-        float f[8];
-        unpack8(xr[i], f);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
-    }
-    ss = block_sum(ss, scratch);
-    const float rstd = rsqrtf(ss / (float)hidden + eps);
+    const float rstd = rms_factor(x + (size_t)b * hidden, hidden, eps, scratch);
     for (int i = threadIdx.x; i < hidden / 8; i += blockDim.x) {
         float f[8], g[8];
         unpack8(xr[i], f);
@@ -987,6 +979,7 @@ __device__ __forceinline__ void attention_impl(
 
     const size_t pair = (size_t)b * n_kv_heads + kvh;
     bf16* out_row = out + (size_t)b * n_heads * HD + (size_t)kvh * G * HD;
+    constexpr int OPT = (G * HD + ATT_THREADS - 1) / ATT_THREADS;  // outputs per thread
     if (splits == 1) {
         for (int i = tid; i < G * HD; i += ATT_THREADS) {
             float o = 0.f;
@@ -1002,7 +995,6 @@ __device__ __forceinline__ void attention_impl(
         // leaves its partial output in its own shared memory (red[0]) and, after a cluster
         // barrier, merges a slice of the outputs from all of them. No global round trips,
         // fences or atomics, and the merge is spread over the splits.
-        constexpr int OPT = (G * HD + ATT_THREADS - 1) / ATT_THREADS;
         float o[OPT];
 #pragma unroll
         for (int k = 0; k < OPT; ++k) {
@@ -1079,7 +1071,6 @@ __device__ __forceinline__ void attention_impl(
     // statistics are requested first, then the partial outputs of the first SB splits (each
     // thread has OPT outputs), all before any is used, so that the reads overlap: one L2 round
     // trip per SB splits rather than one per split.
-    constexpr int OPT = (G * HD + ATT_THREADS - 1) / ATT_THREADS;
     constexpr int SB = OPT > 4 ? 8 : 16;
     float* split_w = scores;                 // [G][splits]: maxima, then weights
     float* split_l = scores + G * splits;    // [G][splits]
