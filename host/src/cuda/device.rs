@@ -400,9 +400,9 @@ pub(crate) struct Gpu {
     pub sms: u32,
     /// Launch kernels with programmatic dependent launch.
     pdl: bool,
-    pdl_supported: bool,
-    /// Thread block clusters (Hopper and newer).
-    clusters_supported: bool,
+    /// Compute capability 9.0 or newer (Hopper): programmatic dependent launch and thread
+    /// block clusters.
+    hopper: bool,
 }
 
 impl Gpu {
@@ -472,19 +472,18 @@ impl Gpu {
             name,
             sms: u32::try_from(sms).unwrap_or(1).max(1),
             pdl: false,
-            pdl_supported: major >= 9,
-            clusters_supported: major >= 9,
+            hopper: major >= 9,
         })
     }
 
     /// Whether the GPU supports programmatic dependent launch (Hopper and newer).
     pub fn pdl_supported(&self) -> bool {
-        self.pdl_supported
+        self.hopper
     }
 
     /// Launches from now on use programmatic dependent launch, where the GPU supports it.
     pub fn set_pdl(&mut self, on: bool) {
-        self.pdl = on && self.pdl_supported;
+        self.pdl = on && self.hopper;
     }
 
     /// Makes this GPU's context current on the calling thread (raw driver and cuBLAS calls need it).
@@ -591,7 +590,7 @@ impl Gpu {
 
     /// Whether this GPU runs thread block clusters (Hopper and newer).
     pub fn clusters_supported(&self) -> bool {
-        self.clusters_supported
+        self.hopper
     }
 
     /// Whether `kernel` can run as clusters of `cluster_x` blocks along x with this launch
