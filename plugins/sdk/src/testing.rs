@@ -3,8 +3,14 @@
 //!
 //! The figures follow an NVIDIA H200 decoding Llama-3-8B at batch 64 under a 700 W cap
 //! (the project's calibration data); they are inputs for tests, not measurements.
+//!
+//! For stateful policies, [`assert_hands_over`] and [`assert_restore_refused`] check the
+//! hot-swap contract: a new instance takes an old one's snapshot whole, and a refused
+//! state leaves the policy as it was.
 
-use crate::{ClockEvents, DeviceFacts, InForce, InitArgs, Knobs, Objective, Observation};
+use crate::{
+    ClockEvents, DeviceFacts, InForce, InitArgs, Knobs, Objective, Observation, Policy, State,
+};
 
 /// An H200 as the host describes it without guardrails: power cap 200–700 W (default
 /// 700 W), SM clocks 1980 MHz down to 345 MHz in 15 MHz steps, batch size up to 512.
@@ -81,9 +87,47 @@ pub fn observation(gpu: u32, tick: u64) -> Observation {
     }
 }
 
+/// A hot swap between two instances: `new` takes `old`'s snapshot and must hand back the
+/// same one. Returns the state handed over.
+///
+/// # Panics
+/// When `new` refuses the state or its snapshot differs afterwards.
+pub fn assert_hands_over<P: Policy>(old: &P, new: &mut P) -> State {
+    let state = old.snapshot();
+    if let Err(error) = new.restore(state.clone()) {
+        panic!("the new instance refused its predecessor's state: {error}");
+    }
+    assert!(
+        new.snapshot() == state,
+        "the new instance's snapshot differs from the state it took over"
+    );
+    state
+}
+
+/// `policy.restore(state)` must fail with a message containing `expected` and leave the
+/// policy as it was (the same snapshot), since the host then carries on with it.
+///
+/// # Panics
+/// When the state is accepted, the message lacks `expected`, or the policy changed.
+pub fn assert_restore_refused<P: Policy>(policy: &mut P, state: State, expected: &str) {
+    let before = policy.snapshot();
+    match policy.restore(state) {
+        Ok(()) => panic!("restore accepted a state it should refuse (expected: {expected})"),
+        Err(error) => assert!(
+            error.contains(expected),
+            "restore's error lacks {expected:?}: {error}"
+        ),
+    }
+    assert!(
+        policy.snapshot() == before,
+        "a refused restore changed the policy's state (expected error: {expected})"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Settings, StateReader, StateWriter};
 
     #[test]
     fn the_h200_clock_table_matches_the_calibration() {
@@ -100,5 +144,91 @@ mod tests {
         assert!((observation.tokens_per_joule - derived).abs() < 1e-12);
         assert_eq!(observation.gpu, 1);
         assert_eq!(observation.tick, 3);
+    }
+
+    /// Counts ticks; restores schema 1. `careless` sets the count before checking the
+    /// schema, which a refused restore must not do.
+    struct Counter {
+        count: u64,
+        careless: bool,
+    }
+
+    impl Policy for Counter {
+        fn init(args: InitArgs) -> Result<(Self, Vec<Settings>), String> {
+            let counter = Counter {
+                count: 0,
+                careless: false,
+            };
+            Ok((counter, vec![Settings::unchanged(); args.devices.len()]))
+        }
+
+        fn decide(&mut self, observations: &[Observation]) -> Vec<Settings> {
+            self.count += 1;
+            vec![Settings::unchanged(); observations.len()]
+        }
+
+        fn snapshot(&self) -> State {
+            StateWriter::new().u64(self.count).finish(1)
+        }
+
+        fn restore(&mut self, state: State) -> Result<(), String> {
+            let mut reader = StateReader::new(&state.bytes);
+            let count = reader.u64()?;
+            reader.finish()?;
+            if self.careless {
+                self.count = count;
+            }
+            if state.schema_version != 1 {
+                return Err(format!(
+                    "schema version 1, got version {}",
+                    state.schema_version
+                ));
+            }
+            self.count = count;
+            Ok(())
+        }
+    }
+
+    fn counter(count: u64, careless: bool) -> Counter {
+        Counter { count, careless }
+    }
+
+    fn other_schema(count: u64) -> State {
+        StateWriter::new().u64(count).finish(2)
+    }
+
+    #[test]
+    fn a_faithful_hand_over_passes() {
+        let old = counter(7, false);
+        let mut new = counter(0, false);
+        let state = assert_hands_over(&old, &mut new);
+        assert_eq!(state.schema_version, 1);
+        assert_eq!(new.count, 7);
+    }
+
+    #[test]
+    fn a_refusal_with_the_expected_message_passes() {
+        let mut policy = counter(3, false);
+        assert_restore_refused(&mut policy, other_schema(9), "got version 2");
+        assert_eq!(policy.count, 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "restore accepted a state it should refuse")]
+    fn an_accepted_state_fails_the_check() {
+        let good = counter(9, false).snapshot();
+        assert_restore_refused(&mut counter(3, false), good, "schema");
+    }
+
+    #[test]
+    #[should_panic(expected = "restore's error lacks \"2 GPUs\"")]
+    fn a_refusal_for_another_reason_fails_the_check() {
+        assert_restore_refused(&mut counter(3, false), other_schema(9), "2 GPUs");
+    }
+
+    #[test]
+    #[should_panic(expected = "a refused restore changed the policy's state")]
+    fn a_refusal_that_changed_the_policy_fails_the_check() {
+        assert_restore_refused(&mut counter(3, true), other_schema(9), "got version 2");
     }
 }

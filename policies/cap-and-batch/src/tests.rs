@@ -532,13 +532,10 @@ fn state_hands_over_to_a_new_instance() {
     let gpus = [(450.0, Demand::Saturated), (600.0, Demand::Requests(300))];
     let mut old = Bench::new(&gpus, &[], Some(LIMIT_MS), 0.01);
     old.run(157);
-    let state = old.policy.snapshot();
-    assert_eq!(state.schema_version, 1);
-
     let mut new = Bench::new(&gpus, &[], Some(LIMIT_MS), 0.01);
-    assert_eq!(new.policy.restore(state.clone()), Ok(()));
+    let state = testing::assert_hands_over(&old.policy, &mut new.policy);
+    assert_eq!(state.schema_version, 1);
     assert_eq!(new.policy.gpus, old.policy.gpus);
-    assert_eq!(new.policy.snapshot(), state);
 
     // From identical inputs, the two carry on identically.
     new.gpus = old.gpus.clone();
@@ -566,16 +563,14 @@ fn a_pending_batch_survives_the_hand_over() {
 fn restore_refuses_foreign_state_and_keeps_its_own() {
     let mut bench = Bench::saturated(450.0, &[], 0.0);
     bench.run(40);
-    let before = bench.policy.gpus.clone();
     let good = bench.policy.snapshot();
+    let policy = &mut bench.policy;
 
     let other_schema = State {
         schema_version: 2,
         bytes: good.bytes.clone(),
     };
-    let error = bench.policy.restore(other_schema).err().unwrap_or_default();
-    assert!(error.contains("schema version 1, got version 2"), "{error}");
-
+    testing::assert_restore_refused(policy, other_schema, "schema version 1, got version 2");
     let two_gpus = Bench::new(
         &[(450.0, Demand::Saturated), (450.0, Demand::Saturated)],
         &[],
@@ -584,24 +579,16 @@ fn restore_refuses_foreign_state_and_keeps_its_own() {
     )
     .policy
     .snapshot();
-    let error = bench.policy.restore(two_gpus).err().unwrap_or_default();
-    assert!(error.contains("2 GPUs"), "{error}");
-
+    testing::assert_restore_refused(policy, two_gpus, "2 GPUs");
     let mut truncated = good.clone();
     truncated.bytes.pop();
-    assert!(bench.policy.restore(truncated).is_err());
-
+    testing::assert_restore_refused(policy, truncated, "");
     let mut extended = good.clone();
     extended.bytes.push(0);
-    let error = bench.policy.restore(extended).err().unwrap_or_default();
-    assert!(error.contains("unexpected bytes"), "{error}");
-
-    let mut not_a_number = good.clone();
+    testing::assert_restore_refused(policy, extended, "unexpected bytes");
+    let mut not_a_number = good;
     not_a_number.bytes[4..12].copy_from_slice(&f64::NAN.to_le_bytes());
-    let error = bench.policy.restore(not_a_number).err().unwrap_or_default();
-    assert!(error.contains("target_w"), "{error}");
-
-    assert_eq!(bench.policy.gpus, before);
+    testing::assert_restore_refused(policy, not_a_number, "target_w");
 }
 
 #[test]

@@ -304,13 +304,10 @@ fn state_hands_over_to_a_new_instance() {
     };
     let mut old = Bench::new(&[450.0, 600.0], &[], objective, 0.01);
     old.run(157);
-    let state = old.policy.snapshot();
-    assert_eq!(state.schema_version, 1);
-
     let mut new = Bench::new(&[450.0, 600.0], &[], objective, 0.01);
-    assert_eq!(new.policy.restore(state.clone()), Ok(()));
+    let state = testing::assert_hands_over(&old.policy, &mut new.policy);
+    assert_eq!(state.schema_version, 1);
     assert_eq!(new.policy.searches, old.policy.searches);
-    assert_eq!(new.policy.snapshot(), state);
 
     // From identical inputs, the two carry on identically.
     new.gpus = old.gpus.clone();
@@ -325,32 +322,24 @@ fn state_hands_over_to_a_new_instance() {
 fn restore_refuses_foreign_state_and_keeps_its_own() {
     let mut bench = Bench::new(&[450.0], &[], NO_OBJECTIVE, 0.0);
     bench.run(40);
-    let before = bench.policy.searches.clone();
     let good = bench.policy.snapshot();
+    let policy = &mut bench.policy;
 
     let other_schema = State {
         schema_version: 2,
         bytes: good.bytes.clone(),
     };
-    let error = bench.policy.restore(other_schema).err().unwrap_or_default();
-    assert!(error.contains("schema version 1, got version 2"), "{error}");
-
+    testing::assert_restore_refused(policy, other_schema, "schema version 1, got version 2");
     let two_gpus = Bench::new(&[450.0, 450.0], &[], NO_OBJECTIVE, 0.0)
         .policy
         .snapshot();
-    let error = bench.policy.restore(two_gpus).err().unwrap_or_default();
-    assert!(error.contains("2 GPUs"), "{error}");
-
+    testing::assert_restore_refused(policy, two_gpus, "2 GPUs");
     let mut truncated = good.clone();
     truncated.bytes.pop();
-    assert!(bench.policy.restore(truncated).is_err());
-
-    let mut not_a_number = good.clone();
+    testing::assert_restore_refused(policy, truncated, "");
+    let mut not_a_number = good;
     not_a_number.bytes[4..12].copy_from_slice(&f64::NAN.to_le_bytes());
-    let error = bench.policy.restore(not_a_number).err().unwrap_or_default();
-    assert!(error.contains("target_w"), "{error}");
-
-    assert_eq!(bench.policy.searches, before);
+    testing::assert_restore_refused(policy, not_a_number, "target_w");
 }
 
 #[test]
