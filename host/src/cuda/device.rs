@@ -403,6 +403,21 @@ pub(crate) struct Gpu {
     /// Compute capability 9.0 or newer (Hopper): programmatic dependent launch and thread
     /// block clusters.
     hopper: bool,
+    /// Answers of [`Gpu::cluster_fits`]: the driver's occupancy query is asked once per
+    /// launch shape, not at every attention launch a graph capture enqueues.
+    cluster_fit_answers: Mutex<HashMap<ClusterShape, bool>>,
+}
+
+/// A kernel's launch shape as clusters of `cluster_x` blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ClusterShape {
+    /// The `CUfunction` handle's address: stable while the module is loaded, which it is for
+    /// the life of `Gpu`.
+    kernel: usize,
+    grid: (u32, u32, u32),
+    block: u32,
+    shared_bytes: u32,
+    cluster_x: u32,
 }
 
 impl Gpu {
@@ -473,6 +488,7 @@ impl Gpu {
             sms: u32::try_from(sms).unwrap_or(1).max(1),
             pdl: false,
             hopper: major >= 9,
+            cluster_fit_answers: Mutex::new(HashMap::new()),
         })
     }
 
@@ -606,14 +622,38 @@ impl Gpu {
         if !self.clusters_supported() || cluster_x == 0 || !grid.0.is_multiple_of(cluster_x) {
             return false;
         }
-        let mut attribute = cluster_attribute(cluster_x);
-        let config = launch_config(grid, block, shared_bytes, &self.stream, &mut attribute, 1);
-        let mut clusters = 0i32;
-        // SAFETY: `config` and its attribute live across the call; the query launches nothing.
-        let status = unsafe {
-            cu::cuOccupancyMaxActiveClusters(&mut clusters, kernel.cu_function(), &config)
+        let shape = ClusterShape {
+            kernel: kernel.cu_function() as usize,
+            grid,
+            block,
+            shared_bytes,
+            cluster_x,
         };
-        status == cu::CUresult::CUDA_SUCCESS && clusters > 0
+        // A poisoned lock only means another thread panicked mid-insert: the map is still
+        // a valid cache.
+        let mut answers = self
+            .cluster_fit_answers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *answers.entry(shape).or_insert_with(|| {
+            let mut attribute = cluster_attribute(cluster_x);
+            let config = launch_config(grid, block, shared_bytes, &self.stream, &mut attribute, 1);
+            let mut clusters = 0i32;
+            // SAFETY: `config` and its attribute live across the call; the query launches
+            // nothing.
+            let status = unsafe {
+                cu::cuOccupancyMaxActiveClusters(&mut clusters, kernel.cu_function(), &config)
+            };
+            status == cu::CUresult::CUDA_SUCCESS && clusters > 0
+        })
+    }
+
+    /// Launch shapes whose cluster fit has been asked of the driver.
+    #[cfg(test)]
+    pub fn cluster_shapes_asked(&self) -> usize {
+        self.cluster_fit_answers
+            .lock()
+            .map_or(0, |answers| answers.len())
     }
 
     /// Launches `kernel` as clusters of `cluster_x` blocks along x (check [`Gpu::cluster_fits`]

@@ -767,17 +767,21 @@ fn attention_splits_merge_in_a_cluster_where_the_gpu_has_clusters() {
         splits: 16,
         chunk: 64,
     };
-    for implementation in AttentionImpl::ALL {
-        let kernel = gpu.kernels.attention(128, 4, implementation).unwrap();
-        let shared = split.shared_bytes(shape.group_size());
-        let grid = (split.splits, shape.kv_heads, 1);
-        assert!(
-            gpu.cluster_fits(kernel, grid, gpu.attention_threads(), shared, 16),
-            "{}: a cluster of 16 must fit, or the merge falls back to L2",
-            implementation.name()
-        );
-        // A cluster must divide the grid.
-        assert!(!gpu.cluster_fits(kernel, grid, gpu.attention_threads(), shared, 3));
+    // Twice: the second round is answered from the cache, one driver query per shape.
+    for _ in 0..2 {
+        for implementation in AttentionImpl::ALL {
+            let kernel = gpu.kernels.attention(128, 4, implementation).unwrap();
+            let shared = split.shared_bytes(shape.group_size());
+            let grid = (split.splits, shape.kv_heads, 1);
+            assert!(
+                gpu.cluster_fits(kernel, grid, gpu.attention_threads(), shared, 16),
+                "{}: a cluster of 16 must fit, or the merge falls back to L2",
+                implementation.name()
+            );
+            // A cluster must divide the grid.
+            assert!(!gpu.cluster_fits(kernel, grid, gpu.attention_threads(), shared, 3));
+        }
+        assert_eq!(gpu.cluster_shapes_asked(), AttentionImpl::ALL.len());
     }
 }
 
