@@ -806,8 +806,27 @@ __device__ __forceinline__ void attention_impl(
     }
     __syncthreads();
 
-    // Softmax statistics over the n_local scores of this block.
-    {
+    // Softmax statistics over the n_local scores of this block. With at least a head per warp,
+    // each warp takes whole heads and needs no block barrier until the values read the scores.
+    if constexpr (G >= ATT_WARPS) {
+        for (int g = warp; g < G; g += ATT_WARPS) {
+            float mx = NEG_INF;
+            for (int i = lane; i < n_local; i += WARP_SIZE) mx = fmaxf(mx, scores[g * chunk + i]);
+            mx = warp_max(mx);
+            float l = 0.f;
+            for (int i = lane; i < n_local; i += WARP_SIZE) {
+                const float e = exp2f(scores[g * chunk + i] - mx);
+                scores[g * chunk + i] = e;
+                l += e;
+            }
+            l = warp_sum(l);
+            if (lane == 0) {
+                m_s[g] = mx;
+                l_s[g] = l;
+            }
+        }
+        __syncthreads();
+    } else {
         float m[G];
 #pragma unroll
         for (int g = 0; g < G; ++g) {
