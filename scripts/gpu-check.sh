@@ -3,15 +3,28 @@
 # Rust toolchain. Changes NO GPU setting: the run is dry-run (observe-only); only the
 # workload's own batch size moves. Writes everything under OUT.
 #
-#   gpu-check.sh OUT [SECONDS_PER_BATCH]
+#   gpu-check.sh OUT [SECONDS_PER_BATCH] [PARTS]
+#
+# PARTS (comma-separated, default all): tests (the library's tests), bench (tokwatt bench
+# workload beside the PyTorch reference), dryrun (a 60 s dry-run `tokwatt run`). The GPU's
+# settings are compared before and after whatever runs. A short side-by-side check:
+#   gpu-check.sh OUT 3 bench
 #
 # Where the runner brings back only a few files from the GPU machine, write OUT elsewhere and
 # bring back one archive of it, keeping the verdict:
 #   gpu-check.sh /tmp/check 6; rc=$?; tar czf RESULT.tgz -C /tmp check; exit $rc
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${1:?usage: gpu-check.sh OUT [SECONDS_PER_BATCH]}"
+out="${1:?usage: gpu-check.sh OUT [SECONDS_PER_BATCH] [PARTS]}"
 seconds="${2:-6}"
+parts="${3:-tests,bench,dryrun}"
+for part in ${parts//,/ }; do
+  case "$part" in
+    tests | bench | dryrun) ;;
+    *) echo "gpu-check.sh: unknown part '$part': use tests, bench and/or dryrun, comma-separated" >&2; exit 2 ;;
+  esac
+done
+wants() { [[ ",$parts," == *",$1,"* ]]; }
 mkdir -p "$out"
 cd "$here"
 export TOKWATT_PLUGIN_DIR="$here"
@@ -30,21 +43,24 @@ settings | tee "$out/settings-before.txt"
 step "tokwatt gpus"
 ./tokwatt gpus | tee "$out/gpus.txt" || status=1
 
-step "library tests (CUDA and NVML tests run for real here)"
-./tokwatt-lib-tests --test-threads=1 2>&1 | tail -n 40 | tee "$out/lib-tests.txt"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+if wants tests; then
+  step "library tests (CUDA and NVML tests run for real here)"
+  ./tokwatt-lib-tests --test-threads=1 2>&1 | tail -n 40 | tee "$out/lib-tests.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+fi
 
-step "tokwatt bench workload (llama-3-8b, ctx 1024)"
-./tokwatt bench workload --model llama-3-8b --context 1024 --seconds "$seconds" \
-  --json "$out/bench-tokwatt.json" 2>&1 | tee "$out/bench-tokwatt.txt"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+if wants bench; then
+  step "tokwatt bench workload (llama-3-8b, ctx 1024)"
+  ./tokwatt bench workload --model llama-3-8b --context 1024 --seconds "$seconds" \
+    --json "$out/bench-tokwatt.json" 2>&1 | tee "$out/bench-tokwatt.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 
-if [[ -f pytorch_decode_reference.py ]]; then
-  step "PyTorch reference, same GPU, same run"
-  env -u OUT MODEL=llama-3-8b CTX=1024 SECS="$seconds" BATCHES=1,4,16,64,128,256,512 \
-    python3 pytorch_decode_reference.py > "$out/bench-reference.json" 2> "$out/bench-reference.log" || status=1
-  step "side by side (tokens/s; energy from the NVML counter in both)"
-  python3 - "$out/bench-tokwatt.json" "$out/bench-reference.json" <<'PY' | tee "$out/side-by-side.txt"
+  if [[ -f pytorch_decode_reference.py ]]; then
+    step "PyTorch reference, same GPU, same run"
+    env -u OUT MODEL=llama-3-8b CTX=1024 SECS="$seconds" BATCHES=1,4,16,64,128,256,512 \
+      python3 pytorch_decode_reference.py > "$out/bench-reference.json" 2> "$out/bench-reference.log" || status=1
+    step "side by side (tokens/s; energy from the NVML counter in both)"
+    python3 - "$out/bench-tokwatt.json" "$out/bench-reference.json" <<'PY' | tee "$out/side-by-side.txt"
 import json, sys
 ours = {r["batch"]: r for r in json.load(open(sys.argv[1]))}
 ref = {}
@@ -64,13 +80,16 @@ for b in sorted(ours):
           f"{o.get('watts') or float('nan'):>6.1f} {o.get('tokens_per_j') or float('nan'):>7.3f} "
           f"{float(r.get('watts', 'nan')):>6.1f} {float(r.get('tok_per_j', 'nan')):>9.3f}")
 PY
+  fi
 fi
 
-step "dry-run tokwatt run: cap and batch decided, caps logged not applied"
-./tokwatt run --gpu 0 --dry-run --policy specs/cap-and-batch.toml --duration 60s \
-  --out "$out/run" --log tokwatt=info 2> "$out/run.log" | tee "$out/run.txt"
-[[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
-grep -c "dry-run: would" "$out/run.log" | sed 's/^/dry-run decisions logged: /'
+if wants dryrun; then
+  step "dry-run tokwatt run: cap and batch decided, caps logged not applied"
+  ./tokwatt run --gpu 0 --dry-run --policy specs/cap-and-batch.toml --duration 60s \
+    --out "$out/run" --log tokwatt=info 2> "$out/run.log" | tee "$out/run.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  grep -c "dry-run: would" "$out/run.log" | sed 's/^/dry-run decisions logged: /'
+fi
 
 step "GPU settings after (must equal before)"
 settings | tee "$out/settings-after.txt"
