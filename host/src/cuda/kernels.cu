@@ -580,6 +580,42 @@ __device__ __forceinline__ int value_word_dim(int gid, int mt) {
     return (mt >> 2) * 64 + gid * 8 + (mt & 3) * 2;
 }
 
+// CUDA cores: this thread's two 16-byte pieces (one per half, `thread_dim`) of the cache rows
+// p + u * PPI for u < U, all requested before any is used; zeros from row `stop` on.
+template <int U, int HD, int PPI>
+__device__ __forceinline__ void load_cache_rows(uint4 (&rows)[U][2], const bf16* base, int p, int stop) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int row = p + u * PPI;
+        if (row < stop) {
+            rows[u][0] = ld_stream(base + (size_t)row * HD);
+            rows[u][1] = ld_stream(base + (size_t)row * HD + HD / 2);
+        } else {
+            rows[u][0] = make_uint4(0, 0, 0, 0);
+            rows[u][1] = make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+// One warp over n values v[0..n): returns their maximum M, replaces each v[i] by 2^(v[i] - M)
+// and returns in `total` the sum of those, each times weight[i] when WEIGHTED. The softmax of a
+// head's scores, and the split merge's weights of a head's statistics.
+template <bool WEIGHTED>
+__device__ __forceinline__ float warp_exp2_from_max(float* v, int n, const float* weight, float& total) {
+    const int lane = threadIdx.x & (WARP_SIZE - 1);
+    float mx = NEG_INF;
+    for (int i = lane; i < n; i += WARP_SIZE) mx = fmaxf(mx, v[i]);
+    mx = warp_max(mx);
+    float t = 0.f;
+    for (int i = lane; i < n; i += WARP_SIZE) {
+        const float e = exp2f(v[i] - mx);
+        v[i] = e;
+        t = WEIGHTED ? fmaf(e, weight[i], t) : t + e;
+    }
+    total = warp_sum(t);
+    return mx;
+}
+
 // The merge's partial outputs of splits [s0, s0 + SB), OPT of the N per split for this thread
 // (output tid + k * ATT_THREADS), all requested before any is used; zeros past the ends.
 template <int N, int SB, int OPT>
@@ -703,17 +739,7 @@ __device__ __forceinline__ void attention_impl(
             for (int e = 0; e < 16; ++e) qr[g][e] = q_s[g][thread_dim<HD>(sub, e)];
         for (int p0 = start; p0 < stop; p0 += PPI * UK) {
             uint4 kv[UK][2];
-#pragma unroll
-            for (int u = 0; u < UK; ++u) {
-                const int p = p0 + u * PPI + pgrp;
-                if (p < stop) {
-                    kv[u][0] = ld_stream(kbase + (size_t)p * HD);
-                    kv[u][1] = ld_stream(kbase + (size_t)p * HD + HALF);
-                } else {
-                    kv[u][0] = make_uint4(0, 0, 0, 0);
-                    kv[u][1] = make_uint4(0, 0, 0, 0);
-                }
-            }
+            load_cache_rows<UK, HD, PPI>(kv, kbase, p0 + pgrp, stop);
 #pragma unroll
             for (int u = 0; u < UK; ++u) {
                 float kf[16];
@@ -810,16 +836,8 @@ __device__ __forceinline__ void attention_impl(
     // each warp takes whole heads and needs no block barrier until the values read the scores.
     if constexpr (G >= ATT_WARPS) {
         for (int g = warp; g < G; g += ATT_WARPS) {
-            float mx = NEG_INF;
-            for (int i = lane; i < n_local; i += WARP_SIZE) mx = fmaxf(mx, scores[g * chunk + i]);
-            mx = warp_max(mx);
-            float l = 0.f;
-            for (int i = lane; i < n_local; i += WARP_SIZE) {
-                const float e = exp2f(scores[g * chunk + i] - mx);
-                scores[g * chunk + i] = e;
-                l += e;
-            }
-            l = warp_sum(l);
+            float l;
+            const float mx = warp_exp2_from_max<false>(scores + g * chunk, n_local, nullptr, l);
             if (lane == 0) {
                 m_s[g] = mx;
                 l_s[g] = l;
@@ -879,17 +897,7 @@ __device__ __forceinline__ void attention_impl(
             for (int e = 0; e < 16; ++e) acc[g][e] = 0.f;
         for (int p0 = start; p0 < stop; p0 += PPI * UV) {
             uint4 vv[UV][2];
-#pragma unroll
-            for (int u = 0; u < UV; ++u) {
-                const int p = p0 + u * PPI + pgrp;
-                if (p < stop) {
-                    vv[u][0] = ld_stream(vbase + (size_t)p * HD);
-                    vv[u][1] = ld_stream(vbase + (size_t)p * HD + HALF);
-                } else {
-                    vv[u][0] = make_uint4(0, 0, 0, 0);
-                    vv[u][1] = make_uint4(0, 0, 0, 0);
-                }
-            }
+            load_cache_rows<UV, HD, PPI>(vv, vbase, p0 + pgrp, stop);
 #pragma unroll
             for (int u = 0; u < UV; ++u) {
                 const int p = p0 + u * PPI + pgrp;
@@ -1105,16 +1113,8 @@ __device__ __forceinline__ void attention_impl(
     __syncthreads();
     // A warp per head: the maximum over its splits, each split's weight, the merged denominator.
     for (int g = warp; g < G; g += ATT_WARPS) {
-        float mx = NEG_INF;
-        for (int s = lane; s < splits; s += WARP_SIZE) mx = fmaxf(mx, split_w[g * splits + s]);
-        mx = warp_max(mx);
-        float total = 0.f;
-        for (int s = lane; s < splits; s += WARP_SIZE) {
-            const float w = exp2f(split_w[g * splits + s] - mx);
-            split_w[g * splits + s] = w;
-            total = fmaf(w, split_l[g * splits + s], total);
-        }
-        total = warp_sum(total);
+        float total;
+        warp_exp2_from_max<true>(split_w + g * splits, splits, split_l + g * splits, total);
         if (lane == 0) m_s[g] = total;  // the merged denominator
     }
     __syncthreads();
