@@ -32,6 +32,10 @@ pub struct GpuReport {
     pub index: u32,
     pub name: String,
     pub uuid: String,
+    /// The NVIDIA driver's version (system-wide, repeated per GPU), e.g. `580.159.04`.
+    pub driver_version: Option<String>,
+    /// The CUDA version the driver supports, e.g. `13.0`.
+    pub cuda_driver_version: Option<String>,
     pub power_limit_min_w: f64,
     pub power_limit_max_w: f64,
     pub power_limit_default_w: f64,
@@ -58,6 +62,15 @@ pub fn list_gpus() -> Result<Vec<GpuReport>, NvmlError> {
         .device_count()
         .map_err(|e| NvmlError::Init(e.to_string()))?;
     let privileges = Privileges::current();
+    // Measurements are only comparable on the same driver: every report names it.
+    let driver_version = nvml.sys_driver_version().ok();
+    let cuda_driver_version = nvml.sys_cuda_driver_version().ok().map(|v| {
+        format!(
+            "{}.{}",
+            nvml_wrapper::cuda_driver_version_major(v),
+            nvml_wrapper::cuda_driver_version_minor(v)
+        )
+    });
     let mut reports = Vec::with_capacity(count as usize);
     for index in 0..count {
         let managed = managed_gpu(&nvml, index, index)?;
@@ -77,6 +90,8 @@ pub fn list_gpus() -> Result<Vec<GpuReport>, NvmlError> {
             index,
             name: info.name,
             uuid: info.uuid,
+            driver_version: driver_version.clone(),
+            cuda_driver_version: cuda_driver_version.clone(),
             power_limit_min_w: info.power_cap_min_w,
             power_limit_max_w: info.power_cap_max_w,
             power_limit_default_w: info.power_cap_default_w,
@@ -121,6 +136,12 @@ impl fmt::Display for GpuTable<'_> {
             writeln!(f, "GPU {}  {}  {}", gpu.index, gpu.name, gpu.uuid)?;
             writeln!(
                 f,
+                "  driver        {}, CUDA {}",
+                gpu.driver_version.as_deref().unwrap_or("n/a"),
+                gpu.cuda_driver_version.as_deref().unwrap_or("n/a")
+            )?;
+            writeln!(
+                f,
                 "  power limit   {} (enforced {}), range {:.0}-{:.0} W, default {:.0} W",
                 watts(gpu.power_limit_w),
                 watts(gpu.power_limit_enforced_w),
@@ -158,6 +179,8 @@ mod tests {
             index: 0,
             name: "NVIDIA H200".into(),
             uuid: "GPU-8f7d7400-cf3f-3d61-8883-624982a1b30e".into(),
+            driver_version: Some("580.159.04".into()),
+            cuda_driver_version: Some("13.0".into()),
             power_limit_min_w: 200.0,
             power_limit_max_w: 700.0,
             power_limit_default_w: 700.0,
@@ -182,8 +205,15 @@ mod tests {
         second.sm_clocks = None;
         second.can_change_settings = true;
         second.cannot_change_because = None;
+        second.driver_version = None;
+        second.cuda_driver_version = None;
         let text = GpuTable(&[report(), second]).to_string();
         assert!(text.contains("GPU 0  NVIDIA H200  GPU-8f7d7400"), "{text}");
+        assert!(
+            text.contains("driver        580.159.04, CUDA 13.0"),
+            "{text}"
+        );
+        assert!(text.contains("driver        n/a, CUDA n/a"), "{text}");
         assert!(
             text.contains("700 W (enforced 650 W), range 200-700 W"),
             "{text}"
@@ -212,6 +242,8 @@ mod tests {
         assert_eq!(json["power_limit_enforced_w"], 650.0);
         assert_eq!(json["sm_clocks"]["count"], 3);
         assert_eq!(json["can_change_settings"], false);
+        assert_eq!(json["driver_version"], "580.159.04");
+        assert_eq!(json["cuda_driver_version"], "13.0");
     }
 
     #[test]
@@ -222,6 +254,7 @@ mod tests {
                 for (n, gpu) in reports.iter().enumerate() {
                     assert_eq!(gpu.index as usize, n);
                     assert!(gpu.uuid.starts_with("GPU-"), "{}", gpu.uuid);
+                    assert!(gpu.driver_version.is_some(), "NVML names its driver");
                     assert!(gpu.power_limit_min_w <= gpu.power_limit_max_w);
                     assert_eq!(gpu.can_change_settings, gpu.cannot_change_because.is_none());
                 }
