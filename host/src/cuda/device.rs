@@ -86,10 +86,11 @@ fn nvrtc_compile(source: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
     })?;
     let program = nvrtc::create_program(&source, Some(c"tokwatt_decode.cu"))
         .map_err(|e| compile_error(e, String::new()))?;
-    let options = [
+    let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_owned(),
     ];
+    options.extend(experiment_options());
     // SAFETY: `program` was created above and is destroyed exactly once, below.
     let compiled = unsafe { nvrtc::compile_program(program, &options) };
     let result = match compiled {
@@ -112,6 +113,32 @@ fn nvrtc_compile(source: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
     // SAFETY: as above; a failure to free is not worth failing the compile for.
     let _ = unsafe { nvrtc::destroy_program(program) };
     result
+}
+
+/// Extra NVRTC options for kernel experiments, e.g.
+/// `TOKWATT_NVRTC_OPTIONS="-DCHAIN_U=16 --maxrregcount=128"`: read only by the library's test
+/// binary, which runs the device benchmarks, so that a variant is a rerun rather than a rebuild.
+/// The tokwatt binary always compiles the shipped kernels as they are.
+#[cfg(test)]
+fn experiment_options() -> Vec<String> {
+    let options = split_options(std::env::var("TOKWATT_NVRTC_OPTIONS").ok().as_deref());
+    if !options.is_empty() {
+        // Once per compile, which the cache makes once per process and architecture.
+        println!("NVRTC experiment options: {}", options.join(" "));
+    }
+    options
+}
+
+#[cfg(not(test))]
+fn experiment_options() -> Vec<String> {
+    Vec::new()
+}
+
+#[cfg(test)]
+fn split_options(value: Option<&str>) -> Vec<String> {
+    value
+        .map(|v| v.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default()
 }
 
 fn cubin_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, nvrtc::NvrtcError> {
@@ -827,6 +854,16 @@ impl Gpu {
 #[allow(clippy::unwrap_used)] // tests may unwrap
 mod tests {
     use super::*;
+
+    #[test]
+    fn experiment_options_split_on_whitespace() {
+        assert_eq!(
+            split_options(Some("  -DCHAIN_U=16   --maxrregcount=128 ")),
+            ["-DCHAIN_U=16", "--maxrregcount=128"]
+        );
+        assert!(split_options(Some("   ")).is_empty());
+        assert!(split_options(None).is_empty());
+    }
 
     #[test]
     fn kernels_compile_with_nvrtc_when_it_is_installed() {
