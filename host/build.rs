@@ -106,7 +106,7 @@ fn build_plugins() -> Result<(), String> {
     }
 
     let rustc = env::var_os("RUSTC").unwrap_or_else(|| OsString::from("rustc"));
-    check_target_installed(&rustc)?;
+    ensure_target_installed(&rustc)?;
     let packages = plugin_packages(&workspace)?;
     if packages.is_empty() {
         return Ok(());
@@ -156,22 +156,73 @@ fn skip_requested(value: Option<&OsStr>) -> bool {
     value.is_some_and(|value| !value.is_empty() && value != "0")
 }
 
-/// Fails with the fix when the compiler has no standard library for the plugin target.
-fn check_target_installed(rustc: &OsStr) -> Result<(), String> {
-    let output = Command::new(rustc)
-        .args(["--print", "target-libdir", "--target", PLUGIN_TARGET])
-        .output()
-        .map_err(|error| format!("could not run {}: {error}", Path::new(rustc).display()))?;
-    let libdir = String::from_utf8_lossy(&output.stdout).trim().to_string();
-    if output.status.success() && !libdir.is_empty() && Path::new(&libdir).is_dir() {
+/// Makes sure the compiler has a standard library for the plugin target. Where rustup
+/// manages the toolchain, the target is added (and the build says so): a toolchain that
+/// was already installed when `rust-toolchain.toml` named it does not get the file's
+/// `targets` added by rustup, so a fresh machine would otherwise stop here. Without
+/// rustup, fails with the fix.
+fn ensure_target_installed(rustc: &OsStr) -> Result<(), String> {
+    if target_installed(rustc) {
+        return Ok(());
+    }
+    let toolchain = env::var_os("RUSTUP_TOOLCHAIN");
+    let added = match &toolchain {
+        Some(toolchain) => add_target_with_rustup(toolchain)?,
+        None => false,
+    };
+    if added && target_installed(rustc) {
         return Ok(());
     }
     Err(format!(
         "the {PLUGIN_TARGET} target is not installed for the Rust toolchain building tokwatt, \
-         so its policy plugins cannot be built. Run `rustup target add {PLUGIN_TARGET}` \
-         (rust-toolchain.toml asks rustup to install it), or set \
-         TOKWATT_SKIP_PLUGIN_BUILD=1 to build the host without its plugins."
+         so its policy plugins cannot be built{}. Run `rustup target add {PLUGIN_TARGET}`, \
+         or set TOKWATT_SKIP_PLUGIN_BUILD=1 to build the host without its plugins.",
+        if toolchain.is_some() {
+            " (adding it with rustup did not work)"
+        } else {
+            " (rustup does not manage this toolchain, so it was not added)"
+        }
     ))
+}
+
+fn target_installed(rustc: &OsStr) -> bool {
+    Command::new(rustc)
+        .args(["--print", "target-libdir", "--target", PLUGIN_TARGET])
+        .output()
+        .is_ok_and(|output| {
+            let libdir = String::from_utf8_lossy(&output.stdout).trim().to_string();
+            // The folder exists only once the target's standard library is installed.
+            output.status.success() && !libdir.is_empty() && Path::new(&libdir).is_dir()
+        })
+}
+
+/// Runs `rustup target add` for the toolchain cargo runs under. Returns whether rustup
+/// ran and succeeded; its output goes to the build's warnings so the user sees why the
+/// first build downloads something.
+fn add_target_with_rustup(toolchain: &OsStr) -> Result<bool, String> {
+    println!(
+        "cargo:warning=adding the {PLUGIN_TARGET} target to toolchain {} with rustup, \
+         to build the policy plugins",
+        toolchain.to_string_lossy()
+    );
+    let output = match Command::new("rustup")
+        .arg("target")
+        .arg("add")
+        .arg("--toolchain")
+        .arg(toolchain)
+        .arg(PLUGIN_TARGET)
+        .output()
+    {
+        Ok(output) => output,
+        // rustup set RUSTUP_TOOLCHAIN but is not on PATH: report as not added.
+        Err(_) => return Ok(false),
+    };
+    if !output.status.success() {
+        for line in String::from_utf8_lossy(&output.stderr).lines() {
+            println!("cargo:warning=rustup: {line}");
+        }
+    }
+    Ok(output.status.success())
 }
 
 /// The package names of the plugin crates, sorted.
