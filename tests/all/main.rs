@@ -8,3 +8,4 @@ mod bad_input;
 mod hostile_plugins;
 mod restore;
 mod shipped_policies;
+mod workspace_build;

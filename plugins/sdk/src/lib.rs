@@ -77,8 +77,14 @@
 //!
 //! `cargo build --target wasm32-wasip2 --release` then writes a component,
 //! `target/wasm32-wasip2/release/<crate>.wasm`, that a policy spec names in its `plugin`
-//! key. (Inside the tokwatt workspace, the host's build script builds every crate under
-//! `policies/` and `plugins/fixtures/` with the size-optimised `plugin` profile.)
+//! key. The target must be named: a plain `cargo build` builds the crate for the machine
+//! you develop on, where [`export_policy!`] exports nothing (it builds and links, and
+//! `cargo test` runs the policy's unit tests natively, but it is no plugin). Install the
+//! target once with `rustup target add wasm32-wasip2`.
+//!
+//! Inside the tokwatt workspace, the host's build script builds every crate under
+//! `policies/` and `plugins/fixtures/` with the size-optimised `plugin` profile; to build
+//! one by hand, run `cargo build --target wasm32-wasip2 --profile plugin -p <crate>`.
 //!
 //! # Behaviour at the edges
 //!
@@ -203,9 +209,26 @@ pub trait Policy: Sized + 'static {
 ///
 /// The instance lives in a thread-local slot of the component (WebAssembly components
 /// run single-threaded); see the crate documentation for how calls out of order behave.
+///
+/// The exports are emitted only when the policy's crate is compiled for WebAssembly
+/// (`target_arch = "wasm32"`): their symbol names (`tokwatt:policy/guest@0.1.0#decide`)
+/// are for the component model, and a native linker refuses them. Built natively — a
+/// plain `cargo build`, or `cargo test` for the policy's unit tests — the macro only
+/// checks that the type implements [`Policy`], so the crate still builds and links.
 #[macro_export]
 macro_rules! export_policy {
     ($policy:ty) => {
+        // Natively there is no component to export into. Naming the methods keeps the
+        // policy type, and what its methods use, from counting as dead code.
+        #[cfg(not(target_arch = "wasm32"))]
+        const _: () = {
+            let _ = <$policy as $crate::Policy>::init;
+            let _ = <$policy as $crate::Policy>::decide;
+            let _ = <$policy as $crate::Policy>::snapshot;
+            let _ = <$policy as $crate::Policy>::restore;
+        };
+
+        #[cfg(target_arch = "wasm32")]
         const _: () = {
             ::std::thread_local! {
                 static TOKWATT_POLICY_SLOT: $crate::__private::Slot<$policy> =

@@ -1,0 +1,117 @@
+//! `cargo build --workspace` builds every member for the machine it runs on, the policy
+//! plugins included. A plugin's component exports have symbol names that a native linker
+//! refuses (`tokwatt:policy/guest@0.1.0#decide`), so the SDK's `export_policy!` (and the
+//! fixture that uses wit-bindgen directly) must emit them only for WebAssembly; this
+//! checks that every plugin crate builds and links natively.
+
+use std::ffi::OsStr;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::repo_root;
+
+/// A warm build only links the plugin crates; a cold one compiles their dependencies.
+const BUILD_DEADLINE: Duration = Duration::from_secs(540);
+
+/// The package names of the crates in each sub-folder of `folder`.
+fn crates_under(folder: &Path) -> Vec<String> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(folder).expect("read the crate folder") {
+        let manifest = entry.expect("folder entry").path().join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&manifest) else {
+            continue;
+        };
+        let value: toml::Table = toml::from_str(&text).expect("a crate manifest is TOML");
+        let name = value["package"]["name"]
+            .as_str()
+            .expect("a package name")
+            .to_owned();
+        names.push(name);
+    }
+    names.sort();
+    names
+}
+
+#[test]
+fn every_plugin_crate_builds_and_links_natively() {
+    let root = repo_root();
+    let mut plugins = crates_under(&root.join("policies"));
+    plugins.extend(crates_under(&root.join("plugins/fixtures")));
+    assert!(plugins.len() >= 3, "no plugin crates found: {plugins:?}");
+
+    // The host is built already (this test is part of it), and its build script builds the
+    // plugins for WebAssembly; what is left to prove is the native build of the rest.
+    let mut child = Command::new(env!("CARGO"))
+        .current_dir(&root)
+        .args(["build", "--workspace", "--exclude", "tokwatt", "--offline"])
+        .args(["--message-format", "json-render-diagnostics"])
+        .arg("--manifest-path")
+        .arg(root.join("Cargo.toml"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run cargo");
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for cargo") {
+            break status;
+        }
+        if started.elapsed() > BUILD_DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "cargo build --workspace did not finish in {BUILD_DEADLINE:?}:\n{}",
+                err_reader.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let messages = out_reader.join().unwrap_or_default();
+    let diagnostics = err_reader.join().unwrap_or_default();
+    assert!(
+        status.success(),
+        "cargo build --workspace failed ({status}):\n{diagnostics}"
+    );
+
+    // Each plugin crate's cdylib was linked.
+    let mut linked: Vec<String> = messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|message| message["reason"] == "compiler-artifact")
+        .filter(|message| {
+            message["target"]["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|kind| kind == "cdylib"))
+        })
+        .filter(|message| {
+            message["filenames"].as_array().is_some_and(|files| {
+                files.iter().filter_map(|file| file.as_str()).any(|file| {
+                    Path::new(file).extension() == Some(OsStr::new(std::env::consts::DLL_EXTENSION))
+                        && Path::new(file).is_file()
+                })
+            })
+        })
+        .filter_map(|message| message["target"]["name"].as_str().map(str::to_owned))
+        .collect();
+    linked.sort();
+    linked.dedup();
+    // A library target is named after its package, with `_` for `-`.
+    let mut expected: Vec<String> = plugins.iter().map(|name| name.replace('-', "_")).collect();
+    expected.sort();
+    assert_eq!(linked, expected, "native libraries linked:\n{diagnostics}");
+}
