@@ -20,6 +20,7 @@ pub mod clock;
 pub mod control;
 pub mod cuda;
 pub mod envelope;
+pub mod model;
 pub mod nvml;
 pub mod plugin;
 pub mod policy;

@@ -27,7 +27,7 @@ use super::plan::{
     AttentionSplit, BufferPlan, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT, TensorKind, WeightLayout,
     percentile,
 };
-use super::shape::{BYTES_PER_ELEMENT, ModelShape};
+use super::shape::{BYTES_PER_ELEMENT, ModelShape, check_supported};
 
 /// Memory left free beyond the planned buffers: CUDA graphs, cuBLAS and the module.
 const MEMORY_HEADROOM_BYTES: u64 = 1 << 30;
@@ -233,7 +233,7 @@ pub struct Engine {
 
 /// Checks the sizes an engine is asked for.
 pub(crate) fn validate(shape: &ModelShape, context: u32, batch_max: u32) -> Result<(), CudaError> {
-    shape.validate()?;
+    check_supported(shape)?;
     if !(1..=MAX_CONTEXT).contains(&context) {
         return Err(CudaError::Config(format!(
             "context length {context} is out of range: use 1 to {MAX_CONTEXT} positions"

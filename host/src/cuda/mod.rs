@@ -1,7 +1,7 @@
 //! The real token-generating workload: Llama-shaped greedy decoding with random bf16 weights
 //! on one NVIDIA GPU, through cudarc (the only module that knows it).
 //!
-//! - [`shape`]: model shapes as data (`models.toml`) and the bytes a step reads;
+//! - [`shape`]: what the kernels need of a [`crate::model::ModelShape`] (re-exported here);
 //! - [`engine`]: weights, KV cache and one CUDA graph per batch size; cuBLAS GEMMs or
 //!   hand-written matrix-vector kernels for the projections, NVRTC kernels for RMSNorm, RoPE,
 //!   SiLU·mul, grouped-query decode attention (each of its two passes on CUDA or tensor cores)
@@ -37,4 +37,4 @@ pub use engine::{
 };
 pub use error::CudaError;
 pub use plan::{AttentionSplit, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT};
-pub use shape::{ModelShape, ShapeError};
+pub use shape::{ModelError, ModelShape, ShapeError};

@@ -15,7 +15,8 @@ use super::engine::{
 };
 use super::error::CudaError;
 use super::plan::AttentionSplit;
-use super::shape::{ModelShape, parse_presets};
+use super::shape::ModelShape;
+use crate::model::parse_presets;
 use super::{BenchConfig, CudaDecode, CudaDecodeConfig, bench_with, format_table};
 use crate::workload::{Workload, WorkloadError};
 

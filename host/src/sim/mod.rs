@@ -65,10 +65,9 @@ pub enum SimError {
         origin: String,
         problem: String,
     },
-    #[error(
-        "unknown model preset '{name}': presets are {known}; or give the shape in a [model_shape] table"
-    )]
-    UnknownModel { name: String, known: String },
+    /// An unknown model preset or a bad shape (or give the shape in a `[model_shape]` table).
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
     #[error("the simulation needs 1 to {MAX_GPUS} GPUs (got {0})")]
     GpuCount(u32),
 }

@@ -18,113 +18,10 @@
 //!
 //! The constants live in the profile files (`host/profiles/*.toml`), fitted to measurements.
 
-use std::collections::BTreeMap;
-
-use serde::Deserialize;
-
-use super::SimError;
 use super::profile::GpuProfile;
 
-const PRESETS_TOML: &str = include_str!("../../profiles/models.toml");
-
-/// Decode-relevant shape of a transformer model.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModelShape {
-    pub hidden: u32,
-    pub layers: u32,
-    /// Query heads.
-    pub heads: u32,
-    pub kv_heads: u32,
-    /// MLP intermediate size.
-    pub mlp: u32,
-    pub vocab: u32,
-    /// Bytes per weight and per KV element (2 for bf16).
-    #[serde(default = "bf16_bytes")]
-    pub bytes_per_param: f64,
-}
-
-fn bf16_bytes() -> f64 {
-    2.0
-}
-
-impl ModelShape {
-    /// All presets, by name.
-    pub fn presets() -> Result<BTreeMap<String, ModelShape>, SimError> {
-        toml::from_str(PRESETS_TOML).map_err(|e| SimError::Parse {
-            what: "model presets",
-            origin: "built-in models.toml".to_owned(),
-            message: e.to_string(),
-        })
-    }
-
-    /// A preset by name (`llama-3-8b`, `llama-3.2-1b`).
-    pub fn preset(name: &str) -> Result<ModelShape, SimError> {
-        let mut presets = Self::presets()?;
-        let known = presets.keys().cloned().collect::<Vec<_>>().join(", ");
-        presets.remove(name).ok_or_else(|| SimError::UnknownModel {
-            name: name.to_owned(),
-            known,
-        })
-    }
-
-    /// Check the shape; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
-        let fields = [
-            ("hidden", self.hidden),
-            ("layers", self.layers),
-            ("heads", self.heads),
-            ("kv_heads", self.kv_heads),
-            ("mlp", self.mlp),
-            ("vocab", self.vocab),
-        ];
-        if let Some((field, _)) = fields.iter().find(|(_, value)| *value == 0) {
-            return Err(format!("model.{field} must be above 0"));
-        }
-        if !self.hidden.is_multiple_of(self.heads) {
-            return Err(format!(
-                "model.hidden ({}) must be a multiple of model.heads ({})",
-                self.hidden, self.heads
-            ));
-        }
-        if !self.heads.is_multiple_of(self.kv_heads) {
-            return Err(format!(
-                "model.heads ({}) must be a multiple of model.kv_heads ({})",
-                self.heads, self.kv_heads
-            ));
-        }
-        if !(self.bytes_per_param.is_finite() && self.bytes_per_param > 0.0) {
-            return Err(format!(
-                "model.bytes_per_param must be above 0 (got {})",
-                self.bytes_per_param
-            ));
-        }
-        Ok(())
-    }
-
-    fn head_dim(&self) -> f64 {
-        f64::from(self.hidden) / f64::from(self.heads)
-    }
-
-    /// Parameters read in one decode step: every projection and the output head (the
-    /// embedding table is only indexed).
-    pub fn params_read_per_step(&self) -> f64 {
-        let h = f64::from(self.hidden);
-        let kv_width = f64::from(self.kv_heads) * self.head_dim();
-        let qkv = h * (h + 2.0 * kv_width);
-        let out = h * h;
-        let mlp = 3.0 * h * f64::from(self.mlp);
-        f64::from(self.layers) * (qkv + out + mlp) + h * f64::from(self.vocab)
-    }
-
-    /// KV-cache bytes per sequence per context token (K and V, every layer).
-    pub fn kv_bytes_per_token(&self) -> f64 {
-        2.0 * f64::from(self.layers)
-            * f64::from(self.kv_heads)
-            * self.head_dim()
-            * self.bytes_per_param
-    }
-}
+/// The simulator reads the same model shapes as the CUDA workload (`host/models/models.toml`).
+pub use crate::model::ModelShape;
 
 /// What one decode step costs for one model at one context length.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -139,15 +36,15 @@ pub struct DecodeCost {
 }
 
 impl DecodeCost {
+    /// Every projection and the output head are read once a step (the norms' weights and the
+    /// embedding table are too small to count); bf16.
     pub fn new(shape: &ModelShape, context_tokens: u32) -> Self {
-        let params = shape.params_read_per_step();
-        let attention_flops =
-            4.0 * f64::from(shape.layers) * f64::from(shape.hidden) * f64::from(context_tokens);
+        let params = shape.params_read_per_step() as f64;
         Self {
             layers: shape.layers,
-            weight_bytes: params * shape.bytes_per_param,
-            kv_bytes_per_sequence: shape.kv_bytes_per_token() * f64::from(context_tokens),
-            flops_per_token: 2.0 * params + attention_flops,
+            weight_bytes: params * crate::model::BYTES_PER_PARAM as f64,
+            kv_bytes_per_sequence: shape.kv_cache_bytes(1, context_tokens) as f64,
+            flops_per_token: 2.0 * params + shape.attention_flops_per_token(context_tokens) as f64,
         }
     }
 }
@@ -346,42 +243,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn presets_have_the_published_sizes() {
-        let names: Vec<String> = ModelShape::presets().unwrap().into_keys().collect();
-        assert_eq!(names, ["llama-3-8b", "llama-3.2-1b"]);
+    fn the_step_cost_comes_from_the_shared_model_shape() {
         // calibration README: Llama-3-8B reads 7.5 B parameters per step (15.0 GB of bf16).
         let llama8 = ModelShape::preset("llama-3-8b").unwrap();
-        assert!((llama8.params_read_per_step() / 1e9 - 7.50).abs() < 0.01);
         let cost = DecodeCost::new(&llama8, 1024);
         assert!((cost.weight_bytes / 1e9 - 15.0).abs() < 0.05);
+        assert_eq!(
+            cost.weight_bytes,
+            llama8.params_read_per_step() as f64 * 2.0
+        );
         // 2 (K, V) × 32 layers × 8 heads × 128 dims × 2 bytes × 1024 tokens = 134 MB.
         assert_eq!(cost.kv_bytes_per_sequence, 134_217_728.0);
-        let llama1 = ModelShape::preset("llama-3.2-1b").unwrap();
-        assert!((llama1.params_read_per_step() / 1e9 - 1.236).abs() < 0.001);
-        for shape in [llama8, llama1] {
-            shape.validate().unwrap();
-        }
-    }
-
-    #[test]
-    fn unknown_preset_lists_the_known_ones() {
-        let err = ModelShape::preset("gpt-5").unwrap_err().to_string();
-        assert!(
-            err.contains("'gpt-5'") && err.contains("llama-3-8b, llama-3.2-1b"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn inconsistent_shapes_are_rejected() {
-        let mut shape = ModelShape::preset("llama-3-8b").unwrap();
-        shape.kv_heads = 5;
-        assert!(shape.validate().unwrap_err().contains("model.kv_heads (5)"));
-        shape.kv_heads = 0;
+        assert_eq!(cost.layers, 32);
+        // Two FLOPs a weight, and attention's scores and values over 1024 positions.
+        let attention = 4.0 * 32.0 * 4096.0 * 1024.0;
         assert_eq!(
-            shape.validate().unwrap_err(),
-            "model.kv_heads must be above 0"
+            cost.flops_per_token,
+            2.0 * llama8.params_read_per_step() as f64 + attention
         );
+    }
+
+    #[test]
+    fn head_dim_sets_the_kv_bytes_not_hidden_over_heads() {
+        let mut shape = ModelShape::preset("llama-3.2-1b").unwrap();
+        let narrow = DecodeCost::new(&shape, 1024);
+        shape.head_dim *= 2;
+        let wide = DecodeCost::new(&shape, 1024);
+        assert_eq!(
+            wide.kv_bytes_per_sequence,
+            2.0 * narrow.kv_bytes_per_sequence
+        );
+        assert!(wide.weight_bytes > narrow.weight_bytes);
     }
 
     fn h200_8b(context: u32) -> DecodeModel {

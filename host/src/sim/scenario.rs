@@ -15,7 +15,8 @@ const DEFAULT_SCENARIO: &str = include_str!("../../scenarios/phases.toml");
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scenario {
     pub description: String,
-    /// Preset name, or "custom" for a shape given in the file.
+    /// Preset name (or a model file's path, see [`ModelShape::load`]), or "custom" for a shape
+    /// given in the file.
     pub model_name: String,
     pub model: ModelShape,
     /// KV-cache length every sequence attends over.
@@ -100,11 +101,12 @@ impl Scenario {
         };
         let (model_name, model) = match (file.model, file.model_shape) {
             (Some(name), None) => {
-                let shape = ModelShape::preset(&name)?;
+                let shape = ModelShape::load(&name)?;
                 (name, shape)
             }
-            (None, Some(shape)) => {
-                shape.validate().map_err(invalid)?;
+            (None, Some(mut shape)) => {
+                shape.name = "custom".to_owned();
+                shape.validate().map_err(|e| invalid(e.to_string()))?;
                 ("custom".to_owned(), shape)
             }
             _ => {
@@ -131,7 +133,7 @@ impl Scenario {
 
     /// Check every value; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
-        self.model.validate()?;
+        self.model.validate().map_err(|e| e.to_string())?;
         if !(1..=1_048_576).contains(&self.context_tokens) {
             return Err(format!(
                 "context_tokens must lie between 1 and 1048576 (got {})",
@@ -232,6 +234,7 @@ mod tests {
             layers = 4
             heads = 8
             kv_heads = 2
+            head_dim = 128
             mlp = 4096
             vocab = 32000
             [[phases]]
@@ -300,7 +303,7 @@ mod tests {
 
         let err =
             error_for("model = \"llama-9\"\ncontext_tokens = 1\noutput_tokens = 1\nphases = []\n");
-        assert!(err.contains("unknown model preset 'llama-9'"), "{err}");
+        assert!(err.contains("unknown model 'llama-9'"), "{err}");
 
         let err = error_for(&format!("{VALID_HEAD}arrival_rate = 3\nphases = []\n"));
         assert!(err.contains("arrival_rate"), "{err}");
