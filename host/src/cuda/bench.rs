@@ -51,9 +51,7 @@ pub struct BenchRow {
     pub batch: u32,
     /// Matmul path the step graph uses: `gemv` or `cublas`.
     pub path: &'static str,
-    /// Whether its kernels are launched with programmatic dependent launch.
-    pub pdl: bool,
-    /// Attention's arithmetic: `cuda-cores` or `tensor-cores`.
+    /// Attention's arithmetic: `cuda-cores`, `tensor-cores` or `tensor-scores`.
     pub attention: &'static str,
     pub attention_splits: u32,
     /// Median replay time of each step variant timed when the graph was built, ms.
@@ -154,7 +152,6 @@ pub fn bench_with(
         let row = BenchRow {
             batch,
             path: info.variant.path.name(),
-            pdl: info.variant.pdl,
             attention: info.variant.attention.name(),
             attention_splits: info.attention.splits,
             candidates_ms: info
@@ -214,9 +211,8 @@ pub fn format_table(
             "{:<6} {:<14} {:<7} {:<10.1} {:<10} {:<6} {:<8.3} {:<8.3} {:<8.3} {:<6.2} {:<6} {}\n",
             r.batch,
             format!(
-                "{}{}/{}",
+                "{}/{}",
                 r.path,
-                if r.pdl { "+pdl" } else { "" },
                 AttentionImpl::from_name(r.attention).map_or("?", AttentionImpl::short_name)
             ),
             r.attention_splits,
@@ -243,7 +239,6 @@ mod tests {
         BenchRow {
             batch,
             path: "gemv",
-            pdl: true,
             attention: "tensor-cores",
             attention_splits: 16,
             candidates_ms: vec![],
@@ -267,7 +262,7 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(
-            lines[1].starts_with("1      gemv+pdl/tc    16      256.4      204.0      1.257"),
+            lines[1].starts_with("1      gemv/tc        16      256.4      204.0      1.257"),
             "{}",
             lines[1]
         );

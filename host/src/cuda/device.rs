@@ -1,6 +1,6 @@
 //! One GPU as the decode engine sees it: a context, a stream, a cuBLAS handle with its own
-//! workspace, and the NVRTC-compiled kernels, launched with or without programmatic dependent
-//! launch. Together with the engine this is the only code that knows cudarc.
+//! workspace, and the NVRTC-compiled kernels. Together with the engine this is the only code
+//! that knows cudarc.
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};
@@ -86,11 +86,10 @@ fn nvrtc_compile(source: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
     })?;
     let program = nvrtc::create_program(&source, Some(c"tokwatt_decode.cu"))
         .map_err(|e| compile_error(e, String::new()))?;
-    let mut options = vec![
+    let options = [
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_owned(),
     ];
-    options.extend(experiment_options());
     // SAFETY: `program` was created above and is destroyed exactly once, below.
     let compiled = unsafe { nvrtc::compile_program(program, &options) };
     let result = match compiled {
@@ -113,32 +112,6 @@ fn nvrtc_compile(source: &str, arch: &str) -> Result<Vec<u8>, CudaError> {
     // SAFETY: as above; a failure to free is not worth failing the compile for.
     let _ = unsafe { nvrtc::destroy_program(program) };
     result
-}
-
-/// Extra NVRTC options for kernel experiments, e.g.
-/// `TOKWATT_NVRTC_OPTIONS="-DCHAIN_U=16 --maxrregcount=128"`: read only by the library's test
-/// binary, which runs the device benchmarks, so that a variant is a rerun rather than a rebuild.
-/// The tokwatt binary always compiles the shipped kernels as they are.
-#[cfg(test)]
-fn experiment_options() -> Vec<String> {
-    let options = split_options(std::env::var("TOKWATT_NVRTC_OPTIONS").ok().as_deref());
-    if !options.is_empty() {
-        // Once per compile, which the cache makes once per process and architecture.
-        println!("NVRTC experiment options: {}", options.join(" "));
-    }
-    options
-}
-
-#[cfg(not(test))]
-fn experiment_options() -> Vec<String> {
-    Vec::new()
-}
-
-#[cfg(test)]
-fn split_options(value: Option<&str>) -> Vec<String> {
-    value
-        .map(|v| v.split_whitespace().map(str::to_owned).collect())
-        .unwrap_or_default()
 }
 
 fn cubin_of(program: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>, nvrtc::NvrtcError> {
@@ -195,7 +168,10 @@ pub(crate) struct Kernels {
 }
 
 /// How decode attention does its arithmetic in its two passes (scores, then the weighted sum
-/// of values); the engine times every pairing and keeps the fastest.
+/// of values); the engine times each and keeps the fastest. Each has been the fastest at some
+/// batch size on the H200 (CUDA cores at batch 1, tensor-core scores at 1–4 and 512, tensor
+/// cores from 16 on); the fourth pairing (values alone on tensor cores) never was on the
+/// current kernel, and was removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttentionImpl {
     /// Both passes as fp32 FMAs on CUDA cores, butterfly sums across the lanes of a position.
@@ -204,16 +180,13 @@ pub enum AttentionImpl {
     TensorCores,
     /// Scores on tensor cores, values on CUDA cores.
     TensorScores,
-    /// Scores on CUDA cores, values on tensor cores.
-    TensorValues,
 }
 
 impl AttentionImpl {
-    pub const ALL: [AttentionImpl; 4] = [
+    pub const ALL: [AttentionImpl; 3] = [
         AttentionImpl::CudaCores,
         AttentionImpl::TensorCores,
         AttentionImpl::TensorScores,
-        AttentionImpl::TensorValues,
     ];
 
     pub fn name(self) -> &'static str {
@@ -221,17 +194,15 @@ impl AttentionImpl {
             AttentionImpl::CudaCores => "cuda-cores",
             AttentionImpl::TensorCores => "tensor-cores",
             AttentionImpl::TensorScores => "tensor-scores",
-            AttentionImpl::TensorValues => "tensor-values",
         }
     }
 
-    /// A short name for tables: `cc`, `tc`, `tc-s`, `tc-v`.
+    /// A short name for tables: `cc`, `tc`, `tc-s`.
     pub fn short_name(self) -> &'static str {
         match self {
             AttentionImpl::CudaCores => "cc",
             AttentionImpl::TensorCores => "tc",
             AttentionImpl::TensorScores => "tc-s",
-            AttentionImpl::TensorValues => "tc-v",
         }
     }
 
@@ -249,7 +220,6 @@ fn attention_kernel_name(head_dim: u32, group: u32, implementation: AttentionImp
         AttentionImpl::CudaCores => (unroll, unroll),
         AttentionImpl::TensorCores => (0, 0),
         AttentionImpl::TensorScores => (0, unroll),
-        AttentionImpl::TensorValues => (unroll, 0),
     };
     format!("attention_hd{head_dim}_g{group}_k{scores}_v{values}")
 }
@@ -425,10 +395,7 @@ pub(crate) struct Gpu {
     pub kernels: Kernels,
     pub name: String,
     pub sms: u32,
-    /// Launch kernels with programmatic dependent launch.
-    pdl: bool,
-    /// Compute capability 9.0 or newer (Hopper): programmatic dependent launch and thread
-    /// block clusters.
+    /// Compute capability 9.0 or newer (Hopper): thread block clusters.
     hopper: bool,
     /// Answers of [`Gpu::cluster_fits`]: the driver's occupancy query is asked once per
     /// launch shape, not at every attention launch a graph capture enqueues.
@@ -513,20 +480,9 @@ impl Gpu {
             kernels,
             name,
             sms: u32::try_from(sms).unwrap_or(1).max(1),
-            pdl: false,
             hopper: major >= 9,
             cluster_fit_answers: Mutex::new(HashMap::new()),
         })
-    }
-
-    /// Whether the GPU supports programmatic dependent launch (Hopper and newer).
-    pub fn pdl_supported(&self) -> bool {
-        self.hopper
-    }
-
-    /// Launches from now on use programmatic dependent launch, where the GPU supports it.
-    pub fn set_pdl(&mut self, on: bool) {
-        self.pdl = on && self.hopper;
     }
 
     /// Makes this GPU's context current on the calling thread (raw driver and cuBLAS calls need it).
@@ -618,8 +574,7 @@ impl Gpu {
             .map_err(|e| CudaError::driver("cuStreamSynchronize", e))
     }
 
-    /// Launches `kernel` on the stream; with PDL on, it may start while the previous kernel
-    /// drains (every kernel waits for its predecessor before touching shared data).
+    /// Launches `kernel` on the stream.
     pub fn launch(
         &self,
         kernel: &CudaFunction,
@@ -707,18 +662,8 @@ impl Gpu {
         cluster_x: Option<u32>,
     ) -> Result<(), CudaError> {
         let mut params: Vec<*mut c_void> = args.iter().map(Arg::as_param).collect();
-        let mut attributes = Vec::with_capacity(2);
-        if self.pdl {
-            // SAFETY: a zeroed attribute is a valid value for this plain C struct.
-            let mut attribute: cu::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attribute.id =
-                cu::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attribute.value.programmaticStreamSerializationAllowed = 1;
-            attributes.push(attribute);
-        }
-        if let Some(x) = cluster_x {
-            attributes.push(cluster_attribute(x));
-        }
+        let mut attributes: Vec<cu::CUlaunchAttribute> =
+            cluster_x.map(cluster_attribute).into_iter().collect();
         let count = u32::try_from(attributes.len()).unwrap_or(0);
         let config = launch_config(
             grid,
@@ -854,16 +799,6 @@ impl Gpu {
 #[allow(clippy::unwrap_used)] // tests may unwrap
 mod tests {
     use super::*;
-
-    #[test]
-    fn experiment_options_split_on_whitespace() {
-        assert_eq!(
-            split_options(Some("  -DCHAIN_U=16   --maxrregcount=128 ")),
-            ["-DCHAIN_U=16", "--maxrregcount=128"]
-        );
-        assert!(split_options(Some("   ")).is_empty());
-        assert!(split_options(None).is_empty());
-    }
 
     #[test]
     fn kernels_compile_with_nvrtc_when_it_is_installed() {

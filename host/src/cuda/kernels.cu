@@ -5,12 +5,6 @@
 //   headers; conversions are bit operations and `cvt.rn.bf16.f32`. Arithmetic is fp32.
 // - Matrices are row-major with one row per output feature ([out, in], as nn.Linear stores
 //   them), so a warp streams a weight row with coalesced 16-byte loads.
-// - Every kernel calls `pdl_wait()` before its first read of data that an earlier kernel wrote,
-//   and before its first write, then `pdl_trigger()`. Launched without programmatic dependent
-//   launch both are no-ops; launched with it, the next kernel's blocks can start (and prefetch
-//   weights into L2) while this one runs. Triggering only after the wait keeps that look-ahead
-//   to one kernel, and because every kernel waits, completion stays transitive: when kernel N
-//   has finished, so has every kernel before it.
 
 typedef unsigned short bf16;
 typedef unsigned int u32;
@@ -23,18 +17,6 @@ typedef unsigned long long u64;
 // ---------------------------------------------------------------------------------------------
 // Small helpers
 // ---------------------------------------------------------------------------------------------
-
-__device__ __forceinline__ void pdl_trigger() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 __device__ __forceinline__ float bf16_to_f32(bf16 v) { return __uint_as_float(((u32)v) << 16); }
 __device__ __forceinline__ float bf16_lo(u32 w) { return __uint_as_float(w << 16); }
@@ -195,8 +177,6 @@ __device__ __forceinline__ u64 mix64(u64 x) {
 
 extern "C" __global__ void fill_uniform(bf16* __restrict__ out, u64 n, u64 seed, float scale,
                                         float offset) {
-    pdl_wait();
-    pdl_trigger();
     const u64 stride = (u64)gridDim.x * blockDim.x;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const u64 h = mix64(i * 0x9e3779b97f4a7c15ull + seed);
@@ -226,8 +206,6 @@ extern "C" __global__ void embed(const u32* __restrict__ tokens, const bf16* __r
                                  bf16* __restrict__ x, float* __restrict__ sumsq, int hidden,
                                  int vocab) {
     __shared__ float scratch[32];
-    pdl_wait();
-    pdl_trigger();
     const int b = blockIdx.x;
     u32 token = tokens[b];
     if (token >= (u32)vocab) token = (u32)vocab - 1;
@@ -253,8 +231,6 @@ extern "C" __global__ void embed(const u32* __restrict__ tokens, const bf16* __r
 extern "C" __global__ void rmsnorm(const bf16* __restrict__ x, const bf16* __restrict__ gamma,
                                    bf16* __restrict__ out, int hidden, float eps) {
     __shared__ float scratch[32];
-    pdl_wait();
-    pdl_trigger();
     const int b = blockIdx.x;
     const uint4* xr = (const uint4*)(x + (size_t)b * hidden);
     const uint4* gr = (const uint4*)gamma;
@@ -280,8 +256,6 @@ extern "C" __global__ void rmsnorm(const bf16* __restrict__ x, const bf16* __res
 extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restrict__ out, int mlp,
                                     const bf16* __restrict__ x, int hidden, float eps) {
     __shared__ float scratch[32];
-    pdl_wait();
-    pdl_trigger();
     const int b = blockIdx.y;
     float r = 1.f;
     if (x != nullptr) r = rms_factor(x + (size_t)b * hidden, hidden, eps, scratch);
@@ -305,8 +279,6 @@ extern "C" __global__ void silu_mul(const bf16* __restrict__ gu, bf16* __restric
 
 extern "C" __global__ void rope_qk(bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads,
                                    int head_dim, int pos, float log2_theta) {
-    pdl_wait();
-    pdl_trigger();
     const int b = blockIdx.x;
     const int half = head_dim / 2;
     const int pairs = (n_heads + n_kv_heads) * half;
@@ -335,8 +307,6 @@ __device__ __forceinline__ void argmax_merge(float& v, int& i, float v2, int i2)
 extern "C" __global__ void argmax(const bf16* __restrict__ logits, int vocab, u32* __restrict__ tokens) {
     __shared__ float sv[32];
     __shared__ int si[32];
-    pdl_wait();
-    pdl_trigger();
     const int b = blockIdx.x;
     const bf16* row = logits + (size_t)b * vocab;
     float best = NEG_INF;
@@ -410,15 +380,13 @@ __device__ __forceinline__ void gemv_impl(const bf16* __restrict__ W, const bf16
     wrow[0] = W + (size_t)r * K;
     if (MODE == MODE_SILU) wrow[NR - 1] = W + (size_t)(N + r) * K;
 
-    // Weights do not depend on earlier kernels: pull the head of each row into L2 while the
-    // previous kernel drains (only the head, so prefetches of waiting warps cannot evict each other).
+    // Pull the head of each weight row into L2 before the first reads (only the head, so
+    // prefetches of waiting warps cannot evict each other).
     if (lane < 16) {
 #pragma unroll
         for (int i = 0; i < NR; ++i)
             if (lane * 128 < K * 2) prefetch_l2((const char*)wrow[i] + lane * 128);
     }
-    pdl_wait();
-    pdl_trigger();
 
     float rstd[B];
 #pragma unroll
@@ -662,7 +630,7 @@ __device__ __forceinline__ void attention_impl(
     const size_t seq_base = ((size_t)b * n_kv_heads + kvh) * (size_t)ctx * HD;
 
     // Cache positions before `pos` are written by no kernel of this step: pull the head of this
-    // block's keys and values into L2 while the QKV projection drains (small splits: all of it).
+    // block's keys and values into L2 before the query is ready (small splits: all of it).
     {
         const char* kb = (const char*)(k_cache + seq_base + (size_t)start * HD);
         const char* vb = (const char*)(v_cache + seq_base + (size_t)start * HD);
@@ -672,8 +640,6 @@ __device__ __forceinline__ void attention_impl(
             prefetch_l2(vb + off);
         }
     }
-    pdl_wait();
-    pdl_trigger();
 
     const bf16* row = qkv + (size_t)b * ld_qkv;
     constexpr int HALF = HD / 2;
@@ -1154,12 +1120,12 @@ __device__ __forceinline__ void attention_impl(
     }
 
 // Per group size, each pass on CUDA cores with U iterations of loads in flight (4, or 2 for 8
-// heads) or on tensor cores (0): all four pairings. The engine times them and keeps the fastest.
+// heads) or on tensor cores (0): both on CUDA cores, both on tensor cores, and scores on tensor
+// cores with values on CUDA cores. The engine times them and keeps the fastest.
 #define ATTENTION_PAIRINGS(HD_, G_, U_) \
     ATTENTION_KERNEL(HD_, G_, U_, U_)   \
     ATTENTION_KERNEL(HD_, G_, 0, 0)     \
-    ATTENTION_KERNEL(HD_, G_, 0, U_)    \
-    ATTENTION_KERNEL(HD_, G_, U_, 0)
+    ATTENTION_KERNEL(HD_, G_, 0, U_)
 #define ATTENTION_KERNELS(HD_)       \
     ATTENTION_PAIRINGS(HD_, 1, 4)    \
     ATTENTION_PAIRINGS(HD_, 2, 4)    \

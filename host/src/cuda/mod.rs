@@ -4,13 +4,13 @@
 //! - [`shape`]: what the kernels need of a [`crate::model::ModelShape`] (re-exported here);
 //! - [`engine`]: weights, KV cache and one CUDA graph per batch size; cuBLAS GEMMs or
 //!   hand-written matrix-vector kernels for the projections, NVRTC kernels for RMSNorm, RoPE,
-//!   SiLU·mul, grouped-query decode attention (each of its two passes on CUDA or tensor cores)
-//!   and greedy argmax (`kernels.cu`). Where there is a choice, each batch size's graph is
-//!   built every way and the fastest by interleaved timing is kept (in the last H200 check:
-//!   cuBLAS at every batch size; attention on CUDA cores at batch 1, tensor-core scores at 4,
-//!   tensor cores for both from 16 on; where candidates are within noise the pick moves
-//!   between runs). Each layer's RMSNorm weights are folded into the projection after them,
-//!   and on Hopper attention merges its context splits inside a thread block cluster;
+//!   SiLU·mul, grouped-query decode attention (on CUDA cores, tensor cores, or tensor-core
+//!   scores with values on CUDA cores) and greedy argmax (`kernels.cu`). Where there is a
+//!   choice, each batch size's graph is built every way and the fastest by interleaved timing
+//!   is kept (in the H200 checks: cuBLAS at every batch size; attention's pick moves between
+//!   runs where the candidates are within noise). Each layer's RMSNorm weights are folded into
+//!   the projection after them, and on Hopper attention merges its context splits inside a
+//!   thread block cluster;
 //! - [`CudaDecode`]: the engine stepping on a thread of its own, behind [`crate::workload::Workload`];
 //! - [`bench_batches`]: tokens/s, step time, watts and tokens per joule per batch size.
 //!
