@@ -50,8 +50,14 @@ pub enum PolicyFailure {
     OutOfFuel,
     #[error("the plugin missed its deadline of {deadline_ms} ms")]
     Deadline { deadline_ms: u64 },
-    #[error("the plugin hit its memory limit of {limit_mib} MiB")]
+    #[error("the plugin hit its memory limit of {limit_mib} MiB (all its memories together)")]
     MemoryLimit { limit_mib: u64 },
+    #[error(
+        "the plugin hit its table limit of {limit_elements} elements (all its tables together)"
+    )]
+    TableLimit { limit_elements: u64 },
+    #[error("the plugin has more core instances, memories or tables than a policy may: {0}")]
+    ResourceCount(String),
     #[error("the plugin's answer is invalid: {0}")]
     InvalidAnswer(String),
     #[error("the plugin refused: {0}")]
@@ -68,6 +74,8 @@ impl PolicyFailure {
             PolicyFailure::OutOfFuel => "fuel",
             PolicyFailure::Deadline { .. } => "deadline",
             PolicyFailure::MemoryLimit { .. } => "memory",
+            PolicyFailure::TableLimit { .. } => "table",
+            PolicyFailure::ResourceCount(_) => "resource-count",
             PolicyFailure::InvalidAnswer(_) => "invalid",
             PolicyFailure::Refused(_) => "refused",
             PolicyFailure::Instantiate(_) => "instantiate",
@@ -113,6 +121,9 @@ pub struct BreakerConfig {
     pub backoff_ticks: u64,
     /// Longest sit-out.
     pub max_backoff_ticks: u64,
+    /// Consecutive healthy ticks after which earlier ejections are forgiven: the next
+    /// ejection sits out `backoff_ticks` again, not a doubling of the last sit-out.
+    pub forgive_after_ticks: u64,
 }
 
 impl Default for BreakerConfig {
@@ -121,7 +132,56 @@ impl Default for BreakerConfig {
             failures_to_eject: 3,
             backoff_ticks: 10,
             max_backoff_ticks: 600,
+            forgive_after_ticks: 600,
         }
+    }
+}
+
+/// A breaker setting that makes no sense, named by its key in the spec's `[breaker]`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("[breaker] {key} {problem}")]
+pub struct BreakerConfigError {
+    pub key: &'static str,
+    pub problem: String,
+}
+
+impl BreakerConfig {
+    /// Refuse settings that parse but make no sense.
+    pub fn validate(&self) -> Result<(), BreakerConfigError> {
+        let error = |key, problem: &str| {
+            Err(BreakerConfigError {
+                key,
+                problem: problem.to_owned(),
+            })
+        };
+        if self.failures_to_eject == 0 {
+            return error(
+                "failures_to_eject",
+                "must be at least 1 (0 would never eject a failing plugin)",
+            );
+        }
+        if self.backoff_ticks == 0 {
+            return error(
+                "backoff_ticks",
+                "must be at least 1 (0 would retry an ejected plugin at once)",
+            );
+        }
+        if self.max_backoff_ticks < self.backoff_ticks {
+            return Err(BreakerConfigError {
+                key: "max_backoff_ticks",
+                problem: format!(
+                    "({}) is below backoff_ticks ({})",
+                    self.max_backoff_ticks, self.backoff_ticks
+                ),
+            });
+        }
+        if self.forgive_after_ticks == 0 {
+            return error(
+                "forgive_after_ticks",
+                "must be at least 1 (0 would forgive a flapping plugin after every good tick, so its backoff never grows)",
+            );
+        }
+        Ok(())
     }
 }
 
@@ -161,7 +221,9 @@ impl PolicyCounters {
             }
             PolicyFailure::OutOfFuel => self.fuel_exhausted += 1,
             PolicyFailure::Deadline { .. } => self.deadlines_missed += 1,
-            PolicyFailure::MemoryLimit { .. } => self.memory_limit_hits += 1,
+            PolicyFailure::MemoryLimit { .. }
+            | PolicyFailure::TableLimit { .. }
+            | PolicyFailure::ResourceCount(_) => self.memory_limit_hits += 1,
             PolicyFailure::InvalidAnswer(_) => self.invalid_answers += 1,
         }
     }
@@ -187,6 +249,8 @@ pub struct Supervisor {
     config: BreakerConfig,
     state: BreakerState,
     ejections: u32,
+    /// Consecutive ticks the policy decided since its last failure.
+    healthy_ticks: u64,
     needs_rebuild: bool,
     counters: PolicyCounters,
 }
@@ -227,6 +291,7 @@ impl Supervisor {
                 consecutive_failures: 0,
             },
             ejections: 0,
+            healthy_ticks: 0,
             needs_rebuild: false,
             counters: PolicyCounters::default(),
         };
@@ -284,6 +349,16 @@ impl Supervisor {
                 self.state = BreakerState::Closed {
                     consecutive_failures: 0,
                 };
+                self.healthy_ticks += 1;
+                if self.ejections > 0 && self.healthy_ticks >= self.config.forgive_after_ticks {
+                    tracing::info!(
+                        policy = self.engine.name(),
+                        tick,
+                        "policy healthy for {} ticks: its earlier ejections are forgiven",
+                        self.healthy_ticks
+                    );
+                    self.ejections = 0;
+                }
                 Decision {
                     settings,
                     source: DecisionSource::Policy,
@@ -314,6 +389,7 @@ impl Supervisor {
 
     fn fail(&mut self, tick: u64, hold: Vec<Settings>, failure: PolicyFailure) -> Decision {
         self.counters.count(&failure);
+        self.healthy_ticks = 0;
         self.counters.fallback_ticks += 1;
         if failure.poisons_instance() {
             self.needs_rebuild = true;
@@ -363,6 +439,12 @@ impl Supervisor {
     /// this supervisor (the old policy comes back).
     pub fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
         self.engine.snapshot()
+    }
+
+    /// Give this policy the state of the one it replaces. A policy refuses a snapshot
+    /// whose schema it does not know; it then keeps the state `init` gave it.
+    pub fn restore(&mut self, state: &PolicyState) -> Result<(), PolicyFailure> {
+        self.engine.restore(state)
     }
 }
 
@@ -486,6 +568,7 @@ mod tests {
             queue_depth: 0,
             in_force: crate::types::InForce {
                 power_cap_w: 700.0,
+                power_cap_requested_w: 700.0,
                 sm_clock_max_mhz: 1980,
                 batch_size: 1,
             },
@@ -568,6 +651,63 @@ mod tests {
         }
         // First ejection at tick 2 for 10 ticks, then a failed retry ejects for 20, then 40...
         assert_eq!(&ejected_until[..3], &[13, 34, 75]);
+    }
+
+    /// The until-ticks of each ejection over `ticks` ticks.
+    fn ejections(sup: &mut Supervisor, ticks: std::ops::Range<u64>) -> Vec<u64> {
+        let obs = [observation()];
+        let mut until = Vec::new();
+        for tick in ticks {
+            if let DecisionSource::Ejected { until_tick } =
+                sup.decide(tick, Duration::ZERO, &obs).source
+                && until.last() != Some(&until_tick)
+            {
+                until.push(until_tick);
+            }
+        }
+        until
+    }
+
+    #[test]
+    fn a_long_healthy_stretch_forgives_earlier_ejections() {
+        // Calls 0..=2 fail (ejected for 10), the retry (call 3) fails (ejected for 20);
+        // then calls 4..=703 are healthy (700 ticks, past forgive_after_ticks = 600), and
+        // calls 704..=706 fail: the backoff is back to 10, not 40.
+        let mut failing: Vec<u64> = vec![0, 1, 2, 3];
+        failing.extend(704..=706);
+        let mut sup = supervisor(failing);
+        let until = ejections(&mut sup, 0..800);
+        assert_eq!(until.len(), 3, "{until:?}");
+        assert_eq!(&until[..2], &[13, 34]);
+        // The third ejection happens on the tick of call 706 (tick 34 + 702 = 736).
+        assert_eq!(until[2], 736 + 1 + 10, "{until:?}");
+
+        // Without the healthy stretch being long enough, the backoff keeps doubling.
+        let mut failing: Vec<u64> = vec![0, 1, 2, 3];
+        failing.extend(104..=106);
+        let mut sup = supervisor(failing);
+        let until = ejections(&mut sup, 0..200);
+        assert_eq!(until[2], 136 + 1 + 40, "{until:?}");
+    }
+
+    #[test]
+    fn breaker_settings_are_validated() {
+        assert_eq!(BreakerConfig::default().validate(), Ok(()));
+        let zero_forgive = BreakerConfig {
+            forgive_after_ticks: 0,
+            ..BreakerConfig::default()
+        };
+        let error = zero_forgive.validate().expect_err("refused");
+        assert_eq!(error.key, "forgive_after_ticks");
+        let inverted = BreakerConfig {
+            max_backoff_ticks: 5,
+            ..BreakerConfig::default()
+        };
+        assert!(inverted.validate().is_err());
+        // Older specs without the key get the default.
+        let parsed: BreakerConfig =
+            toml::from_str("failures_to_eject = 2").expect("parses without forgive_after_ticks");
+        assert_eq!(parsed.forgive_after_ticks, 600);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 mod cache;
 mod sandbox;
+mod text;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,10 +23,11 @@ use wasmtime::{Config, Engine, Store};
 
 pub use cache::ComponentCache;
 pub use sandbox::SandboxLimits;
+pub use text::{PLUGIN_TEXT_MAX_BYTES, sanitize_text};
 
 use crate::policy::{InitArgs, PolicyEngine, PolicyFailure, PolicyState};
 use crate::types::{Observation, Settings};
-use sandbox::HostState;
+use sandbox::{HostState, LimitHit};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -45,6 +47,29 @@ const GUEST_INTERFACE: &str = "tokwatt:policy/guest";
 /// How often the epoch ticker advances; deadlines are rounded up to it.
 const EPOCH_PERIOD: Duration = Duration::from_millis(2);
 
+/// The epoch deadline interrupts a call at this multiple of the spec's `deadline_ms`.
+///
+/// Fuel is the primary budget: it is deterministic, so a legal policy is never ejected
+/// for the machine's load. The wall-clock deadline is the backstop for what fuel does
+/// not count (time in host calls, a slow machine) and gets a margin, because wall time
+/// per call varies: on a 2-core machine running the test suite, the same call of a
+/// fixed-fuel plugin took from 1× to 2.1× its fastest time (measured with
+/// `plugin::tests::wall_time_per_call_varies`), so a policy using 87 % of its deadline
+/// in a quiet run missed it again and again under load. At 2×, a call is stopped only
+/// when it takes twice what its author was allowed.
+pub const DEADLINE_MARGIN: u64 = 2;
+
+/// Epochs from arming a call to interrupting it: `deadline_ms` × [`DEADLINE_MARGIN`],
+/// rounded up to the epoch period, plus one period for the phase of the ticker.
+fn deadline_epochs(deadline_ms: u64) -> u64 {
+    let period = u64::try_from(EPOCH_PERIOD.as_millis()).unwrap_or(1).max(1);
+    deadline_ms
+        .saturating_mul(DEADLINE_MARGIN)
+        .div_ceil(period)
+        .max(1)
+        .saturating_add(1)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
     #[error("cannot read plugin {path}: {source}")]
@@ -56,6 +81,10 @@ pub enum PluginError {
         "{path} is not a WebAssembly file (it does not start with the `\\0asm` magic): point the policy spec's `plugin` at a .wasm component"
     )]
     NotWasm { path: PathBuf },
+    #[error(
+        "{path} is truncated: it has {len} bytes, and a WebAssembly file has at least 8 (the `\\0asm` magic and a version); rebuild or copy the plugin again"
+    )]
+    Truncated { path: PathBuf, len: usize },
     #[error(
         "{path} is a core WebAssembly module, not a component: build it for the wasm32-wasip2 target (`cargo build --target wasm32-wasip2`), or wrap it with `wasm-tools component new`"
     )]
@@ -78,6 +107,10 @@ pub enum PluginError {
         "{path} needs imports this host does not offer ({reason}); a policy may import only tokwatt:policy/host and the WASI 0.2 interfaces that Rust's std pulls in"
     )]
     Link { path: PathBuf, reason: String },
+    #[error(
+        "{path} exports `{GUEST_INTERFACE}` with the wrong types ({reason}): rebuild the plugin against the contract in this tokwatt's wit/ folder"
+    )]
+    Contract { path: PathBuf, reason: String },
     #[error("the WebAssembly engine could not be set up: {0}")]
     Engine(String),
 }
@@ -156,6 +189,8 @@ impl PluginHost {
         let mut linker = Linker::<HostState>::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| PluginError::Engine(format!("linking WASI: {e:#}")))?;
+        sandbox::shadow_monotonic_clock(&mut linker)
+            .map_err(|e| PluginError::Engine(format!("linking the virtual clock: {e:#}")))?;
         bindings::Policy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
             .map_err(|e| PluginError::Engine(format!("linking tokwatt:policy/host: {e:#}")))?;
         let cache = config
@@ -189,7 +224,7 @@ impl PluginHost {
         }
         .map_err(|reason| PluginError::Invalid {
             path: path.to_owned(),
-            reason,
+            reason: sanitize_text(&reason, PLUGIN_TEXT_MAX_BYTES),
         })?;
         check_contract_version(&self.engine, path, &component)?;
         let pre = self
@@ -197,11 +232,11 @@ impl PluginHost {
             .instantiate_pre(&component)
             .map_err(|e| PluginError::Link {
                 path: path.to_owned(),
-                reason: format!("{e:#}"),
+                reason: error_text(&e),
             })?;
-        let pre = bindings::PolicyPre::new(pre).map_err(|e| PluginError::Link {
+        let pre = bindings::PolicyPre::new(pre).map_err(|e| PluginError::Contract {
             path: path.to_owned(),
-            reason: format!("{e:#}"),
+            reason: error_text(&e),
         })?;
         Ok(LoadedPlugin {
             engine: self.engine.clone(),
@@ -216,6 +251,13 @@ impl PluginHost {
 
 fn check_component_header(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
     const MAGIC: &[u8] = b"\0asm";
+    let head = &bytes[..bytes.len().min(MAGIC.len())];
+    if bytes.len() < 8 && MAGIC.starts_with(head) {
+        return Err(PluginError::Truncated {
+            path: path.to_owned(),
+            len: bytes.len(),
+        });
+    }
     if bytes.len() < 8 || &bytes[..4] != MAGIC {
         return Err(PluginError::NotWasm {
             path: path.to_owned(),
@@ -246,6 +288,7 @@ fn check_contract_version(
             path: path.to_owned(),
         });
     };
+    let found = sanitize_text(&found, PLUGIN_TEXT_MAX_BYTES);
     let version = found
         .split_once('@')
         .map(|(_, v)| v)
@@ -346,35 +389,81 @@ impl LoadedPlugin {
         store
             .set_fuel(self.limits.fuel_per_call)
             .map_err(|e| PolicyFailure::Instantiate(format!("setting fuel: {e:#}")))?;
-        let period = EPOCH_PERIOD.as_millis().max(1) as u64;
-        store.set_epoch_deadline(self.limits.deadline_ms.div_ceil(period).max(1) + 1);
+        store.set_epoch_deadline(deadline_epochs(self.limits.deadline_ms));
         store.epoch_deadline_trap();
         store.data_mut().begin_call();
         Ok(())
     }
 }
 
-/// Name a failed call: fuel, deadline, memory limit or a plain trap.
+/// Name a failed call: fuel, deadline, memory or table limit, too many memories or
+/// instances, or a plain trap with its root cause.
 fn classify(
     store: &Store<HostState>,
     limits: &SandboxLimits,
     error: wasmtime::Error,
 ) -> PolicyFailure {
-    if store.data().limiter.hit() {
-        return PolicyFailure::MemoryLimit {
-            limit_mib: limits.memory_mib,
-        };
+    match store.data().limiter.hit() {
+        Some(LimitHit::Memory) => {
+            return PolicyFailure::MemoryLimit {
+                limit_mib: limits.memory_mib,
+            };
+        }
+        Some(LimitHit::Table) => {
+            return PolicyFailure::TableLimit {
+                limit_elements: sandbox::MAX_TABLE_ELEMENTS as u64,
+            };
+        }
+        None => {}
     }
     match error.downcast_ref::<wasmtime::Trap>() {
-        Some(wasmtime::Trap::OutOfFuel) => PolicyFailure::OutOfFuel,
-        Some(wasmtime::Trap::Interrupt) => PolicyFailure::Deadline {
-            deadline_ms: limits.deadline_ms,
-        },
-        // The trap code, not the wasm backtrace: the guest's own panic message (if any)
-        // has already been logged through its `log` import.
-        Some(trap) => PolicyFailure::Trap(trap.to_string()),
-        None => PolicyFailure::Trap(error.to_string()),
+        Some(wasmtime::Trap::OutOfFuel) => return PolicyFailure::OutOfFuel,
+        Some(wasmtime::Trap::Interrupt) => {
+            return PolicyFailure::Deadline {
+                deadline_ms: limits.deadline_ms,
+            };
+        }
+        _ => {}
     }
+    let text = error_text(&error);
+    // wasmtime checks the counts of core instances, memories and tables when it
+    // instantiates, and says so only in words.
+    if text.contains("resource limit exceeded") {
+        return PolicyFailure::ResourceCount(text);
+    }
+    // The guest's own panic message reached the host through its `log` import just
+    // before the trap (the trap itself carries none): name it beside the trap.
+    match store.data().last_error_log() {
+        Some(logged) => PolicyFailure::Trap(format!("{text} (the plugin logged: {logged})")),
+        None => PolicyFailure::Trap(text),
+    }
+}
+
+/// An engine error as one safe line: the whole cause chain, without the wasm backtrace
+/// (one context of the chain, many lines of addresses), escaped and bounded — the
+/// messages may quote names and strings from the plugin.
+fn error_text(error: &wasmtime::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in error.chain() {
+        let part = cause.to_string();
+        // `WasmBacktrace` is attached as a context, not an error type, so it is known by
+        // its words.
+        if part.starts_with("error while executing at wasm backtrace") {
+            continue;
+        }
+        if !part.is_empty() && !parts.last().is_some_and(|last| last.contains(&part)) {
+            parts.push(part);
+        }
+    }
+    if parts.is_empty() {
+        parts.push("unknown error".to_owned());
+    }
+    sanitize_text(&parts.join(": "), PLUGIN_TEXT_MAX_BYTES)
+}
+
+/// A string the plugin returned, made safe to show.
+fn plugin_text(text: &str) -> String {
+    sanitize_text(text, PLUGIN_TEXT_MAX_BYTES)
 }
 
 /// One sandboxed instance of a policy.
@@ -416,7 +505,7 @@ impl PolicyEngine for WasmPolicy {
         let wit_args = convert::init_args(args);
         self.store.data_mut().set_tick_time(Duration::ZERO);
         let answer = self.call(|guest, store| guest.call_init(store, &wit_args))?;
-        let settings = answer.map_err(PolicyFailure::Refused)?;
+        let settings = answer.map_err(|text| PolicyFailure::Refused(plugin_text(&text)))?;
         Ok(settings.iter().map(convert::settings_from_wit).collect())
     }
 
@@ -446,7 +535,7 @@ impl PolicyEngine for WasmPolicy {
             bytes: state.bytes.clone(),
         };
         self.call(|guest, store| guest.call_restore(store, &wit_state))?
-            .map_err(PolicyFailure::Refused)
+            .map_err(|text| PolicyFailure::Refused(plugin_text(&text)))
     }
 
     fn rebuild(&mut self) -> Result<(), PolicyFailure> {
