@@ -8,7 +8,8 @@
 #
 # The bundle holds the release `tokwatt` binary, the built policy plugins and specs, the
 # library's test binary (its CUDA and NVML tests run for real where a GPU is present),
-# and the PyTorch decode reference when ../shared/calibration has it.
+# and the PyTorch decode reference when ../shared/calibration has it. With LAB=1 it also holds
+# `kernel-lab`, the kernel timings kept out of the product (docs/kernel-experiments.md).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dist="${1:-$root/dist}"
@@ -28,6 +29,10 @@ mkdir -p "$dist/specs"
 # Stripped: the debug info is most of their size, and the bundle travels.
 strip -o "$dist/tokwatt" target/release/tokwatt
 strip -o "$dist/tokwatt-lib-tests" "$test_bin"
+if [[ "${LAB:-0}" == 1 ]]; then
+  cargo build --release -p tokwatt --features lab --bin kernel-lab
+  strip -o "$dist/kernel-lab" target/release/kernel-lab
+fi
 # The shipped policies, and the fixtures the library's plugin tests load.
 cp target/plugins/wasm32-wasip2/plugin/policy_*.wasm "$dist/"
 cp target/plugins/wasm32-wasip2/plugin/fixture_*.wasm "$dist/"
