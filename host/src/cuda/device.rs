@@ -1,6 +1,10 @@
 //! One GPU as the decode engine sees it: a context, a stream, a cuBLAS handle with its own
 //! workspace, and the NVRTC-compiled kernels. Together with the engine this is the only code
 //! that knows cudarc.
+//!
+//! Over 600 lines on purpose: it is the one file of raw driver, NVRTC and cuBLAS calls (and
+//! their `unsafe` blocks), kept together so that the safety of each call can be read in one
+//! place; its parts (compile, kernel table, `Gpu`) are short and in that order.
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};

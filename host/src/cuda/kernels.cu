@@ -1,4 +1,6 @@
 // Decode-step kernels for tokwatt's CUDA workload, compiled at run time by NVRTC.
+// One file because NVRTC compiles one source: the helpers, the small kernels, the
+// matrix-vector kernels and attention, in that order.
 //
 // Conventions:
 // - bf16 values are carried as raw 16-bit patterns (`bf16` below), so the source needs no CUDA
