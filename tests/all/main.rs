@@ -6,6 +6,7 @@ mod support;
 
 mod bad_input;
 mod hostile_plugins;
+mod long_run;
 mod restore;
 mod shipped_policies;
 mod workspace_build;
