@@ -39,16 +39,14 @@ impl ComponentCache {
         Self { dir, engine_key }
     }
 
-    /// The default place: `$TOKWATT_CACHE_DIR`, else `$XDG_CACHE_HOME/tokwatt/components`,
-    /// else `~/.cache/tokwatt/components`.
+    /// The default place: `$TOKWATT_CACHE_DIR`, else the platform's cache folder for
+    /// tokwatt (`$XDG_CACHE_HOME/tokwatt` or `~/.cache/tokwatt` on Linux) + `components`.
     pub fn default_dir() -> Option<PathBuf> {
         if let Some(dir) = std::env::var_os("TOKWATT_CACHE_DIR") {
             return Some(PathBuf::from(dir));
         }
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
-        Some(base.join("tokwatt").join("components"))
+        directories::ProjectDirs::from("", "", "tokwatt")
+            .map(|dirs| dirs.cache_dir().join("components"))
     }
 
     pub fn path_for(&self, wasm: &[u8]) -> PathBuf {

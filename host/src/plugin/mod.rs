@@ -226,7 +226,7 @@ impl PluginHost {
             path: path.to_owned(),
             reason: sanitize_text(&reason, PLUGIN_TEXT_MAX_BYTES),
         })?;
-        check_contract_version(&self.engine, path, &component)?;
+        let guest_export = check_contract_version(&self.engine, path, &component)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -234,6 +234,12 @@ impl PluginHost {
                 path: path.to_owned(),
                 reason: error_text(&e),
             })?;
+        check_guest_signatures(&self.engine, &pre, name, &limits, &guest_export).map_err(
+            |reason| PluginError::Contract {
+                path: path.to_owned(),
+                reason,
+            },
+        )?;
         let pre = bindings::PolicyPre::new(pre).map_err(|e| PluginError::Contract {
             path: path.to_owned(),
             reason: error_text(&e),
@@ -272,12 +278,85 @@ fn check_component_header(path: &Path, bytes: &[u8]) -> Result<(), PluginError> 
     Ok(())
 }
 
-/// Accept `tokwatt:policy/guest@0.1.*`: for 0.x versions the minor is the compatibility line.
+/// The guest's functions as the contract writes them, for error messages.
+const GUEST_FUNCTIONS: [(&str, &str); 4] = [
+    (
+        "init",
+        "func(args: init-args) -> result<list<settings>, string>",
+    ),
+    (
+        "decide",
+        "func(observations: list<observation>) -> list<settings>",
+    ),
+    ("snapshot", "func() -> state"),
+    ("restore", "func(state: state) -> result<_, string>"),
+];
+
+/// Check each guest function's type against the contract, on a throwaway sandboxed
+/// instance, so that a mismatch is refused at load naming the function and both types
+/// (the generated bindings only say "type mismatch", on the first call). An instance
+/// that cannot be created here is left for `instantiate` to report as a policy failure.
+fn check_guest_signatures(
+    engine: &Engine,
+    pre: &wasmtime::component::InstancePre<HostState>,
+    name: &str,
+    limits: &SandboxLimits,
+    guest_export: &str,
+) -> Result<(), String> {
+    let mut store = Store::new(engine, HostState::new(name, 0, limits));
+    store.limiter(|state| &mut state.limiter);
+    if store.set_fuel(limits.fuel_per_call).is_err() {
+        return Ok(());
+    }
+    store.set_epoch_deadline(deadline_epochs(limits.deadline_ms));
+    store.epoch_deadline_trap();
+    let Ok(instance) = pre.instantiate(&mut store) else {
+        return Ok(());
+    };
+    let guest = instance
+        .get_export_index(&mut store, None, guest_export)
+        .ok_or_else(|| format!("`{guest_export}` is not an instance"))?;
+    for (function, contract) in GUEST_FUNCTIONS {
+        let index = instance
+            .get_export_index(&mut store, Some(&guest), function)
+            .ok_or_else(|| {
+                format!(
+                    "`{guest_export}` lacks `{function}` (the contract: {function}: {contract})"
+                )
+            })?;
+        let checked = match function {
+            "init" => instance
+                .get_typed_func::<(&wit::InitArgs,), (Result<Vec<wit::Settings>, String>,)>(
+                    &mut store, index,
+                )
+                .map(|_| ()),
+            "decide" => instance
+                .get_typed_func::<(&[wit::Observation],), (Vec<wit::Settings>,)>(&mut store, index)
+                .map(|_| ()),
+            "snapshot" => instance
+                .get_typed_func::<(), (wit::State,)>(&mut store, index)
+                .map(|_| ()),
+            _ => instance
+                .get_typed_func::<(&wit::State,), (Result<(), String>,)>(&mut store, index)
+                .map(|_| ()),
+        };
+        checked.map_err(|e| {
+            format!(
+                "`{function}` of `{guest_export}`: {} (the contract: {function}: {contract})",
+                error_text(&e)
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Accept `tokwatt:policy/guest@0.1.*`: for 0.x versions the minor is the compatibility
+/// line. Returns the guest interface's export name.
 fn check_contract_version(
     engine: &Engine,
     path: &Path,
     component: &Component,
-) -> Result<(), PluginError> {
+) -> Result<String, PluginError> {
     let ty = component.component_type();
     let guest = ty
         .exports(engine)
@@ -301,7 +380,7 @@ fn check_contract_version(
             accepted: accepted_versions(),
         });
     }
-    Ok(())
+    Ok(found)
 }
 
 fn compatibility_line(version: &str) -> Option<(u64, u64)> {

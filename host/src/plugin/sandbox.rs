@@ -44,17 +44,21 @@ impl Default for SandboxLimits {
 }
 
 /// What an instance may hold besides its linear memories' bytes. A plain Rust
-/// `wasm32-wasip2` policy instantiates 4 core instances (its module, the WASI adapter's
-/// and two small shims), 2 memories and 3 tables (measured on the fixtures and shipped
-/// policies; see `plugin::tests::a_normal_policy_fits_the_counts`): the limits leave room
-/// for a larger toolchain's shims, not for a plugin that multiplies memories to slip past
-/// the memory limit.
+/// `wasm32-wasip2` policy instantiates 3 core modules (its own and two small shims that
+/// `wasm-component-ld` adds), with 1 memory and 2 tables between them (counted in the
+/// built fixtures and shipped policies; `plugin::tests::a_normal_policy_fits_the_counts`
+/// instantiates them under these limits). The limits leave room for another toolchain's
+/// adapters, not for a plugin that multiplies memories or instances.
 pub(super) const MAX_CORE_INSTANCES: usize = 16;
 pub(super) const MAX_MEMORIES: usize = 4;
 pub(super) const MAX_TABLES: usize = 8;
 /// Table elements over all tables of an instance (a funcref costs the host about 8 to
 /// 16 bytes): a Rust policy's function table has a few hundred to a few thousand.
 pub(super) const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// Host resources (WASI streams, pollables, …) one instance may hold at once. wasmtime's
+/// own default is about a million, and each one costs host memory that the memory limit
+/// does not see, so a guest leaking handles could grow the agent; a policy needs a few.
+pub(super) const MAX_HOST_RESOURCES: usize = 1024;
 
 /// Which limit a failed call ran into, so the trap can be named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,12 +97,6 @@ impl InstanceLimiter {
 
     pub(super) fn hit(&self) -> Option<LimitHit> {
         self.hit
-    }
-
-    /// Linear memory held by the instance, all memories together.
-    #[cfg(test)]
-    pub(super) fn memory_bytes(&self) -> usize {
-        self.memory_bytes
     }
 }
 
@@ -344,9 +342,11 @@ impl HostState {
             .allow_ip_name_lookup(false);
         let limit_bytes =
             usize::try_from(limits.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(MAX_HOST_RESOURCES);
         Self {
             wasi: builder.build(),
-            table: ResourceTable::new(),
+            table,
             limiter: InstanceLimiter::new(limit_bytes),
             rng: StdRng::seed_from_u64(seed),
             clock,
@@ -370,6 +370,19 @@ impl HostState {
     pub(super) fn set_tick_time(&mut self, t: Duration) {
         let nanos = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
         self.clock.set(nanos);
+    }
+
+    #[cfg(test)]
+    pub(super) fn clock_for_tests(&self) -> TickClock {
+        self.clock.clone()
+    }
+
+    #[cfg(test)]
+    pub(super) fn virtual_clock_for_tests(&mut self) -> VirtualMonotonicClock<'_> {
+        VirtualMonotonicClock {
+            clock: &self.clock,
+            table: &mut self.table,
+        }
     }
 
     pub(super) fn logs_dropped(&self) -> u64 {
