@@ -9,12 +9,15 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use crate::assembly::RunMeta;
 use crate::control::{Backends, ControlLoop, LoopConfig, LoopTotals, Progress};
 use crate::envelope::Envelope;
 use crate::plugin::{ComponentCache, HostConfig, PluginHost};
 use crate::policy::{InitArgs, Supervisor};
 use crate::recorder::Recorder;
 use crate::spec::PolicySpec;
+use crate::swap::{PreparedPolicy, SwapPort};
+use crate::types::DeviceInfo;
 
 /// The folder the build put the shipped and fixture plugins in.
 pub fn built_plugin_dir() -> PathBuf {
@@ -38,27 +41,31 @@ pub fn plugin_search_path(extra: &[PathBuf]) -> Vec<PathBuf> {
     dirs
 }
 
-/// What describes a run besides its totals.
+/// Version of `summary.json`'s layout: raised when a key is renamed or removed.
+pub const SUMMARY_FORMAT_VERSION: u32 = 1;
+
+/// The format versions of a run's output files, recorded in its summary.
 #[derive(Debug, Clone, Serialize)]
-pub struct RunMeta {
-    /// True when the GPU was the simulator: then every figure is simulator output.
-    pub simulated: bool,
-    /// The simulator's GPU profile as given (`h200`, or a profile file), or the real
-    /// GPU's name.
-    pub gpu_profile: String,
-    /// The GPU's name (the profile's for the simulator).
-    pub gpu_name: String,
-    /// Where the figures come from, in words.
-    pub data_source: String,
-    pub gpus: u32,
-    pub actuator: String,
-    pub workload: String,
-    pub seed: u64,
+pub struct OutputFormats {
+    pub trace_csv: u32,
+    pub observations_jsonl: u32,
 }
 
-/// `summary.json`.
+impl Default for OutputFormats {
+    fn default() -> Self {
+        Self {
+            trace_csv: crate::recorder::TRACE_FORMAT_VERSION,
+            observations_jsonl: crate::recorder::OBSERVATIONS_FORMAT_VERSION,
+        }
+    }
+}
+
+/// `summary.json`. **API boundary**: its keys are a compatibility promise, pinned by
+/// `summary_keys_are_stable` (tests/all); raise [`SUMMARY_FORMAT_VERSION`] to change them.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
+    pub format_version: u32,
+    pub output_formats: OutputFormats,
     pub policy: String,
     pub policy_spec: String,
     pub plugin: String,
@@ -80,6 +87,8 @@ pub struct RunRequest {
     pub plugin_dirs: Vec<PathBuf>,
     pub cache_dir: Option<PathBuf>,
     pub seed: u64,
+    /// Replace the files of an earlier run in `out_dir`.
+    pub overwrite: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,22 +112,45 @@ pub enum AgentError {
     TooShort { duration: Duration, tick: Duration },
 }
 
-/// Load the spec's plugin and start it on `backends`' devices. Returns the supervisor,
+/// What a policy is started against: the node's GPUs and each one's largest batch size.
+/// Taken from the backends before the loop owns them, so a policy can be started off
+/// the loop (for a hot swap).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeFacts {
+    pub devices: Vec<DeviceInfo>,
+    pub batch_size_max: Vec<u32>,
+}
+
+impl NodeFacts {
+    pub fn of(backends: &Backends) -> Self {
+        let devices = backends.telemetry.devices();
+        let batch_size_max = devices
+            .iter()
+            .map(|d| backends.workload.batch_size_max(d.index))
+            .collect();
+        Self {
+            devices,
+            batch_size_max,
+        }
+    }
+}
+
+/// Load the spec's plugin and start it on the node's devices. Returns the supervisor,
 /// the policy's first settings and the envelope.
 pub fn start_policy(
     host: &PluginHost,
     spec: &PolicySpec,
     plugin_path: &Path,
-    backends: &Backends,
+    node: &NodeFacts,
     seed: u64,
     tick: Duration,
 ) -> Result<(Supervisor, Vec<crate::types::Settings>, Envelope), AgentError> {
-    let devices = backends.telemetry.devices();
-    let batch_max: Vec<u32> = devices
-        .iter()
-        .map(|d| backends.workload.batch_size_max(d.index))
-        .collect();
-    let envelope = Envelope::new(&devices, &batch_max, &spec.guardrails, spec.knobs)?;
+    let envelope = Envelope::new(
+        &node.devices,
+        &node.batch_size_max,
+        &spec.guardrails,
+        spec.knobs,
+    )?;
     let loaded = Arc::new(host.load(plugin_path, &spec.name, spec.sandbox)?);
     let engine = loaded
         .instantiate(seed)
@@ -127,7 +159,7 @@ pub fn start_policy(
             failure,
         })?;
     let args = InitArgs {
-        devices: envelope.facts(&devices),
+        devices: envelope.facts(&node.devices),
         knobs: spec.knobs,
         objective: spec.objective,
         params: spec.params.clone(),
@@ -144,6 +176,27 @@ pub fn start_policy(
     Ok((supervisor, first, envelope))
 }
 
+/// Start a policy off the loop, ready to be sent to it through a
+/// [`crate::swap::SwapSender`] (hot swap). Compiling, instantiating and `init` all
+/// happen here, on the caller's thread.
+pub fn prepare_policy(
+    host: &PluginHost,
+    spec: &PolicySpec,
+    plugin_path: &Path,
+    node: &NodeFacts,
+    seed: u64,
+    tick: Duration,
+) -> Result<PreparedPolicy, AgentError> {
+    let (supervisor, first, envelope) = start_policy(host, spec, plugin_path, node, seed, tick)?;
+    Ok(PreparedPolicy {
+        supervisor,
+        first,
+        envelope,
+        objective: spec.objective,
+        probation_ticks: crate::swap::DEFAULT_PROBATION_TICKS,
+    })
+}
+
 /// Run a policy on `backends` for the requested duration, writing the trace and summary
 /// into `request.out_dir`.
 pub fn run(
@@ -153,10 +206,25 @@ pub fn run(
     stop: Arc<AtomicBool>,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<(RunSummary, Backends), AgentError> {
-    let spec = &request.spec;
-    let tick = request
-        .tick
-        .unwrap_or(Duration::from_millis(u64::from(spec.tick_ms)));
+    run_with_swaps(request, backends, meta, stop, None, progress)
+}
+
+/// [`run`], taking new policies from `swaps` at tick boundaries (hot swap).
+pub fn run_with_swaps(
+    request: &RunRequest,
+    backends: Backends,
+    meta: RunMeta,
+    stop: Arc<AtomicBool>,
+    swaps: Option<SwapPort>,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<(RunSummary, Backends), AgentError> {
+    // A tick given with the request is checked as the spec's own is.
+    let mut spec = request.spec.clone();
+    if let Some(tick) = request.tick {
+        spec.override_tick(tick)?;
+    }
+    let spec = &spec;
+    let tick = Duration::from_millis(u64::from(spec.tick_ms));
     if request.duration < tick {
         return Err(AgentError::TooShort {
             duration: request.duration,
@@ -170,10 +238,21 @@ pub fn run(
             .clone()
             .or_else(ComponentCache::default_dir),
     })?;
-    let (supervisor, first, envelope) =
-        start_policy(&host, spec, &plugin_path, &backends, request.seed, tick)?;
-    let mut recorder = Recorder::create(&request.out_dir)?;
-    let control = ControlLoop::new(
+    let (supervisor, first, envelope) = start_policy(
+        &host,
+        spec,
+        &plugin_path,
+        &NodeFacts::of(&backends),
+        request.seed,
+        tick,
+    )?;
+    tracing::info!(
+        policy = %spec.name,
+        plugin = %plugin_path.display(),
+        "policy started; first settings {first:?}"
+    );
+    let mut recorder = Recorder::create(&request.out_dir, request.overwrite)?;
+    let mut control = ControlLoop::new(
         backends,
         supervisor,
         &first,
@@ -185,8 +264,13 @@ pub fn run(
         },
         stop,
     );
+    if let Some(port) = swaps {
+        control = control.with_swaps(port);
+    }
     let (totals, backends) = control.run(&mut recorder, progress)?;
     let summary = RunSummary {
+        format_version: SUMMARY_FORMAT_VERSION,
+        output_formats: OutputFormats::default(),
         policy: spec.name.clone(),
         policy_spec: spec.path.display().to_string(),
         plugin: plugin_path.display().to_string(),

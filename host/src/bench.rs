@@ -34,6 +34,7 @@ pub fn sample_observation(gpu: u32, tick: u64) -> Observation {
         queue_depth: 40,
         in_force: InForce {
             power_cap_w: 700.0,
+            power_cap_requested_w: 700.0,
             sm_clock_max_mhz: 1980,
             batch_size: 128,
         },

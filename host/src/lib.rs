@@ -14,12 +14,14 @@
 
 pub mod actuator;
 pub mod agent;
+pub mod assembly;
 pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod control;
 pub mod cuda;
 pub mod envelope;
+pub mod gpu_tests;
 pub mod model;
 pub mod nvml;
 pub mod plugin;
@@ -28,6 +30,7 @@ pub mod recorder;
 pub mod restore;
 pub mod sim;
 pub mod spec;
+pub mod swap;
 pub mod telemetry;
 pub mod types;
 pub mod workload;

@@ -71,7 +71,13 @@ pub struct Settings {
 /// The settings actually in force on one GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct InForce {
+    /// The power limit the GPU enforces (what a policy sees as `power-cap-w`). Something
+    /// outside tokwatt (another tool, a firmware limit) may hold it below the request.
     pub power_cap_w: f64,
+    /// The power limit tokwatt last requested (the device's own setting before the first
+    /// change). The envelope compares a new request with this one, never with the
+    /// enforced limit, so a cap held lower from outside is not re-applied every tick.
+    pub power_cap_requested_w: f64,
     /// Upper bound of the SM clock lock (the maximum supported clock when unlocked).
     pub sm_clock_max_mhz: u32,
     pub batch_size: u32,

@@ -77,6 +77,94 @@ fn unknown_gpu_profile() {
 }
 
 #[test]
+fn a_missing_profile_file_is_called_missing() {
+    let spec = repo_root().join("policies/static.toml");
+    fails_with(
+        &[
+            "run",
+            "--sim",
+            "nope.toml",
+            "--policy",
+            &spec.to_string_lossy(),
+        ],
+        &["nope.toml", "not found"],
+    );
+    let output = tokwatt()
+        .args(["run", "--sim", "nope.toml", "--policy"])
+        .arg(&spec)
+        .output()
+        .expect("runs");
+    assert!(
+        !stderr(&output).contains("unknown GPU profile"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn a_word_for_a_duration_is_named() {
+    let spec = repo_root().join("policies/static.toml");
+    fails_with(
+        &[
+            "run",
+            "--sim",
+            "h200",
+            "--duration",
+            "abc",
+            "--policy",
+            &spec.to_string_lossy(),
+        ],
+        &["`abc` is not a duration", "30m"],
+    );
+}
+
+#[test]
+fn an_earlier_run_is_kept_unless_overwrite_is_given() {
+    let dir = tempdir();
+    let out = dir.path().join("run");
+    let spec = repo_root().join("policies/static.toml");
+    run_sim(&spec, "3s", &out, &[]);
+    let out_arg = out.to_string_lossy().into_owned();
+    fails_with(
+        &[
+            "run",
+            "--sim",
+            "h200",
+            "--quiet",
+            "--duration",
+            "3s",
+            "--policy",
+            &spec.to_string_lossy(),
+            "--out",
+            &out_arg,
+        ],
+        &["already holds a run", "--overwrite"],
+    );
+    run_sim(&spec, "3s", &out, &["--overwrite"]);
+}
+
+#[test]
+fn logs_carry_no_colour_codes_when_redirected() {
+    let dir = tempdir();
+    let spec = repo_root().join("policies/static.toml");
+    let output = tokwatt()
+        .args(["run", "--sim", "h200", "--duration", "3s", "--log", "info"])
+        .arg("--policy")
+        .arg(&spec)
+        .arg("--out")
+        .arg(dir.path().join("run"))
+        .output()
+        .expect("runs");
+    let err = stderr(&output);
+    assert!(output.status.success(), "{err}");
+    assert!(err.contains("INFO"), "info logs are shown: {err}");
+    assert!(
+        !err.contains('\x1b'),
+        "no ANSI escapes in a redirected log: {err:?}"
+    );
+}
+
+#[test]
 fn bad_duration() {
     let spec = repo_root().join("policies/static.toml");
     fails_with(
@@ -96,8 +184,9 @@ fn bad_duration() {
 #[test]
 fn gpu_commands_without_a_driver_say_so() {
     if Path::new("/proc/driver/nvidia").exists() {
+        // The opposite check (commands work with a driver) is the GPU machine's.
         println!(
-            "skipping: an NVIDIA driver is present, so the no-driver message cannot be checked here"
+            "not applicable: an NVIDIA driver is present, so the no-driver message cannot be checked here"
         );
         return;
     }
@@ -118,5 +207,48 @@ fn gpu_commands_without_a_driver_say_so() {
         ],
     ] {
         fails_with(&args, &["NVIDIA driver", "simulated GPU"]);
+    }
+}
+
+#[test]
+fn a_tick_of_one_nanosecond_is_refused() {
+    let spec = repo_root().join("policies/static.toml");
+    fails_with(
+        &[
+            "run",
+            "--sim",
+            "h200",
+            "--tick",
+            "1ns",
+            "--policy",
+            &spec.to_string_lossy(),
+        ],
+        &["`--tick` must be between 10ms and 1h"],
+    );
+}
+
+#[test]
+fn values_that_parse_but_make_no_sense_are_named_with_file_and_line() {
+    let dir = tempdir();
+    for (extra, expected) in [
+        (
+            "[sandbox]\nfuel_per_call = 0",
+            "zero-fuel.toml:5: `sandbox.fuel_per_call`",
+        ),
+        (
+            "[breaker]\nfailures_to_eject = 0",
+            "zero-breaker.toml:5: `breaker.failures_to_eject`",
+        ),
+        (
+            "[objective]\ntpot_p99_limit_ms = nan",
+            "nan-objective.toml:5: `objective.tpot_p99_limit_ms`",
+        ),
+    ] {
+        let name = expected.split(".toml").next().expect("name");
+        let spec = write_spec(dir.path(), name, &built_plugin("policy_static"), extra);
+        fails_with(
+            &["run", "--sim", "h200", "--policy", &spec.to_string_lossy()],
+            &[expected],
+        );
     }
 }

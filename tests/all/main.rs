@@ -5,8 +5,10 @@
 mod support;
 
 mod bad_input;
-mod hostile_plugins;
+mod hostile;
 mod long_run;
+mod outputs;
 mod restore;
 mod shipped_policies;
+mod swap;
 mod workspace_build;

@@ -105,3 +105,28 @@ fn cap_and_batch_moves_both_knobs_and_keeps_the_latency_objective() {
         assert!(row.f64("power_cap_w") >= 300.0, "guardrail");
     }
 }
+
+#[test]
+fn guardrail_ranges_win_over_step_limits_from_the_first_tick() {
+    // The simulated workload starts at batch 512 and 700 W. A policy that asks for
+    // nothing but a cap inside the range must still never run outside the guardrails:
+    // the batch size goes to 256 at once (not 480, 448, …) and so does the cap.
+    let dir = tempdir();
+    let spec = write_spec(
+        dir.path(),
+        "inside",
+        &built_plugin("policy_static"),
+        "[params]\npower_cap_w = \"390\"\n[guardrails]\npower_cap_max_w = 400.0\n\
+         max_power_cap_step_w = 100.0\nbatch_size_max = 256\nmax_batch_size_step = 32",
+    );
+    let r = run_sim(&spec, "20s", &dir.path().join("run"), &[]);
+    assert_run_sound(&r, 20);
+    for row in &r.trace {
+        assert!(row.f64("batch_size") <= 256.0, "{:?}", row.fields);
+        assert!(
+            row.f64("power_cap_requested_w") <= 400.0,
+            "{:?}",
+            row.fields
+        );
+    }
+}

@@ -201,33 +201,56 @@ pub fn format_table(
     rows: &[BenchRow],
     reference_tokens_per_s: &dyn Fn(u32) -> Option<f64>,
 ) -> String {
-    let mut out = String::from(
-        "batch  variant        splits  tok/s      ref tok/s  ratio  step ms  gpu p50  gpu p99  TB/s   W      tok/J\n",
-    );
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::NOTHING);
+    table.set_header([
+        "batch",
+        "variant",
+        "splits",
+        "tok/s",
+        "ref tok/s",
+        "ratio",
+        "step ms",
+        "gpu p50",
+        "gpu p99",
+        "TB/s",
+        "W",
+        "tok/J",
+    ]);
     for r in rows {
         let reference = reference_tokens_per_s(r.batch);
         let na = || "-".to_owned();
-        out.push_str(&format!(
-            "{:<6} {:<14} {:<7} {:<10.1} {:<10} {:<6} {:<8.3} {:<8.3} {:<8.3} {:<6.2} {:<6} {}\n",
-            r.batch,
+        table.add_row([
+            r.batch.to_string(),
             format!(
                 "{}/{}",
                 r.path,
                 AttentionImpl::from_name(r.attention).map_or("?", AttentionImpl::short_name)
             ),
-            r.attention_splits,
-            r.tokens_per_s,
+            r.attention_splits.to_string(),
+            format!("{:.1}", r.tokens_per_s),
             reference.map_or_else(na, |t| format!("{t:.1}")),
             reference.map_or_else(na, |t| format!("{:.3}", r.tokens_per_s / t)),
-            r.step_ms,
-            r.step_gpu_ms_p50,
-            r.step_gpu_ms_p99,
-            r.read_tb_per_s,
+            format!("{:.3}", r.step_ms),
+            format!("{:.3}", r.step_gpu_ms_p50),
+            format!("{:.3}", r.step_gpu_ms_p99),
+            format!("{:.2}", r.read_tb_per_s),
             r.watts.map_or_else(na, |w| format!("{w:.0}")),
             r.tokens_per_j.map_or_else(na, |t| format!("{t:.2}")),
-        ));
+        ]);
     }
-    out
+    // Right-align the figures.
+    for index in 2..12 {
+        if let Some(column) = table.column_mut(index) {
+            column.set_cell_alignment(comfy_table::CellAlignment::Right);
+        }
+    }
+    let text = table.to_string();
+    text.lines()
+        .map(str::trim_end)
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
 }
 
 #[cfg(test)]
@@ -261,13 +284,19 @@ mod tests {
         });
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 3);
-        assert!(
-            lines[1].starts_with("1      gemv/tc        16      256.4      204.0      1.257"),
+        let cells: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            &cells[..6],
+            ["1", "gemv/tc", "16", "256.4", "204.0", "1.257"],
             "{}",
             lines[1]
         );
         assert!(lines[2].contains(" - "), "{}", lines[2]);
         assert!(lines[1].ends_with("0.57"), "{}", lines[1]);
+        assert!(lines[0].split_whitespace().eq([
+            "batch", "variant", "splits", "tok/s", "ref", "tok/s", "ratio", "step", "ms", "gpu",
+            "p50", "gpu", "p99", "TB/s", "W", "tok/J"
+        ]));
     }
 
     #[test]

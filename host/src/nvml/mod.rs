@@ -288,14 +288,16 @@ fn current_sm_clock(device: &nvml_wrapper::Device<'_>) -> Option<u32> {
 mod tests {
     use super::*;
 
-    /// NVML is absent on build machines; tests that need it say so and return.
+    /// NVML is absent on build machines; tests that need it say so and return. A
+    /// driver that is present but fails is a failure, not a skip.
     pub(crate) fn nvml_or_skip() -> Option<NvmlSystem> {
         match NvmlSystem::open(None) {
             Ok(system) => Some(system),
-            Err(error) => {
-                println!("skipping: NVML not available: {error}");
+            Err(error) if crate::gpu_tests::no_driver(&error) => {
+                crate::gpu_tests::skip(format_args!("NVML not available: {error}"));
                 None
             }
+            Err(error) => panic!("NVML is installed but failed: {error}"),
         }
     }
 
@@ -315,9 +317,12 @@ mod tests {
                 let message = NvmlError::LibraryNotLoaded { detail }.to_string();
                 assert!(message.starts_with("NVML could not be loaded (libnvidia-ml.so.1)"));
                 assert!(message.contains("is the NVIDIA driver installed?"));
-                println!("skipping the GPU checks: {message}");
+                crate::gpu_tests::skip(format_args!("the GPU checks: {message}"));
             }
-            Err(other) => println!("skipping: NVML not usable here: {other}"),
+            Err(NvmlError::DriverNotLoaded) => {
+                crate::gpu_tests::skip("NVML loaded but no NVIDIA driver is running");
+            }
+            Err(other) => panic!("NVML is installed but failed: {other}"),
         }
     }
 

@@ -260,10 +260,14 @@ mod tests {
                 }
             }
             Err(error) => {
-                println!("skipping: NVML not available: {error}");
+                assert!(
+                    crate::gpu_tests::no_driver(&error),
+                    "NVML is installed but failed: {error}"
+                );
                 if let NvmlError::LibraryNotLoaded { .. } = error {
                     assert!(error.to_string().contains("libnvidia-ml.so.1"));
                 }
+                crate::gpu_tests::skip(format_args!("NVML not available: {error}"));
             }
         }
     }

@@ -53,11 +53,11 @@ impl StateFile {
     /// `/var/lib/tokwatt/state.json` for root; otherwise `$XDG_STATE_HOME/tokwatt/state.json`
     /// (`~/.local/state/tokwatt/state.json` when unset).
     pub fn default_path() -> PathBuf {
-        default_path_for(
-            Privileges::current().is_root(),
-            std::env::var_os("XDG_STATE_HOME").map(PathBuf::from),
-            std::env::var_os("HOME").map(PathBuf::from),
-        )
+        // The user's state folder comes from `directories` ($XDG_STATE_HOME/tokwatt, or
+        // ~/.local/state/tokwatt; it ignores a relative $XDG_STATE_HOME, as XDG says).
+        let user_state_dir = directories::ProjectDirs::from("", "", "tokwatt")
+            .and_then(|dirs| dirs.state_dir().map(Path::to_path_buf));
+        default_path_for(Privileges::current().is_root(), user_state_dir)
     }
 
     pub fn path(&self) -> &Path {
@@ -173,22 +173,16 @@ impl StateFile {
     }
 }
 
-fn default_path_for(
-    is_root: bool,
-    xdg_state_home: Option<PathBuf>,
-    home: Option<PathBuf>,
-) -> PathBuf {
-    const FILE: &str = "tokwatt/state.json";
+/// Root's state lives in /var/lib (it outlives any user's session); a user's in their
+/// state folder, or, without a home, the temporary folder.
+fn default_path_for(is_root: bool, user_state_dir: Option<PathBuf>) -> PathBuf {
+    const FILE: &str = "state.json";
     if is_root {
-        return Path::new("/var/lib").join(FILE);
+        return Path::new("/var/lib/tokwatt").join(FILE);
     }
-    // The XDG spec says relative values are invalid and must be ignored.
-    if let Some(state) = xdg_state_home.filter(|p| p.is_absolute()) {
-        return state.join(FILE);
-    }
-    match home {
-        Some(home) => home.join(".local/state").join(FILE),
-        None => std::env::temp_dir().join(FILE),
+    match user_state_dir {
+        Some(dir) => dir.join(FILE),
+        None => std::env::temp_dir().join("tokwatt").join(FILE),
     }
 }
 
@@ -468,16 +462,11 @@ mod tests {
 
     #[test]
     fn default_path_follows_root_and_xdg() {
-        let root = default_path_for(true, Some("/home/u/.state".into()), Some("/home/u".into()));
+        let root = default_path_for(true, Some("/home/u/.local/state/tokwatt".into()));
         assert_eq!(root, Path::new("/var/lib/tokwatt/state.json"));
-        let xdg = default_path_for(false, Some("/home/u/.state".into()), Some("/home/u".into()));
-        assert_eq!(xdg, Path::new("/home/u/.state/tokwatt/state.json"));
-        let relative_xdg = default_path_for(false, Some("rel".into()), Some("/home/u".into()));
-        assert_eq!(
-            relative_xdg,
-            Path::new("/home/u/.local/state/tokwatt/state.json")
-        );
-        let nothing = default_path_for(false, None, None);
+        let user = default_path_for(false, Some("/home/u/.local/state/tokwatt".into()));
+        assert_eq!(user, Path::new("/home/u/.local/state/tokwatt/state.json"));
+        let nothing = default_path_for(false, None);
         assert!(nothing.ends_with("tokwatt/state.json"));
         assert!(StateFile::default_path().ends_with("tokwatt/state.json"));
     }

@@ -5,6 +5,10 @@
 //! profiles). Within a substep the decode loop is handled analytically: the number of decode
 //! steps is the elapsed time over the step time, split only where a request finishes or
 //! arrives — never one iteration per decode step.
+//!
+//! Longer than 600 lines on purpose: `GpuSim`'s queue, clock, power and NVML view advance
+//! together in every substep and share its fields; split by job, each part would pass the
+//! whole state around. The memo of model results (`ModelCache`) is the separable part.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -371,7 +375,20 @@ impl GpuSim {
     /// What the model results depend on besides the load and the clock.
     fn settings_key(&self) -> (u64, u32, u64) {
         let lock_max = self.sm_lock.map_or(u32::MAX, |(_, hi)| hi);
-        (self.cap_w.to_bits(), lock_max, self.mem_mhz.to_bits())
+        (
+            self.enforced_cap_w().to_bits(),
+            lock_max,
+            self.mem_mhz.to_bits(),
+        )
+    }
+
+    /// The limit the GPU enforces: the requested cap, or a lower limit held from outside
+    /// (the scenario's `outside_power_limit_w`), as NVML's enforced limit is.
+    fn enforced_cap_w(&self) -> f64 {
+        match self.scenario.outside_power_limit_at(self.now_s()) {
+            Some(outside) => self.cap_w.min(outside),
+            None => self.cap_w,
+        }
     }
 
     /// The firmware picks a target clock for the load at the start of the substep; the clock
@@ -388,7 +405,7 @@ impl GpuSim {
             let key = self.settings_key();
             self.cache.check_settings(key);
             let lock_max = key.1;
-            let (model, cap_w, mem_mhz) = (&self.model, self.cap_w, self.mem_mhz);
+            let (model, cap_w, mem_mhz) = (&self.model, self.enforced_cap_w(), self.mem_mhz);
             self.cache.clock(active, || {
                 model.firmware_clock(active, cap_w, lock_max, mem_mhz)
             })
@@ -511,7 +528,7 @@ impl GpuSim {
                 0.0
             },
             clock_events: acc.events,
-            power_limit_enforced_w: self.cap_w,
+            power_limit_enforced_w: self.enforced_cap_w(),
             power_limit_requested_w: Some(self.cap_w),
             // The simulator does not split memory power out.
             power_mem_avg_w: None,
@@ -553,7 +570,7 @@ impl GpuSim {
     pub(super) fn settings(&self) -> GpuSettings {
         GpuSettings {
             power_cap_w: self.cap_w,
-            power_cap_enforced_w: self.cap_w,
+            power_cap_enforced_w: self.enforced_cap_w(),
             sm_clock_lock_mhz: self.sm_lock,
             mem_clock_lock_mhz: self.mem_lock,
         }
@@ -562,7 +579,7 @@ impl GpuSim {
     /// Set the power limit (already validated against the device range); NVML takes milliwatts.
     pub(super) fn set_power_cap(&mut self, watts: f64) -> f64 {
         self.cap_w = (watts * 1000.0).round() / 1000.0;
-        self.cap_w
+        self.enforced_cap_w()
     }
 
     /// Lock the SM clock to the supported clocks within `range` (validated by the caller).

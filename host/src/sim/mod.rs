@@ -47,6 +47,10 @@ pub enum SimError {
         "unknown GPU profile '{0}': built-in profiles are a100, h100, h200; or pass the path of a profile TOML file"
     )]
     UnknownProfile(String),
+    #[error(
+        "GPU profile file not found: {}. Give an existing profile file, or a built-in profile (a100, h100, h200)", .0.display()
+    )]
+    ProfileNotFound(PathBuf),
     #[error("cannot read {what} file {}: {source}", path.display())]
     Read {
         what: &'static str,

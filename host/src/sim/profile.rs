@@ -165,7 +165,13 @@ impl GpuProfile {
         }
         let path = Path::new(name_or_path);
         if !path.is_file() {
-            return Err(SimError::UnknownProfile(name_or_path.to_owned()));
+            // Something that looks like a file name is a missing file, not an unknown name.
+            let looks_like_a_path = name_or_path.contains(['/', '\\', '.']);
+            return Err(if looks_like_a_path {
+                SimError::ProfileNotFound(path.to_path_buf())
+            } else {
+                SimError::UnknownProfile(name_or_path.to_owned())
+            });
         }
         let text = std::fs::read_to_string(path).map_err(|source| SimError::Read {
             what: "GPU profile",

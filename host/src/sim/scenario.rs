@@ -38,6 +38,11 @@ pub struct Scenario {
 pub struct Phase {
     pub start_s: f64,
     pub arrival_rps: f64,
+    /// A power limit held by something outside tokwatt during this phase (another tool,
+    /// a firmware or out-of-band limit): the GPU enforces the lower of it and the
+    /// requested cap, as NVML's enforced limit does.
+    #[serde(default)]
+    pub outside_power_limit_w: Option<f64>,
 }
 
 /// The file format.
@@ -180,6 +185,13 @@ impl Scenario {
             if !phase.start_s.is_finite() {
                 return Err(format!("phases[{i}].start_s must be a number"));
             }
+            if let Some(watts) = phase.outside_power_limit_w
+                && !(watts.is_finite() && watts > 0.0)
+            {
+                return Err(format!(
+                    "phases[{i}].outside_power_limit_w must be a positive number of watts (got {watts})"
+                ));
+            }
         }
         if let Some(i) = self
             .phases
@@ -198,11 +210,20 @@ impl Scenario {
 
     /// Arrival rate in force at time `t_s`.
     pub fn arrival_rps_at(&self, t_s: f64) -> f64 {
+        self.phase_at(t_s).map_or(0.0, |phase| phase.arrival_rps)
+    }
+
+    /// The outside power limit in force at time `t_s`, if any.
+    pub fn outside_power_limit_at(&self, t_s: f64) -> Option<f64> {
+        self.phase_at(t_s)
+            .and_then(|phase| phase.outside_power_limit_w)
+    }
+
+    fn phase_at(&self, t_s: f64) -> Option<&Phase> {
         self.phases
             .iter()
             .take_while(|phase| phase.start_s <= t_s)
             .last()
-            .map_or(0.0, |phase| phase.arrival_rps)
     }
 }
 

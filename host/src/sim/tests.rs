@@ -21,6 +21,7 @@ fn saturated(preset: &str, context: u32, batch: u32) -> Scenario {
         phases: vec![Phase {
             start_s: 0.0,
             arrival_rps: 20_000.0,
+            outside_power_limit_w: None,
         }],
     }
 }
@@ -187,10 +188,12 @@ fn the_average_reading_ramps_over_one_second() {
         Phase {
             start_s: 0.0,
             arrival_rps: 0.0,
+            outside_power_limit_w: None,
         },
         Phase {
             start_s: 2.0,
             arrival_rps: 20_000.0,
+            outside_power_limit_w: None,
         },
     ];
     let (sim, clock) = sim_with("h200", scenario, 1, 9);
@@ -400,6 +403,7 @@ fn an_idle_gpu_reports_idle_power_low_clock_and_gpu_idle() {
     scenario.phases = vec![Phase {
         start_s: 0.0,
         arrival_rps: 0.0,
+        outside_power_limit_w: None,
     }];
     let (sim, clock) = sim_with("h200", scenario, 1, 29);
     let (mut telemetry, mut workload) = (sim.telemetry(), sim.workload());
@@ -445,6 +449,7 @@ fn arrivals_do_not_depend_on_what_the_policy_does() {
         scenario.phases = vec![Phase {
             start_s: 0.0,
             arrival_rps: 40.0,
+            outside_power_limit_w: None,
         }];
         let (sim, clock) = sim_with("h200", scenario, 1, 77);
         clock.sleep_until(secs(30.0));

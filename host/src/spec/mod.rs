@@ -24,10 +24,18 @@ pub enum SpecError {
         "policy spec {path}: unknown knob `{knob}`; the knobs are \"power-cap\", \"sm-clock\" and \"batch-size\""
     )]
     UnknownKnob { path: PathBuf, knob: String },
-    #[error("policy spec {path}: `tick_ms` must be between 10 and 3600000, not {tick_ms}")]
-    BadTick { path: PathBuf, tick_ms: u64 },
+    #[error("policy spec {}{}: `{key}` {problem}", path.display(), line.map_or_else(String::new, |l| format!(":{l}")))]
+    Invalid {
+        path: PathBuf,
+        /// The line the key is on, where the key is written in the file.
+        line: Option<usize>,
+        /// The key, with its table (`sandbox.fuel_per_call`).
+        key: String,
+        /// What is wrong and what would be right.
+        problem: String,
+    },
     #[error(
-        "policy spec {spec}: plugin `{plugin}` not found (looked in {searched}); build the plugins with `cargo build -p tokwatt`, or fix `plugin`"
+        "policy spec {spec}: plugin `{plugin}` not found (looked in {searched}). Build your policy crate with `cargo build --target wasm32-wasip2 --release` and point `plugin` at the .wasm it writes (target/wasm32-wasip2/release/NAME.wasm), or pass its folder with --plugin-dir; tokwatt's own policies are built by building tokwatt (`cargo build`)"
     )]
     PluginNotFound {
         spec: PathBuf,
@@ -35,6 +43,10 @@ pub enum SpecError {
         searched: String,
     },
 }
+
+mod validate;
+
+pub use validate::{MAX_TICK, MIN_TICK};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -107,12 +119,7 @@ impl PolicySpec {
                 }
             }
         }
-        if !(10..=3_600_000).contains(&raw.tick_ms) {
-            return Err(SpecError::BadTick {
-                path: path.to_owned(),
-                tick_ms: raw.tick_ms,
-            });
-        }
+        validate::check(&raw).map_err(|problem| problem.locate(path, text))?;
         // Parameters reach the policy as strings; numbers and booleans are accepted
         // unquoted for convenience.
         let params = raw
@@ -138,6 +145,20 @@ impl PolicySpec {
             sandbox: raw.sandbox,
             breaker: raw.breaker,
         })
+    }
+
+    /// Replace the spec's tick (`--tick`), validated as `tick_ms` in the file is.
+    pub fn override_tick(&mut self, tick: std::time::Duration) -> Result<(), SpecError> {
+        let tick_ms = validate::tick_ms(tick, self.sandbox.deadline_ms).map_err(|problem| {
+            SpecError::Invalid {
+                path: self.path.clone(),
+                line: None,
+                key: "--tick".into(),
+                problem,
+            }
+        })?;
+        self.tick_ms = tick_ms;
+        Ok(())
     }
 
     /// The plugin file: relative to the spec's folder first, then each folder of
@@ -235,6 +256,11 @@ mod tests {
         let text = err.to_string();
         assert!(
             text.contains("/specs/nope.wasm") && text.contains("/built/nope.wasm"),
+            "{text}"
+        );
+        // An out-of-tree author is told how to build their own crate, not tokwatt's.
+        assert!(
+            text.contains("--target wasm32-wasip2") && !text.contains("cargo build -p tokwatt"),
             "{text}"
         );
     }

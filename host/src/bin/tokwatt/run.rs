@@ -1,0 +1,364 @@
+//! `tokwatt run`: one policy on the simulator or on real GPUs for a duration, writing
+//! `summary.json`, `trace.csv` and `observations.jsonl`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use tokwatt::agent::{self, RunRequest, RunSummary};
+use tokwatt::assembly::{self, BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource};
+use tokwatt::control::Progress;
+use tokwatt::restore::{SettingsGuard, StateFile};
+use tokwatt::spec::PolicySpec;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum WorkloadKind {
+    Cuda,
+    External,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Run on the simulated GPU with this profile (built-in: h200, h100, a100; or a profile file).
+    #[arg(long, value_name = "PROFILE")]
+    sim: Option<String>,
+    /// Number of simulated GPUs.
+    #[arg(long, default_value_t = 1, requires = "sim")]
+    gpus: u32,
+    /// Demand scenario file for the simulator (default: the built-in phased scenario).
+    #[arg(long, requires = "sim")]
+    scenario: Option<PathBuf>,
+    /// Run the simulator against the wall clock instead of the virtual clock.
+    #[arg(long, requires = "sim")]
+    realtime: bool,
+    /// The policy spec (TOML) to run.
+    #[arg(long)]
+    policy: PathBuf,
+    /// How long to run: 30m, 90s, 1h30m, 500ms.
+    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "5m")]
+    duration: Duration,
+    /// Control tick (overrides the spec's tick_ms).
+    #[arg(long, value_parser = tokwatt::cli::parse_duration)]
+    tick: Option<Duration>,
+    /// Output folder for summary.json, trace.csv and observations.jsonl (default: a new
+    /// folder under out/ named after the policy and the time).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Replace an earlier run's files in --out.
+    #[arg(long)]
+    overwrite: bool,
+    /// Seed for the simulator and the policy's random source.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Extra folder to look for plugins in.
+    #[arg(long = "plugin-dir")]
+    plugin_dirs: Vec<PathBuf>,
+    /// Folder for compiled plugins (default: the user's cache folder, tokwatt/components).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// No progress lines.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Run on these real GPUs (NVML indices, comma-separated).
+    #[arg(long, value_delimiter = ',', conflicts_with = "sim")]
+    gpu: Option<Vec<u32>>,
+    /// Observe only: log every GPU setting decision and change nothing (the batch size,
+    /// the workload's own knob, still changes).
+    #[arg(long, requires = "gpu")]
+    dry_run: bool,
+    /// Let the policy change only the batch size (for running without privileges).
+    #[arg(long)]
+    batch_only: bool,
+    /// Where the tokens come from on a real GPU: `cuda` (tokwatt's own decode workload)
+    /// or `external` (a running server's Prometheus token counter, see --metrics-url).
+    #[arg(long, value_enum, default_value_t = WorkloadKind::Cuda, requires = "gpu")]
+    workload: WorkloadKind,
+    /// The serving engine's metrics endpoint, for `--workload external` (http://HOST:PORT/metrics).
+    #[arg(long, required_if_eq("workload", "external"))]
+    metrics_url: Option<String>,
+    /// Counter of generated tokens at --metrics-url (summed over its series).
+    #[arg(long, default_value = "vllm:generation_tokens_total")]
+    token_counter: String,
+    /// Histogram of time per output token (seconds) at --metrics-url; "" for none.
+    #[arg(long, default_value = "vllm:time_per_output_token_seconds")]
+    tpot_histogram: String,
+    /// CUDA workload model preset (llama-3-8b, llama-3.2-1b) or a model shape file.
+    #[arg(long, default_value = "llama-3-8b", requires = "gpu")]
+    model: String,
+    /// CUDA workload KV context length, tokens.
+    #[arg(long, default_value_t = 1024, requires = "gpu")]
+    context: u32,
+    /// CUDA workload largest batch size (buffers are sized for it).
+    #[arg(long, default_value_t = 512, requires = "gpu")]
+    batch_size_max: u32,
+    /// State file of original GPU settings (default for real GPUs: /var/lib/tokwatt/state.json
+    /// as root, else $XDG_STATE_HOME/tokwatt/state.json). With --sim, only used when given.
+    #[arg(long)]
+    state_file: Option<PathBuf>,
+    /// Testing aid: panic after this many ticks (to check that settings are restored).
+    #[arg(long, hide = true)]
+    debug_panic_after_ticks: Option<u64>,
+}
+
+impl RunArgs {
+    fn backend_request(&self) -> Result<BackendRequest> {
+        let target = match (&self.sim, &self.gpu) {
+            (Some(profile), None) => Target::Sim(SimTarget {
+                profile: profile.clone(),
+                scenario: self.scenario.clone(),
+                gpus: self.gpus,
+                realtime: self.realtime,
+            }),
+            (None, Some(indices)) => Target::Gpu(GpuTarget {
+                indices: indices.clone(),
+                dry_run: self.dry_run,
+                workload: match self.workload {
+                    WorkloadKind::Cuda => WorkloadSource::Cuda {
+                        model: self.model.clone(),
+                        context: self.context,
+                        batch_size_max: self.batch_size_max,
+                    },
+                    WorkloadKind::External => WorkloadSource::External {
+                        url: self
+                            .metrics_url
+                            .clone()
+                            .context("--workload external needs --metrics-url")?,
+                        token_counter: self.token_counter.clone(),
+                        tpot_histogram: (!self.tpot_histogram.is_empty())
+                            .then(|| self.tpot_histogram.clone()),
+                    },
+                },
+            }),
+            _ => bail!(
+                "choose where to run: `--sim h200` for the simulated GPU, or `--gpu 0` for a real GPU (add --dry-run to observe only)"
+            ),
+        };
+        Ok(BackendRequest {
+            target,
+            seed: self.seed,
+            batch_only: self.batch_only,
+        })
+    }
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    // First, so that from the moment any setting could change, SIGINT and SIGTERM end
+    // the run at a tick boundary (and the settings are restored) instead of killing it.
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    let mut spec = PolicySpec::load(&args.policy)?;
+    if let Some(tick) = args.tick {
+        spec.override_tick(tick)?;
+    }
+    let request = args.backend_request()?;
+    let mut assembled = assembly::assemble(&request, &spec.name, spec.knobs)?;
+    for withheld in &assembled.withheld {
+        eprintln!("tokwatt: policy `{}`: {withheld}", spec.name);
+    }
+    spec.knobs = assembled.knobs;
+    // A simulated run keeps a state file only when asked (to test restoring).
+    let keeps_state =
+        assembled.changes_hardware || (assembled.meta.simulated && args.state_file.is_some());
+    if keeps_state {
+        // Saves the original settings before the first change (restoring first whatever
+        // a crashed run left behind) and puts them back when the run ends, however it ends.
+        let state = StateFile::new(
+            args.state_file
+                .clone()
+                .unwrap_or_else(StateFile::default_path),
+        );
+        let mut guard = SettingsGuard::new(state, assembled.backends.actuator);
+        guard
+            .arm()
+            .context("saving the original GPU settings before the run")?;
+        assembled.backends.actuator = Box::new(guard);
+    }
+    let out_dir = match &args.out {
+        Some(dir) => dir.clone(),
+        None => fresh_out_dir(Path::new("out"), &spec.name),
+    };
+    let request = RunRequest {
+        spec,
+        duration: args.duration,
+        tick: None,
+        out_dir: out_dir.clone(),
+        plugin_dirs: args.plugin_dirs.clone(),
+        cache_dir: args.cache_dir.clone(),
+        seed: args.seed,
+        overwrite: args.overwrite,
+    };
+    let meta = assembled.meta;
+    if !args.quiet {
+        eprintln!(
+            "tokwatt: running policy `{}` for {} on {} [{}]",
+            request.spec.name,
+            humantime::format_duration(request.duration),
+            meta.gpu_name,
+            meta.data_source
+        );
+    }
+    let mut reporter = ProgressReporter::new(args.quiet, args.debug_panic_after_ticks);
+    let (summary, backends) = agent::run(&request, assembled.backends, meta, stop, &mut |p| {
+        reporter.report(p)
+    })?;
+    // Dropping the backends puts back every setting the run changed (SettingsGuard).
+    drop(backends);
+    print_summary(&summary, &out_dir);
+    Ok(())
+}
+
+/// `base/POLICY-YYYY-MM-DDTHH-MM-SSZ`, with a counter if that exists already.
+fn fresh_out_dir(base: &Path, policy: &str) -> PathBuf {
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        .to_string()
+        .replace(':', "-");
+    let safe: String = policy
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let first = base.join(format!("{safe}-{stamp}"));
+    if !first.exists() {
+        return first;
+    }
+    (2..1000)
+        .map(|n| base.join(format!("{safe}-{stamp}-{n}")))
+        .find(|dir| !dir.exists())
+        .unwrap_or(first)
+}
+
+/// Prints a progress line at every tenth of the run.
+struct ProgressReporter {
+    quiet: bool,
+    next_tenth: u64,
+    panic_after_ticks: Option<u64>,
+}
+
+impl ProgressReporter {
+    fn new(quiet: bool, panic_after_ticks: Option<u64>) -> Self {
+        Self {
+            quiet,
+            next_tenth: 1,
+            panic_after_ticks,
+        }
+    }
+
+    fn report(&mut self, p: Progress<'_>) {
+        if self.panic_after_ticks.is_some_and(|n| p.tick + 1 >= n) {
+            panic!(
+                "--debug-panic-after-ticks: panicking on purpose at tick {}",
+                p.tick
+            );
+        }
+        if self.quiet || p.ticks == 0 {
+            return;
+        }
+        let done = p.tick + 1;
+        if done * 10 < self.next_tenth * p.ticks {
+            return;
+        }
+        self.next_tenth = done * 10 / p.ticks + 1;
+        let settings: Vec<String> = p
+            .observations
+            .iter()
+            .map(|o| {
+                format!(
+                    "{:.0}W/{}MHz/b{}",
+                    o.in_force.power_cap_w, o.in_force.sm_clock_max_mhz, o.in_force.batch_size
+                )
+            })
+            .collect();
+        let energy = p.totals.energy_j;
+        eprintln!(
+            "[{:>3}%] t={:>6.0}s tokens={:>10} energy={:>10.0}J tok/J={:>7.3} fallback={} traps={} settings={}",
+            done * 100 / p.ticks,
+            p.time.as_secs_f64(),
+            p.totals.tokens,
+            energy,
+            if energy > 0.0 {
+                p.totals.tokens as f64 / energy
+            } else {
+                0.0
+            },
+            p.totals.fallback_ticks,
+            p.totals.plugin_traps,
+            settings.join(" "),
+        );
+    }
+}
+
+fn print_summary(s: &RunSummary, out: &Path) {
+    let t = &s.totals;
+    let source = if s.meta.simulated {
+        format!(
+            "SIMULATED ({}) — {}",
+            s.meta.gpu_profile, s.meta.data_source
+        )
+    } else {
+        format!("{} (measured)", s.meta.gpu_profile)
+    };
+    println!();
+    let row = |key: &str, value: String| println!("{key:<17} {value}");
+    row("policy", s.policy.clone());
+    row("gpu", source);
+    row(
+        "duration",
+        format!(
+            "{:.0} s in {} ticks ({:.2} s wall){}",
+            t.duration_s,
+            t.ticks,
+            t.wall_time_s,
+            if t.interrupted { ", interrupted" } else { "" }
+        ),
+    );
+    row("tokens", t.tokens.to_string());
+    row("energy", format!("{:.0} J", t.energy_j));
+    row("tokens per joule", format!("{:.4}", t.tokens_per_joule));
+    row("SLO violations", format!("{} ticks", t.slo_violation_ticks));
+    row(
+        "fallback ticks",
+        format!(
+            "{} (plugin traps {}, invalid answers {}, ejections {})",
+            t.fallback_ticks,
+            t.plugin_traps,
+            t.policy_counters.invalid_answers,
+            t.policy_counters.ejections
+        ),
+    );
+    row(
+        "clamped",
+        format!(
+            "{} decisions ({} non-finite values)",
+            t.clamped_decisions, t.non_finite_values
+        ),
+    );
+    for g in &t.gpus {
+        if let Some(f) = g.final_settings {
+            row(
+                &format!("gpu {}", g.gpu),
+                format!(
+                    "{:.4} tok/J, final cap {:.0} W, SM max {} MHz, batch {}",
+                    g.tokens_per_joule, f.power_cap_w, f.sm_clock_max_mhz, f.batch_size
+                ),
+            );
+        }
+    }
+    row(
+        "wrote",
+        format!(
+            "{}/summary.json, trace.csv, observations.jsonl",
+            out.display()
+        ),
+    );
+}

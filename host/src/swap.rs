@@ -1,0 +1,180 @@
+//! Hot swap (invariant 5): a new policy is loaded, instantiated and initialised off the
+//! loop ([`crate::agent::prepare_policy`]), sent to the loop through a [`SwapSender`],
+//! and takes over at the next tick boundary, so no tick is missed. Its state comes from
+//! the old policy through `snapshot`/`restore` where the new one accepts it (a policy
+//! refuses a snapshot whose schema it does not know, and then starts fresh). The old
+//! policy is kept for a probation of a few ticks: if the new one fails in that time, the
+//! old one comes back by itself.
+
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+
+use serde::Serialize;
+
+use crate::envelope::Envelope;
+use crate::policy::Supervisor;
+use crate::types::{Objective, Settings};
+
+/// Ticks after a swap during which a failure of the new policy brings the old one back.
+pub const DEFAULT_PROBATION_TICKS: u64 = 10;
+
+/// A policy started off the loop, ready to take over.
+#[derive(Debug)]
+pub struct PreparedPolicy {
+    pub supervisor: Supervisor,
+    /// What its `init` returned: applied at the boundary as that tick's decision.
+    pub first: Vec<Settings>,
+    /// Its spec's envelope (guardrails and granted knobs).
+    pub envelope: Envelope,
+    pub objective: Objective,
+    /// Ticks of probation (see the module docs).
+    pub probation_ticks: u64,
+}
+
+/// The sending half: whoever prepares policies (an API handler, a test) holds it.
+#[derive(Debug, Clone)]
+pub struct SwapSender(Sender<PreparedPolicy>);
+
+impl SwapSender {
+    /// Queue `policy` for the next tick boundary. Fails (giving it back) when the loop
+    /// has ended.
+    pub fn send(&self, policy: PreparedPolicy) -> Result<(), Box<PreparedPolicy>> {
+        self.0.send(policy).map_err(|error| Box::new(error.0))
+    }
+}
+
+/// The loop's half.
+#[derive(Debug)]
+pub struct SwapPort(Receiver<PreparedPolicy>);
+
+/// A connected pair.
+pub fn swap_channel() -> (SwapSender, SwapPort) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    (SwapSender(tx), SwapPort(rx))
+}
+
+/// What swaps did, for the summary.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SwapCounters {
+    /// New policies that took over.
+    pub swaps: u64,
+    /// Swaps whose new policy took the old one's state.
+    pub state_carried: u64,
+    /// Swaps whose new policy started fresh (no state, or a schema it refused).
+    pub started_fresh: u64,
+    /// New policies that failed in probation and were replaced by the old one again.
+    pub rollbacks: u64,
+}
+
+/// The policy that was in charge before a swap, kept until the new one has proven itself.
+#[derive(Debug)]
+struct OnProbation {
+    previous: Supervisor,
+    previous_envelope: Envelope,
+    previous_objective: Objective,
+    until_tick: u64,
+}
+
+/// The loop's side of swapping: receives prepared policies and keeps the one replaced.
+#[derive(Debug)]
+pub struct Swapper {
+    port: Option<SwapPort>,
+    probation: Option<OnProbation>,
+    pub counters: SwapCounters,
+}
+
+/// Who is in charge: the parts of the loop a swap replaces.
+#[derive(Debug)]
+pub struct InCharge<'a> {
+    pub supervisor: &'a mut Supervisor,
+    pub envelope: &'a mut Envelope,
+    pub objective: &'a mut Objective,
+}
+
+impl Swapper {
+    pub fn new(port: Option<SwapPort>) -> Self {
+        Self {
+            port,
+            probation: None,
+            counters: SwapCounters::default(),
+        }
+    }
+
+    /// At a tick boundary: switch in a waiting policy, if any. Returns its first
+    /// settings, which decide this tick.
+    pub fn take_over(&mut self, tick: u64, in_charge: InCharge<'_>) -> Option<Vec<Settings>> {
+        let port = self.port.as_ref()?;
+        let mut next = match port.0.try_recv() {
+            Ok(next) => next,
+            Err(TryRecvError::Empty) => return None,
+            Err(TryRecvError::Disconnected) => {
+                self.port = None;
+                return None;
+            }
+        };
+        let old_name = in_charge.supervisor.policy_name().to_owned();
+        let new_name = next.supervisor.policy_name().to_owned();
+        let carried = match in_charge.supervisor.snapshot() {
+            Ok(state) => match next.supervisor.restore(&state) {
+                Ok(()) => true,
+                Err(failure) => {
+                    tracing::info!(
+                        old = %old_name,
+                        new = %new_name,
+                        "the new policy did not take the old one's state ({failure}); it starts fresh"
+                    );
+                    false
+                }
+            },
+            Err(failure) => {
+                tracing::info!(
+                    old = %old_name,
+                    new = %new_name,
+                    "the old policy gave no state ({failure}); the new one starts fresh"
+                );
+                false
+            }
+        };
+        self.counters.swaps += 1;
+        if carried {
+            self.counters.state_carried += 1;
+        } else {
+            self.counters.started_fresh += 1;
+        }
+        std::mem::swap(in_charge.supervisor, &mut next.supervisor);
+        std::mem::swap(in_charge.envelope, &mut next.envelope);
+        std::mem::swap(in_charge.objective, &mut next.objective);
+        tracing::info!(old = %old_name, new = %new_name, tick, carried, "policy swapped in");
+        // A swap during another's probation drops the older policy: the one in charge
+        // just before this swap is the one to come back to.
+        self.probation = Some(OnProbation {
+            previous: next.supervisor,
+            previous_envelope: next.envelope,
+            previous_objective: next.objective,
+            until_tick: tick + next.probation_ticks,
+        });
+        Some(next.first)
+    }
+
+    /// After a tick's decision: a policy in probation that failed is replaced by the one
+    /// before it; one that lasted its probation is kept for good.
+    pub fn judge(&mut self, tick: u64, failed: bool, in_charge: InCharge<'_>) {
+        let Some(probation) = self.probation.take() else {
+            return;
+        };
+        if failed {
+            let mut probation = probation;
+            tracing::warn!(
+                failed = in_charge.supervisor.policy_name(),
+                back = probation.previous.policy_name(),
+                tick,
+                "the new policy failed in probation; the previous policy is back"
+            );
+            std::mem::swap(in_charge.supervisor, &mut probation.previous);
+            std::mem::swap(in_charge.envelope, &mut probation.previous_envelope);
+            std::mem::swap(in_charge.objective, &mut probation.previous_objective);
+            self.counters.rollbacks += 1;
+        } else if tick < probation.until_tick {
+            self.probation = Some(probation);
+        }
+    }
+}
