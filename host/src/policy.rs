@@ -211,10 +211,17 @@ pub struct PolicyCounters {
     pub rebuilds: u64,
     pub rebuild_failures: u64,
     pub logs_dropped: u64,
+    /// Every failure by its [`PolicyFailure::kind`] (`trap`, `fuel`, `deadline`,
+    /// `memory`, `table`, `resource-count`, `invalid`, `refused`, `instantiate`).
+    pub failures_by_kind: std::collections::BTreeMap<String, u64>,
 }
 
 impl PolicyCounters {
     fn count(&mut self, failure: &PolicyFailure) {
+        *self
+            .failures_by_kind
+            .entry(failure.kind().to_owned())
+            .or_default() += 1;
         match failure {
             PolicyFailure::Trap(_) | PolicyFailure::Refused(_) | PolicyFailure::Instantiate(_) => {
                 self.traps += 1
@@ -605,6 +612,7 @@ mod tests {
         let counters = sup.counters();
         assert_eq!(counters.traps, 1);
         assert_eq!(counters.fallback_ticks, 1);
+        assert_eq!(counters.failures_by_kind.get("trap"), Some(&1));
         assert_eq!(counters.rebuilds, 1, "a trap rebuilds the instance");
         assert_eq!(counters.ejections, 0);
     }
