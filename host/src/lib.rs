@@ -28,6 +28,7 @@ pub mod plugin;
 pub mod policy;
 pub mod recorder;
 pub mod restore;
+pub mod rng;
 pub mod sim;
 pub mod spec;
 pub mod swap;

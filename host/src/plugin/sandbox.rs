@@ -6,8 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime_wasi::p2::bindings::clocks::monotonic_clock;
 use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
@@ -17,6 +15,13 @@ use wasmtime_wasi::{
 
 use super::bindings::tokwatt::policy::{host, types};
 use super::text::{PLUGIN_TEXT_MAX_BYTES, sanitize_text};
+
+/// A plugin's random streams (see `crate::rng`): the contract's `random` import and WASI's
+/// two random interfaces each draw from their own, so a plugin's use of one never shifts
+/// the others, and the simulator's streams (small numbers) are never shared.
+const RANDOM_STREAM_CONTRACT: u64 = 0x706C_7567_0001;
+const RANDOM_STREAM_WASI_SECURE: u64 = 0x706C_7567_0002;
+const RANDOM_STREAM_WASI_INSECURE: u64 = 0x706C_7567_0003;
 
 /// Per-plugin sandbox limits, from the policy spec's `[sandbox]` table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -307,7 +312,7 @@ pub(super) struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
     pub(super) limiter: InstanceLimiter,
-    rng: StdRng,
+    rng: crate::rng::Rng,
     clock: TickClock,
     policy_name: Arc<str>,
     log_budget: u32,
@@ -332,8 +337,8 @@ impl HostState {
             .stdin(wasmtime_wasi::p2::pipe::ClosedInputStream)
             .stdout(wasmtime_wasi::p2::pipe::SinkOutputStream)
             .stderr(wasmtime_wasi::p2::pipe::SinkOutputStream)
-            .secure_random(StdRng::seed_from_u64(seed ^ 0x5EC0_4E00))
-            .insecure_random(StdRng::seed_from_u64(seed ^ 0x1A5E_C04E))
+            .secure_random(crate::rng::Rng::stream(seed, RANDOM_STREAM_WASI_SECURE))
+            .insecure_random(crate::rng::Rng::stream(seed, RANDOM_STREAM_WASI_INSECURE))
             .insecure_random_seed(u128::from(seed))
             .wall_clock(clock.clone())
             .monotonic_clock(clock.clone())
@@ -348,7 +353,7 @@ impl HostState {
             wasi: builder.build(),
             table,
             limiter: InstanceLimiter::new(limit_bytes),
-            rng: StdRng::seed_from_u64(seed),
+            rng: crate::rng::Rng::stream(seed, RANDOM_STREAM_CONTRACT),
             clock,
             policy_name: Arc::from(policy_name),
             log_budget: limits.log_messages_per_call,

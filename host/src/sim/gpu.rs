@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use super::model::{ClockLimit, DecodeCost, DecodeModel, FirmwareClock, StepPoint};
 use super::profile::GpuProfile;
-use super::rng::Rng;
+use crate::rng::Rng;
 use super::scenario::Scenario;
 use crate::actuator::GpuSettings;
 use crate::types::{ClockEvents, TelemetryWindow, WorkloadWindow};

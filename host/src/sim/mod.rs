@@ -17,7 +17,6 @@
 mod gpu;
 pub mod model;
 pub mod profile;
-mod rng;
 pub mod scenario;
 
 #[cfg(test)]
