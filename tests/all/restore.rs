@@ -20,7 +20,7 @@ fn spawn_realtime(state: &Path, out: &Path) -> Child {
             "--duration",
             "120s",
             "--tick",
-            "100ms",
+            "200ms",
         ])
         .arg("--policy")
         .arg(repo_root().join("policies/hill-climb.toml"))
@@ -233,7 +233,6 @@ impl Delays {
 /// originals — themselves checked to be the profile's stock settings.
 #[test]
 fn random_kill_9s_are_all_restored_by_value() {
-    use tokwatt::actuator::Actuator;
     use tokwatt::assembly::{self, SimTarget};
     use tokwatt::restore::{Outcome, StateFile, restore_all};
 
@@ -245,7 +244,7 @@ fn random_kill_9s_are_all_restored_by_value() {
         dir.path(),
         "crash-static",
         &built_plugin("policy_static"),
-        "tick_ms = 50\n[params]\npower_cap_w = \"400\"\nsm_clock_max_mhz = \"1500\"\nbatch_size = \"128\"\n[guardrails]\npower_cap_min_w = 300.0\n[sandbox]\ndeadline_ms = 40",
+        "tick_ms = 50\n[params]\npower_cap_w = \"400\"\nsm_clock_max_mhz = \"1500\"\nbatch_size = \"128\"\n[guardrails]\npower_cap_min_w = 300.0\n[sandbox]\ndeadline_ms = 25",
     );
     let mut delays = Delays(0x5eed_2026_0013);
     let mut restored_changes = 0;

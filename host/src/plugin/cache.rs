@@ -232,14 +232,14 @@ impl ComponentCache {
                 Some((metadata.modified().ok()?, metadata.len(), entry.path()))
             })
             .collect();
-        files.sort_by(|a, b| b.0.cmp(&a.0));
+        // Newest first.
+        files.sort_by_key(|file| std::cmp::Reverse(file.0));
         let mut kept_bytes = 0_u64;
         for (index, (_, len, path)) in files.iter().enumerate() {
             kept_bytes = kept_bytes.saturating_add(*len);
-            if index >= keep_files || (index > 0 && kept_bytes > keep_bytes) {
-                if let Err(e) = std::fs::remove_file(path) {
-                    tracing::debug!(path = %path.display(), "could not evict: {e}");
-                }
+            let evict = index >= keep_files || (index > 0 && kept_bytes > keep_bytes);
+            if evict && let Err(e) = std::fs::remove_file(path) {
+                tracing::debug!(path = %path.display(), "could not evict: {e}");
             }
         }
     }

@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use super::model::{ClockLimit, DecodeCost, DecodeModel, FirmwareClock, StepPoint};
 use super::profile::GpuProfile;
-use crate::rng::Rng;
 use super::scenario::Scenario;
 use crate::actuator::GpuSettings;
+use crate::rng::Rng;
 use crate::types::{ClockEvents, TelemetryWindow, WorkloadWindow};
 
 /// Substeps per NVML update period.
