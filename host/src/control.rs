@@ -272,10 +272,11 @@ impl ControlLoop {
                 let violation = self.config.objective.violated_by(obs);
                 any_violation |= violation;
                 let gpu_totals = &mut self.totals.gpus[gpu];
-                gpu_totals.tokens += obs.tokens;
+                // Saturating: a token source that lies cannot overflow the totals.
+                gpu_totals.tokens = gpu_totals.tokens.saturating_add(obs.tokens);
                 gpu_totals.energy_j += obs.energy_j;
                 gpu_totals.slo_violation_ticks += u64::from(violation);
-                self.totals.tokens += obs.tokens;
+                self.totals.tokens = self.totals.tokens.saturating_add(obs.tokens);
                 self.totals.energy_j += obs.energy_j;
 
                 recorder.record(&TickRecord {

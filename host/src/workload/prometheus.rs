@@ -270,6 +270,13 @@ fn parse_exposition(
             "the metrics have no `{counter}` counter: check the URL and the counter name (--token-counter)"
         ))
     })?;
+    // A counter is a non-negative, exactly representable count: anything else is a
+    // broken or lying endpoint, refused as a failed scrape rather than summed.
+    if !(tokens.is_finite() && (0.0..=MAX_PLAUSIBLE_TOKENS).contains(&tokens)) {
+        return Err(WorkloadError::Failed(format!(
+            "the `{counter}` counter reads {tokens}, which is not a token count (expected a whole number from 0 to 2^53)"
+        )));
+    }
     let mut tpot_buckets: Vec<(f64, f64)> = buckets.into_values().collect();
     tpot_buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     Ok(Scrape {
@@ -277,6 +284,9 @@ fn parse_exposition(
         tpot_buckets,
     })
 }
+
+/// The largest count an `f64` holds exactly (2^53).
+const MAX_PLAUSIBLE_TOKENS: f64 = 9_007_199_254_740_992.0;
 
 fn label(name_and_labels: &str, key: &str) -> Option<String> {
     let inner = name_and_labels.split_once('{')?.1.strip_suffix('}')?;
@@ -386,6 +396,23 @@ fn scrape(target: &Target, config: &PrometheusConfig) -> Result<Scrape, Workload
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    #[test]
+    fn absurd_token_counters_are_refused_not_summed() {
+        for value in ["NaN", "+Inf", "-5", "1e30"] {
+            let text = format!("vllm:generation_tokens_total {value}\n");
+            let error =
+                parse_exposition(&text, "vllm:generation_tokens_total", None).expect_err(value);
+            assert!(error.to_string().contains("not a token count"), "{error}");
+        }
+        let fine = parse_exposition(
+            "vllm:generation_tokens_total 12\n",
+            "vllm:generation_tokens_total",
+            None,
+        )
+        .expect("a count");
+        assert_eq!(fine.tokens, 12.0);
+    }
 
     const VLLM: &str = r#"# HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter
