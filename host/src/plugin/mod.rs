@@ -9,6 +9,8 @@
 //! deterministic) — plain Rust guests import WASI through std even when they never use it.
 
 mod cache;
+mod contract;
+mod convert;
 mod sandbox;
 mod text;
 
@@ -27,6 +29,7 @@ pub use text::{PLUGIN_TEXT_MAX_BYTES, sanitize_text};
 
 use crate::policy::{InitArgs, PolicyEngine, PolicyFailure, PolicyState};
 use crate::types::{Observation, Settings};
+use contract::{check_component_header, check_contract_version, check_guest_signatures};
 use sandbox::{HostState, LimitHit};
 
 mod bindings {
@@ -258,154 +261,6 @@ impl PluginHost {
     }
 }
 
-fn check_component_header(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
-    const MAGIC: &[u8] = b"\0asm";
-    let head = &bytes[..bytes.len().min(MAGIC.len())];
-    if bytes.len() < 8 && MAGIC.starts_with(head) {
-        return Err(PluginError::Truncated {
-            path: path.to_owned(),
-            len: bytes.len(),
-        });
-    }
-    if bytes.len() < 8 || &bytes[..4] != MAGIC {
-        return Err(PluginError::NotWasm {
-            path: path.to_owned(),
-        });
-    }
-    // Bytes 4..8: version 1 + layer 0 is a core module; the component layer is 1.
-    if bytes[6..8] == [0, 0] {
-        return Err(PluginError::CoreModule {
-            path: path.to_owned(),
-        });
-    }
-    Ok(())
-}
-
-/// The guest's functions as the contract writes them, for error messages.
-const GUEST_FUNCTIONS: [(&str, &str); 4] = [
-    (
-        "init",
-        "func(args: init-args) -> result<list<settings>, string>",
-    ),
-    (
-        "decide",
-        "func(observations: list<observation>) -> list<settings>",
-    ),
-    ("snapshot", "func() -> state"),
-    ("restore", "func(state: state) -> result<_, string>"),
-];
-
-/// Check each guest function's type against the contract, on a throwaway sandboxed
-/// instance, so that a mismatch is refused at load naming the function and both types
-/// (the generated bindings only say "type mismatch", on the first call). An instance
-/// that cannot be created here is left for `instantiate` to report as a policy failure.
-fn check_guest_signatures(
-    engine: &Engine,
-    pre: &wasmtime::component::InstancePre<HostState>,
-    name: &str,
-    limits: &SandboxLimits,
-    guest_export: &str,
-) -> Result<(), String> {
-    let mut store = Store::new(engine, HostState::new(name, 0, limits));
-    store.limiter(|state| &mut state.limiter);
-    if store.set_fuel(limits.fuel_per_call).is_err() {
-        return Ok(());
-    }
-    store.set_epoch_deadline(deadline_epochs(limits.deadline_ms));
-    store.epoch_deadline_trap();
-    let Ok(instance) = pre.instantiate(&mut store) else {
-        return Ok(());
-    };
-    let guest = instance
-        .get_export_index(&mut store, None, guest_export)
-        .ok_or_else(|| format!("`{guest_export}` is not an instance"))?;
-    for (function, contract) in GUEST_FUNCTIONS {
-        let index = instance
-            .get_export_index(&mut store, Some(&guest), function)
-            .ok_or_else(|| {
-                format!(
-                    "`{guest_export}` lacks `{function}` (the contract: {function}: {contract})"
-                )
-            })?;
-        let checked = match function {
-            "init" => instance
-                .get_typed_func::<(&wit::InitArgs,), (Result<Vec<wit::Settings>, String>,)>(
-                    &mut store, index,
-                )
-                .map(|_| ()),
-            "decide" => instance
-                .get_typed_func::<(&[wit::Observation],), (Vec<wit::Settings>,)>(&mut store, index)
-                .map(|_| ()),
-            "snapshot" => instance
-                .get_typed_func::<(), (wit::State,)>(&mut store, index)
-                .map(|_| ()),
-            _ => instance
-                .get_typed_func::<(&wit::State,), (Result<(), String>,)>(&mut store, index)
-                .map(|_| ()),
-        };
-        checked.map_err(|e| {
-            format!(
-                "`{function}` of `{guest_export}`: {} (the contract: {function}: {contract})",
-                error_text(&e)
-            )
-        })?;
-    }
-    Ok(())
-}
-
-/// Accept `tokwatt:policy/guest@0.1.*`: for 0.x versions the minor is the compatibility
-/// line. Returns the guest interface's export name.
-fn check_contract_version(
-    engine: &Engine,
-    path: &Path,
-    component: &Component,
-) -> Result<String, PluginError> {
-    let ty = component.component_type();
-    let guest = ty
-        .exports(engine)
-        .map(|(name, _)| name.to_owned())
-        .find(|name| name.starts_with(GUEST_INTERFACE));
-    let Some(found) = guest else {
-        return Err(PluginError::NotAPolicy {
-            path: path.to_owned(),
-        });
-    };
-    let found = sanitize_text(&found, PLUGIN_TEXT_MAX_BYTES);
-    let version = found
-        .split_once('@')
-        .map(|(_, v)| v)
-        .unwrap_or_default()
-        .to_owned();
-    if !compatible_version(&version) {
-        return Err(PluginError::WrongVersion {
-            path: path.to_owned(),
-            found,
-            accepted: accepted_versions(),
-        });
-    }
-    Ok(found)
-}
-
-fn compatibility_line(version: &str) -> Option<(u64, u64)> {
-    let mut parts = version.split('.').map(|p| p.parse::<u64>().ok());
-    let major = parts.next()??;
-    let minor = parts.next()??;
-    Some(if major == 0 { (0, minor) } else { (major, 0) })
-}
-
-fn compatible_version(version: &str) -> bool {
-    compatibility_line(version).is_some()
-        && compatibility_line(version) == compatibility_line(CONTRACT_VERSION)
-}
-
-fn accepted_versions() -> String {
-    match compatibility_line(CONTRACT_VERSION) {
-        Some((0, minor)) => format!("0.{minor}.*"),
-        Some((major, _)) => format!("{major}.*"),
-        None => CONTRACT_VERSION.to_owned(),
-    }
-}
-
 /// A compiled, linked policy, ready to instantiate any number of times.
 pub struct LoadedPlugin {
     engine: Engine,
@@ -634,115 +489,12 @@ impl PolicyEngine for WasmPolicy {
     }
 }
 
-/// Between the host's types and the generated WIT types.
-mod convert {
-    use super::wit;
-    use crate::policy::InitArgs;
-    use crate::types::{ClockEvents, Knobs, Observation, Settings};
-
-    fn knobs(k: Knobs) -> wit::Knobs {
-        let mut out = wit::Knobs::empty();
-        if k.power_cap {
-            out |= wit::Knobs::POWER_CAP;
-        }
-        if k.sm_clock {
-            out |= wit::Knobs::SM_CLOCK;
-        }
-        if k.batch_size {
-            out |= wit::Knobs::BATCH_SIZE;
-        }
-        out
-    }
-
-    fn clock_events(e: ClockEvents) -> wit::ClockEvents {
-        let mut out = wit::ClockEvents::empty();
-        for (set, flag) in [
-            (e.gpu_idle, wit::ClockEvents::GPU_IDLE),
-            (e.sw_power_cap, wit::ClockEvents::SW_POWER_CAP),
-            (e.hw_slowdown, wit::ClockEvents::HW_SLOWDOWN),
-            (e.sw_thermal, wit::ClockEvents::SW_THERMAL),
-            (e.hw_thermal, wit::ClockEvents::HW_THERMAL),
-            (e.clock_setting, wit::ClockEvents::CLOCK_SETTING),
-        ] {
-            if set {
-                out |= flag;
-            }
-        }
-        out
-    }
-
-    pub(super) fn init_args(args: &InitArgs) -> wit::InitArgs {
-        wit::InitArgs {
-            devices: args
-                .devices
-                .iter()
-                .map(|d| wit::DeviceFacts {
-                    index: d.index,
-                    uuid: d.uuid.clone(),
-                    name: d.name.clone(),
-                    simulated: d.simulated,
-                    power_cap_min_w: d.power_cap_min_w,
-                    power_cap_max_w: d.power_cap_max_w,
-                    power_cap_default_w: d.power_cap_default_w,
-                    sm_clocks_mhz: d.sm_clocks_mhz.clone(),
-                    batch_size_max: d.batch_size_max,
-                })
-                .collect(),
-            knobs: knobs(args.knobs),
-            objective: wit::Objective {
-                tpot_p99_limit_ms: args.objective.tpot_p99_limit_ms,
-                min_tokens_per_s: args.objective.min_tokens_per_s,
-            },
-            params: args.params.clone(),
-            tick_ms: args.tick_ms,
-            seed: args.seed,
-        }
-    }
-
-    pub(super) fn observation(o: &Observation) -> wit::Observation {
-        wit::Observation {
-            gpu: o.gpu,
-            tick: o.tick,
-            interval_s: o.interval_s,
-            tokens: o.tokens,
-            energy_j: o.energy_j,
-            tokens_per_joule: o.tokens_per_joule,
-            tokens_per_s: o.tokens_per_s,
-            power_avg_w: o.power_avg_w,
-            power_peak_w: o.power_peak_w,
-            sm_clock_mhz: o.sm_clock_mhz,
-            mem_clock_mhz: o.mem_clock_mhz,
-            temperature_c: o.temperature_c,
-            gpu_util_pct: o.gpu_util_pct,
-            clock_events: clock_events(o.clock_events),
-            tpot_p50_ms: o.tpot_p50_ms,
-            tpot_p99_ms: o.tpot_p99_ms,
-            active_sequences: o.active_sequences,
-            queue_depth: o.queue_depth,
-            in_force: wit::InForce {
-                power_cap_w: o.in_force.power_cap_w,
-                sm_clock_max_mhz: o.in_force.sm_clock_max_mhz,
-                batch_size: o.in_force.batch_size,
-            },
-            last_clamped: o.last_clamped,
-            settling: o.settling,
-        }
-    }
-
-    pub(super) fn settings_from_wit(s: &wit::Settings) -> Settings {
-        Settings {
-            power_cap_w: s.power_cap_w,
-            sm_clock_max_mhz: s.sm_clock_max_mhz,
-            batch_size: s.batch_size,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests;
 
 #[cfg(test)]
 mod unit_tests {
+    use super::contract::*;
     use super::*;
 
     #[test]
