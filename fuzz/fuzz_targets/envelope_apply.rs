@@ -118,8 +118,10 @@ fuzz_target!(|input: Input| {
             let before = in_force.power_cap_requested_w;
             if (cap_lo..=cap_hi).contains(&before) {
                 let step = limits.max_power_cap_step_w;
+                // `before ± step` is rounded to `before`'s precision.
+                let rounding = (before.abs() + step) * 1e-12;
                 assert!(
-                    (w - before).abs() <= step * (1.0 + 1e-12),
+                    (w - before).abs() <= step + rounding,
                     "{before} -> {w} beyond the step {step}"
                 );
             }
