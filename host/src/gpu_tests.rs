@@ -21,8 +21,13 @@ pub fn gpu_required() -> bool {
 /// Where [`gpu_required`] is true.
 #[track_caller]
 pub fn skip(reason: impl Display) {
+    skip_unless_required(gpu_required(), reason);
+}
+
+#[track_caller]
+fn skip_unless_required(required: bool, reason: impl Display) {
     assert!(
-        !gpu_required(),
+        !required,
         "{REQUIRE_GPU_VAR} is set but this GPU test would skip: {reason}"
     );
     println!("skipping: {reason}");
@@ -40,6 +45,13 @@ pub fn no_driver(error: &crate::nvml::NvmlError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_skip_fails_where_a_gpu_is_required() {
+        skip_unless_required(false, "no GPU here");
+        let failed = std::panic::catch_unwind(|| skip_unless_required(true, "no GPU here"));
+        assert!(failed.is_err(), "a required GPU test must not pass by skipping");
+    }
 
     #[test]
     fn no_driver_is_only_a_missing_driver() {

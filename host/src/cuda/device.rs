@@ -808,8 +808,8 @@ mod tests {
     fn kernels_compile_with_nvrtc_when_it_is_installed() {
         // SAFETY: only tries to dlopen libnvrtc.
         if !unsafe { nvrtc_sys::is_culib_present() } {
-            println!(
-                "skipping: NVRTC (libnvrtc.so) not found; put its folder on LD_LIBRARY_PATH to check the kernels compile"
+            crate::gpu_tests::skip(
+                "NVRTC (libnvrtc.so) not found; put its folder on LD_LIBRARY_PATH to check the kernels compile",
             );
             return;
         }
@@ -842,7 +842,7 @@ mod tests {
     fn a_compile_error_carries_nvrtc_log() {
         // SAFETY: only tries to dlopen libnvrtc.
         if !unsafe { nvrtc_sys::is_culib_present() } {
-            println!("skipping: NVRTC (libnvrtc.so) not found");
+            crate::gpu_tests::skip("NVRTC (libnvrtc.so) not found");
             return;
         }
         let err = nvrtc_compile(

@@ -180,7 +180,9 @@ fn a_model_larger_than_the_gpu_is_refused_with_the_sizes() {
             assert!(needed_bytes > free_bytes);
             assert!(what.contains("llama-3.1-70b"), "{what}");
         }
-        Err(error) if no_cuda(&error) => println!("skipping: no CUDA driver: {error}"),
+        Err(error) if no_cuda(&error) => {
+            crate::gpu_tests::skip(format_args!("no CUDA driver: {error}"));
+        }
         Err(error) => panic!("expected out of memory, got {error}"),
         Ok(engine) => {
             let (_, total) = engine.gpu().memory().unwrap();

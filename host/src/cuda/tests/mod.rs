@@ -46,7 +46,7 @@ fn open_gpu() -> Option<Gpu> {
     match Gpu::open(0) {
         Ok(gpu) => Some(gpu),
         Err(error) if no_cuda(&error) => {
-            println!("skipping: no CUDA driver: {error}");
+            crate::gpu_tests::skip(format_args!("no CUDA driver: {error}"));
             None
         }
         Err(error) => panic!("{error}"),
@@ -163,7 +163,7 @@ fn engine_or_skip(
     match Engine::new(shape, context, batch_max, 0, options) {
         Ok(engine) => Some(engine),
         Err(error) if no_cuda(&error) => {
-            println!("skipping: no CUDA driver: {error}");
+            crate::gpu_tests::skip(format_args!("no CUDA driver: {error}"));
             None
         }
         Err(error) => panic!("{error}"),

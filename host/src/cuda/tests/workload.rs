@@ -6,7 +6,7 @@ use super::*;
 fn without_a_driver_construction_fails_cleanly() {
     // SAFETY: only tries to dlopen libcuda.
     if unsafe { cudarc::driver::sys::is_culib_present() } {
-        println!("skipping: a CUDA driver is present; this checks machines without one");
+        println!("not applicable: a CUDA driver is present; this checks machines without one");
         return;
     }
     let config = CudaDecodeConfig::new(tiny_shape(64, 4, 2), 100, 4);
@@ -24,7 +24,9 @@ fn the_workload_decodes_on_its_own_thread_and_follows_the_batch_size() {
     config.batch_size = 2;
     let mut decode = match CudaDecode::new(config) {
         Ok(decode) => decode,
-        Err(error) if no_cuda(&error) => return println!("skipping: no CUDA driver: {error}"),
+        Err(error) if no_cuda(&error) => {
+            return crate::gpu_tests::skip(format_args!("no CUDA driver: {error}"));
+        }
         Err(error) => panic!("{error}"),
     };
     assert_eq!(decode.name(), "cuda-decode");
