@@ -50,7 +50,10 @@ mod tests {
     fn a_skip_fails_where_a_gpu_is_required() {
         skip_unless_required(false, "no GPU here");
         let failed = std::panic::catch_unwind(|| skip_unless_required(true, "no GPU here"));
-        assert!(failed.is_err(), "a required GPU test must not pass by skipping");
+        assert!(
+            failed.is_err(),
+            "a required GPU test must not pass by skipping"
+        );
     }
 
     #[test]
