@@ -4,7 +4,9 @@ use std::path::Path;
 
 use crate::support::*;
 
-fn fails_with(args: &[&str], expected: &[&str]) {
+/// Runs tokwatt with `args`, expects it to fail naming each of `expected`, and returns
+/// its standard error for further checks.
+fn fails_with(args: &[&str], expected: &[&str]) -> String {
     let output = tokwatt().args(args).output().expect("runs");
     let err = stderr(&output);
     assert!(!output.status.success(), "{args:?} should fail");
@@ -15,6 +17,7 @@ fn fails_with(args: &[&str], expected: &[&str]) {
             "error for {args:?} should mention {needle:?}: {err}"
         );
     }
+    err
 }
 
 #[test]
@@ -79,7 +82,7 @@ fn unknown_gpu_profile() {
 #[test]
 fn a_missing_profile_file_is_called_missing() {
     let spec = repo_root().join("policies/static.toml");
-    fails_with(
+    let err = fails_with(
         &[
             "run",
             "--sim",
@@ -89,16 +92,7 @@ fn a_missing_profile_file_is_called_missing() {
         ],
         &["nope.toml", "not found"],
     );
-    let output = tokwatt()
-        .args(["run", "--sim", "nope.toml", "--policy"])
-        .arg(&spec)
-        .output()
-        .expect("runs");
-    assert!(
-        !stderr(&output).contains("unknown GPU profile"),
-        "{}",
-        stderr(&output)
-    );
+    assert!(!err.contains("unknown GPU profile"), "{err}");
 }
 
 #[test]
