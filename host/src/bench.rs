@@ -32,6 +32,7 @@ pub fn sample_observation(gpu: u32, tick: u64) -> Observation {
         tpot_p99_ms: 11.2,
         active_sequences: 128,
         queue_depth: 40,
+        demand: None,
         in_force: InForce {
             power_cap_w: 700.0,
             power_cap_requested_w: 700.0,

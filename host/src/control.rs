@@ -16,7 +16,9 @@ use crate::policy::{DecisionSource, PolicyCounters, Supervisor};
 use crate::recorder::{Recorder, RecorderError, TickRecord};
 use crate::swap::{InCharge, SwapCounters, SwapPort, Swapper};
 use crate::telemetry::Telemetry;
-use crate::types::{InForce, Objective, Observation, Settings, TelemetryWindow, WorkloadWindow};
+use crate::types::{
+    DemandWindow, InForce, Objective, Observation, Settings, TelemetryWindow, WorkloadWindow,
+};
 use crate::workload::Workload;
 
 /// The hardware and the clock a run drives. To have changed settings restored, wrap
@@ -62,7 +64,78 @@ pub struct GpuTotals {
     pub energy_j: f64,
     pub tokens_per_joule: f64,
     pub slo_violation_ticks: u64,
+    /// The demand this GPU faced; `None` where the workload does not report demand.
+    pub demand: Option<DemandTotals>,
     pub final_settings: Option<InForce>,
+}
+
+/// Demand over a run: what arrived, what was served and what was turned away.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct DemandTotals {
+    pub requests_arrived: u64,
+    pub requests_completed: u64,
+    pub requests_turned_away: u64,
+    pub tokens_demanded: u64,
+    pub tokens_served: u64,
+    /// `tokens_served / tokens_demanded`, at most 1 (1 when nothing was asked). Tokens of
+    /// requests still in flight at the end count as served once generated.
+    pub served_fraction: f64,
+    /// Ticks in which a request was turned away (each is an objective violation).
+    pub ticks_turning_away: u64,
+    /// The highest per-tick p99 queue wait, ms (`None` when no request got a slot).
+    pub worst_tick_queue_wait_p99_ms: Option<f64>,
+}
+
+impl DemandTotals {
+    fn add(&mut self, window: &DemandWindow, tokens_served: u64) {
+        self.requests_arrived = self
+            .requests_arrived
+            .saturating_add(window.requests_arrived);
+        self.requests_completed = self
+            .requests_completed
+            .saturating_add(window.requests_completed);
+        self.requests_turned_away = self
+            .requests_turned_away
+            .saturating_add(window.requests_turned_away);
+        self.tokens_demanded = self.tokens_demanded.saturating_add(window.tokens_demanded);
+        self.tokens_served = self.tokens_served.saturating_add(tokens_served);
+        self.served_fraction = self.served_fraction();
+        self.ticks_turning_away += u64::from(window.requests_turned_away > 0);
+        if let Some(wait) = window.queue_wait_p99_ms {
+            let worst = self.worst_tick_queue_wait_p99_ms.get_or_insert(wait);
+            *worst = worst.max(wait);
+        }
+    }
+
+    fn served_fraction(&self) -> f64 {
+        if self.tokens_demanded == 0 {
+            1.0
+        } else {
+            (self.tokens_served as f64 / self.tokens_demanded as f64).min(1.0)
+        }
+    }
+
+    /// Fold another GPU's totals into this one (the run-level figure).
+    fn merge(&mut self, other: &DemandTotals) {
+        self.requests_arrived = self.requests_arrived.saturating_add(other.requests_arrived);
+        self.requests_completed = self
+            .requests_completed
+            .saturating_add(other.requests_completed);
+        self.requests_turned_away = self
+            .requests_turned_away
+            .saturating_add(other.requests_turned_away);
+        self.tokens_demanded = self.tokens_demanded.saturating_add(other.tokens_demanded);
+        self.tokens_served = self.tokens_served.saturating_add(other.tokens_served);
+        self.served_fraction = self.served_fraction();
+        self.ticks_turning_away = self.ticks_turning_away.max(other.ticks_turning_away);
+        self.worst_tick_queue_wait_p99_ms = match (
+            self.worst_tick_queue_wait_p99_ms,
+            other.worst_tick_queue_wait_p99_ms,
+        ) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
 }
 
 /// What a run did, for `summary.json`.
@@ -85,6 +158,9 @@ pub struct LoopTotals {
     pub policy_counters: PolicyCounters,
     /// Hot swaps, their state hand-overs and rollbacks.
     pub swaps: SwapCounters,
+    /// Demand over all GPUs (`ticks_turning_away`: the most of any one GPU); `None` where
+    /// the workload does not report demand.
+    pub demand: Option<DemandTotals>,
     pub gpus: Vec<GpuTotals>,
     /// Wall time the loop took, seconds (on a virtual clock, far less than `duration_s`).
     pub wall_time_s: f64,
@@ -276,6 +352,12 @@ impl ControlLoop {
                 gpu_totals.tokens = gpu_totals.tokens.saturating_add(obs.tokens);
                 gpu_totals.energy_j += obs.energy_j;
                 gpu_totals.slo_violation_ticks += u64::from(violation);
+                if let Some(window) = &obs.demand {
+                    gpu_totals
+                        .demand
+                        .get_or_insert_with(DemandTotals::default)
+                        .add(window, obs.tokens);
+                }
                 self.totals.tokens = self.totals.tokens.saturating_add(obs.tokens);
                 self.totals.energy_j += obs.energy_j;
 
@@ -324,6 +406,15 @@ impl ControlLoop {
             totals.tokens_per_joule = ratio(totals.tokens, totals.energy_j);
             totals.final_settings = Some(self.in_force[gpu]);
         }
+        self.totals.demand =
+            self.totals
+                .gpus
+                .iter()
+                .filter_map(|g| g.demand)
+                .reduce(|mut all, one| {
+                    all.merge(&one);
+                    all
+                });
         self.totals.wall_time_s = started.elapsed().as_secs_f64();
         Ok((self.totals, self.backends))
     }
@@ -389,6 +480,7 @@ impl ControlLoop {
             tpot_p99_ms: w.tpot_p99_ms,
             active_sequences: w.active_sequences,
             queue_depth: w.queue_depth,
+            demand: w.demand,
             in_force: self.in_force[g],
             last_clamped: self.last_clamped[g],
             settling: self.settling[g],

@@ -107,6 +107,11 @@ struct TraceRow {
     slo_violation: u8,
     /// Empty where the GPU does not report memory power.
     power_mem_w: Option<f64>,
+    /// Demand in the window; all four empty where the workload does not report demand.
+    requests_arrived: Option<u64>,
+    requests_turned_away: Option<u64>,
+    tokens_demanded: Option<u64>,
+    queue_wait_p99_ms: Option<f64>,
 }
 
 /// `value` rounded to `decimals` places, so the trace stays short to read and to store.
@@ -149,6 +154,13 @@ impl TraceRow {
             fallback: u8::from(r.fallback),
             slo_violation: u8::from(r.slo_violation),
             power_mem_w: r.power_mem_avg_w.map(|w| round(w, 2)),
+            requests_arrived: o.demand.map(|d| d.requests_arrived),
+            requests_turned_away: o.demand.map(|d| d.requests_turned_away),
+            tokens_demanded: o.demand.map(|d| d.tokens_demanded),
+            queue_wait_p99_ms: o
+                .demand
+                .and_then(|d| d.queue_wait_p99_ms)
+                .map(|w| round(w, 3)),
         }
     }
 }
@@ -278,7 +290,8 @@ mod tests {
              power_avg_w,power_peak_w,energy_j,energy_counter_j,tokens,tokens_per_joule,\
              tokens_per_s,sm_clock_mhz,mem_clock_mhz,temperature_c,gpu_util_pct,tpot_p50_ms,\
              tpot_p99_ms,active_sequences,queue_depth,sw_power_cap,settling,clamped,fallback,\
-             slo_violation,power_mem_w"
+             slo_violation,power_mem_w,requests_arrived,requests_turned_away,tokens_demanded,\
+             queue_wait_p99_ms"
         );
     }
 

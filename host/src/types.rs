@@ -127,6 +127,26 @@ pub struct WorkloadWindow {
     pub queue_depth: u32,
     /// Batch size in force.
     pub batch_size: u32,
+    /// What was asked of the workload, where the source knows it (the simulator's
+    /// arrivals); `None` for a closed-loop source that generates its own work.
+    pub demand: Option<DemandWindow>,
+}
+
+/// The demand a workload faced in one window: what arrived, what it finished, what it
+/// turned away, and how long admitted requests waited for a batch slot.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct DemandWindow {
+    /// Requests that arrived (admitted to the queue or turned away).
+    pub requests_arrived: u64,
+    /// Requests that generated their last token.
+    pub requests_completed: u64,
+    /// Requests turned away because the queue was full: demand not served.
+    pub requests_turned_away: u64,
+    /// Tokens the arrivals asked for (turned-away ones included).
+    pub tokens_demanded: u64,
+    /// 99th percentile of the wait from arrival to a batch slot, over the requests that
+    /// got a slot in the window, ms; `None` when none did.
+    pub queue_wait_p99_ms: Option<f64>,
 }
 
 /// One GPU over one control interval, as handed to the policy.
@@ -150,6 +170,8 @@ pub struct Observation {
     pub tpot_p99_ms: f64,
     pub active_sequences: u32,
     pub queue_depth: u32,
+    /// The demand in the window, where the workload knows it.
+    pub demand: Option<DemandWindow>,
     pub in_force: InForce,
     pub last_clamped: bool,
     pub settling: bool,
@@ -163,10 +185,16 @@ pub struct Objective {
     pub tpot_p99_limit_ms: Option<f64>,
     /// Smallest acceptable throughput per GPU, tokens/s.
     pub min_tokens_per_s: Option<f64>,
+    /// Largest acceptable p99 wait for a batch slot, ms (checked where the workload
+    /// reports demand).
+    #[serde(default)]
+    pub queue_wait_p99_limit_ms: Option<f64>,
 }
 
 impl Objective {
-    /// Whether an observation meets the objective. Idle intervals (no tokens) are not violations.
+    /// Whether an observation breaks the objective. Idle intervals (no tokens) meet the
+    /// latency bound; a window that turned demand away always breaks it, so a policy
+    /// cannot buy tokens per joule by serving less than arrives.
     pub fn violated_by(&self, obs: &Observation) -> bool {
         let tpot = self
             .tpot_p99_limit_ms
@@ -174,6 +202,56 @@ impl Objective {
         let throughput = self
             .min_tokens_per_s
             .is_some_and(|min| obs.queue_depth > 0 && obs.tokens_per_s < min);
-        tpot || throughput
+        let turned_away = obs.demand.is_some_and(|d| d.requests_turned_away > 0);
+        let queue_wait = match (self.queue_wait_p99_limit_ms, obs.demand) {
+            (Some(limit), Some(demand)) => demand.queue_wait_p99_ms.is_some_and(|w| w > limit),
+            _ => false,
+        };
+        tpot || throughput || turned_away || queue_wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn busy_observation(demand: Option<DemandWindow>) -> Observation {
+        Observation {
+            tokens: 100,
+            tpot_p99_ms: 10.0,
+            demand,
+            ..crate::bench::sample_observation(0, 0)
+        }
+    }
+
+    #[test]
+    fn a_tick_that_turns_demand_away_breaks_the_objective() {
+        let objective = Objective::default();
+        let served = DemandWindow {
+            requests_arrived: 5,
+            ..DemandWindow::default()
+        };
+        assert!(!objective.violated_by(&busy_observation(Some(served))));
+        let turned_away = DemandWindow {
+            requests_turned_away: 1,
+            ..served
+        };
+        assert!(objective.violated_by(&busy_observation(Some(turned_away))));
+        // Without demand figures there is nothing to judge it by.
+        assert!(!objective.violated_by(&busy_observation(None)));
+    }
+
+    #[test]
+    fn the_queue_wait_bound_is_checked_where_demand_is_known() {
+        let objective = Objective {
+            queue_wait_p99_limit_ms: Some(500.0),
+            ..Objective::default()
+        };
+        let wait = |ms| DemandWindow {
+            queue_wait_p99_ms: Some(ms),
+            ..DemandWindow::default()
+        };
+        assert!(!objective.violated_by(&busy_observation(Some(wait(400.0)))));
+        assert!(objective.violated_by(&busy_observation(Some(wait(600.0)))));
     }
 }

@@ -18,6 +18,7 @@ fn summary_keys_are_stable() {
             "actuator_errors",
             "clamped_decisions",
             "data_source",
+            "demand",
             "duration_s",
             "energy_j",
             "fallback_ticks",

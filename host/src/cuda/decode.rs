@@ -93,6 +93,8 @@ impl Window {
             active_sequences: active_batch,
             queue_depth: 0,
             batch_size: active_batch,
+            // A closed loop: the benchmark makes its own work, nothing arrives.
+            demand: None,
         };
         self.tokens = 0;
         self.steps = 0;

@@ -49,6 +49,7 @@ fn observation() -> Observation {
         tpot_p99_ms: 0.0,
         active_sequences: 0,
         queue_depth: 0,
+        demand: None,
         in_force: crate::types::InForce {
             power_cap_w: 700.0,
             power_cap_requested_w: 700.0,

@@ -548,6 +548,8 @@ impl GpuSim {
             active_sequences: self.running.len() as u32,
             queue_depth: u32::try_from(self.waiting()).unwrap_or(u32::MAX),
             batch_size: self.batch,
+            // Filled in by the demand accounting (issue 14).
+            demand: None,
         };
         step_times.clear();
         self.workload = WorkloadAccumulator {

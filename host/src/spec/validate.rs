@@ -153,7 +153,13 @@ fn ordered<T: PartialOrd + std::fmt::Display + Copy>(
 fn check_objective(raw: &RawSpec) -> Result<(), Problem> {
     let o = &raw.objective;
     positive_f64("objective", "tpot_p99_limit_ms", o.tpot_p99_limit_ms, false)?;
-    positive_f64("objective", "min_tokens_per_s", o.min_tokens_per_s, true)
+    positive_f64("objective", "min_tokens_per_s", o.min_tokens_per_s, true)?;
+    positive_f64(
+        "objective",
+        "queue_wait_p99_limit_ms",
+        o.queue_wait_p99_limit_ms,
+        false,
+    )
 }
 
 fn check_guardrails(raw: &RawSpec) -> Result<(), Problem> {

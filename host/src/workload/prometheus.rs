@@ -173,6 +173,7 @@ fn window_between(start: &Scrape, end: &Scrape) -> WorkloadWindow {
         active_sequences: 0,
         queue_depth: 0,
         batch_size: 1,
+        demand: None,
     }
 }
 
