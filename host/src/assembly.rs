@@ -226,25 +226,32 @@ pub fn assemble(
 
 /// The simulated GPU and the backends of a run on it.
 pub fn simulator(target: &SimTarget, seed: u64) -> Result<(SimGpu, Backends), AssemblyError> {
-    let clock: Arc<dyn Clock> = if target.realtime {
-        WallClock::new()
-    } else {
-        VirtualClock::new()
-    };
     let profile = GpuProfile::load(&target.profile)?;
     let scenario = match &target.scenario {
         Some(path) => Scenario::load(path)?,
         None => Scenario::built_in()?,
     };
-    let sim = SimGpu::new(
-        SimConfig {
-            profile,
-            scenario,
-            gpus: target.gpus,
-            seed,
-        },
-        clock.clone(),
-    )?;
+    let config = SimConfig {
+        profile,
+        scenario,
+        gpus: target.gpus,
+        seed,
+    };
+    simulator_from(config, target.realtime)
+}
+
+/// The simulated GPU of an already loaded profile and scenario (the judge builds its
+/// scenarios' profiles itself), and the backends of a run on it.
+pub fn simulator_from(
+    config: SimConfig,
+    realtime: bool,
+) -> Result<(SimGpu, Backends), AssemblyError> {
+    let clock: Arc<dyn Clock> = if realtime {
+        WallClock::new()
+    } else {
+        VirtualClock::new()
+    };
+    let sim = SimGpu::new(config, clock.clone())?;
     let backends = Backends {
         telemetry: sim.telemetry(),
         actuator: sim.actuator(),
