@@ -89,6 +89,9 @@ pub struct RunRequest {
     pub seed: u64,
     /// Replace the files of an earlier run in `out_dir`.
     pub overwrite: bool,
+    /// Write the run's files into `out_dir` (`false`: keep only the returned summary, as
+    /// the judge does for its hundreds of runs).
+    pub write_files: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -251,7 +254,11 @@ pub fn run_with_swaps(
         plugin = %plugin_path.display(),
         "policy started; first settings {first:?}"
     );
-    let mut recorder = Recorder::create(&request.out_dir, request.overwrite)?;
+    let mut recorder = if request.write_files {
+        Recorder::create(&request.out_dir, request.overwrite)?
+    } else {
+        Recorder::discard()
+    };
     let mut control = ControlLoop::new(
         backends,
         supervisor,

@@ -165,10 +165,16 @@ impl TraceRow {
     }
 }
 
-/// Writes the trace of a run into a folder.
+/// Writes the trace of a run into a folder, or nothing (the judge runs hundreds of runs and
+/// keeps only their totals).
 #[derive(Debug)]
 pub struct Recorder {
     dir: PathBuf,
+    files: Option<Files>,
+}
+
+#[derive(Debug)]
+struct Files {
     trace: csv::Writer<BufWriter<File>>,
     observations: BufWriter<File>,
 }
@@ -197,9 +203,24 @@ impl Recorder {
         let observations = open("observations.jsonl")?;
         Ok(Self {
             dir: dir.to_owned(),
-            trace,
-            observations,
+            files: Some(Files {
+                trace,
+                observations,
+            }),
         })
+    }
+
+    /// A recorder that writes nothing, not even a summary.
+    pub fn discard() -> Self {
+        Self {
+            dir: PathBuf::new(),
+            files: None,
+        }
+    }
+
+    /// Whether this recorder writes files.
+    pub fn writes_files(&self) -> bool {
+        self.files.is_some()
     }
 
     pub fn dir(&self) -> &Path {
@@ -214,26 +235,38 @@ impl Recorder {
     }
 
     pub fn record(&mut self, r: &TickRecord) -> Result<(), RecorderError> {
+        let Some(files) = self.files.as_mut() else {
+            return Ok(());
+        };
+        let dir = &self.dir;
+        let error = |name: &str, source: std::io::Error| RecorderError::Write {
+            path: dir.join(name),
+            source,
+        };
         // The csv writer writes the header before the first row.
-        if let Err(error) = self.trace.serialize(TraceRow::new(r)) {
-            return Err(self.write_error("trace.csv", error));
-        }
+        files
+            .trace
+            .serialize(TraceRow::new(r))
+            .map_err(|e| error("trace.csv", e.into()))?;
         let line = ObservationLine {
             format_version: OBSERVATIONS_FORMAT_VERSION,
             record: r,
         };
         let json = serde_json::to_string(&line)
-            .map_err(|e| self.write_error("observations.jsonl", std::io::Error::other(e)))?;
-        writeln!(self.observations, "{json}").map_err(|e| self.write_error("observations.jsonl", e))
+            .map_err(|e| error("observations.jsonl", std::io::Error::other(e)))?;
+        writeln!(files.observations, "{json}").map_err(|e| error("observations.jsonl", e))
     }
 
     /// Flush the trace and write `summary.json` (atomically: a reader never sees half a
     /// summary).
     pub fn finish<S: Serialize>(mut self, summary: &S) -> Result<(), RecorderError> {
-        if let Err(error) = self.trace.flush() {
+        let Some(files) = self.files.as_mut() else {
+            return Ok(());
+        };
+        if let Err(error) = files.trace.flush() {
             return Err(self.write_error("trace.csv", error));
         }
-        if let Err(error) = self.observations.flush() {
+        if let Err(error) = files.observations.flush() {
             return Err(self.write_error("observations.jsonl", error));
         }
         let json = serde_json::to_string_pretty(summary)
@@ -293,6 +326,27 @@ mod tests {
              slo_violation,power_mem_w,requests_arrived,requests_turned_away,tokens_demanded,\
              queue_wait_p99_ms"
         );
+    }
+
+    #[test]
+    fn a_discarding_recorder_writes_nothing() {
+        let mut recorder = Recorder::discard();
+        assert!(!recorder.writes_files());
+        let record = TickRecord {
+            time_s: 0.0,
+            policy: "p".into(),
+            observation: crate::bench::sample_observation(0, 0),
+            requested: Settings::default(),
+            applied: Settings::default(),
+            in_force_after: crate::bench::sample_observation(0, 0).in_force,
+            fallback: false,
+            clamped: false,
+            slo_violation: false,
+            energy_counter_j: 0.0,
+            power_mem_avg_w: None,
+        };
+        recorder.record(&record).expect("record");
+        recorder.finish(&"summary").expect("finish");
     }
 
     #[test]

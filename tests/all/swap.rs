@@ -86,6 +86,7 @@ fn swaps_every_few_ticks_miss_no_tick_carry_state_and_roll_back_a_broken_policy(
         cache_dir: Some(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache")),
         seed: 7,
         overwrite: false,
+        write_files: true,
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (summary, _) = agent::run_with_swaps(

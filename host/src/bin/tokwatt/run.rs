@@ -192,6 +192,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         cache_dir: args.cache_dir.clone(),
         seed: args.seed,
         overwrite: args.overwrite,
+        write_files: true,
     };
     let meta = assembled.meta;
     if !args.quiet {
