@@ -17,11 +17,14 @@
 //! It is a plain library: the policy crates link it into their components and export
 //! the policy themselves.
 
+pub mod batch_guard;
+pub mod clocks;
 mod config;
 mod objective;
 mod search;
 pub mod state;
 
+pub use batch_guard::{BatchGuard, BatchGuardConfig};
 pub use config::CapConfig;
 pub use objective::check_objective;
 pub use search::{
