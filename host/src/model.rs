@@ -23,6 +23,74 @@ pub const BYTES_PER_PARAM: u64 = 2;
 /// size given as the whole width).
 const ATTENTION_WIDTH_FACTOR: u64 = 4;
 
+/// Share of a device's memory held back from weights and KV cache: the CUDA context (~0.5 GB),
+/// activation and logit buffers, cuBLAS workspaces, CUDA graphs and allocator slack. Serving
+/// engines hold back about as much (vLLM's default `gpu_memory_utilization` is 0.9).
+pub const MEMORY_RESERVE_FRACTION: f64 = 0.10;
+
+/// A model that does not fit a device's memory at all.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MemoryFitError {
+    #[error(
+        "model '{model}' does not fit in {device_gb:.1} GB of device memory: its weights need \
+         {weights_gb:.1} GB and {usable_gb:.1} GB is usable (10 % is held back for the CUDA \
+         context and activations)"
+    )]
+    WeightsTooLarge {
+        model: String,
+        weights_gb: f64,
+        device_gb: f64,
+        usable_gb: f64,
+    },
+    #[error(
+        "model '{model}' fits in {device_gb:.1} GB of device memory, but not one sequence of \
+         {context} positions besides it: the KV cache needs {kv_gb_per_sequence:.2} GB per \
+         sequence and {left_gb:.2} GB is left after the weights ({weights_gb:.1} GB)"
+    )]
+    NoSequenceFits {
+        model: String,
+        context: u32,
+        kv_gb_per_sequence: f64,
+        weights_gb: f64,
+        left_gb: f64,
+        device_gb: f64,
+    },
+}
+
+/// The largest batch of `context`-position sequences whose KV cache fits beside the model's
+/// bf16 weights in `device_bytes` of memory, after [`MEMORY_RESERVE_FRACTION`]. The one rule
+/// the simulator and the CUDA workload share.
+pub fn max_batch_that_fits(
+    shape: &ModelShape,
+    context: u32,
+    device_bytes: u64,
+) -> Result<u32, MemoryFitError> {
+    let gb = |bytes: f64| bytes / 1e9;
+    let usable = device_bytes as f64 * (1.0 - MEMORY_RESERVE_FRACTION);
+    let weights = shape.weight_bytes() as f64;
+    if weights > usable {
+        return Err(MemoryFitError::WeightsTooLarge {
+            model: shape.name.clone(),
+            weights_gb: gb(weights),
+            device_gb: gb(device_bytes as f64),
+            usable_gb: gb(usable),
+        });
+    }
+    let per_sequence = shape.kv_cache_bytes(1, context).max(1) as f64;
+    let batch = ((usable - weights) / per_sequence).floor();
+    if batch < 1.0 {
+        return Err(MemoryFitError::NoSequenceFits {
+            model: shape.name.clone(),
+            context,
+            kv_gb_per_sequence: gb(per_sequence),
+            weights_gb: gb(weights),
+            left_gb: gb(usable - weights),
+            device_gb: gb(device_bytes as f64),
+        });
+    }
+    Ok(batch.min(f64::from(u32::MAX)) as u32)
+}
+
 /// Why a model shape could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -391,6 +459,41 @@ mod tests {
         assert_eq!(s.weight_bytes() - bytes, s.lm_head_params() * 2);
         let small = ModelShape::preset("llama-3.2-1b").unwrap();
         assert!((small.params_read_per_step() as f64 / 1e9 - 1.236).abs() < 0.001);
+    }
+
+    #[test]
+    fn the_largest_batch_that_fits_leaves_the_reserve_free() {
+        let shape = llama_8b();
+        let h200 = 141_000_000_000;
+        let batch = max_batch_that_fits(&shape, 1024, h200).unwrap();
+        let used = |b: u32| shape.weight_bytes() + shape.kv_cache_bytes(b, 1024);
+        let usable = (h200 as f64 * (1.0 - MEMORY_RESERVE_FRACTION)) as u64;
+        assert!(used(batch) <= usable && used(batch + 1) > usable);
+        // 126.9 GB usable - 16.1 GB of weights = 110.8 GB of 134 MB sequences: 825.
+        assert_eq!(batch, 825);
+        // A longer context fits fewer sequences; 80 GB fits fewer than 512 at 1024.
+        assert!(max_batch_that_fits(&shape, 4096, h200).unwrap() < batch / 3);
+        assert!(max_batch_that_fits(&shape, 1024, 80_000_000_000).unwrap() < 512);
+    }
+
+    #[test]
+    fn a_model_too_large_for_the_device_names_both_sizes() {
+        let err = max_batch_that_fits(&llama_8b(), 1024, 16_000_000_000).unwrap_err();
+        assert!(
+            matches!(err, MemoryFitError::WeightsTooLarge { .. }),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("16.0 GB of device memory") && text.contains("weights need 16.1 GB"),
+            "{text}"
+        );
+        // The weights fit, one sequence of a huge context does not.
+        let err = max_batch_that_fits(&llama_8b(), 1 << 20, 40_000_000_000).unwrap_err();
+        assert!(
+            matches!(err, MemoryFitError::NoSequenceFits { .. }),
+            "{err}"
+        );
     }
 
     #[test]

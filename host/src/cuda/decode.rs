@@ -24,7 +24,8 @@ pub struct CudaDecodeConfig {
     pub model: ModelShape,
     /// KV-cache positions each sequence attends over at every step.
     pub context: u32,
-    /// Buffers are allocated once for this many sequences.
+    /// Buffers are allocated once for this many sequences (fewer if the GPU's memory holds
+    /// fewer: see [`crate::model::max_batch_that_fits`]).
     pub batch_size_max: u32,
     /// Batch size of the first steps.
     pub batch_size: u32,
@@ -135,7 +136,9 @@ impl CudaDecode {
             window: Mutex::new(Window::default()),
             failure: Mutex::new(None),
         });
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<String, CudaError>>();
+        // The engine reports the GPU's name and the batch maximum it allocated (lower than asked
+        // when the memory does not hold that many sequences).
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(String, u32), CudaError>>();
         let thread_shared = shared.clone();
         let thread_config = config.clone();
         let thread = std::thread::Builder::new()
@@ -145,9 +148,9 @@ impl CudaDecode {
                 CudaError::ThreadStopped(format!("the decode thread could not start: {e}"))
             })?;
         match ready_rx.recv() {
-            Ok(Ok(gpu_name)) => Ok(CudaDecode {
+            Ok(Ok((gpu_name, batch_max))) => Ok(CudaDecode {
                 gpu_index: config.gpu_index,
-                batch_max: config.batch_size_max,
+                batch_max,
                 gpu_name,
                 shared,
                 thread: Some(thread),
@@ -265,7 +268,7 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
 fn decode_thread(
     config: CudaDecodeConfig,
     shared: Arc<Shared>,
-    ready: mpsc::Sender<Result<String, CudaError>>,
+    ready: mpsc::Sender<Result<(String, u32), CudaError>>,
 ) {
     let started = Engine::new(
         &config.model,
@@ -275,13 +278,16 @@ fn decode_thread(
         config.engine,
     )
     .and_then(|mut engine| {
-        engine.prepare(config.batch_size)?;
+        let batch = config.batch_size.min(engine.batch_max());
+        shared.requested_batch.store(batch, Ordering::Relaxed);
+        engine.prepare(batch)?;
         Ok(engine)
     });
     let mut engine = match started {
         Ok(engine) => {
             // The receiver only goes away if `new` is gone; then nobody needs the steps.
-            if ready.send(Ok(engine.gpu_name().to_owned())).is_err() {
+            let started = (engine.gpu_name().to_owned(), engine.batch_max());
+            if ready.send(Ok(started)).is_err() {
                 return;
             }
             engine

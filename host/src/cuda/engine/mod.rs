@@ -245,6 +245,9 @@ pub(crate) fn validate(shape: &ModelShape, context: u32, batch_max: u32) -> Resu
 impl Engine {
     /// Opens GPU `ordinal`, allocates everything for `batch_max` sequences of `context`
     /// positions, and fills weights, cache and first tokens with seeded random values.
+    /// `batch_max` is lowered to the largest batch that fits the device's memory (the rule the
+    /// simulator applies too, [`crate::model::max_batch_that_fits`]); [`Engine::batch_max`]
+    /// says what was allocated.
     pub fn new(
         shape: &ModelShape,
         context: u32,
@@ -255,6 +258,22 @@ impl Engine {
         validate(shape, context, batch_max)?;
         let gpu = Gpu::open(ordinal)?;
         gpu.bind()?;
+        let (_free, total) = gpu.memory()?;
+        let fits = crate::model::max_batch_that_fits(shape, context, total)
+            .map_err(|e| CudaError::Config(e.to_string()))?;
+        let batch_max = if batch_max > fits {
+            tracing::warn!(
+                requested = batch_max,
+                fits,
+                "batch_size_max does not fit the GPU's {:.1} GB with {} at {context} positions: \
+                 the batch is limited to {fits}",
+                total as f64 / 1e9,
+                shape.name
+            );
+            fits
+        } else {
+            batch_max
+        };
         let plan = BufferPlan::new(shape, batch_max, context, gpu.sms);
         let layout = WeightLayout::new(shape);
         let kv_per_layer = u64::from(batch_max) * u64::from(shape.kv_dim()) * u64::from(context);
