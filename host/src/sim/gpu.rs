@@ -18,7 +18,7 @@ use super::profile::GpuProfile;
 use super::scenario::Scenario;
 use crate::actuator::GpuSettings;
 use crate::rng::Rng;
-use crate::types::{ClockEvents, TelemetryWindow, WorkloadWindow};
+use crate::types::{ClockEvents, DemandWindow, TelemetryWindow, WorkloadWindow};
 
 /// Substeps per NVML update period.
 const SUBSTEPS_PER_UPDATE: u64 = 4;
@@ -46,8 +46,12 @@ pub struct SimTruth {
     pub target_sm_mhz: u32,
     /// Power over the last substep, watts.
     pub power_w: f64,
+    /// This board's power-sensor gain: NVML reads `gain ×` the true power (see `[nvml]`).
+    pub sensor_gain: f64,
     pub temperature_c: f64,
     pub requests_completed: u64,
+    /// Every arrival: admitted to the queue or turned away.
+    pub requests_arrived: u64,
     /// Arrivals turned away because the queue was full.
     pub requests_turned_away: u64,
     pub active_sequences: u32,
@@ -69,6 +73,8 @@ struct Readings {
 #[derive(Debug, Default)]
 struct TelemetryAccumulator {
     start_substep: u64,
+    /// The substep of the counter update the window's energy starts from.
+    start_update_substep: u64,
     start_counter_j: f64,
     samples: u32,
     peak_w: f64,
@@ -84,6 +90,11 @@ struct WorkloadAccumulator {
     start_steps: u64,
     /// (step time ms, decode steps) per busy substep.
     step_times: Vec<(f64, f64)>,
+    start_arrived: u64,
+    start_completed: u64,
+    start_turned_away: u64,
+    /// Queue waits (arrival to a batch slot), ms, of the requests that got a slot.
+    queue_waits_ms: Vec<f64>,
 }
 
 /// Independent random streams, so drawing more of one (e.g. arrival times, only needed when
@@ -130,7 +141,10 @@ pub(super) struct GpuSim {
     decode_steps: f64,
     running: VecDeque<f64>,
     paused: Vec<f64>,
-    queued: u64,
+    /// Arrival times (seconds) of the requests waiting for their first slot, oldest first;
+    /// at most the scenario's `queue_max`.
+    queue: VecDeque<f64>,
+    arrived: u64,
     turned_away: u64,
     completed: u64,
     tokens: f64,
@@ -142,6 +156,8 @@ pub(super) struct GpuSim {
     boxcar: VecDeque<f64>,
     boxcar_len: usize,
     readings: Readings,
+    /// The substep at which NVML last updated its readings.
+    last_update_substep: u64,
 
     telemetry: TelemetryAccumulator,
     workload: WorkloadAccumulator,
@@ -156,7 +172,7 @@ impl GpuSim {
     ) -> Self {
         let cost = DecodeCost::new(&scenario.model, scenario.context_tokens);
         let model = DecodeModel::new(&profile, &cost);
-        let nvml = profile.nvml;
+        let nvml = &profile.nvml;
         let substep_s = nvml.energy_update_s / SUBSTEPS_PER_UPDATE as f64;
         let substep_ns = ((substep_s * 1e9).round() as u64).max(1);
         let substep_s = substep_ns as f64 * 1e-9;
@@ -168,8 +184,11 @@ impl GpuSim {
         };
         let thermal_alpha = 1.0 - (-substep_s / profile.thermal.time_constant_s).exp();
         let stream_base = u64::from(index) << 8;
+        // Drawn whether or not the profile fixes this board's gain, so a fixed gain on one
+        // board leaves the others' draws as they were.
         let mut gain_stream = Rng::stream(seed, stream_base | 4);
-        let gain = 1.0 + nvml.gain_error_max * (2.0 * gain_stream.uniform() - 1.0);
+        let drawn_gain = 1.0 + nvml.gain_error_max * (2.0 * gain_stream.uniform() - 1.0);
+        let gain = nvml.fixed_gain(index).unwrap_or(drawn_gain);
         let idle_w = profile.idle.power_w;
         let boxcar_len =
             ((nvml.power_average_window_s / nvml.energy_update_s).round() as usize).max(1);
@@ -202,7 +221,8 @@ impl GpuSim {
             decode_steps: 0.0,
             running: VecDeque::new(),
             paused: Vec::new(),
-            queued: 0,
+            queue: VecDeque::new(),
+            arrived: 0,
             turned_away: 0,
             completed: 0,
             tokens: 0.0,
@@ -218,6 +238,7 @@ impl GpuSim {
                 sm_mhz: idle_mhz,
                 temperature_c,
             },
+            last_update_substep: 0,
             telemetry: TelemetryAccumulator::default(),
             workload: WorkloadAccumulator::default(),
             mem_grid,
@@ -245,8 +266,9 @@ impl GpuSim {
 
     fn substep(&mut self) {
         let dt = self.substep_s;
-        self.draw_arrivals(dt);
-        self.rebalance();
+        let start_s = self.now_s();
+        self.draw_arrivals(start_s, dt);
+        self.rebalance(start_s);
         self.steer_clock();
 
         let mut elapsed = 0.0;
@@ -290,20 +312,22 @@ impl GpuSim {
                 if at > elapsed + 1e-12 {
                     break;
                 }
-                self.enqueue(1);
+                self.enqueue(start_s + at);
                 next_arrival += 1;
             }
-            self.rebalance();
+            self.rebalance(start_s + elapsed);
         }
 
         self.finish_substep(energy, busy, steps_taken);
     }
 
-    /// Arrivals of this substep: the count from its own stream (identical for every policy);
-    /// their times within the substep only matter, and are only drawn, when a slot is free.
-    fn draw_arrivals(&mut self, dt: f64) {
+    /// Arrivals of this substep: the count from its own stream (identical for every policy).
+    /// When a slot is free their times decide when decoding starts, so they are drawn (from a
+    /// stream of their own); when none is, they queue behind others and are spread evenly
+    /// over the substep — their waits are then exact to a fraction of a substep, at no cost.
+    fn draw_arrivals(&mut self, start_s: f64, dt: f64) {
         self.arrival_offsets.clear();
-        let rate = self.scenario.arrival_rps_at(self.now_s());
+        let rate = self.scenario.arrival_rps_at(start_s);
         let count = self.streams.arrival_counts.poisson(rate * dt);
         if count == 0 {
             return;
@@ -315,24 +339,38 @@ impl GpuSim {
                 .extend((0..count).map(|_| times.uniform() * dt));
             self.arrival_offsets.sort_unstable_by(f64::total_cmp);
         } else {
-            self.enqueue(count);
+            let room = self.queue_room();
+            let spacing = dt / count as f64;
+            let accepted = count.min(room);
+            self.queue
+                .extend((0..accepted).map(|i| start_s + (i as f64 + 0.5) * spacing));
+            self.arrived += count;
+            self.turned_away += count - accepted;
         }
     }
 
-    fn enqueue(&mut self, count: u64) {
-        let room = u64::from(self.scenario.queue_max).saturating_sub(self.queued);
-        let accepted = count.min(room);
-        self.queued += accepted;
-        self.turned_away += count - accepted;
+    /// One arrival at `arrival_s`: queued, or turned away when the queue is full.
+    fn enqueue(&mut self, arrival_s: f64) {
+        self.arrived += 1;
+        if self.queue_room() > 0 {
+            self.queue.push_back(arrival_s);
+        } else {
+            self.turned_away += 1;
+        }
+    }
+
+    fn queue_room(&self) -> u64 {
+        u64::from(self.scenario.queue_max).saturating_sub(self.queue.len() as u64)
     }
 
     fn waiting(&self) -> u64 {
-        self.queued + self.paused.len() as u64
+        (self.queue.len() + self.paused.len()) as u64
     }
 
     /// Active sequences = min(batch size, requests in the system): pause the sequences with the
-    /// most tokens left when the batch shrank, fill free slots (paused sequences first).
-    fn rebalance(&mut self) {
+    /// most tokens left when the batch shrank, fill free slots (paused sequences first: they
+    /// waited already, and their wait is not a new one). `now_s` is when the slots open.
+    fn rebalance(&mut self, now_s: f64) {
         let batch = self.batch as usize;
         while self.running.len() > batch {
             if let Some(finish) = self.running.pop_back() {
@@ -344,8 +382,9 @@ impl GpuSim {
                 let finish = self.decode_steps + left;
                 let at = self.running.partition_point(|&f| f <= finish);
                 self.running.insert(at, finish);
-            } else if self.queued > 0 {
-                self.queued -= 1;
+            } else if let Some(arrival_s) = self.queue.pop_front() {
+                let wait_ms = (now_s - arrival_s).max(0.0) * 1e3;
+                self.workload.queue_waits_ms.push(wait_ms);
                 // Every finish time so far is at most this one: the queue stays sorted.
                 self.running
                     .push_back(self.decode_steps + f64::from(self.scenario.output_tokens));
@@ -391,6 +430,12 @@ impl GpuSim {
         }
     }
 
+    /// The true power the firmware's limiter holds to: it acts on the board's own sensor, so
+    /// with gain `g` the sensed power stays under the cap and the true power under `cap / g`.
+    fn limiter_cap_w(&self) -> f64 {
+        self.enforced_cap_w() / self.gain
+    }
+
     /// The firmware picks a target clock for the load at the start of the substep; the clock
     /// moves toward it with the settle lag.
     fn steer_clock(&mut self) {
@@ -405,7 +450,7 @@ impl GpuSim {
             let key = self.settings_key();
             self.cache.check_settings(key);
             let lock_max = key.1;
-            let (model, cap_w, mem_mhz) = (&self.model, self.enforced_cap_w(), self.mem_mhz);
+            let (model, cap_w, mem_mhz) = (&self.model, self.limiter_cap_w(), self.mem_mhz);
             self.cache.clock(active, || {
                 model.firmware_clock(active, cap_w, lock_max, mem_mhz)
             })
@@ -440,18 +485,26 @@ impl GpuSim {
     }
 
     /// NVML's update: counter, boxcar average, an instantaneous sample, clock, temperature.
+    ///
+    /// The sensor reads `gain ×` the true power plus noise: one draw per update, shared by the
+    /// instantaneous sample and the counter's increment (the counter integrates the same
+    /// sensor), so a 1 s window carries about `noise / sqrt(10)` and the average reading,
+    /// built from the increments, agrees with the counter.
     fn nvml_update(&mut self) {
-        let nvml = self.profile.nvml;
-        let sensed_bin_j = self.bin_energy_j * self.gain;
+        let nvml = &self.profile.nvml;
+        let update_s = nvml.energy_update_s;
+        let dynamic_w = (self.last_power_w - self.profile.idle.power_w).max(0.0);
+        let noise_sd = nvml.instantaneous_noise_w + nvml.instantaneous_noise_fraction * dynamic_w;
+        let noise_w = noise_sd * self.streams.sensor.normal();
+        // The counter never runs backwards.
+        let sensed_bin_j = (self.bin_energy_j * self.gain + noise_w * update_s).max(0.0);
         self.bin_energy_j = 0.0;
-        self.boxcar.push_back(sensed_bin_j / nvml.energy_update_s);
+        self.boxcar.push_back(sensed_bin_j / update_s);
         while self.boxcar.len() > self.boxcar_len {
             self.boxcar.pop_front();
         }
-        let dynamic_w = (self.last_power_w - self.profile.idle.power_w).max(0.0);
-        let noise_sd = nvml.instantaneous_noise_w + nvml.instantaneous_noise_fraction * dynamic_w;
-        let inst =
-            (self.last_power_w * self.gain + noise_sd * self.streams.sensor.normal()).max(0.0);
+        let inst = (self.last_power_w * self.gain + noise_w).max(0.0);
+        self.last_update_substep = self.substeps_done;
         self.readings = Readings {
             energy_counter_j: self.readings.energy_counter_j + sensed_bin_j,
             power_avg_w: self.boxcar.iter().sum::<f64>() / self.boxcar.len() as f64,
@@ -498,11 +551,18 @@ impl GpuSim {
         let acc = std::mem::take(&mut self.telemetry);
         self.telemetry = TelemetryAccumulator {
             start_substep: self.substeps_done,
+            start_update_substep: self.last_update_substep,
             start_counter_j: self.readings.energy_counter_j,
             clocks: Vec::with_capacity(acc.clocks.capacity()),
             ..TelemetryAccumulator::default()
         };
-        let interval_s = (self.substeps_done - acc.start_substep) as f64 * self.substep_s;
+        let elapsed_s = (self.substeps_done - acc.start_substep) as f64 * self.substep_s;
+        // As NVML's sampler: the energy is the counter difference between two updates, so the
+        // interval is the span between those updates, not the time between reads. A read off an
+        // update boundary (any wall-clock run) would otherwise put up to one update too many or
+        // too few into the window's power.
+        let interval_s =
+            (self.last_update_substep - acc.start_update_substep) as f64 * self.substep_s;
         let mut clocks = acc.clocks;
         clocks.sort_unstable();
         let sm_clock_mhz = clocks
@@ -522,8 +582,8 @@ impl GpuSim {
             sm_clock_mhz,
             mem_clock_mhz: self.mem_mhz.round() as u32,
             temperature_c: self.readings.temperature_c,
-            gpu_util_pct: if interval_s > 0.0 {
-                (acc.busy_s / interval_s * 100.0).clamp(0.0, 100.0)
+            gpu_util_pct: if elapsed_s > 0.0 {
+                (acc.busy_s / elapsed_s * 100.0).clamp(0.0, 100.0)
             } else {
                 0.0
             },
@@ -540,6 +600,15 @@ impl GpuSim {
         let tokens_now = self.tokens.floor() as u64;
         let steps_now = self.decode_steps.floor() as u64;
         let mut step_times = std::mem::take(&mut self.workload.step_times);
+        let mut waits = std::mem::take(&mut self.workload.queue_waits_ms);
+        let arrived = self.arrived - self.workload.start_arrived;
+        let demand = DemandWindow {
+            requests_arrived: arrived,
+            requests_completed: self.completed - self.workload.start_completed,
+            requests_turned_away: self.turned_away - self.workload.start_turned_away,
+            tokens_demanded: arrived.saturating_mul(u64::from(self.scenario.output_tokens)),
+            queue_wait_p99_ms: nearest_rank_percentile(&mut waits, 0.99),
+        };
         let window = WorkloadWindow {
             tokens: tokens_now - self.workload.start_tokens,
             steps: steps_now - self.workload.start_steps,
@@ -548,14 +617,18 @@ impl GpuSim {
             active_sequences: self.running.len() as u32,
             queue_depth: u32::try_from(self.waiting()).unwrap_or(u32::MAX),
             batch_size: self.batch,
-            // Filled in by the demand accounting (issue 14).
-            demand: None,
+            demand: Some(demand),
         };
         step_times.clear();
+        waits.clear();
         self.workload = WorkloadAccumulator {
             start_tokens: tokens_now,
             start_steps: steps_now,
             step_times,
+            start_arrived: self.arrived,
+            start_completed: self.completed,
+            start_turned_away: self.turned_away,
+            queue_waits_ms: waits,
         };
         window
     }
@@ -606,8 +679,10 @@ impl GpuSim {
             sm_mhz: self.sm_mhz,
             target_sm_mhz: self.target.sm_mhz,
             power_w: self.last_power_w,
+            sensor_gain: self.gain,
             temperature_c: self.temperature_c,
             requests_completed: self.completed,
+            requests_arrived: self.arrived,
             requests_turned_away: self.turned_away,
             active_sequences: self.running.len() as u32,
             waiting: self.waiting(),
@@ -668,6 +743,16 @@ fn slot<T>(table: &mut Vec<Option<T>>, active: u32) -> &mut Option<T> {
     &mut table[index]
 }
 
+/// The `q` quantile (nearest rank) of `values`, `None` when there are none.
+fn nearest_rank_percentile(values: &mut [f64], q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    let (_, value, _) = values.select_nth_unstable_by(rank - 1, f64::total_cmp);
+    Some(*value)
+}
+
 /// The `q` quantile of values weighted by their counts (0 with no samples).
 fn weighted_percentile(samples: &mut [(f64, f64)], q: f64) -> f64 {
     samples.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
@@ -688,7 +773,15 @@ fn weighted_percentile(samples: &mut [(f64, f64)], q: f64) -> f64 {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // tests may unwrap
 mod tests {
-    use super::weighted_percentile;
+    use super::{nearest_rank_percentile, weighted_percentile};
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut waits: Vec<f64> = (1..=200).rev().map(f64::from).collect();
+        assert_eq!(nearest_rank_percentile(&mut waits, 0.99), Some(198.0));
+        assert_eq!(nearest_rank_percentile(&mut [5.0], 0.99), Some(5.0));
+        assert_eq!(nearest_rank_percentile(&mut [], 0.99), None);
+    }
 
     #[test]
     fn weighted_percentiles() {

@@ -73,6 +73,12 @@ pub enum SimError {
     Model(#[from] crate::model::ModelError),
     #[error("the simulation needs 1 to {MAX_GPUS} GPUs (got {0})")]
     GpuCount(u32),
+    /// The model's weights (or one sequence's KV cache beside them) exceed the profile's memory.
+    #[error("GPU profile '{profile}': {source}")]
+    Memory {
+        profile: String,
+        source: crate::model::MemoryFitError,
+    },
 }
 
 /// What to simulate.
@@ -93,6 +99,9 @@ pub struct SimGpu {
     profile: Arc<GpuProfile>,
     scenario: Arc<Scenario>,
     devices: Arc<Vec<DeviceInfo>>,
+    /// The scenario's `batch_size_max`, or the largest batch that fits the device's memory
+    /// if that is smaller.
+    batch_size_max: u32,
 }
 
 #[derive(Debug)]
@@ -136,6 +145,31 @@ impl SimGpu {
             origin: format!("'{}' ({})", scenario.description, scenario.model_name),
             problem,
         })?;
+        let fits = crate::model::max_batch_that_fits(
+            &scenario.model,
+            scenario.context_tokens,
+            profile.memory_bytes(),
+        )
+        .map_err(|source| SimError::Memory {
+            profile: profile.id.clone(),
+            source,
+        })?;
+        let mut scenario = scenario;
+        if scenario.batch_size_max > fits {
+            tracing::warn!(
+                requested = scenario.batch_size_max,
+                fits,
+                "the scenario's batch_size_max does not fit {} ({} GB) with {} at {} positions: \
+                 the batch is limited to {fits}",
+                profile.name,
+                profile.memory.size_gb,
+                scenario.model_name,
+                scenario.context_tokens
+            );
+            scenario.batch_size_max = fits;
+            scenario.initial_batch_size = scenario.initial_batch_size.min(fits);
+        }
+        let batch_size_max = scenario.batch_size_max;
         let profile = Arc::new(profile);
         let scenario = Arc::new(scenario);
         let devices = (0..gpus)
@@ -152,6 +186,7 @@ impl SimGpu {
             profile,
             scenario,
             devices: Arc::new(devices),
+            batch_size_max,
         })
     }
 
@@ -172,6 +207,8 @@ impl SimGpu {
         &self.profile
     }
 
+    /// The scenario as simulated: `batch_size_max` (and the initial batch) limited to what
+    /// fits the device's memory.
     pub fn scenario(&self) -> &Scenario {
         &self.scenario
     }
@@ -379,7 +416,7 @@ impl Workload for SimWorkload {
     }
 
     fn batch_size_max(&self, _gpu: u32) -> u32 {
-        self.sim.scenario.batch_size_max
+        self.sim.batch_size_max
     }
 
     fn batch_size(&self, gpu: u32) -> u32 {
@@ -390,7 +427,7 @@ impl Workload for SimWorkload {
     }
 
     fn set_batch_size(&mut self, gpu: u32, batch: u32) -> Result<(), WorkloadError> {
-        let max = self.sim.scenario.batch_size_max;
+        let max = self.sim.batch_size_max;
         let mut state = self.sim.lock();
         let count = state.count();
         let board = state

@@ -83,6 +83,9 @@ pub struct Idle {
 pub struct Memory {
     /// Datasheet peak memory bandwidth, TB/s (the denominator of memory utilisation).
     pub peak_bandwidth_tbs: f64,
+    /// Device memory, GB (10^9 bytes), as on the datasheet: weights and KV cache must fit
+    /// (see [`crate::model::fit_batch`]).
+    pub size_gb: f64,
 }
 
 /// Step-time constants of the decode model.
@@ -123,7 +126,7 @@ pub struct PowerConstants {
 }
 
 /// How NVML reports power and energy.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NvmlBehaviour {
     /// Update period of the energy counter and the power readings, seconds.
@@ -135,10 +138,42 @@ pub struct NvmlBehaviour {
     pub instantaneous_noise_fraction: f64,
     /// Time for the SM clock to reach a new target (95 %), seconds.
     pub settle_s: f64,
-    /// Largest per-board gain error of the power sensor (fraction; each simulated board draws one).
+    /// Largest per-board gain error of the power sensor (fraction): a board without a fixed
+    /// `gain` draws one, uniform in `1 ± gain_error_max`, from the seed and its index.
     pub gain_error_max: f64,
+    /// Fixed sensor gains: one for every board, or a list by board index (boards past its end
+    /// draw theirs). NVML reads `gain ×` the true power; the power limiter acts on that reading.
+    #[serde(default)]
+    pub gain: Option<SensorGain>,
     /// Lognormal sigma of the decode step time.
     pub step_time_jitter: f64,
+}
+
+/// Fixed power-sensor gains (`[nvml] gain = 1.0` or `gain = [1.0, 1.03]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum SensorGain {
+    Every(f64),
+    PerBoard(Vec<f64>),
+}
+
+impl NvmlBehaviour {
+    /// Board `index`'s fixed gain, if the profile gives one.
+    pub fn fixed_gain(&self, index: u32) -> Option<f64> {
+        match &self.gain {
+            None => None,
+            Some(SensorGain::Every(gain)) => Some(*gain),
+            Some(SensorGain::PerBoard(gains)) => gains.get(index as usize).copied(),
+        }
+    }
+
+    fn fixed_gains(&self) -> &[f64] {
+        match &self.gain {
+            None => &[],
+            Some(SensorGain::Every(gain)) => std::slice::from_ref(gain),
+            Some(SensorGain::PerBoard(gains)) => gains,
+        }
+    }
 }
 
 /// First-order thermal model: `T → ambient + resistance·P` with a time constant.
@@ -223,6 +258,11 @@ impl GpuProfile {
         clocks.sort_unstable_by(|a, b| b.cmp(a));
         clocks.dedup();
         clocks
+    }
+
+    /// Device memory, bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        (self.memory.size_gb * 1e9) as u64
     }
 
     /// Highest supported SM clock, MHz.
@@ -332,6 +372,9 @@ impl GpuProfile {
         );
         checks.in_range("nvml.settle_s", n.settle_s, 0.0, 60.0);
         checks.in_range("nvml.gain_error_max", n.gain_error_max, 0.0, 0.5);
+        for gain in n.fixed_gains() {
+            checks.in_range("nvml.gain", *gain, 0.5, 1.5);
+        }
         checks.in_range("nvml.step_time_jitter", n.step_time_jitter, 0.0, 1.0);
 
         let t = &self.thermal;

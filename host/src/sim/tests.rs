@@ -32,15 +32,39 @@ fn sim_with(
     gpus: u32,
     seed: u64,
 ) -> (SimGpu, Arc<VirtualClock>) {
+    sim_on(GpuProfile::load(profile).unwrap(), scenario, gpus, seed)
+}
+
+fn sim_on(
+    profile: GpuProfile,
+    scenario: Scenario,
+    gpus: u32,
+    seed: u64,
+) -> (SimGpu, Arc<VirtualClock>) {
     let clock = VirtualClock::new();
     let config = SimConfig {
-        profile: GpuProfile::load(profile).unwrap(),
+        profile,
         scenario,
         gpus,
         seed,
     };
     let sim = SimGpu::new(config, clock.clone()).unwrap();
     (sim, clock)
+}
+
+/// A profile whose every board reads through the calibration board's sensor (gain 1).
+fn calibration_board(profile: &str) -> GpuProfile {
+    let mut profile = GpuProfile::load(profile).unwrap();
+    profile.nvml.gain = Some(profile::SensorGain::Every(1.0));
+    profile
+}
+
+/// The calibration board without sensor noise: for checking NVML's timing alone.
+fn noiseless(profile: &str) -> GpuProfile {
+    let mut profile = calibration_board(profile);
+    profile.nvml.instantaneous_noise_w = 0.0;
+    profile.nvml.instantaneous_noise_fraction = 0.0;
+    profile
 }
 
 fn secs(s: f64) -> Duration {
@@ -118,7 +142,12 @@ fn a_saturated_run_through_the_traits_matches_the_measured_rows() {
         (512, 17011.64, 703.48),
     ];
     for (batch, tokens_per_s, watts) in measured {
-        let (sim, clock) = sim_with("h200", saturated("llama-3-8b", 1024, batch), 1, 3);
+        let (sim, clock) = sim_on(
+            calibration_board("h200"),
+            saturated("llama-3-8b", 1024, batch),
+            1,
+            3,
+        );
         let (mut telemetry, mut workload) = (sim.telemetry(), sim.workload());
         clock.sleep_until(secs(4.0));
         telemetry.read_window(0).unwrap();
@@ -144,7 +173,7 @@ fn a_saturated_run_through_the_traits_matches_the_measured_rows() {
 
 #[test]
 fn the_energy_counter_moves_in_100_ms_quanta() {
-    let (sim, clock) = sim_with("h200", saturated("llama-3-8b", 1024, 64), 1, 5);
+    let (sim, clock) = sim_on(noiseless("h200"), saturated("llama-3-8b", 1024, 64), 1, 5);
     let mut telemetry = sim.telemetry();
     clock.sleep_until(secs(2.0));
     let start = telemetry.read_window(0).unwrap().energy_counter_j;
@@ -196,7 +225,7 @@ fn the_average_reading_ramps_over_one_second() {
             outside_power_limit_w: None,
         },
     ];
-    let (sim, clock) = sim_with("h200", scenario, 1, 9);
+    let (sim, clock) = sim_on(noiseless("h200"), scenario, 1, 9);
     let mut telemetry = sim.telemetry();
     let mut readings = Vec::new();
     for ms in (1_900..=3_600).step_by(100) {
@@ -245,14 +274,18 @@ fn a_low_cap_lowers_the_clock_and_holds_the_power_under_it() {
     );
     assert!(after.clock_events.sw_power_cap);
     assert_eq!(after.power_limit_enforced_w, 400.0);
+    // The limiter holds the board's own (gain-scaled) reading under the cap; what is left above
+    // it is the sensor noise: ~28 W per 100 ms update at 400 W, 5 W over 3 s, 9 W over 1 s.
+    let truth = sim.truth(0).unwrap();
+    assert!(truth.sensor_gain != 1.0, "{truth:?}");
     assert!(
-        after.energy_j / after.interval_s <= 400.0,
+        after.energy_j / after.interval_s <= 400.0 + 3.0 * 28.0 / 30f64.sqrt(),
         "{} W",
         after.energy_j / after.interval_s
     );
-    assert!(after.power_avg_reading_w <= 400.0);
-    let truth = sim.truth(0).unwrap();
-    assert!(truth.power_w <= 400.0 && truth.power_w > 380.0, "{truth:?}");
+    assert!(after.power_avg_reading_w <= 400.0 + 3.0 * 28.0 / 10f64.sqrt());
+    let sensed = truth.power_w * truth.sensor_gain;
+    assert!(sensed <= 400.0 && sensed > 380.0, "{truth:?}");
     let settings = actuator.read(0).unwrap();
     assert_eq!(
         (settings.power_cap_w, settings.power_cap_enforced_w),
@@ -405,7 +438,7 @@ fn an_idle_gpu_reports_idle_power_low_clock_and_gpu_idle() {
         arrival_rps: 0.0,
         outside_power_limit_w: None,
     }];
-    let (sim, clock) = sim_with("h200", scenario, 1, 29);
+    let (sim, clock) = sim_on(calibration_board("h200"), scenario, 1, 29);
     let (mut telemetry, mut workload) = (sim.telemetry(), sim.workload());
     clock.sleep_until(secs(5.0));
     let t = telemetry.read_window(0).unwrap();
@@ -517,8 +550,288 @@ fn a_thirty_minute_eight_gpu_run_completes_through_the_traits() {
         let truth = sim.truth(gpu).unwrap();
         assert_eq!(truth.time_s, 1800.0);
         assert_eq!(tokens[gpu as usize], truth.tokens.floor() as u64);
-        // The counter lags the truth by at most one update, and carries no gain error here.
-        assert!((energy[gpu as usize] - truth.energy_j).abs() < 80.0);
+        // The counter reads the truth through the board's gain, lags it by at most one update
+        // (~70 J) and carries the sensor noise (~5 J per update: ~0.7 kJ over 18 000 updates).
+        let expected = truth.energy_j * truth.sensor_gain;
+        assert!(
+            (energy[gpu as usize] - expected).abs() < 80.0 + 3_000.0,
+            "gpu {gpu}: {} J read, {expected} J through the gain",
+            energy[gpu as usize]
+        );
         assert!(truth.tokens > 1e7);
+    }
+}
+
+// ---- Demand accounting ----
+
+/// `output_tokens`-token requests arriving at `rps`, served at batch `batch`, with room for
+/// `queue_max` waiting.
+fn serving(rps: f64, batch: u32, queue_max: u32) -> Scenario {
+    let mut scenario = Scenario::built_in().unwrap();
+    scenario.initial_batch_size = batch;
+    scenario.queue_max = queue_max;
+    scenario.phases = vec![Phase {
+        start_s: 0.0,
+        arrival_rps: rps,
+        outside_power_limit_w: None,
+    }];
+    scenario
+}
+
+/// Demand summed over 1 s windows from 1 s to `until_s` (the first window read at 1 s).
+fn demand_over(sim: &SimGpu, clock: &VirtualClock, until_s: u32) -> crate::types::DemandWindow {
+    let mut workload = sim.workload();
+    let mut total = crate::types::DemandWindow::default();
+    for tick in 1..=until_s {
+        clock.sleep_until(secs(f64::from(tick)));
+        let d = workload.read_window(0).unwrap().demand.unwrap();
+        total.requests_arrived += d.requests_arrived;
+        total.requests_completed += d.requests_completed;
+        total.requests_turned_away += d.requests_turned_away;
+        total.tokens_demanded += d.tokens_demanded;
+        // The worst window's p99.
+        total.queue_wait_p99_ms = match (total.queue_wait_p99_ms, d.queue_wait_p99_ms) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    total
+}
+
+#[test]
+fn arrivals_are_the_admitted_plus_the_turned_away() {
+    // The built-in scenario's saturating phase overflows the queue.
+    let scenario = Scenario::built_in().unwrap();
+    let rps = scenario.phases[0].arrival_rps;
+    let (sim, clock) = sim_with("h200", scenario, 1, 5);
+    let demand = demand_over(&sim, &clock, 120);
+    let truth = sim.truth(0).unwrap();
+    assert_eq!(demand.requests_arrived, truth.requests_arrived);
+    assert_eq!(demand.requests_turned_away, truth.requests_turned_away);
+    assert_eq!(demand.requests_completed, truth.requests_completed);
+    assert!(demand.requests_turned_away > 0, "{demand:?}");
+    // Admitted = completed + decoding + waiting.
+    let admitted = truth.requests_completed + u64::from(truth.active_sequences) + truth.waiting;
+    assert_eq!(
+        demand.requests_arrived,
+        admitted + demand.requests_turned_away
+    );
+    assert_eq!(demand.tokens_demanded, demand.requests_arrived * 256);
+    assert!(
+        (demand.requests_arrived as f64 / (rps * 120.0) - 1.0).abs() < 0.02,
+        "{demand:?}"
+    );
+}
+
+#[test]
+fn a_batch_1_policy_under_heavy_load_turns_demand_away() {
+    // 5 requests/s of 256 tokens: 1280 tokens/s asked; batch 1 serves ~200, batch 64 ~8800.
+    let turned_away = |batch: u32| {
+        let (sim, clock) = sim_with("h200", serving(5.0, batch, 64), 1, 8);
+        let demand = demand_over(&sim, &clock, 60);
+        (demand, sim.truth(0).unwrap())
+    };
+    let (small, truth) = turned_away(1);
+    assert_eq!(small.requests_turned_away, truth.requests_turned_away);
+    // Of ~300 arrivals, batch 1 serves under 50 and the queue holds 64.
+    assert!(small.requests_turned_away > 150, "{small:?}");
+    assert!(small.requests_completed < 50, "{small:?}");
+    // Waits reach tens of seconds: 64 requests ahead, ~1.3 s each.
+    assert!(small.queue_wait_p99_ms.unwrap() > 10_000.0, "{small:?}");
+    let (large, _) = turned_away(64);
+    assert_eq!(large.requests_turned_away, 0, "{large:?}");
+    assert_eq!(large.requests_arrived, small.requests_arrived);
+    assert!(large.queue_wait_p99_ms.unwrap() < 1.0, "{large:?}");
+}
+
+#[test]
+fn the_queue_wait_grows_when_the_batch_is_cut() {
+    // 20 requests/s of 256 tokens (5120 tokens/s): batch 64 keeps up, batch 8 (~1500 tokens/s)
+    // cannot.
+    let (sim, clock) = sim_with("h200", serving(20.0, 64, 100_000), 1, 12);
+    let mut workload = sim.workload();
+    clock.sleep_until(secs(20.0));
+    workload.read_window(0).unwrap();
+    clock.sleep_until(secs(30.0));
+    let before = workload.read_window(0).unwrap().demand.unwrap();
+    workload.set_batch_size(0, 8).unwrap();
+    clock.sleep_until(secs(40.0));
+    workload.read_window(0).unwrap();
+    clock.sleep_until(secs(50.0));
+    let after = workload.read_window(0).unwrap().demand.unwrap();
+    let (before_ms, after_ms) = (
+        before.queue_wait_p99_ms.unwrap(),
+        after.queue_wait_p99_ms.unwrap(),
+    );
+    assert!(before_ms < 100.0, "{before:?}");
+    assert!(
+        after_ms > 5_000.0,
+        "before {before_ms} ms, after {after_ms} ms"
+    );
+    // Served requests fall to what batch 8 gets through: far fewer than arrive.
+    assert!(
+        after.requests_completed * 2 < after.requests_arrived,
+        "{after:?}"
+    );
+}
+
+#[test]
+fn a_window_with_no_admission_has_no_queue_wait() {
+    let (sim, clock) = sim_with("h200", serving(0.0, 8, 64), 1, 1);
+    let mut workload = sim.workload();
+    clock.sleep_until(secs(2.0));
+    let demand = workload.read_window(0).unwrap().demand.unwrap();
+    assert_eq!(demand, crate::types::DemandWindow::default());
+    assert_eq!(demand.queue_wait_p99_ms, None);
+}
+
+// ---- What the power sensor reports ----
+
+/// Energy per 1 s window of a saturated batch-64 run from 2 s to 62 s.
+fn window_watts(profile: GpuProfile, seed: u64) -> Vec<f64> {
+    let (sim, clock) = sim_on(profile, saturated("llama-3-8b", 1024, 64), 1, seed);
+    let mut telemetry = sim.telemetry();
+    clock.sleep_until(secs(2.0));
+    telemetry.read_window(0).unwrap();
+    (3..=62)
+        .map(|s| {
+            clock.sleep_until(secs(f64::from(s)));
+            let t = telemetry.read_window(0).unwrap();
+            t.energy_j / t.interval_s
+        })
+        .collect()
+}
+
+fn mean_and_sd(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+#[test]
+fn doubling_the_sensor_noise_doubles_the_spread_of_window_energy() {
+    let normal = calibration_board("h200");
+    let mut doubled = normal.clone();
+    doubled.nvml.instantaneous_noise_w *= 2.0;
+    doubled.nvml.instantaneous_noise_fraction *= 2.0;
+    let (mean, sd) = mean_and_sd(&window_watts(normal, 4));
+    let (mean2, sd2) = mean_and_sd(&window_watts(doubled, 4));
+    let (_, quiet) = mean_and_sd(&window_watts(noiseless("h200"), 4));
+    // ~692 W, 9 % of the 570 W above idle per 100 ms update: ~16 W over a 1 s window.
+    assert!((mean / 692.0 - 1.0).abs() < 0.03 && (mean2 / mean - 1.0).abs() < 0.02);
+    assert!((10.0..25.0).contains(&sd), "sd {sd} W");
+    assert!(
+        (1.6..2.4).contains(&(sd2 / sd)),
+        "sd {sd} W, doubled {sd2} W"
+    );
+    assert!(quiet < 0.5, "without noise: sd {quiet} W");
+}
+
+#[test]
+fn the_sensed_power_never_sits_above_the_enforced_cap_beyond_noise() {
+    // Eight boards, each with its own drawn gain, capped at 400 W under saturating load.
+    let (sim, clock) = sim_with("h200", saturated("llama-3-8b", 1024, 256), 8, 21);
+    let (mut telemetry, mut actuator) = (sim.telemetry(), sim.actuator());
+    for gpu in 0..8 {
+        actuator.set_power_cap(gpu, 400.0).unwrap();
+    }
+    clock.sleep_until(secs(3.0));
+    for gpu in 0..8 {
+        telemetry.read_window(gpu).unwrap();
+    }
+    // Noise at 400 W: 1.5 + 0.09 · 278 = 26.5 W per update, 8.4 W over a 1 s window.
+    let window_sd = 26.5 / 10f64.sqrt();
+    let mut watts = vec![Vec::new(); 8];
+    for s in 4..=33 {
+        clock.sleep_until(secs(f64::from(s)));
+        for gpu in 0..8 {
+            let t = telemetry.read_window(gpu).unwrap();
+            let w = t.energy_j / t.interval_s;
+            assert!(w <= 400.0 + 4.0 * window_sd, "gpu {gpu} at {s} s: {w} W");
+            assert!(t.power_avg_reading_w <= 400.0 + 4.0 * window_sd);
+            watts[gpu as usize].push(w);
+        }
+    }
+    let mut gains = Vec::new();
+    for gpu in 0..8 {
+        let (mean, _) = mean_and_sd(&watts[gpu as usize]);
+        // Over 30 s the noise averages out (1.5 W): the reading sits just under the cap
+        // whatever the gain, while the true power differs by the gain.
+        assert!((385.0..=403.0).contains(&mean), "gpu {gpu}: mean {mean} W");
+        let truth = sim.truth(gpu).unwrap();
+        assert!(truth.power_w * truth.sensor_gain <= 400.0, "{truth:?}");
+        gains.push(truth.sensor_gain);
+    }
+    // The gains differ by board and stay within the profile's ±5 %.
+    assert!(gains.iter().all(|g| (0.95..=1.05).contains(g)), "{gains:?}");
+    let spread = gains.iter().copied().fold(f64::MIN, f64::max)
+        - gains.iter().copied().fold(f64::MAX, f64::min);
+    assert!(spread > 0.02, "{gains:?}");
+}
+
+#[test]
+fn a_fixed_gain_is_honoured_per_board() {
+    let mut profile = GpuProfile::load("h200").unwrap();
+    profile.nvml.gain = Some(profile::SensorGain::PerBoard(vec![1.0, 1.04]));
+    let mut idle = saturated("llama-3-8b", 1024, 1);
+    idle.phases[0].arrival_rps = 0.0;
+    let (sim, clock) = sim_on(profile, idle.clone(), 3, 6);
+    let mut telemetry = sim.telemetry();
+    clock.sleep_until(secs(10.0));
+    let watts: Vec<f64> = (0..3)
+        .map(|gpu| {
+            let t = telemetry.read_window(gpu).unwrap();
+            t.energy_j / t.interval_s
+        })
+        .collect();
+    let gains: Vec<f64> = (0..3)
+        .map(|gpu| sim.truth(gpu).unwrap().sensor_gain)
+        .collect();
+    assert_eq!(&gains[..2], &[1.0, 1.04]);
+    // Board 2 is past the list: it draws its gain.
+    assert!(
+        gains[2] != 1.0 && (0.95..=1.05).contains(&gains[2]),
+        "{gains:?}"
+    );
+    assert!((watts[0] - 122.0).abs() < 0.5, "{watts:?}");
+    assert!((watts[1] - 122.0 * 1.04).abs() < 0.5, "{watts:?}");
+
+    // One gain for every board, from a profile file.
+    let text = include_str!("../../profiles/h200.toml").replace(
+        "gain_error_max = 0.05",
+        "gain_error_max = 0.05\ngain = 0.97",
+    );
+    let profile = GpuProfile::from_toml_str(&text, "fixed.toml").unwrap();
+    let (sim, _) = sim_on(profile, idle, 2, 6);
+    for gpu in 0..2 {
+        assert_eq!(sim.truth(gpu).unwrap().sensor_gain, 0.97);
+    }
+}
+
+#[test]
+fn windows_read_between_counter_updates_report_consistent_power() {
+    // A wall-clock run reads at arbitrary times: the window's interval is the span between the
+    // counter updates its energy lies between, so energy / interval is the power, never a
+    // window's worth of energy over a shorter (or longer) interval.
+    let (sim, clock) = sim_on(noiseless("h200"), saturated("llama-3-8b", 1024, 64), 1, 2);
+    let mut telemetry = sim.telemetry();
+    clock.sleep_until(secs(3.0));
+    telemetry.read_window(0).unwrap();
+    let mut at_ms = 3_000;
+    for step_ms in [130, 70, 30, 260, 110, 90, 45, 155, 1_030, 170].repeat(3) {
+        at_ms += step_ms;
+        clock.sleep_until(Duration::from_millis(at_ms));
+        let t = telemetry.read_window(0).unwrap();
+        if t.interval_s == 0.0 {
+            assert_eq!(t.energy_j, 0.0, "at {at_ms} ms");
+            continue;
+        }
+        let watts = t.energy_j / t.interval_s;
+        assert!(
+            (watts / 692.0 - 1.0).abs() < 0.01,
+            "at {at_ms} ms: {watts} W over {} s",
+            t.interval_s
+        );
     }
 }
