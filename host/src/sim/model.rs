@@ -130,8 +130,7 @@ impl DecodeModel {
 
     /// `x·v²` at relative clock `x`: how clocked power scales.
     fn clock_power_factor(&self, x: f64) -> f64 {
-        let v = (1.0 - self.power.voltage_slope * (1.0 - x)).max(self.power.v_min);
-        x * v * v
+        self.power.clock_factor(x)
     }
 
     /// Time and power of one step of `active` sequences at `sm_mhz` and `mem_mhz`. With no
@@ -348,6 +347,58 @@ mod tests {
             model.steady_state(16, 700.0, 1980, 3201.0).limit,
             ClockLimit::None
         );
+    }
+
+    /// A user profile for a smaller card, and the built-ins: no step beats the weights over the
+    /// peak bandwidth, and the firmware keeps the power between idle and the cap.
+    #[test]
+    fn every_profile_gives_physically_possible_steps() {
+        let fixture = GpuProfile::from_toml_str(
+            include_str!("../../profiles/fixtures/l40s-class.toml"),
+            "l40s-class.toml",
+        )
+        .unwrap();
+        let mut profiles: Vec<GpuProfile> = GpuProfile::built_in_names()
+            .map(|name| GpuProfile::load(name).unwrap())
+            .collect();
+        profiles.push(fixture);
+        for profile in &profiles {
+            let peak = profile.memory.peak_bandwidth_tbs * 1e12;
+            let mem_mhz = f64::from(profile.mem_max_mhz());
+            let caps = &profile.power_cap;
+            let lowest = profile.sm_clocks_mhz().last().copied().unwrap();
+            for preset in ["llama-3.2-1b", "llama-3-8b"] {
+                let shape = ModelShape::preset(preset).unwrap();
+                for context in [1024, 4096] {
+                    let fits =
+                        crate::model::max_batch_that_fits(&shape, context, profile.memory_bytes())
+                            .unwrap();
+                    let cost = DecodeCost::new(&shape, context);
+                    let model = DecodeModel::new(profile, &cost);
+                    for batch in [1, 8, 64, 256, 512].map(|b: u32| b.min(fits)) {
+                        let bytes =
+                            cost.weight_bytes + f64::from(batch) * cost.kv_bytes_per_sequence;
+                        for cap in [caps.min_w, caps.default_w, caps.max_w] {
+                            let s = model.steady_state(batch, cap, u32::MAX, mem_mhz);
+                            let at = format!(
+                                "{} {preset} ctx {context} b{batch} cap {cap}: {s:?}",
+                                profile.id
+                            );
+                            assert!(
+                                s.step_s >= bytes / peak,
+                                "{at}: faster than the peak bandwidth"
+                            );
+                            assert!(s.power_w >= 0.95 * profile.idle.power_w, "{at}: below idle");
+                            assert!(
+                                s.power_w <= cap || s.sm_mhz == lowest,
+                                "{at}: above the cap"
+                            );
+                            assert!(s.power_w <= caps.max_w, "{at}: above the largest cap");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

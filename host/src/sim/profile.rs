@@ -10,6 +10,12 @@ use serde::Deserialize;
 
 use super::SimError;
 
+/// How far the decode model's idle power may sit from `idle.power_w`: the larger of these.
+const IDLE_TOLERANCE_FRACTION: f64 = 0.05;
+const IDLE_TOLERANCE_W: f64 = 5.0;
+/// The share of the default power limit the model must reach at full load.
+const FULL_LOAD_REACH: f64 = 0.9;
+
 /// The built-in profiles: (name, TOML text).
 const BUILT_IN: [(&str, &str); 3] = [
     ("a100", include_str!("../../profiles/a100.toml")),
@@ -123,6 +129,14 @@ pub struct PowerConstants {
     pub voltage_slope: f64,
     /// Lowest relative voltage.
     pub v_min: f64,
+}
+
+impl PowerConstants {
+    /// `x·v²` at relative clock `x = f / f_max`: how clocked power scales.
+    pub fn clock_factor(&self, x: f64) -> f64 {
+        let v = (1.0 - self.voltage_slope * (1.0 - x)).max(self.v_min);
+        x * v * v
+    }
 }
 
 /// How NVML reports power and energy.
@@ -260,6 +274,20 @@ impl GpuProfile {
         clocks
     }
 
+    /// The decode model's power with nothing to run, at the idle SM clock: `p0 + clock·x·v²`
+    /// (the model's `point` with no active sequence).
+    pub fn model_idle_power_w(&self) -> f64 {
+        let x = f64::from(self.clocks.idle_sm_mhz) / f64::from(self.sm_max_mhz().max(1));
+        self.power.p0_w + self.power.clock_w * self.power.clock_factor(x)
+    }
+
+    /// The decode model's power flat out: the highest clock, memory at its peak bandwidth and the
+    /// SMs fully busy (`u_m = u_c = 1`). No decode step draws more before the limiter acts.
+    pub fn model_full_load_power_w(&self) -> f64 {
+        let p = &self.power;
+        p.p0_w + p.clock_w + p.memory_w + p.core_w
+    }
+
     /// Device memory, bytes.
     pub fn memory_bytes(&self) -> u64 {
         (self.memory.size_gb * 1e9) as u64
@@ -325,6 +353,7 @@ impl GpuProfile {
             )
         });
         checks.positive("memory.peak_bandwidth_tbs", self.memory.peak_bandwidth_tbs);
+        checks.in_range("memory.size_gb", self.memory.size_gb, 0.1, 100_000.0);
 
         let d = &self.decode;
         checks.positive("decode.overhead_per_layer_us", d.overhead_per_layer_us);
@@ -349,6 +378,7 @@ impl GpuProfile {
         checks.in_range("power.stream_activity", p.stream_activity, 0.0, 1.0);
         checks.in_range("power.voltage_slope", p.voltage_slope, 0.0, 1.0);
         checks.in_range("power.v_min", p.v_min, 0.01, 1.0);
+        self.validate_physics(&mut checks);
 
         let n = &self.nvml;
         checks.positive("nvml.energy_update_s", n.energy_update_s);
@@ -385,6 +415,54 @@ impl GpuProfile {
         checks.positive("thermal.time_constant_s", t.time_constant_s);
 
         checks.finish()
+    }
+
+    /// Relations between sections that keep the model's steps physically possible.
+    fn validate_physics(&self, checks: &mut Checks) {
+        let peak = self.memory.peak_bandwidth_tbs;
+        for (field, value) in [
+            (
+                "decode.weights_bandwidth_tbs",
+                self.decode.weights_bandwidth_tbs,
+            ),
+            ("decode.kv_bandwidth_tbs", self.decode.kv_bandwidth_tbs),
+        ] {
+            checks.require(!value.is_finite() || value <= peak, || {
+                format!(
+                    "{field} ({value}) must not exceed memory.peak_bandwidth_tbs ({peak}): no step \
+                     streams memory faster than the device's peak"
+                )
+            });
+        }
+        // The simulator draws idle.power_w with nothing to run and the model's formula the
+        // moment work starts: the two must agree, or power jumps at the first request.
+        let model_idle = self.model_idle_power_w();
+        let idle = self.idle.power_w;
+        let tolerance = (IDLE_TOLERANCE_FRACTION * idle).max(IDLE_TOLERANCE_W);
+        checks.require((model_idle - idle).abs() <= tolerance, || {
+            format!(
+                "power.p0_w ({}) + power.clock_w ({}) x {:.3} (x·v² at clocks.idle_sm_mhz = {} MHz) = \
+                 {model_idle:.1} W contradicts idle.power_w ({idle} W): they must agree within \
+                 {tolerance:.1} W",
+                self.power.p0_w,
+                self.power.clock_w,
+                self.power.clock_factor(
+                    f64::from(self.clocks.idle_sm_mhz) / f64::from(self.sm_max_mhz().max(1))
+                ),
+                self.clocks.idle_sm_mhz
+            )
+        });
+        // A device at full load reaches its default limit (its TDP); a model that cannot leaves
+        // every cap in the range without effect.
+        let full = self.model_full_load_power_w();
+        let default_w = self.power_cap.default_w;
+        checks.require(full >= FULL_LOAD_REACH * default_w, || {
+            format!(
+                "power.core_w: at full load the model draws at most {full:.0} W (p0_w + clock_w + \
+                 memory_w + core_w), far below power_cap.default_w ({default_w} W); a device at \
+                 full load reaches its default limit"
+            )
+        });
     }
 
     fn validate_clocks(&self, checks: &mut Checks) {
@@ -571,6 +649,102 @@ mod tests {
         );
         let profile = GpuProfile::from_toml_str(&text, "list.toml").unwrap();
         assert_eq!(profile.sm_clocks_mhz(), vec![1980, 1500, 390]);
+    }
+
+    /// The h200 profile with `key = ...` replaced, validated: the error text.
+    fn refusal(key: &str, replacement: &str) -> String {
+        let text = replace_line(BUILT_IN[2].1, key, replacement);
+        GpuProfile::from_toml_str(&text, "edited.toml")
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn decode_bandwidth_above_the_memory_peak_is_refused() {
+        let err = refusal("weights_bandwidth_tbs", "weights_bandwidth_tbs = 5.2");
+        assert!(
+            err.contains(
+                "decode.weights_bandwidth_tbs (5.2) must not exceed memory.peak_bandwidth_tbs (4.8)"
+            ),
+            "{err}"
+        );
+        let err = refusal("kv_bandwidth_tbs", "kv_bandwidth_tbs = 4.81");
+        assert!(
+            err.contains("decode.kv_bandwidth_tbs (4.81) must not exceed"),
+            "{err}"
+        );
+        assert!(!err.contains("weights_bandwidth"), "{err}");
+    }
+
+    #[test]
+    fn power_constants_contradicting_idle_power_are_refused() {
+        // p0 + clock at the idle clock (1980 MHz) is 122 W; 150 W is not.
+        let err = refusal("p0_w", "p0_w = 128.0");
+        assert!(
+            err.contains("power.p0_w (128) + power.clock_w (22)"),
+            "{err}"
+        );
+        assert!(err.contains("contradicts idle.power_w (122 W)"), "{err}");
+        // Within the tolerance (5 W or 5 %) it loads.
+        GpuProfile::from_toml_str(
+            &replace_line(BUILT_IN[2].1, "p0_w", "p0_w = 104.0"),
+            "close.toml",
+        )
+        .unwrap();
+        // A low idle clock lowers the model's idle power (x·v² = 0.083 at 390 MHz): 102 W.
+        let err = refusal("idle_sm_mhz", "idle_sm_mhz = 390");
+        assert!(
+            err.contains("clocks.idle_sm_mhz = 390 MHz) = 101.8 W"),
+            "{err}"
+        );
+        let err = refusal("power_w", "power_w = 90.0");
+        assert!(err.contains("contradicts idle.power_w (90 W)"), "{err}");
+    }
+
+    #[test]
+    fn a_model_that_cannot_reach_the_cap_range_is_refused() {
+        let err = refusal("core_w", "core_w = 300.0");
+        assert!(
+            err.contains("power.core_w: at full load the model draws at most 592 W")
+                && err.contains("power_cap.default_w (700 W)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn memory_size_must_be_given_and_sane() {
+        let err = refusal("size_gb", "size_gb = 0.0");
+        assert!(err.contains("memory.size_gb must lie between"), "{err}");
+        let text = BUILT_IN[2].1.replace("size_gb = 141.0", "");
+        let err = GpuProfile::from_toml_str(&text, "nosize.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("size_gb"), "{err}");
+    }
+
+    #[test]
+    fn fixed_gains_load_as_one_or_a_list_and_are_range_checked() {
+        let with = |line: &str| {
+            BUILT_IN[2].1.replace(
+                "gain_error_max = 0.05",
+                &format!("gain_error_max = 0.05\n{line}"),
+            )
+        };
+        let every = GpuProfile::from_toml_str(&with("gain = 1.0"), "one.toml").unwrap();
+        assert_eq!(every.nvml.fixed_gain(5), Some(1.0));
+        let list = GpuProfile::from_toml_str(&with("gain = [1.0, 0.98]"), "list.toml").unwrap();
+        assert_eq!(
+            (list.nvml.fixed_gain(1), list.nvml.fixed_gain(2)),
+            (Some(0.98), None)
+        );
+        let err = GpuProfile::from_toml_str(&with("gain = [1.0, 2.5]"), "bad.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("nvml.gain must lie between 0.5 and 1.5 (got 2.5)"),
+            "{err}"
+        );
+        assert_eq!(GpuProfile::load("h200").unwrap().nvml.fixed_gain(0), None);
     }
 
     #[test]
