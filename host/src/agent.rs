@@ -286,5 +286,23 @@ pub fn run_with_swaps(
         totals,
     };
     recorder.finish(&summary)?;
+    if request.write_files {
+        write_report(&request.out_dir, &spec.objective);
+    }
     Ok((summary, backends))
+}
+
+/// `report.html` beside the trace. The run's data is already safe on disk, so a report
+/// that fails to render costs a warning, not the run.
+fn write_report(out_dir: &Path, objective: &crate::types::Objective) {
+    let path = out_dir.join(crate::report::RUN_REPORT_FILE);
+    let written = crate::report::run_report_with_objective(out_dir, objective)
+        .and_then(|html| crate::report::write_atomically(&path, &html));
+    if let Err(error) = written {
+        tracing::warn!("no report for this run: {error}");
+        // An earlier run's report (under --overwrite) must not pass for this run's.
+        if path.exists() && std::fs::remove_file(&path).is_err() {
+            tracing::warn!("{} is an earlier run's report", path.display());
+        }
+    }
 }

@@ -27,6 +27,7 @@ pub mod nvml;
 pub mod plugin;
 pub mod policy;
 pub mod recorder;
+pub mod report;
 pub mod restore;
 pub mod rng;
 pub mod sim;

@@ -21,8 +21,14 @@ pub const TRACE_FORMAT_VERSION: u32 = 1;
 /// Version of the records in `observations.jsonl`.
 pub const OBSERVATIONS_FORMAT_VERSION: u32 = 1;
 
-/// The files a run writes into its output folder.
-pub const OUTPUT_FILES: [&str; 3] = ["summary.json", "trace.csv", "observations.jsonl"];
+/// The files a run writes into its output folder (`report.html` is written by
+/// `agent` from the others, after them).
+pub const OUTPUT_FILES: [&str; 4] = [
+    "summary.json",
+    "trace.csv",
+    "observations.jsonl",
+    "report.html",
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecorderError {

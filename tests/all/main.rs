@@ -8,6 +8,7 @@ mod bad_input;
 mod hostile;
 mod long_run;
 mod outputs;
+mod report;
 mod restore;
 mod shipped_policies;
 mod swap;

@@ -5,6 +5,7 @@
 mod bench;
 mod check;
 mod gpus;
+mod report;
 mod restore;
 mod run;
 
@@ -41,6 +42,8 @@ enum Command {
         #[command(subcommand)]
         what: bench::BenchCommand,
     },
+    /// Render a run's report.html again from its summary.json and trace.csv.
+    Report(report::ReportArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -52,6 +55,7 @@ fn main() -> std::process::ExitCode {
         Command::Restore(args) => restore::restore(&args),
         Command::Gpus(args) => gpus::gpus(&args),
         Command::Bench { what } => bench::bench(what),
+        Command::Report(args) => report::report(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
