@@ -20,12 +20,20 @@
 pub mod batch_guard;
 pub mod clocks;
 mod config;
+pub mod knob_ladder;
+pub mod ladder;
+mod ladder_config;
+pub mod measure;
 mod objective;
 mod search;
 pub mod state;
+pub mod stats;
 
 pub use batch_guard::{BatchGuard, BatchGuardConfig};
 pub use config::CapConfig;
+pub use knob_ladder::KnobLadder;
+pub use ladder::LadderSearch;
+pub use ladder_config::LadderConfig;
 pub use objective::check_objective;
 pub use search::{
     CAP_TOLERANCE_W, CapSearch, Direction, Measurement, SloFloor, Window, WindowScope,

@@ -1,0 +1,712 @@
+//! A noise-aware search over a ladder of settings of one knob, ordered from the least
+//! power (rung 0) to the most: power caps on a grid, or the supported SM clocks.
+//!
+//! # Bracketing: a golden-section search on noisy figures
+//!
+//! Tokens per joule along such a ladder rises to one peak and falls (or, while the GPU
+//! keeps up with demand, rises all the way down to the lowest setting that still keeps
+//! up). The search keeps a *bracket* `[lo, hi]` of rungs known to hold the peak, starting
+//! with the whole ladder, and measures two rungs inside it at the golden ratio, the
+//! upper one first (the safe side). Each is measured tick by tick; once both have
+//! `min_window_ticks` settled, busy ticks they are compared (see [`compare_arms`]: on
+//! power when both kept up with demand, on tokens per joule otherwise), and a difference
+//! counts only beyond `z` standard errors, with the per-tick noise pooled over every
+//! window (per-window noise does not cancel between settings; a board's constant gain
+//! error does). Then, as in a golden-section search:
+//!
+//! - the lower rung better: the peak is below the upper one, `hi` moves down to it;
+//! - the upper rung better: `lo` moves up to the lower one;
+//! - still within the noise after `max_window_ticks`: the point estimates decide, as in
+//!   a plain golden-section search (a wrong call needs the two to be close, so it costs
+//!   little).
+//!
+//! Records persist per rung (fading after `memory_ticks`), so a rung measured before is
+//! not measured again, and the bracket shrinks by about 0.618 per window: some nine
+//! windows from a ladder of fifty rungs to three. Then the search settles on the best
+//! rung of the bracket.
+//!
+//! # Settled: following a drift
+//!
+//! Every `recheck_windows` windows at the settled rung it probes a neighbour (sides
+//! alternate, a better side is kept) and moves there if it is better beyond the noise.
+//!
+//! # Bounds and the objective
+//!
+//! A rung whose window has a mean p99 time per token within `tpot_margin` of the limit,
+//! or whose queue grows (by `queue_growth` requests a tick past `queue_min`) where a
+//! higher rung kept up with demand, is out of bounds: it becomes a *floor*, below which
+//! the search does not go for `floor_hold_windows` windows, and the bracket starts above
+//! it. A tick that breaks the objective (see [`objective_breach`]) does the same at once,
+//! and moves the GPU up: to the settled rung when it was a probe below it, otherwise into
+//! the bracket above the breaking rung. While such a move settles, further breaches wait.
+//!
+//! # Re-exploration
+//!
+//! When the tokens per second at a rung move by `shift_factor` from that rung's record,
+//! or a queue appears or vanishes, for `shift_ticks` ticks in a row (see
+//! [`ShiftDetector`]), every record is dropped and a new bracket is searched: below the
+//! rung in force after a fall in load (less work needs less power), the whole ladder
+//! after a rise (measuring its upper point first, the safe side). A queue that grows at
+//! a probe means a rung too slow or a rise in demand; the search measures the higher
+//! rung that kept up again to tell: if the queue drains there, the probe was too slow (a
+//! floor); if not, the demand rose (a re-exploration).
+
+use crate::ladder_config::LadderConfig;
+use crate::measure::{
+    ArmRecord, Noise, Shift, ShiftDetector, ShiftRule, TickFigures, compare_arms, objective_breach,
+};
+use crate::stats::{RunningStats, Verdict};
+use tokwatt_policy_sdk::{Objective, Observation, StateReader, StateWriter, debug, info};
+
+/// Ticks the setting in force may differ from the one asked for before the search takes
+/// the one in force as its own (something outside holds the knob).
+const MISMATCH_TICKS: u32 = 5;
+
+/// Bracket updates one tick may make from records already taken, before it must measure.
+const MOVES_PER_TICK: u32 = 16;
+
+/// A rung that broke the objective or went out of bounds, and how many more windows the
+/// search stays above it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Floor {
+    pub rung: usize,
+    pub windows_left: u32,
+}
+
+/// The ticks of the current visit to a rung.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LadderWindow {
+    /// The visit's own ticks, for the noise estimate and the bounds.
+    pub record: ArmRecord,
+    pub tpot_p99_ms: RunningStats,
+    /// Requests waiting on the visit's first and latest tick.
+    pub queue_start: u32,
+    pub queue_last: u32,
+}
+
+/// The ladder search of one GPU. Rungs are indices into the policy's ordered settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LadderSearch {
+    pub gpu: u32,
+    /// Per rung, what it has done since the last re-exploration.
+    pub rungs: Vec<ArmRecord>,
+    /// The rung asked for.
+    pub current: usize,
+    /// The bracket searched while not settled.
+    pub lo: usize,
+    pub hi: usize,
+    /// The rung settled on, once the bracket closed.
+    pub incumbent: Option<usize>,
+    /// Windows at the settled rung since the last probe of a neighbour.
+    pub windows_at_incumbent: u32,
+    /// The side of the next neighbour probe: +1 up, -1 down.
+    pub recheck_direction: i32,
+    pub floor: Option<Floor>,
+    pub window: LadderWindow,
+    pub noise: Noise,
+    pub shift: ShiftDetector,
+    /// Ticks in a row at a rung other than the one asked for.
+    pub mismatch_ticks: u32,
+    /// True from a raise for the objective until a settled tick shows it.
+    pub raised: bool,
+    /// A rung whose queue grew, and the higher rung that kept up, being measured again
+    /// to tell a rung too slow for the demand from a rise in demand.
+    pub queue_suspect: Option<QueueSuspect>,
+}
+
+/// A rung whose queue grew where a higher one had kept up with demand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueSuspect {
+    pub rung: usize,
+    /// The higher rung that kept up, measured again.
+    pub reference: usize,
+}
+
+/// Why a rung is out of bounds.
+enum Bound {
+    /// The window's p99 time per token is too close to the limit.
+    Latency(String),
+    /// The queue grew where the `reference` rung had kept up.
+    Queue { reason: String, reference: usize },
+}
+
+impl LadderSearch {
+    /// A search over `rung_count` rungs that starts at the top one, bracketing them all.
+    ///
+    /// # Errors
+    /// When there is no rung.
+    pub fn new(gpu: u32, rung_count: usize, config: &LadderConfig) -> Result<LadderSearch, String> {
+        let Some(top) = rung_count.checked_sub(1) else {
+            return Err(format!("gpu {gpu}: no setting to search"));
+        };
+        Ok(LadderSearch {
+            gpu,
+            rungs: vec![ArmRecord::default(); rung_count],
+            current: top,
+            lo: 0,
+            hi: top,
+            incumbent: None,
+            windows_at_incumbent: 0,
+            recheck_direction: -1,
+            floor: None,
+            window: LadderWindow::default(),
+            noise: Noise::new(config.noise_cv),
+            shift: ShiftDetector::default(),
+            mismatch_ticks: 0,
+            raised: false,
+            queue_suspect: None,
+        })
+    }
+
+    pub fn top(&self) -> usize {
+        self.rungs.len().saturating_sub(1)
+    }
+
+    /// Takes one tick, observed at rung `in_force`, and returns the rung to ask for.
+    pub fn observe(
+        &mut self,
+        observation: &Observation,
+        in_force: usize,
+        objective: &Objective,
+        config: &LadderConfig,
+    ) -> usize {
+        let in_force = in_force.min(self.top());
+        if let Some(breach) = objective_breach(observation, objective) {
+            if !(observation.settling && self.raised) {
+                self.raise_for_objective(in_force, &breach, config);
+            }
+            return self.current;
+        }
+        if !observation.settling {
+            self.raised = false;
+        }
+        if in_force != self.current {
+            self.mismatch_ticks += 1;
+            if self.mismatch_ticks <= MISMATCH_TICKS {
+                return self.current;
+            }
+            debug!(
+                "gpu {}: rung {in_force} is in force, not {}; searching from it",
+                self.gpu, self.current
+            );
+            self.current = in_force;
+            self.window = LadderWindow::default();
+        }
+        self.mismatch_ticks = 0;
+        let Some(figures) = TickFigures::of(observation) else {
+            return self.current;
+        };
+        let rule = ShiftRule {
+            factor: config.shift_factor,
+            ticks: config.shift_ticks,
+            queue_min: config.queue_min,
+            min_record_ticks: config.min_window_ticks,
+        };
+        if let Some(shift) = self
+            .shift
+            .observe(&self.rungs[self.current], &figures, &rule)
+        {
+            self.reexplore(shift, config);
+            return self.current;
+        }
+        if self.window.record.ticks() == 0 {
+            self.window.queue_start = figures.queue_depth;
+        }
+        self.window.queue_last = figures.queue_depth;
+        self.window.record.push(&figures, config.memory_ticks);
+        self.window
+            .tpot_p99_ms
+            .push(figures.tpot_p99_ms, config.memory_ticks);
+        self.rungs[self.current].push(&figures, config.memory_ticks);
+        self.judge(objective, config);
+        self.current
+    }
+
+    /// Drops every record and brackets again: below the rung in force after a fall in
+    /// load, above it after a rise.
+    pub fn reexplore(&mut self, shift: Shift, config: &LadderConfig) {
+        info!(
+            "gpu {}: the workload shifted ({}); searching again",
+            self.gpu,
+            match shift {
+                Shift::Rise => "more work",
+                Shift::Fall => "less work",
+            }
+        );
+        self.rungs.fill(ArmRecord::default());
+        self.floor = None;
+        self.shift = ShiftDetector::default();
+        self.queue_suspect = None;
+        let (lo, hi) = match shift {
+            Shift::Rise => (0, self.top()),
+            Shift::Fall => (0, self.current),
+        };
+        self.start_bracket(lo, hi, config);
+    }
+
+    /// Searches `[lo, hi]` afresh (records are kept), moving to its first point.
+    fn start_bracket(&mut self, lo: usize, hi: usize, config: &LadderConfig) {
+        self.incumbent = None;
+        self.windows_at_incumbent = 0;
+        self.lo = lo.max(self.lowest_allowed()).min(self.top());
+        self.hi = hi.max(self.lo).min(self.top());
+        self.window = LadderWindow::default();
+        self.bracket_step(config);
+    }
+
+    fn raise_for_objective(&mut self, in_force: usize, breach: &str, config: &LadderConfig) {
+        self.set_floor(in_force, config);
+        match self.incumbent {
+            Some(incumbent) if incumbent > in_force => {
+                self.current = incumbent;
+                self.recheck_direction = 1;
+                self.windows_at_incumbent = 0;
+                self.window = LadderWindow::default();
+            }
+            _ => {
+                let hi = self.hi.max(in_force + 1);
+                self.start_bracket(in_force + 1, hi, config);
+            }
+        }
+        info!(
+            "gpu {}: {breach} at rung {in_force}; moving to rung {}",
+            self.gpu, self.current
+        );
+        self.raised = true;
+    }
+
+    fn set_floor(&mut self, rung: usize, config: &LadderConfig) {
+        let rung = match self.floor {
+            Some(floor) => floor.rung.max(rung),
+            None => rung,
+        };
+        // A floor at the top would leave nowhere to go; the top is the safe side anyway.
+        if rung < self.top() {
+            self.floor = Some(Floor {
+                rung,
+                windows_left: config.floor_hold_windows,
+            });
+        }
+    }
+
+    /// The lowest rung the search may ask for.
+    fn lowest_allowed(&self) -> usize {
+        match self.floor {
+            Some(floor) => (floor.rung + 1).min(self.top()),
+            None => 0,
+        }
+    }
+
+    /// Ends the current visit's window: learns its noise and counts down the floor.
+    fn close_window(&mut self, config: &LadderConfig) {
+        self.noise.learn(&self.window.record, config.noise_floor_cv);
+        self.window = LadderWindow::default();
+        if let Some(floor) = &mut self.floor {
+            floor.windows_left = floor.windows_left.saturating_sub(1);
+            if floor.windows_left == 0 {
+                self.floor = None;
+            }
+        }
+    }
+
+    /// Judges the current visit when it has enough ticks, and moves on.
+    fn judge(&mut self, objective: &Objective, config: &LadderConfig) {
+        let ticks = self.window.record.ticks();
+        if ticks < config.min_window_ticks {
+            return;
+        }
+        if let Some(suspect) = self.queue_suspect
+            && suspect.reference == self.current
+        {
+            self.queue_suspect = None;
+            let window = &self.window;
+            let drained =
+                window.queue_last < window.queue_start || window.queue_last < config.queue_min;
+            self.close_window(config);
+            if drained {
+                debug!(
+                    "gpu {}: the queue drained at rung {}: rung {} is too slow",
+                    self.gpu, suspect.reference, suspect.rung
+                );
+                self.current = suspect.rung;
+                self.after_out_of_bounds(config);
+            } else {
+                self.reexplore(Shift::Rise, config);
+            }
+            return;
+        }
+        match self.out_of_bounds(objective, config) {
+            Some(Bound::Latency(reason)) => {
+                debug!(
+                    "gpu {}: rung {} is out of bounds: {reason}",
+                    self.gpu, self.current
+                );
+                self.close_window(config);
+                self.after_out_of_bounds(config);
+                return;
+            }
+            Some(Bound::Queue { reason, reference }) => {
+                debug!(
+                    "gpu {}: at rung {}, {reason}; measuring rung {reference} again",
+                    self.gpu, self.current
+                );
+                self.close_window(config);
+                self.queue_suspect = Some(QueueSuspect {
+                    rung: self.current,
+                    reference,
+                });
+                self.current = reference;
+                return;
+            }
+            None => {}
+        }
+        match self.incumbent {
+            Some(incumbent) if incumbent == self.current => {
+                self.close_window(config);
+                self.windows_at_incumbent += 1;
+                if self.windows_at_incumbent >= config.recheck_windows {
+                    self.windows_at_incumbent = 0;
+                    self.probe_neighbour(incumbent);
+                }
+            }
+            Some(incumbent) => {
+                let verdict = compare_arms(
+                    &self.rungs[self.current],
+                    &self.rungs[incumbent],
+                    &self.noise,
+                    config.z,
+                );
+                if verdict == Verdict::Tie && ticks < config.max_window_ticks {
+                    return;
+                }
+                self.close_window(config);
+                debug!(
+                    "gpu {}: neighbour rung {} vs settled rung {incumbent}: {verdict:?}",
+                    self.gpu, self.current
+                );
+                if verdict == Verdict::Better {
+                    self.incumbent = Some(self.current);
+                } else {
+                    self.recheck_direction = -self.recheck_direction;
+                    self.current = incumbent;
+                }
+            }
+            None => {
+                let (low, high) = self.points();
+                if self.current == low || self.current == high {
+                    let other = if self.current == low { high } else { low };
+                    if self.rungs[other].ticks() >= config.min_window_ticks {
+                        let verdict = compare_arms(
+                            &self.rungs[low],
+                            &self.rungs[high],
+                            &self.noise,
+                            config.z,
+                        );
+                        if verdict == Verdict::Tie && ticks < config.max_window_ticks {
+                            return;
+                        }
+                    }
+                }
+                self.close_window(config);
+                self.bracket_step(config);
+            }
+        }
+    }
+
+    /// Probes the settled rung's neighbour on the side of `recheck_direction`.
+    fn probe_neighbour(&mut self, incumbent: usize) {
+        let lowest = self.lowest_allowed();
+        let top = self.top();
+        let toward = |direction: i32| {
+            if direction > 0 {
+                (incumbent + 1).min(top)
+            } else {
+                incumbent.saturating_sub(1).max(lowest)
+            }
+        };
+        let mut next = toward(self.recheck_direction);
+        if next == incumbent {
+            self.recheck_direction = -self.recheck_direction;
+            next = toward(self.recheck_direction);
+        }
+        self.current = next;
+    }
+
+    /// The two rungs at the golden ratio inside the bracket, lower first. A rung next to
+    /// one with a record stands in for it, so a shrinking bracket reuses what it measured.
+    fn points(&self) -> (usize, usize) {
+        const GOLDEN: f64 = 0.618_033_988_749_895;
+        let span = (self.hi - self.lo) as f64;
+        let snap = |point: usize| -> usize {
+            if self.rungs[point].ticks() > 0 {
+                return point;
+            }
+            [point.saturating_sub(1), point + 1]
+                .into_iter()
+                .filter(|&near| near > self.lo && near < self.hi)
+                .find(|&near| self.rungs[near].ticks() > 0)
+                .unwrap_or(point)
+        };
+        let low = snap(self.lo + ((1.0 - GOLDEN) * span).round() as usize);
+        let high = snap(self.lo + (GOLDEN * span).round() as usize);
+        if low < high {
+            (low, high)
+        } else {
+            (low, (low + 1).min(self.hi))
+        }
+    }
+
+    /// Moves the bracket on from the records it has, as far as they allow, then asks for
+    /// the next rung to measure; settles when the bracket has closed.
+    fn bracket_step(&mut self, config: &LadderConfig) {
+        for _ in 0..MOVES_PER_TICK {
+            if self.hi - self.lo < 3 {
+                self.settle();
+                return;
+            }
+            let (low, high) = self.points();
+            // The upper point first: the safe side.
+            for point in [high, low] {
+                if self.rungs[point].ticks() < config.min_window_ticks {
+                    self.current = point;
+                    return;
+                }
+            }
+            let verdict = compare_arms(&self.rungs[low], &self.rungs[high], &self.noise, config.z);
+            debug!(
+                "gpu {}: bracket {}-{}: rung {low} vs rung {high}: {verdict:?}",
+                self.gpu, self.lo, self.hi
+            );
+            // Within the noise, the point estimates decide, as in a plain golden-section
+            // search: wrong only when the two are close, which costs little.
+            let lower_better = match verdict {
+                Verdict::Better => true,
+                Verdict::Worse => false,
+                Verdict::Tie => better_estimate(&self.rungs[low], &self.rungs[high]),
+            };
+            let (lo, hi) = if lower_better {
+                (self.lo, high)
+            } else {
+                (low, self.hi)
+            };
+            if (lo, hi) == (self.lo, self.hi) {
+                self.settle();
+                return;
+            }
+            (self.lo, self.hi) = (lo, hi);
+        }
+    }
+
+    /// Settles on the best measured rung of the bracket (the highest if none was).
+    fn settle(&mut self) {
+        let mut best = self.hi;
+        for rung in self.lo..=self.hi {
+            if self.rungs[rung].ticks() == 0 {
+                continue;
+            }
+            if self.rungs[best].ticks() == 0
+                || better_estimate(&self.rungs[rung], &self.rungs[best])
+            {
+                best = rung;
+            }
+        }
+        debug!(
+            "gpu {}: bracket {}-{} closed; settled at rung {best}",
+            self.gpu, self.lo, self.hi
+        );
+        self.incumbent = Some(best);
+        self.windows_at_incumbent = 0;
+        self.current = best;
+    }
+
+    fn out_of_bounds(&self, objective: &Objective, config: &LadderConfig) -> Option<Bound> {
+        let window = &self.window;
+        if let Some(limit_ms) = objective.tpot_p99_limit_ms {
+            let soft_ms = limit_ms * (1.0 - config.tpot_margin);
+            if window.tpot_p99_ms.mean > soft_ms {
+                return Some(Bound::Latency(format!(
+                    "p99 time per token {:.2} ms is within {:.0} % of the limit",
+                    window.tpot_p99_ms.mean,
+                    config.tpot_margin * 100.0
+                )));
+            }
+        }
+        // A growing queue rules a rung out only where a higher rung kept up with demand:
+        // when every setting leaves requests waiting (demand beyond the GPU), the queue
+        // cannot tell settings apart and tokens per joule decides.
+        let reference = (self.current + 1..self.rungs.len())
+            .find(|&rung| self.rungs[rung].ticks() >= config.min_window_ticks)
+            .filter(|&rung| self.rungs[rung].is_demand_limited())?;
+        let ticks = f64::from(window.record.ticks().saturating_sub(1).max(1));
+        let last = window.queue_last;
+        let growth = (f64::from(last) - f64::from(window.queue_start)) / ticks;
+        if last >= config.queue_min && growth >= config.queue_growth {
+            return Some(Bound::Queue {
+                reason: format!("the queue grew by {growth:.1} requests a tick to {last}"),
+                reference,
+            });
+        }
+        None
+    }
+
+    /// Makes the current rung a floor and moves above it.
+    fn after_out_of_bounds(&mut self, config: &LadderConfig) {
+        let rung = self.current;
+        self.set_floor(rung, config);
+        match self.incumbent {
+            Some(incumbent) if incumbent > rung => {
+                self.current = incumbent;
+                self.recheck_direction = 1;
+                self.windows_at_incumbent = 0;
+            }
+            _ => {
+                // The settled rung itself, or a point of the bracket: search above it.
+                let hi = self.hi.max(rung + 1);
+                self.start_bracket(rung + 1, hi, config);
+            }
+        }
+    }
+}
+
+/// Whether `candidate`'s point estimate beats `incumbent`'s, on the figure of their regime.
+fn better_estimate(candidate: &ArmRecord, incumbent: &ArmRecord) -> bool {
+    if candidate.is_demand_limited() && incumbent.is_demand_limited() {
+        candidate.inverse_power.mean > incumbent.inverse_power.mean
+    } else {
+        candidate.efficiency.mean > incumbent.efficiency.mean
+    }
+}
+
+/// Hand-over of a ladder search at a hot swap, little-endian:
+///
+/// ```text
+/// u32 rung count, per rung an ArmRecord (5 x [u32 count, f64 mean, f64 m2]),
+/// u32 current, u32 lo, u32 hi, bool has incumbent [u32 incumbent],
+/// u32 windows_at_incumbent, u8 recheck direction (0 down, 1 up),
+/// bool has floor [u32 rung, u32 windows_left],
+/// window: ArmRecord, [u32 count, f64 mean, f64 m2] p99, u32 queue_start, u32 queue_last,
+/// noise: f64 x2, shift: f64 ratio, u32 ticks_off, u32 mismatch_ticks, bool raised,
+/// bool has queue suspect [u32 rung, u32 reference]
+/// ```
+impl LadderSearch {
+    #[must_use]
+    pub fn write_state(&self, writer: StateWriter) -> StateWriter {
+        let as_u32 = |value: usize| u32::try_from(value).unwrap_or(u32::MAX);
+        let mut writer = writer.u32(as_u32(self.rungs.len()));
+        for rung in &self.rungs {
+            writer = rung.write(writer);
+        }
+        writer = writer
+            .u32(as_u32(self.current))
+            .u32(as_u32(self.lo))
+            .u32(as_u32(self.hi))
+            .bool(self.incumbent.is_some());
+        if let Some(incumbent) = self.incumbent {
+            writer = writer.u32(as_u32(incumbent));
+        }
+        writer = writer
+            .u32(self.windows_at_incumbent)
+            .u8(u8::from(self.recheck_direction > 0))
+            .bool(self.floor.is_some());
+        if let Some(floor) = self.floor {
+            writer = writer.u32(as_u32(floor.rung)).u32(floor.windows_left);
+        }
+        writer = self.window.record.write(writer);
+        writer = self
+            .window
+            .tpot_p99_ms
+            .write(writer)
+            .u32(self.window.queue_start)
+            .u32(self.window.queue_last);
+        writer = self.noise.write(writer);
+        writer = self
+            .shift
+            .write(writer)
+            .u32(self.mismatch_ticks)
+            .bool(self.raised)
+            .bool(self.queue_suspect.is_some());
+        if let Some(suspect) = self.queue_suspect {
+            writer = writer
+                .u32(as_u32(suspect.rung))
+                .u32(as_u32(suspect.reference));
+        }
+        writer
+    }
+
+    /// This search with the handed-over state read from `reader` laid over it.
+    ///
+    /// # Errors
+    /// Another number of rungs (the ladder changed), a truncated record, a value that is
+    /// not finite or a rung outside the ladder, naming the GPU.
+    pub fn read_state(
+        &self,
+        reader: &mut StateReader<'_>,
+        config: &LadderConfig,
+    ) -> Result<LadderSearch, String> {
+        let gpu = self.gpu;
+        let memory = config.memory_ticks;
+        let count = reader.u32()? as usize;
+        if count != self.rungs.len() {
+            return Err(format!(
+                "gpu {gpu}: the state searched {count} settings, this instance has {}; \
+                 starting afresh",
+                self.rungs.len()
+            ));
+        }
+        let rung = |value: u32, name: &str| -> Result<usize, String> {
+            let value = value as usize;
+            if value < count {
+                Ok(value)
+            } else {
+                Err(format!(
+                    "gpu {gpu}: {name} {value} in the state is off the ladder"
+                ))
+            }
+        };
+        let mut search = self.clone();
+        for record in &mut search.rungs {
+            *record = ArmRecord::read(reader, memory)?;
+        }
+        search.current = rung(reader.u32()?, "current rung")?;
+        search.lo = rung(reader.u32()?, "bracket low")?;
+        search.hi = rung(reader.u32()?, "bracket high")?.max(search.lo);
+        search.incumbent = if reader.bool()? {
+            Some(rung(reader.u32()?, "incumbent")?)
+        } else {
+            None
+        };
+        search.windows_at_incumbent = reader.u32()?;
+        search.recheck_direction = if reader.u8()? == 0 { -1 } else { 1 };
+        search.floor = if reader.bool()? {
+            Some(Floor {
+                rung: rung(reader.u32()?, "floor")?,
+                windows_left: reader.u32()?.min(config.floor_hold_windows),
+            })
+        } else {
+            None
+        };
+        search.window = LadderWindow {
+            record: ArmRecord::read(reader, memory)?,
+            tpot_p99_ms: RunningStats::read(reader, memory)?,
+            queue_start: reader.u32()?,
+            queue_last: reader.u32()?,
+        };
+        search.noise = Noise::read(reader)?;
+        search.shift = ShiftDetector::read(reader)?;
+        search.mismatch_ticks = reader.u32()?;
+        search.raised = reader.bool()?;
+        search.queue_suspect = if reader.bool()? {
+            Some(QueueSuspect {
+                rung: rung(reader.u32()?, "queue suspect")?,
+                reference: rung(reader.u32()?, "queue reference")?,
+            })
+        } else {
+            None
+        };
+        Ok(search)
+    }
+}
+
+#[cfg(test)]
+#[path = "ladder_tests.rs"]
+mod tests;

@@ -1,0 +1,204 @@
+//! The ladder search on a synthetic GPU: 51 caps from 200 W to 700 W, noisy power.
+
+use super::*;
+use tokwatt_policy_sdk::testing;
+
+/// A GPU whose cap ladder is rungs 0..=50 (200 W + 10 W a rung).
+struct SyntheticGpu {
+    /// Requests a second arriving; capacity beyond it leaves the GPU demand-limited.
+    demand_tokens_per_s: f64,
+    seed: u64,
+    queue: f64,
+}
+
+impl SyntheticGpu {
+    fn new(demand_tokens_per_s: f64) -> SyntheticGpu {
+        SyntheticGpu {
+            demand_tokens_per_s,
+            seed: 0x5EED,
+            queue: 0.0,
+        }
+    }
+
+    /// Uniform noise in [-1, 1).
+    fn noise(&mut self) -> f64 {
+        self.seed = self
+            .seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((self.seed >> 11) as f64 / (1_u64 << 53) as f64) * 2.0 - 1.0
+    }
+
+    /// Tokens a second the GPU can make at `rung`: saturating in the cap, so tokens per
+    /// joule under full load peaks near rung 15 (350 W).
+    fn capacity(rung: usize) -> f64 {
+        let cap_w = 200.0 + 10.0 * rung as f64;
+        17_500.0 * (1.0 - (-(cap_w - 120.0) / 200.0).exp())
+    }
+
+    fn tick(&mut self, tick: u64, rung: usize, settling: bool) -> Observation {
+        let cap_w = 200.0 + 10.0 * rung as f64;
+        let capacity = Self::capacity(rung);
+        let arrivals = self.demand_tokens_per_s * (1.0 + 0.3 * self.noise());
+        let backlog = self.queue * 256.0 + arrivals;
+        let tokens = backlog.min(capacity);
+        self.queue = ((backlog - tokens) / 256.0).min(2048.0);
+        let busy = tokens / capacity;
+        // Power: the cap while busy, 4 % noise a tick.
+        let power_w = (120.0 + (cap_w - 120.0) * busy.max(0.9)) * (1.0 + 0.04 * self.noise());
+        let mut observation = testing::observation(0, tick);
+        observation.tokens = tokens as u64;
+        observation.energy_j = power_w;
+        observation.power_avg_w = power_w;
+        observation.tokens_per_s = tokens;
+        observation.tokens_per_joule = tokens / power_w;
+        observation.queue_depth = self.queue as u32;
+        // Time per token grows as the GPU slows: 30 ms at 700 W, under full load.
+        observation.tpot_p99_ms = 30.0 * Self::capacity(50) / capacity * busy.max(0.3);
+        observation.in_force.power_cap_w = cap_w;
+        observation.settling = settling;
+        observation
+    }
+}
+
+fn objective(limit_ms: Option<f64>) -> Objective {
+    Objective {
+        tpot_p99_limit_ms: limit_ms,
+        min_tokens_per_s: None,
+    }
+}
+
+/// Runs the search for `ticks` ticks and returns the rungs in force, tick by tick.
+fn run(
+    search: &mut LadderSearch,
+    gpu: &mut SyntheticGpu,
+    ticks: u64,
+    objective: &Objective,
+) -> Vec<usize> {
+    let config = LadderConfig::defaults();
+    let mut in_force = search.current;
+    let mut settling = false;
+    let mut history = Vec::new();
+    for tick in 0..ticks {
+        let observation = gpu.tick(tick, in_force, settling);
+        let asked = search.observe(&observation, in_force, objective, &config);
+        settling = asked != in_force;
+        in_force = asked;
+        history.push(in_force);
+    }
+    history
+}
+
+fn new_search() -> LadderSearch {
+    LadderSearch::new(0, 51, &LadderConfig::defaults()).unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// The rung with the most tokens per joule under full load, by brute force.
+fn best_saturated_rung() -> usize {
+    (0..=50)
+        .max_by(|&a, &b| {
+            let efficiency =
+                |rung: usize| SyntheticGpu::capacity(rung) / (200.0 + 10.0 * rung as f64);
+            efficiency(a).total_cmp(&efficiency(b))
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn under_full_load_it_finds_the_peak_through_the_noise() {
+    let mut search = new_search();
+    let mut gpu = SyntheticGpu::new(1e9);
+    let history = run(&mut search, &mut gpu, 150, &objective(None));
+    let best = best_saturated_rung();
+    let settled = search.incumbent.unwrap_or(usize::MAX);
+    // Within 3 rungs (30 W) of the peak, where tokens per joule is within ~1 %.
+    assert!(
+        settled.abs_diff(best) <= 3,
+        "settled {settled}, best {best}: {history:?}"
+    );
+    // Settled well inside the run: the bracket closes in about nine windows.
+    assert!(
+        history[100..]
+            .iter()
+            .all(|&rung| rung.abs_diff(settled) <= 1)
+    );
+}
+
+#[test]
+fn while_demand_is_light_it_goes_down_to_the_lowest_cap_that_keeps_up() {
+    let mut search = new_search();
+    let demand = 7_600.0;
+    let edge = (0..=50)
+        .find(|&rung| SyntheticGpu::capacity(rung) >= demand)
+        .unwrap_or(50);
+    let mut gpu = SyntheticGpu::new(demand);
+    run(&mut search, &mut gpu, 200, &objective(None));
+    let settled = search.incumbent.unwrap_or(usize::MAX);
+    assert!(
+        (edge..=edge + 3).contains(&settled),
+        "settled {settled}, edge {edge}"
+    );
+}
+
+#[test]
+fn a_breach_moves_up_at_once_and_the_search_stays_above_it() {
+    let mut search = new_search();
+    let mut gpu = SyntheticGpu::new(1e9);
+    // 40 ms: caps below ~330 W break it under full load.
+    let limit = objective(Some(40.0));
+    let history = run(&mut search, &mut gpu, 200, &limit);
+    let breaking: Vec<usize> = (0..=50)
+        .filter(|&rung| 30.0 * SyntheticGpu::capacity(50) / SyntheticGpu::capacity(rung) > 40.0)
+        .collect();
+    let highest_breaking = breaking.last().copied().unwrap_or_default();
+    let ticks_below = history
+        .iter()
+        .filter(|&&rung| rung <= highest_breaking)
+        .count();
+    assert!(
+        ticks_below <= 4,
+        "{ticks_below} ticks at breaking caps: {history:?}"
+    );
+    let settled = search.incumbent.unwrap_or_default();
+    assert!(settled > highest_breaking);
+}
+
+#[test]
+fn a_fall_in_demand_is_noticed_and_searched_again() {
+    let mut search = new_search();
+    let mut gpu = SyntheticGpu::new(1e9);
+    run(&mut search, &mut gpu, 150, &objective(None));
+    let saturated = search.incumbent.unwrap_or_default();
+    gpu.demand_tokens_per_s = 1_200.0;
+    gpu.queue = 0.0;
+    run(&mut search, &mut gpu, 150, &objective(None));
+    let light = search.incumbent.unwrap_or(usize::MAX);
+    assert!(
+        light + 5 < saturated,
+        "saturated {saturated}, light {light}"
+    );
+    assert!(
+        light <= 3,
+        "light load settles near the lowest cap, not {light}"
+    );
+}
+
+#[test]
+fn the_state_round_trips_and_a_changed_ladder_is_refused() {
+    let mut search = new_search();
+    let mut gpu = SyntheticGpu::new(1e9);
+    run(&mut search, &mut gpu, 37, &objective(Some(45.0)));
+    let config = LadderConfig::defaults();
+    let state = search.write_state(StateWriter::new()).finish(1);
+    let mut reader = StateReader::new(&state.bytes);
+    let restored = new_search().read_state(&mut reader, &config);
+    assert_eq!(reader.finish(), Ok(()));
+    assert_eq!(restored, Ok(search.clone()));
+    let mut reader = StateReader::new(&state.bytes);
+    let shorter = LadderSearch::new(0, 40, &config).unwrap_or_else(|error| panic!("{error}"));
+    let error = shorter
+        .read_state(&mut reader, &config)
+        .err()
+        .unwrap_or_default();
+    assert!(error.contains("searched 51 settings"), "{error}");
+}
