@@ -148,10 +148,40 @@ mod tests {
         }
     }
 
+    /// Every row of every measured table: power and step time within 5 %, directly from the
+    /// step model (not through tokens/s); power within 3.5 % (the fit's bound is 3 %).
+    #[test]
+    fn h200_every_row_of_every_table_has_power_and_step_time_within_5_percent() {
+        let profile = GpuProfile::load("h200").unwrap();
+        let mut checked = 0;
+        for (preset, context, text) in H200_TABLES {
+            let model = model_for(&profile, preset, context);
+            for row in parse_table(text) {
+                let sim = model.steady_state(row.batch, 700.0, u32::MAX, 3201.0);
+                let measured_step_s = f64::from(row.batch) / row.tokens_per_s;
+                let step_err = sim.step_s / measured_step_s - 1.0;
+                let power_err = sim.power_w / row.watts - 1.0;
+                let at = format!("{preset} ctx {context} batch {}", row.batch);
+                assert!(
+                    step_err.abs() <= 0.05,
+                    "{at}: step time {:+.1} %",
+                    step_err * 100.0
+                );
+                assert!(
+                    power_err.abs() <= 0.035,
+                    "{at}: power {:+.1} %",
+                    power_err * 100.0
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 19, "7 + 5 + 7 measured rows");
+    }
+
     #[test]
     fn h200_other_tables_stay_within_5_percent() {
-        // Fitted jointly with the ctx 1024 table; the worst rows (batch 512 of llama-3.2-1b, and its
-        // batch 1, where launch overhead dominates) sit at 4.4 %.
+        // Fitted jointly with the ctx 1024 table; the worst rows (llama-3.2-1b batch 1, where
+        // launch overhead dominates, and its batch 512) sit at 4.5 %.
         let profile = GpuProfile::load("h200").unwrap();
         for (preset, context, text) in &H200_TABLES[1..] {
             let rows = errors(&profile, preset, *context, &parse_table(text));
@@ -343,8 +373,11 @@ mod tests {
         profile
     }
 
+    /// Power errors beyond this are penalised in every table.
+    const POWER_TOLERATED: f64 = 0.03;
+
     /// Sum of squared relative errors over all rows (the ctx 1024 llama-3-8b table counts 3×),
-    /// plus a penalty on errors beyond 4 % (4.5 % for the other tables). The clock is solved
+    /// plus a penalty on errors beyond 4 % (4.5 % for the other tables; 3 % for power). The clock is solved
     /// continuously (bisection), so the loss is smooth.
     fn loss(base: &GpuProfile, p: &[f64]) -> f64 {
         if p.iter().any(|&v| !(v.is_finite() && v > 0.0)) || p[4] < 1.0 || p[6] > 1.0 || p[7] > 1.0
@@ -379,11 +412,14 @@ mod tests {
                     f / row.sm_mhz - 1.0,
                 ];
                 total += weight * errs.iter().map(|e| e * e).sum::<f64>();
-                // Push rows beyond the tolerated error back in (a soft minimax).
+                // Push rows beyond the tolerated error back in (a soft minimax); power is held
+                // tighter (3 %), everywhere: the low-batch rows are where policies harvest.
+                let limits = [tolerated, POWER_TOLERATED, tolerated];
                 total += 100.0
                     * errs
                         .iter()
-                        .map(|e| (e.abs() - tolerated).max(0.0).powi(2))
+                        .zip(limits)
+                        .map(|(e, limit)| (e.abs() - limit).max(0.0).powi(2))
                         .sum::<f64>();
             }
         }
