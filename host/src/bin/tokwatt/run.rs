@@ -355,11 +355,14 @@ fn print_summary(s: &RunSummary, out: &Path) {
             );
         }
     }
+    // The report is left out where it failed to render (the run logged why).
+    let report = out.join(tokwatt::report::RUN_REPORT_FILE).exists();
     row(
         "wrote",
         format!(
-            "{}/summary.json, trace.csv, observations.jsonl",
-            out.display()
+            "{}/summary.json, trace.csv, observations.jsonl{}",
+            out.display(),
+            if report { ", report.html" } else { "" }
         ),
     );
 }
