@@ -1,0 +1,440 @@
+//! The control of one GPU: the batch size held at the latency limit by the fitted line,
+//! and the SM clock lowered while the demand allows.
+
+use crate::config::Config;
+use crate::fit::{Line, TpotFit};
+use tokwatt_policy_kit::batch_guard::has_demand;
+use tokwatt_policy_kit::clocks::clock_ladder;
+use tokwatt_policy_sdk::{DeviceFacts, Knobs, Observation, Settings, debug, info};
+
+/// The highest elasticity learnt: beyond it the GPU is past its knee anyway.
+const MAX_ELASTICITY: f64 = 6.0;
+/// A violation this soon (in windows) after lowering the clock is blamed on the clock.
+const BLAME_WINDOWS: u32 = 2;
+
+/// A clock the search stays at or above for a while.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Floor {
+    /// The highest ladder index (the lowest clock) allowed.
+    pub index: usize,
+    pub windows_left: u32,
+}
+
+/// The clock step last taken downwards, to judge it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct LastDown {
+    pub from_index: usize,
+    pub p99_before_ms: f64,
+    pub windows_since: u32,
+}
+
+/// Settled, busy ticks at one clock and one batch size.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct Window {
+    pub ticks: u32,
+    pub max_p99_ms: f64,
+    pub p99_sum_ms: f64,
+    pub tokens_per_s_sum: f64,
+    pub queue_first: u32,
+    pub queue_last: u32,
+    pub queue_min: u32,
+}
+
+impl Window {
+    fn add(&mut self, observation: &Observation) {
+        let queue = observation.queue_depth;
+        if self.ticks == 0 {
+            *self = Window {
+                queue_first: queue,
+                queue_min: queue,
+                ..Window::default()
+            };
+        }
+        self.ticks += 1;
+        self.max_p99_ms = self.max_p99_ms.max(observation.tpot_p99_ms);
+        self.p99_sum_ms += observation.tpot_p99_ms;
+        self.tokens_per_s_sum += observation.tokens_per_s;
+        self.queue_last = queue;
+        self.queue_min = self.queue_min.min(queue);
+    }
+
+    fn mean_p99_ms(&self) -> f64 {
+        self.p99_sum_ms / f64::from(self.ticks.max(1))
+    }
+
+    fn tokens_per_s(&self) -> f64 {
+        self.tokens_per_s_sum / f64::from(self.ticks.max(1))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct GpuControl {
+    pub gpu: u32,
+    pub batch_max: u32,
+    /// Whether the batch size is granted: without it, only the clock moves.
+    pub batch_knob: bool,
+    /// Supported clocks, highest first; empty when the clock is not granted.
+    pub clocks: Vec<u32>,
+    pub batch_target: u32,
+    pub clock_index: usize,
+    pub fit: TpotFit,
+    pub floor: Option<Floor>,
+    pub elasticity: f64,
+    pub reference_tokens_per_s: Option<f64>,
+    pub window: Window,
+    pub last_down: Option<LastDown>,
+}
+
+/// What the objective asks of one GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Limits {
+    pub tpot_p99_ms: f64,
+    pub min_tokens_per_s: Option<f64>,
+}
+
+impl GpuControl {
+    pub fn new(device: &DeviceFacts, knobs: Knobs, config: &Config) -> Result<GpuControl, String> {
+        if device.batch_size_max == 0 {
+            return Err(format!(
+                "gpu {}: the host reports a largest batch size of 0; check the spec's batch \
+                 size guardrails",
+                device.index
+            ));
+        }
+        Ok(GpuControl {
+            gpu: device.index,
+            batch_max: device.batch_size_max,
+            batch_knob: knobs.contains(Knobs::BATCH_SIZE),
+            clocks: if knobs.contains(Knobs::SM_CLOCK) {
+                clock_ladder(device)
+            } else {
+                Vec::new()
+            },
+            batch_target: config.start_batch_size.clamp(1, device.batch_size_max),
+            clock_index: 0,
+            fit: TpotFit::default(),
+            floor: None,
+            elasticity: config.clock_elasticity,
+            reference_tokens_per_s: None,
+            window: Window::default(),
+            last_down: None,
+        })
+    }
+
+    fn clock(&self) -> Option<u32> {
+        self.clocks.get(self.clock_index).copied()
+    }
+
+    pub fn first_settings(&self) -> Settings {
+        Settings {
+            power_cap_w: None,
+            sm_clock_max_mhz: self.clock(),
+            batch_size: self.batch_knob.then_some(self.batch_target),
+        }
+    }
+
+    /// The targets, where they are not in force yet.
+    fn requests(&self, observation: &Observation) -> Settings {
+        let in_force = observation.in_force;
+        Settings {
+            power_cap_w: None,
+            sm_clock_max_mhz: self.clock().filter(|&mhz| mhz != in_force.sm_clock_max_mhz),
+            batch_size: Some(self.batch_target)
+                .filter(|&size| self.batch_knob && size != in_force.batch_size),
+        }
+    }
+
+    /// Takes one tick's observation of this GPU and returns its settings.
+    pub fn observe(
+        &mut self,
+        observation: &Observation,
+        limits: Limits,
+        config: &Config,
+    ) -> Settings {
+        if observation.settling || observation.tokens == 0 || !observation.tpot_p99_ms.is_finite() {
+            return self.requests(observation);
+        }
+        let in_force_batch = observation.in_force.batch_size;
+        let sequences = match observation.active_sequences {
+            0 => in_force_batch,
+            active => active.min(in_force_batch),
+        };
+        self.fit.add(sequences, observation.tpot_p99_ms);
+        let target_ms = limits.tpot_p99_ms * config.headroom;
+        let line = self.fit.line();
+
+        if observation.tpot_p99_ms > limits.tpot_p99_ms {
+            self.on_violation(observation, sequences, line, target_ms, limits, config);
+            self.window = Window::default();
+            return self.requests(observation);
+        }
+
+        if self.batch_knob
+            && let Some(line) = line
+        {
+            let wanted = batch_for(line, target_ms, self.batch_max);
+            let before = self.batch_target;
+            // Changes under 5 % are not worth a settling tick.
+            let worth = |next: u32| next.abs_diff(in_force_batch) > (in_force_batch / 20).max(1);
+            if has_demand(observation) && wanted > in_force_batch {
+                let most = (f64::from(in_force_batch) * config.max_batch_growth).ceil() as u32;
+                let grown = wanted.min(most);
+                if worth(grown) {
+                    self.batch_target = grown;
+                }
+            } else if wanted < in_force_batch {
+                // Never below the sequences decoding (that would pause them), but no
+                // higher than the latency allows: a burst then waits instead of
+                // breaking the limit.
+                // Only a fitted line is trusted this far: the fallback through the origin
+                // overstates a larger batch's time many times over at light load.
+                let trimmed = wanted.max(sequences);
+                if line.fitted && trimmed < in_force_batch && worth(trimmed) {
+                    self.batch_target = trimmed;
+                }
+            }
+            if self.batch_target != before {
+                debug!(
+                    "gpu {}: p99 {:.2} ms at {sequences} sequences, line {:.2} + {:.4}/seq: \
+                     batch {before} -> {}",
+                    self.gpu, observation.tpot_p99_ms, line.a_ms, line.b_ms, self.batch_target
+                );
+                // Clock windows hold one batch size.
+                self.window = Window::default();
+                return self.requests(observation);
+            }
+        }
+
+        self.window.add(observation);
+        if self.window.ticks >= config.window_ticks {
+            self.decide_clock(line, target_ms, limits, config);
+            self.window = Window::default();
+        }
+        self.requests(observation)
+    }
+
+    fn on_violation(
+        &mut self,
+        observation: &Observation,
+        sequences: u32,
+        line: Option<Line>,
+        target_ms: f64,
+        limits: Limits,
+        config: &Config,
+    ) {
+        let p99 = observation.tpot_p99_ms;
+        // Far above what the line expects at these sequences: the workload changed under
+        // it (a longer context, a bigger model); the older points mislead.
+        if let Some(line) = line
+            && p99 > 1.1 * (line.a_ms + line.b_ms * f64::from(sequences))
+        {
+            self.fit.keep_newest();
+        }
+        let line = self.fit.line();
+        let mut cut = false;
+        if self.batch_knob {
+            // At least a tenth below the sequences decoding, whatever the line says.
+            let by_line = line.map_or(u32::MAX, |line| batch_for(line, target_ms, self.batch_max));
+            let below = ((f64::from(sequences) * 0.9).floor() as u32).max(1);
+            let next = by_line.min(below).min(observation.in_force.batch_size);
+            cut = next < observation.in_force.batch_size;
+            self.batch_target = next;
+        }
+        let blame_clock = self
+            .last_down
+            .filter(|down| down.windows_since <= BLAME_WINDOWS);
+        if let Some(down) = blame_clock {
+            self.raise_clock_to(down.from_index, config);
+            self.elasticity = (self.elasticity * 1.5).min(MAX_ELASTICITY);
+        } else if !cut && self.clock_index > 0 {
+            let up = self.index_above(config.clock_step_up);
+            self.raise_clock_to(up, config);
+        }
+        info!(
+            "gpu {}: p99 time per token {p99:.2} ms over the {} ms limit at {sequences} \
+             sequences; batch {} , clock {:?} MHz",
+            self.gpu,
+            limits.tpot_p99_ms,
+            self.batch_target,
+            self.clock()
+        );
+    }
+
+    /// Moves the clock up to ladder `index`, and keeps it a step above the clock that
+    /// failed for a while.
+    fn raise_clock_to(&mut self, index: usize, config: &Config) {
+        let above_failed = self.index_above(config.clock_step_up);
+        if index < self.clock_index {
+            self.clock_index = index;
+            // Points from the slower clock would hold the batch back: start the line
+            // afresh at the new clock (its first point gives the safe fallback).
+            self.fit.clear();
+        }
+        self.floor = Some(Floor {
+            index: above_failed.max(self.clock_index),
+            windows_left: config.hold_windows,
+        });
+        self.last_down = None;
+    }
+
+    /// The ladder index of the nearest clock at least `fraction` above the current one.
+    fn index_above(&self, fraction: f64) -> usize {
+        let Some(current) = self.clock() else {
+            return 0;
+        };
+        let wanted = f64::from(current) * (1.0 + fraction);
+        (0..self.clock_index)
+            .rev()
+            .find(|&index| f64::from(self.clocks[index]) >= wanted)
+            .unwrap_or(0)
+    }
+
+    fn decide_clock(
+        &mut self,
+        line: Option<Line>,
+        target_ms: f64,
+        limits: Limits,
+        config: &Config,
+    ) {
+        let window = self.window;
+        let tokens_per_s = window.tokens_per_s();
+        self.note_shift(tokens_per_s, config);
+        if let Some(floor) = &mut self.floor {
+            floor.windows_left = floor.windows_left.saturating_sub(1);
+            if floor.windows_left == 0 {
+                self.floor = None;
+            }
+        }
+        let Some(clock) = self.clock() else {
+            return;
+        };
+        if let Some(down) = &mut self.last_down {
+            down.windows_since += 1;
+            if down.windows_since == 1 {
+                self.learn_elasticity(window.mean_p99_ms(), clock);
+            }
+        }
+        let throughput_short = limits
+            .min_tokens_per_s
+            .is_some_and(|min| window.queue_last > 0 && tokens_per_s < min);
+        let keeping_up =
+            !throughput_short && (window.queue_min == 0 || window.queue_last < window.queue_first);
+        if !keeping_up {
+            let batch_can_grow = self.batch_knob
+                && self.batch_target < self.batch_max
+                && line.is_some_and(|line| {
+                    // Within 5 % the batch is at the limit already.
+                    f64::from(batch_for(line, target_ms, self.batch_max))
+                        > f64::from(self.batch_target) * 1.05
+                });
+            if !batch_can_grow && self.clock_index > 0 {
+                // A full batch's worth waiting and growing: a surge. Serve it at the top
+                // clock at once and come down again from there.
+                let surge = window.queue_last > window.queue_first
+                    && window.queue_last >= self.batch_target;
+                let up = if surge {
+                    0
+                } else {
+                    self.index_above(config.clock_step_up)
+                };
+                info!(
+                    "gpu {}: {} requests wait at {clock} MHz and the batch is at the latency \
+                     limit; clock up to {} MHz",
+                    self.gpu, window.queue_last, self.clocks[up]
+                );
+                self.raise_clock_to(up, config);
+            }
+            return;
+        }
+        if window.queue_last > 0 {
+            return;
+        }
+        // Keeping up with room: the lowest clock predicted to keep p99 under the target.
+        // The window's mean p99, not its highest: with the batch at its latency limit, a
+        // burst that fills it reaches the target by design, and says nothing about
+        // whether a slower clock keeps up; a queue that stops draining says that, and
+        // sends the clock back up.
+        let room = target_ms / window.mean_p99_ms();
+        if room <= 1.0 {
+            return;
+        }
+        let by_latency = f64::from(clock) / room.powf(1.0 / self.elasticity);
+        let by_step = f64::from(clock) * (1.0 - config.clock_step_down);
+        let lowest_mhz = by_latency.max(by_step);
+        let lowest_index = self
+            .floor
+            .map_or(self.clocks.len() - 1, |floor| floor.index);
+        let next = (self.clock_index + 1..=lowest_index)
+            .take_while(|&index| f64::from(self.clocks[index]) >= lowest_mhz)
+            .last();
+        if let Some(next) = next {
+            let next_mhz = self.clocks[next];
+            debug!(
+                "gpu {}: mean p99 {:.2} ms under the {target_ms:.2} ms target with the queue \
+                 empty; clock {clock} -> {next_mhz} MHz",
+                self.gpu,
+                window.mean_p99_ms()
+            );
+            self.last_down = Some(LastDown {
+                from_index: self.clock_index,
+                p99_before_ms: window.mean_p99_ms(),
+                windows_since: 0,
+            });
+            self.fit.scale(f64::from(clock) / f64::from(next_mhz));
+            self.clock_index = next;
+        }
+    }
+
+    /// After a step down, how much p99 actually grew says how steep the GPU is here: a
+    /// steeper answer than assumed makes the next steps smaller.
+    fn learn_elasticity(&mut self, p99_now_ms: f64, clock_now: u32) {
+        let Some(down) = self.last_down else {
+            return;
+        };
+        let from = f64::from(self.clocks[down.from_index]);
+        let ratio = from / f64::from(clock_now);
+        if ratio <= 1.0 || down.p99_before_ms <= 0.0 || p99_now_ms <= 0.0 {
+            return;
+        }
+        let observed = (p99_now_ms / down.p99_before_ms).ln() / ratio.ln();
+        if observed > self.elasticity {
+            self.elasticity = (observed * 1.25).min(MAX_ELASTICITY);
+        }
+    }
+
+    /// A large change of tokens/s is a new workload: forget what was learnt about the
+    /// old one (floor, steepness, most of the latency points) and search again.
+    fn note_shift(&mut self, tokens_per_s: f64, config: &Config) {
+        match self.reference_tokens_per_s {
+            Some(reference)
+                if tokens_per_s > reference * config.shift_factor
+                    || tokens_per_s * config.shift_factor < reference =>
+            {
+                info!(
+                    "gpu {}: tokens/s moved from {reference:.0} to {tokens_per_s:.0}: workload \
+                     shift, re-exploring",
+                    self.gpu
+                );
+                self.floor = None;
+                self.last_down = None;
+                self.elasticity = config.clock_elasticity;
+                self.fit.keep_newest();
+                self.reference_tokens_per_s = Some(tokens_per_s);
+            }
+            Some(reference) => {
+                self.reference_tokens_per_s = Some(0.7 * reference + 0.3 * tokens_per_s);
+            }
+            None => self.reference_tokens_per_s = Some(tokens_per_s),
+        }
+    }
+}
+
+/// The largest batch the line keeps at or under `target_ms`, in 1..=`max`.
+fn batch_for(line: Line, target_ms: f64, max: u32) -> u32 {
+    let sequences = line.sequences_for(target_ms).floor();
+    if sequences.is_nan() {
+        return 1;
+    }
+    // `as` saturates; the clamp keeps a batch the workload takes.
+    (sequences.max(1.0) as u32).clamp(1, max)
+}

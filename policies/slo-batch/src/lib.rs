@@ -1,0 +1,161 @@
+//! The `slo-batch` policy: an SLO-aware batch controller that also lowers the SM clock
+//! while the demand allows.
+//!
+//! Under saturating load the largest batch makes the most tokens per joule, but every
+//! sequence in a batch waits for the whole step, so the p99 time per token (TPOT) grows
+//! with the batch. Under light load the batch does not bind at all, and the energy goes
+//! into running a clock faster than the demand needs. Per GPU, two loops:
+//!
+//! # The batch: a fitted line, not blind steps
+//!
+//! Every settled tick that made tokens adds a point (sequences decoding, p99 TPOT) to a
+//! least-squares line `p99 ≈ a + b·sequences` over the last dozen ticks (`fit.rs`). The
+//! batch is set to where the line meets `headroom` × the limit, growing by at most
+//! `max_batch_growth` per step while there is demand (requests wait or every slot is
+//! taken). From `start_batch_size` (64) it reaches the limit in two or three steps
+//! instead of a dozen additive ones; without spread in the points the line goes through
+//! the origin, which overestimates the time of a larger batch, so growth is from the safe
+//! side. On a violation the batch is cut at once, to the line's size and at least 10 %
+//! below the sequences decoding.
+//!
+//! # The clock: as low as the latency and the demand allow
+//!
+//! Where the `sm-clock` knob is granted, every `window_ticks` settled ticks at one batch
+//! and clock:
+//!
+//! - the GPU keeps up (the queue emptied during the window or shrank) and the queue is
+//!   empty: lower the clock to the lowest supported clock predicted to keep the window's
+//!   highest p99 under the target, taking p99 ∝ (old clock / new clock)^`clock_elasticity`
+//!   and at most `clock_step_down` lower per step. The points of the line are rescaled to
+//!   the new clock. How much p99 actually grew after a step is learnt (a steeper GPU,
+//!   near the knee where a slower step also piles up more sequences, gets smaller
+//!   steps);
+//! - requests wait and do not drain, and the batch is at its latency limit: raise the
+//!   clock by `clock_step_up` and stay at or above it for `hold_windows` windows;
+//! - a violation within two windows of a step down is blamed on the step: back to the
+//!   previous clock, held for `hold_windows`, and the elasticity raised.
+//!
+//! The lowest clock that keeps up within the latency target is where a GPU serving a
+//! fixed demand draws the least power, so the most tokens per joule (simulator: tokens
+//! per joule rise monotonically as the clock falls until the queue starts to grow).
+//! Without the clock knob (a real H200 with only the batch size granted), the batch loop
+//! runs alone. The power cap is left alone: the clock lock does the same job with a
+//! finer grain.
+//!
+//! # Re-exploration
+//!
+//! A window whose tokens/s differs from the running reference by `shift_factor` (either
+//! way) is a new workload: the floor and the learnt elasticity are dropped and the line
+//! keeps only its newest point, so both loops search afresh. A violation or a queue that
+//! stops draining is answered at once in any case.
+//!
+//! # Parameters
+//!
+//! | key | default | meaning |
+//! |---|---|---|
+//! | `headroom` | 0.9 | steer p99 TPOT to this fraction of the limit |
+//! | `start_batch_size` | 64 | first batch |
+//! | `max_batch_growth` | 2.0 | largest batch growth per step, factor |
+//! | `window_ticks` | 3 | settled ticks per clock decision |
+//! | `clock_step_down` | 0.15 | largest clock fall per step, fraction |
+//! | `clock_step_up` | 0.1 | clock rise when the GPU does not keep up, fraction |
+//! | `clock_elasticity` | 2.0 | assumed p99 growth exponent for a lower clock |
+//! | `hold_windows` | 20 | windows to stay above a clock that failed |
+//! | `shift_factor` | 2.0 | tokens/s change that counts as a workload shift |
+//!
+//! The policy needs the `batch-size` or `sm-clock` knob (or both) and a
+//! `tpot_p99_limit_ms` objective. A `min_tokens_per_s` floor counts as "not keeping up"
+//! while requests wait. The state (schema version 1, see `state.rs`) goes to a new
+//! version at a hot swap.
+
+mod config;
+mod control;
+mod fit;
+mod state;
+
+use config::Config;
+use control::{GpuControl, Limits};
+use tokwatt_policy_kit::{check_objective, decide_per_gpu};
+use tokwatt_policy_sdk::{InitArgs, Knobs, Observation, Params, Policy, Settings, State, info};
+
+#[derive(Debug, Clone)]
+struct SloBatch {
+    config: Config,
+    limits: Limits,
+    gpus: Vec<GpuControl>,
+}
+
+impl Policy for SloBatch {
+    fn init(args: InitArgs) -> Result<(Self, Vec<Settings>), String> {
+        if !args.knobs.intersects(Knobs::BATCH_SIZE | Knobs::SM_CLOCK) {
+            return Err(
+                "slo-batch steers the batch size and the SM clock: add \"batch-size\" (and \
+                 \"sm-clock\" where the clock may move) to the spec's `knobs`"
+                    .into(),
+            );
+        }
+        let config = Config::from_params(&Params::new(&args.params))?;
+        check_objective(&args.objective)?;
+        let Some(tpot_p99_ms) = args.objective.tpot_p99_limit_ms else {
+            return Err(
+                "slo-batch steers by the latency objective: set `tpot_p99_limit_ms` in the \
+                 spec's [objective], e.g. 20.0"
+                    .into(),
+            );
+        };
+        let limits = Limits {
+            tpot_p99_ms,
+            min_tokens_per_s: args.objective.min_tokens_per_s,
+        };
+        let gpus = args
+            .devices
+            .iter()
+            .map(|device| GpuControl::new(device, args.knobs, &config))
+            .collect::<Result<Vec<_>, _>>()?;
+        let first = gpus.iter().map(GpuControl::first_settings).collect();
+        info!(
+            "slo-batch on {} GPUs: p99 steered to {:.0} % of {tpot_p99_ms} ms, batch {}, \
+             clock {}",
+            gpus.len(),
+            config.headroom * 100.0,
+            if args.knobs.contains(Knobs::BATCH_SIZE) {
+                "steered"
+            } else {
+                "not granted"
+            },
+            if args.knobs.contains(Knobs::SM_CLOCK) {
+                "steered"
+            } else {
+                "not granted"
+            },
+        );
+        Ok((
+            SloBatch {
+                config,
+                limits,
+                gpus,
+            },
+            first,
+        ))
+    }
+
+    fn decide(&mut self, observations: &[Observation]) -> Vec<Settings> {
+        decide_per_gpu(&mut self.gpus, observations, |control, observation| {
+            control.observe(observation, self.limits, &self.config)
+        })
+    }
+
+    fn snapshot(&self) -> State {
+        state::encode(&self.gpus)
+    }
+
+    fn restore(&mut self, state: State) -> Result<(), String> {
+        self.gpus = state::decode(&state, &self.gpus)?;
+        Ok(())
+    }
+}
+
+tokwatt_policy_sdk::export_policy!(SloBatch);
+
+#[cfg(test)]
+mod tests;

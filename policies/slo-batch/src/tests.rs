@@ -1,0 +1,224 @@
+//! The policy against a made-up GPU with the shape of the simulator's H200: step time
+//! linear in the sequences decoding, slower at lower clocks; power falling with the
+//! clock; Poisson-free demand in tokens per second.
+
+use super::*;
+use tokwatt_policy_sdk::{Objective, StateWriter, testing};
+
+const LIMIT_MS: f64 = 20.0;
+
+#[derive(Debug, Clone)]
+struct Gpu {
+    batch: u32,
+    clock: u32,
+    /// Demand, tokens per second.
+    demand: f64,
+    queue: f64,
+    settling: bool,
+    /// Multiplies every step time (a longer context, say).
+    slowness: f64,
+}
+
+impl Gpu {
+    fn step_ms(&self, sequences: f64) -> f64 {
+        self.slowness * (4.8 + 0.056 * sequences) * (1980.0 / f64::from(self.clock)).powf(0.8)
+    }
+
+    /// One second: the sequences that the demand keeps busy (at most the batch), the
+    /// tokens made, and the queue of requests (in tokens) that did not fit.
+    fn tick(&mut self, gpu: u32, tick: u64) -> Observation {
+        // Fixed point of x = demand * step(x), as Little's law has it.
+        let mut sequences: f64 = 1.0;
+        for _ in 0..50 {
+            sequences = (self.demand * self.step_ms(sequences) / 1000.0).min(f64::from(self.batch));
+        }
+        let capacity = sequences * 1000.0 / self.step_ms(sequences);
+        let backlog = self.queue >= 256.0 || self.demand > capacity * 1.001;
+        if backlog {
+            sequences = f64::from(self.batch);
+        }
+        let made = (sequences * 1000.0 / self.step_ms(sequences)).min(self.demand + self.queue);
+        self.queue = (self.queue + self.demand - made).max(0.0);
+        let power_w = 120.0
+            + 520.0 * (f64::from(self.clock) / 1980.0).powi(2) * (0.4 + 0.6 * sequences / 512.0);
+        let mut observation = testing::observation(gpu, tick);
+        observation.tokens = made as u64;
+        observation.energy_j = power_w;
+        observation.tokens_per_s = made;
+        observation.tokens_per_joule = made / power_w;
+        observation.tpot_p99_ms = self.step_ms(sequences) * 1.04;
+        observation.active_sequences = sequences.round().max(1.0) as u32;
+        observation.queue_depth = (self.queue / 256.0).floor() as u32;
+        observation.in_force.batch_size = self.batch;
+        observation.in_force.sm_clock_max_mhz = self.clock;
+        observation.settling = self.settling;
+        observation
+    }
+
+    fn apply(&mut self, settings: &Settings) {
+        let mut changed = false;
+        if let Some(batch) = settings.batch_size {
+            changed |= batch != self.batch;
+            self.batch = batch;
+        }
+        if let Some(clock) = settings.sm_clock_max_mhz {
+            changed |= clock != self.clock;
+            self.clock = clock;
+        }
+        self.settling = changed;
+    }
+}
+
+struct Run {
+    policy: SloBatch,
+    gpu: Gpu,
+    tick: u64,
+    violations: u32,
+}
+
+impl Run {
+    fn new(knobs: Knobs, demand: f64) -> Run {
+        let mut args = testing::init_args(vec![testing::h200(0)], knobs);
+        args.objective = Objective {
+            tpot_p99_limit_ms: Some(LIMIT_MS),
+            min_tokens_per_s: None,
+        };
+        let (policy, first) = SloBatch::init(args).unwrap();
+        let mut gpu = Gpu {
+            batch: 512,
+            clock: 1980,
+            demand,
+            queue: 0.0,
+            settling: false,
+            slowness: 1.0,
+        };
+        gpu.apply(&first[0]);
+        Run {
+            policy,
+            gpu,
+            tick: 0,
+            violations: 0,
+        }
+    }
+
+    fn run(&mut self, ticks: u64) {
+        for _ in 0..ticks {
+            let observation = self.gpu.tick(0, self.tick);
+            self.violations += u32::from(observation.tpot_p99_ms > LIMIT_MS);
+            let settings = self.policy.decide(&[observation]);
+            self.gpu.apply(&settings[0]);
+            self.tick += 1;
+        }
+    }
+}
+
+/// The largest batch under the limit at 1980 MHz: 4.8 + 0.056 b <= 20 / 1.04.
+fn limit_batch() -> f64 {
+    (LIMIT_MS / 1.04 - 4.8) / 0.056
+}
+
+#[test]
+fn batch_only_under_saturation_reaches_the_limit_fast_without_violations() {
+    let mut run = Run::new(Knobs::BATCH_SIZE, 1e6);
+    assert_eq!(run.gpu.batch, 64);
+    run.run(12);
+    let batch = f64::from(run.gpu.batch);
+    assert!(
+        batch >= 0.85 * limit_batch() && batch <= limit_batch(),
+        "{batch}"
+    );
+    run.run(300);
+    assert_eq!(run.violations, 0);
+    assert_eq!(run.gpu.clock, 1980);
+}
+
+#[test]
+fn light_load_lowers_the_clock_while_latency_allows() {
+    let mut run = Run::new(Knobs::BATCH_SIZE | Knobs::SM_CLOCK, 1500.0);
+    run.run(120);
+    assert!(run.gpu.clock < 1000, "{}", run.gpu.clock);
+    assert!(run.violations <= 2, "{}", run.violations);
+    assert!(run.gpu.queue < 1.0);
+    let observation = run.gpu.clone().tick(0, 0);
+    assert!(observation.tpot_p99_ms <= LIMIT_MS);
+}
+
+#[test]
+fn medium_load_stops_where_the_demand_needs_the_clock() {
+    let mut run = Run::new(Knobs::BATCH_SIZE | Knobs::SM_CLOCK, 9000.0);
+    run.run(300);
+    assert!(run.violations <= 3, "{}", run.violations);
+    assert!(run.gpu.queue < 512.0, "{}", run.gpu.queue);
+    // Lower than the top clock, but the demand holds it well above the light-load clock.
+    assert!((700..1980).contains(&run.gpu.clock), "{}", run.gpu.clock);
+}
+
+#[test]
+fn re_explores_when_the_workload_shifts() {
+    let mut run = Run::new(Knobs::BATCH_SIZE | Knobs::SM_CLOCK, 1500.0);
+    run.run(120);
+    let light_clock = run.gpu.clock;
+    // Heavy load arrives: the clock must come back up and the queue must not run away.
+    run.gpu.demand = 10_000.0;
+    run.run(200);
+    assert!(
+        run.gpu.clock > light_clock,
+        "{} vs {light_clock}",
+        run.gpu.clock
+    );
+    assert!(run.gpu.queue < 2048.0, "{}", run.gpu.queue);
+    let heavy_clock = run.gpu.clock;
+    // And light load again: down again, after forgetting the heavy load's floor.
+    run.gpu.demand = 1500.0;
+    run.run(200);
+    assert!(
+        run.gpu.clock < heavy_clock,
+        "{} vs {heavy_clock}",
+        run.gpu.clock
+    );
+    assert!(run.violations <= 8, "{}", run.violations);
+}
+
+#[test]
+fn a_slower_workload_is_met_by_a_smaller_batch_at_once() {
+    let mut run = Run::new(Knobs::BATCH_SIZE, 1e6);
+    run.run(60);
+    let before = run.gpu.batch;
+    run.gpu.slowness = 1.4;
+    run.run(30);
+    assert!(run.gpu.batch < before, "{} vs {before}", run.gpu.batch);
+    assert!(run.violations <= 2, "{}", run.violations);
+}
+
+#[test]
+fn knobs_objective_and_parameters_are_checked() {
+    let init = |knobs: Knobs, limit: Option<f64>, params: &[(&str, &str)]| {
+        let mut args = testing::init_args(vec![testing::h200(0)], knobs);
+        args.objective.tpot_p99_limit_ms = limit;
+        args.params = testing::params(params);
+        SloBatch::init(args).err().unwrap_or_default()
+    };
+    assert!(init(Knobs::POWER_CAP, Some(20.0), &[]).contains("\"batch-size\""));
+    assert!(init(Knobs::BATCH_SIZE, None, &[]).contains("tpot_p99_limit_ms"));
+    assert!(init(Knobs::BATCH_SIZE, Some(-1.0), &[]).contains("tpot_p99_limit_ms"));
+    assert!(init(Knobs::BATCH_SIZE, Some(20.0), &[("headroom", "2")]).contains("headroom"));
+    assert!(init(Knobs::BATCH_SIZE, Some(20.0), &[("x", "2")]).contains("unknown parameter `x`"));
+}
+
+#[test]
+fn state_hands_over_and_foreign_state_is_refused() {
+    let mut old = Run::new(Knobs::BATCH_SIZE | Knobs::SM_CLOCK, 1500.0);
+    old.run(60);
+    let mut new = Run::new(Knobs::BATCH_SIZE | Knobs::SM_CLOCK, 1500.0);
+    testing::assert_hands_over(&old.policy, &mut new.policy);
+    assert_eq!(
+        new.policy.gpus[0].clock_index,
+        old.policy.gpus[0].clock_index
+    );
+    assert_eq!(new.policy.gpus[0].fit, old.policy.gpus[0].fit);
+    let other = StateWriter::new().u32(1).finish(2);
+    testing::assert_restore_refused(&mut new.policy, other, "got version 2");
+    let mut truncated = old.policy.snapshot();
+    truncated.bytes.pop();
+    testing::assert_restore_refused(&mut new.policy, truncated, "state ends early");
+}
