@@ -276,7 +276,10 @@ impl GpuSim {
         let mut busy = 0.0;
         let mut steps_taken = 0.0;
         let mut next_arrival = 0;
-        let idle_w = self.profile.idle.power_w;
+        // With nothing to run: the model's clocked idle power at the current clock, which is
+        // the profile's idle power at the idle clock (checked when the profile loads) and less
+        // under a lower clock lock.
+        let idle_w = self.model.point(0, self.sm_mhz, self.mem_mhz).power_w;
         // A request finishing or arriving splits the substep.
         for _ in 0..MAX_EVENTS_PER_SUBSTEP {
             let remaining = dt - elapsed;

@@ -930,3 +930,24 @@ fn a_user_profile_for_a_smaller_card_runs_within_its_limits() {
     );
     assert_eq!(w.active_sequences, max);
 }
+
+#[test]
+fn idle_power_follows_the_model_at_the_idle_clock_and_under_a_lock() {
+    let mut scenario = Scenario::built_in().unwrap();
+    scenario.phases[0].arrival_rps = 0.0;
+    scenario.phases.truncate(1);
+    let (sim, clock) = sim_on(noiseless("h200"), scenario, 1, 4);
+    let (mut telemetry, mut actuator) = (sim.telemetry(), sim.actuator());
+    clock.sleep_until(secs(2.0));
+    let t = telemetry.read_window(0).unwrap();
+    assert!((t.energy_j / t.interval_s - 122.0).abs() < 0.01);
+    actuator.set_sm_clock_lock(0, Some((345, 990))).unwrap();
+    clock.sleep_until(secs(3.0));
+    telemetry.read_window(0).unwrap();
+    clock.sleep_until(secs(5.0));
+    let locked = telemetry.read_window(0).unwrap();
+    // p0 + clock · x·v² at x = 0.5: 100 + 22 · 0.5 · 0.685² = 105.2 W.
+    let watts = locked.energy_j / locked.interval_s;
+    assert!((watts - 105.2).abs() < 0.3, "{watts} W");
+    assert_eq!(locked.sm_clock_mhz, 990);
+}
