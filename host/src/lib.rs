@@ -21,6 +21,7 @@ pub mod clock;
 pub mod control;
 pub mod cuda;
 pub mod envelope;
+pub mod eval;
 pub mod gpu_tests;
 pub mod model;
 pub mod nvml;

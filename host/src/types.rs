@@ -196,14 +196,34 @@ impl Objective {
     /// latency bound; a window that turned demand away always breaks it, so a policy
     /// cannot buy tokens per joule by serving less than arrives.
     pub fn violated_by(&self, obs: &Observation) -> bool {
+        self.violated_by_window(
+            &WorkloadWindow {
+                tokens: obs.tokens,
+                tpot_p99_ms: obs.tpot_p99_ms,
+                queue_depth: obs.queue_depth,
+                demand: obs.demand,
+                ..WorkloadWindow::default()
+            },
+            obs.interval_s,
+        )
+    }
+
+    /// [`Objective::violated_by`] for a workload window of `interval_s` seconds (the judge
+    /// checks the oracle's windows with it, with no policy in the loop).
+    pub fn violated_by_window(&self, w: &WorkloadWindow, interval_s: f64) -> bool {
         let tpot = self
             .tpot_p99_limit_ms
-            .is_some_and(|limit| obs.tokens > 0 && obs.tpot_p99_ms > limit);
+            .is_some_and(|limit| w.tokens > 0 && w.tpot_p99_ms > limit);
+        let tokens_per_s = if interval_s > 0.0 {
+            w.tokens as f64 / interval_s
+        } else {
+            0.0
+        };
         let throughput = self
             .min_tokens_per_s
-            .is_some_and(|min| obs.queue_depth > 0 && obs.tokens_per_s < min);
-        let turned_away = obs.demand.is_some_and(|d| d.requests_turned_away > 0);
-        let queue_wait = match (self.queue_wait_p99_limit_ms, obs.demand) {
+            .is_some_and(|min| w.queue_depth > 0 && tokens_per_s < min);
+        let turned_away = w.demand.is_some_and(|d| d.requests_turned_away > 0);
+        let queue_wait = match (self.queue_wait_p99_limit_ms, w.demand) {
             (Some(limit), Some(demand)) => demand.queue_wait_p99_ms.is_some_and(|w| w > limit),
             _ => false,
         };

@@ -5,6 +5,7 @@
 mod support;
 
 mod bad_input;
+mod eval;
 mod hostile;
 mod long_run;
 mod outputs;

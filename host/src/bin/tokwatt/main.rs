@@ -4,6 +4,7 @@
 
 mod bench;
 mod check;
+mod eval;
 mod gpus;
 mod report;
 mod restore;
@@ -33,6 +34,8 @@ enum Command {
     Run(Box<run::RunArgs>),
     /// Load a policy spec and its plugin, and check it starts (no run).
     Check(check::CheckArgs),
+    /// Judge policies against the oracle on the simulator (eval.json, report.html).
+    Eval(Box<eval::EvalArgs>),
     /// Put back the GPU settings saved in the state file (after a crash or `kill -9`).
     Restore(restore::RestoreArgs),
     /// List the GPUs: constraints, supported clocks, current settings, whether tokwatt may change them.
@@ -52,6 +55,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(*args),
         Command::Check(args) => check::check(&args),
+        Command::Eval(args) => eval::eval(&args),
         Command::Restore(args) => restore::restore(&args),
         Command::Gpus(args) => gpus::gpus(&args),
         Command::Bench { what } => bench::bench(what),

@@ -1,0 +1,180 @@
+//! `tokwatt eval`: judge policies against the oracle on the simulator, over a set of
+//! scenarios and seeds; writes `eval.json` and `report.html`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+
+use tokwatt::eval::{self, EvalProgress, EvalRequest, EvalResults, EvalScenario, fmt_option};
+
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    /// Policy specs to judge.
+    #[arg(long, num_args = 1.., required = true, value_name = "SPEC")]
+    policies: Vec<PathBuf>,
+    /// Judging scenario files, or folders of them (the shipped set: host/scenarios/eval).
+    #[arg(long, num_args = 1.., required = true, value_name = "DIR|FILE")]
+    scenarios: Vec<PathBuf>,
+    /// Seeds per policy and scenario (1..=N).
+    #[arg(long, default_value_t = 3)]
+    seeds: u64,
+    /// Simulated time of every run (overrides each scenario's `duration_s`): 30m, 90s.
+    #[arg(long, value_parser = tokwatt::cli::parse_duration)]
+    duration: Option<Duration>,
+    /// Runs in parallel (default: the cores there are).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Output folder for eval.json and report.html (default: out/eval-TIME).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Replace an earlier evaluation's files in --out.
+    #[arg(long)]
+    overwrite: bool,
+    /// Extra folder to look for plugins in.
+    #[arg(long = "plugin-dir")]
+    plugin_dirs: Vec<PathBuf>,
+    /// Folder for compiled plugins (default: the user's cache folder).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// No progress lines.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+pub fn eval(args: &EvalArgs) -> Result<()> {
+    let scenarios = EvalScenario::load_all(&args.scenarios)?;
+    let out = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from("out").join(format!(
+            "eval-{}",
+            humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+                .to_string()
+                .replace(':', "-")
+        ))
+    });
+    let json_path = out.join("eval.json");
+    if json_path.exists() && !args.overwrite {
+        bail!(
+            "{} already holds an evaluation; choose another folder with --out, or pass --overwrite to replace it",
+            out.display()
+        );
+    }
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let request = EvalRequest {
+        policies: args.policies.clone(),
+        scenarios,
+        seeds: args.seeds,
+        duration_s: args.duration.map(|d| d.as_secs_f64()),
+        threads,
+        plugin_dirs: args.plugin_dirs.clone(),
+        cache_dir: args.cache_dir.clone(),
+    };
+    if !args.quiet {
+        eprintln!(
+            "judging {} policies on {} scenarios × {} seeds on {threads} threads (simulator output)",
+            request.policies.len(),
+            request.scenarios.len(),
+            request.seeds
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let quiet = args.quiet;
+    let results = eval::evaluate(&request, stop, &mut |p| {
+        if !quiet {
+            print_progress(&p);
+        }
+    })?;
+    std::fs::create_dir_all(&out)
+        .with_context(|| format!("creating the output folder {}", out.display()))?;
+    let json = serde_json::to_string_pretty(&results).context("serialising eval.json")?;
+    tokwatt::report::write_atomically(&json_path, &(json + "\n"))
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let report_path = out.join("report.html");
+    tokwatt::report::write_atomically(&report_path, &eval::eval_report(&results))
+        .with_context(|| format!("writing {}", report_path.display()))?;
+    print_results(&results);
+    println!(
+        "\n{:.1} s wall. Wrote {} and {}",
+        results.wall_time_s,
+        json_path.display(),
+        report_path.display()
+    );
+    Ok(())
+}
+
+fn print_progress(p: &EvalProgress) {
+    match p {
+        EvalProgress::Oracle { scenario, done, of } => {
+            eprintln!("[oracle {done:>3}/{of}] {scenario}");
+        }
+        EvalProgress::Run {
+            policy,
+            scenario,
+            seed,
+            tokens_per_joule,
+            done,
+            of,
+        } => eprintln!(
+            "[run {done:>4}/{of}] {policy} on {scenario}, seed {seed}: {tokens_per_joule:.4} tok/J"
+        ),
+    }
+}
+
+fn print_results(results: &EvalResults) {
+    println!("\n{}", results.data_source);
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header([
+        "policy",
+        "scenario",
+        "tok/J",
+        "oracle",
+        "ratio",
+        "t→0.95",
+        "t→0.98",
+        "violating",
+        "served",
+        "changes",
+    ]);
+    for e in &results.entries {
+        table.add_row([
+            e.policy.clone(),
+            e.scenario.clone(),
+            format!("{:.4}", e.tokens_per_joule.median),
+            format!("{:.4}", e.oracle_tokens_per_joule),
+            format!("{:.3}", e.ratio),
+            fmt_option(e.ticks_to_95, 0),
+            fmt_option(e.ticks_to_98, 0),
+            format!("{:.2}%", e.slo_violation_fraction * 100.0),
+            format!("{:.3}", e.served_fraction),
+            format!("{:.0}", e.setting_changes),
+        ]);
+    }
+    println!("{table}");
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header([
+        "policy (median over scenarios)",
+        "ratio",
+        "t→0.95",
+        "t→0.98",
+        "violating",
+        "served",
+        "oracle served",
+    ]);
+    for p in &results.policies {
+        table.add_row([
+            p.policy.clone(),
+            format!("{:.3}", p.ratio),
+            fmt_option(p.ticks_to_95, 0),
+            fmt_option(p.ticks_to_98, 0),
+            format!("{:.2}%", p.slo_violation_fraction * 100.0),
+            format!("{:.3}", p.served_fraction),
+            format!("{:.3}", p.oracle_served_fraction),
+        ]);
+    }
+    println!("{table}");
+}

@@ -1,0 +1,787 @@
+//! The judge: every policy on every judging scenario on the simulator, over several seeds,
+//! against the oracle (the best settings per demand phase, see [`oracle`]).
+//!
+//! Policies are judged on the simulator's **true** tokens and energy (no sensor gain error,
+//! no update quantisation): the sensors' noise is what the policy has to cope with, not
+//! what it is scored by. Every figure is simulator output.
+//!
+//! Per policy, scenario and seed the judge runs the policy through the same agent code as
+//! `tokwatt run` (plugin, envelope, control loop), with the scenario's objective replacing
+//! the spec's own, and the oracle's schedule on the same seed (the same arrivals). From
+//! the two it takes:
+//!
+//! - `ratio`: the policy's tokens per joule over the oracle's, times the share of the
+//!   oracle's served demand the policy served (a policy that serves less has the
+//!   shortfall counted against it, at most 1);
+//! - `ticks_to_95` / `ticks_to_98`: per demand phase, the ticks from the phase's start
+//!   until the policy's tokens per joule over the trailing [`TRAILING_WINDOW_S`] first
+//!   reaches that fraction of the oracle's over the same seconds and holds it for
+//!   [`HOLD_S`]; a phase where it never does counts as its full length; the mean over
+//!   phases;
+//! - `slo_violation_fraction`, `served_fraction` and `setting_changes` from the run's
+//!   summary.
+//!
+//! Seeds run in parallel on the cores there are; the figures are medians over seeds.
+
+pub mod oracle;
+mod report;
+pub mod scenario;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::agent::{AgentError, RunRequest, RunSummary};
+use crate::assembly::{AssemblyError, RunMeta};
+use crate::clock::VirtualClock;
+use crate::sim::{SimConfig, SimError, SimGpu};
+use crate::spec::{PolicySpec, SpecError};
+pub use oracle::{OracleSetting, PhaseOracle};
+pub use report::eval_report;
+pub use scenario::{EvalScenario, ScenarioError};
+
+/// Version of `eval.json`'s layout.
+pub const EVAL_FORMAT_VERSION: u32 = 1;
+/// The span over which tokens per joule is compared with the oracle's, seconds.
+pub const TRAILING_WINDOW_S: f64 = 30.0;
+/// How long a fraction must hold to count as reached, seconds.
+pub const HOLD_S: f64 = 10.0;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error(transparent)]
+    Scenario(#[from] ScenarioError),
+    #[error("policy spec {}: {source}", path.display())]
+    Spec { path: PathBuf, source: SpecError },
+    #[error("scenario `{scenario}`: {source}")]
+    Sim { scenario: String, source: SimError },
+    #[error("scenario `{scenario}`: {source}")]
+    Assembly {
+        scenario: String,
+        source: AssemblyError,
+    },
+    #[error("policy `{policy}` on scenario `{scenario}` (seed {seed}): {source}")]
+    Run {
+        policy: String,
+        scenario: String,
+        seed: u64,
+        source: Box<AgentError>,
+    },
+    #[error("give at least one policy spec and one scenario")]
+    Nothing,
+    #[error("the judge was interrupted")]
+    Interrupted,
+}
+
+/// What to judge.
+#[derive(Debug, Clone)]
+pub struct EvalRequest {
+    pub policies: Vec<PathBuf>,
+    pub scenarios: Vec<EvalScenario>,
+    /// Seeds 1..=seeds.
+    pub seeds: u64,
+    /// Overrides every scenario's own duration.
+    pub duration_s: Option<f64>,
+    /// Parallel runs (at least 1).
+    pub threads: usize,
+    pub plugin_dirs: Vec<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Progress, reported as each piece finishes.
+#[derive(Debug, Clone)]
+pub enum EvalProgress {
+    Oracle {
+        scenario: String,
+        done: usize,
+        of: usize,
+    },
+    Run {
+        policy: String,
+        scenario: String,
+        seed: u64,
+        tokens_per_joule: f64,
+        done: usize,
+        of: usize,
+    },
+}
+
+/// Median and range over seeds.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(values: &[f64]) -> Spread {
+        let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
+        sorted.sort_by(f64::total_cmp);
+        Spread {
+            median: median_sorted(&sorted),
+            min: sorted.first().copied().unwrap_or(f64::NAN),
+            max: sorted.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+fn median_sorted(sorted: &[f64]) -> f64 {
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// The median of `values`, ignoring NaN (NaN when nothing is left).
+pub fn median(values: &[f64]) -> f64 {
+    Spread::of(values).median
+}
+
+/// One policy on one scenario. **API boundary**: `eval.json`'s entries.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalEntry {
+    pub policy: String,
+    pub scenario: String,
+    pub seeds: Vec<u64>,
+    pub tokens_per_joule: Spread,
+    pub oracle_tokens_per_joule: f64,
+    /// Median over seeds of the policy's tokens per joule over the oracle's (same seed),
+    /// times its served share of the oracle's served demand (at most 1).
+    pub ratio: f64,
+    /// `None` when no phase of any seed reached it.
+    pub ticks_to_95: Option<f64>,
+    pub ticks_to_98: Option<f64>,
+    pub slo_violation_fraction: f64,
+    pub served_fraction: f64,
+    pub oracle_served_fraction: f64,
+    pub setting_changes: f64,
+    /// Ticks the policy was not in charge (trap, deadline, ejection).
+    pub fallback_ticks: f64,
+}
+
+/// One policy over every scenario: medians of its entries.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyResult {
+    pub policy: String,
+    pub ratio: f64,
+    pub ticks_to_95: Option<f64>,
+    pub ticks_to_98: Option<f64>,
+    pub slo_violation_fraction: f64,
+    pub served_fraction: f64,
+    /// The oracle's served fraction, median over the same scenarios.
+    pub oracle_served_fraction: f64,
+}
+
+impl PolicyResult {
+    fn of(policy: &str, entries: &[EvalEntry]) -> Self {
+        let mine: Vec<&EvalEntry> = entries.iter().filter(|e| e.policy == policy).collect();
+        let pick =
+            |f: &dyn Fn(&EvalEntry) -> f64| median(&mine.iter().map(|e| f(e)).collect::<Vec<_>>());
+        let reached = |f: &dyn Fn(&EvalEntry) -> Option<f64>| {
+            let m = pick(&|e| f(e).unwrap_or(f64::NAN));
+            m.is_finite().then_some(m)
+        };
+        Self {
+            policy: policy.to_owned(),
+            ratio: pick(&|e| e.ratio),
+            ticks_to_95: reached(&|e| e.ticks_to_95),
+            ticks_to_98: reached(&|e| e.ticks_to_98),
+            slo_violation_fraction: pick(&|e| e.slo_violation_fraction),
+            served_fraction: pick(&|e| e.served_fraction),
+            oracle_served_fraction: pick(&|e| e.oracle_served_fraction),
+        }
+    }
+}
+
+/// `value` with `decimals` places, or "never".
+pub fn fmt_option(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "never".to_owned(), |v| format!("{v:.decimals$}"))
+}
+
+/// A scenario as judged: its oracle.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioResult {
+    pub name: String,
+    pub description: String,
+    pub gpu: String,
+    pub gpus: u32,
+    pub duration_s: f64,
+    pub oracle: Vec<PhaseOracle>,
+}
+
+/// Per tick, summed over GPUs: time and the cumulative true tokens and energy.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Series {
+    pub time_s: Vec<f64>,
+    pub tokens: Vec<f64>,
+    pub energy_j: Vec<f64>,
+    /// Settings in force on GPU 0 at each tick (cap W, SM clock max MHz, batch).
+    pub settings: Vec<(f64, u32, u32)>,
+}
+
+impl Series {
+    fn push(&mut self, time_s: f64, sim: &SimGpu, gpus: u32, settings: (f64, u32, u32)) {
+        let (mut tokens, mut energy) = (0.0, 0.0);
+        for gpu in 0..gpus {
+            if let Some(truth) = sim.truth(gpu) {
+                tokens += truth.tokens;
+                energy += truth.energy_j;
+            }
+        }
+        self.time_s.push(time_s);
+        self.tokens.push(tokens);
+        self.energy_j.push(energy);
+        self.settings.push(settings);
+    }
+
+    fn totals(&self) -> (f64, f64) {
+        (
+            self.tokens.last().copied().unwrap_or(0.0),
+            self.energy_j.last().copied().unwrap_or(0.0),
+        )
+    }
+
+    /// Tokens per joule over `(t - window, t]` at each tick (NaN before a full window).
+    pub fn trailing_tokens_per_joule(&self, window_s: f64) -> Vec<(f64, f64)> {
+        let mut start = 0;
+        let mut out = Vec::with_capacity(self.time_s.len());
+        for (i, &t) in self.time_s.iter().enumerate() {
+            while start < i && self.time_s[start] < t - window_s - 1e-9 {
+                start += 1;
+            }
+            let value = if t - self.time_s[start] + 1e-9 < window_s || start == i {
+                f64::NAN
+            } else {
+                let energy = self.energy_j[i] - self.energy_j[start];
+                let tokens = self.tokens[i] - self.tokens[start];
+                if energy > 0.0 {
+                    tokens / energy
+                } else {
+                    f64::NAN
+                }
+            };
+            out.push((t, value));
+        }
+        out
+    }
+
+    /// The trailing tokens per joule at time `t` (the latest tick at or before it).
+    fn trailing_at(trailing: &[(f64, f64)], t: f64) -> f64 {
+        let index = trailing.partition_point(|&(time, _)| time <= t + 1e-9);
+        index
+            .checked_sub(1)
+            .and_then(|i| trailing.get(i))
+            .map_or(f64::NAN, |&(_, v)| v)
+    }
+}
+
+/// Everything the judge found. **API boundary**: `eval.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalResults {
+    pub format_version: u32,
+    pub data_source: String,
+    pub seeds: Vec<u64>,
+    pub trailing_window_s: f64,
+    pub hold_s: f64,
+    pub scenarios: Vec<ScenarioResult>,
+    pub entries: Vec<EvalEntry>,
+    /// Per policy, the median over scenarios of its entries.
+    pub policies: Vec<PolicyResult>,
+    /// Wall time of the whole evaluation, seconds.
+    pub wall_time_s: f64,
+    /// Series of the first seed, for the report (not written to `eval.json`).
+    #[serde(skip)]
+    pub first_seed_series: Vec<SeriesOf>,
+}
+
+/// The first seed's series of one policy (or the oracle) on one scenario.
+#[derive(Debug, Clone)]
+pub struct SeriesOf {
+    /// A policy's name, or `oracle`.
+    pub who: String,
+    pub scenario: String,
+    pub series: Series,
+}
+
+/// What one run of a policy gave.
+struct RunOutcome {
+    summary: RunSummary,
+    series: Series,
+}
+
+/// Judge every policy on every scenario.
+pub fn evaluate(
+    request: &EvalRequest,
+    stop: Arc<AtomicBool>,
+    progress: &mut dyn FnMut(EvalProgress),
+) -> Result<EvalResults, EvalError> {
+    let started = Instant::now();
+    if request.policies.is_empty() || request.scenarios.is_empty() {
+        return Err(EvalError::Nothing);
+    }
+    let specs: Vec<PolicySpec> = request
+        .policies
+        .iter()
+        .map(|path| {
+            PolicySpec::load(path).map_err(|source| EvalError::Spec {
+                path: path.clone(),
+                source,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let seeds: Vec<u64> = (1..=request.seeds.max(1)).collect();
+    let threads = request.threads.max(1);
+    let duration_of = |s: &EvalScenario| request.duration_s.unwrap_or(s.duration_s);
+
+    // The oracle of each scenario (its search uses the first seed), then its schedule run
+    // on every seed: one job each.
+    let oracle_jobs: Vec<usize> = (0..request.scenarios.len()).collect();
+    let oracles = parallel(
+        &oracle_jobs,
+        threads,
+        &stop,
+        |&i| {
+            let scenario = &request.scenarios[i];
+            oracle::search(scenario, duration_of(scenario), seeds[0]).map_err(|source| {
+                EvalError::Sim {
+                    scenario: scenario.name.clone(),
+                    source,
+                }
+            })
+        },
+        &mut |i, _| {
+            progress(EvalProgress::Oracle {
+                scenario: request.scenarios[oracle_jobs[i]].name.clone(),
+                done: i + 1,
+                of: oracle_jobs.len(),
+            })
+        },
+    )?;
+    let mut schedule_jobs: Vec<(usize, u64)> = Vec::new();
+    for s in 0..request.scenarios.len() {
+        schedule_jobs.extend(seeds.iter().map(|&seed| (s, seed)));
+    }
+    let schedules = parallel(
+        &schedule_jobs,
+        threads,
+        &stop,
+        |&(s, seed)| {
+            let scenario = &request.scenarios[s];
+            run_schedule(scenario, &oracles[s], duration_of(scenario), seed)
+        },
+        &mut |_, _| {},
+    )?;
+
+    let mut run_jobs: Vec<(usize, usize, u64)> = Vec::new();
+    for p in 0..specs.len() {
+        for s in 0..request.scenarios.len() {
+            run_jobs.extend(seeds.iter().map(|&seed| (p, s, seed)));
+        }
+    }
+    let done = AtomicUsize::new(0);
+    let runs = parallel(
+        &run_jobs,
+        threads,
+        &stop,
+        |&(p, s, seed)| {
+            let scenario = &request.scenarios[s];
+            run_policy(
+                request,
+                &specs[p],
+                scenario,
+                duration_of(scenario),
+                seed,
+                &stop,
+            )
+        },
+        &mut |i, outcome: &RunOutcome| {
+            let (p, s, seed) = run_jobs[i];
+            progress(EvalProgress::Run {
+                policy: specs[p].name.clone(),
+                scenario: request.scenarios[s].name.clone(),
+                seed,
+                tokens_per_joule: outcome.summary.totals.tokens_per_joule,
+                done: done.fetch_add(1, Ordering::Relaxed) + 1,
+                of: run_jobs.len(),
+            })
+        },
+    )?;
+
+    let mut entries = Vec::new();
+    let mut first_seed_series = Vec::new();
+    for (s, scenario) in request.scenarios.iter().enumerate() {
+        let schedule_of = |seed: u64| {
+            schedule_jobs
+                .iter()
+                .position(|&job| job == (s, seed))
+                .map(|i| &schedules[i])
+        };
+        if let Some(oracle) = schedule_of(seeds[0]) {
+            first_seed_series.push(SeriesOf {
+                who: "oracle".into(),
+                scenario: scenario.name.clone(),
+                series: oracle.series.clone(),
+            });
+        }
+        for (p, spec) in specs.iter().enumerate() {
+            let mut per_seed = Vec::new();
+            for &seed in &seeds {
+                let Some(run_index) = run_jobs.iter().position(|&job| job == (p, s, seed)) else {
+                    continue;
+                };
+                let Some(schedule) = schedule_of(seed) else {
+                    continue;
+                };
+                per_seed.push((seed, &runs[run_index], schedule));
+            }
+            if let Some((_, first, _)) = per_seed.first() {
+                first_seed_series.push(SeriesOf {
+                    who: spec.name.clone(),
+                    scenario: scenario.name.clone(),
+                    series: first.series.clone(),
+                });
+            }
+            entries.push(judge(spec, scenario, &oracles[s], &per_seed));
+        }
+    }
+    let profiles: std::collections::BTreeSet<String> = request
+        .scenarios
+        .iter()
+        .map(|s| s.profile.name.clone())
+        .collect();
+    let data_source = format!(
+        "simulator output, judged on the simulator's true energy (simulated {})",
+        profiles.into_iter().collect::<Vec<_>>().join(", ")
+    );
+    Ok(EvalResults {
+        format_version: EVAL_FORMAT_VERSION,
+        data_source,
+        seeds,
+        trailing_window_s: TRAILING_WINDOW_S,
+        hold_s: HOLD_S,
+        scenarios: request
+            .scenarios
+            .iter()
+            .zip(oracles)
+            .map(|(s, oracle)| ScenarioResult {
+                name: s.name.clone(),
+                description: s.description.clone(),
+                gpu: s.profile.name.clone(),
+                gpus: s.gpus,
+                duration_s: duration_of(s),
+                oracle,
+            })
+            .collect(),
+        policies: specs
+            .iter()
+            .map(|spec| PolicyResult::of(&spec.name, &entries))
+            .collect(),
+        entries,
+        wall_time_s: started.elapsed().as_secs_f64(),
+        first_seed_series,
+    })
+}
+
+/// Run `work` on every job on `threads` threads; `done` is told of each result (by job
+/// index) on the caller's thread as it comes. The first error stops the rest.
+fn parallel<J: Sync, T: Send>(
+    jobs: &[J],
+    threads: usize,
+    stop: &AtomicBool,
+    work: impl Fn(&J) -> Result<T, EvalError> + Sync,
+    done: &mut dyn FnMut(usize, &T),
+) -> Result<Vec<T>, EvalError> {
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let (sender, receiver) = mpsc::channel();
+    let mut results: Vec<Option<T>> = std::iter::repeat_with(|| None).take(jobs.len()).collect();
+    let mut first_error = None;
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(jobs.len()) {
+            let sender = sender.clone();
+            let (next, failed, work) = (&next, &failed, &work);
+            scope.spawn(move || {
+                loop {
+                    if failed.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(job) = jobs.get(i) else { break };
+                    let result = work(job);
+                    if result.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    if sender.send((i, result)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(sender);
+        for (i, result) in receiver {
+            match result {
+                Ok(value) => {
+                    done(i, &value);
+                    results[i] = Some(value);
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+    });
+    if let Some(error) = first_error {
+        return Err(error);
+    }
+    if stop.load(Ordering::Relaxed) {
+        return Err(EvalError::Interrupted);
+    }
+    results
+        .into_iter()
+        .map(|r| r.ok_or(EvalError::Interrupted))
+        .collect()
+}
+
+/// The oracle's schedule on one seed: each phase's settings from its first second.
+struct Schedule {
+    series: Series,
+    served_fraction: f64,
+}
+
+fn run_schedule(
+    scenario: &EvalScenario,
+    phases: &[PhaseOracle],
+    duration_s: f64,
+    seed: u64,
+) -> Result<Schedule, EvalError> {
+    let sim_error = |source| EvalError::Sim {
+        scenario: scenario.name.clone(),
+        source,
+    };
+    let clock = VirtualClock::new();
+    let sim = SimGpu::new(
+        SimConfig {
+            profile: scenario.profile.clone(),
+            scenario: scenario.workload.clone(),
+            gpus: scenario.gpus,
+            seed,
+        },
+        clock.clone(),
+    )
+    .map_err(sim_error)?;
+    let mut run = oracle::FixedRun::new(&sim, clock, &scenario.objective);
+    let mut series = Series::default();
+    let ticks = duration_s.round() as u64;
+    let mut phase_index = None;
+    for _ in 0..ticks {
+        let t = run.tick() as f64;
+        let current = phases.iter().rposition(|p| p.start_s <= t + 1e-9);
+        if current != phase_index
+            && let Some(phase) = current.and_then(|i| phases.get(i))
+        {
+            run.apply(phase.setting);
+            phase_index = current;
+        }
+        run.advance_ticks(1);
+        let setting = current
+            .and_then(|i| phases.get(i))
+            .map_or((0.0, 0, 0), |p| {
+                (
+                    p.setting.power_cap_w,
+                    p.setting.sm_clock_max_mhz,
+                    p.setting.batch_size,
+                )
+            });
+        series.push(run.tick() as f64, &sim, scenario.gpus, setting);
+    }
+    let served_fraction = run.served_fraction();
+    Ok(Schedule {
+        series,
+        served_fraction,
+    })
+}
+
+fn run_policy(
+    request: &EvalRequest,
+    spec: &PolicySpec,
+    scenario: &EvalScenario,
+    duration_s: f64,
+    seed: u64,
+    stop: &Arc<AtomicBool>,
+) -> Result<RunOutcome, EvalError> {
+    let mut spec = spec.clone();
+    spec.objective = scenario.objective;
+    let (sim, backends) = crate::assembly::simulator_from(
+        SimConfig {
+            profile: scenario.profile.clone(),
+            scenario: scenario.workload.clone(),
+            gpus: scenario.gpus,
+            seed,
+        },
+        false,
+    )
+    .map_err(|source| EvalError::Assembly {
+        scenario: scenario.name.clone(),
+        source,
+    })?;
+    let meta = RunMeta {
+        simulated: true,
+        gpu_profile: scenario.profile.id.clone(),
+        gpu_name: scenario.profile.name.clone(),
+        data_source: format!("simulator output: {}", sim.calibration_note()),
+        gpu_count: scenario.gpus,
+        actuator: "sim".into(),
+        workload: "sim".into(),
+        seed,
+    };
+    let run_request = RunRequest {
+        spec: spec.clone(),
+        duration: Duration::from_secs_f64(duration_s),
+        tick: None,
+        out_dir: PathBuf::new(),
+        plugin_dirs: request.plugin_dirs.clone(),
+        cache_dir: request.cache_dir.clone(),
+        seed,
+        overwrite: false,
+        write_files: false,
+    };
+    let mut series = Series::default();
+    let gpus = scenario.gpus;
+    let (summary, _backends) =
+        crate::agent::run(&run_request, backends, meta, Arc::clone(stop), &mut |p| {
+            let settings = p.observations.first().map_or((0.0, 0, 0), |o| {
+                (
+                    o.in_force.power_cap_w,
+                    o.in_force.sm_clock_max_mhz,
+                    o.in_force.batch_size,
+                )
+            });
+            series.push(p.time.as_secs_f64(), &sim, gpus, settings);
+        })
+        .map_err(|source| EvalError::Run {
+            policy: spec.name.clone(),
+            scenario: scenario.name.clone(),
+            seed,
+            source: Box::new(source),
+        })?;
+    Ok(RunOutcome { summary, series })
+}
+
+/// The entry of one policy on one scenario from its runs and the oracle's, seed by seed.
+fn judge(
+    spec: &PolicySpec,
+    scenario: &EvalScenario,
+    oracle: &[PhaseOracle],
+    per_seed: &[(u64, &RunOutcome, &Schedule)],
+) -> EvalEntry {
+    let tick_s = f64::from(spec.tick_ms) / 1e3;
+    let mut tpj = Vec::new();
+    let mut oracle_tpj = Vec::new();
+    let mut ratios = Vec::new();
+    let mut to_95 = Vec::new();
+    let mut to_98 = Vec::new();
+    let mut violations = Vec::new();
+    let mut served = Vec::new();
+    let mut oracle_served = Vec::new();
+    let mut changes = Vec::new();
+    let mut fallbacks = Vec::new();
+    for (_, run, schedule) in per_seed {
+        let (tokens, energy) = run.series.totals();
+        let (oracle_tokens, oracle_energy) = schedule.series.totals();
+        let policy_tpj = if energy > 0.0 { tokens / energy } else { 0.0 };
+        let best_tpj = if oracle_energy > 0.0 {
+            oracle_tokens / oracle_energy
+        } else {
+            f64::NAN
+        };
+        let served_fraction = run.summary.totals.demand.map_or(1.0, |d| d.served_fraction);
+        let shortfall = if schedule.served_fraction > 0.0 {
+            (served_fraction / schedule.served_fraction).min(1.0)
+        } else {
+            1.0
+        };
+        tpj.push(policy_tpj);
+        oracle_tpj.push(best_tpj);
+        ratios.push(policy_tpj / best_tpj * shortfall);
+        let ticks = run.summary.totals.ticks.max(1) as f64;
+        violations.push(run.summary.totals.slo_violation_ticks as f64 / ticks);
+        served.push(served_fraction);
+        oracle_served.push(schedule.served_fraction);
+        changes.push(run.summary.totals.settings_changes as f64);
+        fallbacks.push(run.summary.totals.fallback_ticks as f64);
+        let phases: Vec<(f64, f64)> = oracle.iter().map(|p| (p.start_s, p.end_s)).collect();
+        to_95.push(time_to_fraction(&run.series, &schedule.series, &phases, 0.95) / tick_s);
+        to_98.push(time_to_fraction(&run.series, &schedule.series, &phases, 0.98) / tick_s);
+    }
+    let reached = |values: &[f64]| {
+        let m = median(values);
+        (!m.is_nan()).then_some(m)
+    };
+    EvalEntry {
+        policy: spec.name.clone(),
+        scenario: scenario.name.clone(),
+        seeds: per_seed.iter().map(|(seed, _, _)| *seed).collect(),
+        tokens_per_joule: Spread::of(&tpj),
+        oracle_tokens_per_joule: median(&oracle_tpj),
+        ratio: median(&ratios),
+        ticks_to_95: reached(&to_95),
+        ticks_to_98: reached(&to_98),
+        slo_violation_fraction: median(&violations),
+        served_fraction: median(&served),
+        oracle_served_fraction: median(&oracle_served),
+        setting_changes: median(&changes),
+        fallback_ticks: median(&fallbacks),
+    }
+}
+
+/// Mean over phases of the seconds from each phase's start until the policy's trailing
+/// tokens per joule reaches `fraction` of the oracle's and holds it for [`HOLD_S`]; a
+/// phase where it never does counts as its full length. NaN when no phase reached it.
+pub fn time_to_fraction(
+    policy: &Series,
+    oracle: &Series,
+    phases: &[(f64, f64)],
+    fraction: f64,
+) -> f64 {
+    let ours = policy.trailing_tokens_per_joule(TRAILING_WINDOW_S);
+    let best = oracle.trailing_tokens_per_joule(TRAILING_WINDOW_S);
+    let meets = |t: f64| {
+        let (a, b) = (Series::trailing_at(&ours, t), Series::trailing_at(&best, t));
+        a.is_finite() && b.is_finite() && a >= fraction * b
+    };
+    let mut total = 0.0;
+    let mut any = false;
+    for &(start, end) in phases {
+        // The first full window inside the phase ends a trailing window after its start.
+        let reached = ours
+            .iter()
+            .map(|&(t, _)| t)
+            .filter(|&t| t >= start + TRAILING_WINDOW_S - 1e-9 && t + HOLD_S <= end + 1e-9)
+            .find(|&t| {
+                ours.iter()
+                    .map(|&(u, _)| u)
+                    .filter(|&u| u >= t && u <= t + HOLD_S)
+                    .all(meets)
+            });
+        match reached {
+            Some(t) => {
+                any = true;
+                total += t - start;
+            }
+            None => total += end - start,
+        }
+    }
+    if any && !phases.is_empty() {
+        total / phases.len() as f64
+    } else {
+        f64::NAN
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,69 @@
+use super::*;
+
+fn series(points: &[(f64, f64, f64)]) -> Series {
+    Series {
+        time_s: points.iter().map(|p| p.0).collect(),
+        tokens: points.iter().map(|p| p.1).collect(),
+        energy_j: points.iter().map(|p| p.2).collect(),
+        settings: vec![(0.0, 0, 0); points.len()],
+    }
+}
+
+/// `ticks` one-second ticks at `tpj(t)` tokens per joule, 100 J a tick.
+fn steady(ticks: u32, tpj: impl Fn(f64) -> f64) -> Series {
+    let mut points = Vec::new();
+    let (mut tokens, mut energy) = (0.0, 0.0);
+    for i in 1..=ticks {
+        let t = f64::from(i);
+        energy += 100.0;
+        tokens += 100.0 * tpj(t);
+        points.push((t, tokens, energy));
+    }
+    series(&points)
+}
+
+#[test]
+fn trailing_windows_need_a_full_window() {
+    let s = steady(100, |_| 2.0);
+    let trailing = s.trailing_tokens_per_joule(30.0);
+    assert!(trailing[10].1.is_nan());
+    assert!((trailing[50].1 - 2.0).abs() < 1e-12);
+}
+
+#[test]
+fn time_to_fraction_counts_from_each_phase_start() {
+    let oracle = steady(600, |_| 2.0);
+    // Reaches the oracle at 100 s into the first phase; never in the second.
+    let policy = steady(600, |t| {
+        if t < 100.0 {
+            1.0
+        } else if t < 300.0 {
+            2.0
+        } else {
+            1.5
+        }
+    });
+    let first = time_to_fraction(&policy, &oracle, &[(0.0, 300.0)], 0.95);
+    // The trailing 30 s window mixes 1.0 and 2.0 tokens per joule until it holds 27 s
+    // at 2.0 (1.9 = 0.95 × 2.0): from t = 126 s, and it holds after that.
+    assert_eq!(first, 126.0);
+    let both = time_to_fraction(&policy, &oracle, &[(0.0, 300.0), (300.0, 600.0)], 0.95);
+    // The second phase never reaches it and counts as its full 300 s.
+    assert!((both - (first + 300.0) / 2.0).abs() < 1e-9, "{both}");
+    assert!(time_to_fraction(&steady(600, |_| 1.0), &oracle, &[(0.0, 600.0)], 0.95).is_nan());
+}
+
+#[test]
+fn spreads_ignore_nan_and_take_the_middle() {
+    let spread = Spread::of(&[3.0, f64::NAN, 1.0, 2.0]);
+    assert_eq!(
+        spread,
+        Spread {
+            median: 2.0,
+            min: 1.0,
+            max: 3.0
+        }
+    );
+    assert_eq!(median(&[1.0, 2.0, 3.0, 4.0]), 2.5);
+    assert!(median(&[]).is_nan());
+}

@@ -1,0 +1,128 @@
+//! `tokwatt eval`: the judge's files and figures, on short runs of shipped scenarios.
+
+use crate::support::*;
+
+fn eval(
+    out: &std::path::Path,
+    policies: &[&str],
+    scenarios: &[&str],
+    extra: &[&str],
+) -> serde_json::Value {
+    let root = repo_root();
+    let mut command = tokwatt();
+    command.arg("eval").arg("--policies");
+    for policy in policies {
+        command.arg(root.join("policies").join(policy));
+    }
+    command.arg("--scenarios");
+    for scenario in scenarios {
+        command.arg(root.join("host/scenarios/eval").join(scenario));
+    }
+    command.arg("--out").arg(out).args(extra);
+    let output = command.output().expect("tokwatt eval runs");
+    assert!(
+        output.status.success(),
+        "tokwatt eval failed: {}",
+        stderr(&output)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("simulator output"), "{stdout}");
+    let text = std::fs::read_to_string(out.join("eval.json")).expect("eval.json");
+    serde_json::from_str(&text).expect("eval.json is JSON")
+}
+
+#[test]
+fn eval_writes_every_field_for_every_policy_and_scenario() {
+    let dir = tempdir();
+    let out = dir.path().join("eval");
+    let results = eval(
+        &out,
+        &["static.toml", "hill-climb.toml"],
+        &["h200-8b-latency.toml", "a100-1b-latency.toml"],
+        &["--seeds", "2", "--duration", "4m", "--threads", "2"],
+    );
+    let entries = results["entries"].as_array().expect("entries");
+    assert_eq!(entries.len(), 4, "2 policies × 2 scenarios");
+    for entry in entries {
+        for key in [
+            "policy",
+            "scenario",
+            "seeds",
+            "tokens_per_joule",
+            "oracle_tokens_per_joule",
+            "ratio",
+            "ticks_to_95",
+            "ticks_to_98",
+            "slo_violation_fraction",
+            "served_fraction",
+            "setting_changes",
+        ] {
+            assert!(entry.get(key).is_some(), "entry lacks `{key}`: {entry}");
+        }
+        assert_eq!(entry["seeds"], serde_json::json!([1, 2]));
+        let tpj = &entry["tokens_per_joule"];
+        assert!(num(tpj, "min") <= num(tpj, "median") && num(tpj, "median") <= num(tpj, "max"));
+        let ratio = num(entry, "ratio");
+        // The oracle is the best that serves the demand within the objective: a policy
+        // that keeps the objective cannot beat it by more than the noise of one phase.
+        assert!(ratio > 0.0 && ratio < 1.05, "ratio {ratio}: {entry}");
+    }
+    let scenarios = results["scenarios"].as_array().expect("scenarios");
+    assert_eq!(scenarios.len(), 2);
+    for scenario in scenarios {
+        let oracle = scenario["oracle"].as_array().expect("oracle phases");
+        assert!(!oracle.is_empty());
+        for phase in oracle {
+            assert_eq!(phase["feasible"], true, "{phase}");
+            assert!(num(&phase["setting"], "power_cap_w") > 0.0);
+        }
+    }
+    let report = std::fs::read_to_string(out.join("report.html")).expect("report.html");
+    assert!(report.contains("<svg"), "the report has plots");
+    assert!(report.contains("h200-8b-latency") && report.contains("hill-climb"));
+    // An evaluation is not overwritten by accident.
+    let again = tokwatt()
+        .args(["eval", "--policies"])
+        .arg(repo_root().join("policies/static.toml"))
+        .arg("--scenarios")
+        .arg(repo_root().join("host/scenarios/eval/h200-8b-latency.toml"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("runs");
+    assert!(!again.status.success());
+    assert!(stderr(&again).contains("--overwrite"), "{}", stderr(&again));
+}
+
+#[test]
+fn the_shipped_scenario_set_covers_what_the_judge_promises() {
+    let dir = repo_root().join("host/scenarios/eval");
+    let scenarios = tokwatt::eval::EvalScenario::load_all(&[dir]).expect("the shipped set loads");
+    assert!(scenarios.len() >= 12, "{} scenarios", scenarios.len());
+    let has = |f: &dyn Fn(&tokwatt::eval::EvalScenario) -> bool| scenarios.iter().any(f);
+    for gpu in ["h200", "h100", "a100"] {
+        assert!(has(&|s| s.profile.id == gpu), "no {gpu} scenario");
+    }
+    assert!(has(&|s| s.workload.model_name == "llama-3-8b"));
+    assert!(has(&|s| s.workload.model_name == "llama-3.2-1b"));
+    assert!(
+        has(&|s| s.workload.model_name == "custom"),
+        "no user-given shape"
+    );
+    assert!(has(&|s| s.workload.context_tokens <= 1024));
+    assert!(has(&|s| s.workload.context_tokens >= 8192));
+    assert!(
+        has(&|s| s.objective.tpot_p99_limit_ms.is_some()),
+        "no latency objective"
+    );
+    assert!(
+        has(&|s| s.objective.tpot_p99_limit_ms.is_none()
+            && s.objective.queue_wait_p99_limit_ms.is_some()),
+        "no throughput objective"
+    );
+    assert!(has(&|s| s.workload.phases.len() >= 3), "no demand shifts");
+    assert!(
+        has(&|s| s.profile.nvml.gain_error_max >= 0.05),
+        "no noisy boards"
+    );
+}
