@@ -264,7 +264,7 @@ impl LadderSearch {
                 self.window = LadderWindow::default();
             }
             _ => {
-                let hi = self.hi.max(in_force + 1);
+                let hi = self.hi_above(in_force);
                 self.start_bracket(in_force + 1, hi, config);
             }
         }
@@ -549,6 +549,17 @@ impl LadderSearch {
         None
     }
 
+    /// The top of the bracket to search above `rung`, which went out of bounds or broke
+    /// the objective: while bracketing, the bracket's top still holds; once settled
+    /// (the load rose under the settled rung), the whole ladder above it.
+    fn hi_above(&self, rung: usize) -> usize {
+        if self.incumbent.is_none() && self.hi > rung {
+            self.hi
+        } else {
+            self.top()
+        }
+    }
+
     /// Makes the current rung a floor and moves above it.
     fn after_out_of_bounds(&mut self, config: &LadderConfig) {
         let rung = self.current;
@@ -561,7 +572,7 @@ impl LadderSearch {
             }
             _ => {
                 // The settled rung itself, or a point of the bracket: search above it.
-                let hi = self.hi.max(rung + 1);
+                let hi = self.hi_above(rung);
                 self.start_bracket(rung + 1, hi, config);
             }
         }
