@@ -77,6 +77,7 @@ fn a_simulated_run_writes_a_report_with_each_panel_for_each_gpu() {
     let r = run_sim(&spec, "2m", &out, &["--gpus", "2"]);
     let html = std::fs::read_to_string(out.join("report.html")).expect("report.html written");
     assert_well_formed(&html);
+    assert!(html.contains("<h2>Summary</h2>"), "the summary section");
 
     // The policy's name is text, never markup.
     assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));

@@ -57,7 +57,13 @@ impl HeatMap {
         let grid_width = cell_width * self.columns.len() as f64;
         let grid_height = CELL_HEIGHT * self.rows.len() as f64;
         let scale_top = grid_top + grid_height + 14.0;
-        let width = (grid_left + grid_width + 10.0)
+        // A turned label reaches past its cell to the right.
+        let label_reach = if turned {
+            longest(&self.columns) * 0.82 - cell_width / 2.0
+        } else {
+            0.0
+        };
+        let width = (grid_left + grid_width + label_reach.max(0.0) + 10.0)
             .max(320.0)
             .max(self.title.chars().count() as f64 * 8.0 + 20.0);
         let height = scale_top + 40.0;
