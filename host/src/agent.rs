@@ -70,6 +70,8 @@ pub struct RunSummary {
     pub policy_spec: String,
     pub plugin: String,
     pub tick_ms: u32,
+    /// The objective the run was judged by (the spec's, or the judge's scenario's).
+    pub objective: crate::types::Objective,
     #[serde(flatten)]
     pub meta: RunMeta,
     #[serde(flatten)]
@@ -282,6 +284,7 @@ pub fn run_with_swaps(
         policy_spec: spec.path.display().to_string(),
         plugin: plugin_path.display().to_string(),
         tick_ms: u32::try_from(tick.as_millis()).unwrap_or(u32::MAX),
+        objective: spec.objective,
         meta,
         totals,
     };

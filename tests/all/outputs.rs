@@ -29,6 +29,7 @@ fn summary_keys_are_stable() {
             "gpus",
             "interrupted",
             "non_finite_values",
+            "objective",
             "output_formats",
             "plugin",
             "plugin_traps",

@@ -14,9 +14,9 @@ use crate::types::Objective;
 /// Ticks in the rolling tokens-per-joule window.
 pub const ROLLING_TICKS: usize = 10;
 
-/// The report of the run in `run_dir`. `summary.json` does not record the objective, so
-/// it is read from the run's policy spec file as that file is now (the page says so), or
-/// left out where the file cannot be read.
+/// The report of the run in `run_dir`, with the objective `summary.json` records; a
+/// summary from before it recorded one takes it from the run's policy spec file as that
+/// file is now (the page says so), or leaves it out where the file cannot be read.
 pub fn run_report(run_dir: &Path) -> Result<String, ReportError> {
     let summary = read_summary(run_dir)?;
     let objective = match summary
