@@ -239,8 +239,8 @@ mod tests {
         assert_eq!(scenario, example);
         assert_eq!(scenario.model_name, "llama-3-8b");
         assert_eq!(scenario.phases.len(), 3);
-        assert_eq!(scenario.arrival_rps_at(0.0), 100.0);
-        assert_eq!(scenario.arrival_rps_at(599.9), 100.0);
+        assert_eq!(scenario.arrival_rps_at(0.0), 45.0);
+        assert_eq!(scenario.arrival_rps_at(599.9), 45.0);
         assert_eq!(scenario.arrival_rps_at(600.0), 5.0);
         assert_eq!(scenario.arrival_rps_at(5000.0), 30.0);
     }
