@@ -28,7 +28,8 @@
 //! # Settled: following a drift
 //!
 //! Every `recheck_windows` windows at the settled rung it probes a neighbour (sides
-//! alternate, a better side is kept) and moves there if it is better beyond the noise.
+//! alternate) and moves there if it is better beyond the noise, then keeps probing that
+//! way while the next rung is better still.
 //!
 //! # Bounds and the objective
 //!
@@ -36,9 +37,13 @@
 //! or whose queue grows (by `queue_growth` requests a tick past `queue_min`) where a
 //! higher rung kept up with demand, is out of bounds: it becomes a *floor*, below which
 //! the search does not go for `floor_hold_windows` windows, and the bracket starts above
-//! it. A tick that breaks the objective (see [`objective_breach`]) does the same at once,
-//! and moves the GPU up: to the settled rung when it was a probe below it, otherwise into
-//! the bracket above the breaking rung. While such a move settles, further breaches wait.
+//! it (the settled rung, only just out of bounds, gives way to the rung above it). A tick
+//! that breaks the objective (see [`objective_breach`]) does the same at once, and moves
+//! the GPU up: to the settled rung when it was a probe below it; from the settled rung,
+//! by an eighth of the rest of the ladder when it was only just broken (by up to 10 %: a
+//! burst, or a slow rise), otherwise into a new bracket above it (the load rose), as from
+//! a point of the bracket. While such a move settles, further breaches wait, and the
+//! first window after it (while the backlog drains) is judged on breaches only.
 //!
 //! # Re-exploration
 //!
@@ -112,6 +117,10 @@ pub struct LadderSearch {
     /// A rung whose queue grew, and the higher rung that kept up, being measured again
     /// to tell a rung too slow for the demand from a rise in demand.
     pub queue_suspect: Option<QueueSuspect>,
+    /// True for the first window after a raise for the objective: the backlog that built
+    /// up at the breaking rung drains during it, so its latency says little about the
+    /// rung, and only a breach counts.
+    pub recovering: bool,
 }
 
 /// A rung whose queue grew where a higher one had kept up with demand.
@@ -155,6 +164,7 @@ impl LadderSearch {
             mismatch_ticks: 0,
             raised: false,
             queue_suspect: None,
+            recovering: false,
         })
     }
 
@@ -173,7 +183,10 @@ impl LadderSearch {
         let in_force = in_force.min(self.top());
         if let Some(breach) = objective_breach(observation, objective) {
             if !(observation.settling && self.raised) {
-                self.raise_for_objective(in_force, &breach, config);
+                let overshoot = objective
+                    .tpot_p99_limit_ms
+                    .map_or(1.0, |limit_ms| observation.tpot_p99_ms / limit_ms);
+                self.raise_for_objective(in_force, overshoot, &breach, config);
             }
             return self.current;
         }
@@ -254,7 +267,17 @@ impl LadderSearch {
         self.bracket_step(config);
     }
 
-    fn raise_for_objective(&mut self, in_force: usize, breach: &str, config: &LadderConfig) {
+    /// Moves up at once from `in_force`, which broke the objective (by `overshoot`, the
+    /// p99 time per token over its limit; 1 for a throughput breach).
+    fn raise_for_objective(
+        &mut self,
+        in_force: usize,
+        overshoot: f64,
+        breach: &str,
+        config: &LadderConfig,
+    ) {
+        /// A breach by more than this at the settled rung is a rise in load, not a burst.
+        const LOAD_ROSE: f64 = 1.1;
         self.set_floor(in_force, config);
         match self.incumbent {
             Some(incumbent) if incumbent > in_force => {
@@ -262,6 +285,12 @@ impl LadderSearch {
                 self.recheck_direction = 1;
                 self.windows_at_incumbent = 0;
                 self.window = LadderWindow::default();
+            }
+            Some(incumbent) if incumbent == in_force && overshoot <= LOAD_ROSE => {
+                // Just over, at the settled rung: a burst of arrivals, or a slow rise.
+                // Step up by an eighth of the rest of the ladder, and climb from there.
+                let rungs = ((self.top() - in_force) / 8).max(2);
+                self.resettle(self.up(in_force, rungs));
             }
             _ => {
                 let hi = self.hi_above(in_force);
@@ -273,6 +302,7 @@ impl LadderSearch {
             self.gpu, self.current
         );
         self.raised = true;
+        self.recovering = true;
     }
 
     fn set_floor(&mut self, rung: usize, config: &LadderConfig) {
@@ -335,7 +365,13 @@ impl LadderSearch {
             }
             return;
         }
-        match self.out_of_bounds(objective, config) {
+        let bound = if self.recovering {
+            None
+        } else {
+            self.out_of_bounds(objective, config)
+        };
+        self.recovering = false;
+        match bound {
             Some(Bound::Latency(reason)) => {
                 debug!(
                     "gpu {}: rung {} is out of bounds: {reason}",
@@ -385,7 +421,9 @@ impl LadderSearch {
                     self.gpu, self.current
                 );
                 if verdict == Verdict::Better {
+                    // Keep going that way at once: the best setting has moved.
                     self.incumbent = Some(self.current);
+                    self.probe_neighbour(self.current);
                 } else {
                     self.recheck_direction = -self.recheck_direction;
                     self.current = incumbent;
@@ -570,12 +608,29 @@ impl LadderSearch {
                 self.recheck_direction = 1;
                 self.windows_at_incumbent = 0;
             }
+            // The settled rung itself, only just out of bounds (the objective holds):
+            // the rung above.
+            Some(incumbent) if incumbent == rung => self.resettle(self.up(rung, 1)),
             _ => {
-                // The settled rung itself, or a point of the bracket: search above it.
+                // A point of the bracket: search above it.
                 let hi = self.hi_above(rung);
                 self.start_bracket(rung + 1, hi, config);
             }
         }
+    }
+
+    /// Settles on `rung` without measuring it first; its neighbours above are probed
+    /// first.
+    fn resettle(&mut self, rung: usize) {
+        self.incumbent = Some(rung);
+        self.current = rung;
+        self.windows_at_incumbent = 0;
+        self.recheck_direction = 1;
+        self.window = LadderWindow::default();
+    }
+
+    fn up(&self, from: usize, rungs: usize) -> usize {
+        from.saturating_add(rungs).min(self.top())
     }
 }
 
@@ -597,7 +652,7 @@ fn better_estimate(candidate: &ArmRecord, incumbent: &ArmRecord) -> bool {
 /// bool has floor [u32 rung, u32 windows_left],
 /// window: ArmRecord, [u32 count, f64 mean, f64 m2] p99, u32 queue_start, u32 queue_last,
 /// noise: f64 x2, shift: f64 ratio, u32 ticks_off, u32 mismatch_ticks, bool raised,
-/// bool has queue suspect [u32 rung, u32 reference]
+/// bool has queue suspect [u32 rung, u32 reference], bool recovering
 /// ```
 impl LadderSearch {
     #[must_use]
@@ -641,7 +696,7 @@ impl LadderSearch {
                 .u32(as_u32(suspect.rung))
                 .u32(as_u32(suspect.reference));
         }
-        writer
+        writer.bool(self.recovering)
     }
 
     /// This search with the handed-over state read from `reader` laid over it.
@@ -714,6 +769,7 @@ impl LadderSearch {
         } else {
             None
         };
+        search.recovering = reader.bool()?;
         Ok(search)
     }
 }
