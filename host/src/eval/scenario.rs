@@ -119,9 +119,19 @@ impl EvalScenario {
         // rules and errors, relative paths (a model file) resolved beside this file.
         let workload_text =
             toml::to_string(&file.workload).map_err(|e| invalid(format!("`workload`: {e}")))?;
-        let workload =
+        let mut workload =
             Scenario::from_toml_str(&workload_text, &format!("{} [workload]", path.display()))
                 .map_err(|e| invalid(e.to_string()))?;
+        // The memory rule the simulator applies, applied here too, so the oracle searches
+        // the batch sizes the GPU can hold.
+        let fits = crate::model::max_batch_that_fits(
+            &workload.model,
+            workload.context_tokens,
+            profile.memory_bytes(),
+        )
+        .map_err(|e| invalid(format!("`workload`: {e}")))?;
+        workload.batch_size_max = workload.batch_size_max.min(fits);
+        workload.initial_batch_size = workload.initial_batch_size.min(fits);
         let duration_s = file.duration_s.unwrap_or(DEFAULT_DURATION_S);
         if !(duration_s.is_finite() && (10.0..=7.0 * 86_400.0).contains(&duration_s)) {
             return Err(invalid(format!(
