@@ -9,6 +9,11 @@ use tokwatt_policy_sdk::{DeviceFacts, Knobs, Observation, Settings, debug, info}
 
 /// The highest elasticity learnt: beyond it the GPU is past its knee anyway.
 const MAX_ELASTICITY: f64 = 6.0;
+/// The share of the batch the sequences decoding may be predicted to fill after a step
+/// down.
+const BATCH_FILL: f64 = 0.8;
+/// The clock rise on a surge, as a fraction.
+const SURGE_STEP_UP: f64 = 0.5;
 /// A violation this soon (in windows) after lowering the clock is blamed on the clock.
 const BLAME_WINDOWS: u32 = 2;
 
@@ -38,6 +43,9 @@ pub(crate) struct Window {
     pub queue_first: u32,
     pub queue_last: u32,
     pub queue_min: u32,
+    pub queue_max: u32,
+    /// The most sequences decoding at the end of a tick.
+    pub active_max: u32,
 }
 
 impl Window {
@@ -56,6 +64,8 @@ impl Window {
         self.tokens_per_s_sum += observation.tokens_per_s;
         self.queue_last = queue;
         self.queue_min = self.queue_min.min(queue);
+        self.queue_max = self.queue_max.max(queue);
+        self.active_max = self.active_max.max(observation.active_sequences);
     }
 
     fn mean_p99_ms(&self) -> f64 {
@@ -88,7 +98,9 @@ pub(crate) struct GpuControl {
 /// What the objective asks of one GPU.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Limits {
-    pub tpot_p99_ms: f64,
+    /// The p99 time per token limit; `None` when the objective sets none (a throughput
+    /// objective): the batch then grows to the largest and only the queue bounds the clock.
+    pub tpot_p99_ms: Option<f64>,
     pub min_tokens_per_s: Option<f64>,
 }
 
@@ -160,11 +172,15 @@ impl GpuControl {
             active => active.min(in_force_batch),
         };
         self.fit.add(sequences, observation.tpot_p99_ms);
-        let target_ms = limits.tpot_p99_ms * config.headroom;
+        let target_ms = limits
+            .tpot_p99_ms
+            .map_or(f64::INFINITY, |limit| limit * config.headroom);
         let line = self.fit.line();
 
-        if observation.tpot_p99_ms > limits.tpot_p99_ms {
-            self.on_violation(observation, sequences, line, target_ms, limits, config);
+        if let Some(limit_ms) = limits.tpot_p99_ms
+            && observation.tpot_p99_ms > limit_ms
+        {
+            self.on_violation(observation, sequences, line, target_ms, limit_ms, config);
             self.window = Window::default();
             return self.requests(observation);
         }
@@ -219,7 +235,7 @@ impl GpuControl {
         sequences: u32,
         line: Option<Line>,
         target_ms: f64,
-        limits: Limits,
+        limit_ms: f64,
         config: &Config,
     ) {
         let p99 = observation.tpot_p99_ms;
@@ -251,10 +267,9 @@ impl GpuControl {
             self.raise_clock_to(up, config);
         }
         info!(
-            "gpu {}: p99 time per token {p99:.2} ms over the {} ms limit at {sequences} \
-             sequences; batch {} , clock {:?} MHz",
+            "gpu {}: p99 time per token {p99:.2} ms over the {limit_ms} ms limit at {sequences} \
+             sequences; batch {}, clock {:?} MHz",
             self.gpu,
-            limits.tpot_p99_ms,
             self.batch_target,
             self.clock()
         );
@@ -317,8 +332,17 @@ impl GpuControl {
         let throughput_short = limits
             .min_tokens_per_s
             .is_some_and(|min| window.queue_last > 0 && tokens_per_s < min);
-        let keeping_up =
-            !throughput_short && (window.queue_min == 0 || window.queue_last < window.queue_first);
+        // Without a p99 limit the batch takes every request it can, so a queue at all
+        // means the GPU is at capacity: with no latency to protect, the queue (and the
+        // wait in it, which a throughput objective bounds) is the only guard, and it is
+        // kept empty. With a limit, a burst may queue behind a batch held at the limit.
+        let latency_bound = limits.tpot_p99_ms.is_some();
+        let draining = if latency_bound {
+            window.queue_min == 0 || window.queue_last < window.queue_first
+        } else {
+            window.queue_last == 0 || window.queue_last < window.queue_first
+        };
+        let keeping_up = !throughput_short && draining;
         if !keeping_up {
             let batch_can_grow = self.batch_knob
                 && self.batch_target < self.batch_max
@@ -328,15 +352,15 @@ impl GpuControl {
                         > f64::from(self.batch_target) * 1.05
                 });
             if !batch_can_grow && self.clock_index > 0 {
-                // A full batch's worth waiting and growing: a surge. Serve it at the top
-                // clock at once and come down again from there.
+                // A quarter batch's worth waiting and growing: a surge. Half as fast again
+                // at once (a few such steps reach any clock), not one small step.
                 let surge = window.queue_last > window.queue_first
-                    && window.queue_last >= self.batch_target;
-                let up = if surge {
-                    0
+                    && window.queue_last >= self.batch_target / 4;
+                let up = self.index_above(if surge {
+                    SURGE_STEP_UP
                 } else {
-                    self.index_above(config.clock_step_up)
-                };
+                    config.clock_step_up
+                });
                 info!(
                     "gpu {}: {} requests wait at {clock} MHz and the batch is at the latency \
                      limit; clock up to {} MHz",
@@ -346,7 +370,12 @@ impl GpuControl {
             }
             return;
         }
-        if window.queue_last > 0 {
+        let queue_free = if latency_bound {
+            window.queue_last == 0
+        } else {
+            window.queue_max == 0
+        };
+        if !queue_free {
             return;
         }
         // Keeping up with room: the lowest clock predicted to keep p99 under the target.
@@ -360,7 +389,21 @@ impl GpuControl {
         }
         let by_latency = f64::from(clock) / room.powf(1.0 / self.elasticity);
         let by_step = f64::from(clock) * (1.0 - config.clock_step_down);
-        let lowest_mhz = by_latency.max(by_step);
+        // A slower step keeps each request longer, so more of them decode at once
+        // (Little's law), about as p99 grows: without a latency limit, stop before they
+        // would fill the batch, where requests start to queue. This is what holds the
+        // clock above the knee when no latency limit does.
+        let fill = f64::from(window.active_max.max(1)) / f64::from(self.batch_target.max(1));
+        let by_fill = if latency_bound {
+            // The batch is held at the latency limit: a full one is the point, and a
+            // burst that queues behind it drains (or raises the clock).
+            0.0
+        } else if fill >= BATCH_FILL {
+            f64::INFINITY
+        } else {
+            f64::from(clock) / (BATCH_FILL / fill).powf(1.0 / self.elasticity)
+        };
+        let lowest_mhz = by_latency.max(by_step).max(by_fill);
         let lowest_index = self
             .floor
             .map_or(self.clocks.len() - 1, |floor| floor.index);

@@ -31,7 +31,8 @@
 //!   near the knee where a slower step also piles up more sequences, gets smaller
 //!   steps);
 //! - requests wait and do not drain, and the batch is at its latency limit: raise the
-//!   clock by `clock_step_up` and stay at or above it for `hold_windows` windows;
+//!   clock by `clock_step_up` (by half, on a surge: a full batch's worth waiting and
+//!   growing) and stay a step above the clock that failed for `hold_windows` windows;
 //! - a violation within two windows of a step down is blamed on the step: back to the
 //!   previous clock, held for `hold_windows`, and the elasticity raised.
 //!
@@ -58,14 +59,15 @@
 //! | `max_batch_growth` | 2.0 | largest batch growth per step, factor |
 //! | `window_ticks` | 3 | settled ticks per clock decision |
 //! | `clock_step_down` | 0.15 | largest clock fall per step, fraction |
-//! | `clock_step_up` | 0.1 | clock rise when the GPU does not keep up, fraction |
+//! | `clock_step_up` | 0.05 | clock rise when the GPU does not keep up, fraction |
 //! | `clock_elasticity` | 2.0 | assumed p99 growth exponent for a lower clock |
 //! | `hold_windows` | 20 | windows to stay above a clock that failed |
 //! | `shift_factor` | 2.0 | tokens/s change that counts as a workload shift |
 //!
-//! The policy needs the `batch-size` or `sm-clock` knob (or both) and a
-//! `tpot_p99_limit_ms` objective. A `min_tokens_per_s` floor counts as "not keeping up"
-//! while requests wait. The state (schema version 1, see `state.rs`) goes to a new
+//! The policy needs the `batch-size` or `sm-clock` knob (or both). Without a
+//! `tpot_p99_limit_ms` objective (a throughput objective) the batch grows to the largest
+//! the workload takes and only the queue bounds the clock. A `min_tokens_per_s` floor
+//! counts as "not keeping up" while requests wait. The state (schema version 1, see `state.rs`) goes to a new
 //! version at a hot swap.
 
 mod config;
@@ -96,15 +98,8 @@ impl Policy for SloBatch {
         }
         let config = Config::from_params(&Params::new(&args.params))?;
         check_objective(&args.objective)?;
-        let Some(tpot_p99_ms) = args.objective.tpot_p99_limit_ms else {
-            return Err(
-                "slo-batch steers by the latency objective: set `tpot_p99_limit_ms` in the \
-                 spec's [objective], e.g. 20.0"
-                    .into(),
-            );
-        };
         let limits = Limits {
-            tpot_p99_ms,
+            tpot_p99_ms: args.objective.tpot_p99_limit_ms,
             min_tokens_per_s: args.objective.min_tokens_per_s,
         };
         let gpus = args
@@ -114,10 +109,12 @@ impl Policy for SloBatch {
             .collect::<Result<Vec<_>, _>>()?;
         let first = gpus.iter().map(GpuControl::first_settings).collect();
         info!(
-            "slo-batch on {} GPUs: p99 steered to {:.0} % of {tpot_p99_ms} ms, batch {}, \
-             clock {}",
+            "slo-batch on {} GPUs: p99 steered to {}, batch {}, clock {}",
             gpus.len(),
-            config.headroom * 100.0,
+            match limits.tpot_p99_ms {
+                Some(limit) => format!("{:.0} % of {limit} ms", config.headroom * 100.0),
+                None => "nothing (no p99 limit: largest batch, queue-bound clock)".to_string(),
+            },
             if args.knobs.contains(Knobs::BATCH_SIZE) {
                 "steered"
             } else {

@@ -78,9 +78,13 @@ struct Run {
 
 impl Run {
     fn new(knobs: Knobs, demand: f64) -> Run {
+        Run::with_limit(knobs, demand, Some(LIMIT_MS))
+    }
+
+    fn with_limit(knobs: Knobs, demand: f64, limit_ms: Option<f64>) -> Run {
         let mut args = testing::init_args(vec![testing::h200(0)], knobs);
         args.objective = Objective {
-            tpot_p99_limit_ms: Some(LIMIT_MS),
+            tpot_p99_limit_ms: limit_ms,
             min_tokens_per_s: None,
         };
         let (policy, first) = SloBatch::init(args).unwrap();
@@ -199,7 +203,6 @@ fn knobs_objective_and_parameters_are_checked() {
         SloBatch::init(args).err().unwrap_or_default()
     };
     assert!(init(Knobs::POWER_CAP, Some(20.0), &[]).contains("\"batch-size\""));
-    assert!(init(Knobs::BATCH_SIZE, None, &[]).contains("tpot_p99_limit_ms"));
     assert!(init(Knobs::BATCH_SIZE, Some(-1.0), &[]).contains("tpot_p99_limit_ms"));
     assert!(init(Knobs::BATCH_SIZE, Some(20.0), &[("headroom", "2")]).contains("headroom"));
     assert!(init(Knobs::BATCH_SIZE, Some(20.0), &[("x", "2")]).contains("unknown parameter `x`"));
@@ -221,4 +224,17 @@ fn state_hands_over_and_foreign_state_is_refused() {
     let mut truncated = old.policy.snapshot();
     truncated.bytes.pop();
     testing::assert_restore_refused(&mut new.policy, truncated, "state ends early");
+}
+
+#[test]
+fn without_a_latency_limit_the_batch_grows_to_the_largest_and_the_queue_bounds_the_clock() {
+    let mut run = Run::with_limit(Knobs::BATCH_SIZE | Knobs::SM_CLOCK, 1e6, None);
+    run.run(20);
+    assert_eq!(run.gpu.batch, 512);
+    // Saturated: the queue never drains, so the clock stays at the top.
+    assert_eq!(run.gpu.clock, 1980);
+    let mut light = Run::with_limit(Knobs::BATCH_SIZE | Knobs::SM_CLOCK, 3000.0, None);
+    light.run(300);
+    assert!(light.gpu.clock < 1500, "{}", light.gpu.clock);
+    assert!(light.gpu.queue < 5_000.0, "{}", light.gpu.queue);
 }
