@@ -34,8 +34,9 @@
 //! # Bounds and the objective
 //!
 //! A rung whose window has a mean p99 time per token within `tpot_margin` of the limit,
-//! or whose queue grows (by `queue_growth` requests a tick past `queue_min`) where a
-//! higher rung kept up with demand, is out of bounds: it becomes a *floor*, below which
+//! or whose queue grows (by `queue_growth` requests a tick past `queue_min`) or holds
+//! `queue_min` requests on average without draining, is out of bounds (unless requests
+//! wait at the top rung too: demand beyond the GPU): it becomes a *floor*, below which
 //! the search does not go for `floor_hold_windows` windows, and the bracket starts above
 //! it (the settled rung, only just out of bounds, gives way to the rung above it). A tick
 //! that breaks the objective (see [`objective_breach`]) does the same at once, and moves
@@ -51,10 +52,10 @@
 //! or a queue appears or vanishes, for `shift_ticks` ticks in a row (see
 //! [`ShiftDetector`]), every record is dropped and a new bracket is searched: below the
 //! rung in force after a fall in load (less work needs less power), the whole ladder
-//! after a rise (measuring its upper point first, the safe side). A queue that grows at
-//! a probe means a rung too slow or a rise in demand; the search measures the higher
-//! rung that kept up again to tell: if the queue drains there, the probe was too slow (a
-//! floor); if not, the demand rose (a re-exploration).
+//! after a rise (measuring its upper point first, the safe side). Requests waiting at a
+//! probe mean a rung too slow or a rise in demand; where a higher rung served them at
+//! once, the search measures it again to tell: if the queue drains there, the probe was
+//! too slow (a floor); if not, the demand rose (a re-exploration).
 
 use crate::ladder_config::LadderConfig;
 use crate::measure::{
@@ -133,9 +134,10 @@ pub struct QueueSuspect {
 
 /// Why a rung is out of bounds.
 enum Bound {
-    /// The window's p99 time per token is too close to the limit.
-    Latency(String),
-    /// The queue grew where the `reference` rung had kept up.
+    /// The window's p99 time per token is too close to the limit, or requests wait
+    /// and no higher rung is known to have served them at once.
+    Plain(String),
+    /// Requests wait where the `reference` rung had served them at once.
     Queue { reason: String, reference: usize },
 }
 
@@ -372,7 +374,7 @@ impl LadderSearch {
         };
         self.recovering = false;
         match bound {
-            Some(Bound::Latency(reason)) => {
+            Some(Bound::Plain(reason)) => {
                 debug!(
                     "gpu {}: rung {} is out of bounds: {reason}",
                     self.gpu, self.current
@@ -562,7 +564,7 @@ impl LadderSearch {
         if let Some(limit_ms) = objective.tpot_p99_limit_ms {
             let soft_ms = limit_ms * (1.0 - config.tpot_margin);
             if window.tpot_p99_ms.mean > soft_ms {
-                return Some(Bound::Latency(format!(
+                return Some(Bound::Plain(format!(
                     "p99 time per token {:.2} ms is within {:.0} % of the limit",
                     window.tpot_p99_ms.mean,
                     config.tpot_margin * 100.0
@@ -572,19 +574,37 @@ impl LadderSearch {
         // A growing queue rules a rung out only where a higher rung kept up with demand:
         // when every setting leaves requests waiting (demand beyond the GPU), the queue
         // cannot tell settings apart and tokens per joule decides.
-        let reference = (self.current + 1..self.rungs.len())
-            .find(|&rung| self.rungs[rung].ticks() >= config.min_window_ticks)
-            .filter(|&rung| self.rungs[rung].is_demand_limited())?;
+        let queue_min = f64::from(config.queue_min);
+        let top = &self.rungs[self.top()];
+        let beyond_the_gpu = top.ticks() >= config.min_window_ticks
+            && top.queue_depth.mean >= queue_min
+            && !top.is_demand_limited();
+        if self.current == self.top() || beyond_the_gpu {
+            // Nowhere faster to go, or requests wait even at the top: demand beyond the
+            // GPU, where the queue cannot tell settings apart and tokens per joule decides.
+            return None;
+        }
         let ticks = f64::from(window.record.ticks().saturating_sub(1).max(1));
         let last = window.queue_last;
         let growth = (f64::from(last) - f64::from(window.queue_start)) / ticks;
-        if last >= config.queue_min && growth >= config.queue_growth {
-            return Some(Bound::Queue {
-                reason: format!("the queue grew by {growth:.1} requests a tick to {last}"),
-                reference,
-            });
+        let mean = window.record.queue_depth.mean;
+        // A queue that grows, or one that stays without draining: requests wait for a
+        // slot (the objective may bound that wait, and a full queue turns them away).
+        let waiting = (last >= config.queue_min && growth >= config.queue_growth)
+            || (mean >= queue_min && growth > -config.queue_growth);
+        if !waiting {
+            return None;
         }
-        None
+        let reason = format!(
+            "{mean:.0} requests waited on average, {last} at the end ({growth:+.1} a tick)"
+        );
+        let reference = (self.current + 1..self.rungs.len())
+            .find(|&rung| self.rungs[rung].ticks() >= config.min_window_ticks)
+            .filter(|&rung| self.rungs[rung].queue_depth.mean < queue_min / 2.0);
+        Some(match reference {
+            Some(reference) => Bound::Queue { reason, reference },
+            None => Bound::Plain(reason),
+        })
     }
 
     /// The top of the bracket to search above `rung`, which went out of bounds or broke

@@ -14,7 +14,7 @@ use tokwatt_policy_sdk::Params;
 /// | `noise_floor_cv` | the learnt noise is kept above this |
 /// | `tpot_margin` | fraction of the p99 limit kept free: a window above it is out of bounds |
 /// | `queue_growth` | requests per tick by which a queue must grow to count as growing |
-/// | `queue_min` | requests that must wait before a queue counts as growing |
+/// | `queue_min` | requests waiting (at the end, or on average) that count as a queue |
 /// | `floor_hold_windows` | windows to stay above a rung that broke the objective |
 /// | `recheck_windows` | windows at the best rung between probes of its neighbours |
 /// | `shift_factor` | change of tokens per second, at one rung, that is a workload shift |
