@@ -9,6 +9,7 @@ mod eval;
 mod hostile;
 mod long_run;
 mod outputs;
+mod policies_judged;
 mod report;
 mod restore;
 mod shipped_policies;
