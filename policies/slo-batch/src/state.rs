@@ -67,6 +67,8 @@ pub(crate) fn decode(state: &State, current: &[GpuControl]) -> Result<Vec<GpuCon
         };
         control.window = Window::default();
         control.last_down = None;
+        control.backlog_windows = 0;
+        control.queue_empties = false;
         Ok(control)
     })
 }
