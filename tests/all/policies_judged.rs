@@ -225,3 +225,176 @@ fn node_budget_never_lets_the_caps_in_force_sum_above_the_budget() {
         .collect();
     assert!(distinct.len() >= 2, "{distinct:?}");
 }
+
+/// The median of `key` over the rows from `from_s` to `to_s`.
+fn median_between(r: &RunResult, key: &str, from_s: f64, to_s: f64) -> f64 {
+    let mut values: Vec<f64> = rows_between(r, from_s, to_s)
+        .iter()
+        .map(|row| row.f64(key))
+        .collect();
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The shipped `static` spec (700 W, everything else as the workload has it) on the same
+/// work and seed, for a baseline.
+fn board_default_tokens_per_joule(dir: &Path) -> f64 {
+    let spec = repo_root().join("policies/static.toml");
+    num(
+        &run_sim(&spec, "30m", &dir.join("static"), &[]).summary,
+        "tokens_per_joule",
+    )
+}
+
+#[test]
+fn cap_search_moves_only_the_cap_and_searches_again_when_demand_falls() {
+    let dir = tempdir();
+    let spec = repo_root().join("policies/cap-search.toml");
+    let r = run_sim(&spec, "30m", &dir.path().join("cap"), &[]);
+    assert_run_sound(&r, 1800);
+    assert_eq!(num(&r.summary, "fallback_ticks"), 0.0);
+    let caps = column(&r, "power_cap_w");
+    assert!(caps.iter().all(|cap| (200.0..=700.0).contains(cap)));
+    let distinct: std::collections::BTreeSet<u64> = caps.iter().map(|&cap| cap as u64).collect();
+    assert!(distinct.len() > 5, "caps tried: {distinct:?}");
+    assert!(
+        column(&r, "sm_clock_max_mhz")
+            .iter()
+            .all(|&mhz| mhz == 1980.0)
+    );
+    assert!(column(&r, "batch_size").iter().all(|&batch| batch == 512.0));
+    // The built-in scenario: heavy, light, then medium load. Light load needs less power:
+    // the search noticed the shift and went lower.
+    let heavy_w = median_between(&r, "power_cap_w", 300.0, 600.0);
+    let light_w = median_between(&r, "power_cap_w", 900.0, 1200.0);
+    assert!(
+        light_w + 50.0 < heavy_w,
+        "heavy {heavy_w} W, light {light_w} W"
+    );
+    let violations = latency_violations(&r, 60.0);
+    assert!(
+        violations <= 18,
+        "{violations} of 1800 ticks over the p99 limit"
+    );
+    let (ours, base) = (
+        num(&r.summary, "tokens_per_joule"),
+        board_default_tokens_per_joule(dir.path()),
+    );
+    assert!(
+        ours > 1.5 * base,
+        "cap-search {ours} vs 700 W {base} tok/J (simulator)"
+    );
+}
+
+#[test]
+fn clock_search_moves_only_the_clock_lock_and_keeps_the_latency_limit() {
+    let dir = tempdir();
+    let spec = repo_root().join("policies/clock-search.toml");
+    let r = run_sim(&spec, "30m", &dir.path().join("clock"), &[]);
+    assert_run_sound(&r, 1800);
+    assert_eq!(num(&r.summary, "fallback_ticks"), 0.0);
+    assert!(column(&r, "power_cap_w").iter().all(|&cap| cap == 700.0));
+    assert!(column(&r, "batch_size").iter().all(|&batch| batch == 512.0));
+    let clocks = column(&r, "sm_clock_max_mhz");
+    assert!(clocks.iter().all(|mhz| (345.0..=1980.0).contains(mhz)));
+    // Each phase settles on its own clock: low under light load, higher under more.
+    let heavy = median_between(&r, "sm_clock_max_mhz", 300.0, 600.0);
+    let light = median_between(&r, "sm_clock_max_mhz", 900.0, 1200.0);
+    let medium = median_between(&r, "sm_clock_max_mhz", 1500.0, 1800.0);
+    assert!(light < 600.0, "light-load clock {light} MHz");
+    assert!(
+        light < medium && medium <= heavy,
+        "{heavy}, {light}, {medium} MHz"
+    );
+    // Never at a breaking clock for more than a tick or two at a time.
+    let violations = latency_violations(&r, 60.0);
+    assert!(
+        violations <= 18,
+        "{violations} of 1800 ticks over the p99 limit"
+    );
+    let breaking: Vec<bool> = r
+        .trace
+        .iter()
+        .map(|row| row.f64("tokens") > 0.0 && row.f64("tpot_p99_ms") > 60.0)
+        .collect();
+    assert!(
+        !breaking
+            .windows(3)
+            .any(|ticks| ticks.iter().all(|&broken| broken)),
+        "three ticks in a row over the limit"
+    );
+    let (ours, base) = (
+        num(&r.summary, "tokens_per_joule"),
+        board_default_tokens_per_joule(dir.path()),
+    );
+    assert!(
+        ours > 1.5 * base,
+        "clock-search {ours} vs 700 W {base} tok/J (simulator)"
+    );
+}
+
+#[test]
+fn joint_search_turns_the_clock_and_the_batch_and_keeps_the_latency_limit() {
+    let dir = tempdir();
+    let spec = repo_root().join("policies/joint-search.toml");
+    let r = run_sim(&spec, "30m", &dir.path().join("joint"), &[]);
+    assert_run_sound(&r, 1800);
+    assert_eq!(num(&r.summary, "fallback_ticks"), 0.0);
+    assert!(column(&r, "power_cap_w").iter().all(|&cap| cap == 700.0));
+    let clocks: std::collections::BTreeSet<u64> = column(&r, "sm_clock_max_mhz")
+        .iter()
+        .map(|&mhz| mhz as u64)
+        .collect();
+    let batches: std::collections::BTreeSet<u64> = column(&r, "batch_size")
+        .iter()
+        .map(|&batch| batch as u64)
+        .collect();
+    assert!(clocks.len() > 5, "clocks tried: {clocks:?}");
+    assert!(
+        batches.iter().all(|batch| (1..=512).contains(batch)),
+        "{batches:?}"
+    );
+    let light = median_between(&r, "sm_clock_max_mhz", 900.0, 1200.0);
+    assert!(light < 600.0, "light-load clock {light} MHz");
+    let violations = latency_violations(&r, 60.0);
+    assert!(
+        violations <= 36,
+        "{violations} of 1800 ticks over the p99 limit"
+    );
+    let (ours, base) = (
+        num(&r.summary, "tokens_per_joule"),
+        board_default_tokens_per_joule(dir.path()),
+    );
+    assert!(
+        ours > 1.5 * base,
+        "joint-search {ours} vs 700 W {base} tok/J (simulator)"
+    );
+}
+
+#[test]
+fn the_search_policies_replay_exactly_from_their_seed() {
+    let dir = tempdir();
+    for policy in ["cap-search", "clock-search", "joint-search"] {
+        let spec = repo_root().join(format!("policies/{policy}.toml"));
+        let a = run_sim(
+            &spec,
+            "5m",
+            &dir.path().join(format!("{policy}-a")),
+            &["--seed", "3"],
+        );
+        let b = run_sim(
+            &spec,
+            "5m",
+            &dir.path().join(format!("{policy}-b")),
+            &["--seed", "3"],
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(format!("{policy}-a/trace.csv")))
+                .expect("trace a"),
+            std::fs::read_to_string(dir.path().join(format!("{policy}-b/trace.csv")))
+                .expect("trace b"),
+            "{policy}"
+        );
+        assert_eq!(a.summary["tokens"], b.summary["tokens"]);
+    }
+}
