@@ -344,7 +344,11 @@ impl LadderSearch {
     /// Judges the current visit when it has enough ticks, and moves on.
     fn judge(&mut self, objective: &Objective, config: &LadderConfig) {
         let ticks = self.window.record.ticks();
-        if ticks < config.min_window_ticks {
+        // A queue that piles up fast is judged at once: every tick more is a backlog the
+        // next rung must drain (and waits the objective may bound).
+        let piling_up = self.window.queue_last >= 2 * config.queue_min
+            && self.window.queue_last >= self.window.queue_start + config.queue_min;
+        if ticks < config.min_window_ticks && !piling_up {
             return;
         }
         if let Some(suspect) = self.queue_suspect
