@@ -1,7 +1,7 @@
 //! The ladder search on a synthetic GPU: 51 caps from 200 W to 700 W, noisy power.
 
 use super::*;
-use tokwatt_policy_sdk::testing;
+use tokwatt_policy_sdk::{StateReader, StateWriter, testing};
 
 /// A GPU whose cap ladder is rungs 0..=50 (200 W + 10 W a rung).
 struct SyntheticGpu {

@@ -23,6 +23,7 @@ mod config;
 pub mod knob_ladder;
 pub mod ladder;
 mod ladder_config;
+mod ladder_state;
 pub mod measure;
 mod objective;
 mod search;
