@@ -44,10 +44,10 @@ impl Config {
             start_batch_size: params.get("start_batch_size", 64)?,
             max_batch_growth: params.get("max_batch_growth", 2.0)?,
             window_ticks: params.get("window_ticks", 3)?,
-            clock_step_down: params.get("clock_step_down", 0.15)?,
+            clock_step_down: params.get("clock_step_down", 0.25)?,
             clock_step_up: params.get("clock_step_up", 0.05)?,
             clock_elasticity: params.get("clock_elasticity", 2.0)?,
-            hold_windows: params.get("hold_windows", 20)?,
+            hold_windows: params.get("hold_windows", 10)?,
             shift_factor: params.get("shift_factor", 2.0)?,
         };
         let fraction = |name: &str, value: f64, top_open: bool| {

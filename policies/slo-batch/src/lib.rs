@@ -58,10 +58,10 @@
 //! | `start_batch_size` | 64 | first batch |
 //! | `max_batch_growth` | 2.0 | largest batch growth per step, factor |
 //! | `window_ticks` | 3 | settled ticks per clock decision |
-//! | `clock_step_down` | 0.15 | largest clock fall per step, fraction |
+//! | `clock_step_down` | 0.25 | largest clock fall per step, fraction |
 //! | `clock_step_up` | 0.05 | clock rise when the GPU does not keep up, fraction |
 //! | `clock_elasticity` | 2.0 | assumed p99 growth exponent for a lower clock |
-//! | `hold_windows` | 20 | windows to stay above a clock that failed |
+//! | `hold_windows` | 10 | windows to stay above a clock that failed |
 //! | `shift_factor` | 2.0 | tokens/s change that counts as a workload shift |
 //!
 //! The policy needs the `batch-size` or `sm-clock` knob (or both). Without a
