@@ -126,3 +126,32 @@ fn the_shipped_scenario_set_covers_what_the_judge_promises() {
         "no noisy boards"
     );
 }
+
+#[test]
+fn a_policy_that_refuses_a_scenario_is_an_entry_not_the_end() {
+    let dir = tempdir();
+    // cap-and-batch sizes the batch by a TPOT bound; a throughput objective has none.
+    let results = eval(
+        &dir.path().join("eval"),
+        &["cap-and-batch.toml", "static.toml"],
+        &["h200-8b-throughput.toml"],
+        &["--seeds", "1", "--duration", "1m"],
+    );
+    let entries = results["entries"].as_array().expect("entries");
+    let refused = &entries[0];
+    assert_eq!(refused["policy"], "cap-and-batch");
+    let failure = refused["failure"]
+        .as_str()
+        .expect("the failure is recorded");
+    assert!(failure.contains("tpot_p99_limit_ms"), "{failure}");
+    assert!(
+        refused["ratio"].is_null(),
+        "no figure for a run that did not happen"
+    );
+    assert!(entries[1]["failure"].is_null());
+    assert!(num(&entries[1], "ratio") > 0.0);
+    assert_eq!(
+        results["policies"][0]["failed_scenarios"],
+        serde_json::json!(["h200-8b-throughput"])
+    );
+}

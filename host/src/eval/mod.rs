@@ -103,7 +103,8 @@ pub enum EvalProgress {
         policy: String,
         scenario: String,
         seed: u64,
-        tokens_per_joule: f64,
+        /// Tokens per joule, or why the run failed.
+        outcome: Result<f64, String>,
         done: usize,
         of: usize,
     },
@@ -162,6 +163,9 @@ pub struct EvalEntry {
     pub setting_changes: f64,
     /// Ticks the policy was not in charge (trap, deadline, ejection).
     pub fallback_ticks: f64,
+    /// Why a seed's run did not happen (the policy refused the scenario, say): the
+    /// figures then cover the other seeds only, or none.
+    pub failure: Option<String>,
 }
 
 /// One policy over every scenario: medians of its entries.
@@ -175,6 +179,8 @@ pub struct PolicyResult {
     pub served_fraction: f64,
     /// The oracle's served fraction, median over the same scenarios.
     pub oracle_served_fraction: f64,
+    /// Scenarios where a run failed (their figures are left out of the medians).
+    pub failed_scenarios: Vec<String>,
 }
 
 impl PolicyResult {
@@ -194,6 +200,11 @@ impl PolicyResult {
             slo_violation_fraction: pick(&|e| e.slo_violation_fraction),
             served_fraction: pick(&|e| e.served_fraction),
             oracle_served_fraction: pick(&|e| e.oracle_served_fraction),
+            failed_scenarios: mine
+                .iter()
+                .filter(|e| e.failure.is_some())
+                .map(|e| e.scenario.clone())
+                .collect(),
         }
     }
 }
@@ -390,7 +401,9 @@ pub fn evaluate(
         &stop,
         |&(p, s, seed)| {
             let scenario = &request.scenarios[s];
-            run_policy(
+            // A policy that cannot run on a scenario (it refuses the objective, say) is
+            // an entry with its reason, not the end of the evaluation.
+            Ok(run_policy(
                 request,
                 &specs[p],
                 scenario,
@@ -398,14 +411,18 @@ pub fn evaluate(
                 seed,
                 &stop,
             )
+            .map_err(|error| error.to_string()))
         },
-        &mut |i, outcome: &RunOutcome| {
+        &mut |i, outcome: &Result<RunOutcome, String>| {
             let (p, s, seed) = run_jobs[i];
             progress(EvalProgress::Run {
                 policy: specs[p].name.clone(),
                 scenario: request.scenarios[s].name.clone(),
                 seed,
-                tokens_per_joule: outcome.summary.totals.tokens_per_joule,
+                outcome: outcome
+                    .as_ref()
+                    .map(|o| o.summary.totals.tokens_per_joule)
+                    .map_err(Clone::clone),
                 done: done.fetch_add(1, Ordering::Relaxed) + 1,
                 of: run_jobs.len(),
             })
@@ -430,6 +447,7 @@ pub fn evaluate(
         }
         for (p, spec) in specs.iter().enumerate() {
             let mut per_seed = Vec::new();
+            let mut failure = None;
             for &seed in &seeds {
                 let Some(run_index) = run_jobs.iter().position(|&job| job == (p, s, seed)) else {
                     continue;
@@ -437,7 +455,12 @@ pub fn evaluate(
                 let Some(schedule) = schedule_of(seed) else {
                     continue;
                 };
-                per_seed.push((seed, &runs[run_index], schedule));
+                match &runs[run_index] {
+                    Ok(run) => per_seed.push((seed, run, schedule)),
+                    Err(reason) => {
+                        failure.get_or_insert_with(|| format!("seed {seed}: {reason}"));
+                    }
+                }
             }
             if let Some((_, first, _)) = per_seed.first() {
                 first_seed_series.push(SeriesOf {
@@ -446,7 +469,9 @@ pub fn evaluate(
                     series: first.series.clone(),
                 });
             }
-            entries.push(judge(spec, scenario, &oracles[s], &per_seed));
+            let mut entry = judge(spec, scenario, &oracles[s], &per_seed);
+            entry.failure = failure;
+            entries.push(entry);
         }
     }
     let profiles: std::collections::BTreeSet<String> = request
@@ -736,6 +761,7 @@ fn judge(
         oracle_served_fraction: median(&oracle_served),
         setting_changes: median(&changes),
         fallback_ticks: median(&fallbacks),
+        failure: None,
     }
 }
 

@@ -25,6 +25,7 @@ pub fn eval_report(results: &EvalResults) -> String {
                 fmt_option(p.ticks_to_98, 0),
                 format!("{:.2} %", p.slo_violation_fraction * 100.0),
                 format!("{:.3}", p.served_fraction),
+                p.failed_scenarios.join(", "),
             ]
         })
         .collect();
@@ -36,6 +37,7 @@ pub fn eval_report(results: &EvalResults) -> String {
             "ticks to 0.98",
             "violating ticks",
             "served",
+            "failed on",
         ],
         &rows,
     );
@@ -86,6 +88,7 @@ pub fn eval_report(results: &EvalResults) -> String {
                 format!("{:.2} %", e.slo_violation_fraction * 100.0),
                 format!("{:.3}", e.served_fraction),
                 format!("{:.0}", e.setting_changes),
+                e.failure.clone().unwrap_or_default(),
             ]
         })
         .collect();
@@ -101,6 +104,7 @@ pub fn eval_report(results: &EvalResults) -> String {
             "violating ticks",
             "served",
             "setting changes",
+            "failure",
         ],
         &rows,
     );

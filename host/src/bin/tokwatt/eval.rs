@@ -116,12 +116,19 @@ fn print_progress(p: &EvalProgress) {
             policy,
             scenario,
             seed,
-            tokens_per_joule,
+            outcome,
             done,
             of,
-        } => eprintln!(
-            "[run {done:>4}/{of}] {policy} on {scenario}, seed {seed}: {tokens_per_joule:.4} tok/J"
-        ),
+        } => match outcome {
+            Ok(tokens_per_joule) => eprintln!(
+                "[run {done:>4}/{of}] {policy} on {scenario}, seed {seed}: {tokens_per_joule:.4} tok/J"
+            ),
+            Err(reason) => {
+                eprintln!(
+                    "[run {done:>4}/{of}] {policy} on {scenario}, seed {seed}: FAILED: {reason}"
+                )
+            }
+        },
     }
 }
 
@@ -155,6 +162,14 @@ fn print_results(results: &EvalResults) {
         ]);
     }
     println!("{table}");
+    for e in results.entries.iter().filter(|e| e.failure.is_some()) {
+        println!(
+            "{} on {}: {}",
+            e.policy,
+            e.scenario,
+            e.failure.as_deref().unwrap_or_default()
+        );
+    }
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header([
         "policy (median over scenarios)",
@@ -164,6 +179,7 @@ fn print_results(results: &EvalResults) {
         "violating",
         "served",
         "oracle served",
+        "failed on",
     ]);
     for p in &results.policies {
         table.add_row([
@@ -174,6 +190,7 @@ fn print_results(results: &EvalResults) {
             format!("{:.2}%", p.slo_violation_fraction * 100.0),
             format!("{:.3}", p.served_fraction),
             format!("{:.3}", p.oracle_served_fraction),
+            p.failed_scenarios.len().to_string(),
         ]);
     }
     println!("{table}");
