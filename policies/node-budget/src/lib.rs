@@ -13,7 +13,9 @@
 //! Then `step_w` watts move from the GPU with the lowest marginal return (a satisfied
 //! one first, the one leaving the most watts unused) to the limited GPU with the highest
 //! (one whose slope is still unknown is probed first: the move gives it a second point),
-//! when the gap is worth it (a satisfied donor, or `min_gain` relative). So the caps
+//! when the gap is worth it (a satisfied donor, or a gap of `min_gain` times the two
+//! slopes' mean size). Where no gap stands out from the noise, limited GPUs' caps drift
+//! back toward equal, a step at a time, since equal loads are best served by equal caps. So the caps
 //! move toward equal marginal tokens per watt, which maximises the node's tokens for its
 //! watts; where every GPU is satisfied, nothing moves.
 //!
@@ -38,8 +40,8 @@
 //! | `node_budget_w` | (required) | the most the caps may sum to, W |
 //! | `step_w` | 25 | watts moved per decision |
 //! | `window_ticks` | 5 | settled ticks per GPU per decision |
-//! | `min_gain` | 0.2 | relative gap in marginal return worth a move between limited GPUs |
-//! | `unused_fraction` | 0.05 | a window drawing this far under its cap is satisfied |
+//! | `min_gain` | 0.5 | gap in marginal return, relative to the two slopes' mean size, worth a move between limited GPUs |
+//! | `unused_fraction` | 0.1 | a window drawing this far under its cap is satisfied |
 //! | `shift_factor` | 2.0 | throughput change at one cap that counts as a new workload |
 //!
 //! With the `batch-size` knob, each GPU's batch is held by the kit's `BatchGuard`
@@ -91,8 +93,8 @@ impl Config {
             budget_w,
             step_w: params.get("step_w", 25.0)?,
             window_ticks: params.get("window_ticks", 5)?,
-            min_gain: params.get("min_gain", 0.2)?,
-            unused_fraction: params.get("unused_fraction", 0.05)?,
+            min_gain: params.get("min_gain", 0.5)?,
+            unused_fraction: params.get("unused_fraction", 0.1)?,
             shift_factor: params.get("shift_factor", 2.0)?,
             batch: BatchGuardConfig::read(params)?,
         };
@@ -180,10 +182,35 @@ fn pick_move(gpus: &[Gpu], needs: &[Need], config: &Config) -> Option<(usize, us
             Need::Satisfied => None,
         })
         .min_by(|a, b| a.1.total_cmp(&b.1))?;
+    // Between two measured slopes, the gap must stand out from their size: slopes from
+    // 25 W steps carry the throughput's noise, and chasing it walks identical GPUs away
+    // from the equal split that suits them.
     let worth = !receiver.1.is_finite()
         || !donor_slope.is_finite()
-        || receiver.1 > donor_slope * (1.0 + config.min_gain) + 1e-9;
-    worth.then_some((donor, receiver.0))
+        || receiver.1 - donor_slope
+            > config.min_gain * (receiver.1.abs() + donor_slope.abs()) / 2.0 + 1e-9;
+    if worth {
+        return Some((donor, receiver.0));
+    }
+    // No slope stands out from the noise: with no evidence that one limited GPU returns
+    // more than another, their caps drift back toward equal (concave returns make the
+    // equal split the best for equal loads), one step at a time and only while they are
+    // at least two steps apart.
+    let limited: Vec<usize> = (0..gpus.len())
+        .filter(|&i| matches!(needs[i], Need::Limited(_)))
+        .collect();
+    let highest = limited
+        .iter()
+        .copied()
+        .filter(|&i| can_give(i))
+        .max_by(|&a, &b| gpus[a].target_w.total_cmp(&gpus[b].target_w))?;
+    let lowest = limited
+        .iter()
+        .copied()
+        .filter(|&i| can_take(i))
+        .min_by(|&a, &b| gpus[a].target_w.total_cmp(&gpus[b].target_w))?;
+    (gpus[highest].target_w - gpus[lowest].target_w >= 2.0 * config.step_w)
+        .then_some((highest, lowest))
 }
 
 impl NodeBudget {

@@ -77,8 +77,9 @@ impl Returns {
         shifted
     }
 
-    /// Least-squares slope of tokens/s over cap, from at least two distinct caps; a
-    /// slope below zero is noise (a higher cap never slows a GPU down) and reads as 0.
+    /// Least-squares slope of tokens/s over cap, from at least two distinct caps. A
+    /// slope below zero is noise (a higher cap never slows a GPU down), but it is kept
+    /// as measured: clamped to 0 it would make any GPU look like a donor.
     pub fn slope(&self) -> Option<f64> {
         if self.points.len() < 2 {
             return None;
@@ -95,7 +96,7 @@ impl Returns {
             .iter()
             .map(|p| (p.0 - mean_x) * (p.1 - mean_y))
             .sum();
-        Some((sxy / sxx).max(0.0))
+        Some(sxy / sxx)
     }
 
     pub fn write_state(&self, writer: StateWriter) -> StateWriter {
@@ -150,9 +151,9 @@ mod tests {
         returns.add(525.0, 10_500.0, 2.0);
         assert_eq!(returns.points.len(), 2);
         assert!((returns.slope().unwrap() - 20.0).abs() < 1e-9);
-        // Falling throughput with cap is noise: 0.
+        // Falling throughput with cap is noise, kept as measured.
         returns.add(550.0, 9_000.0, 2.0);
-        assert_eq!(returns.slope(), Some(0.0));
+        assert!(returns.slope().is_some_and(|slope| slope < 0.0));
         assert!(returns.add(550.0, 3_000.0, 2.0));
         assert_eq!(returns.points, vec![(550.0, 3_000.0)]);
     }
