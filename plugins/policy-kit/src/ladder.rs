@@ -29,7 +29,9 @@
 //!
 //! Every `recheck_windows` windows at the settled rung it probes a neighbour (sides
 //! alternate) and moves there if it is better beyond the noise, then keeps probing that
-//! way while the next rung is better still.
+//! way while the next rung is better still. While both keep up with demand, a tie goes
+//! to the lower rung (it cannot cost more power for the same tokens), so the search walks
+//! down to the edge of the bounds.
 //!
 //! # Bounds and the objective
 //!
@@ -40,10 +42,12 @@
 //! the search does not go for `floor_hold_windows` windows, and the bracket starts above
 //! it (the settled rung, only just out of bounds, gives way to the rung above it). A tick
 //! that breaks the objective (see [`objective_breach`]) does the same at once, and moves
-//! the GPU up: to the settled rung when it was a probe below it; from the settled rung,
+//! the GPU up: to the settled rung when it was a probe below it (by at least an eighth
+//! of the rest of the ladder when the breach was by over 5 %); from the settled rung,
 //! by an eighth of the rest of the ladder when it was only just broken (by up to 10 %: a
 //! burst, or a slow rise), otherwise into a new bracket above it (the load rose), as from
-//! a point of the bracket. While such a move settles, further breaches wait, and the
+//! a point of the bracket (up to the bracket's top, or the ladder's when the breach was by
+//! over 5 %). While such a move settles, further breaches wait, and the
 //! first window after it (while the backlog drains) is judged on breaches only.
 //!
 //! # Re-exploration
@@ -280,22 +284,37 @@ impl LadderSearch {
     ) {
         /// A breach by more than this at the settled rung is a rise in load, not a burst.
         const LOAD_ROSE: f64 = 1.1;
+        /// A breach by more than this below the settled rung may break it too: the load
+        /// may be rising under the probe.
+        const CLEAR_BREACH: f64 = 1.05;
         self.set_floor(in_force, config);
+        // An eighth of the rest of the ladder: far enough to clear a burst or a slow rise.
+        let eighth_up = self.up(in_force, ((self.top() - in_force) / 8).max(2));
         match self.incumbent {
             Some(incumbent) if incumbent > in_force => {
-                self.current = incumbent;
+                self.current = if overshoot > CLEAR_BREACH {
+                    incumbent.max(eighth_up)
+                } else {
+                    incumbent
+                };
                 self.recheck_direction = 1;
                 self.windows_at_incumbent = 0;
                 self.window = LadderWindow::default();
             }
             Some(incumbent) if incumbent == in_force && overshoot <= LOAD_ROSE => {
                 // Just over, at the settled rung: a burst of arrivals, or a slow rise.
-                // Step up by an eighth of the rest of the ladder, and climb from there.
-                let rungs = ((self.top() - in_force) / 8).max(2);
-                self.resettle(self.up(in_force, rungs));
+                // Step up and climb from there.
+                self.resettle(eighth_up);
             }
             _ => {
-                let hi = self.hi_above(in_force);
+                // A point of the bracket, or a clear breach at the settled rung: bracket
+                // above it. A breach by over 5 % may break the bracket's top too (the load
+                // may be rising), so then the whole ladder above it.
+                let hi = if overshoot > CLEAR_BREACH {
+                    self.top()
+                } else {
+                    self.hi_above(in_force)
+                };
                 self.start_bracket(in_force + 1, hi, config);
             }
         }
@@ -421,6 +440,19 @@ impl LadderSearch {
                 if verdict == Verdict::Tie && ticks < config.max_window_ticks {
                     return;
                 }
+                // While both keep up with demand, a lower rung within bounds costs no more
+                // power (the tokens are the demand's): a tie goes to it, so the search
+                // walks down to the edge of the bounds instead of stopping where one
+                // rung's saving drowns in the noise.
+                let verdict = if verdict == Verdict::Tie
+                    && self.current < incumbent
+                    && self.rungs[self.current].is_demand_limited()
+                    && self.rungs[incumbent].is_demand_limited()
+                {
+                    Verdict::Better
+                } else {
+                    verdict
+                };
                 self.close_window(config);
                 debug!(
                     "gpu {}: neighbour rung {} vs settled rung {incumbent}: {verdict:?}",

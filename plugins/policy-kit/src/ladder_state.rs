@@ -14,7 +14,8 @@ use tokwatt_policy_sdk::{StateReader, StateWriter};
 /// u32 windows_at_incumbent, u8 recheck direction (0 down, 1 up),
 /// bool has floor [u32 rung, u32 windows_left],
 /// window: ArmRecord, [u32 count, f64 mean, f64 m2] p99, u32 queue_start, u32 queue_last,
-/// noise: f64 x2, shift: f64 ratio, u32 ticks_off, u32 mismatch_ticks, bool raised,
+/// noise: f64 x2, shift: f64 ratio, u32 ticks_off, f64 demand, u32 mismatch_ticks,
+/// bool raised,
 /// bool has queue suspect [u32 rung, u32 reference], bool recovering
 /// ```
 impl LadderSearch {

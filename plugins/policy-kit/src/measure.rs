@@ -224,17 +224,22 @@ pub enum Shift {
     Fall,
 }
 
-/// Notices a workload shift: at a setting with a record, the tokens per second (smoothed
-/// over a few ticks) move by more than a factor from what that setting did before, or a
-/// queue appears or vanishes, and this lasts `ticks` ticks in a row. Comparing with the
-/// same setting's record keeps a search's own moves (which change the tokens per second
-/// of a saturated GPU) from reading as shifts.
+/// Notices a workload shift, comparing this tick's tokens per second (smoothed over a few
+/// ticks) with a reference: while the GPU keeps up with demand, its tokens per second are
+/// the demand whatever the setting, so the reference is their slow average over such
+/// ticks; while requests wait, they depend on the setting, so the reference is what the
+/// same setting did before (its record), which keeps a search's own moves from reading as
+/// shifts. A shift is a move beyond a factor, or a queue appearing or vanishing at a
+/// setting, lasting `ticks` ticks in a row.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ShiftDetector {
-    /// Smoothed ratio of this tick's tokens per second to the setting's record.
+    /// Smoothed ratio of this tick's tokens per second to the reference.
     pub ratio: f64,
     /// Ticks in a row that pointed the same way, and which way (+ rise, - fall).
     pub ticks_off: i32,
+    /// Slow average of tokens per second over ticks that kept up with demand; 0 before
+    /// the first.
+    pub demand: f64,
 }
 
 impl Default for ShiftDetector {
@@ -242,6 +247,7 @@ impl Default for ShiftDetector {
         ShiftDetector {
             ratio: 1.0,
             ticks_off: 0,
+            demand: 0.0,
         }
     }
 }
@@ -266,17 +272,32 @@ impl ShiftDetector {
         rule: &ShiftRule,
     ) -> Option<Shift> {
         const SMOOTHING: f64 = 0.35;
-        if record.ticks() < rule.min_record_ticks || record.tokens_per_s.mean <= 0.0 {
+        /// About 20 ticks: slower than the shift rule, faster than a phase.
+        const DEMAND_SMOOTHING: f64 = 0.05;
+        let has_record = record.ticks() >= rule.min_record_ticks && record.tokens_per_s.mean > 0.0;
+        if figures.demand_limited && self.demand <= 0.0 && has_record {
+            self.demand = record.tokens_per_s.mean;
+        }
+        let reference = if figures.demand_limited && self.demand > 0.0 {
+            self.demand
+        } else if has_record {
+            record.tokens_per_s.mean
+        } else {
             self.ratio = 1.0;
             self.ticks_off = 0;
+            if figures.demand_limited {
+                self.demand = figures.tokens_per_s;
+            }
             return None;
-        }
-        let ratio = figures.tokens_per_s / record.tokens_per_s.mean;
+        };
+        let ratio = figures.tokens_per_s / reference;
         self.ratio = (1.0 - SMOOTHING) * self.ratio + SMOOTHING * ratio;
         let queue_min = f64::from(rule.queue_min);
         let queue = f64::from(figures.queue_depth);
-        let queue_appeared = record.queue_depth.mean < 1.0 && queue >= 4.0 * queue_min;
-        let queue_vanished = record.queue_depth.mean >= 4.0 * queue_min && queue < 1.0;
+        let queue_appeared =
+            has_record && record.queue_depth.mean < 1.0 && queue >= 4.0 * queue_min;
+        let queue_vanished =
+            has_record && record.queue_depth.mean >= 4.0 * queue_min && queue < 1.0;
         let way = if self.ratio > rule.factor || queue_appeared {
             1
         } else if self.ratio < 1.0 / rule.factor || queue_vanished {
@@ -289,6 +310,10 @@ impl ShiftDetector {
         } else {
             self.ticks_off + way
         };
+        if figures.demand_limited {
+            self.demand =
+                (1.0 - DEMAND_SMOOTHING) * self.demand + DEMAND_SMOOTHING * figures.tokens_per_s;
+        }
         let limit = i32::try_from(rule.ticks).unwrap_or(i32::MAX);
         let shift = if self.ticks_off >= limit {
             Some(Shift::Rise)
@@ -298,24 +323,42 @@ impl ShiftDetector {
             None
         };
         if shift.is_some() {
-            *self = ShiftDetector::default();
+            // The new level is the reference from now on.
+            *self = ShiftDetector {
+                demand: if figures.demand_limited {
+                    figures.tokens_per_s
+                } else {
+                    0.0
+                },
+                ..ShiftDetector::default()
+            };
         }
         shift
     }
 
     pub fn write(&self, writer: StateWriter) -> StateWriter {
-        writer.f64(self.ratio).u32(self.ticks_off as u32)
+        writer
+            .f64(self.ratio)
+            .u32(self.ticks_off as u32)
+            .f64(self.demand)
     }
 
     /// # Errors
-    /// A truncated record or a ratio that is not finite.
+    /// A truncated record or a figure that is not finite.
     pub fn read(reader: &mut StateReader<'_>) -> Result<ShiftDetector, String> {
         let ratio = reader.f64()?;
         let ticks_off = reader.u32()? as i32;
-        if !(ratio.is_finite() && ratio > 0.0) {
-            return Err(format!("a shift ratio of {ratio} in the state"));
+        let demand = reader.f64()?;
+        if !(ratio.is_finite() && ratio > 0.0 && demand.is_finite() && demand >= 0.0) {
+            return Err(format!(
+                "a shift ratio of {ratio} or demand of {demand} in the state"
+            ));
         }
-        Ok(ShiftDetector { ratio, ticks_off })
+        Ok(ShiftDetector {
+            ratio,
+            ticks_off,
+            demand,
+        })
     }
 }
 
@@ -408,6 +451,34 @@ mod tests {
             let shift = detector.observe(&ArmRecord::default(), &figures(1.0, 300.0, 900), &rule);
             assert_eq!(shift, None);
         }
+    }
+
+    #[test]
+    fn while_demand_limited_a_fall_shows_even_at_a_setting_with_no_record() {
+        let rule = ShiftRule {
+            factor: 1.6,
+            ticks: 5,
+            queue_min: 16,
+            min_record_ticks: 3,
+        };
+        let mut detector = ShiftDetector::default();
+        let known = record(&[figures(8000.0, 300.0, 0); 6]);
+        for _ in 0..10 {
+            assert_eq!(
+                detector.observe(&known, &figures(8000.0, 300.0, 0), &rule),
+                None
+            );
+        }
+        // The search moved to a setting it never measured just as demand fell.
+        let mut shift = None;
+        for _ in 0..8 {
+            shift = shift.or(detector.observe(
+                &ArmRecord::default(),
+                &figures(2000.0, 250.0, 0),
+                &rule,
+            ));
+        }
+        assert_eq!(shift, Some(Shift::Fall));
     }
 
     #[test]

@@ -33,7 +33,7 @@
 //!
 //! The ladder search's keys ([`LadderConfig`](tokwatt_policy_kit::LadderConfig));
 //! `policies/clock-search.toml` documents each with its unit and default. The policy
-//! needs the `sm-clock` knob and turns no other. Its state (schema version 1, see
+//! needs the `sm-clock` knob and turns no other. Its state (schema version 2, see
 //! `tokwatt_policy_kit::ladder`) goes to a new version at a hot swap.
 
 use tokwatt_policy_kit::{
@@ -44,7 +44,7 @@ use tokwatt_policy_sdk::{
 };
 
 /// The version of the state layout.
-const SCHEMA_VERSION: u32 = 1;
+const SCHEMA_VERSION: u32 = 2;
 
 /// Two clocks closer than this are the same clock.
 const CLOCK_TOLERANCE_MHZ: f64 = 0.5;
