@@ -188,8 +188,16 @@ impl PolicyResult {
         let mine: Vec<&EvalEntry> = entries.iter().filter(|e| e.policy == policy).collect();
         let pick =
             |f: &dyn Fn(&EvalEntry) -> f64| median(&mine.iter().map(|e| f(e)).collect::<Vec<_>>());
+        // A scenario that never reached the fraction counts as slower than any that did
+        // (failed runs are left out), so the median is `None` when most never did.
         let reached = |f: &dyn Fn(&EvalEntry) -> Option<f64>| {
-            let m = pick(&|e| f(e).unwrap_or(f64::NAN));
+            let m = pick(&|e| {
+                if e.failure.is_some() && e.seeds.is_empty() {
+                    f64::NAN
+                } else {
+                    f(e).unwrap_or(f64::INFINITY)
+                }
+            });
             m.is_finite().then_some(m)
         };
         Self {
@@ -743,9 +751,14 @@ fn judge(
         to_95.push(time_to_fraction(&run.series, &schedule.series, &phases, 0.95) / tick_s);
         to_98.push(time_to_fraction(&run.series, &schedule.series, &phases, 0.98) / tick_s);
     }
+    // A seed where no phase reached it counts as slower than any that did.
     let reached = |values: &[f64]| {
-        let m = median(values);
-        (!m.is_nan()).then_some(m)
+        let never_as_slowest: Vec<f64> = values
+            .iter()
+            .map(|&v| if v.is_nan() { f64::INFINITY } else { v })
+            .collect();
+        let m = median(&never_as_slowest);
+        m.is_finite().then_some(m)
     };
     EvalEntry {
         policy: spec.name.clone(),
