@@ -208,7 +208,11 @@ impl Bandit {
             .tpot_p99_ms
             .push(figures.tpot_p99_ms, config.memory_ticks);
         self.records[self.current].push(&figures, config.memory_ticks);
-        if self.window.record.ticks() >= config.window_ticks {
+        // A queue that piles up ends the visit at once: every tick more is a backlog the
+        // next arm must drain, and waits the objective may bound.
+        let piling_up = self.window.queue_last >= 2 * config.queue_min
+            && self.window.queue_last >= self.window.queue_start + config.queue_min;
+        if self.window.record.ticks() >= config.window_ticks || piling_up {
             self.end_visit(objective, config);
         }
         self.target()
