@@ -26,10 +26,11 @@
 //!
 //! # Thompson sampling
 //!
-//! After each visit of `window_ticks` settled, busy ticks, it draws a number from each
-//! allowed arm's belief (the host's seeded `random` import, so runs replay exactly) and
-//! visits the arm with the best draw: arms that are probably best are visited most, and
-//! uncertain ones now and then.
+//! After each visit of `window_ticks` settled, busy ticks (fewer when a queue piles up),
+//! it draws a number from each allowed arm's belief (the host's seeded `random` import,
+//! so runs replay exactly) and visits the arm with the best draw, unless the draw
+//! promises less than 1 % over the current arm's mean (a switch costs a settling tick):
+//! arms that are probably best are visited most, and uncertain ones now and then.
 //!
 //! # The objective first, and shifts
 //!
