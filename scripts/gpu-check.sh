@@ -95,15 +95,23 @@ if wants dryrun; then
 fi
 
 if wants slo; then
-  # The objective of specs/slo-batch.toml: TPOT p99 <= 20 ms, llama-3-8b, ctx 1024.
+  # The objective of specs/slo-batch.toml: TPOT p99 <= 20 ms, llama-3-8b, ctx 1024. The
+  # real decode's step is steadier than the simulator's (p99 within ~2 % of the mean at a
+  # fixed batch), so the policy steers p99 to SLO_HEADROOM (default 0.95) of the limit
+  # here instead of the shipped spec's 0.9; SLO_SPEC runs another spec instead.
   limit_ms=20
+  slo_spec="${SLO_SPEC:-$out/slo-batch-gpu.toml}"
+  if [[ -z "${SLO_SPEC:-}" ]]; then
+    sed "s/^headroom = .*/headroom = \"${SLO_HEADROOM:-0.95}\"/; s|^plugin = .*|plugin = \"$here/policy_slo_batch.wasm\"|" \
+      specs/slo-batch.toml > "$slo_spec"
+  fi
   step "exhaustive batch sweep: every 16th batch size from 16 to 512, ${seconds} s each"
   ./tokwatt bench workload --model llama-3-8b --context 1024 --seconds "$seconds" \
     --batches "$(seq -s, 16 16 512)" --json "$out/slo-sweep.json" 2>&1 | tee "$out/slo-sweep.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   step "slo-batch on the CUDA decode: only the batch size moves (--batch-only, --dry-run)"
   ./tokwatt run --gpu 0 --dry-run --batch-only --workload cuda --model llama-3-8b --context 1024 \
-    --batch-size-max 512 --policy specs/slo-batch.toml --duration 150s --out "$out/slo-run" \
+    --batch-size-max 512 --policy "$slo_spec" --duration 150s --out "$out/slo-run" \
     --log tokwatt=info 2> "$out/slo-run.log" | tee "$out/slo-run.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   step "slo-batch against the sweep's best meeting TPOT <= ${limit_ms} ms"
