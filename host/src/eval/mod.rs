@@ -23,6 +23,7 @@
 //!
 //! Seeds run in parallel on the cores there are; the figures are medians over seeds.
 
+mod judge;
 pub mod oracle;
 mod report;
 pub mod scenario;
@@ -34,11 +35,13 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::agent::{AgentError, RunRequest, RunSummary};
+use crate::agent::{AgentError, RunRequest};
 use crate::assembly::{AssemblyError, RunMeta};
 use crate::clock::VirtualClock;
 use crate::sim::{SimConfig, SimError, SimGpu};
 use crate::spec::{PolicySpec, SpecError};
+use judge::{RunOutcome, Schedule, judge};
+pub use judge::{Series, Spread, median, time_to_fraction};
 pub use oracle::{OracleSetting, PhaseOracle};
 pub use report::eval_report;
 pub use scenario::{EvalScenario, ScenarioError};
@@ -108,39 +111,6 @@ pub enum EvalProgress {
         done: usize,
         of: usize,
     },
-}
-
-/// Median and range over seeds.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct Spread {
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-}
-
-impl Spread {
-    fn of(values: &[f64]) -> Spread {
-        let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
-        sorted.sort_by(f64::total_cmp);
-        Spread {
-            median: median_sorted(&sorted),
-            min: sorted.first().copied().unwrap_or(f64::NAN),
-            max: sorted.last().copied().unwrap_or(f64::NAN),
-        }
-    }
-}
-
-fn median_sorted(sorted: &[f64]) -> f64 {
-    match sorted.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
-}
-
-/// The median of `values`, ignoring NaN (NaN when nothing is left).
-pub fn median(values: &[f64]) -> f64 {
-    Spread::of(values).median
 }
 
 /// One policy on one scenario. **API boundary**: `eval.json`'s entries.
@@ -233,72 +203,6 @@ pub struct ScenarioResult {
     pub oracle: Vec<PhaseOracle>,
 }
 
-/// Per tick, summed over GPUs: time and the cumulative true tokens and energy.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Series {
-    pub time_s: Vec<f64>,
-    pub tokens: Vec<f64>,
-    pub energy_j: Vec<f64>,
-    /// Settings in force on GPU 0 at each tick (cap W, SM clock max MHz, batch).
-    pub settings: Vec<(f64, u32, u32)>,
-}
-
-impl Series {
-    fn push(&mut self, time_s: f64, sim: &SimGpu, gpus: u32, settings: (f64, u32, u32)) {
-        let (mut tokens, mut energy) = (0.0, 0.0);
-        for gpu in 0..gpus {
-            if let Some(truth) = sim.truth(gpu) {
-                tokens += truth.tokens;
-                energy += truth.energy_j;
-            }
-        }
-        self.time_s.push(time_s);
-        self.tokens.push(tokens);
-        self.energy_j.push(energy);
-        self.settings.push(settings);
-    }
-
-    fn totals(&self) -> (f64, f64) {
-        (
-            self.tokens.last().copied().unwrap_or(0.0),
-            self.energy_j.last().copied().unwrap_or(0.0),
-        )
-    }
-
-    /// Tokens per joule over `(t - window, t]` at each tick (NaN before a full window).
-    pub fn trailing_tokens_per_joule(&self, window_s: f64) -> Vec<(f64, f64)> {
-        let mut start = 0;
-        let mut out = Vec::with_capacity(self.time_s.len());
-        for (i, &t) in self.time_s.iter().enumerate() {
-            while start < i && self.time_s[start] < t - window_s - 1e-9 {
-                start += 1;
-            }
-            let value = if t - self.time_s[start] + 1e-9 < window_s || start == i {
-                f64::NAN
-            } else {
-                let energy = self.energy_j[i] - self.energy_j[start];
-                let tokens = self.tokens[i] - self.tokens[start];
-                if energy > 0.0 {
-                    tokens / energy
-                } else {
-                    f64::NAN
-                }
-            };
-            out.push((t, value));
-        }
-        out
-    }
-
-    /// The trailing tokens per joule at time `t` (the latest tick at or before it).
-    fn trailing_at(trailing: &[(f64, f64)], t: f64) -> f64 {
-        let index = trailing.partition_point(|&(time, _)| time <= t + 1e-9);
-        index
-            .checked_sub(1)
-            .and_then(|i| trailing.get(i))
-            .map_or(f64::NAN, |&(_, v)| v)
-    }
-}
-
 /// Everything the judge found. **API boundary**: `eval.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct EvalResults {
@@ -325,12 +229,6 @@ pub struct SeriesOf {
     pub who: String,
     pub scenario: String,
     pub series: Series,
-}
-
-/// What one run of a policy gave.
-struct RunOutcome {
-    summary: RunSummary,
-    series: Series,
 }
 
 /// Judge every policy on every scenario.
@@ -580,12 +478,6 @@ fn parallel<J: Sync, T: Send>(
         .collect()
 }
 
-/// The oracle's schedule on one seed: each phase's settings from its first second.
-struct Schedule {
-    series: Series,
-    served_fraction: f64,
-}
-
 fn run_schedule(
     scenario: &EvalScenario,
     phases: &[PhaseOracle],
@@ -703,123 +595,6 @@ fn run_policy(
             source: Box::new(source),
         })?;
     Ok(RunOutcome { summary, series })
-}
-
-/// The entry of one policy on one scenario from its runs and the oracle's, seed by seed.
-fn judge(
-    spec: &PolicySpec,
-    scenario: &EvalScenario,
-    oracle: &[PhaseOracle],
-    per_seed: &[(u64, &RunOutcome, &Schedule)],
-) -> EvalEntry {
-    let tick_s = f64::from(spec.tick_ms) / 1e3;
-    let mut tpj = Vec::new();
-    let mut oracle_tpj = Vec::new();
-    let mut ratios = Vec::new();
-    let mut to_95 = Vec::new();
-    let mut to_98 = Vec::new();
-    let mut violations = Vec::new();
-    let mut served = Vec::new();
-    let mut oracle_served = Vec::new();
-    let mut changes = Vec::new();
-    let mut fallbacks = Vec::new();
-    for (_, run, schedule) in per_seed {
-        let (tokens, energy) = run.series.totals();
-        let (oracle_tokens, oracle_energy) = schedule.series.totals();
-        let policy_tpj = if energy > 0.0 { tokens / energy } else { 0.0 };
-        let best_tpj = if oracle_energy > 0.0 {
-            oracle_tokens / oracle_energy
-        } else {
-            f64::NAN
-        };
-        let served_fraction = run.summary.totals.demand.map_or(1.0, |d| d.served_fraction);
-        let shortfall = if schedule.served_fraction > 0.0 {
-            (served_fraction / schedule.served_fraction).min(1.0)
-        } else {
-            1.0
-        };
-        tpj.push(policy_tpj);
-        oracle_tpj.push(best_tpj);
-        ratios.push(policy_tpj / best_tpj * shortfall);
-        let ticks = run.summary.totals.ticks.max(1) as f64;
-        violations.push(run.summary.totals.slo_violation_ticks as f64 / ticks);
-        served.push(served_fraction);
-        oracle_served.push(schedule.served_fraction);
-        changes.push(run.summary.totals.settings_changes as f64);
-        fallbacks.push(run.summary.totals.fallback_ticks as f64);
-        let phases: Vec<(f64, f64)> = oracle.iter().map(|p| (p.start_s, p.end_s)).collect();
-        to_95.push(time_to_fraction(&run.series, &schedule.series, &phases, 0.95) / tick_s);
-        to_98.push(time_to_fraction(&run.series, &schedule.series, &phases, 0.98) / tick_s);
-    }
-    // A seed where no phase reached it counts as slower than any that did.
-    let reached = |values: &[f64]| {
-        let never_as_slowest: Vec<f64> = values
-            .iter()
-            .map(|&v| if v.is_nan() { f64::INFINITY } else { v })
-            .collect();
-        let m = median(&never_as_slowest);
-        m.is_finite().then_some(m)
-    };
-    EvalEntry {
-        policy: spec.name.clone(),
-        scenario: scenario.name.clone(),
-        seeds: per_seed.iter().map(|(seed, _, _)| *seed).collect(),
-        tokens_per_joule: Spread::of(&tpj),
-        oracle_tokens_per_joule: median(&oracle_tpj),
-        ratio: median(&ratios),
-        ticks_to_95: reached(&to_95),
-        ticks_to_98: reached(&to_98),
-        slo_violation_fraction: median(&violations),
-        served_fraction: median(&served),
-        oracle_served_fraction: median(&oracle_served),
-        setting_changes: median(&changes),
-        fallback_ticks: median(&fallbacks),
-        failure: None,
-    }
-}
-
-/// Mean over phases of the seconds from each phase's start until the policy's trailing
-/// tokens per joule reaches `fraction` of the oracle's and holds it for [`HOLD_S`]; a
-/// phase where it never does counts as its full length. NaN when no phase reached it.
-pub fn time_to_fraction(
-    policy: &Series,
-    oracle: &Series,
-    phases: &[(f64, f64)],
-    fraction: f64,
-) -> f64 {
-    let ours = policy.trailing_tokens_per_joule(TRAILING_WINDOW_S);
-    let best = oracle.trailing_tokens_per_joule(TRAILING_WINDOW_S);
-    let meets = |t: f64| {
-        let (a, b) = (Series::trailing_at(&ours, t), Series::trailing_at(&best, t));
-        a.is_finite() && b.is_finite() && a >= fraction * b
-    };
-    let mut total = 0.0;
-    let mut any = false;
-    for &(start, end) in phases {
-        // The first full window inside the phase ends a trailing window after its start.
-        let reached = ours
-            .iter()
-            .map(|&(t, _)| t)
-            .filter(|&t| t >= start + TRAILING_WINDOW_S - 1e-9 && t + HOLD_S <= end + 1e-9)
-            .find(|&t| {
-                ours.iter()
-                    .map(|&(u, _)| u)
-                    .filter(|&u| u >= t && u <= t + HOLD_S)
-                    .all(meets)
-            });
-        match reached {
-            Some(t) => {
-                any = true;
-                total += t - start;
-            }
-            None => total += end - start,
-        }
-    }
-    if any && !phases.is_empty() {
-        total / phases.len() as f64
-    } else {
-        f64::NAN
-    }
 }
 
 #[cfg(test)]
