@@ -75,7 +75,8 @@ pub enum WorkloadSource {
     External {
         url: String,
         token_counter: String,
-        /// `None`: the engine's latency is not read (the objective's TPOT bound is then off).
+        /// `None`: the engine's latency is not read; every window's TPOT is unknown
+        /// (`tokwatt run` refuses a spec with a TPOT bound then).
         tpot_histogram: Option<String>,
     },
 }

@@ -138,6 +138,10 @@ impl DemandTotals {
     }
 }
 
+fn is_zero(count: &u64) -> bool {
+    *count == 0
+}
+
 /// What a run did, for `summary.json`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct LoopTotals {
@@ -149,6 +153,12 @@ pub struct LoopTotals {
     pub fallback_ticks: u64,
     pub plugin_traps: u64,
     pub slo_violation_ticks: u64,
+    /// Ticks where tokens flowed under a TPOT bound but no GPU's TPOT was known (an
+    /// external engine's histogram without observations): the bound went unchecked.
+    /// Written only where there were some, so the summary's layout stays as it was for
+    /// every run whose TPOT is always known.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tpot_unknown_ticks: u64,
     pub clamped_decisions: u64,
     pub non_finite_values: u64,
     pub actuator_errors: u64,
@@ -335,6 +345,7 @@ impl ControlLoop {
             let fallback = !matches!(decision.source, DecisionSource::Policy);
             let policy_name = self.supervisor.policy_name().to_owned();
             let mut any_violation = false;
+            let mut any_tpot_unknown = false;
             for (gpu, obs) in observations.iter().enumerate() {
                 let requested = decision.settings.get(gpu).copied().unwrap_or_default();
                 let applied = self
@@ -347,6 +358,7 @@ impl ControlLoop {
 
                 let violation = self.config.objective.violated_by(obs);
                 any_violation |= violation;
+                any_tpot_unknown |= self.config.objective.tpot_unknown(obs);
                 let gpu_totals = &mut self.totals.gpus[gpu];
                 // Saturating: a token source that lies cannot overflow the totals.
                 gpu_totals.tokens = gpu_totals.tokens.saturating_add(obs.tokens);
@@ -387,6 +399,7 @@ impl ControlLoop {
             self.totals.swaps = self.swapper.counters.clone();
             self.totals.ticks += 1;
             self.totals.slo_violation_ticks += u64::from(any_violation);
+            self.totals.tpot_unknown_ticks += u64::from(any_tpot_unknown);
             self.totals.duration_s = (now - start).as_secs_f64();
             // Counted here rather than read from the supervisor, which a swap replaces.
             self.totals.fallback_ticks += u64::from(fallback);

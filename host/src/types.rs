@@ -208,6 +208,13 @@ impl Objective {
         )
     }
 
+    /// Whether tokens flowed under a TPOT bound but the window's TPOT is unknown (NaN:
+    /// an external engine's histogram had no observation in it). The bound could not be
+    /// checked: the loop counts such ticks apart, never as a met objective.
+    pub fn tpot_unknown(&self, obs: &Observation) -> bool {
+        self.tpot_p99_limit_ms.is_some() && obs.tokens > 0 && obs.tpot_p99_ms.is_nan()
+    }
+
     /// [`Objective::violated_by`] for a workload window of `interval_s` seconds (the judge
     /// checks the oracle's windows with it, with no policy in the loop).
     pub fn violated_by_window(&self, w: &WorkloadWindow, interval_s: f64) -> bool {
@@ -259,6 +266,27 @@ mod tests {
         assert!(objective.violated_by(&busy_observation(Some(turned_away))));
         // Without demand figures there is nothing to judge it by.
         assert!(!objective.violated_by(&busy_observation(None)));
+    }
+
+    #[test]
+    fn an_unknown_tpot_under_a_tpot_bound_is_neither_met_nor_violated() {
+        let bounded = Objective {
+            tpot_p99_limit_ms: Some(20.0),
+            ..Objective::default()
+        };
+        let unknown = Observation {
+            tpot_p99_ms: f64::NAN,
+            ..busy_observation(None)
+        };
+        assert!(bounded.tpot_unknown(&unknown));
+        assert!(!bounded.violated_by(&unknown));
+        assert!(!bounded.tpot_unknown(&busy_observation(None)));
+        let idle = Observation {
+            tokens: 0,
+            ..unknown
+        };
+        assert!(!bounded.tpot_unknown(&idle));
+        assert!(!Objective::default().tpot_unknown(&unknown));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 mod support;
 
 mod bad_input;
+mod engines;
 mod eval;
 mod hostile;
 mod long_run;

@@ -13,6 +13,8 @@ use tokwatt::assembly::{self, BackendRequest, GpuTarget, SimTarget, Target, Work
 use tokwatt::control::Progress;
 use tokwatt::restore::{SettingsGuard, StateFile};
 use tokwatt::spec::PolicySpec;
+use tokwatt::types::Objective;
+use tokwatt::workload::prometheus::{self, Engine};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum WorkloadKind {
@@ -73,18 +75,25 @@ pub struct RunArgs {
     #[arg(long)]
     batch_only: bool,
     /// Where the tokens come from on a real GPU: `cuda` (tokwatt's own decode workload)
-    /// or `external` (a running server's Prometheus token counter, see --metrics-url).
+    /// or `external` (a running server's Prometheus metrics, see --metrics-url and --engine).
     #[arg(long, value_enum, default_value_t = WorkloadKind::Cuda, requires = "gpu")]
     workload: WorkloadKind,
-    /// The serving engine's metrics endpoint, for `--workload external` (http://HOST:PORT/metrics).
+    /// The serving engine's metrics endpoint, for `--workload external`
+    /// (http://HOST:PORT/metrics, IPv6 as http://[::1]:PORT/metrics).
     #[arg(long, required_if_eq("workload", "external"))]
     metrics_url: Option<String>,
-    /// Counter of generated tokens at --metrics-url (summed over its series).
-    #[arg(long, default_value = "vllm:generation_tokens_total")]
-    token_counter: String,
-    /// Histogram of time per output token (seconds) at --metrics-url; "" for none.
-    #[arg(long, default_value = "vllm:time_per_output_token_seconds")]
-    tpot_histogram: String,
+    /// The serving engine behind --metrics-url, whose metric names to read: vllm, sglang,
+    /// tgi or triton (triton has no TPOT histogram).
+    #[arg(long, default_value = "vllm", value_parser = clap::value_parser!(Engine))]
+    engine: Engine,
+    /// Counter of generated tokens at --metrics-url, summed over its series (default: the
+    /// --engine preset's).
+    #[arg(long)]
+    token_counter: Option<String>,
+    /// Histogram of time per output token (seconds) at --metrics-url, merged over its
+    /// series (default: the --engine preset's); "" for none.
+    #[arg(long)]
+    tpot_histogram: Option<String>,
     /// CUDA workload model preset (llama-3-8b, llama-3.2-1b) or a model shape file.
     #[arg(long, default_value = "llama-3-8b", requires = "gpu")]
     model: String,
@@ -104,7 +113,43 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    fn backend_request(&self) -> Result<BackendRequest> {
+    /// The external token source: the --engine preset, with --token-counter and
+    /// --tpot-histogram overriding its names. A TPOT objective needs a TPOT histogram.
+    fn external_source(&self, objective: &Objective) -> Result<WorkloadSource> {
+        let url = self
+            .metrics_url
+            .clone()
+            .context("--workload external needs --metrics-url")?;
+        let token_counter = self
+            .token_counter
+            .clone()
+            .unwrap_or_else(|| self.engine.token_counter().to_owned());
+        let tpot_histogram = match &self.tpot_histogram {
+            Some(name) if name.is_empty() => None,
+            Some(name) => Some(name.clone()),
+            None => self.engine.tpot_histogram().map(str::to_owned),
+        };
+        if tpot_histogram.is_none()
+            && let Some(limit) = objective.tpot_p99_limit_ms
+        {
+            bail!(
+                "the policy's objective bounds the p99 TPOT at {limit} ms, but {} tokwatt reads no TPOT histogram for --engine {}: name one with --tpot-histogram, or drop tpot_p99_limit_ms from the spec's objective",
+                if self.tpot_histogram.is_some() {
+                    "with --tpot-histogram \"\""
+                } else {
+                    "the engine exports none, so"
+                },
+                self.engine.name()
+            );
+        }
+        Ok(WorkloadSource::External {
+            url,
+            token_counter,
+            tpot_histogram,
+        })
+    }
+
+    fn backend_request(&self, objective: &Objective) -> Result<BackendRequest> {
         let target = match (&self.sim, &self.gpu) {
             (Some(profile), None) => Target::Sim(SimTarget {
                 profile: profile.clone(),
@@ -121,15 +166,7 @@ impl RunArgs {
                         context: self.context,
                         batch_size_max: self.batch_size_max,
                     },
-                    WorkloadKind::External => WorkloadSource::External {
-                        url: self
-                            .metrics_url
-                            .clone()
-                            .context("--workload external needs --metrics-url")?,
-                        token_counter: self.token_counter.clone(),
-                        tpot_histogram: (!self.tpot_histogram.is_empty())
-                            .then(|| self.tpot_histogram.clone()),
-                    },
+                    WorkloadKind::External => self.external_source(objective)?,
                 },
             }),
             _ => bail!(
@@ -156,7 +193,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let Some(tick) = args.tick {
         spec.override_tick(tick)?;
     }
-    let request = args.backend_request()?;
+    let request = args.backend_request(&spec.objective)?;
     let mut assembled = assembly::assemble(&request, &spec.name, spec.knobs)?;
     for withheld in &assembled.withheld {
         eprintln!("tokwatt: policy `{}`: {withheld}", spec.name);
@@ -204,7 +241,9 @@ pub fn run(args: RunArgs) -> Result<()> {
             meta.data_source
         );
     }
-    let mut reporter = ProgressReporter::new(args.quiet, args.debug_panic_after_ticks);
+    let engine_batch = meta.workload == prometheus::WORKLOAD_NAME;
+    let mut reporter =
+        ProgressReporter::new(args.quiet, args.debug_panic_after_ticks, engine_batch);
     let (summary, backends) = agent::run(&request, assembled.backends, meta, stop, &mut |p| {
         reporter.report(p)
     })?;
@@ -244,14 +283,17 @@ struct ProgressReporter {
     quiet: bool,
     next_tenth: u64,
     panic_after_ticks: Option<u64>,
+    /// The batch size belongs to the serving engine: tokwatt neither knows nor sets it.
+    engine_batch: bool,
 }
 
 impl ProgressReporter {
-    fn new(quiet: bool, panic_after_ticks: Option<u64>) -> Self {
+    fn new(quiet: bool, panic_after_ticks: Option<u64>, engine_batch: bool) -> Self {
         Self {
             quiet,
             next_tenth: 1,
             panic_after_ticks,
+            engine_batch,
         }
     }
 
@@ -274,9 +316,14 @@ impl ProgressReporter {
             .observations
             .iter()
             .map(|o| {
+                let batch = if self.engine_batch {
+                    "batch n/a (the engine's)".to_owned()
+                } else {
+                    format!("b{}", o.in_force.batch_size)
+                };
                 format!(
-                    "{:.0}W/{}MHz/b{}",
-                    o.in_force.power_cap_w, o.in_force.sm_clock_max_mhz, o.in_force.batch_size
+                    "{:.0}W/{}MHz/{batch}",
+                    o.in_force.power_cap_w, o.in_force.sm_clock_max_mhz
                 )
             })
             .collect();
@@ -327,6 +374,15 @@ fn print_summary(s: &RunSummary, out: &Path) {
     row("energy", format!("{:.0} J", t.energy_j));
     row("tokens per joule", format!("{:.4}", t.tokens_per_joule));
     row("SLO violations", format!("{} ticks", t.slo_violation_ticks));
+    if t.tpot_unknown_ticks > 0 {
+        row(
+            "TPOT unknown",
+            format!(
+                "{} ticks with tokens but no TPOT observation (the TPOT bound unchecked)",
+                t.tpot_unknown_ticks
+            ),
+        );
+    }
     row(
         "fallback ticks",
         format!(
@@ -344,13 +400,19 @@ fn print_summary(s: &RunSummary, out: &Path) {
             t.clamped_decisions, t.non_finite_values
         ),
     );
+    let engine_batch = s.meta.workload == prometheus::WORKLOAD_NAME;
     for g in &t.gpus {
         if let Some(f) = g.final_settings {
+            let batch = if engine_batch {
+                "n/a (the serving engine's)".to_owned()
+            } else {
+                f.batch_size.to_string()
+            };
             row(
                 &format!("gpu {}", g.gpu),
                 format!(
-                    "{:.4} tok/J, final cap {:.0} W, SM max {} MHz, batch {}",
-                    g.tokens_per_joule, f.power_cap_w, f.sm_clock_max_mhz, f.batch_size
+                    "{:.4} tok/J, final cap {:.0} W, SM max {} MHz, batch {batch}",
+                    g.tokens_per_joule, f.power_cap_w, f.sm_clock_max_mhz
                 ),
             );
         }

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Writes each serving engine's Prometheus exposition, as the engine's own
+prometheus_client metric definitions produce it, before and after a known amount of
+work: OUT/<engine>-0.prom and OUT/<engine>-1.prom. tests/all/engines.rs serves them to
+tokwatt's external token source and checks the window against a hand computation.
+
+Usage: expose.py OUT_DIR
+"""
+
+import os
+import sys
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+# A model name with the characters an exposition must escape or a naive parser splits on.
+MODEL = 'org/llama "3", {8b}\\v2\nnew'
+
+# vllm/v1/metrics/loggers.py (vLLM 0.11): per-engine series, labels model_name, engine.
+VLLM_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+# sglang/srt/metrics/collector.py: inter-token latency buckets (its leading ones).
+SGLANG_ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030,
+                      0.035, 0.040, 0.060, 0.080, 0.100, 0.200, 0.400, 0.600, 0.800,
+                      1.0, 2.0]
+# Triton's TensorRT-LLM backend: nv_llm_output_token_len buckets.
+TRITON_TOKEN_BUCKETS = [10.0, 50.0, 100.0, 500.0, 1000.0]
+
+
+def write(out_dir, name, registry):
+    with open(os.path.join(out_dir, name), "wb") as f:
+        f.write(generate_latest(registry))
+
+
+def vllm(out_dir):
+    registry = CollectorRegistry()
+    labels = ["model_name", "engine"]
+    tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                     labels, registry=registry)
+    itl = Histogram("vllm:inter_token_latency_seconds",
+                    "Histogram of inter-token latency in seconds.", labels,
+                    buckets=VLLM_ITL_BUCKETS, registry=registry)
+    # Also present in a real vLLM 0.11 exposition, and similar to the deprecated name.
+    Histogram("vllm:request_time_per_output_token_seconds",
+              "Histogram of time_per_output_token_seconds per request.", labels,
+              buckets=VLLM_ITL_BUCKETS, registry=registry).labels(MODEL, "0").observe(0.02)
+    # Before: work that must not count in the window.
+    tokens.labels(MODEL, "0").inc(100)
+    for _ in range(10):
+        itl.labels(MODEL, "0").observe(0.2)
+    write(out_dir, "vllm-0.prom", registry)
+    # The window: two engine cores.
+    tokens.labels(MODEL, "0").inc(1000)
+    tokens.labels(MODEL, "1").inc(500)
+    for _ in range(80):
+        itl.labels(MODEL, "0").observe(0.012)
+    for _ in range(20):
+        itl.labels(MODEL, "0").observe(0.03)
+    for _ in range(100):
+        itl.labels(MODEL, "1").observe(0.008)
+    write(out_dir, "vllm-1.prom", registry)
+
+
+def sglang(out_dir):
+    registry = CollectorRegistry()
+    labels = ["model_name"]
+    tokens = Counter("sglang:generation_tokens", "Number of generation tokens processed.",
+                     labels, registry=registry)
+    itl = Histogram("sglang:inter_token_latency_seconds",
+                    "Histogram of inter-token latency in seconds.", labels,
+                    buckets=SGLANG_ITL_BUCKETS, registry=registry)
+    tokens.labels(MODEL).inc(7)
+    write(out_dir, "sglang-0.prom", registry)
+    tokens.labels(MODEL).inc(300)
+    for _ in range(90):
+        itl.labels(MODEL).observe(0.009)
+    for _ in range(10):
+        itl.labels(MODEL).observe(0.05)
+    write(out_dir, "sglang-1.prom", registry)
+
+
+def tgi(out_dir):
+    registry = CollectorRegistry()
+    generated = Histogram("tgi_request_generated_tokens", "Generated tokens per request",
+                          buckets=[1, 10, 100, 1000], registry=registry)
+    mean_tpot = Histogram("tgi_request_mean_time_per_token_duration",
+                          "Mean time per token, per request (in seconds)",
+                          buckets=[0.01, 0.05, 0.1, 0.5, 1.0], registry=registry)
+    write(out_dir, "tgi-0.prom", registry)
+    for tokens, tpot in [(200, 0.02), (300, 0.03), (100, 0.2), (400, 0.04)]:
+        generated.observe(tokens)
+        mean_tpot.observe(tpot)
+    write(out_dir, "tgi-1.prom", registry)
+
+
+def triton(out_dir):
+    registry = CollectorRegistry()
+    output_tokens = Histogram("nv_llm_output_token_len", "TRT LLM response metrics",
+                              ["model", "version", "response_metric_type"],
+                              buckets=TRITON_TOKEN_BUCKETS, registry=registry)
+    series = output_tokens.labels("tensorrt_llm", "1", "total_output_tokens")
+    series.observe(40)
+    write(out_dir, "triton-0.prom", registry)
+    for tokens in [120, 80]:
+        series.observe(tokens)
+    write(out_dir, "triton-1.prom", registry)
+
+
+def main():
+    out_dir = sys.argv[1]
+    for engine in (vllm, sglang, tgi, triton):
+        engine(out_dir)
+
+
+if __name__ == "__main__":
+    main()
