@@ -277,23 +277,29 @@ fn a_named_metric_that_is_missing_refuses_the_start() {
 #[test]
 fn a_scrape_that_loses_the_metric_is_a_counted_failure_never_a_zero() {
     let Some(dir) = expositions() else { return };
-    // First the vLLM exposition, then one without any vLLM metric.
+    // The vLLM exposition, then one without any vLLM metric, then vLLM's again.
     let bodies = vec![
         read(dir.path(), "vllm-0.prom"),
         read(dir.path(), "triton-1.prom"),
+        read(dir.path(), "vllm-1.prom"),
     ];
     let server = Server::start("127.0.0.1:0", bodies, false).expect("loopback");
     let mut tokens = PrometheusTokens::start(config(Engine::Vllm, &server)).expect("starts");
+    let mut total = 0;
     for _ in 0..1000 {
-        if tokens.failures() > 0 {
+        total += tokens.read_window(0).expect("window").tokens;
+        if total > 0 {
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(tokens.failures() > 0, "the scrapes without the metric fail");
-    let w = tokens.read_window(0).expect("window");
-    assert_eq!(w.tokens, 0);
-    assert!(w.tpot_p99_ms.is_nan(), "no TPOT is known, not 0 ms: {w:?}");
+    assert!(
+        tokens.failures() >= 1,
+        "the scrape without the metric failed"
+    );
+    // Read as a counter at zero, the lost scrape would make the next one look like a
+    // restart and count all 1600 tokens again; only the 1500 made in between count.
+    assert_eq!(total, 1500);
 }
 
 #[test]

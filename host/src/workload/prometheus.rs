@@ -6,7 +6,8 @@
 //! endpoints are), so the control loop never waits on the network. A metric that is
 //! named but missing is an error, never a zero: the first scrape must find every named
 //! metric or the run does not start, and a later scrape that lacks one is a counted,
-//! logged failure. A window without TPOT observations has an unknown TPOT (NaN), not 0 ms.
+//! logged failure. A window with tokens but no TPOT observation has an unknown TPOT
+//! (NaN), not 0 ms.
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{Read, Write};
@@ -240,8 +241,12 @@ fn window_between(start: &Scrape, end: &Scrape) -> WorkloadWindow {
         end.tokens
     };
     let buckets = bucket_delta(&start.tpot_buckets, &end.tpot_buckets);
-    // No observation in the window: the TPOT is unknown, which is not 0 ms.
-    let ms = |q| histogram_quantile(&buckets, q).map_or(f64::NAN, |s| s * 1e3);
+    // Tokens without a TPOT observation: the TPOT is unknown (NaN), which is not 0 ms.
+    // A window without tokens reads 0 ms, as every workload reports an empty window (and
+    // the objective does not judge latency without tokens), so policies never see a NaN
+    // on the ticks between two scrapes.
+    let unknown = if tokens > 0.0 { f64::NAN } else { 0.0 };
+    let ms = |q| histogram_quantile(&buckets, q).map_or(unknown, |s| s * 1e3);
     WorkloadWindow {
         tokens: tokens.round() as u64,
         steps: 0,
@@ -603,7 +608,9 @@ fn scrape(target: &Target, config: &PrometheusConfig) -> Result<Scrape, Workload
     let failed = |what: &str, e: std::io::Error| {
         WorkloadError::Failed(format!("{what} {}: {e}", config.url))
     };
-    let timeout = config.period.max(Duration::from_millis(200));
+    // At least a second: a busy engine (or a loaded test machine) may answer late, and a
+    // late answer only delays the scraper thread, never the control loop.
+    let timeout = config.period.max(Duration::from_secs(1));
     let address = target
         .host_port
         .to_socket_addrs()
@@ -845,6 +852,9 @@ vllm:time_per_output_token_seconds_count{model_name="llama"} 100.0
         let w = window_between(&a, &b);
         assert_eq!(w.tokens, 10);
         assert!(w.tpot_p50_ms.is_nan() && w.tpot_p99_ms.is_nan(), "{w:?}");
+        // Without tokens there is no token latency to know: 0 ms, as for any empty window.
+        let idle = window_between(&b, &b);
+        assert_eq!((idle.tokens, idle.tpot_p99_ms), (0, 0.0));
     }
 
     #[test]
