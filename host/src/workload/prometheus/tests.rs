@@ -1,0 +1,314 @@
+use super::http::response_body;
+use super::*;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+
+#[test]
+fn absurd_token_counters_are_refused_not_summed() {
+    for value in ["NaN", "+Inf", "-5", "1e30"] {
+        let text = format!("vllm:generation_tokens_total {value}\n");
+        let error = parse_exposition(&text, "vllm:generation_tokens_total", None).expect_err(value);
+        assert!(error.to_string().contains("not a token count"), "{error}");
+    }
+    let fine = parse_exposition(
+        "vllm:generation_tokens_total 12\n",
+        "vllm:generation_tokens_total",
+        None,
+    )
+    .expect("a count");
+    assert_eq!(fine.tokens, 12.0);
+}
+
+const VLLM: &str = r#"# HELP vllm:generation_tokens_total Number of generation tokens processed.
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{model_name="llama"} 1000.0
+vllm:generation_tokens_total{model_name="other"} 500.0
+# TYPE vllm:time_per_output_token_seconds histogram
+vllm:time_per_output_token_seconds_bucket{le="0.01",model_name="llama"} 10.0
+vllm:time_per_output_token_seconds_bucket{le="0.025",model_name="llama"} 90.0
+vllm:time_per_output_token_seconds_bucket{le="0.05",model_name="llama"} 100.0
+vllm:time_per_output_token_seconds_bucket{le="+Inf",model_name="llama"} 100.0
+vllm:time_per_output_token_seconds_count{model_name="llama"} 100.0
+"#;
+
+#[test]
+fn parses_vllm_metrics() {
+    let s = parse_exposition(
+        VLLM,
+        "vllm:generation_tokens_total",
+        Some("vllm:time_per_output_token_seconds"),
+    )
+    .expect("parses");
+    assert_eq!(s.tokens, 1500.0, "all series summed");
+    assert_eq!(
+        s.tpot_buckets,
+        vec![
+            (0.01, 10.0),
+            (0.025, 90.0),
+            (0.05, 100.0),
+            (f64::INFINITY, 100.0)
+        ]
+    );
+    let missing = parse_exposition(VLLM, "sglang:tokens", None).expect_err("no counter");
+    assert!(missing.to_string().contains("sglang:tokens"), "{missing}");
+}
+
+#[test]
+fn quantiles_interpolate_within_buckets() {
+    let buckets = [
+        (0.01, 10.0),
+        (0.025, 90.0),
+        (0.05, 100.0),
+        (f64::INFINITY, 100.0),
+    ];
+    let p50 = histogram_quantile(&buckets, 0.5).expect("p50");
+    // Rank 50 is half-way through the (0.01, 0.025] bucket's 80 observations.
+    assert!((p50 - 0.0175).abs() < 1e-12, "{p50}");
+    let p99 = histogram_quantile(&buckets, 0.99).expect("p99");
+    assert!((p99 - 0.0475).abs() < 1e-12, "{p99}");
+    assert_eq!(histogram_quantile(&[(0.01, 0.0)], 0.5), None);
+}
+
+#[test]
+fn windows_are_differences_and_survive_a_reset() {
+    let a = Scrape {
+        tokens: 1000.0,
+        tpot_buckets: vec![(0.01, 5.0), (f64::INFINITY, 10.0)],
+    };
+    let b = Scrape {
+        tokens: 1600.0,
+        tpot_buckets: vec![(0.01, 15.0), (f64::INFINITY, 20.0)],
+    };
+    let w = window_between(&a, &b);
+    assert_eq!(w.tokens, 600);
+    assert!(w.tpot_p50_ms > 0.0 && w.tpot_p50_ms <= 10.0, "{w:?}");
+    let restarted = Scrape {
+        tokens: 40.0,
+        tpot_buckets: vec![(0.01, 1.0), (f64::INFINITY, 1.0)],
+    };
+    assert_eq!(window_between(&b, &restarted).tokens, 40);
+}
+
+#[test]
+fn bad_urls_are_explained() {
+    for url in ["https://x/metrics", "ftp://x", "http:///metrics"] {
+        let error = Target::parse(url).expect_err(url);
+        assert!(
+            error.to_string().contains("http://HOST:PORT/metrics"),
+            "{error}"
+        );
+    }
+    let target = Target::parse("http://127.0.0.1:8000").expect("valid");
+    assert_eq!(target.path, "/metrics");
+}
+
+#[test]
+fn ipv6_hosts_keep_their_brackets() {
+    let target = Target::parse("http://[::1]:8000/metrics").expect("valid");
+    assert_eq!(
+        (target.host_port.as_str(), target.path.as_str()),
+        ("[::1]:8000", "/metrics")
+    );
+    let default_port = Target::parse("http://[::1]/m").expect("valid");
+    assert_eq!(default_port.host_port, "[::1]:80");
+    for url in ["http://[::1:8000/metrics", "http://[::1]x:8000/"] {
+        assert!(Target::parse(url).is_err(), "{url}");
+    }
+}
+
+#[test]
+fn label_values_may_hold_commas_braces_and_escapes() {
+    let line = r#"m_bucket{path="/a,b}{c",quote="say \"hi\"",slash="a\\b",nl="x\ny",le="0.5"} 7 1700000000000 # {trace_id="1"} 0.4"#;
+    let sample = parse_sample(line).expect("a sample");
+    assert_eq!(sample.name, "m_bucket");
+    assert_eq!(sample.value, 7.0);
+    let label = |k: &str| {
+        sample
+            .labels
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(label("path").as_deref(), Some("/a,b}{c"));
+    assert_eq!(label("quote").as_deref(), Some("say \"hi\""));
+    assert_eq!(label("slash").as_deref(), Some("a\\b"));
+    assert_eq!(label("nl").as_deref(), Some("x\ny"));
+    assert_eq!(label("le").as_deref(), Some("0.5"));
+    assert!(parse_sample("# HELP m help text {with braces}").is_none());
+    assert!(parse_sample("# TYPE m counter").is_none());
+    assert!(parse_sample("m NaN").expect("NaN").value.is_nan());
+    assert_eq!(parse_sample("m +Inf").expect("inf").value, f64::INFINITY);
+    assert!(parse_sample(r#"m{a="unterminated} 1"#).is_none());
+}
+
+#[test]
+fn a_named_histogram_that_is_missing_is_an_error_naming_it_and_its_neighbours() {
+    let text = "vllm:generation_tokens_total{engine=\"0\"} 5\n\
+                vllm:inter_token_latency_seconds_bucket{le=\"+Inf\"} 1\n\
+                vllm:request_time_per_output_token_seconds_bucket{le=\"+Inf\"} 1\n\
+                vllm:num_requests_running 1\n";
+    let error = parse_exposition(
+        text,
+        "vllm:generation_tokens_total",
+        Some("vllm:time_per_output_token_seconds"),
+    )
+    .expect_err("missing histogram")
+    .to_string();
+    assert!(
+        error.contains("`vllm:time_per_output_token_seconds`"),
+        "{error}"
+    );
+    assert!(
+        error.contains("vllm:inter_token_latency_seconds_bucket"),
+        "{error}"
+    );
+    assert!(
+        error.contains("vllm:request_time_per_output_token_seconds_bucket"),
+        "{error}"
+    );
+    assert!(!error.contains("num_requests_running"), "{error}");
+    assert!(error.contains("--tpot-histogram"), "{error}");
+}
+
+#[test]
+fn a_declared_family_without_series_is_present_at_zero() {
+    let text = "# HELP sglang:generation_tokens_total Tokens.\n\
+                # TYPE sglang:generation_tokens_total counter\n\
+                # TYPE sglang:inter_token_latency_seconds histogram\n";
+    let scrape = parse_exposition(
+        text,
+        "sglang:generation_tokens_total",
+        Some("sglang:inter_token_latency_seconds"),
+    )
+    .expect("present, without observations");
+    assert_eq!(scrape, Scrape::default());
+    // A histogram's TYPE line does not stand in for a different name.
+    assert!(parse_exposition(text, "sglang:generation_tokens_total", Some("other")).is_err());
+}
+
+#[test]
+fn a_window_without_tpot_observations_has_an_unknown_tpot() {
+    let a = Scrape {
+        tokens: 10.0,
+        tpot_buckets: vec![(0.01, 5.0), (f64::INFINITY, 5.0)],
+    };
+    let b = Scrape {
+        tokens: 20.0,
+        ..a.clone()
+    };
+    let w = window_between(&a, &b);
+    assert_eq!(w.tokens, 10);
+    assert!(w.tpot_p50_ms.is_nan() && w.tpot_p99_ms.is_nan(), "{w:?}");
+    // Without tokens there is no token latency to know: 0 ms, as for any empty window.
+    let idle = window_between(&b, &b);
+    assert_eq!((idle.tokens, idle.tpot_p99_ms), (0, 0.0));
+}
+
+#[test]
+fn quantiles_follow_prometheus_rules() {
+    // A rank in the +Inf bucket reads the largest finite bound.
+    let tail = [(0.01, 1.0), (0.025, 2.0), (f64::INFINITY, 100.0)];
+    assert_eq!(histogram_quantile(&tail, 0.99), Some(0.025));
+    // Without a +Inf bucket Prometheus answers NaN.
+    assert_eq!(histogram_quantile(&[(0.01, 1.0), (0.025, 2.0)], 0.5), None);
+    // All observations under vLLM's first bound (10 ms) read as ~9.9 ms at p99.
+    let fast = [(0.01, 100.0), (0.025, 100.0), (f64::INFINITY, 100.0)];
+    let p99 = histogram_quantile(&fast, 0.99).expect("p99");
+    assert!((p99 - 0.0099).abs() < 1e-12, "{p99}");
+    // Decreasing counts are raised to stay monotonic.
+    let bumpy = [(0.01, 10.0), (0.025, 8.0), (f64::INFINITY, 10.0)];
+    let p50 = histogram_quantile(&bumpy, 0.5).expect("p50");
+    assert!((p50 - 0.005).abs() < 1e-12, "{p50}");
+    assert_eq!(histogram_quantile(&fast, 1.5), Some(f64::INFINITY));
+}
+
+#[test]
+fn chunked_bodies_are_decoded() {
+    let response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+                     5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n";
+    let body = response_body(response, "http://x").expect("decoded");
+    assert_eq!(body, b"hello, world");
+    let cut = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nff\r\nshort";
+    assert!(response_body(cut, "http://x").is_err());
+    let status = b"HTTP/1.1 404 Not Found\r\n\r\n";
+    let error = response_body(status, "http://x").expect_err("404");
+    assert!(error.to_string().contains("404"), "{error}");
+}
+
+#[test]
+fn engine_presets_parse_by_name() {
+    for engine in Engine::ALL {
+        assert_eq!(engine.name().parse::<Engine>(), Ok(engine));
+    }
+    assert!("llamacpp".parse::<Engine>().is_err());
+    assert_eq!(Engine::Triton.tpot_histogram(), None);
+}
+
+/// A metrics server on loopback whose counter grows by 100 per scrape.
+fn serve(listener: TcpListener, scrapes: u32) {
+    for n in 0..scrapes {
+        let Ok((mut stream, _)) = listener.accept() else {
+            return;
+        };
+        // Read the whole request, so closing does not reset the connection.
+        let mut request = Vec::new();
+        let mut chunk = [0u8; 256];
+        while !request.ends_with(b"\r\n\r\n") {
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => request.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body = format!("vllm:generation_tokens_total {}\n", 100 * (n + 1));
+        let _ = write!(
+            stream,
+            "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n{body}"
+        );
+    }
+}
+
+#[test]
+fn scrapes_a_live_endpoint_off_the_loop() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+    let server = std::thread::spawn(move || serve(listener, 3));
+    let mut config = PrometheusConfig::vllm(&url);
+    config.tpot_histogram = None;
+    config.period = Duration::from_millis(20);
+    let mut tokens = PrometheusTokens::start(config).expect("starts");
+    // Wait (without asserting on time) until the scraper has seen the third value.
+    let mut total = 0;
+    for _ in 0..500 {
+        total += tokens.read_window(0).expect("window").tokens;
+        if total >= 200 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        total,
+        200,
+        "100 → 300 over the scrapes ({} failed)",
+        tokens.failures()
+    );
+    assert!(matches!(
+        tokens.set_batch_size(0, 8),
+        Err(WorkloadError::BatchFixed(_))
+    ));
+    drop(tokens);
+    let _ = server.join();
+}
+
+#[test]
+fn a_dead_endpoint_is_a_clear_error_at_start() {
+    // Bind then drop: nothing listens on that port any more.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let error = PrometheusTokens::start(PrometheusConfig::vllm(&format!(
+        "http://127.0.0.1:{port}/metrics"
+    )))
+    .expect_err("refused");
+    assert!(error.to_string().contains("cannot connect"), "{error}");
+}
