@@ -1,6 +1,7 @@
 //! The search on one GPU: the kit's power cap search, with the objective first.
 
 use std::ops::{Deref, DerefMut};
+use tokwatt_policy_kit::measure::objective_breach;
 use tokwatt_policy_kit::{CapConfig, CapSearch, WindowScope};
 use tokwatt_policy_sdk::{DeviceFacts, Objective, Observation, Settings, info};
 
@@ -52,7 +53,7 @@ impl GpuSearch {
         let in_force_w = observation.in_force.power_cap_w;
         // The objective comes first: a violation raises the cap now, whatever the
         // window says. While an earlier raise is still settling, wait for it to show.
-        let asked_w = if let Some(violation) = slo_violation(observation, objective) {
+        let asked_w = if let Some(violation) = objective_breach(observation, objective) {
             if !(observation.settling && self.raised_for_slo) {
                 let raised_w = self.search.raise_for_slo(observation, config);
                 info!(
@@ -74,31 +75,4 @@ impl GpuSearch {
             None => Settings::unchanged(),
         }
     }
-}
-
-/// Why the observation breaks the objective, if it does.
-///
-/// Latency counts only when tokens were made; throughput only when requests are waiting
-/// (below the minimum with an empty queue means too little demand, not too low a cap).
-fn slo_violation(observation: &Observation, objective: &Objective) -> Option<String> {
-    if let Some(limit_ms) = objective.tpot_p99_limit_ms
-        && observation.tokens > 0
-        && observation.tpot_p99_ms > limit_ms
-    {
-        return Some(format!(
-            "p99 time per token {:.2} ms is over the {limit_ms} ms limit",
-            observation.tpot_p99_ms
-        ));
-    }
-    if let Some(min_tokens_per_s) = objective.min_tokens_per_s
-        && observation.queue_depth > 0
-        && observation.tokens_per_s < min_tokens_per_s
-    {
-        return Some(format!(
-            "{:.0} tokens/s with {} requests waiting is under the {min_tokens_per_s} \
-                 tokens/s minimum",
-            observation.tokens_per_s, observation.queue_depth
-        ));
-    }
-    None
 }
