@@ -88,35 +88,28 @@ pub struct DemandTotals {
 
 impl DemandTotals {
     fn add(&mut self, window: &DemandWindow, tokens_served: u64) {
-        self.requests_arrived = self
-            .requests_arrived
-            .saturating_add(window.requests_arrived);
-        self.requests_completed = self
-            .requests_completed
-            .saturating_add(window.requests_completed);
-        self.requests_turned_away = self
-            .requests_turned_away
-            .saturating_add(window.requests_turned_away);
-        self.tokens_demanded = self.tokens_demanded.saturating_add(window.tokens_demanded);
-        self.tokens_served = self.tokens_served.saturating_add(tokens_served);
-        self.served_fraction = self.served_fraction();
-        self.ticks_turning_away += u64::from(window.requests_turned_away > 0);
-        if let Some(wait) = window.queue_wait_p99_ms {
-            let worst = self.worst_tick_queue_wait_p99_ms.get_or_insert(wait);
-            *worst = worst.max(wait);
-        }
-    }
-
-    fn served_fraction(&self) -> f64 {
-        if self.tokens_demanded == 0 {
-            1.0
-        } else {
-            (self.tokens_served as f64 / self.tokens_demanded as f64).min(1.0)
-        }
+        let tick = DemandTotals {
+            requests_arrived: window.requests_arrived,
+            requests_completed: window.requests_completed,
+            requests_turned_away: window.requests_turned_away,
+            tokens_demanded: window.tokens_demanded,
+            tokens_served,
+            served_fraction: 0.0,
+            ticks_turning_away: u64::from(window.requests_turned_away > 0),
+            worst_tick_queue_wait_p99_ms: window.queue_wait_p99_ms,
+        };
+        self.sum_counts(&tick);
+        self.ticks_turning_away += tick.ticks_turning_away;
     }
 
     /// Fold another GPU's totals into this one (the run-level figure).
     fn merge(&mut self, other: &DemandTotals) {
+        self.sum_counts(other);
+        self.ticks_turning_away = self.ticks_turning_away.max(other.ticks_turning_away);
+    }
+
+    /// Add `other`'s counts and keep the worse queue wait; the served fraction follows.
+    fn sum_counts(&mut self, other: &DemandTotals) {
         self.requests_arrived = self.requests_arrived.saturating_add(other.requests_arrived);
         self.requests_completed = self
             .requests_completed
@@ -126,8 +119,11 @@ impl DemandTotals {
             .saturating_add(other.requests_turned_away);
         self.tokens_demanded = self.tokens_demanded.saturating_add(other.tokens_demanded);
         self.tokens_served = self.tokens_served.saturating_add(other.tokens_served);
-        self.served_fraction = self.served_fraction();
-        self.ticks_turning_away = self.ticks_turning_away.max(other.ticks_turning_away);
+        self.served_fraction = if self.tokens_demanded == 0 {
+            1.0
+        } else {
+            (self.tokens_served as f64 / self.tokens_demanded as f64).min(1.0)
+        };
         self.worst_tick_queue_wait_p99_ms = match (
             self.worst_tick_queue_wait_p99_ms,
             other.worst_tick_queue_wait_p99_ms,

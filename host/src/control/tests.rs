@@ -126,3 +126,33 @@ fn a_cap_held_lower_from_outside_is_not_reapplied_every_tick() {
             .collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn demand_totals_sum_ticks_and_gpus() {
+    use crate::types::DemandWindow;
+    let window = |arrived, turned_away, wait| DemandWindow {
+        requests_arrived: arrived,
+        requests_completed: arrived - turned_away,
+        requests_turned_away: turned_away,
+        tokens_demanded: arrived * 10,
+        queue_wait_p99_ms: wait,
+    };
+    let mut gpu0 = DemandTotals::default();
+    gpu0.add(&window(4, 0, Some(5.0)), 40);
+    gpu0.add(&window(6, 2, None), 40);
+    assert_eq!(gpu0.requests_arrived, 10);
+    assert_eq!(gpu0.tokens_served, 80);
+    assert_eq!(gpu0.ticks_turning_away, 1);
+    assert_eq!(gpu0.served_fraction, 0.8);
+    assert_eq!(gpu0.worst_tick_queue_wait_p99_ms, Some(5.0));
+    let mut gpu1 = DemandTotals::default();
+    gpu1.add(&window(10, 1, Some(9.0)), 100);
+    gpu1.add(&window(10, 1, None), 100);
+    let mut node = gpu0;
+    node.merge(&gpu1);
+    assert_eq!(node.requests_arrived, 30);
+    assert_eq!(node.served_fraction, 280.0 / 300.0);
+    // The most of any one GPU, not the sum: ticks are shared by every GPU.
+    assert_eq!(node.ticks_turning_away, 2);
+    assert_eq!(node.worst_tick_queue_wait_p99_ms, Some(9.0));
+}
