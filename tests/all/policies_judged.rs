@@ -25,10 +25,15 @@ fn scenario(dir: &Path, phases: &[(f64, f64)]) -> PathBuf {
 /// Ticks whose p99 time per token broke `limit_ms` while tokens were made (the trace's
 /// `slo_violation` also counts demand turned away, which a saturating phase does under
 /// any setting).
+/// Whether a tick that made tokens had its p99 time per token over the limit.
+fn over_limit(row: &TraceRow, limit_ms: f64) -> bool {
+    row.f64("tokens") > 0.0 && row.f64("tpot_p99_ms") > limit_ms
+}
+
 fn latency_violations(r: &RunResult, limit_ms: f64) -> usize {
     r.trace
         .iter()
-        .filter(|row| row.f64("tokens") > 0.0 && row.f64("tpot_p99_ms") > limit_ms)
+        .filter(|row| over_limit(row, limit_ms))
         .count()
 }
 
@@ -246,6 +251,18 @@ fn board_default_tokens_per_joule(dir: &Path) -> f64 {
     )
 }
 
+/// `policy`'s run gets over 1.5 times the tokens per joule of the board default (700 W).
+fn assert_beats_the_board_default(r: &RunResult, dir: &Path, policy: &str) {
+    let (ours, base) = (
+        num(&r.summary, "tokens_per_joule"),
+        board_default_tokens_per_joule(dir),
+    );
+    assert!(
+        ours > 1.5 * base,
+        "{policy} {ours} vs 700 W {base} tok/J (simulator)"
+    );
+}
+
 #[test]
 fn cap_search_moves_only_the_cap_and_searches_again_when_demand_falls() {
     let dir = tempdir();
@@ -276,14 +293,7 @@ fn cap_search_moves_only_the_cap_and_searches_again_when_demand_falls() {
         violations <= 18,
         "{violations} of 1800 ticks over the p99 limit"
     );
-    let (ours, base) = (
-        num(&r.summary, "tokens_per_joule"),
-        board_default_tokens_per_joule(dir.path()),
-    );
-    assert!(
-        ours > 1.5 * base,
-        "cap-search {ours} vs 700 W {base} tok/J (simulator)"
-    );
+    assert_beats_the_board_default(&r, dir.path(), "cap-search");
 }
 
 #[test]
@@ -312,25 +322,14 @@ fn clock_search_moves_only_the_clock_lock_and_keeps_the_latency_limit() {
         violations <= 18,
         "{violations} of 1800 ticks over the p99 limit"
     );
-    let breaking: Vec<bool> = r
-        .trace
-        .iter()
-        .map(|row| row.f64("tokens") > 0.0 && row.f64("tpot_p99_ms") > 60.0)
-        .collect();
+    let breaking: Vec<bool> = r.trace.iter().map(|row| over_limit(row, 60.0)).collect();
     assert!(
         !breaking
             .windows(3)
             .any(|ticks| ticks.iter().all(|&broken| broken)),
         "three ticks in a row over the limit"
     );
-    let (ours, base) = (
-        num(&r.summary, "tokens_per_joule"),
-        board_default_tokens_per_joule(dir.path()),
-    );
-    assert!(
-        ours > 1.5 * base,
-        "clock-search {ours} vs 700 W {base} tok/J (simulator)"
-    );
+    assert_beats_the_board_default(&r, dir.path(), "clock-search");
 }
 
 #[test]
@@ -361,14 +360,7 @@ fn joint_search_turns_the_clock_and_the_batch_and_keeps_the_latency_limit() {
         violations <= 36,
         "{violations} of 1800 ticks over the p99 limit"
     );
-    let (ours, base) = (
-        num(&r.summary, "tokens_per_joule"),
-        board_default_tokens_per_joule(dir.path()),
-    );
-    assert!(
-        ours > 1.5 * base,
-        "joint-search {ours} vs 700 W {base} tok/J (simulator)"
-    );
+    assert_beats_the_board_default(&r, dir.path(), "joint-search");
 }
 
 #[test]
