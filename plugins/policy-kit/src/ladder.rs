@@ -94,6 +94,30 @@ pub struct LadderWindow {
     pub queue_last: u32,
 }
 
+/// Requests that waited through a visit: the queue's mean over it, its latest depth
+/// and its growth a tick.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Waiting {
+    pub mean: f64,
+    pub last: u32,
+    pub growth: f64,
+}
+
+impl LadderWindow {
+    /// Whether requests waited for a slot through the visit: a queue that grew (to at
+    /// least `queue_min`, by `queue_growth` a tick), or one that stayed without
+    /// draining. The objective may bound that wait, and a full queue turns them away.
+    pub fn requests_waiting(&self, queue_min: u32, queue_growth: f64) -> Option<Waiting> {
+        let ticks = f64::from(self.record.ticks().saturating_sub(1).max(1));
+        let last = self.queue_last;
+        let growth = (f64::from(last) - f64::from(self.queue_start)) / ticks;
+        let mean = self.record.queue_depth.mean;
+        let waiting = (last >= queue_min && growth >= queue_growth)
+            || (mean >= f64::from(queue_min) && growth > -queue_growth);
+        waiting.then_some(Waiting { mean, last, growth })
+    }
+}
+
 /// The ladder search of one GPU. Rungs are indices into the policy's ordered settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LadderSearch {
@@ -620,17 +644,8 @@ impl LadderSearch {
             // GPU, where the queue cannot tell settings apart and tokens per joule decides.
             return None;
         }
-        let ticks = f64::from(window.record.ticks().saturating_sub(1).max(1));
-        let last = window.queue_last;
-        let growth = (f64::from(last) - f64::from(window.queue_start)) / ticks;
-        let mean = window.record.queue_depth.mean;
-        // A queue that grows, or one that stays without draining: requests wait for a
-        // slot (the objective may bound that wait, and a full queue turns them away).
-        let waiting = (last >= config.queue_min && growth >= config.queue_growth)
-            || (mean >= queue_min && growth > -config.queue_growth);
-        if !waiting {
-            return None;
-        }
+        let Waiting { mean, last, growth } =
+            window.requests_waiting(config.queue_min, config.queue_growth)?;
         let reason = format!(
             "{mean:.0} requests waited on average, {last} at the end ({growth:+.1} a tick)"
         );

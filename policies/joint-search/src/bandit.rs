@@ -328,13 +328,14 @@ impl Bandit {
         if self.current == fastest || beyond_the_gpu {
             return None;
         }
-        let ticks = f64::from(window.record.ticks().saturating_sub(1).max(1));
-        let last = window.queue_last;
-        let growth = (f64::from(last) - f64::from(window.queue_start)) / ticks;
-        let mean = window.record.queue_depth.mean;
-        let waiting = (last >= config.queue_min && growth >= config.queue_growth)
-            || (mean >= queue_min && growth > -config.queue_growth);
-        waiting.then(|| (false, format!("{mean:.0} requests waited on average")))
+        window
+            .requests_waiting(config.queue_min, config.queue_growth)
+            .map(|waiting| {
+                (
+                    false,
+                    format!("{:.0} requests waited on average", waiting.mean),
+                )
+            })
     }
 
     /// Whether an active rule-out covers `arm`: a latency rule-out at a faster or
