@@ -18,6 +18,28 @@ use tokwatt_policy_sdk::{StateReader, StateWriter};
 /// bool raised,
 /// bool has queue suspect [u32 rung, u32 reference], bool recovering
 /// ```
+impl LadderWindow {
+    /// The visit's record, p99 statistics and queue depths (the ladder search's and the
+    /// joint search's hand-overs share this layout).
+    pub fn write(&self, writer: StateWriter) -> StateWriter {
+        let writer = self.record.write(writer);
+        self.tpot_p99_ms
+            .write(writer)
+            .u32(self.queue_start)
+            .u32(self.queue_last)
+    }
+
+    /// A window written by [`LadderWindow::write`].
+    pub fn read(reader: &mut StateReader<'_>, memory: u32) -> Result<LadderWindow, String> {
+        Ok(LadderWindow {
+            record: ArmRecord::read(reader, memory)?,
+            tpot_p99_ms: RunningStats::read(reader, memory)?,
+            queue_start: reader.u32()?,
+            queue_last: reader.u32()?,
+        })
+    }
+}
+
 impl LadderSearch {
     #[must_use]
     pub fn write_state(&self, writer: StateWriter) -> StateWriter {
@@ -41,13 +63,7 @@ impl LadderSearch {
         if let Some(floor) = self.floor {
             writer = writer.u32(as_u32(floor.rung)).u32(floor.windows_left);
         }
-        writer = self.window.record.write(writer);
-        writer = self
-            .window
-            .tpot_p99_ms
-            .write(writer)
-            .u32(self.window.queue_start)
-            .u32(self.window.queue_last);
+        writer = self.window.write(writer);
         writer = self.noise.write(writer);
         writer = self
             .shift
@@ -115,12 +131,7 @@ impl LadderSearch {
         } else {
             None
         };
-        search.window = LadderWindow {
-            record: ArmRecord::read(reader, memory)?,
-            tpot_p99_ms: RunningStats::read(reader, memory)?,
-            queue_start: reader.u32()?,
-            queue_last: reader.u32()?,
-        };
+        search.window = LadderWindow::read(reader, memory)?;
         search.noise = Noise::read(reader)?;
         search.shift = ShiftDetector::read(reader)?;
         search.mismatch_ticks = reader.u32()?;

@@ -522,13 +522,7 @@ impl Bandit {
                 .bool(self.held[arm]);
         }
         writer = writer.u32(self.visits).u32(as_u32(self.current));
-        writer = self.window.record.write(writer);
-        writer = self
-            .window
-            .tpot_p99_ms
-            .write(writer)
-            .u32(self.window.queue_start)
-            .u32(self.window.queue_last);
+        writer = self.window.write(writer);
         writer = self.noise.write(writer);
         writer = self.shift.write(writer);
         self.demand
@@ -570,12 +564,7 @@ impl Bandit {
                 self.gpu, bandit.current
             ));
         }
-        bandit.window = LadderWindow {
-            record: ArmRecord::read(reader, memory)?,
-            tpot_p99_ms: RunningStats::read(reader, memory)?,
-            queue_start: reader.u32()?,
-            queue_last: reader.u32()?,
-        };
+        bandit.window = LadderWindow::read(reader, memory)?;
         bandit.noise = Noise::read(reader)?;
         bandit.shift = ShiftDetector::read(reader)?;
         bandit.demand = RunningStats::read(reader, 2 * memory)?;
