@@ -199,6 +199,7 @@ pub fn prepare_policy(
         envelope,
         objective: spec.objective,
         probation_ticks: crate::swap::DEFAULT_PROBATION_TICKS,
+        notify: None,
     })
 }
 

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -180,7 +181,36 @@ pub struct Progress<'a> {
     pub time: Duration,
     pub totals: &'a LoopTotals,
     pub observations: &'a [Observation],
+    /// The policy in charge after this tick (a swap or a rollback may have changed it).
+    pub policy: &'a str,
+    /// What each GPU's policy asked for this tick, before the envelope (`None` while
+    /// paused: nothing was asked).
+    pub requested: &'a [Settings],
+    /// Wall time of the policy's `decide` this tick (`None`: not called, e.g. paused, or
+    /// a newly swapped-in policy's `init` decided).
+    pub decide_time: Option<Duration>,
+    /// How late the tick started against its schedule (wall clock or virtual clock).
+    pub lateness: Duration,
+    /// The loop holds the settings in force and does not consult the policy.
+    pub paused: bool,
+    /// A swapped-in policy is still on probation.
+    pub on_probation: bool,
 }
+
+/// An operator's command to a running loop, carried out at the next tick boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoopCommand {
+    /// Hold the settings in force: the loop observes and records, the policy is not asked.
+    Pause,
+    /// Ask the policy again.
+    Resume,
+    /// Put every GPU back to its device defaults (default power cap, no clock lock, the
+    /// batch size the run started with) and pause.
+    RestoreDefaults,
+}
+
+/// The sending half of the loop's command channel.
+pub type CommandSender = std::sync::mpsc::Sender<LoopCommand>;
 
 pub struct ControlLoop {
     backends: Backends,
@@ -189,6 +219,10 @@ pub struct ControlLoop {
     config: LoopConfig,
     stop: Arc<AtomicBool>,
     swapper: Swapper,
+    commands: Option<Receiver<LoopCommand>>,
+    paused: bool,
+    /// Each GPU's batch size when the loop started (what "restore defaults" puts back).
+    initial_batch: Vec<u32>,
     in_force: Vec<InForce>,
     last_clamped: Vec<bool>,
     settling: Vec<bool>,
@@ -243,6 +277,7 @@ impl ControlLoop {
             });
         }
         let n = devices.len();
+        let initial_batch = in_force.iter().map(|f| f.batch_size).collect();
         let totals = LoopTotals {
             gpus: devices
                 .iter()
@@ -260,6 +295,9 @@ impl ControlLoop {
             config,
             stop,
             swapper: Swapper::new(None),
+            commands: None,
+            paused: false,
+            initial_batch,
             in_force,
             last_clamped: vec![false; n],
             settling: vec![false; n],
@@ -287,6 +325,60 @@ impl ControlLoop {
         self
     }
 
+    /// Take operator commands from `commands` at tick boundaries.
+    pub fn with_commands(mut self, commands: Receiver<LoopCommand>) -> Self {
+        self.commands = Some(commands);
+        self
+    }
+
+    /// Carry out the commands waiting, in order.
+    fn take_commands(&mut self) {
+        let Some(commands) = &self.commands else {
+            return;
+        };
+        let mut waiting = Vec::new();
+        loop {
+            match commands.try_recv() {
+                Ok(command) => waiting.push(command),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    self.commands = None;
+                    break;
+                }
+            }
+        }
+        for command in waiting {
+            tracing::info!(?command, "operator command");
+            match command {
+                LoopCommand::Pause => self.paused = true,
+                LoopCommand::Resume => self.paused = false,
+                LoopCommand::RestoreDefaults => {
+                    self.paused = true;
+                    self.restore_defaults();
+                }
+            }
+        }
+    }
+
+    /// Device defaults on every GPU, straight through the actuator (the envelope limits
+    /// steps a policy takes, not an operator's return to defaults).
+    fn restore_defaults(&mut self) {
+        let devices = self.backends.telemetry.devices();
+        for device in devices {
+            let gpu = device.index;
+            let g = gpu as usize;
+            let Some(batch) = self.initial_batch.get(g).copied() else {
+                continue;
+            };
+            let defaults = Settings {
+                power_cap_w: Some(device.power_cap_default_w),
+                sm_clock_max_mhz: Some(device.sm_clock_max_mhz()),
+                batch_size: (self.in_force[g].batch_size != batch).then_some(batch),
+            };
+            self.apply(gpu, &defaults);
+        }
+    }
+
     /// Run until the configured duration is over or `stop` is raised (between ticks).
     pub fn run(
         mut self,
@@ -307,6 +399,8 @@ impl ControlLoop {
             let deadline = start + tick_len * u32::try_from(tick + 1).unwrap_or(u32::MAX);
             self.backends.clock.sleep_until(deadline);
             let now = self.backends.clock.now();
+            let lateness = now.saturating_sub(deadline);
+            self.take_commands();
             let interval = now.saturating_sub(window_start);
             window_start = now;
 
@@ -323,20 +417,36 @@ impl ControlLoop {
             }
 
             // A policy waiting to take over does so here, at the boundary: its `init`
-            // settings decide this tick, so no tick goes undecided.
-            let decision = match self.swapper.take_over(
-                tick,
-                InCharge {
-                    supervisor: &mut self.supervisor,
-                    envelope: &mut self.envelope,
-                    objective: &mut self.config.objective,
+            // settings decide this tick, so no tick goes undecided. (A swap waits while
+            // the loop is paused.)
+            let mut decide_time = None;
+            let swapped_in = if self.paused {
+                None
+            } else {
+                self.swapper.take_over(
+                    tick,
+                    InCharge {
+                        supervisor: &mut self.supervisor,
+                        envelope: &mut self.envelope,
+                        objective: &mut self.config.objective,
+                    },
+                )
+            };
+            let decision = match swapped_in {
+                _ if self.paused => crate::policy::Decision {
+                    settings: vec![Settings::default(); n],
+                    source: DecisionSource::Policy,
                 },
-            ) {
                 Some(first) if first.len() == n => crate::policy::Decision {
                     settings: first,
                     source: DecisionSource::Policy,
                 },
-                _ => self.supervisor.decide(tick, now - start, &observations),
+                _ => {
+                    let called = Instant::now();
+                    let decision = self.supervisor.decide(tick, now - start, &observations);
+                    decide_time = Some(called.elapsed());
+                    decision
+                }
             };
             let fallback = !matches!(decision.source, DecisionSource::Policy);
             let policy_name = self.supervisor.policy_name().to_owned();
@@ -383,15 +493,17 @@ impl ControlLoop {
                     power_mem_avg_w: self.last_telemetry[gpu].power_mem_avg_w,
                 })?;
             }
-            self.swapper.judge(
-                tick,
-                fallback,
-                InCharge {
-                    supervisor: &mut self.supervisor,
-                    envelope: &mut self.envelope,
-                    objective: &mut self.config.objective,
-                },
-            );
+            if !self.paused {
+                self.swapper.judge(
+                    tick,
+                    fallback,
+                    InCharge {
+                        supervisor: &mut self.supervisor,
+                        envelope: &mut self.envelope,
+                        objective: &mut self.config.objective,
+                    },
+                );
+            }
             self.totals.swaps = self.swapper.counters.clone();
             self.totals.ticks += 1;
             self.totals.slo_violation_ticks += u64::from(any_violation);
@@ -401,12 +513,23 @@ impl ControlLoop {
             self.totals.fallback_ticks += u64::from(fallback);
             let counters = self.supervisor.counters();
             self.totals.plugin_traps = counters.plugin_traps();
+            let requested = if self.paused {
+                &[][..]
+            } else {
+                &decision.settings[..]
+            };
             progress(Progress {
                 tick,
                 ticks,
                 time: now - start,
                 totals: &self.totals,
                 observations: &observations,
+                policy: self.supervisor.policy_name(),
+                requested,
+                decide_time,
+                lateness,
+                paused: self.paused,
+                on_probation: self.swapper.on_probation(),
             });
         }
         self.totals.policy_counters = self.supervisor.counters();

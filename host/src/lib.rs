@@ -14,6 +14,7 @@
 
 pub mod actuator;
 pub mod agent;
+pub mod api;
 pub mod assembly;
 pub mod bench;
 pub mod cli;

@@ -28,6 +28,22 @@ pub struct PreparedPolicy {
     pub objective: Objective,
     /// Ticks of probation (see the module docs).
     pub probation_ticks: u64,
+    /// Told when it takes over and when its probation ends (whoever asked for the swap
+    /// waits on it); `None` when nobody waits.
+    pub notify: Option<Sender<SwapEvent>>,
+}
+
+/// What became of a swapped-in policy, sent through [`PreparedPolicy::notify`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SwapEvent {
+    /// It took charge at `tick`, with the old policy's state or fresh.
+    TookOver { tick: u64, state_carried: bool },
+    /// It lasted its probation and stays.
+    Kept { tick: u64 },
+    /// It failed in probation at `tick`; the previous policy is back.
+    RolledBack { tick: u64 },
+    /// Another swap replaced it during its probation.
+    Replaced { tick: u64 },
 }
 
 /// The sending half: whoever prepares policies (an API handler, a test) holds it.
@@ -72,6 +88,14 @@ struct OnProbation {
     previous_envelope: Envelope,
     previous_objective: Objective,
     until_tick: u64,
+    notify: Option<Sender<SwapEvent>>,
+}
+
+fn tell(notify: &Option<Sender<SwapEvent>>, event: SwapEvent) {
+    if let Some(notify) = notify {
+        // Nobody waiting any more is fine: the swap stands either way.
+        let _ = notify.send(event);
+    }
 }
 
 /// The loop's side of swapping: receives prepared policies and keeps the one replaced.
@@ -144,13 +168,24 @@ impl Swapper {
         std::mem::swap(in_charge.envelope, &mut next.envelope);
         std::mem::swap(in_charge.objective, &mut next.objective);
         tracing::info!(old = %old_name, new = %new_name, tick, carried, "policy swapped in");
+        tell(
+            &next.notify,
+            SwapEvent::TookOver {
+                tick,
+                state_carried: carried,
+            },
+        );
         // A swap during another's probation drops the older policy: the one in charge
         // just before this swap is the one to come back to.
+        if let Some(replaced) = self.probation.take() {
+            tell(&replaced.notify, SwapEvent::Replaced { tick });
+        }
         self.probation = Some(OnProbation {
             previous: next.supervisor,
             previous_envelope: next.envelope,
             previous_objective: next.objective,
             until_tick: tick + next.probation_ticks,
+            notify: next.notify.take(),
         });
         Some(next.first)
     }
@@ -173,8 +208,16 @@ impl Swapper {
             std::mem::swap(in_charge.envelope, &mut probation.previous_envelope);
             std::mem::swap(in_charge.objective, &mut probation.previous_objective);
             self.counters.rollbacks += 1;
+            tell(&probation.notify, SwapEvent::RolledBack { tick });
         } else if tick < probation.until_tick {
             self.probation = Some(probation);
+        } else {
+            tell(&probation.notify, SwapEvent::Kept { tick });
         }
+    }
+
+    /// Whether a swapped-in policy is still on probation.
+    pub fn on_probation(&self) -> bool {
+        self.probation.is_some()
     }
 }

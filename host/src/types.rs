@@ -69,7 +69,7 @@ pub struct Settings {
 }
 
 /// The settings actually in force on one GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct InForce {
     /// The power limit the GPU enforces (what a policy sees as `power-cap-w`). Something
     /// outside tokwatt (another tool, a firmware limit) may hold it below the request.
