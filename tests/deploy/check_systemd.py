@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Checks deploy/systemd/tokwatt.service: the keys the agent needs (restore after every
+stop, socket and state folders, the NVIDIA devices, CAP_SYS_ADMIN and nothing more),
+its tokwatt command lines against the built binary, its paths against the config, and
+`systemd-analyze verify` (run on a copy whose /usr/bin/tokwatt is the built binary, so
+that the executable check means something; any warning about the unit fails).
+
+usage: check_systemd.py [UNIT] [--config SERVE_TOML] [--tokwatt BIN] [--pending SUB]
+"""
+
+import argparse
+import shlex
+import subprocess
+import tempfile
+import tomllib
+from pathlib import Path
+
+import deploycheck as dc
+
+INSTALLED_BINARY = "/usr/bin/tokwatt"
+
+
+def parse_unit(path):
+    """{section: [(key, value, line)]}: duplicates kept (DeviceAllow= repeats), line
+    continuations joined, comments dropped. Raises ValueError on a malformed line."""
+    sections = {}
+    current = None
+    pending = ""
+    start = 0
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not pending and (not line or line[0] in "#;"):
+            continue
+        if line.endswith("\\"):
+            if not pending:
+                start = number
+            pending += line[:-1] + " "
+            continue
+        if pending:
+            line, pending = pending + line, ""
+        else:
+            start = number
+        if line.startswith("["):
+            if not line.endswith("]"):
+                raise ValueError(f"{path}:{start}: malformed section header {line!r}")
+            current = line[1:-1]
+            sections.setdefault(current, [])
+            continue
+        if current is None:
+            raise ValueError(f"{path}:{start}: a key before any [Section]")
+        if "=" not in line:
+            raise ValueError(f"{path}:{start}: not a Key=value line: {line!r}")
+        key, value = line.split("=", 1)
+        sections[current].append((key.strip(), value.strip(), start))
+    return sections
+
+
+def values(sections, section, key):
+    return [value for k, value, _ in sections.get(section, []) if k == key]
+
+
+def one(report, sections, section, key):
+    found = values(sections, section, key)
+    report.check(len(found) == 1, f"[{section}] {key}= must be set once (found {found})")
+    return found[-1] if found else None
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("unit", nargs="?", default=str(dc.REPO / "deploy/systemd/tokwatt.service"))
+    parser.add_argument("--config", default=str(dc.REPO / "deploy/serve.toml"))
+    dc.common_arguments(parser)
+    args = parser.parse_args()
+    report = dc.Report("systemd")
+    unit = Path(args.unit)
+    try:
+        sections = parse_unit(unit)
+    except (ValueError, OSError) as error:
+        report.fail(str(error))
+        report.finish()
+    config = tomllib.loads(Path(args.config).read_text())
+
+    for section in ("Unit", "Service", "Install"):
+        report.check(section in sections, f"{unit}: no [{section}] section")
+    service = "Service"
+    report.check(
+        one(report, sections, service, "Type") in ("simple", "exec"),
+        "Type= must be simple or exec: the agent does not notify systemd",
+    )
+    report.check(
+        one(report, sections, service, "Restart") == "on-failure",
+        "Restart=on-failure: a crashed agent comes back (after ExecStopPost restored the GPUs)",
+    )
+    report.check(
+        one(report, sections, service, "RuntimeDirectory") == "tokwatt",
+        "RuntimeDirectory=tokwatt: the control socket lives in /run/tokwatt",
+    )
+    report.check(
+        one(report, sections, service, "StateDirectory") == "tokwatt",
+        "StateDirectory=tokwatt: the state file and runs live in /var/lib/tokwatt",
+    )
+    report.check(
+        one(report, sections, service, "CapabilityBoundingSet") == "CAP_SYS_ADMIN",
+        "CapabilityBoundingSet=CAP_SYS_ADMIN: NVML's setters need it and nothing else",
+    )
+    report.check(one(report, sections, service, "NoNewPrivileges") == "yes", "NoNewPrivileges=yes")
+    report.check(
+        one(report, sections, service, "ProtectSystem") == "strict", "ProtectSystem=strict"
+    )
+    report.check(
+        one(report, sections, service, "ProtectHome") in ("yes", "read-only", "tmpfs"),
+        "ProtectHome= must hide or protect /home",
+    )
+    report.check(
+        values(sections, service, "PrivateDevices") in ([], ["no"], ["false"]),
+        "PrivateDevices= must stay off: it hides /dev/nvidia*, and NVML cannot open the GPUs",
+    )
+    report.check(
+        values(sections, service, "MemoryDenyWriteExecute") in ([], ["no"], ["false"]),
+        "MemoryDenyWriteExecute= must stay off: wasmtime compiles plugins to machine code",
+    )
+    allowed = " ".join(values(sections, service, "DeviceAllow"))
+    if values(sections, service, "DevicePolicy") in (["closed"], ["strict"]):
+        for device in ("/dev/nvidiactl", "/dev/nvidia-uvm", "char-nvidia-frontend"):
+            report.check(
+                device in allowed,
+                f"DeviceAllow= must include {device} (DevicePolicy= would block NVML)",
+            )
+
+    # The paths the unit and the config share.
+    state_file = config.get("state", {}).get("file")
+    socket = config.get("api", {}).get("socket", "")
+    report.check(
+        socket.startswith("/run/tokwatt/"),
+        f"the config's [api] socket {socket!r} is not in RuntimeDirectory /run/tokwatt",
+    )
+    writable = ["/var/lib/tokwatt", "/var/cache/tokwatt", "/run/tokwatt"]
+    writable += " ".join(values(sections, service, "ReadWritePaths")).split()
+    for name, path in (
+        ("[state] file", state_file),
+        ("[output] dir", config.get("output", {}).get("dir")),
+    ):
+        report.check(
+            path is not None and any(path.startswith(folder) for folder in writable),
+            f"the config's {name} {path!r} is not writable under ProtectSystem=strict "
+            f"(writable: {', '.join(writable)})",
+        )
+
+    # The command lines: the installed binary, real subcommands and flags.
+    exec_start = values(sections, service, "ExecStart")
+    stop_post = values(sections, service, "ExecStopPost")
+    report.check(len(exec_start) == 1, "ExecStart= must be set once")
+    report.check(
+        any(" restore" in line for line in stop_post),
+        "ExecStopPost= must run `tokwatt restore`: settings come back even after a crash",
+    )
+    for key, lines in (("ExecStart", exec_start), ("ExecStopPost", stop_post)):
+        for line in lines:
+            argv = shlex.split(line.lstrip("-@:+!"))
+            if not report.check(
+                argv and argv[0] == INSTALLED_BINARY,
+                f"{key}={line}: expected {INSTALLED_BINARY}",
+            ):
+                continue
+            dc.check_tokwatt_command(report, f"{key}=", argv[1:], args.tokwatt, args.pending)
+            if argv[1:2] == ["restore"]:
+                given = argv[argv.index("--state-file") + 1] if "--state-file" in argv else None
+                report.check(
+                    given == state_file,
+                    f"{key}= restores from {given!r} but the config's [state] file is "
+                    f"{state_file!r}: name the same file",
+                )
+            if argv[1:2] == ["serve"]:
+                report.check(
+                    "--config" in argv, f"{key}= must pass --config /etc/tokwatt/serve.toml"
+                )
+
+    analyze = dc.tool("systemd-analyze", report, "systemd-analyze verify")
+    if analyze and args.tokwatt:
+        with tempfile.TemporaryDirectory() as scratch:
+            copy = Path(scratch) / unit.name
+            binary = str(Path(args.tokwatt).resolve())
+            copy.write_text(unit.read_text().replace(INSTALLED_BINARY, binary))
+            result = subprocess.run(
+                [analyze, "verify", str(copy)], capture_output=True, text=True, timeout=120
+            )
+            said = (result.stdout + result.stderr).strip()
+            about_unit = [line for line in said.splitlines() if unit.name in line]
+            report.check(
+                result.returncode == 0 and not about_unit,
+                f"systemd-analyze verify {unit} (exit {result.returncode}):\n{said}",
+            )
+    elif analyze:
+        report.skip("systemd-analyze verify needs --tokwatt (the unit's executable)")
+    report.finish()
+
+
+if __name__ == "__main__":
+    main()
