@@ -1,0 +1,364 @@
+use std::time::Duration;
+
+use super::*;
+use crate::control::{GpuTotals, LoopTotals};
+use crate::types::{InForce, Settings};
+
+fn device(index: u32) -> DeviceInfo {
+    DeviceInfo {
+        index,
+        uuid: format!("GPU-{index}"),
+        name: "sim".into(),
+        simulated: true,
+        power_cap_min_w: 200.0,
+        power_cap_max_w: 700.0,
+        power_cap_default_w: 700.0,
+        sm_clocks_mhz: vec![1980, 1000],
+        mem_clocks_mhz: vec![3201],
+    }
+}
+
+fn observation(gpu: u32, tick: u64, tokens: u64, energy_j: f64) -> Observation {
+    Observation {
+        gpu,
+        tick,
+        interval_s: 1.0,
+        tokens,
+        energy_j,
+        tokens_per_joule: if energy_j > 0.0 {
+            tokens as f64 / energy_j
+        } else {
+            0.0
+        },
+        tokens_per_s: tokens as f64,
+        power_avg_w: energy_j,
+        power_peak_w: energy_j * 1.1,
+        sm_clock_mhz: 1980,
+        mem_clock_mhz: 3201,
+        temperature_c: 55.0,
+        gpu_util_pct: 100.0,
+        clock_events: ClockEvents {
+            sw_power_cap: true,
+            ..ClockEvents::default()
+        },
+        tpot_p50_ms: 10.0,
+        tpot_p99_ms: 12.0,
+        active_sequences: 8,
+        queue_depth: 0,
+        demand: None,
+        in_force: InForce {
+            power_cap_w: 500.0,
+            power_cap_requested_w: 550.0,
+            sm_clock_max_mhz: 1500,
+            batch_size: 8,
+        },
+        last_clamped: false,
+        settling: false,
+    }
+}
+
+/// A loop's state after a tick, enough to build its [`Progress`].
+struct Tick {
+    totals: LoopTotals,
+    observations: Vec<Observation>,
+    policy: &'static str,
+    decide_time: Option<Duration>,
+    on_probation: bool,
+}
+
+impl Tick {
+    fn first(policy: &'static str) -> Self {
+        Self {
+            totals: LoopTotals {
+                gpus: vec![GpuTotals {
+                    gpu: 0,
+                    ..GpuTotals::default()
+                }],
+                ..LoopTotals::default()
+            },
+            observations: Vec::new(),
+            policy,
+            decide_time: Some(Duration::from_micros(40)),
+            on_probation: false,
+        }
+    }
+
+    /// The next tick on GPU 0, the totals grown as the loop grows them.
+    fn next(&mut self, observation: Observation) {
+        self.totals.ticks += 1;
+        self.totals.tokens += observation.tokens;
+        self.totals.energy_j += observation.energy_j;
+        self.totals.gpus[0].tokens += observation.tokens;
+        self.totals.gpus[0].energy_j += observation.energy_j;
+        self.observations = vec![observation];
+    }
+
+    fn feed(&self, metrics: &AgentMetrics, version: &str) {
+        let requested = vec![Settings::default(); self.observations.len()];
+        metrics.observe(
+            &Progress {
+                tick: self.totals.ticks.saturating_sub(1),
+                ticks: 100,
+                time: Duration::from_secs(self.totals.ticks),
+                totals: &self.totals,
+                observations: &self.observations,
+                policy: self.policy,
+                requested: &requested,
+                decide_time: self.decide_time,
+                lateness: Duration::from_micros(3),
+                paused: false,
+                on_probation: self.on_probation,
+                commands_taken: 0,
+            },
+            version,
+        );
+    }
+}
+
+/// The value of the sample named `series` (name and labels as written) in `text`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.parse().expect("a number"))
+}
+
+fn policy(name: &str, version: &str) -> PolicyLabels {
+    PolicyLabels::new(name, version)
+}
+
+fn count(family: &Family<PolicyLabels, TotalCounter<u64>>, labels: &PolicyLabels) -> Option<u64> {
+    family.get(labels).map(|counter| counter.get())
+}
+
+fn gpu_count<N: Copy>(
+    family: &Family<GpuPolicyLabels, TotalCounter<N>>,
+    labels: &PolicyLabels,
+) -> Option<N>
+where
+    AtomicU64: Atomic<N>,
+{
+    family.get(&labels.on_gpu("0")).map(|counter| counter.get())
+}
+
+#[test]
+fn run_totals_become_counter_increments() {
+    let metrics = AgentMetrics::new(&[device(0)], true);
+    let mut tick = Tick::first("a");
+    for n in 0..3 {
+        tick.next(observation(0, n, 100, 400.0));
+        tick.totals.fallback_ticks += u64::from(n == 1);
+        tick.totals.gpus[0].slo_violation_ticks += u64::from(n >= 1);
+        tick.totals.actuator_errors = 2;
+        tick.feed(&metrics, "aaaaaaaaaaaa");
+    }
+    let inner = metrics.lock();
+    let a = policy("a", "aaaaaaaaaaaa");
+    assert_eq!(count(&inner.policy.fallback_ticks, &a), Some(1));
+    assert_eq!(gpu_count(&inner.gpu.slo_violation_ticks, &a), Some(2));
+    assert_eq!(gpu_count(&inner.gpu.tokens, &a), Some(300));
+    assert_eq!(gpu_count(&inner.gpu.energy_joules, &a), Some(1200.0));
+    assert_eq!(inner.agent.ticks.get(), 3);
+    assert_eq!(
+        inner.agent.actuator_errors.get(),
+        2,
+        "counted once, not per tick"
+    );
+    let sw_power_cap = GpuReasonLabels {
+        gpu: "0".into(),
+        reason: "sw_power_cap",
+    };
+    assert_eq!(
+        inner
+            .gpu
+            .clock_event_ticks
+            .get(&sw_power_cap)
+            .map(|c| c.get()),
+        Some(3)
+    );
+}
+
+#[test]
+fn a_swap_starts_the_new_policys_series_and_a_rollback_counts_against_the_failing_one() {
+    let metrics = AgentMetrics::new(&[device(0)], true);
+    let (a, b) = (policy("a", "aaaaaaaaaaaa"), policy("b", "bbbbbbbbbbbb"));
+    let mut tick = Tick::first("a");
+    // Tick 0: `a` decides; it has trapped twice before.
+    tick.totals.plugin_traps = 2;
+    tick.next(observation(0, 0, 10, 100.0));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    // Tick 1: `b` is swapped in (its `init` decides). Its supervisor counts from zero.
+    tick.policy = "b";
+    tick.on_probation = true;
+    tick.decide_time = None;
+    tick.totals.swaps.swaps = 1;
+    tick.totals.plugin_traps = 0;
+    tick.next(observation(0, 1, 20, 100.0));
+    tick.feed(&metrics, "bbbbbbbbbbbb");
+    // Tick 2: `b` traps: a fallback tick, and rolled back at once.
+    tick.policy = "a";
+    tick.on_probation = false;
+    tick.decide_time = Some(Duration::from_micros(900));
+    tick.totals.fallback_ticks = 1;
+    tick.totals.swaps.rollbacks = 1;
+    tick.totals.plugin_traps = 2; // `a`'s own count again
+    tick.next(observation(0, 2, 40, 100.0));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    // Tick 3: `a` again, trapping once more.
+    tick.decide_time = Some(Duration::from_micros(40));
+    tick.totals.plugin_traps = 3;
+    tick.next(observation(0, 3, 80, 100.0));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+
+    let inner = metrics.lock();
+    assert_eq!(
+        count(&inner.policy.swaps, &b),
+        Some(1),
+        "labelled by who came in"
+    );
+    assert_eq!(count(&inner.policy.swaps, &a), Some(0));
+    assert_eq!(
+        count(&inner.policy.rollbacks, &b),
+        Some(1),
+        "the failing one"
+    );
+    assert_eq!(count(&inner.policy.rollbacks, &a), Some(0));
+    assert_eq!(count(&inner.policy.fallback_ticks, &b), Some(1));
+    assert_eq!(count(&inner.policy.fallback_ticks, &a), Some(0));
+    // `a`'s count coming back after the rollback is not a new trap.
+    assert_eq!(count(&inner.policy.traps, &a), Some(3));
+    assert_eq!(count(&inner.policy.traps, &b), Some(0));
+    // Windows go to the policy whose settings were in force: tick 0 and 1 ran on `a`'s
+    // (its init, then its tick-0 decision), tick 2 and 3 on `b`'s.
+    assert_eq!(gpu_count(&inner.gpu.tokens, &a), Some(30));
+    assert_eq!(gpu_count(&inner.gpu.tokens, &b), Some(120));
+    // The failing decide is `b`'s.
+    drop(inner);
+    let text = metrics.encode();
+    let decided = |p: &str, what: &str| {
+        sample(
+            &text,
+            &format!(
+                "tokwatt_policy_decide_duration_seconds_{what}{{policy=\"{p}\",version=\"{p}{p}{p}{p}{p}{p}{p}{p}{p}{p}{p}{p}\"}}"
+            ),
+        )
+    };
+    assert_eq!(decided("b", "count"), Some(1.0));
+    assert_eq!(decided("b", "sum"), Some(900e-6));
+    assert_eq!(decided("a", "count"), Some(2.0));
+    let inner = metrics.lock();
+    let info = |p: &PolicyLabels| inner.policy.info.get(p).map(|g| g.get());
+    assert_eq!(info(&a), Some(1.0));
+    assert_eq!(info(&b), Some(0.0));
+}
+
+#[test]
+fn unknown_tpot_leaves_the_series_absent_and_is_counted() {
+    let metrics = AgentMetrics::new(&[device(0)], false);
+    let mut tick = Tick::first("a");
+    let mut unknown = observation(0, 0, 100, 400.0);
+    unknown.tpot_p99_ms = f64::NAN;
+    tick.next(unknown);
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    let text = metrics.encode();
+    assert!(
+        !text.contains("tokwatt_gpu_tpot_p99_seconds{"),
+        "no sample:\n{text}"
+    );
+    assert!(text.contains("tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"0\"} 1\n"));
+    assert!(!text.contains("NaN"));
+
+    tick.next(observation(0, 1, 100, 400.0));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    let text = metrics.encode();
+    assert!(text.contains("tokwatt_gpu_tpot_p99_seconds{gpu=\"0\"} 0.012\n"));
+    assert!(text.contains("tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"0\"} 1\n"));
+
+    // An idle window measured no step: no series, and not an unknown one.
+    tick.next(observation(0, 2, 0, 100.0));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    let text = metrics.encode();
+    assert!(!text.contains("tokwatt_gpu_tpot_p99_seconds{"));
+    assert!(text.contains("tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"0\"} 1\n"));
+}
+
+#[test]
+fn a_failed_telemetry_read_leaves_that_gpus_readings_absent() {
+    let metrics = AgentMetrics::new(&[device(0)], false);
+    let mut tick = Tick::first("a");
+    tick.next(observation(0, 0, 100, 400.0));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    assert!(
+        metrics
+            .encode()
+            .contains("tokwatt_gpu_power_watts{gpu=\"0\"} 400")
+    );
+
+    let mut empty = observation(0, 1, 100, 0.0);
+    empty.sm_clock_mhz = 0;
+    empty.mem_clock_mhz = 0;
+    empty.temperature_c = 0.0;
+    empty.power_avg_w = 0.0;
+    empty.clock_events = ClockEvents::default();
+    tick.totals.telemetry_errors = 1;
+    tick.next(empty);
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    let text = metrics.encode();
+    for absent in [
+        "tokwatt_gpu_power_watts{",
+        "tokwatt_gpu_tokens_per_joule{",
+        "tokwatt_gpu_sm_clock_hertz{",
+        "tokwatt_gpu_temperature_celsius{",
+        "tokwatt_gpu_clock_event_active{",
+    ] {
+        assert!(!text.contains(absent), "{absent} is no reading:\n{text}");
+    }
+    assert!(text.contains("tokwatt_telemetry_errors_total 1\n"));
+    // The settings in force are the loop's own, known either way.
+    assert!(text.contains("tokwatt_gpu_power_cap_enforced_watts{gpu=\"0\"} 500"));
+}
+
+#[test]
+fn the_text_is_the_classic_format_with_escaped_labels() {
+    let metrics = AgentMetrics::new(&[device(0)], true);
+    let mut tick = Tick::first("odd \"name\" \\ here");
+    tick.next(observation(0, 0, 100, 400.0));
+    tick.feed(&metrics, "0123456789ab");
+    metrics.swap_refused();
+    let text = metrics.encode();
+    assert!(text.ends_with("# EOF\n"));
+    assert!(text.contains("# TYPE tokwatt_ticks_total counter\ntokwatt_ticks_total 1\n"));
+    assert!(text.contains("# TYPE tokwatt_policy_swaps_refused_total counter\n"));
+    assert!(text.contains("tokwatt_policy_swaps_refused_total 1\n"));
+    assert!(text.contains(r#"policy="odd \"name\" \\ here",version="0123456789ab""#));
+    assert!(text.contains(&format!(
+        "tokwatt_info{{version=\"{}\",simulated=\"true\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    )));
+    assert!(text.contains("tokwatt_gpu_sm_clock_max_requested_hertz{gpu=\"0\"} 1500000000"));
+}
+
+#[test]
+fn a_new_runs_totals_count_from_zero() {
+    let metrics = AgentMetrics::new(&[device(0)], true);
+    let mut tick = Tick::first("a");
+    for n in 0..5 {
+        tick.next(observation(0, n, 1, 1.0));
+        tick.feed(&metrics, "aaaaaaaaaaaa");
+    }
+    let mut again = Tick::first("a");
+    for n in 0..2 {
+        again.next(observation(0, n, 1, 1.0));
+        again.feed(&metrics, "aaaaaaaaaaaa");
+    }
+    assert_eq!(metrics.lock().agent.ticks.get(), 7);
+}
+
+#[test]
+fn every_gpu_starts_with_its_counters_at_zero() {
+    let metrics = AgentMetrics::new(&[device(0), device(1)], true);
+    let text = metrics.encode();
+    assert!(text.contains("tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"1\"} 0\n"));
+    assert!(
+        text.contains("tokwatt_gpu_clock_event_ticks_total{gpu=\"1\",reason=\"hw_thermal\"} 0\n")
+    );
+}
