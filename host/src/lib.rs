@@ -33,7 +33,6 @@ pub mod recorder;
 pub mod report;
 pub mod restore;
 pub mod rng;
-pub mod serve;
 pub mod sim;
 pub mod spec;
 pub mod swap;
