@@ -9,7 +9,9 @@
 //! - under `batch_headroom` of the limit while there is demand (requests wait, or every
 //!   slot is taken) for `batch_grow_after_ticks` ticks in a row: grow by
 //!   `batch_grow_factor` (at least one sequence), up to the largest batch;
-//! - otherwise hold, and the count of calm ticks starts over.
+//! - otherwise hold, and the count of calm ticks starts over. So it is on a tick whose
+//!   p99 is unknown (NaN: the serving engine saw no request end in it): unknown latency
+//!   is never read as room to grow.
 //!
 //! Without a p99 limit the batch stays at the largest the workload takes.
 
@@ -127,6 +129,12 @@ impl BatchGuard {
             return self.request(in_force);
         }
         let tpot_ms = observation.tpot_p99_ms;
+        if !tpot_ms.is_finite() {
+            // Unknown latency (the engine saw no request end: the host sends NaN): no
+            // cut and no growth on it, and a calm stretch must be told tick by tick.
+            self.calm_ticks = 0;
+            return self.request(in_force);
+        }
         if tpot_ms > limit_ms {
             let decoding = match observation.active_sequences {
                 0 => in_force,
@@ -247,6 +255,41 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(guard.observe(&slack, Some(20.0), &config), None);
         }
+    }
+
+    #[test]
+    fn an_unknown_p99_neither_cuts_nor_grows_and_breaks_a_calm_stretch() {
+        let config = config();
+        let mut guard = BatchGuard::new(&testing::h200(0), Some(300)).unwrap();
+        // Requests wait and every slot is taken: only the latency stands between the
+        // guard and growth.
+        for _ in 0..50 {
+            assert_eq!(
+                guard.observe(&tick(300, 50, f64::NAN), Some(20.0), &config),
+                None,
+                "an unknown p99 is not room to grow"
+            );
+        }
+        assert_eq!(guard.target, 300);
+        // A calm stretch one tick short of growth, then an unknown tick: it starts over.
+        for _ in 0..config.grow_after_ticks - 1 {
+            assert_eq!(
+                guard.observe(&tick(300, 50, 12.0), Some(20.0), &config),
+                None
+            );
+        }
+        for unknown in [f64::NAN, f64::INFINITY] {
+            assert_eq!(
+                guard.observe(&tick(300, 50, unknown), Some(20.0), &config),
+                None
+            );
+            assert_eq!(guard.calm_ticks, 0, "{unknown}");
+        }
+        assert_eq!(
+            guard.observe(&tick(300, 50, 12.0), Some(20.0), &config),
+            None,
+            "one calm tick after the unknown ones is not a calm stretch"
+        );
     }
 
     #[test]

@@ -50,6 +50,12 @@
 //! over 5 %). While such a move settles, further breaches wait, and the
 //! first window after it (while the backlog drains) is judged on breaches only.
 //!
+//! A tick whose p99 time per token is not a number (a serving engine saw no request end
+//! in it: the host sends NaN) says nothing about latency: it counts for tokens per joule
+//! but not for the window's latency, and a window in which no tick's latency was known
+//! is not judged under a latency limit: the search stays where it is (never moving down
+//! on it) until a tick tells.
+//!
 //! # Re-exploration
 //!
 //! When the tokens per second at a rung move by `shift_factor` from that rung's record,
@@ -103,7 +109,33 @@ pub struct Waiting {
     pub growth: f64,
 }
 
+/// What a window's ticks say about the p99 time per token, against a limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum WindowLatency {
+    /// The mean of the ticks that reported one is within the margin below the limit.
+    Within,
+    /// The mean (in ms) is past the margin: out of bounds.
+    Near(f64),
+    /// No tick of the window reported one: it is neither within nor out of bounds.
+    Unknown,
+}
+
 impl LadderWindow {
+    /// The window's p99 time per token against `limit_ms` less the fraction `margin`
+    /// kept free. Ticks whose p99 was not a number were left out of the mean; if every
+    /// tick was one, the latency is unknown, never within.
+    pub fn latency(&self, limit_ms: f64, margin: f64) -> WindowLatency {
+        let stats = &self.tpot_p99_ms;
+        if stats.count == 0 || !stats.mean.is_finite() {
+            return WindowLatency::Unknown;
+        }
+        if stats.mean > limit_ms * (1.0 - margin) {
+            WindowLatency::Near(stats.mean)
+        } else {
+            WindowLatency::Within
+        }
+    }
+
     /// Whether requests waited for a slot through the visit: a queue that grew (to at
     /// least `queue_min`, by `queue_growth` a tick), or one that stayed without
     /// draining. The objective may bound that wait, and a full queue turns them away.
@@ -213,9 +245,7 @@ impl LadderSearch {
         let in_force = in_force.min(self.top());
         if let Some(breach) = objective_breach(observation, objective) {
             if !(observation.settling && self.raised) {
-                let overshoot = objective
-                    .tpot_p99_limit_ms
-                    .map_or(1.0, |limit_ms| observation.tpot_p99_ms / limit_ms);
+                let overshoot = tpot_overshoot(observation, objective);
                 self.raise_for_objective(in_force, overshoot, &breach, config);
             }
             return self.current;
@@ -257,6 +287,8 @@ impl LadderSearch {
         }
         self.window.queue_last = figures.queue_depth;
         self.window.record.push(&figures, config.memory_ticks);
+        // An unknown p99 (NaN) is left out of the window's latency (the push skips it);
+        // the tick still counts for tokens per joule.
         self.window
             .tpot_p99_ms
             .push(figures.tpot_p99_ms, config.memory_ticks);
@@ -445,6 +477,13 @@ impl LadderSearch {
             }
             None => {}
         }
+        if let Some(limit_ms) = objective.tpot_p99_limit_ms
+            && self.window.latency(limit_ms, config.tpot_margin) == WindowLatency::Unknown
+        {
+            // No tick of this visit told its latency: a verdict on tokens per joule alone
+            // could move down past the limit unseen. Keep measuring here until one tells.
+            return;
+        }
         match self.incumbent {
             Some(incumbent) if incumbent == self.current => {
                 self.close_window(config);
@@ -621,15 +660,13 @@ impl LadderSearch {
 
     fn out_of_bounds(&self, objective: &Objective, config: &LadderConfig) -> Option<Bound> {
         let window = &self.window;
-        if let Some(limit_ms) = objective.tpot_p99_limit_ms {
-            let soft_ms = limit_ms * (1.0 - config.tpot_margin);
-            if window.tpot_p99_ms.mean > soft_ms {
-                return Some(Bound::Plain(format!(
-                    "p99 time per token {:.2} ms is within {:.0} % of the limit",
-                    window.tpot_p99_ms.mean,
-                    config.tpot_margin * 100.0
-                )));
-            }
+        if let Some(limit_ms) = objective.tpot_p99_limit_ms
+            && let WindowLatency::Near(mean_ms) = window.latency(limit_ms, config.tpot_margin)
+        {
+            return Some(Bound::Plain(format!(
+                "p99 time per token {mean_ms:.2} ms is within {:.0} % of the limit",
+                config.tpot_margin * 100.0
+            )));
         }
         // A growing queue rules a rung out only where a higher rung kept up with demand:
         // when every setting leaves requests waiting (demand beyond the GPU), the queue
@@ -702,6 +739,16 @@ impl LadderSearch {
 
     fn up(&self, from: usize, rungs: usize) -> usize {
         from.saturating_add(rungs).min(self.top())
+    }
+}
+
+/// How far `observation`'s p99 time per token is over the objective's limit (its ratio
+/// to the limit), for a tick that broke the objective: 1 without a limit, or when the
+/// tick's p99 is unknown (NaN: the breach was on throughput), never NaN.
+pub fn tpot_overshoot(observation: &Observation, objective: &Objective) -> f64 {
+    match objective.tpot_p99_limit_ms {
+        Some(limit_ms) if observation.tpot_p99_ms.is_finite() => observation.tpot_p99_ms / limit_ms,
+        _ => 1.0,
     }
 }
 

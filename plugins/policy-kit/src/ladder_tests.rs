@@ -75,12 +75,24 @@ fn run(
     ticks: u64,
     objective: &Objective,
 ) -> Vec<usize> {
+    run_edited(search, gpu, ticks, objective, |_| {})
+}
+
+/// [`run`], with each observation passed through `edit` before the search sees it.
+fn run_edited(
+    search: &mut LadderSearch,
+    gpu: &mut SyntheticGpu,
+    ticks: u64,
+    objective: &Objective,
+    mut edit: impl FnMut(&mut Observation),
+) -> Vec<usize> {
     let config = LadderConfig::defaults();
     let mut in_force = search.current;
     let mut settling = false;
     let mut history = Vec::new();
     for tick in 0..ticks {
-        let observation = gpu.tick(tick, in_force, settling);
+        let mut observation = gpu.tick(tick, in_force, settling);
+        edit(&mut observation);
         let asked = search.observe(&observation, in_force, objective, &config);
         settling = asked != in_force;
         in_force = asked;
@@ -147,10 +159,7 @@ fn a_breach_moves_up_at_once_and_the_search_stays_above_it() {
     // 40 ms: caps below ~330 W break it under full load.
     let limit = objective(Some(40.0));
     let history = run(&mut search, &mut gpu, 200, &limit);
-    let breaking: Vec<usize> = (0..=50)
-        .filter(|&rung| 30.0 * SyntheticGpu::capacity(50) / SyntheticGpu::capacity(rung) > 40.0)
-        .collect();
-    let highest_breaking = breaking.last().copied().unwrap_or_default();
+    let highest_breaking = highest_rung_breaking(40.0);
     let ticks_below = history
         .iter()
         .filter(|&&rung| rung <= highest_breaking)
@@ -201,4 +210,109 @@ fn the_state_round_trips_and_a_changed_ladder_is_refused() {
         .err()
         .unwrap_or_default();
     assert!(error.contains("searched 51 settings"), "{error}");
+}
+
+/// The highest rung whose p99 time per token breaks `limit_ms` under full load.
+fn highest_rung_breaking(limit_ms: f64) -> usize {
+    (0..=50)
+        .rev()
+        .find(|&rung| 30.0 * SyntheticGpu::capacity(50) / SyntheticGpu::capacity(rung) > limit_ms)
+        .unwrap_or_default()
+}
+
+#[test]
+fn with_no_p99_known_under_a_limit_it_never_moves_down() {
+    // The serving engine reports tokens but never a p99 (NaN every tick): the latency
+    // is unknown, so the search cannot tell a lower cap is safe and stays at the top.
+    let mut search = new_search();
+    let mut gpu = SyntheticGpu::new(1e9);
+    let history = run_edited(&mut search, &mut gpu, 200, &objective(Some(40.0)), |o| {
+        o.tpot_p99_ms = f64::NAN;
+    });
+    assert!(
+        history.iter().all(|&rung| rung == 50),
+        "moved down on unknown latency: {history:?}"
+    );
+    assert_eq!(search.window.tpot_p99_ms.count, 0);
+    assert!(search.window.record.ticks() > 0, "the ticks still count");
+    // Without a latency limit, the same ticks are searched as usual.
+    let mut search = new_search();
+    let mut gpu = SyntheticGpu::new(1e9);
+    run_edited(&mut search, &mut gpu, 200, &objective(None), |o| {
+        o.tpot_p99_ms = f64::NAN;
+    });
+    assert!(search.incumbent.is_some_and(|rung| rung < 40));
+}
+
+#[test]
+fn ticks_with_an_unknown_p99_are_left_out_and_the_known_ones_still_bound_the_search() {
+    let mut search = new_search();
+    let mut gpu = SyntheticGpu::new(1e9);
+    let mut tick = 0_u64;
+    let history = run_edited(&mut search, &mut gpu, 300, &objective(Some(40.0)), |o| {
+        tick += 1;
+        if tick.is_multiple_of(2) {
+            o.tpot_p99_ms = f64::NAN;
+        }
+    });
+    let highest_breaking = highest_rung_breaking(40.0);
+    let settled = search.incumbent.unwrap_or_default();
+    assert!(
+        settled > highest_breaking && settled < 50,
+        "settled at {settled}, above {highest_breaking} expected: {history:?}"
+    );
+    assert!(search.window.tpot_p99_ms.mean.is_finite());
+}
+
+#[test]
+fn a_window_with_no_p99_is_unknown_never_within() {
+    let mut window = LadderWindow::default();
+    assert_eq!(window.latency(40.0, 0.1), WindowLatency::Unknown);
+    window.tpot_p99_ms.push(f64::NAN, 30);
+    assert_eq!(window.latency(40.0, 0.1), WindowLatency::Unknown);
+    window.tpot_p99_ms.push(30.0, 30);
+    assert_eq!(window.latency(40.0, 0.1), WindowLatency::Within);
+    window.tpot_p99_ms.push(50.0, 30);
+    assert_eq!(window.latency(40.0, 0.1), WindowLatency::Near(40.0));
+}
+
+#[test]
+fn a_throughput_breach_on_a_tick_with_an_unknown_p99_moves_as_one_without_a_limit() {
+    // Settle under full load, then break the throughput floor on a tick whose p99 is
+    // unknown: the move must not depend on a NaN overshoot.
+    let mut search = new_search();
+    let mut gpu = SyntheticGpu::new(1e9);
+    run(&mut search, &mut gpu, 150, &objective(None));
+    let mut settled = false;
+    for _ in 0..100 {
+        if search.incumbent == Some(search.current) && search.window.record.ticks() > 0 {
+            settled = true;
+            break;
+        }
+        run(&mut search, &mut gpu, 1, &objective(None));
+    }
+    assert!(settled, "the search never sat at its settled rung");
+    let in_force = search.current;
+    let mut observation = gpu.tick(1000, in_force, false);
+    observation.tpot_p99_ms = f64::NAN;
+    assert!(observation.queue_depth > 0, "requests wait under full load");
+    let floor = |limit_ms| Objective {
+        tpot_p99_limit_ms: limit_ms,
+        min_tokens_per_s: Some(1e12),
+    };
+    let config = LadderConfig::defaults();
+    let mut with_limit = search.clone();
+    let mut without_limit = search;
+    let asked = with_limit.observe(&observation, in_force, &floor(Some(40.0)), &config);
+    let expected = without_limit.observe(&observation, in_force, &floor(None), &config);
+    assert!(expected > in_force, "a breach moves up");
+    assert_eq!(asked, expected);
+    assert_eq!(with_limit, without_limit);
+    assert_eq!(
+        tpot_overshoot(&observation, &floor(Some(40.0))),
+        1.0,
+        "an unknown p99 is no overshoot"
+    );
+    observation.tpot_p99_ms = 44.0;
+    assert!((tpot_overshoot(&observation, &floor(Some(40.0))) - 1.1).abs() < 1e-12);
 }
