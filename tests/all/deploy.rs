@@ -1,0 +1,300 @@
+//! The deployment files under `deploy/`, each checked by a tool that parses it: the
+//! checkers in `tests/deploy/` (Python) run `systemd-analyze verify`, dockerfile-parse,
+//! kubernetes-validate and promtool, and check what those cannot (privileges, paths
+//! shared between files, metric names, tokwatt's flags against this build's binary).
+//! Each checker is also shown a broken copy and must reject it.
+//!
+//! A checker whose tool is missing passes what it could check and skips the rest with a
+//! printed reason (exit 77); under `TOKWATT_REQUIRE_DEPLOY_TOOLS=1` (CI) that fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::support::{repo_root, tempdir};
+
+/// Subcommands the deployment files call that this binary may not have yet: they are
+/// allowed to be missing (with a note), and the checkers fail once the binary has one
+/// and it is still listed, so that its flags get checked.
+const PENDING_SUBCOMMANDS: &[&str] = &[];
+
+/// Exit code of a checker that skipped a check because its tool is missing.
+const SKIPPED: i32 = 77;
+
+enum Outcome {
+    Passed,
+    Failed(String),
+}
+
+fn tools_required() -> bool {
+    std::env::var_os("TOKWATT_REQUIRE_DEPLOY_TOOLS").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Runs `tests/deploy/<script>` with `args`, the built binary and the pending list.
+/// `None` where python3 itself is missing and tools are not required.
+fn run_checker(script: &str, args: &[&Path]) -> Option<Outcome> {
+    let mut command = Command::new("python3");
+    command
+        .arg(repo_root().join("tests/deploy").join(script))
+        .args(args)
+        .arg("--tokwatt")
+        .arg(env!("CARGO_BIN_EXE_tokwatt"));
+    for subcommand in PENDING_SUBCOMMANDS {
+        command.args(["--pending", subcommand]);
+    }
+    let output = match command.output() {
+        Ok(output) => output,
+        Err(error) => {
+            assert!(
+                !tools_required(),
+                "TOKWATT_REQUIRE_DEPLOY_TOOLS is set but python3 cannot run: {error}"
+            );
+            eprintln!("skipped {script}: python3 cannot run ({error})");
+            return None;
+        }
+    };
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    eprintln!("{said}");
+    match output.status.code() {
+        Some(0) => Some(Outcome::Passed),
+        Some(SKIPPED) => {
+            assert!(
+                !tools_required(),
+                "TOKWATT_REQUIRE_DEPLOY_TOOLS is set but {script} skipped checks (see SKIP lines):\n{said}"
+            );
+            Some(Outcome::Passed)
+        }
+        _ => Some(Outcome::Failed(said)),
+    }
+}
+
+fn assert_accepted(script: &str, args: &[&Path]) {
+    if let Some(Outcome::Failed(said)) = run_checker(script, args) {
+        panic!("{script} rejected the shipped file:\n{said}");
+    }
+}
+
+/// The checker must reject `args` and say `expected` about it.
+fn assert_rejected(script: &str, args: &[&Path], expected: &str) {
+    match run_checker(script, args) {
+        Some(Outcome::Failed(said)) => assert!(
+            said.contains(expected),
+            "{script} rejected the broken copy, but not for {expected:?}:\n{said}"
+        ),
+        Some(Outcome::Passed) => panic!("{script} accepted a broken copy (expected {expected:?})"),
+        None => {}
+    }
+}
+
+fn deploy_file(relative: &str) -> PathBuf {
+    repo_root().join("deploy").join(relative)
+}
+
+/// A copy of a shipped deployment file with `from` replaced by `to` (which must occur).
+fn broken_copy(dir: &Path, relative: &str, from: &str, to: &str) -> PathBuf {
+    let text = std::fs::read_to_string(deploy_file(relative)).expect("read the shipped file");
+    assert!(
+        text.contains(from),
+        "{relative} no longer contains {from:?}: update this test"
+    );
+    let path = dir.join(Path::new(relative).file_name().expect("a file name"));
+    std::fs::write(&path, text.replacen(from, to, 1)).expect("write the broken copy");
+    path
+}
+
+#[test]
+fn systemd_unit_is_valid_and_calls_real_flags() {
+    assert_accepted(
+        "check_systemd.py",
+        &[&deploy_file("systemd/tokwatt.service")],
+    );
+}
+
+#[test]
+fn systemd_checker_rejects_an_unknown_restore_flag_and_key() {
+    let dir = tempdir();
+    let unit = broken_copy(
+        dir.path(),
+        "systemd/tokwatt.service",
+        "restore --state-file",
+        "restore --state",
+    );
+    assert_rejected("check_systemd.py", &[&unit], "has no flag --state");
+    let unit = broken_copy(
+        dir.path(),
+        "systemd/tokwatt.service",
+        "PrivateTmp=yes",
+        "PrivateTmp=yes\nPrivateDevices=yes",
+    );
+    assert_rejected(
+        "check_systemd.py",
+        &[&unit],
+        "PrivateDevices= must stay off",
+    );
+}
+
+#[test]
+fn containerfile_builds_what_it_copies() {
+    assert_accepted(
+        "check_container.py",
+        &[&deploy_file("container/Containerfile")],
+    );
+}
+
+#[test]
+fn container_checker_rejects_a_copy_of_something_never_built() {
+    let dir = tempdir();
+    let file = broken_copy(
+        dir.path(),
+        "container/Containerfile",
+        "/src/target/plugins/wasm32-wasip2/plugin/policy_*.wasm",
+        "/src/target/release/policy_*.wasm",
+    );
+    assert_rejected(
+        "check_container.py",
+        &[&file],
+        "is not something the builder's cargo build makes",
+    );
+}
+
+#[test]
+fn kubernetes_daemonsets_are_valid_with_the_right_privileges() {
+    let privileged = deploy_file("kubernetes/daemonset.yaml");
+    let observe = deploy_file("kubernetes/daemonset-observe-only.yaml");
+    assert_accepted(
+        "check_kubernetes.py",
+        &[&privileged, Path::new("--variant"), Path::new("privileged")],
+    );
+    assert_accepted(
+        "check_kubernetes.py",
+        &[&observe, Path::new("--variant"), Path::new("observe-only")],
+    );
+}
+
+#[test]
+fn kubernetes_checker_rejects_privileges_in_the_observe_only_variant_and_bad_yaml() {
+    let dir = tempdir();
+    let file = broken_copy(
+        dir.path(),
+        "kubernetes/daemonset-observe-only.yaml",
+        "drop: [\"ALL\"]\n          resources:",
+        "drop: [\"ALL\"]\n              add: [\"SYS_ADMIN\"]\n          resources:",
+    );
+    let variant = [Path::new("--variant"), Path::new("observe-only")];
+    assert_rejected(
+        "check_kubernetes.py",
+        &[&file, variant[0], variant[1]],
+        "adds no capability",
+    );
+    let file = broken_copy(
+        dir.path(),
+        "kubernetes/daemonset-observe-only.yaml",
+        "kind: DaemonSet\n",
+        "kind: DaemonSet\n  bad: [unclosed\n",
+    );
+    assert_rejected(
+        "check_kubernetes.py",
+        &[&file, variant[0], variant[1]],
+        "not YAML",
+    );
+}
+
+#[test]
+fn prometheus_config_and_rules_pass_promtool_and_name_exported_metrics() {
+    assert_accepted("check_prometheus.py", &[&deploy_file("prometheus")]);
+}
+
+#[test]
+fn prometheus_checker_rejects_a_metric_the_agent_does_not_export() {
+    let dir = tempdir();
+    std::fs::copy(
+        deploy_file("prometheus/prometheus.yml"),
+        dir.path().join("prometheus.yml"),
+    )
+    .expect("copy prometheus.yml");
+    broken_copy(
+        dir.path(),
+        "prometheus/tokwatt.rules.yml",
+        "sum by (node) (rate(tokwatt_gpu_tokens_total[5m]))",
+        "sum by (node) (rate(tokwatt_gpu_tokens[5m]))",
+    );
+    assert_rejected(
+        "check_prometheus.py",
+        &[dir.path()],
+        "tokwatt_gpu_tokens is not a metric tokwatt exports",
+    );
+}
+
+#[test]
+fn grafana_dashboard_queries_parse_and_name_exported_metrics() {
+    assert_accepted(
+        "check_grafana.py",
+        &[&deploy_file("grafana/tokwatt-dashboard.json")],
+    );
+}
+
+#[test]
+fn grafana_checker_rejects_an_unknown_metric_and_broken_json() {
+    let dir = tempdir();
+    let file = broken_copy(
+        dir.path(),
+        "grafana/tokwatt-dashboard.json",
+        "tokwatt_gpu_batch_size{",
+        "tokwatt_gpu_batch{",
+    );
+    assert_rejected(
+        "check_grafana.py",
+        &[&file],
+        "tokwatt_gpu_batch is not a metric tokwatt exports",
+    );
+    let file = broken_copy(dir.path(), "grafana/tokwatt-dashboard.json", "{", "{{");
+    assert_rejected("check_grafana.py", &[&file], "not JSON");
+}
+
+/// The `serve.toml` a ConfigMap in `manifest` carries, as the pod sees it (the
+/// render-config init container fills in the node's address).
+fn config_map_serve_toml(manifest: &str) -> String {
+    let text = std::fs::read_to_string(deploy_file(manifest)).expect("read the manifest");
+    let mut lines = text
+        .lines()
+        .skip_while(|line| line.trim() != "serve.toml: |");
+    assert!(lines.next().is_some(), "{manifest} has no serve.toml");
+    lines
+        .take_while(|line| line.is_empty() || line.starts_with("    "))
+        .map(|line| line.strip_prefix("    ").unwrap_or(line))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("@NODE_IP@", "10.0.0.7")
+}
+
+#[test]
+fn every_shipped_serve_config_is_accepted_by_the_agent() {
+    let mut configs: Vec<(String, String)> = ["serve.toml", "serve-observe-only.toml"]
+        .iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(deploy_file(name)).expect("read the example");
+            (format!("deploy/{name}"), text)
+        })
+        .collect();
+    for manifest in [
+        "kubernetes/daemonset.yaml",
+        "kubernetes/daemonset-observe-only.yaml",
+    ] {
+        configs.push((
+            format!("deploy/{manifest}"),
+            config_map_serve_toml(manifest),
+        ));
+    }
+    for (name, text) in configs {
+        let path = Path::new("/etc/tokwatt/serve.toml");
+        let parsed = tokwatt::serve::config::ServeConfig::parse(path, &text);
+        assert!(
+            parsed.is_ok(),
+            "{name} is refused by tokwatt serve: {}",
+            parsed.err().map(|e| e.to_string()).unwrap_or_default()
+        );
+    }
+}
