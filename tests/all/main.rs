@@ -4,19 +4,16 @@
 
 mod support;
 
-mod api;
 mod bad_input;
 mod deploy;
 mod engines;
 mod eval;
 mod hostile;
 mod long_run;
-mod metrics;
 mod outputs;
 mod policies_judged;
 mod report;
 mod restore;
-mod serve;
 mod shipped_policies;
 mod swap;
 mod workspace_build;
