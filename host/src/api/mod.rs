@@ -147,3 +147,15 @@ pub trait Control: Send + Sync + 'static {
     /// Device defaults on every GPU, then paused.
     fn restore_defaults(&self) -> Result<ActionOutcome, ControlError>;
 }
+
+mod auth;
+pub mod client;
+pub mod load;
+mod paths;
+mod routes;
+mod server;
+
+pub use client::{ApiClient, ClientError};
+pub use paths::{NoDefaultSocket, default_socket_path};
+pub use routes::{ENDPOINTS, MAX_BODY_BYTES};
+pub use server::{ApiConfig, ApiError, ApiServer};
