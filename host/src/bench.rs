@@ -1,5 +1,7 @@
 //! Measurements behind `tokwatt bench` and the criterion benchmarks.
 
+pub mod agent_cpu;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -25,7 +25,7 @@ use nvml_wrapper::error::NvmlError as WrapperError;
 pub use actuator::NvmlActuator;
 pub use report::{ClockRange, GpuReport, GpuTable, list_gpus};
 pub use sampler::NvmlWindow;
-pub use telemetry::NvmlTelemetry;
+pub use telemetry::{NvmlCallCounts, NvmlTelemetry};
 
 use crate::telemetry::TelemetryError;
 use crate::types::DeviceInfo;
@@ -64,6 +64,13 @@ pub enum NvmlError {
     },
     #[error("the NVML sampling period must be between 1 ms and 10 s, got {0:?}")]
     SamplingPeriod(Duration),
+    #[error(
+        "the NVML gauges must be read every 1 or more samples, got tick gauges every {tick_gauges_every} and slow gauges every {slow_gauges_every}"
+    )]
+    SamplingEvery {
+        tick_gauges_every: u32,
+        slow_gauges_every: u32,
+    },
     #[error("starting the NVML sampler thread failed: {0}")]
     SamplerThread(#[source] std::io::Error),
 }
@@ -103,29 +110,96 @@ fn init() -> Result<Nvml, NvmlError> {
     Nvml::init().map_err(init_error)
 }
 
-/// How telemetry is sampled.
+/// How telemetry is sampled: which readings, how often.
+///
+/// Every NVML call costs CPU in the driver (about 0.4 ms of system time each on an H200,
+/// 2026-12-01), so each reading is taken at the rate the observation needs it:
+///
+/// - every sample (`period`): the energy counter and the power readings, in one
+///   `nvmlDeviceGetFieldValues` call where the GPU supports those fields. The energy of a
+///   window is a counter difference, exact at any rate; the sampling rate only decides
+///   how closely a window's end follows the tick and over how many instantaneous
+///   readings the peak power is taken.
+/// - every `tick_gauges_every`-th sample: the SM clock, the clock-event reasons and the
+///   enforced power limit (what a policy acts on tick by tick). At about one reading per
+///   tick the window's "median" clock is one reading and the clock-event reasons are
+///   those in force at that reading, not the union over the whole window.
+/// - every `slow_gauges_every`-th sample: temperature, utilisation, the memory clock and
+///   the requested power limit, which move over seconds (utilisation is NVML's own
+///   average over its sample period). Between readings a window reports the last one.
+///
+/// The first sample reads everything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SamplerConfig {
-    /// Time between two readings of every GPU. NVML refreshes power and energy every
-    /// 100 ms, so sampling faster only repeats values.
+    /// Time between two fast readings (energy, power) of every GPU. NVML refreshes power
+    /// and energy every 100 ms, so sampling faster only repeats values.
     pub period: Duration,
+    /// The tick gauges are read at every this many samples (1: every sample).
+    pub tick_gauges_every: u32,
+    /// The slow gauges are read at every this many samples (1: every sample).
+    pub slow_gauges_every: u32,
 }
 
 impl Default for SamplerConfig {
+    /// The rates for the default 1 s control tick.
     fn default() -> Self {
-        Self {
-            period: Duration::from_millis(100),
-        }
+        Self::for_tick(Duration::from_secs(1))
     }
 }
 
 impl SamplerConfig {
-    fn validate(&self) -> Result<(), NvmlError> {
-        if (Duration::from_millis(1)..=Duration::from_secs(10)).contains(&self.period) {
-            Ok(())
-        } else {
-            Err(NvmlError::SamplingPeriod(self.period))
+    /// Fast samples per control tick: two, so that every window holds at least one
+    /// energy reading even when the loop's tick and the sampler drift against each other.
+    pub const SAMPLES_PER_TICK: u32 = 2;
+    /// How often the slow gauges are read, at the most.
+    pub const SLOW_GAUGES_PERIOD: Duration = Duration::from_secs(5);
+    /// NVML refreshes energy and power every 100 ms: no sampling faster than that.
+    const FASTEST: Duration = Duration::from_millis(100);
+
+    /// The rates for a control loop with tick `tick`: [`Self::SAMPLES_PER_TICK`] fast
+    /// samples per tick (no faster than NVML refreshes), the tick gauges once per tick,
+    /// the slow gauges about every [`Self::SLOW_GAUGES_PERIOD`].
+    pub fn for_tick(tick: Duration) -> Self {
+        Self::with_samples_per_tick(tick, Self::SAMPLES_PER_TICK)
+    }
+
+    /// [`Self::for_tick`] with `samples_per_tick` fast samples per tick (at least 1).
+    pub fn with_samples_per_tick(tick: Duration, samples_per_tick: u32) -> Self {
+        let samples_per_tick = samples_per_tick.max(1);
+        let period = (tick / samples_per_tick).clamp(Self::FASTEST, Duration::from_secs(10));
+        // Rounded to the nearest whole number of samples, at least one.
+        let every = |span: Duration| {
+            let samples = span.as_secs_f64() / period.as_secs_f64();
+            (samples.round() as u32).max(1)
+        };
+        Self {
+            period,
+            tick_gauges_every: every(tick),
+            slow_gauges_every: every(Self::SLOW_GAUGES_PERIOD.max(tick)),
         }
+    }
+
+    /// Every reading at every sample, every `period` (the old behaviour: for measurements
+    /// that want the freshest counter, like `tokwatt bench workload`).
+    pub fn everything_every(period: Duration) -> Self {
+        Self {
+            period,
+            tick_gauges_every: 1,
+            slow_gauges_every: 1,
+        }
+    }
+
+    fn validate(&self) -> Result<(), NvmlError> {
+        if !(Duration::from_millis(1)..=Duration::from_secs(10)).contains(&self.period) {
+            return Err(NvmlError::SamplingPeriod(self.period));
+        }
+        if self.tick_gauges_every == 0 || self.slow_gauges_every == 0 {
+            return Err(NvmlError::SamplingEvery {
+                tick_gauges_every: self.tick_gauges_every,
+                slow_gauges_every: self.slow_gauges_every,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -173,6 +247,28 @@ impl NvmlSystem {
         })
     }
 
+    /// NVML GPU `nvml_index` opened `copies` times, as `copies` managed GPUs: for measuring
+    /// what sampling that many GPUs costs on a machine with fewer (`tokwatt bench
+    /// agent-cpu --nvml-repeat`). Reads only. Never hand this to a real actuator: every
+    /// copy is the same device.
+    pub fn open_repeated(nvml_index: u32, copies: u32) -> Result<Self, NvmlError> {
+        let nvml = init()?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| NvmlError::Init(e.to_string()))?;
+        if count == 0 {
+            return Err(NvmlError::NoGpus);
+        }
+        let index = select(Some(&[nvml_index]), count)?[0];
+        let gpus = (0..copies.max(1))
+            .map(|position| managed_gpu(&nvml, position, index))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            nvml: Arc::new(nvml),
+            gpus,
+        })
+    }
+
     /// The managed GPUs, in position order.
     pub fn devices(&self) -> Vec<DeviceInfo> {
         self.gpus.iter().map(|gpu| gpu.info.clone()).collect()
@@ -186,7 +282,7 @@ impl NvmlSystem {
     /// Start sampling telemetry on a thread of its own.
     pub fn telemetry(&self, config: SamplerConfig) -> Result<NvmlTelemetry, NvmlError> {
         config.validate()?;
-        NvmlTelemetry::start(Arc::clone(&self.nvml), &self.gpus, config.period)
+        NvmlTelemetry::start(Arc::clone(&self.nvml), &self.gpus, config)
     }
 
     /// An actuator for the managed GPUs. Creating it changes nothing.
@@ -344,12 +440,71 @@ mod tests {
     }
 
     #[test]
-    fn sampling_period_is_validated() {
+    fn sampling_rates_are_validated() {
         assert!(SamplerConfig::default().validate().is_ok());
         let zero = SamplerConfig {
             period: Duration::ZERO,
+            ..SamplerConfig::default()
         };
         assert!(matches!(zero.validate(), Err(NvmlError::SamplingPeriod(_))));
+        let never = SamplerConfig {
+            slow_gauges_every: 0,
+            ..SamplerConfig::default()
+        };
+        let error = never.validate().unwrap_err();
+        assert!(matches!(error, NvmlError::SamplingEvery { .. }));
+        assert!(error.to_string().contains("slow gauges every 0"), "{error}");
+    }
+
+    #[test]
+    fn sampling_follows_the_control_tick() {
+        let ms = Duration::from_millis;
+        // The default tick: two fast samples per tick, the tick gauges once per tick,
+        // the slow gauges every 5 s.
+        assert_eq!(
+            SamplerConfig::for_tick(Duration::from_secs(1)),
+            SamplerConfig {
+                period: ms(500),
+                tick_gauges_every: 2,
+                slow_gauges_every: 10,
+            }
+        );
+        assert_eq!(SamplerConfig::default(), SamplerConfig::for_tick(ms(1000)));
+        // A short tick: never faster than NVML refreshes (100 ms).
+        assert_eq!(
+            SamplerConfig::for_tick(ms(100)),
+            SamplerConfig {
+                period: ms(100),
+                tick_gauges_every: 1,
+                slow_gauges_every: 50,
+            }
+        );
+        // A long tick: the slow gauges at least once per tick.
+        assert_eq!(
+            SamplerConfig::for_tick(Duration::from_secs(10)),
+            SamplerConfig {
+                period: Duration::from_secs(5),
+                tick_gauges_every: 2,
+                slow_gauges_every: 2,
+            }
+        );
+        assert_eq!(
+            SamplerConfig::with_samples_per_tick(Duration::from_secs(1), 4),
+            SamplerConfig {
+                period: ms(250),
+                tick_gauges_every: 4,
+                slow_gauges_every: 20,
+            }
+        );
+        for tick in [
+            ms(100),
+            ms(250),
+            ms(1000),
+            ms(3000),
+            Duration::from_secs(30),
+        ] {
+            assert!(SamplerConfig::for_tick(tick).validate().is_ok(), "{tick:?}");
+        }
     }
 
     #[test]

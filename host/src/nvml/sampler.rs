@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::SamplerConfig;
 use crate::types::{ClockEvents, TelemetryWindow};
 
 /// One reading of one GPU. A value the source could not read is `None`.
@@ -63,12 +64,35 @@ pub(crate) struct SampleError {
     pub reason: String,
 }
 
+/// Which readings a sample takes besides the fast ones (energy and power), which every
+/// sample takes. See [`SamplerConfig`] for what each group holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Due {
+    /// The SM clock, the clock-event reasons, the enforced power limit.
+    pub tick_gauges: bool,
+    /// Temperature, utilisation, the memory clock, the requested power limit.
+    pub slow_gauges: bool,
+}
+
+impl SamplerConfig {
+    /// What sample number `round` (0 for the first) reads. The first reads everything,
+    /// so that every gauge has a value from the start.
+    pub(crate) fn due(&self, round: u64) -> Due {
+        let every = |n: u32| round % u64::from(n.max(1)) == 0;
+        Due {
+            tick_gauges: every(self.tick_gauges_every),
+            slow_gauges: every(self.slow_gauges_every),
+        }
+    }
+}
+
 /// Where samples come from: NVML on a real machine, a fake in tests.
 pub(crate) trait SampleSource: Send + 'static {
     fn gpu_count(&self) -> usize;
-    /// Read GPU `gpu` (0-based position) once. Reads that fail are left `None` in the
-    /// sample and pushed onto `errors`; a failed read never ends sampling.
-    fn sample(&mut self, gpu: usize, errors: &mut Vec<SampleError>) -> Sample;
+    /// Read GPU `gpu` (0-based position) once: the fast readings always, the gauges
+    /// `due` says. Reads that fail are left `None` in the sample and pushed onto
+    /// `errors`; a failed read never ends sampling.
+    fn sample(&mut self, gpu: usize, due: Due, errors: &mut Vec<SampleError>) -> Sample;
 }
 
 /// One window of telemetry from the NVML backend: the backend-neutral window plus the
@@ -116,7 +140,8 @@ struct WindowStats {
     peak_avg_mw: Option<u32>,
     util_sum_pct: u64,
     util_samples: u32,
-    clock_events: ClockEvents,
+    /// Union of the clock-event readings in the window; `None` when none was read.
+    clock_events: Option<ClockEvents>,
 }
 
 impl Accumulator {
@@ -166,15 +191,16 @@ impl Accumulator {
             window.util_samples += 1;
         }
         if let Some(events) = sample.clock_events {
-            window.clock_events = window.clock_events.union(events);
+            window.clock_events = Some(window.clock_events.unwrap_or_default().union(events));
         }
         self.latest = self.latest.updated_by(sample);
     }
 
     /// Close the current window and start the next one at its last energy reading.
     ///
-    /// Gauges with no sample in the window (temperature, limits) keep their last known
-    /// value; `samples == 0` says the window saw nothing new.
+    /// Gauges with no reading in the window (the slow ones, and the tick gauges when
+    /// the sampler's phase put their reading in the neighbouring window) keep their last
+    /// known value; `samples == 0` says the window saw nothing new.
     pub fn take_window(&mut self) -> NvmlWindow {
         let stats = std::mem::take(&mut self.current);
         let end = self.last_energy.map(|(_, at)| at);
@@ -208,7 +234,12 @@ impl Accumulator {
             } else {
                 latest.gpu_util_pct.map_or(0.0, f64::from)
             },
-            clock_events: stats.clock_events,
+            // A window between two clock-event readings reports the last one rather than
+            // none: the reasons in force then are the best knowledge there is.
+            clock_events: stats
+                .clock_events
+                .or(latest.clock_events)
+                .unwrap_or_default(),
             power_limit_enforced_w: latest.power_limit_enforced_mw.map_or(0.0, watts),
             power_limit_requested_w: None,
             power_mem_avg_w: None,
@@ -250,8 +281,8 @@ pub(crate) struct Sampler {
 }
 
 impl Sampler {
-    /// Start sampling every GPU of `source` once per `period`.
-    pub fn start<S: SampleSource>(source: S, period: Duration) -> std::io::Result<Self> {
+    /// Start sampling every GPU of `source` at the rates of `config`.
+    pub fn start<S: SampleSource>(source: S, config: SamplerConfig) -> std::io::Result<Self> {
         let accumulators: Arc<Vec<Mutex<Accumulator>>> = Arc::new(
             (0..source.gpu_count())
                 .map(|_| Mutex::new(Accumulator::default()))
@@ -262,7 +293,7 @@ impl Sampler {
             .name("tokwatt-nvml-sampler".into())
             .spawn({
                 let accumulators = Arc::clone(&accumulators);
-                move || run(source, period, &accumulators, &stopped)
+                move || run(source, config, &accumulators, &stopped)
             })?;
         Ok(Self {
             accumulators,
@@ -299,7 +330,7 @@ impl Drop for Sampler {
 /// holds up a reader.
 fn run<S: SampleSource>(
     mut source: S,
-    period: Duration,
+    config: SamplerConfig,
     accumulators: &[Mutex<Accumulator>],
     stopped: &mpsc::Receiver<()>,
 ) {
@@ -307,11 +338,12 @@ fn run<S: SampleSource>(
     let mut next = started;
     let mut reported: HashSet<(usize, &'static str)> = HashSet::new();
     let mut errors = Vec::new();
-    loop {
+    for round in 0u64.. {
+        let due = config.due(round);
         for (gpu, accumulator) in accumulators.iter().enumerate() {
             errors.clear();
             let at = started.elapsed();
-            let sample = source.sample(gpu, &mut errors);
+            let sample = source.sample(gpu, due, &mut errors);
             for error in &errors {
                 if reported.insert((gpu, error.what)) {
                     tracing::warn!(
@@ -326,7 +358,7 @@ fn run<S: SampleSource>(
             }
             lock(accumulator).record(at, &sample, errors.len());
         }
-        next += period;
+        next += config.period;
         let now = Instant::now();
         if next < now {
             // Sampling took longer than a period: start the next round at once rather

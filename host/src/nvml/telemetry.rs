@@ -3,53 +3,56 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::error::{NvmlError as WrapperError, nvml_try};
 use nvml_wrapper::struct_wrappers::device::FieldValueSample;
-use nvml_wrapper::sys_exports::field_id::{NVML_FI_DEV_POWER_AVERAGE, NVML_FI_DEV_POWER_INSTANT};
+use nvml_wrapper::sys_exports::field_id::{
+    NVML_FI_DEV_POWER_AVERAGE, NVML_FI_DEV_POWER_INSTANT, NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+};
 use nvml_wrapper::{Device, Nvml};
-use nvml_wrapper_sys::bindings::{NVML_POWER_SCOPE_GPU, NVML_POWER_SCOPE_MEMORY, nvmlFieldValue_t};
+use nvml_wrapper_sys::bindings::{
+    NVML_POWER_SCOPE_GPU, NVML_POWER_SCOPE_MEMORY, nvmlDevice_t, nvmlFieldValue_t,
+};
 
-use super::sampler::{NvmlWindow, Sample, SampleError, SampleSource, Sampler};
-use super::{ManagedGpu, NvmlError};
+use super::sampler::{Due, NvmlWindow, Sample, SampleError, SampleSource, Sampler};
+use super::{ManagedGpu, NvmlError, SamplerConfig, query_error};
 use crate::telemetry::{Telemetry, TelemetryError};
 use crate::types::{ClockEvents, DeviceInfo};
 
-/// Telemetry from NVML. A thread of its own reads every GPU once per sampling period
-/// (each NVML call can cost milliseconds); [`Telemetry::read_window`] only takes what has
-/// accumulated, so the control loop never waits on NVML. The thread stops when this is
-/// dropped.
+/// Telemetry from NVML. A thread of its own reads every GPU at the rates of its
+/// [`SamplerConfig`] (each NVML call costs CPU in the driver and can take milliseconds);
+/// [`Telemetry::read_window`] only takes what has accumulated, so the control loop never
+/// waits on NVML. The thread stops when this is dropped.
 #[derive(Debug)]
 pub struct NvmlTelemetry {
     devices: Vec<DeviceInfo>,
     sampler: Sampler,
+    calls: NvmlCallCounts,
 }
 
 impl NvmlTelemetry {
     pub(super) fn start(
         nvml: Arc<Nvml>,
         gpus: &[ManagedGpu],
-        period: Duration,
+        config: SamplerConfig,
     ) -> Result<Self, NvmlError> {
-        let source = NvmlSource {
-            nvml,
-            gpus: gpus
-                .iter()
-                .map(|gpu| SourceGpu {
-                    nvml_index: gpu.nvml_index,
-                    unsupported: HashSet::new(),
-                })
-                .collect(),
-        };
-        let sampler = Sampler::start(source, period).map_err(NvmlError::SamplerThread)?;
+        let source = NvmlSource::new(nvml, gpus)?;
+        let calls = source.calls.clone();
+        let sampler = Sampler::start(source, config).map_err(NvmlError::SamplerThread)?;
         Ok(Self {
             devices: gpus.iter().map(|gpu| gpu.info.clone()).collect(),
             sampler,
+            calls,
         })
+    }
+
+    /// The NVML calls the sampler has made so far, per GPU (shared: it keeps counting).
+    pub fn call_counts(&self) -> NvmlCallCounts {
+        self.calls.clone()
     }
 
     /// The window of GPU `gpu` with the readings only NVML has (memory power, requested
@@ -94,14 +97,58 @@ pub(super) fn clock_events(reasons: ThrottleReasons) -> ClockEvents {
     }
 }
 
-/// Reads every gauge of the managed GPUs through NVML.
+/// How many NVML calls the sampler made, per managed GPU (for `tokwatt bench agent-cpu`
+/// and anyone who wants to see what telemetry costs). Cheap to clone; counts keep rising
+/// while the sampler runs.
+#[derive(Debug, Clone, Default)]
+pub struct NvmlCallCounts {
+    per_gpu: Arc<[AtomicU64]>,
+}
+
+impl NvmlCallCounts {
+    fn new(gpus: usize) -> Self {
+        Self {
+            per_gpu: (0..gpus).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Calls made for each GPU so far, by position.
+    pub fn per_gpu(&self) -> Vec<u64> {
+        self.per_gpu
+            .iter()
+            .map(|calls| calls.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Calls made for all GPUs so far.
+    pub fn total(&self) -> u64 {
+        self.per_gpu().iter().sum()
+    }
+
+    fn add(&self, gpu: usize) {
+        if let Some(calls) = self.per_gpu.get(gpu) {
+            calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Reads the managed GPUs through NVML.
 struct NvmlSource {
     nvml: Arc<Nvml>,
     gpus: Vec<SourceGpu>,
+    calls: NvmlCallCounts,
 }
+
+/// A device handle looked up once, when sampling starts, instead of once per sample.
+struct CachedHandle(nvmlDevice_t);
+
+// SAFETY: an NVML device handle is an opaque identifier, valid on any thread for as long
+// as the NVML session that issued it (held by `NvmlSource::nvml`); NVML is thread-safe.
+unsafe impl Send for CachedHandle {}
 
 struct SourceGpu {
     nvml_index: u32,
+    handle: CachedHandle,
     /// Readings this GPU answered `NotSupported` to: no longer asked for.
     unsupported: HashSet<&'static str>,
 }
@@ -141,8 +188,9 @@ impl SourceGpu {
     }
 }
 
+const FIELDS: &str = "energy and power (one field-values call)";
+const ENERGY_FIELD: &str = "the energy counter (field 83)";
 const ENERGY: &str = "the energy counter";
-const POWER_FIELDS: &str = "power (fields 185/186)";
 const POWER_AVG: &str = "averaged power (field 185)";
 const POWER_INSTANT: &str = "instantaneous power (field 186)";
 const POWER_USAGE: &str = "the power usage";
@@ -155,142 +203,181 @@ const CLOCK_EVENTS: &str = "the clock-event reasons";
 const LIMIT_REQUESTED: &str = "the requested power limit";
 const LIMIT_ENFORCED: &str = "the enforced power limit";
 
+impl NvmlSource {
+    fn new(nvml: Arc<Nvml>, gpus: &[ManagedGpu]) -> Result<Self, NvmlError> {
+        let gpus = gpus
+            .iter()
+            .map(|gpu| {
+                let device = nvml
+                    .device_by_index(gpu.nvml_index)
+                    .map_err(query_error(gpu.nvml_index, "the device handle"))?;
+                Ok(SourceGpu {
+                    nvml_index: gpu.nvml_index,
+                    // SAFETY: reading the raw handle out of a valid `Device` is sound; it
+                    // is used only while `nvml` lives (see `CachedHandle`).
+                    handle: CachedHandle(unsafe { device.handle() }),
+                    unsupported: HashSet::new(),
+                })
+            })
+            .collect::<Result<Vec<_>, NvmlError>>()?;
+        Ok(Self {
+            calls: NvmlCallCounts::new(gpus.len()),
+            nvml,
+            gpus,
+        })
+    }
+}
+
 impl SampleSource for NvmlSource {
     fn gpu_count(&self) -> usize {
         self.gpus.len()
     }
 
-    fn sample(&mut self, gpu: usize, errors: &mut Vec<SampleError>) -> Sample {
+    fn sample(&mut self, gpu: usize, due: Due, errors: &mut Vec<SampleError>) -> Sample {
         let nvml = &*self.nvml;
+        let calls = &self.calls;
         let Some(state) = self.gpus.get_mut(gpu) else {
             return Sample::default();
         };
-        let device = match nvml.device_by_index(state.nvml_index) {
-            Ok(device) => device,
-            Err(error) => {
-                errors.push(SampleError {
-                    what: "the device handle",
-                    reason: error.to_string(),
-                });
-                return Sample::default();
+        // SAFETY: the handle was issued by `nvml`, which is initialised and outlives this
+        // call (see `CachedHandle`).
+        let device = unsafe { Device::new(state.handle.0, nvml) };
+        // One NVML call for a reading the GPU supports; none for one it does not.
+        let read = |state: &mut SourceGpu,
+                    what: &'static str,
+                    errors: &mut Vec<SampleError>,
+                    call: &dyn Fn() -> Result<u32, WrapperError>| {
+            if !state.wants(what) {
+                return None;
             }
+            calls.add(gpu);
+            state.keep(what, call(), errors)
         };
+        let mut sample = Sample::default();
 
-        // The energy counter first: the sample's timestamp is taken just before it.
-        let energy_mj = state.keep(ENERGY, device.total_energy_consumption(), errors);
-
-        let mut power = PowerReadings::default();
-        if state.wants(POWER_FIELDS) {
-            let wanted = PowerField::ALL
-                .into_iter()
-                .filter(|field| state.wants(field.what()))
-                .collect::<Vec<_>>();
-            if let Some(values) = state.keep(
-                POWER_FIELDS,
-                read_power_fields(nvml, &device, &wanted),
-                errors,
-            ) {
-                for (field, value) in wanted.into_iter().zip(values) {
-                    let milliwatts = state.keep(field.what(), value, errors);
-                    power.set(field, milliwatts);
+        // Energy and power first, in one call: the sample's timestamp is taken just
+        // before it.
+        let fields: Vec<Field> = Field::ALL
+            .into_iter()
+            .filter(|field| state.wants(field.what()))
+            .collect();
+        if state.wants(FIELDS) && !fields.is_empty() {
+            calls.add(gpu);
+            if let Some(values) = state.keep(FIELDS, read_fields(nvml, &device, &fields), errors) {
+                for (field, value) in fields.into_iter().zip(values) {
+                    match field {
+                        Field::Energy => {
+                            sample.energy_mj =
+                                state.keep(field.what(), value.and_then(millijoules), errors);
+                        }
+                        Field::PowerAverage => {
+                            sample.power_avg_mw =
+                                state.keep(field.what(), value.and_then(milliwatts), errors);
+                        }
+                        Field::PowerInstant => {
+                            sample.power_instant_mw =
+                                state.keep(field.what(), value.and_then(milliwatts), errors);
+                        }
+                        Field::MemoryPowerAverage => {
+                            sample.mem_power_avg_mw =
+                                state.keep(field.what(), value.and_then(milliwatts), errors);
+                        }
+                    }
                 }
             }
         }
-
-        // Without field 185 (GPUs before Ampere, and the A100), nvmlDeviceGetPowerUsage
-        // is the averaged reading there is.
-        if power.avg.is_none() && !(state.wants(POWER_FIELDS) && state.wants(POWER_AVG)) {
-            power.avg = state.keep(POWER_USAGE, device.power_usage(), errors);
+        // A GPU without the energy field (or without field values at all) has the energy
+        // counter's own call; one without field 185 (GPUs before Ampere, and the A100)
+        // has nvmlDeviceGetPowerUsage, the averaged reading there is.
+        let answers =
+            |state: &SourceGpu, field: &'static str| state.wants(FIELDS) && state.wants(field);
+        if !answers(state, ENERGY_FIELD) && state.wants(ENERGY) {
+            calls.add(gpu);
+            sample.energy_mj = state.keep(ENERGY, device.total_energy_consumption(), errors);
+        }
+        if !answers(state, POWER_AVG) {
+            sample.power_avg_mw = read(state, POWER_USAGE, errors, &|| device.power_usage());
         }
 
-        Sample {
-            energy_mj,
-            power_avg_mw: power.avg,
-            power_instant_mw: power.instant,
-            mem_power_avg_mw: power.mem_avg,
-            sm_clock_mhz: state.keep(SM_CLOCK, device.clock_info(Clock::SM), errors),
-            mem_clock_mhz: state.keep(MEM_CLOCK, device.clock_info(Clock::Memory), errors),
-            temperature_c: state.keep(
-                TEMPERATURE,
-                device.temperature(TemperatureSensor::Gpu),
-                errors,
-            ),
-            gpu_util_pct: state
-                .keep(UTILISATION, device.utilization_rates(), errors)
-                .map(|utilisation| utilisation.gpu),
-            clock_events: state
-                .keep(CLOCK_EVENTS, device.current_throttle_reasons(), errors)
-                .map(clock_events),
-            power_limit_requested_mw: state.keep(
-                LIMIT_REQUESTED,
-                device.power_management_limit(),
-                errors,
-            ),
-            power_limit_enforced_mw: state.keep(
-                LIMIT_ENFORCED,
-                device.enforced_power_limit(),
-                errors,
-            ),
+        if due.tick_gauges {
+            sample.sm_clock_mhz = read(state, SM_CLOCK, errors, &|| device.clock_info(Clock::SM));
+            sample.power_limit_enforced_mw = read(state, LIMIT_ENFORCED, errors, &|| {
+                device.enforced_power_limit()
+            });
+            if state.wants(CLOCK_EVENTS) {
+                calls.add(gpu);
+                sample.clock_events = state
+                    .keep(CLOCK_EVENTS, device.current_throttle_reasons(), errors)
+                    .map(clock_events);
+            }
         }
+        if due.slow_gauges {
+            sample.mem_clock_mhz = read(state, MEM_CLOCK, errors, &|| {
+                device.clock_info(Clock::Memory)
+            });
+            sample.temperature_c = read(state, TEMPERATURE, errors, &|| {
+                device.temperature(TemperatureSensor::Gpu)
+            });
+            sample.power_limit_requested_mw = read(state, LIMIT_REQUESTED, errors, &|| {
+                device.power_management_limit()
+            });
+            sample.gpu_util_pct = read(state, UTILISATION, errors, &|| {
+                device
+                    .utilization_rates()
+                    .map(|utilisation| utilisation.gpu)
+            });
+        }
+        sample
     }
 }
 
-/// The power fields read in one `nvmlDeviceGetFieldValues` call.
+/// The fields read in the one `nvmlDeviceGetFieldValues` call of every sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PowerField {
-    Average,
-    Instant,
-    MemoryAverage,
+enum Field {
+    Energy,
+    PowerAverage,
+    PowerInstant,
+    MemoryPowerAverage,
 }
 
-impl PowerField {
-    const ALL: [PowerField; 3] = [Self::Average, Self::Instant, Self::MemoryAverage];
+impl Field {
+    const ALL: [Field; 4] = [
+        Self::Energy,
+        Self::PowerAverage,
+        Self::PowerInstant,
+        Self::MemoryPowerAverage,
+    ];
 
     /// (field id, scope id) as `nvmlFieldValue_t` wants them.
     fn request(self) -> (u32, u32) {
         match self {
-            Self::Average => (NVML_FI_DEV_POWER_AVERAGE, NVML_POWER_SCOPE_GPU),
-            Self::Instant => (NVML_FI_DEV_POWER_INSTANT, NVML_POWER_SCOPE_GPU),
-            Self::MemoryAverage => (NVML_FI_DEV_POWER_AVERAGE, NVML_POWER_SCOPE_MEMORY),
+            Self::Energy => (NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0),
+            Self::PowerAverage => (NVML_FI_DEV_POWER_AVERAGE, NVML_POWER_SCOPE_GPU),
+            Self::PowerInstant => (NVML_FI_DEV_POWER_INSTANT, NVML_POWER_SCOPE_GPU),
+            Self::MemoryPowerAverage => (NVML_FI_DEV_POWER_AVERAGE, NVML_POWER_SCOPE_MEMORY),
         }
     }
 
     fn what(self) -> &'static str {
         match self {
-            Self::Average => POWER_AVG,
-            Self::Instant => POWER_INSTANT,
-            Self::MemoryAverage => MEM_POWER,
+            Self::Energy => ENERGY_FIELD,
+            Self::PowerAverage => POWER_AVG,
+            Self::PowerInstant => POWER_INSTANT,
+            Self::MemoryPowerAverage => MEM_POWER,
         }
     }
 }
 
-#[derive(Debug, Default)]
-struct PowerReadings {
-    avg: Option<u32>,
-    instant: Option<u32>,
-    mem_avg: Option<u32>,
-}
-
-impl PowerReadings {
-    fn set(&mut self, field: PowerField, milliwatts: Option<u32>) {
-        match field {
-            PowerField::Average => self.avg = milliwatts,
-            PowerField::Instant => self.instant = milliwatts,
-            PowerField::MemoryAverage => self.mem_avg = milliwatts,
-        }
-    }
-}
-
-/// Read power fields, milliwatts, in one `nvmlDeviceGetFieldValues` call.
+/// Read fields in one `nvmlDeviceGetFieldValues` call.
 ///
 /// nvml-wrapper's `field_values_for` always asks for the GPU scope; the memory-scope
 /// reading needs `scopeId` set, so the call is made directly. The outer error is the
 /// call's; the inner ones are per field.
-fn read_power_fields(
+fn read_fields(
     nvml: &Nvml,
     device: &Device<'_>,
-    fields: &[PowerField],
-) -> Result<Vec<Result<u32, WrapperError>>, WrapperError> {
+    fields: &[Field],
+) -> Result<Vec<Result<SampleValue, WrapperError>>, WrapperError> {
     let get_field_values = nvml
         .lib()
         .nvmlDeviceGetFieldValues
@@ -313,11 +400,21 @@ fn read_power_fields(
     nvml_try(status)?;
     Ok(values
         .into_iter()
-        .map(|raw| {
-            let sample = FieldValueSample::try_from(raw)?;
-            milliwatts(sample.value?)
-        })
+        .map(|raw| FieldValueSample::try_from(raw).and_then(|sample| sample.value))
         .collect())
+}
+
+/// The energy counter's value, millijoules.
+fn millijoules(value: SampleValue) -> Result<u64, WrapperError> {
+    match value {
+        SampleValue::U32(mj) => Ok(u64::from(mj)),
+        SampleValue::U64(mj) => Ok(mj),
+        SampleValue::I64(mj) => u64::try_from(mj).map_err(|_| WrapperError::InvalidArg),
+        SampleValue::F64(mj) if mj.is_finite() && mj >= 0.0 && mj < u64::MAX as f64 => {
+            Ok(mj.round() as u64)
+        }
+        SampleValue::F64(_) => Err(WrapperError::InvalidArg),
+    }
 }
 
 fn milliwatts(value: SampleValue) -> Result<u32, WrapperError> {
@@ -337,8 +434,8 @@ fn milliwatts(value: SampleValue) -> Result<u32, WrapperError> {
 #[allow(clippy::unwrap_used)] // tests may unwrap
 mod tests {
     use super::*;
-    use crate::nvml::SamplerConfig;
     use crate::nvml::tests::nvml_or_skip;
+    use std::time::Duration;
 
     #[test]
     fn clock_event_reasons_map_to_policy_events() {
@@ -378,6 +475,19 @@ mod tests {
         assert!(milliwatts(SampleValue::I64(-1)).is_err());
         assert!(milliwatts(SampleValue::F64(f64::NAN)).is_err());
         assert!(milliwatts(SampleValue::U64(u64::MAX)).is_err());
+    }
+
+    #[test]
+    fn the_energy_field_converts_to_millijoules() {
+        // Counters beyond u32 (about 50 days at 1 kW) stay whole.
+        assert_eq!(
+            millijoules(SampleValue::U64(5_000_000_000)).unwrap(),
+            5_000_000_000
+        );
+        assert_eq!(millijoules(SampleValue::U32(2_482_486)).unwrap(), 2_482_486);
+        assert_eq!(millijoules(SampleValue::F64(10.6)).unwrap(), 11);
+        assert!(millijoules(SampleValue::I64(-5)).is_err());
+        assert!(millijoules(SampleValue::F64(f64::INFINITY)).is_err());
     }
 
     #[test]

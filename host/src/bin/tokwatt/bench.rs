@@ -1,13 +1,17 @@
-//! `tokwatt bench`: measurements of the agent itself (`decide`) and of the CUDA decode
-//! workload on a real GPU (`workload`).
+//! `tokwatt bench`: measurements of the agent itself (`decide`, `agent-cpu`) and of the
+//! CUDA decode workload on a real GPU (`workload`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use tokwatt::agent;
+use tokwatt::bench::agent_cpu::{
+    self, AgentCpuRequest, AgentCpuRun, AgentCpuTarget, CPU_TIME_RESOLUTION,
+};
 use tokwatt::nvml::{NvmlSystem, SamplerConfig};
+use tokwatt::spec::PolicySpec;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchCommand {
@@ -45,6 +49,54 @@ pub enum BenchCommand {
         #[arg(long)]
         plugin: Option<PathBuf>,
     },
+    /// The agent's own CPU time while it runs (user + system, this process, all threads)
+    /// per GPU count: the real agent loop with a shipped policy, on the simulator in
+    /// real time, or with --nvml on real GPUs (NVML telemetry, dry-run actuator, no
+    /// workload). Changes no GPU setting.
+    AgentCpu {
+        /// Measured run length per GPU count and repeat: 60s, 20s, 5m.
+        #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "60s")]
+        duration: Duration,
+        /// Control tick.
+        #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "1s")]
+        tick: Duration,
+        /// Simulated GPU counts to measure (ignored with --nvml).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        gpus: Vec<u32>,
+        /// Runs per GPU count; the table shows their medians.
+        #[arg(long, default_value_t = 3)]
+        repeats: u32,
+        /// The policy spec to run (default: slo-batch.toml from policies/, the bundle's
+        /// specs/ or the source tree).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Simulator GPU profile.
+        #[arg(long, default_value = "h200")]
+        profile: String,
+        /// Measure on these real GPUs (NVML indices) instead of the simulator.
+        #[arg(long, value_delimiter = ',')]
+        nvml: Option<Vec<u32>>,
+        /// With one --nvml index: open that GPU this many times as that many logical GPUs
+        /// (one row per count), to measure K GPUs' worth of NVML sampling on one GPU.
+        #[arg(long, value_delimiter = ',', requires = "nvml")]
+        nvml_repeat: Option<Vec<u32>>,
+        /// NVML fast samples (energy, power) per tick.
+        #[arg(long, default_value_t = SamplerConfig::SAMPLES_PER_TICK, requires = "nvml")]
+        samples_per_tick: u32,
+        /// NVML slow gauges (temperature, utilisation, memory clock, requested limit)
+        /// every this many samples (default: about every 5 s).
+        #[arg(long, requires = "nvml")]
+        slow_gauges_every: Option<u32>,
+        /// NVML sampling as before issue 15, for comparison: every reading every 100 ms.
+        #[arg(long, requires = "nvml", conflicts_with_all = ["samples_per_tick", "slow_gauges_every"])]
+        old_rates: bool,
+        /// Extra folder to look for plugins in.
+        #[arg(long = "plugin-dir")]
+        plugin_dirs: Vec<PathBuf>,
+        /// Folder for compiled plugins (default: the user's cache folder).
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
 }
 
 pub fn bench(what: BenchCommand) -> Result<()> {
@@ -62,7 +114,241 @@ pub fn bench(what: BenchCommand) -> Result<()> {
             calls,
             plugin,
         } => bench_decide(gpus, calls, plugin),
+        BenchCommand::AgentCpu {
+            duration,
+            tick,
+            gpus,
+            repeats,
+            policy,
+            profile,
+            nvml,
+            nvml_repeat,
+            samples_per_tick,
+            slow_gauges_every,
+            old_rates,
+            plugin_dirs,
+            cache_dir,
+        } => {
+            let sampler = if old_rates {
+                SamplerConfig::everything_every(Duration::from_millis(100))
+            } else {
+                let mut sampler = SamplerConfig::with_samples_per_tick(tick, samples_per_tick);
+                if let Some(every) = slow_gauges_every {
+                    sampler.slow_gauges_every = every;
+                }
+                sampler
+            };
+            let targets = agent_cpu_targets(&gpus, &profile, nvml, nvml_repeat, sampler)?;
+            let policy = match policy {
+                Some(path) => path,
+                None => default_policy("slo-batch.toml")?,
+            };
+            let request = AgentCpuRequest {
+                spec: PolicySpec::load(&policy)?,
+                duration,
+                tick,
+                plugin_dirs,
+                cache_dir,
+            };
+            let simulated = matches!(targets.first(), Some(AgentCpuTarget::Sim { .. }));
+            bench_agent_cpu(&targets, &request, repeats, (!simulated).then_some(sampler))
+        }
     }
+}
+
+fn agent_cpu_targets(
+    gpus: &[u32],
+    profile: &str,
+    nvml: Option<Vec<u32>>,
+    nvml_repeat: Option<Vec<u32>>,
+    sampler: SamplerConfig,
+) -> Result<Vec<AgentCpuTarget>> {
+    Ok(match (nvml, nvml_repeat) {
+        (None, _) => {
+            if gpus.contains(&0) {
+                bail!("--gpus: every GPU count must be at least 1");
+            }
+            gpus.iter()
+                .map(|&gpus| AgentCpuTarget::Sim {
+                    profile: profile.to_owned(),
+                    gpus,
+                })
+                .collect()
+        }
+        (Some(indices), None) => vec![AgentCpuTarget::Nvml { indices, sampler }],
+        (Some(indices), Some(copies)) => {
+            let [index] = indices[..] else {
+                bail!(
+                    "--nvml-repeat opens one GPU several times: give one index to --nvml (got {indices:?})"
+                );
+            };
+            if copies.contains(&0) {
+                bail!("--nvml-repeat: every count must be at least 1");
+            }
+            copies
+                .into_iter()
+                .map(|copies| AgentCpuTarget::NvmlRepeated {
+                    index,
+                    copies,
+                    sampler,
+                })
+                .collect()
+        }
+    })
+}
+
+/// A shipped spec: in ./policies (a checkout), beside the binary in specs/ (the GPU
+/// bundle), or in the source tree this binary was built from.
+fn default_policy(file: &str) -> Result<PathBuf> {
+    let mut candidates = vec![Path::new("policies").join(file)];
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_owned))
+    {
+        candidates.push(dir.join("specs").join(file));
+    }
+    candidates.push(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../policies")
+            .join(file),
+    );
+    candidates
+        .iter()
+        .find(|path| path.is_file())
+        .cloned()
+        .with_context(|| {
+            let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
+            format!(
+                "no {file} found (looked in {}): name a spec with --policy",
+                looked.join(", ")
+            )
+        })
+}
+
+fn bench_agent_cpu(
+    targets: &[AgentCpuTarget],
+    request: &AgentCpuRequest,
+    repeats: u32,
+    sampler: Option<SamplerConfig>,
+) -> Result<()> {
+    let repeats = repeats.max(1);
+    let simulated = matches!(targets.first(), Some(AgentCpuTarget::Sim { .. }));
+    println!(
+        "tokwatt bench agent-cpu: policy `{}` ({}), tick {}, {} per run, median of {repeats} run(s)",
+        request.spec.name,
+        request.spec.path.display(),
+        humantime::format_duration(request.tick),
+        humantime::format_duration(request.duration),
+    );
+    println!(
+        "CPU time of this process (user + system, all threads) from the end of the first tick to the end of the last, resolution {} ms",
+        CPU_TIME_RESOLUTION.as_millis()
+    );
+    if simulated {
+        println!(
+            "SIMULATOR output: the simulated GPU runs in real time; its work stands in for NVML's, so these figures are not what NVML costs (measure that with --nvml on a GPU machine)"
+        );
+    } else if let Some(sampler) = sampler {
+        println!(
+            "NVML telemetry, dry-run actuator (no GPU setting changes), no workload (an idle token source); sampler: energy and power every {} ms, SM clock, clock events and enforced limit every {} sample(s), temperature, utilisation, memory clock and requested limit every {} sample(s)",
+            sampler.period.as_millis(),
+            sampler.tick_gauges_every,
+            sampler.slow_gauges_every
+        );
+        if targets
+            .iter()
+            .any(|t| matches!(t, AgentCpuTarget::NvmlRepeated { .. }))
+        {
+            println!(
+                "LOGICAL GPUs: one GPU opened K times, so each row is K GPUs' worth of NVML sampling on one device"
+            );
+        }
+    }
+    let mut rows = Vec::new();
+    for target in targets {
+        let mut runs = Vec::new();
+        for repeat in 1..=repeats {
+            eprintln!(
+                "measuring {} (run {repeat} of {repeats}, {})",
+                agent_cpu::describe(target),
+                humantime::format_duration(request.duration)
+            );
+            let run = agent_cpu::measure(target, request)
+                .with_context(|| format!("measuring {}", agent_cpu::describe(target)))?;
+            eprintln!("  {}", run_line(&run));
+            runs.push(run);
+        }
+        rows.push((target, runs));
+    }
+    println!("{}", agent_cpu_table(&rows, simulated));
+    Ok(())
+}
+
+fn run_line(run: &AgentCpuRun) -> String {
+    let calls = run
+        .nvml_calls_per_s_per_gpu()
+        .map_or_else(String::new, |rate| format!(", {rate:.1} NVML calls/s/GPU"));
+    format!(
+        "{} ticks in {:.1} s: {:.3} % of one core (user {:.2} s, system {:.2} s){calls}",
+        run.ticks,
+        run.wall.as_secs_f64(),
+        run.cpu_pct_of_one_core(),
+        run.cpu.user.as_secs_f64(),
+        run.cpu.system.as_secs_f64()
+    )
+}
+
+fn agent_cpu_table(rows: &[(&AgentCpuTarget, Vec<AgentCpuRun>)], simulated: bool) -> String {
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::ASCII_MARKDOWN);
+    let mut header = vec![
+        "gpus",
+        "cpu % of one core",
+        "(min..max)",
+        "user s",
+        "system s",
+        "per GPU (% of a core)",
+        "measured s",
+    ];
+    if !simulated {
+        header.push("NVML calls/s/GPU");
+    }
+    table.set_header(header);
+    for (target, runs) in rows {
+        let pick = |f: &dyn Fn(&AgentCpuRun) -> f64| {
+            agent_cpu::median(&runs.iter().map(f).collect::<Vec<_>>())
+        };
+        let pct = pick(&|r| r.cpu_pct_of_one_core());
+        let (low, high) = runs
+            .iter()
+            .map(AgentCpuRun::cpu_pct_of_one_core)
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            });
+        let gpus = target.gpus();
+        let label = match target {
+            AgentCpuTarget::Sim { .. } => format!("{gpus} (simulated)"),
+            AgentCpuTarget::Nvml { .. } => format!("{gpus}"),
+            AgentCpuTarget::NvmlRepeated { .. } => format!("{gpus} (logical)"),
+        };
+        let mut row = vec![
+            label,
+            format!("{pct:.3}"),
+            format!("{low:.3}..{high:.3}"),
+            format!("{:.2}", pick(&|r| r.cpu.user.as_secs_f64())),
+            format!("{:.2}", pick(&|r| r.cpu.system.as_secs_f64())),
+            format!("{:.3}", pct / f64::from(gpus.max(1))),
+            format!("{:.1}", pick(&|r| r.wall.as_secs_f64())),
+        ];
+        if !simulated {
+            row.push(format!(
+                "{:.1}",
+                pick(&|r| r.nvml_calls_per_s_per_gpu().unwrap_or(f64::NAN))
+            ));
+        }
+        table.add_row(row);
+    }
+    table.to_string()
 }
 
 fn bench_workload(
@@ -74,8 +360,10 @@ fn bench_workload(
     json: Option<PathBuf>,
 ) -> Result<()> {
     let system = NvmlSystem::open(Some(&[gpu]))?;
+    // The freshest energy counter for per-batch measurements: every 100 ms, as NVML
+    // refreshes it (a cost the agent does not pay; this is a measurement).
     let mut telemetry = system
-        .telemetry(SamplerConfig::default())
+        .telemetry(SamplerConfig::everything_every(Duration::from_millis(100)))
         .context("starting NVML telemetry")?;
     let shape = tokwatt::cuda::ModelShape::load(model)?;
     let mut config = tokwatt::cuda::BenchConfig::new(shape, context, batches, seconds);

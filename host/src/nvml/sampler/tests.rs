@@ -211,7 +211,7 @@ impl SampleSource for CountingSource {
     fn gpu_count(&self) -> usize {
         2
     }
-    fn sample(&mut self, gpu: usize, errors: &mut Vec<SampleError>) -> Sample {
+    fn sample(&mut self, gpu: usize, _due: Due, errors: &mut Vec<SampleError>) -> Sample {
         let n = self.samples.fetch_add(1, Ordering::SeqCst);
         if gpu == 1 {
             errors.push(SampleError {
@@ -248,7 +248,7 @@ fn sampler_thread_fills_windows_and_stops_when_dropped() {
         samples: Arc::clone(&samples),
         dropped: Arc::clone(&dropped),
     };
-    let sampler = Sampler::start(source, ms(1)).unwrap();
+    let sampler = Sampler::start(source, SamplerConfig::everything_every(ms(1))).unwrap();
     assert_eq!(sampler.gpu_count(), 2);
     assert!(sampler.take_window(2).is_none());
 
@@ -286,7 +286,7 @@ impl SampleSource for StallingSource {
     fn gpu_count(&self) -> usize {
         1
     }
-    fn sample(&mut self, _gpu: usize, _errors: &mut Vec<SampleError>) -> Sample {
+    fn sample(&mut self, _gpu: usize, _due: Due, _errors: &mut Vec<SampleError>) -> Sample {
         self.reads += 1;
         if self.reads == 2 {
             let _ = self.entered.send(());
@@ -305,11 +305,147 @@ fn taking_a_window_never_waits_for_a_slow_read() {
         entered: entered_tx,
         release: release_rx,
     };
-    let sampler = Sampler::start(source, ms(1)).unwrap();
+    let sampler = Sampler::start(source, SamplerConfig::everything_every(ms(1))).unwrap();
     entered_rx.recv().unwrap();
     // The sampler is stuck inside a read; the window must still come back.
     let w = sampler.take_window(0).unwrap();
     assert_eq!(w.window.samples, 1);
     release_tx.send(()).unwrap();
     drop(sampler);
+}
+
+/// Counts the reads of each group, per GPU, as the NVML source would make them.
+#[derive(Default)]
+struct GroupCounts {
+    fast: AtomicU64,
+    tick_gauges: AtomicU64,
+    slow_gauges: AtomicU64,
+}
+
+struct GroupCountingSource {
+    counts: Arc<[GroupCounts; 2]>,
+}
+
+impl SampleSource for GroupCountingSource {
+    fn gpu_count(&self) -> usize {
+        2
+    }
+    fn sample(&mut self, gpu: usize, due: Due, _errors: &mut Vec<SampleError>) -> Sample {
+        let counts = &self.counts[gpu];
+        let n = counts.fast.fetch_add(1, Ordering::SeqCst);
+        let mut sample = energy(n * 1000);
+        if due.tick_gauges {
+            counts.tick_gauges.fetch_add(1, Ordering::SeqCst);
+            sample.sm_clock_mhz = Some(1980);
+            sample.clock_events = Some(ClockEvents::default());
+        }
+        if due.slow_gauges {
+            counts.slow_gauges.fetch_add(1, Ordering::SeqCst);
+            sample.temperature_c = Some(40);
+        }
+        sample
+    }
+}
+
+#[test]
+fn each_group_is_read_at_its_own_rate() {
+    let counts: Arc<[GroupCounts; 2]> = Arc::default();
+    let config = SamplerConfig {
+        period: ms(1),
+        tick_gauges_every: 2,
+        slow_gauges_every: 5,
+    };
+    let sampler = Sampler::start(
+        GroupCountingSource {
+            counts: Arc::clone(&counts),
+        },
+        config,
+    )
+    .unwrap();
+    wait_for("23 rounds", || counts[1].fast.load(Ordering::SeqCst) >= 23);
+    drop(sampler);
+    for gpu in counts.iter() {
+        let rounds = gpu.fast.load(Ordering::SeqCst);
+        // Rounds 0, 2, 4, ... and 0, 5, 10, ...: the first round reads everything.
+        assert_eq!(gpu.tick_gauges.load(Ordering::SeqCst), rounds.div_ceil(2));
+        assert_eq!(gpu.slow_gauges.load(Ordering::SeqCst), rounds.div_ceil(5));
+    }
+    // Both GPUs are read in every round.
+    let rounds = counts[0].fast.load(Ordering::SeqCst);
+    assert_eq!(counts[1].fast.load(Ordering::SeqCst), rounds);
+    assert!(rounds >= 23);
+}
+
+#[test]
+fn the_schedule_reads_everything_first_then_each_group_every_n() {
+    let config = SamplerConfig {
+        period: ms(500),
+        tick_gauges_every: 2,
+        slow_gauges_every: 10,
+    };
+    let due: Vec<Due> = (0..21).map(|round| config.due(round)).collect();
+    assert_eq!(
+        due[0],
+        Due {
+            tick_gauges: true,
+            slow_gauges: true
+        }
+    );
+    let rounds_with = |pick: fn(&Due) -> bool| {
+        due.iter()
+            .enumerate()
+            .filter(|(_, d)| pick(d))
+            .map(|(round, _)| round)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        rounds_with(|d| d.tick_gauges),
+        (0..21).step_by(2).collect::<Vec<_>>()
+    );
+    assert_eq!(rounds_with(|d| d.slow_gauges), vec![0, 10, 20]);
+    // The default: 2 fast samples per 1 s tick, so 2 tick-gauge and 0.2 slow-gauge
+    // reads per second against 20 of each at the old 100 ms.
+    let default = SamplerConfig::default();
+    let per_10_s: Vec<Due> = (0..20).map(|round| default.due(round)).collect();
+    assert_eq!(per_10_s.iter().filter(|d| d.tick_gauges).count(), 10);
+    assert_eq!(per_10_s.iter().filter(|d| d.slow_gauges).count(), 2);
+}
+
+#[test]
+fn a_window_between_clock_event_readings_reports_the_last_one() {
+    let mut acc = Accumulator::default();
+    let capped = ClockEvents {
+        sw_power_cap: true,
+        ..ClockEvents::default()
+    };
+    acc.record(
+        ms(0),
+        &Sample {
+            energy_mj: Some(0),
+            clock_events: Some(capped),
+            sm_clock_mhz: Some(1500),
+            ..Sample::default()
+        },
+        0,
+    );
+    assert_eq!(acc.take_window().window.clock_events, capped);
+    // Only fast readings in this window: the tick gauges' last values stand.
+    acc.record(ms(500), &energy(300), 0);
+    let w = acc.take_window();
+    assert_eq!(w.window.clock_events, capped);
+    assert_eq!(w.window.sm_clock_mhz, 1500);
+    assert_eq!(w.window.energy_j, 0.3);
+    // A reading in the window replaces it.
+    acc.record(
+        ms(1000),
+        &Sample {
+            clock_events: Some(ClockEvents::default()),
+            ..energy(600)
+        },
+        0,
+    );
+    assert_eq!(
+        acc.take_window().window.clock_events,
+        ClockEvents::default()
+    );
 }
