@@ -629,57 +629,57 @@ fn register_gpu(registry: &mut Registry, families: &GpuFamilies) {
     let gauges: [(&str, String, &Family<GpuLabels, GaugeF64>); 11] = [
         (
             "tokwatt_gpu_power_watts",
-            format!("Average power over the last control window, watts: energy counter difference over the window ({FROM_TELEMETRY})."),
+            format!("Average power over the last control window, watts: energy counter difference over the window ({FROM_TELEMETRY})"),
             &families.power_watts,
         ),
         (
             "tokwatt_gpu_tokens_per_joule",
-            format!("Tokens per joule over the last control window: the workload's tokens over the energy counter difference ({FROM_TELEMETRY}); absent when no energy was measured."),
+            format!("Tokens per joule over the last control window: the workload's tokens over the energy counter difference ({FROM_TELEMETRY}); absent when no energy was measured"),
             &families.tokens_per_joule,
         ),
         (
             "tokwatt_gpu_tokens_per_second",
-            "Tokens per second over the last control window, from the workload (the decode workload, a serving engine's metrics or the simulator).".to_owned(),
+            "Tokens per second over the last control window, from the workload (the decode workload, a serving engine's metrics or the simulator)".to_owned(),
             &families.tokens_per_second,
         ),
         (
             "tokwatt_gpu_power_cap_requested_watts",
-            "Power cap tokwatt last requested of the GPU, watts (the device's own setting before the first change), in force during the last window.".to_owned(),
+            "Power cap tokwatt last requested of the GPU, watts (the device's own setting before the first change), in force during the last window".to_owned(),
             &families.power_cap_requested_watts,
         ),
         (
             "tokwatt_gpu_power_cap_enforced_watts",
-            format!("Power cap the GPU enforced during the last window, watts ({FROM_TELEMETRY}); below the request when something outside tokwatt holds it lower."),
+            format!("Power cap the GPU enforced during the last window, watts ({FROM_TELEMETRY}); below the request when something outside tokwatt holds it lower"),
             &families.power_cap_enforced_watts,
         ),
         (
             "tokwatt_gpu_sm_clock_max_requested_hertz",
-            "Upper bound of the SM clock lock in force during the last window, hertz (the highest supported clock when unlocked).".to_owned(),
+            "Upper bound of the SM clock lock in force during the last window, hertz (the highest supported clock when unlocked)".to_owned(),
             &families.sm_clock_max_requested_hertz,
         ),
         (
             "tokwatt_gpu_sm_clock_hertz",
-            format!("Measured SM clock, median of the last window's samples, hertz ({FROM_TELEMETRY})."),
+            format!("Measured SM clock, median of the last window's samples, hertz ({FROM_TELEMETRY})"),
             &families.sm_clock_hertz,
         ),
         (
             "tokwatt_gpu_memory_clock_hertz",
-            format!("Measured memory clock in the last window, hertz ({FROM_TELEMETRY})."),
+            format!("Measured memory clock in the last window, hertz ({FROM_TELEMETRY})"),
             &families.memory_clock_hertz,
         ),
         (
             "tokwatt_gpu_batch_size",
-            "Batch size in force during the last window, sequences (as the workload reports it).".to_owned(),
+            "Batch size in force during the last window, sequences (as the workload reports it)".to_owned(),
             &families.batch_size,
         ),
         (
             "tokwatt_gpu_temperature_celsius",
-            format!("GPU temperature at the end of the last window, degrees Celsius ({FROM_TELEMETRY})."),
+            format!("GPU temperature at the end of the last window, degrees Celsius ({FROM_TELEMETRY})"),
             &families.temperature_celsius,
         ),
         (
             "tokwatt_gpu_tpot_p99_seconds",
-            "99th percentile time per output token in the last window, seconds, from the workload; absent where no tokens flowed or the source had no TPOT observation (counted in tokwatt_gpu_tpot_unknown_ticks_total).".to_owned(),
+            "99th percentile time per output token in the last window, seconds, from the workload; absent where no tokens flowed or the source had no TPOT observation (counted in tokwatt_gpu_tpot_unknown_ticks_total)".to_owned(),
             &families.tpot_p99_seconds,
         ),
     ];
@@ -688,32 +688,34 @@ fn register_gpu(registry: &mut Registry, families: &GpuFamilies) {
     }
     registry.register(
         "tokwatt_gpu_tpot_unknown_ticks_total",
-        "Ticks in which tokens flowed but the workload's TPOT p99 was unknown (a serving engine's histogram without observations in the window).",
+        "Ticks in which tokens flowed but the workload's TPOT p99 was unknown (a serving engine's histogram without observations in the window)",
         families.tpot_unknown_ticks.clone(),
     );
     registry.register(
         "tokwatt_gpu_clock_event_active",
-        format!("1 when the clock-event reason was active in the last window, else 0 ({FROM_TELEMETRY})."),
+        format!(
+            "1 when the clock-event reason was active in the last window, else 0 ({FROM_TELEMETRY})"
+        ),
         families.clock_event_active.clone(),
     );
     registry.register(
         "tokwatt_gpu_clock_event_ticks_total",
-        format!("Ticks in which the clock-event reason was active ({FROM_TELEMETRY})."),
+        format!("Ticks in which the clock-event reason was active ({FROM_TELEMETRY})"),
         families.clock_event_ticks.clone(),
     );
     registry.register(
         "tokwatt_gpu_energy_joules_total",
-        format!("Energy the GPU used, joules, from the energy counter over each window ({FROM_TELEMETRY}), by the policy whose settings were in force."),
+        format!("Energy the GPU used, joules, from the energy counter over each window ({FROM_TELEMETRY}), by the policy whose settings were in force"),
         families.energy_joules.clone(),
     );
     registry.register(
         "tokwatt_gpu_tokens_total",
-        "Tokens the workload generated on the GPU, by the policy whose settings were in force.",
+        "Tokens the workload generated on the GPU, by the policy whose settings were in force",
         families.tokens.clone(),
     );
     registry.register(
         "tokwatt_gpu_slo_violation_ticks_total",
-        "Ticks whose window broke the objective of the policy spec in charge (TPOT, throughput, queue wait, demand turned away), by the policy whose settings were in force.",
+        "Ticks whose window broke the objective of the policy spec in charge (TPOT, throughput, queue wait, demand turned away), by the policy whose settings were in force",
         families.slo_violation_ticks.clone(),
     );
 }
@@ -721,47 +723,47 @@ fn register_gpu(registry: &mut Registry, families: &GpuFamilies) {
 fn register_policy(registry: &mut Registry, families: &PolicyFamilies) {
     registry.register(
         "tokwatt_policy_decide_duration_seconds",
-        "Wall time of the policy's decide call, seconds (the wasm call with its sandbox checks), by the policy that decided.",
+        "Wall time of the policy's decide call, seconds (the wasm call with its sandbox checks), by the policy that decided",
         families.decide_duration_seconds.clone(),
     );
     registry.register(
         "tokwatt_policy_traps_total",
-        "Failures that trapped the policy's instance (trap, fuel, deadline, memory limit), by the policy in charge.",
+        "Failures that trapped the policy's instance (trap, fuel, deadline, memory limit), by the policy in charge",
         families.traps.clone(),
     );
     registry.register(
         "tokwatt_policy_fallback_ticks_total",
-        "Ticks decided by the safe fallback (it holds the settings) because the policy failed or is ejected, by the policy that failed.",
+        "Ticks decided by the safe fallback (it holds the settings) because the policy failed or is ejected, by the policy that failed",
         families.fallback_ticks.clone(),
     );
     registry.register(
         "tokwatt_policy_ejections_total",
-        "Times the circuit breaker ejected the policy after consecutive failures.",
+        "Times the circuit breaker ejected the policy after consecutive failures",
         families.ejections.clone(),
     );
     registry.register(
         "tokwatt_policy_swaps_total",
-        "Hot swaps, by the policy swapped in.",
+        "Hot swaps, by the policy swapped in",
         families.swaps.clone(),
     );
     registry.register(
         "tokwatt_policy_rollbacks_total",
-        "Swapped-in policies that failed in probation and gave way to the previous one, by the policy rolled back.",
+        "Swapped-in policies that failed in probation and gave way to the previous one, by the policy rolled back",
         families.rollbacks.clone(),
     );
     registry.register(
         "tokwatt_policy_swaps_refused_total",
-        "Swap requests refused before reaching the loop (a bad spec or plugin); nothing changed.",
+        "Swap requests refused before reaching the loop (a bad spec or plugin); nothing changed",
         families.swaps_refused.clone(),
     );
     registry.register(
         "tokwatt_policy_info",
-        "1 for the policy in charge, 0 for one that was; version is the plugin's content version.",
+        "1 for the policy in charge, 0 for one that was; version is the plugin's content version",
         families.info.clone(),
     );
     registry.register(
         "tokwatt_policy_on_probation",
-        "1 while the policy swapped in is on probation (a failure brings the previous one back), else 0.",
+        "1 while the policy swapped in is on probation (a failure brings the previous one back), else 0",
         families.on_probation.clone(),
     );
 }
@@ -769,27 +771,27 @@ fn register_policy(registry: &mut Registry, families: &PolicyFamilies) {
 fn register_agent(registry: &mut Registry, families: &AgentFamilies, simulated: bool) {
     registry.register(
         "tokwatt_tick_lateness_seconds",
-        "How late each control tick started against its schedule, seconds (the virtual clock's in a simulated run).",
+        "How late each control tick started against its schedule, seconds (the virtual clock's in a simulated run)",
         families.tick_lateness_seconds.clone(),
     );
     registry.register(
         "tokwatt_ticks_total",
-        "Control ticks run.",
+        "Control ticks run",
         families.ticks.clone(),
     );
     registry.register(
         "tokwatt_actuator_errors_total",
-        "Setting changes (power cap, clock lock, batch size) that failed; the old setting stayed.",
+        "Setting changes (power cap, clock lock, batch size) that failed; the old setting stayed",
         families.actuator_errors.clone(),
     );
     registry.register(
         "tokwatt_telemetry_errors_total",
-        "Telemetry reads that failed; that GPU's telemetry series are absent for the tick.",
+        "Telemetry reads that failed; that GPU's telemetry series are absent for the tick",
         families.telemetry_errors.clone(),
     );
     registry.register(
         "tokwatt_paused",
-        "1 while an operator holds the settings (the policy is not asked), else 0.",
+        "1 while an operator holds the settings (the policy is not asked), else 0",
         families.paused.clone(),
     );
     let info: Family<AgentInfoLabels, GaugeF64> = Family::default();
@@ -800,7 +802,7 @@ fn register_agent(registry: &mut Registry, families: &AgentFamilies, simulated: 
     .set(1.0);
     registry.register(
         "tokwatt_info",
-        "1, labelled with the agent's version and whether its GPUs are simulated (then every figure here is simulator output, never a GPU's).",
+        "1, labelled with the agent's version and whether its GPUs are simulated (then every figure here is simulator output, never a GPU's)",
         info,
     );
 }

@@ -326,6 +326,13 @@ fn the_text_is_the_classic_format_with_escaped_labels() {
     metrics.swap_refused();
     let text = metrics.encode();
     assert!(text.ends_with("# EOF\n"));
+    // prometheus-client ends every HELP with a full stop of its own.
+    assert!(
+        !text
+            .lines()
+            .any(|line| line.starts_with("# HELP") && line.ends_with("..")),
+        "{text}"
+    );
     assert!(text.contains("# TYPE tokwatt_ticks_total counter\ntokwatt_ticks_total 1\n"));
     assert!(text.contains("# TYPE tokwatt_policy_swaps_refused_total counter\n"));
     assert!(text.contains("tokwatt_policy_swaps_refused_total 1\n"));
