@@ -10,6 +10,7 @@ mod engines;
 mod eval;
 mod hostile;
 mod long_run;
+mod metrics;
 mod outputs;
 mod policies_judged;
 mod report;
