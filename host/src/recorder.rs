@@ -7,14 +7,23 @@
 //! ([`TRACE_FORMAT_VERSION`], [`OBSERVATIONS_FORMAT_VERSION`], and the summary's own
 //! `format_version`), recorded in `summary.json`; a change that renames or removes a
 //! field raises it. The trace's header and the summary's keys are pinned by tests.
+//!
+//! A run of weeks (`tokwatt serve`) bounds its files with a [`Rotation`]: the current
+//! `trace.csv` holds the newest lines, `trace.1.csv` … `trace.<keep>.csv` older ones,
+//! each with its header; `observations.jsonl` likewise. [`Recorder::checkpoint`] keeps
+//! `summary.json` current while the run goes on.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
+mod output_file;
+
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use crate::types::{InForce, Observation, Settings};
+
+use output_file::OutputFile;
+pub use output_file::Rotation;
 
 /// Version of `trace.csv`'s columns.
 pub const TRACE_FORMAT_VERSION: u32 = 1;
@@ -40,12 +49,20 @@ pub enum RecorderError {
     #[error(
         "the output folder {} already holds a run ({}); choose another folder with --out, or pass --overwrite to replace it", path.display(), file
     )]
-    Exists { path: PathBuf, file: &'static str },
+    Exists { path: PathBuf, file: String },
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot rotate {} to {}: {source}", from.display(), to.display())]
+    Rotate {
+        from: PathBuf,
+        to: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("output file rotation: {0}")]
+    Rotation(String),
 }
 
 /// One GPU in one tick: what was seen, asked for and applied.
@@ -181,37 +198,75 @@ pub struct Recorder {
 
 #[derive(Debug)]
 struct Files {
-    trace: csv::Writer<BufWriter<File>>,
-    observations: BufWriter<File>,
+    trace: OutputFile,
+    observations: OutputFile,
+    /// One row's CSV bytes, made before they are written (the buffer is reused).
+    trace_line: Vec<u8>,
 }
+
+const TRACE_FILE: &str = "trace.csv";
+const OBSERVATIONS_FILE: &str = "observations.jsonl";
+const SUMMARY_FILE: &str = "summary.json";
 
 impl Recorder {
     /// Create the run's files in `dir`. A folder that already holds a run is refused
     /// unless `overwrite`: a previous run's results are never lost by accident.
     pub fn create(dir: &Path, overwrite: bool) -> Result<Self, RecorderError> {
-        if !overwrite && let Some(file) = OUTPUT_FILES.iter().find(|f| dir.join(f).exists()) {
-            return Err(RecorderError::Exists {
-                path: dir.to_owned(),
-                file,
-            });
+        Self::open(dir, overwrite, None)
+    }
+
+    /// Like [`Recorder::create`], with `trace.csv` and `observations.jsonl` each bounded
+    /// by `rotation` (see [`Rotation`]). Rotated files of an earlier run in `dir` count
+    /// as a run: refused unless `overwrite`, then deleted so the runs do not mix.
+    pub fn create_rotating(
+        dir: &Path,
+        overwrite: bool,
+        rotation: Rotation,
+    ) -> Result<Self, RecorderError> {
+        rotation.validate()?;
+        Self::open(dir, overwrite, Some(rotation))
+    }
+
+    fn open(
+        dir: &Path,
+        overwrite: bool,
+        rotation: Option<Rotation>,
+    ) -> Result<Self, RecorderError> {
+        let mut earlier_rotated = Vec::new();
+        for name in [TRACE_FILE, OBSERVATIONS_FILE] {
+            earlier_rotated.extend(output_file::rotated_files(dir, name)?);
+        }
+        if !overwrite {
+            let earlier = OUTPUT_FILES
+                .iter()
+                .map(|f| dir.join(f))
+                .chain(earlier_rotated.iter().cloned())
+                .find(|path| path.exists());
+            if let Some(path) = earlier {
+                return Err(RecorderError::Exists {
+                    path: dir.to_owned(),
+                    file: path
+                        .file_name()
+                        .map(|name| name.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                });
+            }
         }
         std::fs::create_dir_all(dir).map_err(|source| RecorderError::CreateDir {
             path: dir.to_owned(),
             source,
         })?;
-        let open = |name: &str| {
-            let path = dir.join(name);
-            File::create(&path)
-                .map(BufWriter::new)
-                .map_err(|source| RecorderError::Write { path, source })
-        };
-        let trace = csv::Writer::from_writer(open("trace.csv")?);
-        let observations = open("observations.jsonl")?;
+        for path in earlier_rotated {
+            std::fs::remove_file(&path).map_err(|source| RecorderError::Write { path, source })?;
+        }
+        let trace = OutputFile::create(dir, TRACE_FILE, Some(trace_header_line()), rotation)?;
+        let observations = OutputFile::create(dir, OBSERVATIONS_FILE, None, rotation)?;
         Ok(Self {
             dir: dir.to_owned(),
             files: Some(Files {
                 trace,
                 observations,
+                trace_line: Vec::new(),
             }),
         })
     }
@@ -249,42 +304,62 @@ impl Recorder {
             path: dir.join(name),
             source,
         };
-        // The csv writer writes the header before the first row.
-        files
-            .trace
+        // Each line is made whole before it is written, so a rotation falls between lines;
+        // the header is not the csv writer's to write: `trace` writes it at each file's start.
+        files.trace_line.clear();
+        let mut row_writer = csv::WriterBuilder::new()
+            .has_headers(false)
+            .buffer_capacity(1024)
+            .from_writer(&mut files.trace_line);
+        row_writer
             .serialize(TraceRow::new(r))
-            .map_err(|e| error("trace.csv", e.into()))?;
+            .and_then(|()| Ok(row_writer.flush()?))
+            .map_err(|e| error(TRACE_FILE, e.into()))?;
+        drop(row_writer);
+        files.trace.write_line(&files.trace_line)?;
         let line = ObservationLine {
             format_version: OBSERVATIONS_FORMAT_VERSION,
             record: r,
         };
-        let json = serde_json::to_string(&line)
-            .map_err(|e| error("observations.jsonl", std::io::Error::other(e)))?;
-        writeln!(files.observations, "{json}").map_err(|e| error("observations.jsonl", e))
+        let mut json = serde_json::to_string(&line)
+            .map_err(|e| error(OBSERVATIONS_FILE, std::io::Error::other(e)))?;
+        json.push('\n');
+        files.observations.write_line(json.as_bytes())
     }
 
     /// Flush the trace and write `summary.json` (atomically: a reader never sees half a
-    /// summary).
-    pub fn finish<S: Serialize>(mut self, summary: &S) -> Result<(), RecorderError> {
+    /// summary), keeping the recording going: a long run's current summary. The trace
+    /// and observations on disk then reach at least as far as the summary.
+    pub fn checkpoint<S: Serialize>(&mut self, summary: &S) -> Result<(), RecorderError> {
         let Some(files) = self.files.as_mut() else {
             return Ok(());
         };
-        if let Err(error) = files.trace.flush() {
-            return Err(self.write_error("trace.csv", error));
-        }
-        if let Err(error) = files.observations.flush() {
-            return Err(self.write_error("observations.jsonl", error));
-        }
+        files.trace.flush()?;
+        files.observations.flush()?;
         let json = serde_json::to_string_pretty(summary)
-            .map_err(|e| self.write_error("summary.json", std::io::Error::other(e)))?;
+            .map_err(|e| self.write_error(SUMMARY_FILE, std::io::Error::other(e)))?;
         let mut file = tempfile::NamedTempFile::new_in(&self.dir)
-            .map_err(|e| self.write_error("summary.json", e))?;
+            .map_err(|e| self.write_error(SUMMARY_FILE, e))?;
         file.write_all((json + "\n").as_bytes())
-            .map_err(|e| self.write_error("summary.json", e))?;
-        file.persist(self.dir.join("summary.json"))
-            .map_err(|e| self.write_error("summary.json", e.error))?;
+            .map_err(|e| self.write_error(SUMMARY_FILE, e))?;
+        file.persist(self.dir.join(SUMMARY_FILE))
+            .map_err(|e| self.write_error(SUMMARY_FILE, e.error))?;
         Ok(())
     }
+
+    /// Flush the trace and write `summary.json` (atomically), ending the recording.
+    pub fn finish<S: Serialize>(mut self, summary: &S) -> Result<(), RecorderError> {
+        self.checkpoint(summary)
+    }
+}
+
+/// The first line of every `trace.csv` file, newline included, written as the csv writer
+/// writes a header (the column names need no quoting).
+fn trace_header_line() -> Vec<u8> {
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    // Writing to memory cannot fail.
+    let _ = writer.write_record(trace_header());
+    writer.into_inner().unwrap_or_default()
 }
 
 /// The header of `trace.csv`, as written (for tests and documentation).

@@ -96,3 +96,259 @@ fn trace_header_and_observation_lines_carry_their_format() {
         assert_eq!(record["format_version"], 1, "{line}");
     }
 }
+
+/// A tick record for GPU `gpu` at `tick`, as the loop writes it.
+fn tick_record(gpu: u32, tick: u64) -> tokwatt::recorder::TickRecord {
+    let observation = tokwatt::bench::sample_observation(gpu, tick);
+    tokwatt::recorder::TickRecord {
+        time_s: tick as f64 + 1.0,
+        policy: "static".into(),
+        observation,
+        requested: tokwatt::types::Settings::default(),
+        applied: tokwatt::types::Settings::default(),
+        in_force_after: observation.in_force,
+        fallback: false,
+        clamped: false,
+        slo_violation: false,
+        energy_counter_j: 690.0 * (tick as f64 + 1.0),
+        power_mem_avg_w: None,
+    }
+}
+
+/// The files of one kind in `dir`, the current one last: `name.<keep>.ext` … `name.1.ext`,
+/// `name.ext`. Fails on a gap in the numbering or a number past `keep`.
+fn rotation_chain(
+    dir: &std::path::Path,
+    stem: &str,
+    ext: &str,
+    keep: u32,
+) -> Vec<std::path::PathBuf> {
+    let mut numbers: Vec<u32> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .filter_map(|entry| {
+            let name = entry
+                .expect("entry")
+                .file_name()
+                .into_string()
+                .expect("utf-8");
+            name.strip_prefix(&format!("{stem}."))?
+                .strip_suffix(&format!(".{ext}"))?
+                .parse()
+                .ok()
+        })
+        .collect();
+    numbers.sort_unstable();
+    assert_eq!(
+        numbers,
+        (1..=keep).collect::<Vec<_>>(),
+        "{stem}: rotated files 1..={keep} expected"
+    );
+    let mut chain: Vec<_> = numbers
+        .iter()
+        .rev()
+        .map(|n| dir.join(format!("{stem}.{n}.{ext}")))
+        .collect();
+    chain.push(dir.join(format!("{stem}.{ext}")));
+    chain
+}
+
+#[test]
+fn rotated_outputs_stay_bounded_each_file_reads_on_its_own_and_no_tick_is_lost() {
+    use tokwatt::recorder::{Recorder, Rotation};
+    let dir = tempdir();
+    let out = dir.path().join("run");
+    let rotation = Rotation {
+        max_bytes: 16 * 1024,
+        keep: 3,
+    };
+    let gpus = 2_u32;
+    let ticks = 2_000_u64;
+    let mut recorder = Recorder::create_rotating(&out, false, rotation).expect("recorder");
+    for tick in 0..ticks {
+        for gpu in 0..gpus {
+            recorder.record(&tick_record(gpu, tick)).expect("record");
+        }
+    }
+    recorder
+        .finish(&serde_json::json!({"policy": "static", "tick_ms": 1000, "duration_s": ticks}))
+        .expect("finish");
+
+    // The trace: every file within the bound, each with the header, and the ticks one
+    // run without a gap from the oldest kept file to the current one.
+    let header = tokwatt::recorder::trace_header().join(",");
+    let mut last: Option<(u64, u32)> = None;
+    let trace_files = rotation_chain(&out, "trace", "csv", rotation.keep);
+    for path in &trace_files {
+        let text = std::fs::read_to_string(path).expect("trace file");
+        assert!(
+            text.len() as u64 <= rotation.max_bytes,
+            "{} is {} bytes",
+            path.display(),
+            text.len()
+        );
+        let mut reader = csv::Reader::from_reader(text.as_bytes());
+        assert_eq!(
+            reader
+                .headers()
+                .expect("header")
+                .iter()
+                .collect::<Vec<_>>()
+                .join(","),
+            header,
+            "{}",
+            path.display()
+        );
+        let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.expect("row")).collect();
+        assert!(!rows.is_empty(), "{} has no rows", path.display());
+        for row in rows {
+            let tick: u64 = row[1].parse().expect("tick");
+            let gpu: u32 = row[2].parse().expect("gpu");
+            let time_s: f64 = row[0].parse().expect("time");
+            assert_eq!(time_s, tick as f64 + 1.0, "{}", path.display());
+            if let Some(previous) = last {
+                let expected = if previous.1 + 1 == gpus {
+                    (previous.0 + 1, 0)
+                } else {
+                    (previous.0, previous.1 + 1)
+                };
+                assert_eq!((tick, gpu), expected, "a gap in {}", path.display());
+            }
+            last = Some((tick, gpu));
+        }
+    }
+    assert_eq!(
+        last,
+        Some((ticks - 1, gpus - 1)),
+        "the last tick is in trace.csv"
+    );
+
+    // The observations: the same bound and the same unbroken run of ticks.
+    let mut last: Option<(u64, u64)> = None;
+    let observation_files = rotation_chain(&out, "observations", "jsonl", rotation.keep);
+    for path in &observation_files {
+        let text = std::fs::read_to_string(path).expect("observations file");
+        assert!(
+            text.len() as u64 <= rotation.max_bytes,
+            "{}",
+            path.display()
+        );
+        assert!(!text.is_empty(), "{} is empty", path.display());
+        for line in text.lines() {
+            let record: serde_json::Value = serde_json::from_str(line).expect("JSON line");
+            assert_eq!(record["format_version"], 1);
+            let tick = record["observation"]["tick"].as_u64().expect("tick");
+            let gpu = record["observation"]["gpu"].as_u64().expect("gpu");
+            if let Some((previous_tick, previous_gpu)) = last {
+                let expected = if previous_gpu + 1 == u64::from(gpus) {
+                    (previous_tick + 1, 0)
+                } else {
+                    (previous_tick, previous_gpu + 1)
+                };
+                assert_eq!((tick, gpu), expected, "a gap in {}", path.display());
+            }
+            last = Some((tick, gpu));
+        }
+    }
+    assert_eq!(last, Some((ticks - 1, u64::from(gpus) - 1)));
+
+    // Rotation dropped the oldest lines (the run wrote far more than the bound keeps),
+    // and the report still renders from the current trace alone.
+    let total: u64 = trace_files
+        .iter()
+        .chain(&observation_files)
+        .map(|p| std::fs::metadata(p).expect("size").len())
+        .sum();
+    assert!(total <= 2 * u64::from(rotation.keep + 1) * rotation.max_bytes);
+    let oldest = std::fs::read_to_string(&trace_files[0]).expect("oldest");
+    let mut oldest = csv::Reader::from_reader(oldest.as_bytes());
+    let first_kept = oldest.records().next().expect("a row").expect("row");
+    assert!(
+        first_kept[1].parse::<u64>().expect("tick") > 0,
+        "nothing was rotated away"
+    );
+    let html = tokwatt::report::run_report(&out).expect("report from the current trace");
+    assert!(html.contains("GPU 1"));
+}
+
+#[test]
+fn a_checkpoint_writes_the_summary_and_the_recording_goes_on() {
+    use tokwatt::recorder::{Recorder, Rotation};
+    let dir = tempdir();
+    let out = dir.path().join("run");
+    let rotation = Rotation {
+        max_bytes: Rotation::MIN_BYTES,
+        keep: 1,
+    };
+    let mut recorder = Recorder::create_rotating(&out, false, rotation).expect("recorder");
+    for tick in 0..10 {
+        recorder.record(&tick_record(0, tick)).expect("record");
+    }
+    recorder
+        .checkpoint(&serde_json::json!({"ticks": 10}))
+        .expect("checkpoint");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary"))
+            .expect("JSON");
+    assert_eq!(summary["ticks"], 10);
+    // What the summary counts is on disk: the trace reaches tick 9.
+    let current = std::fs::read_to_string(out.join("trace.csv")).expect("trace");
+    let last_row = current.lines().last().expect("a row");
+    assert!(last_row.starts_with("10.0,9,"), "{last_row}");
+    for tick in 10..20 {
+        recorder
+            .record(&tick_record(0, tick))
+            .expect("record after a checkpoint");
+    }
+    recorder
+        .finish(&serde_json::json!({"ticks": 20}))
+        .expect("finish");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).expect("summary"))
+            .expect("JSON");
+    assert_eq!(summary["ticks"], 20);
+    let leftovers: Vec<String> = std::fs::read_dir(&out)
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+}
+
+#[test]
+fn rotated_files_of_an_earlier_run_count_as_a_run_and_overwrite_clears_them() {
+    use tokwatt::recorder::{Recorder, Rotation};
+    let dir = tempdir();
+    let out = dir.path().join("run");
+    std::fs::create_dir_all(&out).expect("dir");
+    std::fs::write(out.join("trace.4.csv"), "old").expect("old rotated file");
+    let rotation = Rotation {
+        max_bytes: 1 << 20,
+        keep: 2,
+    };
+    let error = Recorder::create_rotating(&out, false, rotation).expect_err("earlier run");
+    let message = error.to_string();
+    assert!(
+        message.contains("trace.4.csv") && message.contains("--overwrite"),
+        "{message}"
+    );
+    assert!(
+        out.join("trace.4.csv").exists(),
+        "a refusal changes nothing"
+    );
+    Recorder::create_rotating(&out, true, rotation).expect("overwrite asked for");
+    assert!(!out.join("trace.4.csv").exists(), "runs must not mix");
+    let error = Recorder::create_rotating(
+        &dir.path().join("other"),
+        false,
+        Rotation {
+            max_bytes: 10,
+            keep: 2,
+        },
+    )
+    .expect_err("too small");
+    assert!(error.to_string().contains("max_bytes is 10"), "{error}");
+    assert!(
+        !dir.path().join("other").exists(),
+        "bad bounds create nothing"
+    );
+}
