@@ -369,3 +369,9 @@ fn every_gpu_starts_with_its_counters_at_zero() {
         text.contains("tokwatt_gpu_clock_event_ticks_total{gpu=\"1\",reason=\"hw_thermal\"} 0\n")
     );
 }
+
+#[test]
+fn the_metrics_can_be_shared_between_the_loop_and_the_http_handler() {
+    fn shared<T: Send + Sync>() {}
+    shared::<AgentMetrics>();
+}
