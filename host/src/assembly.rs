@@ -79,6 +79,9 @@ pub enum WorkloadSource {
         /// (`tokwatt run` refuses a spec with a TPOT bound then).
         tpot_histogram: Option<String>,
     },
+    /// One source per GPU, in the order of [`GpuTarget::indices`] (each GPU's own
+    /// serving engine); each is `Cuda` or `External`.
+    PerGpu(Vec<WorkloadSource>),
 }
 
 /// Everything needed to assemble backends.
@@ -125,6 +128,12 @@ pub struct Assembled {
     pub changes_hardware: bool,
     /// The simulator, for runs on it (ground truth for tests and judging).
     pub sim: Option<SimGpu>,
+    /// What the operator and the backends offer, knob by knob: a policy swapped in later
+    /// gets its spec's knobs intersected with this, as the first one did.
+    pub offered: Offered,
+    /// Knobs this process may not change on the hardware (no privileges), with why: a
+    /// policy asking for one is refused, as the first one would have been.
+    pub not_permitted: Vec<Withheld>,
 }
 
 /// A knob the spec asked for that the run does not grant.
@@ -155,9 +164,9 @@ pub enum AssemblyError {
     #[error("reading tokens from {url}: {reason}")]
     External { url: String, reason: String },
     #[error(
-        "the CUDA decode workload runs on one GPU; pass one index to --gpu (got {0:?}), or use an external token source"
+        "{sources} workload sources for {gpus} GPUs: give one per GPU, in the order of the GPUs"
     )]
-    OneGpuOnly(Vec<u32>),
+    SourcesPerGpu { sources: usize, gpus: usize },
     #[error("no GPU selected: pass at least one NVML index")]
     NoGpu,
     #[error(
@@ -299,6 +308,8 @@ fn assemble_sim(
         withheld,
         changes_hardware: false,
         sim: Some(sim),
+        offered: operator_offer(request),
+        not_permitted: Vec::new(),
     })
 }
 
@@ -311,8 +322,13 @@ fn assemble_gpu(
     if target.indices.is_empty() {
         return Err(AssemblyError::NoGpu);
     }
-    if matches!(target.workload, WorkloadSource::Cuda { .. }) && target.indices.len() != 1 {
-        return Err(AssemblyError::OneGpuOnly(target.indices.clone()));
+    if let WorkloadSource::PerGpu(sources) = &target.workload
+        && sources.len() != target.indices.len()
+    {
+        return Err(AssemblyError::SourcesPerGpu {
+            sources: sources.len(),
+            gpus: target.indices.len(),
+        });
     }
     let system = NvmlSystem::open(Some(&target.indices))?;
     let devices = system.devices();
@@ -320,20 +336,34 @@ fn assemble_gpu(
 
     // What the operator allows, then what the workload can do.
     let mut offered = operator_offer(request);
-    if matches!(target.workload, WorkloadSource::External { .. }) {
+    if target.workload.is_external() {
         offered.batch_size = Err("the external serving engine sets its own batch size".into());
     }
     let (knobs, withheld) = grant_knobs(knobs, &offered);
 
+    let mut not_permitted = Vec::new();
     let actuator: Box<dyn Actuator> = if target.dry_run {
         let current = (0..devices.len() as u32)
             .map(|gpu| nvml_actuator.read(gpu))
             .collect::<Result<Vec<_>, _>>()?;
         Box::new(DryRun::new(devices.clone(), current))
     } else {
-        // A knob granted but not permitted is explained now, not half-way through the run.
+        let why = || {
+            crate::nvml::privileges::Privileges::current()
+                .denial()
+                .map_or_else(|| "the driver refused".to_owned(), |d| d.to_string())
+        };
         for device in &devices {
             let can = nvml_actuator.capabilities(device.index);
+            for (denied, knob) in [(!can.power_cap, "power-cap"), (!can.sm_clock, "sm-clock")] {
+                if denied && !not_permitted.iter().any(|w: &Withheld| w.knob == knob) {
+                    not_permitted.push(Withheld {
+                        knob,
+                        reason: format!("GPU {}: {}", device.index, why()),
+                    });
+                }
+            }
+            // A knob granted but not permitted is explained now, not half-way through the run.
             let missing: Vec<&str> = [
                 (knobs.power_cap && !can.power_cap, "the power cap"),
                 (knobs.sm_clock && !can.sm_clock, "the SM clock lock"),
@@ -346,9 +376,7 @@ fn assemble_gpu(
                     policy: policy.to_owned(),
                     what: missing.join(" and "),
                     gpu: device.index,
-                    why: crate::nvml::privileges::Privileges::current()
-                        .denial()
-                        .map_or_else(|| "the driver refused".to_owned(), |d| d.to_string()),
+                    why: why(),
                 });
             }
         }
@@ -383,11 +411,47 @@ fn assemble_gpu(
         withheld,
         changes_hardware: !target.dry_run && (knobs.power_cap || knobs.sm_clock),
         sim: None,
+        offered,
+        not_permitted,
     })
 }
 
 fn workload(target: &GpuTarget) -> Result<(Box<dyn Workload>, String), AssemblyError> {
-    match &target.workload {
+    let sources: Vec<&WorkloadSource> = match &target.workload {
+        WorkloadSource::PerGpu(sources) => sources.iter().collect(),
+        one => vec![one; target.indices.len()],
+    };
+    if let ([source], [nvml_index]) = (&sources[..], &target.indices[..]) {
+        return one_gpu_workload(source, *nvml_index, 0);
+    }
+    // One source per GPU, each answering for its own GPU.
+    let mut per_gpu = Vec::with_capacity(sources.len());
+    let mut notes = Vec::with_capacity(sources.len());
+    for (position, (source, nvml_index)) in sources.iter().zip(&target.indices).enumerate() {
+        let agent_index = position as u32;
+        let (workload, note) = one_gpu_workload(source, *nvml_index, agent_index)?;
+        // A CUDA decode answers to the agent's index; an external source to 0.
+        let inner = if matches!(source, WorkloadSource::Cuda { .. }) {
+            agent_index
+        } else {
+            0
+        };
+        per_gpu.push((workload, inner));
+        notes.push(format!("GPU {nvml_index}: {note}"));
+    }
+    Ok((
+        Box::new(crate::workload::per_gpu::PerGpu::new(per_gpu)),
+        notes.join("; "),
+    ))
+}
+
+/// The workload of one GPU (`nvml_index`), answering the loop as GPU `agent_index`.
+fn one_gpu_workload(
+    source: &WorkloadSource,
+    nvml_index: u32,
+    agent_index: u32,
+) -> Result<(Box<dyn Workload>, String), AssemblyError> {
+    match source {
         WorkloadSource::Cuda {
             model,
             context,
@@ -395,7 +459,8 @@ fn workload(target: &GpuTarget) -> Result<(Box<dyn Workload>, String), AssemblyE
         } => {
             let shape = ModelShape::load(model)?;
             let mut config = CudaDecodeConfig::new(shape, *context, *batch_size_max);
-            config.device = target.indices.first().copied().unwrap_or(0);
+            config.device = nvml_index;
+            config.gpu_index = agent_index;
             let workload = CudaDecode::new(config)?;
             Ok((
                 Box::new(workload),
@@ -419,6 +484,21 @@ fn workload(target: &GpuTarget) -> Result<(Box<dyn Workload>, String), AssemblyE
                     reason: e.to_string(),
                 })?;
             Ok((Box::new(workload), format!("tokens from {url}")))
+        }
+        WorkloadSource::PerGpu(_) => Err(AssemblyError::SourcesPerGpu {
+            sources: 0,
+            gpus: 1,
+        }),
+    }
+}
+
+impl WorkloadSource {
+    /// Whether the tokens come from a serving engine (which sets its own batch size).
+    pub fn is_external(&self) -> bool {
+        match self {
+            WorkloadSource::Cuda { .. } => false,
+            WorkloadSource::External { .. } => true,
+            WorkloadSource::PerGpu(sources) => sources.iter().any(WorkloadSource::is_external),
         }
     }
 }

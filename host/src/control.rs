@@ -195,6 +195,8 @@ pub struct Progress<'a> {
     pub paused: bool,
     /// A swapped-in policy is still on probation.
     pub on_probation: bool,
+    /// Operator commands carried out since the start (whoever sent one waits for this).
+    pub commands_taken: u64,
 }
 
 /// An operator's command to a running loop, carried out at the next tick boundary.
@@ -220,6 +222,7 @@ pub struct ControlLoop {
     stop: Arc<AtomicBool>,
     swapper: Swapper,
     commands: Option<Receiver<LoopCommand>>,
+    commands_taken: u64,
     paused: bool,
     /// Each GPU's batch size when the loop started (what "restore defaults" puts back).
     initial_batch: Vec<u32>,
@@ -296,6 +299,7 @@ impl ControlLoop {
             stop,
             swapper: Swapper::new(None),
             commands: None,
+            commands_taken: 0,
             paused: false,
             initial_batch,
             in_force,
@@ -349,6 +353,7 @@ impl ControlLoop {
         }
         for command in waiting {
             tracing::info!(?command, "operator command");
+            self.commands_taken += 1;
             match command {
                 LoopCommand::Pause => self.paused = true,
                 LoopCommand::Resume => self.paused = false,
@@ -513,6 +518,8 @@ impl ControlLoop {
             self.totals.fallback_ticks += u64::from(fallback);
             let counters = self.supervisor.counters();
             self.totals.plugin_traps = counters.plugin_traps();
+            // Every tick, so that the status and /metrics see ejections as they happen.
+            self.totals.policy_counters = counters;
             let requested = if self.paused {
                 &[][..]
             } else {
@@ -530,6 +537,7 @@ impl ControlLoop {
                 lateness,
                 paused: self.paused,
                 on_probation: self.swapper.on_probation(),
+                commands_taken: self.commands_taken,
             });
         }
         self.totals.policy_counters = self.supervisor.counters();

@@ -33,6 +33,7 @@ pub mod recorder;
 pub mod report;
 pub mod restore;
 pub mod rng;
+pub mod serve;
 pub mod sim;
 pub mod spec;
 pub mod swap;

@@ -4,6 +4,7 @@
 
 mod support;
 
+mod api;
 mod bad_input;
 mod deploy;
 mod engines;
@@ -15,6 +16,7 @@ mod outputs;
 mod policies_judged;
 mod report;
 mod restore;
+mod serve;
 mod shipped_policies;
 mod swap;
 mod workspace_build;

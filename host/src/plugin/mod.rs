@@ -12,7 +12,7 @@ mod cache;
 mod contract;
 mod convert;
 mod sandbox;
-mod text;
+pub(crate) mod text;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

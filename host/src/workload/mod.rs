@@ -3,6 +3,7 @@
 //! Backends: the simulator, the CUDA decode workload, and an external token source
 //! (a serving engine's Prometheus counter).
 
+pub mod per_gpu;
 pub mod prometheus;
 
 use crate::types::WorkloadWindow;

@@ -6,9 +6,12 @@ mod bench;
 mod check;
 mod eval;
 mod gpus;
+mod policy;
 mod report;
 mod restore;
 mod run;
+mod serve;
+mod status;
 
 use std::io::IsTerminal;
 
@@ -32,6 +35,9 @@ struct Cli {
 enum Command {
     /// Run a policy on the simulator or on real GPUs, writing summary.json and trace.csv.
     Run(Box<run::RunArgs>),
+    /// The node agent: every GPU of the node under one policy until stopped, with the
+    /// control API, hot swap and /metrics.
+    Serve(serve::ServeArgs),
     /// Load a policy spec and its plugin, and check it starts (no run).
     Check(check::CheckArgs),
     /// Judge policies against the oracle on the simulator (eval.json, report.html).
@@ -47,6 +53,13 @@ enum Command {
     },
     /// Render a run's report.html again from its summary.json and trace.csv.
     Report(report::ReportArgs),
+    /// What a running agent (`tokwatt serve`) is doing: policy, settings in force, failures.
+    Status(status::StatusArgs),
+    /// Act on a running agent: swap, roll back, pause, resume, restore defaults.
+    Policy {
+        #[command(subcommand)]
+        what: policy::PolicyCommand,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,12 +67,15 @@ fn main() -> std::process::ExitCode {
     init_logging(cli.log.as_deref());
     let result = match cli.command {
         Command::Run(args) => run::run(*args),
+        Command::Serve(args) => serve::serve(&args),
         Command::Check(args) => check::check(&args),
         Command::Eval(args) => eval::eval(&args),
         Command::Restore(args) => restore::restore(&args),
         Command::Gpus(args) => gpus::gpus(&args),
         Command::Bench { what } => bench::bench(what),
         Command::Report(args) => report::report(&args),
+        Command::Status(args) => status::status(&args),
+        Command::Policy { what } => policy::policy(&what),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

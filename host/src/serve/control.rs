@@ -1,0 +1,501 @@
+//! [`ServeControl`]: what the API's requests do to a running agent. Every action either
+//! takes effect at a tick boundary (and returns once it has) or changes nothing and says
+//! why.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use super::live::Live;
+use crate::agent::{self, NodeFacts};
+use crate::api::{
+    ActionOutcome, Control, ControlError, Failures, NodeStatus, PolicyStatus, SwapRequest,
+};
+use crate::assembly::{Offered, Withheld, grant_knobs};
+use crate::control::{LoopCommand, Progress};
+use crate::metrics::AgentMetrics;
+use crate::plugin::PluginHost;
+use crate::spec::PolicySpec;
+use crate::swap::{SwapEvent, SwapSender};
+
+/// Policies a rollback can go back through.
+const HISTORY: usize = 16;
+/// The longest text of a failure kept for the status.
+const FAILURE_TEXT_MAX: usize = 512;
+
+/// A policy the agent has run, enough to start it again.
+#[derive(Debug, Clone)]
+pub(super) struct PolicyRecord {
+    pub spec: PolicySpec,
+    pub plugin: PathBuf,
+    pub version: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SwapKind {
+    /// A new policy: the one it replaces goes onto the history.
+    Forward,
+    /// The last policy of the history comes back.
+    Back,
+}
+
+/// Which policy is in charge and which came before, kept in step with the loop's swap
+/// counters (the loop swaps; the book only follows).
+#[derive(Debug)]
+struct Book {
+    current: PolicyRecord,
+    since_tick: u64,
+    history: Vec<PolicyRecord>,
+    /// Sent to the loop, not yet in charge.
+    pending: Option<(PolicyRecord, SwapKind)>,
+    /// In charge, on probation: the one it replaced and how it came in.
+    probation: Option<(PolicyRecord, SwapKind)>,
+    seen_swaps: u64,
+    seen_rollbacks: u64,
+    swaps_refused: u64,
+    last_failure: Option<String>,
+}
+
+impl Book {
+    /// Follow the loop's counters after a tick.
+    fn follow(&mut self, progress: &Progress<'_>) {
+        let counters = &progress.totals.swaps;
+        if counters.swaps > self.seen_swaps {
+            self.seen_swaps = counters.swaps;
+            if let Some((next, kind)) = self.pending.take() {
+                let replaced = std::mem::replace(&mut self.current, next);
+                match kind {
+                    SwapKind::Forward => {
+                        self.history.push(replaced.clone());
+                        if self.history.len() > HISTORY {
+                            self.history.remove(0);
+                        }
+                    }
+                    SwapKind::Back => {
+                        self.history.pop();
+                    }
+                }
+                self.probation = Some((replaced, kind));
+                self.since_tick = progress.tick;
+            }
+        }
+        if counters.rollbacks > self.seen_rollbacks {
+            self.seen_rollbacks = counters.rollbacks;
+            if let Some((previous, kind)) = self.probation.take() {
+                let failed = std::mem::replace(&mut self.current, previous);
+                match kind {
+                    SwapKind::Forward => {
+                        self.history.pop();
+                    }
+                    SwapKind::Back => self.history.push(failed.clone()),
+                }
+                self.since_tick = progress.tick;
+                self.last_failure = Some(format!(
+                    "policy `{}` (version {}) failed in its probation at tick {}; `{}` is back",
+                    failed.spec.name, failed.version, progress.tick, self.current.spec.name
+                ));
+            }
+        }
+        if !progress.on_probation {
+            self.probation = None;
+        }
+    }
+
+    fn refused(&mut self, why: &str) {
+        self.swaps_refused += 1;
+        self.last_failure = Some(crate::plugin::text::sanitize_text(why, FAILURE_TEXT_MAX));
+    }
+}
+
+/// What [`ServeControl`] is built from.
+#[derive(Debug)]
+pub(super) struct Parts {
+    pub live: Arc<Live>,
+    pub host: Arc<PluginHost>,
+    pub node: NodeFacts,
+    pub offered: Offered,
+    pub not_permitted: Vec<Withheld>,
+    pub plugin_dirs: Vec<PathBuf>,
+    pub seed: u64,
+    pub tick: Duration,
+    pub probation_ticks: u64,
+    pub swaps: SwapSender,
+    pub commands: Sender<LoopCommand>,
+    pub first: PolicyRecord,
+}
+
+/// The running agent, as the API sees it.
+#[derive(Debug)]
+pub struct ServeControl {
+    live: Arc<Live>,
+    metrics: AgentMetrics,
+    host: Arc<PluginHost>,
+    node: NodeFacts,
+    offered: Offered,
+    not_permitted: Vec<Withheld>,
+    plugin_dirs: Vec<PathBuf>,
+    seed: u64,
+    tick: Duration,
+    probation_ticks: u64,
+    swaps: Mutex<SwapSender>,
+    commands: Mutex<CommandLine>,
+    book: Mutex<Book>,
+    /// One swap or rollback at a time, start to finish.
+    swapping: Mutex<()>,
+}
+
+#[derive(Debug)]
+struct CommandLine {
+    sender: Sender<LoopCommand>,
+    sent: u64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl ServeControl {
+    pub(super) fn new(parts: Parts) -> Self {
+        let metrics = AgentMetrics::new(&parts.node.devices, parts.live.status().simulated);
+        // Before the first tick, the status already names the policy.
+        parts.live.lock().status.policy = PolicyStatus {
+            name: parts.first.spec.name.clone(),
+            version: parts.first.version.clone(),
+            spec: parts.first.spec.path.clone(),
+            plugin: parts.first.plugin.clone(),
+            ..PolicyStatus::default()
+        };
+        Self {
+            live: parts.live,
+            metrics,
+            host: parts.host,
+            node: parts.node,
+            offered: parts.offered,
+            not_permitted: parts.not_permitted,
+            plugin_dirs: parts.plugin_dirs,
+            seed: parts.seed,
+            tick: parts.tick,
+            probation_ticks: parts.probation_ticks,
+            swaps: Mutex::new(parts.swaps),
+            commands: Mutex::new(CommandLine {
+                sender: parts.commands,
+                sent: 0,
+            }),
+            book: Mutex::new(Book {
+                current: parts.first,
+                since_tick: 0,
+                history: Vec::new(),
+                pending: None,
+                probation: None,
+                seen_swaps: 0,
+                seen_rollbacks: 0,
+                swaps_refused: 0,
+                last_failure: None,
+            }),
+            swapping: Mutex::new(()),
+        }
+    }
+
+    /// After every tick, on the loop's thread: the book follows the swaps, and the
+    /// status and the metrics take the tick.
+    pub(super) fn observe(&self, progress: &Progress<'_>) {
+        let (policy, failures_refused, last_failure) = {
+            let mut book = lock(&self.book);
+            book.follow(progress);
+            let policy = PolicyStatus {
+                name: book.current.spec.name.clone(),
+                version: book.current.version.clone(),
+                spec: book.current.spec.path.clone(),
+                plugin: book.current.plugin.clone(),
+                ticks_in_charge: progress.tick.saturating_sub(book.since_tick) + 1,
+                on_probation: progress.on_probation,
+                previous: book.history.last().map(|p| p.spec.name.clone()),
+                swaps: progress.totals.swaps.swaps,
+                rollbacks: progress.totals.swaps.rollbacks,
+                state_carried: progress.totals.swaps.state_carried,
+                started_fresh: progress.totals.swaps.started_fresh,
+            };
+            (policy, book.swaps_refused, book.last_failure.clone())
+        };
+        self.metrics.observe(progress, &policy.version);
+        let totals = progress.totals;
+        let mut live = self.live.lock();
+        live.commands_taken = progress.commands_taken;
+        let status = &mut live.status;
+        status.ticks = progress.tick + 1;
+        status.uptime_s = self.live.started.elapsed().as_secs_f64();
+        status.paused = progress.paused;
+        status.policy = policy;
+        status.failures = Failures {
+            fallback_ticks: totals.fallback_ticks,
+            plugin_traps: totals.plugin_traps,
+            ejections: totals.policy_counters.ejections,
+            actuator_errors: totals.actuator_errors,
+            telemetry_errors: totals.telemetry_errors,
+            slo_violation_ticks: totals.slo_violation_ticks,
+            tpot_unknown_ticks: totals.tpot_unknown_ticks,
+            swaps_refused: failures_refused,
+            last: last_failure,
+        };
+        for (gpu, observation) in status.gpus.iter_mut().zip(progress.observations) {
+            let run = totals.gpus.get(gpu.gpu as usize);
+            gpu.in_force = observation.in_force;
+            gpu.last_tokens_per_joule =
+                (observation.energy_j > 0.0).then_some(observation.tokens_per_joule);
+            gpu.last_power_w = Some(observation.power_avg_w);
+            gpu.last_tokens_per_s = Some(observation.tokens_per_s);
+            gpu.last_tpot_p99_ms = observation
+                .tpot_p99_ms
+                .is_finite()
+                .then_some(observation.tpot_p99_ms)
+                .filter(|_| observation.tokens > 0);
+            gpu.temperature_c = Some(observation.temperature_c);
+            gpu.clock_events = observation.clock_events;
+            if let Some(run) = run {
+                gpu.tokens = run.tokens;
+                gpu.energy_j = run.energy_j;
+                gpu.tokens_per_joule = if run.energy_j > 0.0 {
+                    run.tokens as f64 / run.energy_j
+                } else {
+                    0.0
+                };
+                gpu.slo_violation_ticks = run.slo_violation_ticks;
+            }
+        }
+        drop(live);
+        self.live.notify();
+    }
+
+    /// How long to wait for the loop to carry something out: a few ticks, and never less
+    /// than a few seconds (a slow tick, a slow plugin call).
+    fn patience(&self) -> Duration {
+        (self.tick * 3).max(Duration::from_secs(5))
+    }
+
+    /// Load and check a policy spec for this node: the loop's tick, the knobs the node
+    /// offers, the privileges this process has.
+    fn load_spec(&self, request: &SwapRequest) -> Result<(PolicySpec, PathBuf), ControlError> {
+        let mut spec =
+            PolicySpec::load(&request.spec).map_err(|e| ControlError::BadRequest(e.to_string()))?;
+        if u64::from(spec.tick_ms) != self.tick.as_millis() as u64 {
+            tracing::info!(
+                policy = %spec.name,
+                "the spec's tick ({} ms) gives way to the running loop's ({} ms)",
+                spec.tick_ms,
+                self.tick.as_millis()
+            );
+            spec.override_tick(self.tick)
+                .map_err(|e| ControlError::BadRequest(e.to_string()))?;
+        }
+        let (knobs, withheld) = grant_knobs(spec.knobs, &self.offered);
+        for w in &withheld {
+            tracing::warn!(policy = %spec.name, "{w}");
+        }
+        let denied: Vec<String> = self
+            .not_permitted
+            .iter()
+            .filter(|w| match w.knob {
+                "power-cap" => knobs.power_cap,
+                "sm-clock" => knobs.sm_clock,
+                _ => false,
+            })
+            .map(|w| format!("the {} knob ({})", w.knob, w.reason))
+            .collect();
+        if !denied.is_empty() {
+            return Err(ControlError::BadRequest(format!(
+                "policy `{}` may change {}, but this agent may not: run the agent as root or with CAP_SYS_ADMIN, or drop those knobs from the spec",
+                spec.name,
+                denied.join(" and ")
+            )));
+        }
+        spec.knobs = knobs;
+        let plugin = match &request.plugin {
+            Some(path) => {
+                if !path.is_file() {
+                    return Err(ControlError::BadRequest(format!(
+                        "plugin {} does not exist: give the path of a built component (.wasm) on the agent's machine",
+                        path.display()
+                    )));
+                }
+                path.clone()
+            }
+            None => spec
+                .resolve_plugin(&agent::plugin_search_path(&self.plugin_dirs))
+                .map_err(|e| ControlError::BadRequest(e.to_string()))?,
+        };
+        Ok((spec, plugin))
+    }
+
+    /// Start `record` off the loop and hand it over; wait until it is in charge.
+    fn hand_over(
+        &self,
+        record: PolicyRecord,
+        kind: SwapKind,
+    ) -> Result<ActionOutcome, ControlError> {
+        if self.live.status().paused {
+            return Err(ControlError::Conflict(
+                "the agent is paused: resume it first (`tokwatt policy resume`), then swap".into(),
+            ));
+        }
+        let mut prepared = agent::prepare_policy(
+            &self.host,
+            &record.spec,
+            &record.plugin,
+            &self.node,
+            self.seed,
+            self.tick,
+        )
+        .map_err(|e| {
+            let why = format!("policy `{}` was not swapped in: {e}", record.spec.name);
+            lock(&self.book).refused(&why);
+            self.metrics.swap_refused();
+            ControlError::BadRequest(why)
+        })?;
+        let (notify, events) = std::sync::mpsc::channel();
+        prepared.notify = Some(notify);
+        prepared.probation_ticks = self.probation_ticks;
+        let name = record.spec.name.clone();
+        let version = record.version.clone();
+        lock(&self.book).pending = Some((record, kind));
+        if lock(&self.swaps).send(prepared).is_err() {
+            lock(&self.book).pending = None;
+            return Err(ControlError::Unavailable(
+                "the control loop has ended; nothing was swapped".into(),
+            ));
+        }
+        match events.recv_timeout(self.patience()) {
+            Ok(SwapEvent::TookOver {
+                tick,
+                state_carried,
+            }) => {
+                // The status shows the new policy once the tick's progress is in.
+                self.live
+                    .wait_until(self.patience(), |state| state.status.ticks > tick);
+                Ok(ActionOutcome {
+                    message: format!(
+                        "policy `{name}` (version {version}) took over at tick {tick}{}; on probation for {} ticks",
+                        if state_carried {
+                            " with the previous policy's state"
+                        } else {
+                            ", starting fresh"
+                        },
+                        self.probation_ticks
+                    ),
+                    tick,
+                    policy: name,
+                    state_carried: Some(state_carried),
+                })
+            }
+            Ok(other) => Err(ControlError::Conflict(format!(
+                "policy `{name}`: unexpected swap event {other:?}"
+            ))),
+            Err(RecvTimeoutError::Timeout) => Err(ControlError::Unavailable(format!(
+                "policy `{name}` is queued but the loop reached no tick boundary within {:?}; it takes over at the next one",
+                self.patience()
+            ))),
+            Err(RecvTimeoutError::Disconnected) => Err(ControlError::Unavailable(
+                "the control loop ended before the swap".into(),
+            )),
+        }
+    }
+
+    /// Send a command and wait until the loop has carried it out.
+    fn command(&self, command: LoopCommand, done: &str) -> Result<ActionOutcome, ControlError> {
+        let target = {
+            let mut line = lock(&self.commands);
+            line.sender
+                .send(command)
+                .map_err(|_| ControlError::Unavailable("the control loop has ended".into()))?;
+            line.sent += 1;
+            line.sent
+        };
+        if !self
+            .live
+            .wait_until(self.patience(), |state| state.commands_taken >= target)
+        {
+            return Err(ControlError::Unavailable(format!(
+                "the loop reached no tick boundary within {:?}; the command is carried out at the next one",
+                self.patience()
+            )));
+        }
+        let status = self.live.status();
+        Ok(ActionOutcome {
+            message: done.to_owned(),
+            tick: status.ticks.saturating_sub(1),
+            policy: status.policy.name,
+            state_carried: None,
+        })
+    }
+}
+
+impl ServeControl {
+    /// A watched folder that could not be swapped in (no spec, two specs).
+    pub(super) fn refused_from_watch(&self, why: &str) {
+        lock(&self.book).refused(why);
+        self.metrics.swap_refused();
+    }
+}
+
+impl Control for ServeControl {
+    fn status(&self) -> NodeStatus {
+        let mut status = self.live.status();
+        // Refusals happen off the loop: current as of now, not as of the last tick.
+        let book = lock(&self.book);
+        status.failures.swaps_refused = book.swaps_refused;
+        status.failures.last.clone_from(&book.last_failure);
+        status
+    }
+
+    fn metrics(&self) -> String {
+        self.metrics.encode()
+    }
+
+    fn swap(&self, request: &SwapRequest) -> Result<ActionOutcome, ControlError> {
+        let _one = lock(&self.swapping);
+        let (spec, plugin) = self.load_spec(request).inspect_err(|e| {
+            lock(&self.book).refused(&e.to_string());
+            self.metrics.swap_refused();
+        })?;
+        let version =
+            super::plugin_version(&plugin).map_err(|e| ControlError::BadRequest(e.to_string()))?;
+        self.hand_over(
+            PolicyRecord {
+                spec,
+                plugin,
+                version,
+            },
+            SwapKind::Forward,
+        )
+    }
+
+    fn rollback(&self) -> Result<ActionOutcome, ControlError> {
+        let _one = lock(&self.swapping);
+        let Some(previous) = lock(&self.book).history.last().cloned() else {
+            return Err(ControlError::Conflict(
+                "there is no earlier policy to roll back to: the policy in charge is the first this agent ran".into(),
+            ));
+        };
+        let mut outcome = self.hand_over(previous, SwapKind::Back)?;
+        outcome.message = format!("rolled back: {}", outcome.message);
+        Ok(outcome)
+    }
+
+    fn pause(&self) -> Result<ActionOutcome, ControlError> {
+        self.command(
+            LoopCommand::Pause,
+            "paused: the settings in force are held and the policy is not asked",
+        )
+    }
+
+    fn resume(&self) -> Result<ActionOutcome, ControlError> {
+        self.command(LoopCommand::Resume, "resumed: the policy decides again")
+    }
+
+    fn restore_defaults(&self) -> Result<ActionOutcome, ControlError> {
+        self.command(
+            LoopCommand::RestoreDefaults,
+            "every GPU is back to its defaults (default power cap, no clock lock, the first batch size) and the agent is paused; `tokwatt policy resume` hands control back to the policy",
+        )
+    }
+}

@@ -1,0 +1,277 @@
+//! `tokwatt serve`: one agent for every GPU of a node, acted on while it runs. The swap
+//! test is issue 15's: a policy swapped every few ticks for hundreds of ticks, no missed
+//! tick, state carried over, a broken new policy rolled back by itself.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use tokwatt::api::{Control, ControlError, SwapRequest};
+use tokwatt::serve::{self, ServeConfig};
+
+use crate::support::*;
+
+/// Short enough for hundreds of ticks in seconds; the fixtures' 5 ms deadline (10 ms with
+/// the wall-clock margin) fits in it.
+const TICK: &str = "20ms";
+
+fn sandbox() -> &'static str {
+    "[sandbox]\ndeadline_ms = 5\n"
+}
+
+fn config(dir: &Path, spec: &Path, extra: &str) -> ServeConfig {
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
+    let text = format!(
+        "[policy]\nspec = \"{}\"\ncache_dir = \"{}\"\nprobation_ticks = 5\n\n[node]\nbackend = \"sim\"\nsim_gpus = 2\ntick = \"{TICK}\"\n\n[output]\ndir = \"{}\"\n{extra}",
+        spec.display(),
+        cache.display(),
+        dir.join("out").display()
+    );
+    let path = dir.join("serve.toml");
+    std::fs::write(&path, &text).expect("write config");
+    ServeConfig::load(&path).expect("the test's config is valid")
+}
+
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn swaps_every_few_ticks_for_hundreds_of_ticks_miss_none_carry_state_and_roll_back() {
+    let dir = tempdir();
+    let stateful = write_spec(
+        dir.path(),
+        "stateful",
+        &built_plugin("fixture_stateful"),
+        sandbox(),
+    );
+    let broken = write_spec(
+        dir.path(),
+        "broken",
+        &built_plugin("fixture_trap_decide"),
+        sandbox(),
+    );
+    let config = config(dir.path(), &stateful, "");
+    let stop = Arc::new(AtomicBool::new(false));
+    let agent = serve::start(&config, stop, None).expect("the agent starts");
+    let control = agent.control();
+    let swap = |spec: &PathBuf| {
+        control.swap(&SwapRequest {
+            spec: spec.clone(),
+            plugin: None,
+        })
+    };
+
+    // A swap every few ticks until hundreds of ticks have passed.
+    let mut swaps = 0;
+    let mut last_tick = 0;
+    while control.status().ticks < 300 {
+        let outcome = swap(&stateful).expect("a stateful policy swaps in");
+        assert_eq!(
+            outcome.state_carried,
+            Some(true),
+            "same schema: the state is carried ({})",
+            outcome.message
+        );
+        assert!(outcome.tick > last_tick || swaps == 0, "{outcome:?}");
+        last_tick = outcome.tick;
+        swaps += 1;
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    assert!(swaps >= 20, "only {swaps} swaps in 300 ticks");
+
+    // A policy that traps on its third decide: in within probation, out by itself.
+    let outcome = swap(&broken).expect("the broken policy starts (its init is fine)");
+    assert_eq!(outcome.policy, "broken");
+    wait_for("the automatic rollback", Duration::from_secs(10), || {
+        control.status().policy.rollbacks == 1
+    });
+    let status = control.status();
+    assert_eq!(status.policy.name, "stateful", "{:?}", status.policy);
+    assert!(
+        status
+            .failures
+            .last
+            .as_deref()
+            .is_some_and(|l| l.contains("broken"))
+    );
+
+    // The operator's rollback goes back through the history, then runs out.
+    let back = control.rollback().expect("an earlier policy to go back to");
+    assert!(back.message.starts_with("rolled back"), "{}", back.message);
+
+    // Pause holds the settings; a swap while paused changes nothing; resume.
+    control.pause().expect("pause");
+    assert!(control.status().paused);
+    let held = control.status().gpus[0].in_force;
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(control.status().gpus[0].in_force, held);
+    let refused = swap(&stateful).expect_err("no swap while paused");
+    assert!(matches!(refused, ControlError::Conflict(_)), "{refused:?}");
+    control.resume().expect("resume");
+    assert!(!control.status().paused);
+
+    // Restore defaults: the device's default cap and no clock lock, then paused.
+    control.restore_defaults().expect("restore defaults");
+    let status = control.status();
+    assert!(status.paused);
+    for gpu in &status.gpus {
+        assert_eq!(gpu.in_force.power_cap_w, 700.0, "gpu {}", gpu.gpu);
+        assert_eq!(gpu.in_force.sm_clock_max_mhz, 1980, "gpu {}", gpu.gpu);
+    }
+    control.resume().expect("resume");
+
+    // A bad spec is refused with its reason, and nothing changes.
+    let before = control.status().policy;
+    let missing = swap(&dir.path().join("nope.toml")).expect_err("no such spec");
+    assert!(
+        matches!(&missing, ControlError::BadRequest(m) if m.contains("nope.toml")),
+        "{missing:?}"
+    );
+    let after = control.status().policy;
+    assert_eq!((before.name, before.swaps), (after.name, after.swaps));
+    assert_eq!(control.status().failures.swaps_refused, 1);
+
+    let metrics = control.metrics();
+    assert!(metrics.contains("tokwatt_policy_swaps_total"), "{metrics}");
+
+    agent.stop();
+    let summary = agent.join().expect("the agent ends cleanly");
+    let totals = &summary.totals;
+    assert_eq!(totals.swaps.rollbacks, 1);
+    assert_eq!(totals.swaps.swaps, swaps + 2, "{:?}", totals.swaps);
+    assert_eq!(
+        totals.swaps.state_carried + totals.swaps.started_fresh,
+        totals.swaps.swaps
+    );
+
+    // No missed tick: every tick of both GPUs is in the trace, in order.
+    let out = std::fs::read_dir(dir.path().join("out"))
+        .expect("output folder")
+        .next()
+        .expect("one run folder")
+        .expect("entry")
+        .path();
+    let trace = read_trace(&out.join("trace.csv"));
+    assert_eq!(trace.len() as u64, totals.ticks * 2);
+    for (i, pair) in trace.chunks(2).enumerate() {
+        for (gpu, row) in pair.iter().enumerate() {
+            assert_eq!(row.fields["tick"], i.to_string(), "row {i} gpu {gpu}");
+            assert_eq!(row.fields["gpu"], gpu.to_string());
+        }
+    }
+    // Only the broken policy's failing tick fell back.
+    assert_eq!(totals.fallback_ticks, 1, "{totals:?}");
+}
+
+/// A child process killed when the test ends early (a failed assertion), so no agent
+/// outlives its test.
+struct Running(Option<std::process::Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn serve_runs_until_stopped_and_answers_the_cli_on_its_socket() {
+    let dir = tempdir();
+    let spec = repo_root().join("policies/slo-batch.toml");
+    let socket = dir.path().join("run/tokwatt.sock");
+    let config_path = dir.path().join("serve.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "[policy]\nspec = \"{}\"\n[node]\nbackend = \"sim\"\nsim_gpus = 2\ntick = \"200ms\"\n[api]\nsocket = \"{}\"\n[output]\ndir = \"{}\"\n",
+            spec.display(),
+            socket.display(),
+            dir.path().join("out").display()
+        ),
+    )
+    .expect("config");
+    let mut child = Running(Some(
+        tokwatt()
+            .args(["serve", "--config"])
+            .arg(&config_path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("tokwatt serve starts"),
+    ));
+    wait_for("the control socket", Duration::from_secs(60), || {
+        socket.exists()
+    });
+
+    let status = tokwatt()
+        .args(["status", "--json", "--socket"])
+        .arg(&socket)
+        .output()
+        .expect("tokwatt status");
+    assert!(status.status.success(), "{}", stderr(&status));
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status JSON");
+    assert_eq!(json["policy"]["name"], "slo-batch");
+    assert_eq!(json["simulated"], true);
+    assert_eq!(json["gpus"].as_array().map(Vec::len), Some(2));
+
+    let swap = tokwatt()
+        .args(["policy", "swap"])
+        .arg(repo_root().join("policies/clock-search.toml"))
+        .arg("--socket")
+        .arg(&socket)
+        .output()
+        .expect("tokwatt policy swap");
+    assert!(swap.status.success(), "{}", stderr(&swap));
+    assert!(
+        String::from_utf8_lossy(&swap.stdout).contains("clock-search"),
+        "{}",
+        String::from_utf8_lossy(&swap.stdout)
+    );
+
+    // SIGTERM: the loop ends at a tick boundary and the agent exits cleanly.
+    let child = child.0.take().expect("still running");
+    let pid = child.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let output = child.wait_with_output().expect("serve exits");
+    let log = stderr(&output);
+    assert!(output.status.success(), "{log}");
+    assert!(
+        log.contains("settings restored") && log.contains("1 swaps"),
+        "{log}"
+    );
+    assert!(!socket.exists(), "the socket is removed on exit");
+}
+
+#[test]
+fn a_bad_config_is_refused_with_its_line_and_changes_nothing() {
+    let dir = tempdir();
+    let path = dir.path().join("serve.toml");
+    std::fs::write(
+        &path,
+        "[policy]\nspec = \"/nowhere.toml\"\n[node]\nbackend = \"sim\"\nsim_gpus = 0\n",
+    )
+    .expect("config");
+    let output = tokwatt()
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .expect("tokwatt serve");
+    assert!(!output.status.success());
+    let message = stderr(&output);
+    assert!(
+        message.contains("serve.toml:5") && message.contains("node.sim_gpus"),
+        "{message}"
+    );
+}
