@@ -1,7 +1,7 @@
 //! Thompson sampling over the (SM clock, batch size) arms of one GPU, under constraints.
 
 use crate::config::Config;
-use tokwatt_policy_kit::ladder::LadderWindow;
+use tokwatt_policy_kit::ladder::{LadderWindow, WindowLatency};
 use tokwatt_policy_kit::measure::{
     ArmRecord, Noise, Shift, ShiftDetector, ShiftRule, TickFigures, objective_breach,
 };
@@ -204,6 +204,8 @@ impl Bandit {
         }
         self.window.queue_last = figures.queue_depth;
         self.window.record.push(&figures, config.memory_ticks);
+        // An unknown p99 (NaN) is left out of the visit's latency (the push skips it);
+        // the tick still counts for tokens per joule.
         self.window
             .tpot_p99_ms
             .push(figures.tpot_p99_ms, config.memory_ticks);
@@ -285,7 +287,9 @@ impl Bandit {
         self.held[arm] = false;
     }
 
-    /// Ends a visit: judges the arm's bounds, learns the noise, picks the next arm.
+    /// Ends a visit: judges the arm's bounds, learns the noise, picks the next arm. A
+    /// visit in which no tick told the p99 time per token, under a limit, is not ended
+    /// unless the queue rules the arm out: it goes on until a tick tells.
     fn end_visit(&mut self, objective: &Objective, config: &Config) {
         let arm = self.current;
         match self.out_of_bounds(objective, config) {
@@ -297,6 +301,16 @@ impl Bandit {
                 );
                 self.rule_out(arm, latency, config);
             }
+            None if self.latency_unknown(objective, config) => {
+                // Held on tokens per joule alone, the arm would vouch for slower clocks
+                // and larger batches, and the next draw could move past the limit unseen.
+                debug!(
+                    "gpu {}: no tick at arm {:?} told its p99 time per token; measuring on",
+                    self.gpu,
+                    self.target()
+                );
+                return;
+            }
             None => self.held[arm] = true,
         }
         self.noise.learn(&self.window.record, config.noise_floor_cv);
@@ -305,18 +319,23 @@ impl Bandit {
         self.current = self.sample(config.prior_spread).unwrap_or(arm);
     }
 
+    /// Whether the objective bounds the p99 time per token and no tick of the visit
+    /// told it (the host sends NaN when a serving engine saw no request end).
+    fn latency_unknown(&self, objective: &Objective, config: &Config) -> bool {
+        objective.tpot_p99_limit_ms.is_some_and(|limit_ms| {
+            self.window.latency(limit_ms, config.tpot_margin) == WindowLatency::Unknown
+        })
+    }
+
     /// Why the visit just ended is out of bounds, and whether for latency.
     fn out_of_bounds(&self, objective: &Objective, config: &Config) -> Option<(bool, String)> {
         let window = &self.window;
         if let Some(limit_ms) = objective.tpot_p99_limit_ms
-            && window.tpot_p99_ms.mean > limit_ms * (1.0 - config.tpot_margin)
+            && let WindowLatency::Near(mean_ms) = window.latency(limit_ms, config.tpot_margin)
         {
             return Some((
                 true,
-                format!(
-                    "p99 time per token {:.2} ms is near the limit",
-                    window.tpot_p99_ms.mean
-                ),
+                format!("p99 time per token {mean_ms:.2} ms is near the limit"),
             ));
         }
         let fastest = self.records.len() - 1;

@@ -22,7 +22,13 @@
 //! too: demand beyond the GPU). Rule-outs last `hold_visits` visits. An arm that held is
 //! known to hold, and vouches for faster clocks (with smaller batches for latency, larger
 //! ones for the queue). The search starts at the fastest clock and the largest batch, and
-//! may visit arms known to hold or within four grid steps of one.
+//! may visit arms known to hold or within three grid steps of one.
+//!
+//! A tick whose p99 time per token is not a number (a serving engine saw no request end
+//! in it: the host sends NaN) counts for tokens per joule but not for the visit's
+//! latency. Under a latency limit, a visit in which no tick told it is neither held nor
+//! ruled out for latency (the queue may still rule it out): it goes on until a tick
+//! tells, so the search never moves to a slower clock or a larger batch on it.
 //!
 //! # Thompson sampling
 //!

@@ -80,11 +80,23 @@ impl Gpu {
 
 /// Runs `ticks` ticks, applying every decision at once; returns (clock, batch) in force.
 fn run(policy: &mut JointSearch, gpu: &mut Gpu, first_tick: u64, ticks: u64) -> Vec<(u32, u32)> {
+    run_edited(policy, gpu, first_tick, ticks, |_| {})
+}
+
+/// As [`run`], with `edit` applied to each observation before the policy sees it.
+fn run_edited(
+    policy: &mut JointSearch,
+    gpu: &mut Gpu,
+    first_tick: u64,
+    ticks: u64,
+    edit: impl Fn(&mut Observation),
+) -> Vec<(u32, u32)> {
     let (mut mhz, mut batch) = policy.gpus[0].target();
     let mut settling = false;
     let mut history = Vec::new();
     for tick in first_tick..first_tick + ticks {
-        let observation = gpu.observe(tick, mhz, batch, settling);
+        let mut observation = gpu.observe(tick, mhz, batch, settling);
+        edit(&mut observation);
         let decided = policy.decide(&[observation]);
         let asked = (
             decided[0].sm_clock_max_mhz.unwrap_or(mhz),
@@ -222,4 +234,51 @@ fn its_state_hands_over_and_foreign_state_is_refused() {
         Err(error) => panic!("{error}"),
     };
     testing::assert_restore_refused(&mut coarser, state, "starting afresh");
+}
+
+#[test]
+fn a_visit_whose_latency_is_unknown_vouches_for_nothing_and_measures_on_until_a_tick_tells() {
+    let limit_ms = 30.0;
+    let mut policy = policy(Some(limit_ms));
+    let mut gpu = Gpu {
+        demand: 8_000.0,
+        noise: 21,
+    };
+    let start = policy.gpus[0].target();
+    // A serving engine that saw no request end: the host sends NaN, tick after tick.
+    let unknown = |observation: &mut Observation| observation.tpot_p99_ms = f64::NAN;
+    let history = run_edited(&mut policy, &mut gpu, 0, 40, unknown);
+    let bandit = &policy.gpus[0];
+    assert!(
+        history.iter().all(|&arm| arm == start),
+        "it left {start:?} on unknown latency: {history:?}"
+    );
+    assert_eq!(
+        (
+            bandit.visits,
+            bandit.held.iter().filter(|&&held| held).count()
+        ),
+        (0, 0),
+        "an unknown latency was read as within the limit"
+    );
+    assert!(bandit.window.record.ticks() > policy.config.window_ticks);
+    // The first tick that tells ends the visit, judged on it: 14 ms is within the limit.
+    let start_arm = bandit.current;
+    assert!(gpu.tpot_ms(f64::from(start.0), start.1) < 0.9 * limit_ms);
+    run(&mut policy, &mut gpu, 40, 1);
+    let bandit = &policy.gpus[0];
+    assert_eq!(bandit.visits, 1);
+    assert!(bandit.held[start_arm]);
+}
+
+#[test]
+fn without_a_latency_limit_an_unknown_latency_does_not_hold_a_visit_open() {
+    let mut policy = policy(None);
+    let mut gpu = Gpu {
+        demand: 8_000.0,
+        noise: 21,
+    };
+    let unknown = |observation: &mut Observation| observation.tpot_p99_ms = f64::NAN;
+    run_edited(&mut policy, &mut gpu, 0, 40, unknown);
+    assert!(policy.gpus[0].visits >= 5, "{}", policy.gpus[0].visits);
 }
