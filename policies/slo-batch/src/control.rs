@@ -32,7 +32,9 @@ pub(crate) struct Floor {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct LastDown {
     pub from_index: usize,
-    pub p99_before_ms: f64,
+    /// The mean p99 of the window before the step; `None` when no tick of it told one
+    /// (possible only without a latency limit).
+    pub p99_before_ms: Option<f64>,
     pub windows_since: u32,
 }
 
@@ -40,7 +42,9 @@ pub(crate) struct LastDown {
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub(crate) struct Window {
     pub ticks: u32,
-    pub max_p99_ms: f64,
+    /// The ticks that told their p99 time per token, and its sum over them: a tick
+    /// whose p99 is unknown (NaN) counts for the queue and the tokens, not the latency.
+    pub p99_ticks: u32,
     pub p99_sum_ms: f64,
     pub tokens_per_s_sum: f64,
     pub queue_first: u32,
@@ -62,8 +66,11 @@ impl Window {
             };
         }
         self.ticks += 1;
-        self.max_p99_ms = self.max_p99_ms.max(observation.tpot_p99_ms);
-        self.p99_sum_ms += observation.tpot_p99_ms;
+        let p99_ms = observation.tpot_p99_ms;
+        if p99_ms.is_finite() {
+            self.p99_ticks += 1;
+            self.p99_sum_ms += p99_ms;
+        }
         self.tokens_per_s_sum += observation.tokens_per_s;
         self.queue_last = queue;
         self.queue_min = self.queue_min.min(queue);
@@ -71,8 +78,9 @@ impl Window {
         self.active_max = self.active_max.max(observation.active_sequences);
     }
 
-    fn mean_p99_ms(&self) -> f64 {
-        self.p99_sum_ms / f64::from(self.ticks.max(1))
+    /// The mean p99 over the ticks that told one; `None` when none did.
+    fn mean_p99_ms(&self) -> Option<f64> {
+        (self.p99_ticks > 0).then(|| self.p99_sum_ms / f64::from(self.p99_ticks))
     }
 
     fn tokens_per_s(&self) -> f64 {
@@ -172,7 +180,14 @@ impl GpuControl {
         limits: Limits,
         config: &Config,
     ) -> Settings {
-        if observation.settling || observation.tokens == 0 || !observation.tpot_p99_ms.is_finite() {
+        if observation.settling || observation.tokens == 0 {
+            return self.requests(observation);
+        }
+        if !observation.tpot_p99_ms.is_finite() {
+            // Unknown latency (the engine saw no request end: the host sends NaN): no
+            // point for the line, no violation and no batch move on it, but its queue and
+            // tokens still tell the clock loop whether the GPU keeps up.
+            self.count_in_window(observation, limits, config);
             return self.requests(observation);
         }
         let in_force_batch = observation.in_force.batch_size;
@@ -181,9 +196,7 @@ impl GpuControl {
             active => active.min(in_force_batch),
         };
         self.fit.add(sequences, observation.tpot_p99_ms);
-        let target_ms = limits
-            .tpot_p99_ms
-            .map_or(f64::INFINITY, |limit| limit * config.headroom);
+        let target_ms = target_ms(limits, config);
         let line = self.fit.line();
 
         if let Some(limit_ms) = limits.tpot_p99_ms
@@ -242,12 +255,17 @@ impl GpuControl {
             }
         }
 
+        self.count_in_window(observation, limits, config);
+        self.requests(observation)
+    }
+
+    /// Adds a tick to the clock window, and decides the clock when the window is full.
+    fn count_in_window(&mut self, observation: &Observation, limits: Limits, config: &Config) {
         self.window.add(observation);
         if self.window.ticks >= config.window_ticks {
-            self.decide_clock(line, target_ms, limits, config);
+            self.decide_clock(self.fit.line(), target_ms(limits, config), limits, config);
             self.window = Window::default();
         }
-        self.requests(observation)
     }
 
     fn on_violation(
@@ -346,8 +364,10 @@ impl GpuControl {
         };
         if let Some(down) = &mut self.last_down {
             down.windows_since += 1;
-            if down.windows_since == 1 {
-                self.learn_elasticity(window.mean_p99_ms(), clock);
+            if down.windows_since == 1
+                && let Some(p99_now_ms) = window.mean_p99_ms()
+            {
+                self.learn_elasticity(p99_now_ms, clock);
             }
         }
         let throughput_short = limits
@@ -381,7 +401,10 @@ impl GpuControl {
             return;
         }
         if !keeping_up {
+            // The batch grows only on ticks that tell their latency: in a window where
+            // none did, the clock must answer the backlog.
             let batch_can_grow = self.batch_knob
+                && window.p99_ticks > 0
                 && self.batch_target < self.batch_max
                 && line.is_some_and(|line| {
                     // Within 5 % the batch is at the limit already.
@@ -418,7 +441,22 @@ impl GpuControl {
         // burst that fills it reaches the target by design, and says nothing about
         // whether a slower clock keeps up; a queue that stops draining says that, and
         // sends the clock back up.
-        let room = target_ms / window.mean_p99_ms();
+        let mean_p99_ms = window.mean_p99_ms();
+        let room = match mean_p99_ms {
+            Some(mean_ms) => target_ms / mean_ms,
+            // Without a latency limit the target is unbounded: latency plays no part.
+            None if !latency_bound => f64::INFINITY,
+            None => {
+                // No tick of the window told its p99: a slower clock could break the
+                // limit unseen.
+                debug!(
+                    "gpu {}: no tick of the window at {clock} MHz told its p99 time per \
+                     token; the clock stays",
+                    self.gpu
+                );
+                return;
+            }
+        };
         if room <= 1.0 {
             return;
         }
@@ -448,14 +486,14 @@ impl GpuControl {
         if let Some(next) = next {
             let next_mhz = self.clocks[next];
             debug!(
-                "gpu {}: mean p99 {:.2} ms under the {target_ms:.2} ms target with the queue \
+                "gpu {}: mean p99 {} under the {target_ms:.2} ms target with the queue \
                  empty; clock {clock} -> {next_mhz} MHz",
                 self.gpu,
-                window.mean_p99_ms()
+                mean_p99_ms.map_or("unknown".to_string(), |mean_ms| format!("{mean_ms:.2} ms"))
             );
             self.last_down = Some(LastDown {
                 from_index: self.clock_index,
-                p99_before_ms: window.mean_p99_ms(),
+                p99_before_ms: mean_p99_ms,
                 windows_since: 0,
             });
             self.fit.scale(f64::from(clock) / f64::from(next_mhz));
@@ -466,15 +504,20 @@ impl GpuControl {
     /// After a step down, how much p99 actually grew says how steep the GPU is here: a
     /// steeper answer than assumed makes the next steps smaller.
     fn learn_elasticity(&mut self, p99_now_ms: f64, clock_now: u32) {
-        let Some(down) = self.last_down else {
+        let Some(LastDown {
+            from_index,
+            p99_before_ms: Some(p99_before_ms),
+            ..
+        }) = self.last_down
+        else {
             return;
         };
-        let from = f64::from(self.clocks[down.from_index]);
+        let from = f64::from(self.clocks[from_index]);
         let ratio = from / f64::from(clock_now);
-        if ratio <= 1.0 || down.p99_before_ms <= 0.0 || p99_now_ms <= 0.0 {
+        if ratio <= 1.0 || p99_before_ms <= 0.0 || p99_now_ms <= 0.0 {
             return;
         }
-        let observed = (p99_now_ms / down.p99_before_ms).ln() / ratio.ln();
+        let observed = (p99_now_ms / p99_before_ms).ln() / ratio.ln();
         if observed > self.elasticity {
             self.elasticity = (observed * 1.25).min(MAX_ELASTICITY);
         }
@@ -507,6 +550,14 @@ impl GpuControl {
     }
 }
 
+/// The p99 time per token the batch is steered to: `headroom` of the limit, unbounded
+/// without one.
+fn target_ms(limits: Limits, config: &Config) -> f64 {
+    limits
+        .tpot_p99_ms
+        .map_or(f64::INFINITY, |limit| limit * config.headroom)
+}
+
 /// The largest batch the line keeps at or under `target_ms`, in 1..=`max`.
 fn batch_for(line: Line, target_ms: f64, max: u32) -> u32 {
     let sequences = line.sequences_for(target_ms).floor();
@@ -515,4 +566,39 @@ fn batch_for(line: Line, target_ms: f64, max: u32) -> u32 {
     }
     // `as` saturates; the clamp keeps a batch the workload takes.
     (sequences.max(1.0) as u32).clamp(1, max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokwatt_policy_sdk::testing;
+
+    fn tick(p99_ms: f64, queue_depth: u32) -> Observation {
+        let mut observation = testing::observation(0, 0);
+        observation.tpot_p99_ms = p99_ms;
+        observation.queue_depth = queue_depth;
+        observation.tokens_per_s = 1000.0;
+        observation
+    }
+
+    #[test]
+    fn a_tick_with_unknown_latency_counts_for_the_queue_and_tokens_not_the_latency() {
+        let mut window = Window::default();
+        window.add(&tick(f64::NAN, 3));
+        assert_eq!(window.mean_p99_ms(), None, "no tick told the latency");
+        window.add(&tick(12.0, 5));
+        window.add(&tick(f64::NAN, 7));
+        window.add(&tick(14.0, 1));
+        assert_eq!(window.mean_p99_ms(), Some(13.0));
+        assert_eq!(
+            (
+                window.ticks,
+                window.queue_first,
+                window.queue_last,
+                window.queue_max
+            ),
+            (4, 3, 1, 7)
+        );
+        assert_eq!(window.tokens_per_s(), 1000.0);
+    }
 }

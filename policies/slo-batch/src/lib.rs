@@ -25,7 +25,7 @@
 //!
 //! - the GPU keeps up (the queue emptied during the window or shrank) and the queue is
 //!   empty: lower the clock to the lowest supported clock predicted to keep the window's
-//!   highest p99 under the target, taking p99 ∝ (old clock / new clock)^`clock_elasticity`
+//!   mean p99 under the target, taking p99 ∝ (old clock / new clock)^`clock_elasticity`
 //!   and at most `clock_step_down` lower per step. The points of the line are rescaled to
 //!   the new clock. How much p99 actually grew after a step is learnt (a steeper GPU,
 //!   near the knee where a slower step also piles up more sequences, gets smaller
@@ -42,6 +42,14 @@
 //! Without the clock knob (a real H200 with only the batch size granted), the batch loop
 //! runs alone. The power cap is left alone: the clock lock does the same job with a
 //! finer grain.
+//!
+//! # Unknown latency
+//!
+//! A tick whose p99 time per token is not a number (a serving engine saw no request end
+//! in it: the host sends NaN) adds no point to the line, is no violation and moves no
+//! batch; it counts toward the clock window's queue and tokens but not its latency.
+//! Under a latency limit, a window in which no tick told the p99 never lowers the clock
+//! (a queue that does not drain still raises it, since the batch cannot grow on it).
 //!
 //! # Re-exploration
 //!
@@ -67,8 +75,8 @@
 //! The policy needs the `batch-size` or `sm-clock` knob (or both). Without a
 //! `tpot_p99_limit_ms` objective (a throughput objective) the batch grows to the largest
 //! the workload takes and only the queue bounds the clock. A `min_tokens_per_s` floor
-//! counts as "not keeping up" while requests wait. The state (schema version 1, see `state.rs`) goes to a new
-//! version at a hot swap.
+//! counts as "not keeping up" while requests wait. The state (schema version 1, see
+//! `state.rs`) goes to a new version at a hot swap.
 
 mod config;
 mod control;

@@ -17,6 +17,9 @@ struct Gpu {
     settling: bool,
     /// Multiplies every step time (a longer context, say).
     slowness: f64,
+    /// The p99 is reported as NaN, as the host does when a serving engine saw no
+    /// request end in the tick.
+    latency_unknown: bool,
 }
 
 impl Gpu {
@@ -46,7 +49,11 @@ impl Gpu {
         observation.energy_j = power_w;
         observation.tokens_per_s = made;
         observation.tokens_per_joule = made / power_w;
-        observation.tpot_p99_ms = self.step_ms(sequences) * 1.04;
+        observation.tpot_p99_ms = if self.latency_unknown {
+            f64::NAN
+        } else {
+            self.step_ms(sequences) * 1.04
+        };
         observation.active_sequences = sequences.round().max(1.0) as u32;
         observation.queue_depth = (self.queue / 256.0).floor() as u32;
         observation.in_force.batch_size = self.batch;
@@ -95,6 +102,7 @@ impl Run {
             queue: 0.0,
             settling: false,
             slowness: 1.0,
+            latency_unknown: false,
         };
         gpu.apply(&first[0]);
         Run {
@@ -237,4 +245,47 @@ fn without_a_latency_limit_the_batch_grows_to_the_largest_and_the_queue_bounds_t
     light.run(300);
     assert!(light.gpu.clock < 1500, "{}", light.gpu.clock);
     assert!(light.gpu.queue < 5_000.0, "{}", light.gpu.queue);
+}
+
+#[test]
+fn an_unknown_latency_neither_grows_the_batch_nor_lowers_the_clock() {
+    for demand in [1500.0, 1e6] {
+        let mut run = Run::new(Knobs::BATCH_SIZE | Knobs::SM_CLOCK, demand);
+        run.gpu.latency_unknown = true;
+        run.run(120);
+        assert_eq!(
+            (run.gpu.batch, run.gpu.clock),
+            (64, 1980),
+            "demand {demand}: unknown latency was read as room"
+        );
+    }
+}
+
+#[test]
+fn a_backlog_while_the_latency_is_unknown_raises_the_clock() {
+    let mut run = Run::new(Knobs::BATCH_SIZE | Knobs::SM_CLOCK, 1500.0);
+    run.run(120);
+    let light_clock = run.gpu.clock;
+    assert!(light_clock < 1000, "{light_clock}");
+    let batch = run.gpu.batch;
+    // Heavy load arrives while the engine reports no request end: only the queue tells.
+    run.gpu.latency_unknown = true;
+    run.gpu.demand = 10_000.0;
+    run.run(60);
+    assert!(
+        run.gpu.clock > light_clock,
+        "{} vs {light_clock}: the backlog went unanswered",
+        run.gpu.clock
+    );
+    assert_eq!(run.gpu.batch, batch, "the batch moved on unknown latency");
+}
+
+#[test]
+fn without_a_latency_limit_an_unknown_latency_does_not_hold_the_clock_up() {
+    // Only the queue and the batch's fill bound the clock here; the latency plays no part.
+    let mut run = Run::with_limit(Knobs::BATCH_SIZE | Knobs::SM_CLOCK, 3000.0, None);
+    run.gpu.latency_unknown = true;
+    run.run(300);
+    assert!(run.gpu.clock < 1980, "{}", run.gpu.clock);
+    assert!(run.gpu.queue < 5_000.0, "{}", run.gpu.queue);
 }
