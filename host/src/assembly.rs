@@ -59,6 +59,9 @@ pub struct GpuTarget {
     /// Observe only: power-cap and clock decisions are logged, never applied.
     pub dry_run: bool,
     pub workload: WorkloadSource,
+    /// The control tick: NVML is sampled at the rates a window of this length needs
+    /// ([`SamplerConfig::for_tick`]).
+    pub tick: Duration,
 }
 
 /// Where a real GPU's tokens come from.
@@ -382,7 +385,7 @@ fn assemble_gpu(
         }
         Box::new(nvml_actuator)
     };
-    let telemetry = system.telemetry(SamplerConfig::default())?;
+    let telemetry = system.telemetry(SamplerConfig::for_tick(target.tick))?;
     let (workload, note) = workload(target)?;
     let name = devices.first().map_or_else(String::new, |d| d.name.clone());
     let indices: Vec<String> = target.indices.iter().map(u32::to_string).collect();

@@ -569,7 +569,7 @@ fn the_metrics_listener_serves_metrics_and_health_without_a_token() {
     assert!(
         answer
             .head
-            .contains("application/openmetrics-text; version=1.0.0"),
+            .contains("text/plain; version=0.0.4"),
         "{answer:?}"
     );
     assert!(answer.body.contains("tokwatt_ticks_total 7"));

@@ -31,6 +31,10 @@ pub struct NodeStatus {
     pub uptime_s: f64,
     /// The loop holds the settings in force and does not ask the policy.
     pub paused: bool,
+    /// How late ticks started against their schedule, p99 over the last
+    /// [`crate::serve::LATENESS_WINDOW`] ticks, ms (`None` before the first tick).
+    #[serde(default)]
+    pub tick_lateness_p99_ms: Option<f64>,
     pub policy: PolicyStatus,
     pub gpus: Vec<GpuStatus>,
     pub failures: Failures,

@@ -35,11 +35,6 @@ pub const ENDPOINTS: &[(&str, &str)] = &[
     ("GET", "/metrics"),
 ];
 
-/// The content type of Prometheus' text format 0.0.4.
-pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
-/// The content type of OpenMetrics text (what `prometheus-client` writes).
-pub const OPENMETRICS_TEXT: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
 type Shared = Arc<dyn Control>;
 
 /// A request that changed nothing, answered as JSON `{"error": "..."}`.
@@ -411,13 +406,11 @@ fn json_kind(value: &serde_json::Value) -> &'static str {
     }
 }
 
-/// OpenMetrics text ends with `# EOF`; anything else is the Prometheus text format.
-pub(crate) fn metrics_content_type(text: &str) -> &'static str {
-    if text.trim_end().ends_with("# EOF") {
-        OPENMETRICS_TEXT
-    } else {
-        PROMETHEUS_TEXT
-    }
+/// The agent's metrics are Prometheus' classic text format (counter families named with
+/// `_total`, as promtool and every Prometheus read it), whatever their last line: the
+/// `# EOF` that `prometheus-client` ends with is a comment in that format.
+pub(crate) fn metrics_content_type(_text: &str) -> &'static str {
+    crate::metrics::CONTENT_TYPE
 }
 
 #[cfg(test)]
@@ -475,8 +468,14 @@ mod tests {
     }
 
     #[test]
-    fn openmetrics_text_gets_its_own_content_type() {
-        assert_eq!(metrics_content_type("a 1\n# EOF\n"), OPENMETRICS_TEXT);
-        assert_eq!(metrics_content_type("a 1\n"), PROMETHEUS_TEXT);
+    fn metrics_are_served_as_the_classic_text_format_even_with_an_eof_line() {
+        assert_eq!(
+            metrics_content_type("a_total 1\n# EOF\n"),
+            crate::metrics::CONTENT_TYPE
+        );
+        assert_eq!(
+            metrics_content_type("a_total 1\n"),
+            crate::metrics::CONTENT_TYPE
+        );
     }
 }

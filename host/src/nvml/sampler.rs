@@ -78,7 +78,7 @@ impl SamplerConfig {
     /// What sample number `round` (0 for the first) reads. The first reads everything,
     /// so that every gauge has a value from the start.
     pub(crate) fn due(&self, round: u64) -> Due {
-        let every = |n: u32| round % u64::from(n.max(1)) == 0;
+        let every = |n: u32| round.is_multiple_of(u64::from(n.max(1)));
         Due {
             tick_gauges: every(self.tick_gauges_every),
             slow_gauges: every(self.slow_gauges_every),

@@ -143,6 +143,8 @@ pub struct ServeControl {
     book: Mutex<Book>,
     /// One swap or rollback at a time, start to finish.
     swapping: Mutex<()>,
+    /// The last ticks' lateness, for the status and the benchmark.
+    lateness: Mutex<std::collections::VecDeque<Duration>>,
 }
 
 #[derive(Debug)]
@@ -194,7 +196,30 @@ impl ServeControl {
                 last_failure: None,
             }),
             swapping: Mutex::new(()),
+            lateness: Mutex::new(std::collections::VecDeque::with_capacity(
+                super::LATENESS_WINDOW,
+            )),
         }
+    }
+
+    /// The lateness of the last [`super::LATENESS_WINDOW`] ticks, oldest first.
+    pub fn recent_lateness(&self) -> Vec<Duration> {
+        lock(&self.lateness).iter().copied().collect()
+    }
+
+    /// Keep this tick's lateness; the p99 over the window.
+    fn note_lateness(&self, lateness: Duration) -> f64 {
+        let mut recent = lock(&self.lateness);
+        if recent.len() == super::LATENESS_WINDOW {
+            recent.pop_front();
+        }
+        recent.push_back(lateness);
+        let mut sorted: Vec<Duration> = recent.iter().copied().collect();
+        sorted.sort_unstable();
+        let at = (sorted.len() as f64 * 0.99).ceil() as usize;
+        sorted
+            .get(at.saturating_sub(1).min(sorted.len() - 1))
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
     }
 
     /// After every tick, on the loop's thread: the book follows the swaps, and the
@@ -219,6 +244,7 @@ impl ServeControl {
             (policy, book.swaps_refused, book.last_failure.clone())
         };
         self.metrics.observe(progress, &policy.version);
+        let lateness_p99_ms = self.note_lateness(progress.lateness);
         let totals = progress.totals;
         let mut live = self.live.lock();
         live.commands_taken = progress.commands_taken;
@@ -226,6 +252,7 @@ impl ServeControl {
         status.ticks = progress.tick + 1;
         status.uptime_s = self.live.started.elapsed().as_secs_f64();
         status.paused = progress.paused;
+        status.tick_lateness_p99_ms = Some(lateness_p99_ms);
         status.policy = policy;
         status.failures = Failures {
             fallback_ticks: totals.fallback_ticks,

@@ -11,6 +11,7 @@
 //! to the loop through the swap channel ([`crate::swap`]); commands go through the loop's
 //! command channel; the status the API reads is written once per tick.
 
+pub mod bench;
 pub mod config;
 mod control;
 mod live;
@@ -31,11 +32,14 @@ use crate::assembly::{
 };
 use crate::control::{ControlLoop, LoopCommand, LoopConfig};
 use crate::plugin::{ComponentCache, HostConfig, PluginHost};
-use crate::recorder::Recorder;
+use crate::recorder::{Recorder, Rotation};
 use crate::restore::{SettingsGuard, StateFile};
 use crate::spec::PolicySpec;
 use crate::swap::swap_channel;
 use live::Live;
+
+/// Ticks over which the status's tick-lateness p99 is taken.
+pub const LATENESS_WINDOW: usize = 1000;
 
 /// How long an agent runs when nobody stops it: practically forever (the loop counts
 /// ticks in a u64 and schedules them in whole ticks from the start).
@@ -141,7 +145,7 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// The backends `config` asks for.
-fn backend_request(config: &ServeConfig) -> Result<BackendRequest, ServeError> {
+fn backend_request(config: &ServeConfig, tick: Duration) -> Result<BackendRequest, ServeError> {
     let target = match &config.backend {
         NodeBackend::Sim {
             profile,
@@ -209,6 +213,7 @@ fn backend_request(config: &ServeConfig) -> Result<BackendRequest, ServeError> {
                 indices,
                 dry_run: config.dry_run,
                 workload,
+                tick,
             })
         }
     };
@@ -245,7 +250,7 @@ pub fn start(
         spec.override_tick(tick)?;
     }
     let tick = Duration::from_millis(u64::from(spec.tick_ms));
-    let request = backend_request(config)?;
+    let request = backend_request(config, tick)?;
     let Assembled {
         mut backends,
         meta,
@@ -289,7 +294,15 @@ pub fn start(
     tracing::info!(policy = %spec.name, version, plugin = %plugin_path.display(), "policy started");
 
     let out_dir = fresh_out_dir(&config.out_dir);
-    let mut recorder = Recorder::create(&out_dir, false)?;
+    // Weeks of ticks: each output file is bounded, the oldest rotated away.
+    let mut recorder = Recorder::create_rotating(
+        &out_dir,
+        false,
+        Rotation {
+            max_bytes: config.max_file_bytes,
+            keep: config.keep_files,
+        },
+    )?;
 
     let (swap_sender, swap_port) = swap_channel();
     let (command_sender, commands) = std::sync::mpsc::channel::<LoopCommand>();
@@ -342,26 +355,37 @@ pub fn start(
         .name("tokwatt-control-loop".into())
         .spawn({
             let control = Arc::clone(&control);
-            let spec_name = spec.name.clone();
-            let spec_path = spec.path.display().to_string();
-            let plugin = plugin_path.display().to_string();
+            let summary_of = {
+                let spec_name = spec.name.clone();
+                let spec_path = spec.path.display().to_string();
+                let plugin = plugin_path.display().to_string();
+                move |totals: crate::control::LoopTotals| RunSummary {
+                    format_version: SUMMARY_FORMAT_VERSION,
+                    output_formats: OutputFormats::default(),
+                    policy: spec_name.clone(),
+                    policy_spec: spec_path.clone(),
+                    plugin: plugin.clone(),
+                    tick_ms: u32::try_from(tick.as_millis()).unwrap_or(u32::MAX),
+                    objective,
+                    meta: meta.clone(),
+                    totals,
+                }
+            };
+            let summary_every = config.summary_every;
+            let summary_path = out_dir.join("summary.json");
             move || {
+                // A weeks-long run keeps a current summary.json (rewritten atomically).
+                let mut last_summary = std::time::Instant::now();
                 let result = control_loop.run(&mut recorder, &mut |progress| {
                     control.observe(&progress);
+                    if last_summary.elapsed() >= summary_every {
+                        last_summary = std::time::Instant::now();
+                        write_summary(&summary_path, &summary_of(progress.totals.clone()));
+                    }
                 });
                 let outcome = match result {
                     Ok((totals, backends)) => {
-                        let summary = RunSummary {
-                            format_version: SUMMARY_FORMAT_VERSION,
-                            output_formats: OutputFormats::default(),
-                            policy: spec_name,
-                            policy_spec: spec_path,
-                            plugin,
-                            tick_ms: u32::try_from(tick.as_millis()).unwrap_or(u32::MAX),
-                            objective,
-                            meta,
-                            totals,
-                        };
+                        let summary = summary_of(totals);
                         // Dropping the backends puts every changed setting back.
                         drop(backends);
                         recorder
@@ -391,6 +415,17 @@ pub fn start(
         watcher,
         info,
     })
+}
+
+/// summary.json during the run. The trace is safe on disk either way, so a summary that
+/// cannot be written costs a warning, not the agent.
+fn write_summary(path: &Path, summary: &RunSummary) {
+    let written = serde_json::to_string_pretty(summary)
+        .map_err(|e| e.to_string())
+        .and_then(|text| crate::report::write_atomically(path, &text).map_err(|e| e.to_string()));
+    if let Err(error) = written {
+        tracing::warn!(path = %path.display(), "the summary was not rewritten: {error}");
+    }
 }
 
 /// `base/serve-YYYY-MM-DDTHH-MM-SSZ`, with a counter if that exists already: every start

@@ -49,6 +49,28 @@ pub enum BenchCommand {
         #[arg(long)]
         plugin: Option<PathBuf>,
     },
+    /// Tick lateness of `tokwatt serve` (simulated node, real time) idle and under a
+    /// stream of status requests on loopback HTTP, side by side in one run.
+    ServeApi {
+        /// Served time per run (idle, then under load).
+        #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "60s")]
+        duration: std::time::Duration,
+        /// Status requests per second in the loaded run.
+        #[arg(long, default_value_t = 1000.0)]
+        rate: f64,
+        /// Simulated GPUs.
+        #[arg(long, default_value_t = 8)]
+        gpus: u32,
+        /// Control tick.
+        #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "1s")]
+        tick: std::time::Duration,
+        /// Policy spec (default: the shipped slo-batch).
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// Idle and loaded runs each, alternating; medians reported.
+        #[arg(long, default_value_t = 1)]
+        repeats: u32,
+    },
     /// The agent's own CPU time while it runs (user + system, this process, all threads)
     /// per GPU count: the real agent loop with a shipped policy, on the simulator in
     /// real time, or with --nvml on real GPUs (NVML telemetry, dry-run actuator, no
@@ -101,6 +123,14 @@ pub enum BenchCommand {
 
 pub fn bench(what: BenchCommand) -> Result<()> {
     match what {
+        BenchCommand::ServeApi {
+            duration,
+            rate,
+            gpus,
+            tick,
+            policy,
+            repeats,
+        } => crate::bench_serve::bench_serve_api(duration, rate, gpus, tick, policy, repeats),
         BenchCommand::Workload {
             gpu,
             model,

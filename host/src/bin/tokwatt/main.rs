@@ -3,6 +3,7 @@
 //! (`tokwatt::assembly`), so every command and test builds them the same way.
 
 mod bench;
+mod bench_serve;
 mod check;
 mod eval;
 mod gpus;

@@ -149,7 +149,7 @@ impl RunArgs {
         })
     }
 
-    fn backend_request(&self, objective: &Objective) -> Result<BackendRequest> {
+    fn backend_request(&self, objective: &Objective, tick: Duration) -> Result<BackendRequest> {
         let target = match (&self.sim, &self.gpu) {
             (Some(profile), None) => Target::Sim(SimTarget {
                 profile: profile.clone(),
@@ -168,6 +168,7 @@ impl RunArgs {
                     },
                     WorkloadKind::External => self.external_source(objective)?,
                 },
+                tick,
             }),
             _ => bail!(
                 "choose where to run: `--sim h200` for the simulated GPU, or `--gpu 0` for a real GPU (add --dry-run to observe only)"
@@ -193,7 +194,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let Some(tick) = args.tick {
         spec.override_tick(tick)?;
     }
-    let request = args.backend_request(&spec.objective)?;
+    let tick = Duration::from_millis(u64::from(spec.tick_ms));
+    let request = args.backend_request(&spec.objective, tick)?;
     let mut assembled = assembly::assemble(&request, &spec.name, spec.knobs)?;
     for withheld in &assembled.withheld {
         eprintln!("tokwatt: policy `{}`: {withheld}", spec.name);
