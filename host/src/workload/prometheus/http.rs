@@ -1,21 +1,31 @@
-//! The scrape: a plain-HTTP GET (HTTP/1.1, `Connection: close`, chunked bodies, IPv6
-//! hosts) of the metrics endpoint, and its exposition reduced to a [`Scrape`].
+//! The scrape: a plain-HTTP GET of the metrics endpoint with hyper's HTTP/1.1 client
+//! (chunked bodies, IPv6 hosts), on a small runtime each scraper owns, and its exposition
+//! reduced to a [`Scrape`].
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
+use hyper::body::Bytes;
+use hyper::{Request, header};
+use hyper_util::rt::TokioIo;
 
 use super::{PrometheusConfig, Scrape, parse_exposition};
 use crate::workload::WorkloadError;
 
-/// A plain-HTTP URL, split.
-#[derive(Debug, Clone)]
+/// The largest metrics body read: far above what an engine exposes (vLLM with many
+/// models and engine cores stays under 1 MiB), low enough to bound a wrong endpoint.
+const MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// A plain-HTTP metrics endpoint, split, and the runtime its scrapes run on (built
+/// once here, so a scrape only connects and reads).
+#[derive(Debug)]
 pub(super) struct Target {
     /// What to connect to: `host:port`, `[v6]:port`.
     pub(super) host_port: String,
     /// The Host header: the authority as written.
     pub(super) host: String,
     pub(super) path: String,
+    runtime: tokio::runtime::Runtime,
 }
 
 impl Target {
@@ -53,95 +63,41 @@ impl Target {
         } else {
             format!("{authority}:80")
         };
+        // The request line carries the path alone (origin form): refuse here what hyper
+        // would refuse at every scrape.
+        if path.parse::<hyper::Uri>().is_err() {
+            return Err(bad("has a path that is not a valid request path"));
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| {
+                WorkloadError::Failed(format!("cannot start the scraper's runtime for {url}: {e}"))
+            })?;
         Ok(Self {
             host_port,
             host: authority.to_owned(),
             path: path.to_owned(),
+            runtime,
         })
-    }
-}
-
-/// The body of an HTTP/1.1 response, with `Transfer-Encoding: chunked` decoded.
-pub(super) fn response_body(response: &[u8], url: &str) -> Result<Vec<u8>, WorkloadError> {
-    let failed = |why: &str| WorkloadError::Failed(format!("{url} {why}"));
-    let head_end = response
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| failed("sent no HTTP response"))?;
-    let head = String::from_utf8_lossy(&response[..head_end]);
-    let body = &response[head_end + 4..];
-    let status = head.lines().next().unwrap_or_default();
-    if status.split_whitespace().nth(1) != Some("200") {
-        return Err(failed(&format!("answered `{status}`")));
-    }
-    let chunked = head.lines().skip(1).any(|line| {
-        line.split_once(':').is_some_and(|(k, v)| {
-            k.trim().eq_ignore_ascii_case("transfer-encoding")
-                && v.to_ascii_lowercase().contains("chunked")
-        })
-    });
-    if !chunked {
-        return Ok(body.to_vec());
-    }
-    let mut decoded = Vec::new();
-    let mut rest = body;
-    loop {
-        let line_end = rest
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or_else(|| failed("sent a chunked body cut short"))?;
-        let size_line = String::from_utf8_lossy(&rest[..line_end]);
-        // A chunk size may carry extensions after `;`.
-        let size_hex = size_line.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16)
-            .map_err(|_| failed(&format!("sent a bad chunk size `{size_hex}`")))?;
-        rest = &rest[line_end + 2..];
-        if size == 0 {
-            return Ok(decoded);
-        }
-        let chunk = rest
-            .get(..size)
-            .ok_or_else(|| failed("sent a chunked body cut short"))?;
-        decoded.extend_from_slice(chunk);
-        rest = rest.get(size + 2..).unwrap_or_default();
     }
 }
 
 pub(super) fn scrape(target: &Target, config: &PrometheusConfig) -> Result<Scrape, WorkloadError> {
-    let failed = |what: &str, e: std::io::Error| {
-        WorkloadError::Failed(format!("{what} {}: {e}", config.url))
-    };
     // At least a second: a busy engine (or a loaded test machine) may answer late, and a
     // late answer only delays the scraper thread, never the control loop.
     let timeout = config.period.max(Duration::from_secs(1));
-    let address = target
-        .host_port
-        .to_socket_addrs()
-        .map_err(|e| failed("cannot resolve", e))?
-        .next()
-        .ok_or_else(|| WorkloadError::Failed(format!("{} resolves to no address", config.url)))?;
-    let mut stream = TcpStream::connect_timeout(&address, timeout)
-        .map_err(|e| failed("cannot connect to", e))?;
-    stream
-        .set_read_timeout(Some(timeout))
-        .and_then(|()| stream.set_write_timeout(Some(timeout)))
-        .map_err(|e| failed("cannot set timeouts for", e))?;
-    // `Connection: close`: the server closes the connection after the body, so reading
-    // to the end is the whole response (chunked or not). No Accept-Encoding: plain text.
-    // One write: a server that answers after its first read must see the whole request.
-    let request = format!(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n",
-        target.path, target.host
-    );
-    stream
-        .write_all(request.as_bytes())
-        .map_err(|e| failed("cannot send the request to", e))?;
-    let mut response = Vec::new();
-    stream
-        .take(64 << 20)
-        .read_to_end(&mut response)
-        .map_err(|e| failed("cannot read", e))?;
-    let body = response_body(&response, &config.url)?;
+    let body = target.runtime.block_on(async {
+        tokio::time::timeout(timeout, fetch(target, &config.url))
+            .await
+            .map_err(|_| {
+                WorkloadError::Failed(format!(
+                    "{} did not answer within {timeout:?}: is the serving engine overloaded, or is the URL its metrics endpoint?",
+                    config.url
+                ))
+            })?
+    })?;
     parse_exposition(
         &String::from_utf8_lossy(&body),
         &config.token_counter,
@@ -151,4 +107,55 @@ pub(super) fn scrape(target: &Target, config: &PrometheusConfig) -> Result<Scrap
         WorkloadError::Failed(why) => WorkloadError::Failed(format!("{}: {why}", config.url)),
         other => other,
     })
+}
+
+/// One GET of the metrics path on a fresh connection: the body of a 2xx answer.
+async fn fetch(target: &Target, url: &str) -> Result<Bytes, WorkloadError> {
+    let failed =
+        |what: &str, e: &dyn std::fmt::Display| WorkloadError::Failed(format!("{what} {url}: {e}"));
+    let stream = tokio::net::TcpStream::connect(target.host_port.as_str())
+        .await
+        .map_err(|e| {
+            WorkloadError::Failed(format!(
+                "cannot connect to {url}: {e} (is the serving engine running, and is this its metrics URL?)"
+            ))
+        })?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| failed("cannot talk HTTP/1.1 to", &e))?;
+    // The connection runs beside the request; dropping the set (the scrape done, or
+    // its timeout) aborts it, so no connection outlives its scrape.
+    let mut connection_task = tokio::task::JoinSet::new();
+    connection_task.spawn(connection);
+    // `Connection: close`: one scrape, one connection. No Accept-Encoding: plain text.
+    let request = Request::get(target.path.as_str())
+        .header(header::HOST, target.host.as_str())
+        .header(header::ACCEPT, "text/plain")
+        .header(header::CONNECTION, "close")
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| failed("cannot build the request for", &e))?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| failed("got no HTTP answer from", &e))?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(WorkloadError::Failed(format!(
+            "{url} answered `{status}`: give the serving engine's metrics URL (usually http://HOST:PORT/metrics)"
+        )));
+    }
+    let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.downcast_ref::<LengthLimitError>().is_some() {
+                WorkloadError::Failed(format!(
+                    "{url} sent more than {} MiB of metrics, the most a scrape reads: is this the serving engine's metrics URL?",
+                    MAX_BODY_BYTES >> 20
+                ))
+            } else {
+                failed("cannot read the metrics body of", &e)
+            }
+        })?;
+    Ok(body.to_bytes())
 }

@@ -1,4 +1,3 @@
-use super::http::response_body;
 use super::*;
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -91,7 +90,12 @@ fn windows_are_differences_and_survive_a_reset() {
 
 #[test]
 fn bad_urls_are_explained() {
-    for url in ["https://x/metrics", "ftp://x", "http:///metrics"] {
+    for url in [
+        "https://x/metrics",
+        "ftp://x",
+        "http:///metrics",
+        "http://x:1/a b",
+    ] {
         let error = Target::parse(url).expect_err(url);
         assert!(
             error.to_string().contains("http://HOST:PORT/metrics"),
@@ -222,17 +226,122 @@ fn quantiles_follow_prometheus_rules() {
     assert_eq!(histogram_quantile(&fast, 1.5), Some(f64::INFINITY));
 }
 
+/// A loopback endpoint that answers each of `responses`, raw bytes, to one connection in
+/// turn, then closes it; the join handle gives back the request heads it read. `None`
+/// where `bind` cannot be bound (no IPv6 loopback on this machine).
+fn serve_raw(
+    bind: &str,
+    responses: Vec<Vec<u8>>,
+) -> Option<(String, std::thread::JoinHandle<Vec<String>>)> {
+    let listener = match TcpListener::bind(bind) {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("skipped the {bind} endpoint: cannot bind it ({e})");
+            return None;
+        }
+    };
+    let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+    let server = std::thread::spawn(move || {
+        let mut heads = Vec::new();
+        for response in responses {
+            let Ok((mut stream, _)) = listener.accept() else {
+                break;
+            };
+            let mut request = Vec::new();
+            let mut chunk = [0u8; 256];
+            while !request.ends_with(b"\r\n\r\n") {
+                match stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => request.extend_from_slice(&chunk[..n]),
+                }
+            }
+            heads.push(String::from_utf8_lossy(&request).into_owned());
+            // The client may hang up first (a body over the limit): not the test's concern.
+            let _ = stream.write_all(&response);
+        }
+        heads
+    });
+    Some((url, server))
+}
+
+fn scrape_once(url: &str) -> Result<Scrape, WorkloadError> {
+    let mut config = PrometheusConfig::vllm(url);
+    config.tpot_histogram = None;
+    scrape(&Target::parse(url)?, &config)
+}
+
 #[test]
-fn chunked_bodies_are_decoded() {
-    let response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
-                     5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\n\r\n";
-    let body = response_body(response, "http://x").expect("decoded");
-    assert_eq!(body, b"hello, world");
-    let cut = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nff\r\nshort";
-    assert!(response_body(cut, "http://x").is_err());
-    let status = b"HTTP/1.1 404 Not Found\r\n\r\n";
-    let error = response_body(status, "http://x").expect_err("404");
-    assert!(error.to_string().contains("404"), "{error}");
+fn chunked_bodies_with_extensions_are_decoded() {
+    let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+                    d\r\nvllm:generati\r\n13;ext=1\r\non_tokens_total 42\n\r\n0\r\n\r\n";
+    let (url, server) = serve_raw("127.0.0.1:0", vec![chunked.to_vec()]).expect("loopback");
+    let scraped = scrape_once(&url).expect("a chunked body");
+    assert_eq!(scraped.tokens, 42.0);
+    let heads = server.join().expect("server");
+    let authority = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
+    assert!(
+        heads[0].starts_with("GET /metrics HTTP/1.1\r\n"),
+        "{}",
+        heads[0]
+    );
+    assert!(
+        heads[0]
+            .to_ascii_lowercase()
+            .contains(&format!("host: {authority}\r\n")),
+        "{}",
+        heads[0]
+    );
+}
+
+#[test]
+fn a_chunked_body_cut_short_is_an_error_naming_the_url() {
+    let cut = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nff\r\nshort".to_vec();
+    let (url, server) = serve_raw("127.0.0.1:0", vec![cut]).expect("loopback");
+    let error = scrape_once(&url).expect_err("cut short").to_string();
+    assert!(error.contains(&url), "{error}");
+    assert!(error.contains("cannot read the metrics body"), "{error}");
+    let _ = server.join();
+}
+
+#[test]
+fn a_status_other_than_2xx_is_an_error_naming_the_url_and_status() {
+    let not_found = b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found".to_vec();
+    let (url, server) = serve_raw("127.0.0.1:0", vec![not_found]).expect("loopback");
+    let error = scrape_once(&url).expect_err("404").to_string();
+    assert!(error.contains(&url), "{error}");
+    assert!(error.contains("404 Not Found"), "{error}");
+    assert!(error.contains("metrics URL"), "{error}");
+    let _ = server.join();
+}
+
+#[test]
+fn a_body_over_the_limit_is_refused_naming_the_limit() {
+    let size = (16 << 20) + 1;
+    let mut huge = format!("HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n").into_bytes();
+    huge.resize(huge.len() + size, b'#');
+    let (url, server) = serve_raw("127.0.0.1:0", vec![huge]).expect("loopback");
+    let error = scrape_once(&url).expect_err("too large").to_string();
+    assert!(error.contains(&url), "{error}");
+    assert!(error.contains("more than 16 MiB"), "{error}");
+    let _ = server.join();
+}
+
+#[test]
+fn ipv6_literal_hosts_are_scraped() {
+    let body = b"HTTP/1.1 200 OK\r\nContent-Length: 32\r\n\r\nvllm:generation_tokens_total 7\n\n";
+    let Some((url, server)) = serve_raw("[::1]:0", vec![body.to_vec()]) else {
+        return;
+    };
+    assert!(url.starts_with("http://[::1]:"), "{url}");
+    assert_eq!(scrape_once(&url).expect("scraped over IPv6").tokens, 7.0);
+    let heads = server.join().expect("server");
+    assert!(
+        heads[0].to_ascii_lowercase().contains("host: [::1]:"),
+        "{}",
+        heads[0]
+    );
 }
 
 #[test]
