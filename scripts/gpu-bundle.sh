@@ -38,6 +38,11 @@ cp target/plugins/wasm32-wasip2/plugin/policy_*.wasm "$dist/"
 cp target/plugins/wasm32-wasip2/plugin/fixture_*.wasm "$dist/"
 cp policies/*.toml "$dist/specs/"
 cp scripts/gpu-check.sh "$dist/"
+# promtool checks the agent's /metrics on the GPU machine (a static Go binary, compressed:
+# it is twice the size of tokwatt).
+if command -v promtool >/dev/null; then
+  gzip -9 -c "$(command -v promtool)" > "$dist/promtool.gz"
+fi
 reference="$root/../shared/calibration/pytorch_decode_reference.py"
 if [[ -f "$reference" ]]; then
   cp "$reference" "$dist/"

@@ -8,7 +8,10 @@
 # PARTS (comma-separated, default all): tests (the library's tests), bench (tokwatt bench
 # workload beside the PyTorch reference), dryrun (a 60 s dry-run `tokwatt run`), slo (the
 # slo-batch controller against an exhaustive batch sweep under the same objective). The GPU's
-# settings are compared before and after whatever runs. A short side-by-side check:
+# settings are compared before and after whatever runs. serve: `tokwatt serve` for 2 minutes
+# on the CUDA decode (dry run, batch only) with a policy swap in the middle, /metrics
+# scraped and checked with promtool (from the bundle), the agent's NVML cost measured while
+# the GPU works and when idle, and `tokwatt bench serve-api` on the simulator. A short side-by-side check:
 #   gpu-check.sh OUT 3 bench
 #
 # Where the runner brings back only a few files from the GPU machine, write OUT elsewhere and
@@ -21,8 +24,8 @@ seconds="${2:-6}"
 parts="${3:-tests,bench,dryrun,slo}"
 for part in ${parts//,/ }; do
   case "$part" in
-    tests | bench | dryrun | slo) ;;
-    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, dryrun and/or slo, comma-separated" >&2; exit 2 ;;
+    tests | bench | dryrun | slo | serve) ;;
+    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, dryrun, slo and/or serve, comma-separated" >&2; exit 2 ;;
   esac
 done
 wants() { [[ ",$parts," == *",$1,"* ]]; }
@@ -92,6 +95,74 @@ if wants dryrun; then
     --out "$out/run" --log tokwatt=info 2> "$out/run.log" | tee "$out/run.txt"
   [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   grep -c "dry-run: would" "$out/run.log" | sed 's/^/dry-run decisions logged: /'
+fi
+
+if wants serve; then
+  sdir="$out/serve"
+  mkdir -p "$sdir"
+  cat > "$sdir/serve.toml" <<EOF
+[policy]
+spec = "$here/specs/slo-batch.toml"
+[node]
+gpus = [0]
+dry_run = true
+batch_only = true
+[workload]
+source = "cuda"
+model = "llama-3-8b"
+context = 1024
+batch_size_max = 512
+[api]
+socket = "$sdir/tokwatt.sock"
+[metrics]
+listen = "127.0.0.1:9401"
+[output]
+dir = "$sdir/out"
+EOF
+  # The swapped-in policy: slo-batch steering to 0.95 of the limit (the same plugin, so
+  # its state carries over).
+  sed 's/^name = .*/name = "slo-batch-095"/; s/^headroom = .*/headroom = "0.95"/' \
+    specs/slo-batch.toml > "$sdir/slo-batch-095.toml"
+  step "tokwatt serve for 120 s on GPU 0 (CUDA decode, dry run, batch only), swap at ~60 s"
+  ./tokwatt serve --config "$sdir/serve.toml" --duration 120s --log tokwatt=info 2> "$sdir/serve.log" &
+  serve_pid=$!
+  for _ in $(seq 1 120); do [[ -S "$sdir/tokwatt.sock" ]] && break; sleep 0.5; done
+  started=$SECONDS
+  sleep 20
+  ./tokwatt status --socket "$sdir/tokwatt.sock" | tee "$sdir/status-1.txt" || status=1
+  step "the agent's NVML cost while the GPU works (its own process, dry run, no workload)"
+  ./tokwatt bench agent-cpu --nvml 0 --nvml-repeat 1,8 --duration 25s --repeats 1 2>&1 \
+    | tee "$sdir/agent-cpu-busy.txt" || status=1
+  left=$((60 - (SECONDS - started)))
+  [[ $left -gt 0 ]] && sleep "$left"
+  step "swap to slo-batch-095 at $((SECONDS - started)) s"
+  ./tokwatt policy swap "$sdir/slo-batch-095.toml" --socket "$sdir/tokwatt.sock" | tee "$sdir/swap.txt" \
+    || status=1
+  sleep 30
+  ./tokwatt status --socket "$sdir/tokwatt.sock" | tee "$sdir/status-2.txt" || status=1
+  ./tokwatt status --json --socket "$sdir/tokwatt.sock" > "$sdir/status-2.json" || status=1
+  python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9401/metrics").read().decode(), end="")' \
+    > "$sdir/metrics.txt" || status=1
+  step "promtool check metrics on the scraped /metrics ($(wc -l < "$sdir/metrics.txt") lines)"
+  # The bundle carries promtool compressed (it is twice the size of tokwatt).
+  [[ -f ./promtool.gz && ! -x ./promtool ]] && gunzip -c ./promtool.gz > ./promtool && chmod +x ./promtool
+  if [[ -x ./promtool ]]; then
+    ./promtool check metrics < "$sdir/metrics.txt" 2>&1 | tee "$sdir/promtool.txt"
+    if [[ ${PIPESTATUS[0]} -eq 0 ]]; then echo "promtool: no problems"; else status=1; fi
+  else
+    echo "promtool is not in the bundle"; status=1
+  fi
+  wait "$serve_pid"; serve_rc=$?
+  echo "tokwatt serve exited with $serve_rc"; [[ $serve_rc -eq 0 ]] || status=1
+  tail -n 3 "$sdir/serve.log"
+  step "the agent's NVML cost on the idle GPU"
+  ./tokwatt bench agent-cpu --nvml 0 --nvml-repeat 1,8 --duration 25s --repeats 1 2>&1 \
+    | tee "$sdir/agent-cpu-idle.txt" || status=1
+  ./tokwatt bench agent-cpu --nvml 0 --nvml-repeat 8 --samples-per-tick 1 --duration 25s --repeats 1 2>&1 \
+    | tee "$sdir/agent-cpu-idle-1pt.txt" || status=1
+  step "tokwatt bench serve-api (SIMULATOR, 8 GPUs, 1 s tick, idle vs 1000 status requests/s)"
+  ./tokwatt bench serve-api --duration 40s --gpus 8 --rate 1000 --policy specs/slo-batch.toml 2>&1 \
+    | tee "$sdir/serve-api.txt" || status=1
 fi
 
 if wants slo; then

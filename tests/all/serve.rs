@@ -275,3 +275,68 @@ fn a_bad_config_is_refused_with_its_line_and_changes_nothing() {
         "{message}"
     );
 }
+
+#[test]
+fn a_watched_policy_folder_is_swapped_in_when_it_changes_and_settles() {
+    let dir = tempdir();
+    let first = write_spec(
+        dir.path(),
+        "stateful",
+        &built_plugin("fixture_stateful"),
+        sandbox(),
+    );
+    let watched = dir.path().join("policy.d");
+    std::fs::create_dir(&watched).expect("watched folder");
+    let config = config(dir.path(), &first, "");
+    // The watch keys belong in [policy]: write the config again with them.
+    let text = std::fs::read_to_string(&config.path)
+        .expect("config")
+        .replace(
+            "probation_ticks = 5\n",
+            &format!(
+                "probation_ticks = 5\nwatch = \"{}\"\nwatch_period = \"100ms\"\n",
+                watched.display()
+            ),
+        );
+    std::fs::write(&config.path, text).expect("config");
+    let config = ServeConfig::load(&config.path).expect("valid");
+    let agent =
+        serve::start(&config, Arc::new(AtomicBool::new(false)), None).expect("the agent starts");
+    let control = agent.control();
+
+    // A spec dropped into the folder takes over once the folder has settled.
+    write_spec(
+        &watched,
+        "watched",
+        &built_plugin("fixture_stateful"),
+        sandbox(),
+    );
+    wait_for(
+        "the watched spec to take over",
+        Duration::from_secs(20),
+        || control.status().policy.name == "watched",
+    );
+    // Two specs: which one is meant is unknown, so nothing changes and it is counted.
+    write_spec(
+        &watched,
+        "second",
+        &built_plugin("fixture_stateful"),
+        sandbox(),
+    );
+    wait_for("the refusal", Duration::from_secs(20), || {
+        control.status().failures.swaps_refused == 1
+    });
+    let status = control.status();
+    assert_eq!(status.policy.name, "watched");
+    assert!(
+        status
+            .failures
+            .last
+            .as_deref()
+            .is_some_and(|l| l.contains("2 policy specs")),
+        "{:?}",
+        status.failures
+    );
+    agent.stop();
+    assert_eq!(agent.join().expect("clean end").totals.swaps.swaps, 1);
+}

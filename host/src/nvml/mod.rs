@@ -138,6 +138,11 @@ pub struct SamplerConfig {
     pub tick_gauges_every: u32,
     /// The slow gauges are read at every this many samples (1: every sample).
     pub slow_gauges_every: u32,
+    /// Read the power fields (averaged, instantaneous and memory power) with the energy
+    /// counter in one field-values call. `false`: the energy counter alone
+    /// (`nvmlDeviceGetTotalEnergyConsumption`), and a window's peak power is the highest
+    /// average between two energy readings.
+    pub power_fields: bool,
 }
 
 impl Default for SamplerConfig {
@@ -176,6 +181,7 @@ impl SamplerConfig {
             period,
             tick_gauges_every: every(tick),
             slow_gauges_every: every(Self::SLOW_GAUGES_PERIOD.max(tick)),
+            power_fields: true,
         }
     }
 
@@ -186,6 +192,7 @@ impl SamplerConfig {
             period,
             tick_gauges_every: 1,
             slow_gauges_every: 1,
+            power_fields: true,
         }
     }
 
@@ -467,6 +474,7 @@ mod tests {
                 period: ms(500),
                 tick_gauges_every: 2,
                 slow_gauges_every: 10,
+                power_fields: true,
             }
         );
         assert_eq!(SamplerConfig::default(), SamplerConfig::for_tick(ms(1000)));
@@ -477,6 +485,7 @@ mod tests {
                 period: ms(100),
                 tick_gauges_every: 1,
                 slow_gauges_every: 50,
+                power_fields: true,
             }
         );
         // A long tick: the slow gauges at least once per tick.
@@ -486,6 +495,7 @@ mod tests {
                 period: Duration::from_secs(5),
                 tick_gauges_every: 2,
                 slow_gauges_every: 2,
+                power_fields: true,
             }
         );
         assert_eq!(
@@ -494,6 +504,7 @@ mod tests {
                 period: ms(250),
                 tick_gauges_every: 4,
                 slow_gauges_every: 20,
+                power_fields: true,
             }
         );
         for tick in [

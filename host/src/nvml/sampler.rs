@@ -217,11 +217,18 @@ impl Accumulator {
             energy_j: stats.energy_mj as f64 / 1000.0,
             energy_counter_j: self.energy_since_start_mj as f64 / 1000.0,
             power_avg_reading_w: latest.power_avg_mw.map_or(0.0, watts),
-            // Without instantaneous readings, the averaged ones are the best peak there is.
-            power_peak_w: stats
-                .peak_instant_mw
-                .or(stats.peak_avg_mw)
-                .map_or(0.0, watts),
+            // Without instantaneous readings, the averaged ones are the best peak there is;
+            // without any power reading (energy only), the window's own average.
+            power_peak_w: stats.peak_instant_mw.or(stats.peak_avg_mw).map_or_else(
+                || {
+                    if interval.is_zero() {
+                        0.0
+                    } else {
+                        stats.energy_mj as f64 / 1000.0 / interval.as_secs_f64()
+                    }
+                },
+                watts,
+            ),
             sm_clock_mhz: median(stats.sm_clocks_mhz)
                 .or(latest.sm_clock_mhz)
                 .unwrap_or(0),

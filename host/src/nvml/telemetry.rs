@@ -40,7 +40,8 @@ impl NvmlTelemetry {
         gpus: &[ManagedGpu],
         config: SamplerConfig,
     ) -> Result<Self, NvmlError> {
-        let source = NvmlSource::new(nvml, gpus)?;
+        let mut source = NvmlSource::new(nvml, gpus)?;
+        source.power_fields = config.power_fields;
         let calls = source.calls.clone();
         let sampler = Sampler::start(source, config).map_err(NvmlError::SamplerThread)?;
         Ok(Self {
@@ -137,6 +138,8 @@ struct NvmlSource {
     nvml: Arc<Nvml>,
     gpus: Vec<SourceGpu>,
     calls: NvmlCallCounts,
+    /// Read the power fields with the energy counter ([`SamplerConfig::power_fields`]).
+    power_fields: bool,
 }
 
 /// A device handle looked up once, when sampling starts, instead of once per sample.
@@ -224,6 +227,7 @@ impl NvmlSource {
             calls: NvmlCallCounts::new(gpus.len()),
             nvml,
             gpus,
+            power_fields: true,
         })
     }
 }
@@ -236,6 +240,7 @@ impl SampleSource for NvmlSource {
     fn sample(&mut self, gpu: usize, due: Due, errors: &mut Vec<SampleError>) -> Sample {
         let nvml = &*self.nvml;
         let calls = &self.calls;
+        let power_fields = self.power_fields;
         let Some(state) = self.gpus.get_mut(gpu) else {
             return Sample::default();
         };
@@ -261,7 +266,8 @@ impl SampleSource for NvmlSource {
             .into_iter()
             .filter(|field| state.wants(field.what()))
             .collect();
-        if state.wants(FIELDS) && !fields.is_empty() {
+        let use_fields = power_fields && state.wants(FIELDS) && !fields.is_empty();
+        if use_fields {
             calls.add(gpu);
             if let Some(values) = state.keep(FIELDS, read_fields(nvml, &device, &fields), errors) {
                 for (field, value) in fields.into_iter().zip(values) {
@@ -291,11 +297,11 @@ impl SampleSource for NvmlSource {
         // has nvmlDeviceGetPowerUsage, the averaged reading there is.
         let answers =
             |state: &SourceGpu, field: &'static str| state.wants(FIELDS) && state.wants(field);
-        if !answers(state, ENERGY_FIELD) && state.wants(ENERGY) {
+        if (!use_fields || !answers(state, ENERGY_FIELD)) && state.wants(ENERGY) {
             calls.add(gpu);
             sample.energy_mj = state.keep(ENERGY, device.total_energy_consumption(), errors);
         }
-        if !answers(state, POWER_AVG) {
+        if power_fields && !answers(state, POWER_AVG) {
             sample.power_avg_mw = read(state, POWER_USAGE, errors, &|| device.power_usage());
         }
 

@@ -109,8 +109,15 @@ pub enum BenchCommand {
         /// every this many samples (default: about every 5 s).
         #[arg(long, requires = "nvml")]
         slow_gauges_every: Option<u32>,
+        /// NVML tick gauges (SM clock, clock-event reasons, enforced limit) every this
+        /// many samples (default: once per tick).
+        #[arg(long, requires = "nvml")]
+        tick_gauges_every: Option<u32>,
+        /// NVML fast readings are the energy counter alone (no power fields).
+        #[arg(long, requires = "nvml")]
+        energy_only: bool,
         /// NVML sampling as before issue 15, for comparison: every reading every 100 ms.
-        #[arg(long, requires = "nvml", conflicts_with_all = ["samples_per_tick", "slow_gauges_every"])]
+        #[arg(long, requires = "nvml", conflicts_with_all = ["samples_per_tick", "slow_gauges_every", "tick_gauges_every", "energy_only"])]
         old_rates: bool,
         /// Extra folder to look for plugins in.
         #[arg(long = "plugin-dir")]
@@ -155,6 +162,8 @@ pub fn bench(what: BenchCommand) -> Result<()> {
             nvml_repeat,
             samples_per_tick,
             slow_gauges_every,
+            tick_gauges_every,
+            energy_only,
             old_rates,
             plugin_dirs,
             cache_dir,
@@ -166,6 +175,10 @@ pub fn bench(what: BenchCommand) -> Result<()> {
                 if let Some(every) = slow_gauges_every {
                     sampler.slow_gauges_every = every;
                 }
+                if let Some(every) = tick_gauges_every {
+                    sampler.tick_gauges_every = every;
+                }
+                sampler.power_fields = !energy_only;
                 sampler
             };
             let targets = agent_cpu_targets(&gpus, &profile, nvml, nvml_repeat, sampler)?;
@@ -229,7 +242,7 @@ fn agent_cpu_targets(
 
 /// A shipped spec: in ./policies (a checkout), beside the binary in specs/ (the GPU
 /// bundle), or in the source tree this binary was built from.
-fn default_policy(file: &str) -> Result<PathBuf> {
+pub(crate) fn default_policy(file: &str) -> Result<PathBuf> {
     let mut candidates = vec![Path::new("policies").join(file)];
     if let Some(dir) = std::env::current_exe()
         .ok()

@@ -15,10 +15,11 @@ pub fn bench_serve_api(
     policy: Option<PathBuf>,
     repeats: u32,
 ) -> Result<()> {
-    let policy = match policy {
-        Some(path) => path,
-        None => shipped_policy("slo-batch.toml")?,
-    };
+    let policy = policy.map_or_else(|| crate::bench::default_policy("slo-batch.toml"), Ok)?;
+    // The benchmark's config lives in a scratch folder: a relative path would be read
+    // against that folder.
+    let policy = std::path::absolute(&policy)
+        .with_context(|| format!("the policy spec {}", policy.display()))?;
     let scratch = tempfile::tempdir().context("a scratch folder for the benchmark")?;
     let config = bench::bench_config(scratch.path(), &policy, gpus, tick)?;
     eprintln!(
@@ -74,28 +75,4 @@ fn print_run(run: &LatenessRun) {
         "{load}: {} ticks, lateness p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
         run.ticks, run.lateness_p50_ms, run.lateness_p99_ms, run.lateness_max_ms
     );
-}
-
-/// A shipped policy spec: beside the executable (a deployed bundle's `specs/`), or in the
-/// source tree.
-fn shipped_policy(name: &str) -> Result<PathBuf> {
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join("specs").join(name)));
-    let candidates = beside
-        .into_iter()
-        .chain([PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../policies")
-            .join(name)]);
-    let mut tried = Vec::new();
-    for candidate in candidates {
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-        tried.push(candidate.display().to_string());
-    }
-    anyhow::bail!(
-        "policy spec {name} not found (looked at {}): pass --policy",
-        tried.join(", ")
-    )
 }

@@ -354,6 +354,7 @@ fn each_group_is_read_at_its_own_rate() {
         period: ms(1),
         tick_gauges_every: 2,
         slow_gauges_every: 5,
+        power_fields: true,
     };
     let sampler = Sampler::start(
         GroupCountingSource {
@@ -382,6 +383,7 @@ fn the_schedule_reads_everything_first_then_each_group_every_n() {
         period: ms(500),
         tick_gauges_every: 2,
         slow_gauges_every: 10,
+        power_fields: true,
     };
     let due: Vec<Due> = (0..21).map(|round| config.due(round)).collect();
     assert_eq!(
@@ -448,4 +450,26 @@ fn a_window_between_clock_event_readings_reports_the_last_one() {
         acc.take_window().window.clock_events,
         ClockEvents::default()
     );
+}
+
+#[test]
+fn without_power_readings_the_peak_is_the_window_average_never_zero() {
+    // `SamplerConfig::power_fields = false`: the energy counter alone.
+    let mut acc = Accumulator::default();
+    acc.record(ms(0), &energy(1_000_000), 0);
+    acc.record(ms(500), &energy(1_150_000), 0);
+    acc.record(ms(1000), &energy(1_300_000), 0);
+    let window = acc.take_window().window;
+    assert_eq!(window.energy_j, 300.0);
+    assert_eq!(window.power_peak_w, 300.0, "300 J over 1 s");
+    // With an instantaneous reading, that is the peak.
+    acc.record(
+        ms(1500),
+        &Sample {
+            power_instant_mw: Some(450_000),
+            ..energy(1_500_000)
+        },
+        0,
+    );
+    assert_eq!(acc.take_window().window.power_peak_w, 450.0);
 }
