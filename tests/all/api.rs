@@ -567,9 +567,7 @@ fn the_metrics_listener_serves_metrics_and_health_without_a_token() {
     let answer = over_tcp(addr, &request("GET", "/metrics", &[], b""));
     assert_eq!(answer.status, 200, "{answer:?}");
     assert!(
-        answer
-            .head
-            .contains("text/plain; version=0.0.4"),
+        answer.head.contains("text/plain; version=0.0.4"),
         "{answer:?}"
     );
     assert!(answer.body.contains("tokwatt_ticks_total 7"));
