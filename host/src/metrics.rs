@@ -274,6 +274,9 @@ fn advance(last: &mut u64, now: u64) -> u64 {
 
 #[derive(Debug)]
 struct Inner {
+    /// The batch size belongs to a serving engine, which tokwatt neither reads nor sets:
+    /// the batch gauge stays absent rather than showing the workload's placeholder.
+    engine_batch: bool,
     registry: Registry,
     gpu: GpuFamilies,
     policy: PolicyFamilies,
@@ -337,6 +340,7 @@ impl AgentMetrics {
         }
         Self {
             inner: Mutex::new(Inner {
+                engine_batch: false,
                 registry,
                 gpu,
                 policy,
@@ -348,6 +352,13 @@ impl AgentMetrics {
 
     /// Called by the serve loop after every tick. `policy_version` is the plugin's
     /// content version (12 hex digits) of the policy in charge.
+    /// The GPUs' batch size belongs to their serving engines: `tokwatt_gpu_batch_size`
+    /// stays absent (tokwatt neither knows nor sets it).
+    pub fn with_engine_batch(self) -> Self {
+        self.lock().engine_batch = true;
+        self
+    }
+
     pub fn observe(&self, progress: &Progress<'_>, policy_version: &str) {
         self.lock().observe(progress, policy_version);
     }
@@ -506,7 +517,9 @@ impl Inner {
             &families.sm_clock_max_requested_hertz,
             f64::from(obs.in_force.sm_clock_max_mhz) * MHZ_TO_HZ,
         );
-        set(&families.batch_size, f64::from(obs.in_force.batch_size));
+        if !self.engine_batch {
+            set(&families.batch_size, f64::from(obs.in_force.batch_size));
+        }
         set(&families.tokens_per_second, obs.tokens_per_s);
 
         if telemetry_missing {

@@ -66,7 +66,9 @@ pub struct GpuStatus {
     pub gpu: u32,
     pub name: String,
     pub uuid: String,
-    /// The settings in force after the last tick.
+    /// The settings in force after the last tick. Where the workload is a serving engine
+    /// (`NodeStatus::workload` = `prometheus`), `batch_size` is a placeholder: the batch is
+    /// the engine's, which tokwatt neither reads nor sets.
     pub in_force: InForce,
     /// Tokens per joule over the last tick (`None` before the first).
     pub last_tokens_per_joule: Option<f64>,

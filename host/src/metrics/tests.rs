@@ -375,3 +375,22 @@ fn the_metrics_can_be_shared_between_the_loop_and_the_http_handler() {
     fn shared<T: Send + Sync>() {}
     shared::<AgentMetrics>();
 }
+
+#[test]
+fn a_serving_engines_batch_size_is_absent_not_the_workloads_placeholder() {
+    for (engine_batch, expected) in [(false, true), (true, false)] {
+        let mut metrics = AgentMetrics::new(&[device(0)], false);
+        if engine_batch {
+            metrics = metrics.with_engine_batch();
+        }
+        let mut tick = Tick::first("a");
+        tick.next(observation(0, 0, 100, 400.0));
+        tick.feed(&metrics, "aaaaaaaaaaaa");
+        let text = metrics.encode();
+        assert_eq!(
+            text.contains("tokwatt_gpu_batch_size{gpu=\"0\"}"),
+            expected,
+            "engine batch {engine_batch}:\n{text}"
+        );
+    }
+}

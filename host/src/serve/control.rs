@@ -159,7 +159,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl ServeControl {
     pub(super) fn new(parts: Parts) -> Self {
-        let metrics = AgentMetrics::new(&parts.node.devices, parts.live.status().simulated);
+        let status = parts.live.status();
+        let mut metrics = AgentMetrics::new(&parts.node.devices, status.simulated);
+        if status.workload == crate::workload::prometheus::WORKLOAD_NAME {
+            metrics = metrics.with_engine_batch();
+        }
         // Before the first tick, the status already names the policy.
         parts.live.lock().status.policy = PolicyStatus {
             name: parts.first.spec.name.clone(),

@@ -113,7 +113,7 @@ fn render(status: &NodeStatus) -> String {
         "GPU", "name", "cap W", "clock MHz", "batch", "tok/J", "power W", "tok/s", "TPOT p99 ms"
     ));
     for gpu in &status.gpus {
-        line(gpu_row(gpu));
+        line(gpu_row(gpu, &status.workload));
     }
     let failures = &status.failures;
     let counted = [
@@ -145,14 +145,21 @@ fn render(status: &NodeStatus) -> String {
     out
 }
 
-fn gpu_row(gpu: &GpuStatus) -> String {
+/// One GPU's line. A serving engine's batch size is its own: tokwatt neither knows nor
+/// sets it, so it shows as n/a.
+fn gpu_row(gpu: &GpuStatus, workload: &str) -> String {
+    let batch = if workload == tokwatt::workload::prometheus::WORKLOAD_NAME {
+        "n/a".to_owned()
+    } else {
+        gpu.in_force.batch_size.to_string()
+    };
     format!(
         "{:<4} {:<16} {:>7.0} {:>9} {:>6} {:>7} {:>8} {:>8} {:>11}",
         gpu.gpu,
         shown(&gpu.name),
         gpu.in_force.power_cap_w,
         gpu.in_force.sm_clock_max_mhz,
-        gpu.in_force.batch_size,
+        batch,
         figure(gpu.last_tokens_per_joule, 3),
         figure(gpu.last_power_w, 1),
         figure(gpu.last_tokens_per_s, 0),
@@ -163,6 +170,15 @@ fn gpu_row(gpu: &GpuStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_serving_engines_batch_shows_as_not_known() {
+        let gpu = GpuStatus::default();
+        let engine = gpu_row(&gpu, tokwatt::workload::prometheus::WORKLOAD_NAME);
+        let own = gpu_row(&gpu, "cuda-decode");
+        assert!(engine.contains("n/a"), "{engine}");
+        assert!(!own.contains("n/a"), "{own}");
+    }
 
     #[test]
     fn the_human_status_shows_what_an_operator_checks() {
