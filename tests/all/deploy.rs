@@ -272,13 +272,14 @@ fn config_map_serve_toml(manifest: &str) -> String {
 
 #[test]
 fn every_shipped_serve_config_is_accepted_by_the_agent() {
-    let mut configs: Vec<(String, String)> = ["serve.toml", "serve-observe-only.toml"]
-        .iter()
-        .map(|name| {
-            let text = std::fs::read_to_string(deploy_file(name)).expect("read the example");
-            (format!("deploy/{name}"), text)
-        })
-        .collect();
+    let mut configs: Vec<(String, String)> =
+        ["serve.toml", "serve-observe-only.toml", "serve-sim.toml"]
+            .iter()
+            .map(|name| {
+                let text = std::fs::read_to_string(deploy_file(name)).expect("read the example");
+                (format!("deploy/{name}"), text)
+            })
+            .collect();
     for manifest in [
         "kubernetes/daemonset.yaml",
         "kubernetes/daemonset-observe-only.yaml",
