@@ -12,6 +12,7 @@
 //!
 //! See ARCHITECTURE.md for the code map and the invariants.
 
+pub mod ab;
 pub mod actuator;
 pub mod agent;
 pub mod api;
