@@ -30,6 +30,7 @@ pub mod model;
 pub mod nvml;
 pub mod plugin;
 pub mod policy;
+pub mod quantile;
 pub mod recorder;
 pub mod report;
 pub mod restore;

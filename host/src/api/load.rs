@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::client::{ApiClient, ClientError};
+use crate::quantile::nearest_rank;
 
 /// Clients sending at once: enough that one slow answer does not hold up the schedule.
 const WORKERS: usize = 4;
@@ -95,40 +96,21 @@ where
     });
     let duration_s = start.elapsed().as_secs_f64();
     let mut latencies = latencies_ms.into_inner().unwrap_or_default();
-    latencies.sort_by(f64::total_cmp);
     Ok(LoadReport {
         sent: total,
         ok: latencies.len() as u64,
         errors: errors.into_inner(),
-        latency_p50_ms: percentile(&latencies, 0.50),
-        latency_p99_ms: percentile(&latencies, 0.99),
+        latency_p50_ms: nearest_rank(&mut latencies, 0.50),
+        latency_p99_ms: nearest_rank(&mut latencies, 0.99),
         rate_per_s,
         duration_s,
         first_error: first_error.into_inner().unwrap_or_default(),
     })
 }
 
-/// Nearest-rank percentile of sorted values; `None` when there are none.
-fn percentile(sorted: &[f64], fraction: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let rank = (fraction * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentiles_are_nearest_rank() {
-        let values: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(percentile(&values, 0.50), Some(50.0));
-        assert_eq!(percentile(&values, 0.99), Some(99.0));
-        assert_eq!(percentile(&[7.0], 0.99), Some(7.0));
-        assert_eq!(percentile(&[], 0.5), None);
-    }
 
     #[test]
     fn a_bad_rate_is_refused() {

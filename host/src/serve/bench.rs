@@ -98,18 +98,13 @@ pub fn serve_under_load(
     if let Some(rest) = duration.checked_sub(started.elapsed()) {
         std::thread::sleep(rest);
     }
-    let mut lateness = agent.control().recent_lateness();
+    let lateness = agent.control().recent_lateness();
     agent.stop();
     let joined = agent.join();
     server.shutdown();
     joined?;
-    lateness.sort_unstable();
-    let ms = |q: f64| {
-        let at = ((lateness.len() as f64 * q).ceil() as usize).clamp(1, lateness.len().max(1));
-        lateness
-            .get(at - 1)
-            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
-    };
+    let mut lateness_ms: Vec<f64> = lateness.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    let mut ms = |q: f64| crate::quantile::nearest_rank(&mut lateness_ms, q).unwrap_or(0.0);
     Ok(LatenessRun {
         load_per_s,
         ticks: lateness.len(),

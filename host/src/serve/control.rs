@@ -218,12 +218,8 @@ impl ServeControl {
             recent.pop_front();
         }
         recent.push_back(lateness);
-        let mut sorted: Vec<Duration> = recent.iter().copied().collect();
-        sorted.sort_unstable();
-        let at = (sorted.len() as f64 * 0.99).ceil() as usize;
-        sorted
-            .get(at.saturating_sub(1).min(sorted.len() - 1))
-            .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+        let mut ms: Vec<f64> = recent.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+        crate::quantile::nearest_rank(&mut ms, 0.99).unwrap_or(0.0)
     }
 
     /// After every tick, on the loop's thread: the book follows the swaps, and the

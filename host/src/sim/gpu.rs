@@ -610,7 +610,7 @@ impl GpuSim {
             requests_completed: self.completed - self.workload.start_completed,
             requests_turned_away: self.turned_away - self.workload.start_turned_away,
             tokens_demanded: arrived.saturating_mul(u64::from(self.scenario.output_tokens)),
-            queue_wait_p99_ms: nearest_rank_percentile(&mut waits, 0.99),
+            queue_wait_p99_ms: crate::quantile::nearest_rank(&mut waits, 0.99),
         };
         let window = WorkloadWindow {
             tokens: tokens_now - self.workload.start_tokens,
@@ -746,16 +746,6 @@ fn slot<T>(table: &mut Vec<Option<T>>, active: u32) -> &mut Option<T> {
     &mut table[index]
 }
 
-/// The `q` quantile (nearest rank) of `values`, `None` when there are none.
-fn nearest_rank_percentile(values: &mut [f64], q: f64) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
-    let (_, value, _) = values.select_nth_unstable_by(rank - 1, f64::total_cmp);
-    Some(*value)
-}
-
 /// The `q` quantile of values weighted by their counts (0 with no samples).
 fn weighted_percentile(samples: &mut [(f64, f64)], q: f64) -> f64 {
     samples.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
@@ -776,15 +766,7 @@ fn weighted_percentile(samples: &mut [(f64, f64)], q: f64) -> f64 {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // tests may unwrap
 mod tests {
-    use super::{nearest_rank_percentile, weighted_percentile};
-
-    #[test]
-    fn nearest_rank_percentiles() {
-        let mut waits: Vec<f64> = (1..=200).rev().map(f64::from).collect();
-        assert_eq!(nearest_rank_percentile(&mut waits, 0.99), Some(198.0));
-        assert_eq!(nearest_rank_percentile(&mut [5.0], 0.99), Some(5.0));
-        assert_eq!(nearest_rank_percentile(&mut [], 0.99), None);
-    }
+    use super::weighted_percentile;
 
     #[test]
     fn weighted_percentiles() {
