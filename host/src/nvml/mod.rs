@@ -106,6 +106,18 @@ fn query_error(index: u32, what: &'static str) -> impl FnOnce(WrapperError) -> N
 }
 
 /// Load NVML and initialise it.
+/// NVML and its GPU count, refusing a machine with none.
+fn init_with_gpus() -> Result<(Nvml, u32), NvmlError> {
+    let nvml = init()?;
+    let count = nvml
+        .device_count()
+        .map_err(|e| NvmlError::Init(e.to_string()))?;
+    if count == 0 {
+        return Err(NvmlError::NoGpus);
+    }
+    Ok((nvml, count))
+}
+
 fn init() -> Result<Nvml, NvmlError> {
     Nvml::init().map_err(init_error)
 }
@@ -235,13 +247,7 @@ impl NvmlSystem {
     /// Open NVML and read the facts of the selected GPUs (NVML indices; `None` = all).
     /// Reads only; changes nothing.
     pub fn open(selection: Option<&[u32]>) -> Result<Self, NvmlError> {
-        let nvml = init()?;
-        let count = nvml
-            .device_count()
-            .map_err(|e| NvmlError::Init(e.to_string()))?;
-        if count == 0 {
-            return Err(NvmlError::NoGpus);
-        }
+        let (nvml, count) = init_with_gpus()?;
         let indices = select(selection, count)?;
         let gpus = indices
             .into_iter()
@@ -259,13 +265,7 @@ impl NvmlSystem {
     /// agent-cpu --nvml-repeat`). Reads only. Never hand this to a real actuator: every
     /// copy is the same device.
     pub fn open_repeated(nvml_index: u32, copies: u32) -> Result<Self, NvmlError> {
-        let nvml = init()?;
-        let count = nvml
-            .device_count()
-            .map_err(|e| NvmlError::Init(e.to_string()))?;
-        if count == 0 {
-            return Err(NvmlError::NoGpus);
-        }
+        let (nvml, count) = init_with_gpus()?;
         let index = select(Some(&[nvml_index]), count)?[0];
         let gpus = (0..copies.max(1))
             .map(|position| managed_gpu(&nvml, position, index))
