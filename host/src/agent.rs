@@ -200,6 +200,8 @@ pub fn prepare_policy(
         objective: spec.objective,
         probation_ticks: crate::swap::DEFAULT_PROBATION_TICKS,
         notify: None,
+        state: crate::swap::StateOnSwap::default(),
+        outgoing_state: None,
     })
 }
 

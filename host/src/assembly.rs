@@ -98,7 +98,7 @@ pub struct BackendRequest {
 }
 
 /// What describes a run besides its totals (part of `summary.json`).
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RunMeta {
     /// True when the GPU was the simulator: then every figure is simulator output.
     pub simulated: bool,

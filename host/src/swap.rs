@@ -11,7 +11,7 @@ use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use serde::Serialize;
 
 use crate::envelope::Envelope;
-use crate::policy::Supervisor;
+use crate::policy::{PolicyState, Supervisor};
 use crate::types::{Objective, Settings};
 
 /// Ticks after a swap during which a failure of the new policy brings the old one back.
@@ -31,6 +31,22 @@ pub struct PreparedPolicy {
     /// Told when it takes over and when its probation ends (whoever asked for the swap
     /// waits on it); `None` when nobody waits.
     pub notify: Option<Sender<SwapEvent>>,
+    /// Where its state comes from when it takes over.
+    pub state: StateOnSwap,
+    /// Given the outgoing policy's snapshot when this one takes over (an A/B arm keeps
+    /// its own state between its epochs); `None` when nobody keeps it.
+    pub outgoing_state: Option<Sender<PolicyState>>,
+}
+
+/// Where a swapped-in policy's state comes from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum StateOnSwap {
+    /// The outgoing policy's snapshot, where the new one accepts it (an operator's swap).
+    #[default]
+    FromOutgoing,
+    /// Its own earlier snapshot, or none (fresh): the outgoing policy's state stays with
+    /// it. `tokwatt ab` swaps arms this way, so one arm never learns from the other.
+    Own(Option<PolicyState>),
 }
 
 /// What became of a swapped-in policy, sent through [`PreparedPolicy::notify`].
@@ -98,6 +114,21 @@ fn tell(notify: &Option<Sender<SwapEvent>>, event: SwapEvent) {
     }
 }
 
+/// Give `state` to the incoming policy; whether it took it.
+fn restore_into(incoming: &mut Supervisor, state: &PolicyState, old: &str, new: &str) -> bool {
+    match incoming.restore(state) {
+        Ok(()) => true,
+        Err(failure) => {
+            tracing::info!(
+                old,
+                new,
+                "the new policy did not take the state it was given ({failure}); it starts fresh"
+            );
+            false
+        }
+    }
+}
+
 /// The loop's side of swapping: receives prepared policies and keeps the one replaced.
 #[derive(Debug)]
 pub struct Swapper {
@@ -137,26 +168,27 @@ impl Swapper {
         };
         let old_name = in_charge.supervisor.policy_name().to_owned();
         let new_name = next.supervisor.policy_name().to_owned();
-        let carried = match in_charge.supervisor.snapshot() {
-            Ok(state) => match next.supervisor.restore(&state) {
-                Ok(()) => true,
+        let outgoing = in_charge.supervisor.snapshot();
+        if let (Some(keeper), Ok(state)) = (&next.outgoing_state, &outgoing) {
+            // Nobody keeping it any more is fine: the swap stands either way.
+            let _ = keeper.send(state.clone());
+        }
+        let carried = match std::mem::take(&mut next.state) {
+            StateOnSwap::FromOutgoing => match outgoing {
+                Ok(state) => restore_into(&mut next.supervisor, &state, &old_name, &new_name),
                 Err(failure) => {
                     tracing::info!(
                         old = %old_name,
                         new = %new_name,
-                        "the new policy did not take the old one's state ({failure}); it starts fresh"
+                        "the old policy gave no state ({failure}); the new one starts fresh"
                     );
                     false
                 }
             },
-            Err(failure) => {
-                tracing::info!(
-                    old = %old_name,
-                    new = %new_name,
-                    "the old policy gave no state ({failure}); the new one starts fresh"
-                );
-                false
+            StateOnSwap::Own(Some(own)) => {
+                restore_into(&mut next.supervisor, &own, &old_name, &new_name)
             }
+            StateOnSwap::Own(None) => false,
         };
         self.counters.swaps += 1;
         if carried {

@@ -1,14 +1,20 @@
 //! The experiment tool `tokwatt ab`: is policy B more efficient than policy A on this work?
 //!
-//! This room holds the statistics ([`stats`]): paired epochs in, a ratio of tokens per joule
-//! with its interval and a sequential decision out. Running the epochs (interleaving, warm-up,
-//! the simulator or real GPUs) and writing `ab.json` build on it.
+//! [`stats`]: paired epochs in, a ratio of tokens per joule with its interval and a
+//! sequential decision out. [`run`]: the epochs themselves, interleaved on one node or in
+//! crossover blocks over several GPUs, through the agent's own loop and hot-swap path;
+//! its [`run::AbOutcome`] is `ab.json`.
 
+pub mod run;
 pub mod stats;
 
 #[cfg(test)]
 mod tests;
 
+pub use run::{
+    AbOutcome, AbProgress, AbRequest, AbRunError, EpochRecord, Mode, Schedule, TickPoint,
+    run_crossover, run_interleaved,
+};
 pub use stats::{
     AbError, AbSummary, Arm, ArmEpoch, Decision, EpochPair, SequentialPlan, Tolerances, Verdict,
 };

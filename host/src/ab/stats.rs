@@ -34,8 +34,9 @@ pub struct EpochPair {
     pub b: ArmEpoch,
 }
 
-/// Which arm an error is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One of the two arms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Arm {
     A,
     B,

@@ -1,0 +1,1092 @@
+//! Running an A/B comparison: epochs of each arm on the same work, interleaved in
+//! randomised pairs (AB or BA) on one node, or in parallel crossover blocks on two or more
+//! GPUs (A on one GPU and B on the other, then swapped).
+//!
+//! The arms take turns through the hot-swap path ([`crate::swap`]) at tick boundaries, so
+//! an A/B run is the agent's own loop, on the simulator or real GPUs. Each arm keeps its
+//! own state between its epochs ([`StateOnSwap::Own`]): one arm never learns from the
+//! other. An epoch is a cool-down (device defaults, the policy paused), a warm-up (the
+//! arm in charge, not measured) and the measured window, so one arm's settings and
+//! backlog do not leak into the other's window.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::stats::{AbError, AbSummary, Arm, ArmEpoch, Decision, EpochPair, SequentialPlan};
+use crate::agent::{self, AgentError, NodeFacts, plugin_search_path};
+use crate::assembly::RunMeta;
+use crate::control::{Backends, ControlLoop, LoopCommand, LoopConfig, Progress};
+use crate::envelope::Envelope;
+use crate::plugin::{ComponentCache, HostConfig, PluginHost};
+use crate::policy::{PolicyState, Supervisor};
+use crate::recorder::Recorder;
+use crate::rng::Rng;
+use crate::spec::PolicySpec;
+use crate::swap::{PreparedPolicy, StateOnSwap, SwapSender, swap_channel};
+use crate::types::{Objective, Settings};
+
+/// Version of `ab.json`'s layout.
+pub const AB_FORMAT_VERSION: u32 = 1;
+
+/// The parts of an epoch, in ticks of the arms' common tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schedule {
+    /// Device defaults with the policy paused, before the arm takes over (0: none).
+    pub cooldown_ticks: u64,
+    /// The arm in charge, not measured. At least 2: the tick the arm takes over observes
+    /// the window before it.
+    pub warmup_ticks: u64,
+    /// The measured window.
+    pub measure_ticks: u64,
+}
+
+impl Schedule {
+    /// Ticks one epoch takes.
+    pub fn epoch_ticks(&self) -> u64 {
+        self.cooldown_ticks + self.warmup_ticks + self.measure_ticks
+    }
+
+    /// Refuse a schedule whose windows cannot be measured.
+    pub fn check(&self, tick: Duration) -> Result<(), AbRunError> {
+        if self.warmup_ticks < 2 {
+            return Err(AbRunError::Schedule(format!(
+                "a warm-up of {} ticks is too short: the tick an arm takes over still observes the window before it; use at least 2 ticks",
+                self.warmup_ticks
+            )));
+        }
+        let measured = tick * u32::try_from(self.measure_ticks).unwrap_or(u32::MAX);
+        if self.measure_ticks < 3 || measured < MIN_MEASURED_WINDOW {
+            return Err(AbRunError::Schedule(format!(
+                "a measured window of {} ticks ({}) is too short for the energy counter (it moves in steps of up to 100 ms); use at least 3 ticks and {}",
+                self.measure_ticks,
+                humantime::format_duration(measured),
+                humantime::format_duration(MIN_MEASURED_WINDOW)
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The shortest measured window: 20 steps of the slowest energy counter (100 ms) keep its
+/// quantisation under 5 % of an epoch's energy at worst, and far less in practice.
+pub const MIN_MEASURED_WINDOW: Duration = Duration::from_secs(2);
+
+/// How the arms share the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// One node, the arms taking turns: each pair is AB or BA at random.
+    Interleaved,
+    /// Two or more GPUs, each with its own loop: in each block, half the GPUs run A and
+    /// the others B, then they swap, so GPU-to-GPU differences cancel within a block.
+    Crossover,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AbRunError {
+    #[error("the A/B schedule: {0}")]
+    Schedule(String),
+    #[error("arm {arm} (`{policy}`): {source}")]
+    Arm {
+        arm: Arm,
+        policy: String,
+        #[source]
+        source: AgentError,
+    },
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    #[error(transparent)]
+    Stats(#[from] AbError),
+    #[error("the control loop on GPU group {group} failed: {reason}")]
+    Loop { group: usize, reason: String },
+    #[error(
+        "the run was interrupted after {pairs} pairs, before the first look at {needed} pairs: there is no verdict; run again, or lower --budget"
+    )]
+    NoVerdict { pairs: usize, needed: usize },
+    #[error(
+        "crossover needs at least 2 GPUs, got {gpus}; run on more GPUs (--gpus 2 on the simulator) or use the interleaved mode"
+    )]
+    CrossoverNeedsTwo { gpus: usize },
+}
+
+/// What `tokwatt ab` asks for: the two arms and how to compare them.
+#[derive(Debug, Clone)]
+pub struct AbRequest {
+    pub a: PolicySpec,
+    pub b: PolicySpec,
+    pub schedule: Schedule,
+    pub plan: SequentialPlan,
+    /// Seeds the order of the arms in each pair and the policies' random sources.
+    pub seed: u64,
+    pub plugin_dirs: Vec<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// One measured epoch of one arm on one GPU group.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochRecord {
+    /// The pair (interleaved) or block (crossover) it belongs to, from 0.
+    pub pair: usize,
+    pub arm: Arm,
+    /// 0 when it ran first in its pair, 1 second.
+    pub position: u8,
+    /// The GPUs it ran on.
+    pub gpus: Vec<u32>,
+    /// First and last tick of the measured window (the loop's tick numbers).
+    pub first_tick: u64,
+    pub last_tick: u64,
+    pub measured: ArmEpoch,
+    pub tokens_per_joule: f64,
+    pub tokens_per_s: f64,
+    pub mean_power_w: f64,
+    /// Ticks on which the policy's answer was replaced by the fallback.
+    pub fallback_ticks: u64,
+}
+
+/// One tick of one GPU group, for the report's plots.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TickPoint {
+    pub group: usize,
+    pub tick: u64,
+    pub time_s: f64,
+    /// The arm in charge; `None` during a cool-down.
+    pub arm: Option<Arm>,
+    /// Whether the tick was in a measured window.
+    pub measured: bool,
+    pub power_w: f64,
+    pub tokens_per_joule: f64,
+}
+
+/// What the run found, written as `ab.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AbOutcome {
+    pub format_version: u32,
+    /// Arm A's and B's policy names and spec paths.
+    pub a: ArmInfo,
+    pub b: ArmInfo,
+    pub mode: Mode,
+    /// Measured epochs, one per arm per pair (per GPU group in crossover).
+    pub epochs: Vec<EpochRecord>,
+    /// The pairs the statistics saw (crossover: each block's sums over its GPUs).
+    pub pairs: Vec<EpochPair>,
+    pub ratio_b_over_a: f64,
+    pub ci_low: f64,
+    pub ci_high: f64,
+    pub confidence: f64,
+    pub decision: Decision,
+    /// Every look taken, the last one deciding.
+    pub looks: Vec<AbSummary>,
+    pub served_fraction_a: f64,
+    pub served_fraction_b: f64,
+    pub violation_ticks_a: u64,
+    pub violation_ticks_b: u64,
+    pub violation_rate_a: f64,
+    pub violation_rate_b: f64,
+    /// Why an arm that won on tokens per joule was not declared the winner.
+    pub refused_because: Option<String>,
+    /// Whether the workload reports demand (served fraction is 1 where it does not).
+    pub demand_reported: bool,
+    pub objective: Objective,
+    pub schedule: Schedule,
+    pub tick_ms: u64,
+    pub budget_pairs: usize,
+    pub alpha: f64,
+    pub plan_looks: Vec<usize>,
+    pub plan_alpha_at_look: Vec<f64>,
+    pub seed: u64,
+    pub interrupted: bool,
+    /// Time the run covered (simulated time on the simulator).
+    pub run_time_s: f64,
+    pub meta: RunMeta,
+    pub notes: Vec<String>,
+    pub timeline: Vec<TickPoint>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArmInfo {
+    pub policy: String,
+    pub spec: String,
+    pub params: Vec<(String, String)>,
+}
+
+impl ArmInfo {
+    fn of(spec: &PolicySpec) -> Self {
+        Self {
+            policy: spec.name.clone(),
+            spec: spec.path.display().to_string(),
+            params: spec.params.clone(),
+        }
+    }
+}
+
+/// Reported after every measured epoch.
+#[derive(Debug, Clone)]
+pub struct AbProgress {
+    pub pairs_done: usize,
+    pub budget_pairs: usize,
+    pub epochs_done: usize,
+    /// The latest look, once one was taken.
+    pub last_look: Option<AbSummary>,
+}
+
+/// The arms' order in every pair, drawn before the first epoch: AB or BA, each with
+/// probability ½.
+pub fn pair_orders(pairs: usize, seed: u64) -> Vec<[Arm; 2]> {
+    let mut rng = Rng::stream(seed, 0xab);
+    (0..pairs)
+        .map(|_| {
+            if rng.uniform() < 0.5 {
+                [Arm::A, Arm::B]
+            } else {
+                [Arm::B, Arm::A]
+            }
+        })
+        .collect()
+}
+
+/// Both arms' specs on one node's facts, ready to be started and restarted.
+struct Arms {
+    host: PluginHost,
+    specs: [PolicySpec; 2],
+    plugins: [PathBuf; 2],
+    node: NodeFacts,
+    seed: u64,
+    tick: Duration,
+}
+
+impl Arms {
+    fn new(request: &AbRequest, tick: Duration, node: NodeFacts) -> Result<Self, AbRunError> {
+        let search = plugin_search_path(&request.plugin_dirs);
+        let resolve = |arm: Arm, spec: &PolicySpec| {
+            spec.resolve_plugin(&search)
+                .map_err(|source| AbRunError::Arm {
+                    arm,
+                    policy: spec.name.clone(),
+                    source: source.into(),
+                })
+        };
+        let plugins = [resolve(Arm::A, &request.a)?, resolve(Arm::B, &request.b)?];
+        let host = PluginHost::new(&HostConfig {
+            cache_dir: request
+                .cache_dir
+                .clone()
+                .or_else(ComponentCache::default_dir),
+        })
+        .map_err(AgentError::from)?;
+        Ok(Self {
+            host,
+            specs: [request.a.clone(), request.b.clone()],
+            plugins,
+            node,
+            seed: request.seed,
+            tick,
+        })
+    }
+
+    fn index(arm: Arm) -> usize {
+        match arm {
+            Arm::A => 0,
+            Arm::B => 1,
+        }
+    }
+
+    fn spec(&self, arm: Arm) -> &PolicySpec {
+        &self.specs[Self::index(arm)]
+    }
+
+    /// A fresh instance of `arm`: its supervisor, first settings and envelope.
+    fn start(&self, arm: Arm) -> Result<(Supervisor, Vec<Settings>, Envelope), AbRunError> {
+        let i = Self::index(arm);
+        agent::start_policy(
+            &self.host,
+            &self.specs[i],
+            &self.plugins[i],
+            &self.node,
+            self.seed ^ (i as u64 + 1),
+            self.tick,
+        )
+        .map_err(|source| AbRunError::Arm {
+            arm,
+            policy: self.specs[i].name.clone(),
+            source,
+        })
+    }
+
+    /// `arm` ready to take over at a tick boundary, with its own earlier state.
+    fn prepare(
+        &self,
+        arm: Arm,
+        own: Option<PolicyState>,
+        outgoing: Sender<PolicyState>,
+    ) -> Result<PreparedPolicy, AbRunError> {
+        let (supervisor, first, envelope) = self.start(arm)?;
+        Ok(PreparedPolicy {
+            supervisor,
+            first,
+            envelope,
+            objective: self.spec(arm).objective,
+            // An arm that fails is measured failing (its fallback ticks are counted),
+            // never replaced by the other arm in the middle of its epoch.
+            probation_ticks: 0,
+            notify: None,
+            state: StateOnSwap::Own(own),
+            outgoing_state: Some(outgoing),
+        })
+    }
+}
+
+/// Where an epoch driver is within its epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Cooldown,
+    Warmup,
+    Measure,
+}
+
+/// Sums over a measured window.
+#[derive(Debug, Clone, Copy, Default)]
+struct Window {
+    first_tick: u64,
+    ticks: u64,
+    tokens: u64,
+    energy_j: f64,
+    seconds: f64,
+    tokens_demanded: u64,
+    demand_reported: bool,
+    violation_ticks: u64,
+    fallback_ticks_at_start: u64,
+}
+
+/// What an epoch driver does after a measured epoch.
+enum Flow {
+    Continue,
+    Stop,
+}
+
+/// Drives one control loop through its epochs from the loop's progress callback: swaps
+/// the arms in, pauses for cool-downs, measures the windows and hands each finished epoch
+/// to `on_epoch`.
+struct Driver<'a> {
+    group: usize,
+    arms: &'a Arms,
+    /// The arm of every epoch, in order.
+    epochs: Vec<(usize, u8, Arm)>,
+    next_epoch: usize,
+    current: Arm,
+    phase: Phase,
+    phase_left: u64,
+    window: Window,
+    own_state: [Option<PolicyState>; 2],
+    outgoing: Option<(Arm, Receiver<PolicyState>)>,
+    swaps: SwapSender,
+    commands: Sender<LoopCommand>,
+    schedule: Schedule,
+    judge: Objective,
+    stop: Arc<AtomicBool>,
+    timeline: Vec<TickPoint>,
+    failure: Option<AbRunError>,
+    finished: bool,
+}
+
+impl Driver<'_> {
+    fn on_tick(
+        &mut self,
+        p: &Progress<'_>,
+        on_epoch: &mut dyn FnMut(EpochRecord) -> Result<Flow, AbRunError>,
+    ) {
+        if self.finished {
+            return;
+        }
+        if let Some((arm, rx)) = &self.outgoing
+            && let Ok(state) = rx.try_recv()
+        {
+            self.own_state[Arms::index(*arm)] = Some(state);
+            self.outgoing = None;
+        }
+        let power_w: f64 = p.observations.iter().map(|o| o.power_avg_w).sum();
+        let tokens: u64 = p.observations.iter().map(|o| o.tokens).sum();
+        let energy: f64 = p.observations.iter().map(|o| o.energy_j).sum();
+        self.timeline.push(TickPoint {
+            group: self.group,
+            tick: p.tick,
+            time_s: p.time.as_secs_f64(),
+            arm: (self.phase != Phase::Cooldown).then_some(self.current),
+            measured: self.phase == Phase::Measure,
+            power_w,
+            tokens_per_joule: if energy > 0.0 {
+                tokens as f64 / energy
+            } else {
+                0.0
+            },
+        });
+        if self.phase == Phase::Measure {
+            let w = &mut self.window;
+            if w.ticks == 0 {
+                w.first_tick = p.tick;
+            }
+            w.ticks += 1;
+            w.tokens += tokens;
+            w.energy_j += energy;
+            w.seconds += p.observations.first().map_or(0.0, |o| o.interval_s);
+            for o in p.observations {
+                if let Some(demand) = &o.demand {
+                    w.demand_reported = true;
+                    w.tokens_demanded += demand.tokens_demanded;
+                }
+            }
+            w.violation_ticks +=
+                u64::from(p.observations.iter().any(|o| self.judge.violated_by(o)));
+        }
+        self.phase_left = self.phase_left.saturating_sub(1);
+        if self.phase_left > 0 {
+            return;
+        }
+        if let Err(failure) = self.advance(p, on_epoch) {
+            self.failure = Some(failure);
+            self.finish();
+        }
+    }
+
+    fn finish(&mut self) {
+        self.finished = true;
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// The phase ended at this tick: move on.
+    fn advance(
+        &mut self,
+        p: &Progress<'_>,
+        on_epoch: &mut dyn FnMut(EpochRecord) -> Result<Flow, AbRunError>,
+    ) -> Result<(), AbRunError> {
+        match self.phase {
+            Phase::Cooldown => {
+                self.commands
+                    .send(LoopCommand::Resume)
+                    .map_err(|_| self.loop_gone())?;
+                self.take_turn()
+            }
+            Phase::Warmup => {
+                self.phase = Phase::Measure;
+                self.phase_left = self.schedule.measure_ticks;
+                self.window = Window {
+                    fallback_ticks_at_start: p.totals.fallback_ticks,
+                    ..Window::default()
+                };
+                Ok(())
+            }
+            Phase::Measure => {
+                let record = self.record(p);
+                let flow = on_epoch(record)?;
+                if matches!(flow, Flow::Stop) || self.next_epoch >= self.epochs.len() {
+                    self.finish();
+                    return Ok(());
+                }
+                if self.schedule.cooldown_ticks > 0 {
+                    self.commands
+                        .send(LoopCommand::RestoreDefaults)
+                        .map_err(|_| self.loop_gone())?;
+                    self.phase = Phase::Cooldown;
+                    self.phase_left = self.schedule.cooldown_ticks;
+                    Ok(())
+                } else {
+                    self.take_turn()
+                }
+            }
+        }
+    }
+
+    fn loop_gone(&self) -> AbRunError {
+        AbRunError::Loop {
+            group: self.group,
+            reason: "the control loop stopped taking commands".into(),
+        }
+    }
+
+    /// The next epoch's arm takes over (at the next tick boundary) and warms up.
+    fn take_turn(&mut self) -> Result<(), AbRunError> {
+        let (_, _, arm) = self.epochs[self.next_epoch];
+        if arm != self.current {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let own = self.own_state[Arms::index(arm)].take();
+            let prepared = self.arms.prepare(arm, own, tx)?;
+            self.swaps.send(prepared).map_err(|_| self.loop_gone())?;
+            self.outgoing = Some((self.current, rx));
+            self.current = arm;
+        }
+        self.phase = Phase::Warmup;
+        self.phase_left = self.schedule.warmup_ticks;
+        Ok(())
+    }
+
+    fn record(&mut self, p: &Progress<'_>) -> EpochRecord {
+        let (pair, position, arm) = self.epochs[self.next_epoch];
+        self.next_epoch += 1;
+        let w = self.window;
+        let served_fraction = if w.demand_reported && w.tokens_demanded > 0 {
+            (w.tokens as f64 / w.tokens_demanded as f64).min(1.0)
+        } else {
+            1.0
+        };
+        EpochRecord {
+            pair,
+            arm,
+            position,
+            gpus: p.observations.iter().map(|o| o.gpu).collect(),
+            first_tick: w.first_tick,
+            last_tick: p.tick,
+            measured: ArmEpoch {
+                tokens: w.tokens,
+                energy_j: w.energy_j,
+                served_fraction,
+                violation_ticks: w.violation_ticks,
+                ticks: w.ticks,
+            },
+            tokens_per_joule: if w.energy_j > 0.0 {
+                w.tokens as f64 / w.energy_j
+            } else {
+                0.0
+            },
+            tokens_per_s: if w.seconds > 0.0 {
+                w.tokens as f64 / w.seconds
+            } else {
+                0.0
+            },
+            mean_power_w: if w.seconds > 0.0 {
+                w.energy_j / w.seconds
+            } else {
+                0.0
+            },
+            fallback_ticks: p.totals.fallback_ticks - w.fallback_ticks_at_start,
+        }
+    }
+}
+
+/// One GPU group's loop, driven through `epochs`, handing each epoch to `on_epoch`.
+/// Returns the group's timeline and how long the loop ran (its clock's time).
+fn drive_group(
+    group: usize,
+    arms: &Arms,
+    epochs: Vec<(usize, u8, Arm)>,
+    schedule: Schedule,
+    backends: Backends,
+    stop: Arc<AtomicBool>,
+    on_epoch: &mut dyn FnMut(EpochRecord) -> Result<Flow, AbRunError>,
+) -> Result<(Vec<TickPoint>, f64, bool), AbRunError> {
+    let first_arm = epochs.first().map_or(Arm::A, |e| e.2);
+    let (supervisor, first, envelope) = arms.start(first_arm)?;
+    let (swaps, port) = swap_channel();
+    let (commands, command_port) = std::sync::mpsc::channel();
+    let judge = arms.spec(Arm::A).objective;
+    let ticks = epochs.len() as u64 * schedule.epoch_ticks() + 1;
+    let duration = arms.tick * u32::try_from(ticks).unwrap_or(u32::MAX);
+    // The loop stops on its own flag, raised by the driver when decided or by `stop`.
+    let loop_stop = Arc::new(AtomicBool::new(false));
+    let control = ControlLoop::new(
+        backends,
+        supervisor,
+        &first,
+        envelope,
+        LoopConfig {
+            duration,
+            tick: arms.tick,
+            objective: arms.spec(first_arm).objective,
+        },
+        loop_stop.clone(),
+    )
+    .with_swaps(port)
+    .with_commands(command_port);
+    let mut driver = Driver {
+        group,
+        arms,
+        epochs,
+        next_epoch: 0,
+        current: first_arm,
+        // The first arm warms up from the first tick; later epochs start with a cool-down.
+        phase: Phase::Warmup,
+        phase_left: schedule.warmup_ticks,
+        window: Window::default(),
+        own_state: [None, None],
+        outgoing: None,
+        swaps,
+        commands,
+        schedule,
+        judge,
+        stop: loop_stop.clone(),
+        timeline: Vec::new(),
+        failure: None,
+        finished: false,
+    };
+    let mut recorder = Recorder::discard();
+    let result = control.run(&mut recorder, &mut |p| {
+        if stop.load(Ordering::Relaxed) {
+            loop_stop.store(true, Ordering::Relaxed);
+        }
+        driver.on_tick(&p, on_epoch);
+    });
+    let (totals, _backends) = result.map_err(|e| AbRunError::Loop {
+        group,
+        reason: e.to_string(),
+    })?;
+    if let Some(failure) = driver.failure {
+        return Err(failure);
+    }
+    let interrupted = stop.load(Ordering::Relaxed);
+    Ok((driver.timeline, totals.duration_s, interrupted))
+}
+
+/// The statistics side: pairs in, looks out, until a look decides.
+struct Looker<'a> {
+    plan: &'a SequentialPlan,
+    pairs: Vec<EpochPair>,
+    looks: Vec<AbSummary>,
+    decided: Option<Decision>,
+    progress: &'a mut (dyn FnMut(AbProgress) + Send),
+    epochs_done: usize,
+}
+
+impl Looker<'_> {
+    /// Add a pair; take the look due at this many pairs, if any. Whether the run stops.
+    fn add(&mut self, pair: EpochPair) -> Result<Flow, AbRunError> {
+        self.pairs.push(pair);
+        let n = self.pairs.len();
+        let mut flow = Flow::Continue;
+        if let Some(look) = self.plan.looks().iter().position(|&at| at == n) {
+            let verdict = self.plan.look(&self.pairs, look)?;
+            self.looks.push(verdict.summary);
+            if verdict.decision.is_final() {
+                self.decided = Some(verdict.decision);
+                flow = Flow::Stop;
+            }
+        }
+        (self.progress)(AbProgress {
+            pairs_done: n,
+            budget_pairs: self.plan.budget(),
+            epochs_done: self.epochs_done,
+            last_look: self.looks.last().cloned(),
+        });
+        Ok(flow)
+    }
+}
+
+/// Interleaved A/B on one node: the arms take turns on `backends`, in pairs whose order
+/// is drawn at random.
+pub fn run_interleaved(
+    request: &AbRequest,
+    backends: Backends,
+    meta: RunMeta,
+    stop: Arc<AtomicBool>,
+    progress: &mut (dyn FnMut(AbProgress) + Send),
+) -> Result<AbOutcome, AbRunError> {
+    let (tick, notes) = common_tick(request)?;
+    request.schedule.check(tick)?;
+    let arms = Arms::new(request, tick, NodeFacts::of(&backends))?;
+    // Both arms must start before the first epoch: a broken arm is refused up front.
+    arms.start(Arm::A)?;
+    arms.start(Arm::B)?;
+    let budget = request.plan.budget();
+    let epochs: Vec<(usize, u8, Arm)> = pair_orders(budget, request.seed)
+        .into_iter()
+        .enumerate()
+        .flat_map(|(pair, order)| [(pair, 0, order[0]), (pair, 1, order[1])])
+        .collect();
+    let mut looker = Looker {
+        plan: &request.plan,
+        pairs: Vec::new(),
+        looks: Vec::new(),
+        decided: None,
+        progress,
+        epochs_done: 0,
+    };
+    let mut records: Vec<EpochRecord> = Vec::new();
+    let mut waiting: Option<EpochRecord> = None;
+    let (timeline, run_time_s, interrupted) = drive_group(
+        0,
+        &arms,
+        epochs,
+        request.schedule,
+        backends,
+        stop,
+        &mut |record| {
+            records.push(record.clone());
+            looker.epochs_done += 1;
+            match waiting.take() {
+                None => {
+                    waiting = Some(record);
+                    Ok(Flow::Continue)
+                }
+                Some(first) => looker.add(pair_of(&first, &record)),
+            }
+        },
+    )?;
+    finish(
+        request,
+        Mode::Interleaved,
+        looker,
+        records,
+        timeline,
+        run_time_s,
+        interrupted,
+        meta,
+        notes,
+        tick,
+    )
+}
+
+/// Crossover A/B on two or more GPU groups (usually one GPU each), each with its own
+/// loop on a thread of its own: in every block half the groups run one arm and half the
+/// other, then each group runs the other arm; a block's pair sums each arm over all
+/// groups, so differences between GPUs cancel.
+pub fn run_crossover(
+    request: &AbRequest,
+    groups: Vec<Backends>,
+    meta: RunMeta,
+    stop: Arc<AtomicBool>,
+    progress: &mut (dyn FnMut(AbProgress) + Send),
+) -> Result<AbOutcome, AbRunError> {
+    if groups.len() < 2 {
+        return Err(AbRunError::CrossoverNeedsTwo { gpus: groups.len() });
+    }
+    let (tick, notes) = common_tick(request)?;
+    request.schedule.check(tick)?;
+    let budget = request.plan.budget();
+    let orders = pair_orders(budget, request.seed);
+    let group_count = groups.len();
+    let all_arms = groups
+        .iter()
+        .map(|backends| Arms::new(request, tick, NodeFacts::of(backends)))
+        .collect::<Result<Vec<_>, _>>()?;
+    all_arms[0].start(Arm::A)?;
+    all_arms[0].start(Arm::B)?;
+    let looker = Mutex::new(Looker {
+        plan: &request.plan,
+        pairs: Vec::new(),
+        looks: Vec::new(),
+        decided: None,
+        progress,
+        epochs_done: 0,
+    });
+    let records: Mutex<Vec<EpochRecord>> = Mutex::new(Vec::new());
+    let rendezvous = Rendezvous::new(group_count);
+    let outcomes = std::thread::scope(|scope| {
+        let handles: Vec<_> = groups
+            .into_iter()
+            .zip(&all_arms)
+            .enumerate()
+            .map(|(group, (backends, arms))| {
+                // Even groups run the block's first arm first, odd groups the other.
+                let epochs: Vec<(usize, u8, Arm)> = orders
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(block, order)| {
+                        let (first, second) = if group % 2 == 0 {
+                            (order[0], order[1])
+                        } else {
+                            (order[1], order[0])
+                        };
+                        [(block, 0, first), (block, 1, second)]
+                    })
+                    .collect();
+                let stop = stop.clone();
+                let (looker, records, rendezvous) = (&looker, &records, &rendezvous);
+                std::thread::Builder::new()
+                    .name(format!("ab-group-{group}"))
+                    .spawn_scoped(scope, move || {
+                        let leaving = rendezvous.member();
+                        let result = drive_group(
+                            group,
+                            arms,
+                            epochs,
+                            request.schedule,
+                            backends,
+                            stop,
+                            &mut |record| {
+                                let (block, position) = (record.pair, record.position);
+                                lock(records).push(record);
+                                // Every group finishes each epoch at the same tick; the
+                                // last to arrive folds the block once both halves are in.
+                                let flow = rendezvous.meet(|| {
+                                    let mut looker = lock(looker);
+                                    looker.epochs_done += group_count;
+                                    if position == 1 {
+                                        let pair = block_pair(&lock(records), block);
+                                        looker.add(pair).map(|f| matches!(f, Flow::Stop))
+                                    } else {
+                                        Ok(false)
+                                    }
+                                });
+                                match flow {
+                                    Ok(true) => Ok(Flow::Stop),
+                                    Ok(false) => Ok(Flow::Continue),
+                                    Err(error) => Err(error),
+                                }
+                            },
+                        );
+                        drop(leaving);
+                        result
+                    })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(group, handle)| match handle {
+                Ok(handle) => handle.join().unwrap_or_else(|_| {
+                    Err(AbRunError::Loop {
+                        group,
+                        reason: "its thread panicked".into(),
+                    })
+                }),
+                Err(e) => Err(AbRunError::Loop {
+                    group,
+                    reason: format!("no thread: {e}"),
+                }),
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut timeline = Vec::new();
+    let mut run_time_s: f64 = 0.0;
+    let mut interrupted = false;
+    for outcome in outcomes {
+        let (points, seconds, stopped) = outcome?;
+        timeline.extend(points);
+        run_time_s = run_time_s.max(seconds);
+        interrupted |= stopped;
+    }
+    let looker = looker.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut records = records.into_inner().unwrap_or_else(|p| p.into_inner());
+    records.sort_by_key(|r| (r.pair, r.position, r.gpus.first().copied()));
+    finish(
+        request,
+        Mode::Crossover,
+        looker,
+        records,
+        timeline,
+        run_time_s,
+        interrupted,
+        meta,
+        notes,
+        tick,
+    )
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The pair of two epochs of one pair, whatever their order.
+fn pair_of(x: &EpochRecord, y: &EpochRecord) -> EpochPair {
+    if x.arm == Arm::A {
+        EpochPair {
+            a: x.measured,
+            b: y.measured,
+        }
+    } else {
+        EpochPair {
+            a: y.measured,
+            b: x.measured,
+        }
+    }
+}
+
+/// A crossover block's pair: each arm's epochs summed over every group.
+fn block_pair(records: &[EpochRecord], block: usize) -> EpochPair {
+    let sum = |arm: Arm| {
+        let mut total = ArmEpoch {
+            tokens: 0,
+            energy_j: 0.0,
+            served_fraction: 0.0,
+            violation_ticks: 0,
+            ticks: 0,
+        };
+        let mut count = 0.0;
+        for r in records.iter().filter(|r| r.pair == block && r.arm == arm) {
+            total.tokens += r.measured.tokens;
+            total.energy_j += r.measured.energy_j;
+            total.served_fraction += r.measured.served_fraction;
+            total.violation_ticks += r.measured.violation_ticks;
+            total.ticks += r.measured.ticks;
+            count += 1.0;
+        }
+        if count > 0.0 {
+            total.served_fraction /= count;
+        }
+        total
+    };
+    EpochPair {
+        a: sum(Arm::A),
+        b: sum(Arm::B),
+    }
+}
+
+/// The arms' common tick: A's; B runs on it too (said in the notes when its own differs).
+fn common_tick(request: &AbRequest) -> Result<(Duration, Vec<String>), AbRunError> {
+    let mut notes = Vec::new();
+    let tick = Duration::from_millis(u64::from(request.a.tick_ms));
+    if request.b.tick_ms != request.a.tick_ms {
+        notes.push(format!(
+            "arm b's spec ticks every {} ms; both arms ran on arm a's {} ms tick so that their epochs match",
+            request.b.tick_ms, request.a.tick_ms
+        ));
+    }
+    if request.a.objective != request.b.objective {
+        notes.push(
+            "the arms' specs set different objectives; both arms were judged by arm a's".to_owned(),
+        );
+    }
+    Ok((tick, notes))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    request: &AbRequest,
+    mode: Mode,
+    looker: Looker<'_>,
+    epochs: Vec<EpochRecord>,
+    timeline: Vec<TickPoint>,
+    run_time_s: f64,
+    interrupted: bool,
+    meta: RunMeta,
+    notes: Vec<String>,
+    tick: Duration,
+) -> Result<AbOutcome, AbRunError> {
+    let Some(last) = looker.looks.last().cloned() else {
+        return Err(AbRunError::NoVerdict {
+            pairs: looker.pairs.len(),
+            needed: request.plan.looks().first().copied().unwrap_or(0),
+        });
+    };
+    // Interrupted between looks: the last look stands, and it did not decide.
+    let decision = looker.decided.unwrap_or(Decision::NoDifference);
+    let arm_sums = |arm: Arm| {
+        epochs
+            .iter()
+            .filter(|e| e.arm == arm)
+            .fold((0u64, 0u64), |(v, t), e| {
+                (v + e.measured.violation_ticks, t + e.measured.ticks)
+            })
+    };
+    let (violation_ticks_a, _) = arm_sums(Arm::A);
+    let (violation_ticks_b, _) = arm_sums(Arm::B);
+    let mut notes = notes;
+    if interrupted && looker.decided.is_none() {
+        notes.push(format!(
+            "interrupted after {} pairs: the verdict is the last look's ({} pairs), which did not decide",
+            looker.pairs.len(),
+            last.pairs
+        ));
+    }
+    Ok(AbOutcome {
+        format_version: AB_FORMAT_VERSION,
+        a: ArmInfo::of(&request.a),
+        b: ArmInfo::of(&request.b),
+        mode,
+        demand_reported: epochs.iter().any(|e| e.measured.served_fraction < 1.0) || meta.simulated,
+        epochs,
+        pairs: looker.pairs,
+        ratio_b_over_a: last.ratio_b_over_a,
+        ci_low: last.ci_low,
+        ci_high: last.ci_high,
+        confidence: last.confidence,
+        decision,
+        served_fraction_a: last.served_fraction_a,
+        served_fraction_b: last.served_fraction_b,
+        violation_ticks_a,
+        violation_ticks_b,
+        violation_rate_a: last.violation_rate_a,
+        violation_rate_b: last.violation_rate_b,
+        refused_because: last.refused_because.clone(),
+        looks: looker.looks,
+        objective: request.a.objective,
+        schedule: request.schedule,
+        tick_ms: u64::try_from(tick.as_millis()).unwrap_or(u64::MAX),
+        budget_pairs: request.plan.budget(),
+        alpha: request.plan.alpha_at_look().iter().sum(),
+        plan_looks: request.plan.looks().to_vec(),
+        plan_alpha_at_look: request.plan.alpha_at_look().to_vec(),
+        seed: request.seed,
+        interrupted,
+        run_time_s,
+        meta,
+        notes,
+        timeline,
+    })
+}
+
+/// A barrier for the crossover groups that a group can leave (its loop failed or ended):
+/// the others are then released instead of waiting for ever.
+struct Rendezvous {
+    state: Mutex<RendezvousState>,
+    turn: Condvar,
+}
+
+struct RendezvousState {
+    members: usize,
+    arrived: usize,
+    generation: u64,
+    /// The last round's result, for those who waited.
+    outcome: Option<Result<bool, String>>,
+}
+
+/// Leaves the rendezvous when dropped.
+struct Member<'a>(&'a Rendezvous);
+
+impl Drop for Member<'_> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.0.state);
+        state.members = state.members.saturating_sub(1);
+        self.0.turn.notify_all();
+    }
+}
+
+impl Rendezvous {
+    fn new(members: usize) -> Self {
+        Self {
+            state: Mutex::new(RendezvousState {
+                members,
+                arrived: 0,
+                generation: 0,
+                outcome: None,
+            }),
+            turn: Condvar::new(),
+        }
+    }
+
+    fn member(&self) -> Member<'_> {
+        Member(self)
+    }
+
+    /// Wait for every member still in; the last to arrive runs `fold` and everyone gets
+    /// its result. A member that left ends the rendezvous: the rest stop.
+    fn meet(&self, fold: impl FnOnce() -> Result<bool, AbRunError>) -> Result<bool, AbRunError> {
+        let mut state = lock(&self.state);
+        let generation = state.generation;
+        state.arrived += 1;
+        if state.arrived >= state.members {
+            let outcome = fold().map_err(|e| e.to_string());
+            state.outcome = Some(outcome.clone());
+            state.arrived = 0;
+            state.generation += 1;
+            self.turn.notify_all();
+            return outcome.map_err(|reason| AbRunError::Loop { group: 0, reason });
+        }
+        loop {
+            state = self.turn.wait(state).unwrap_or_else(|p| p.into_inner());
+            if state.generation != generation {
+                let outcome = state.outcome.clone().unwrap_or(Ok(true));
+                return outcome.map_err(|reason| AbRunError::Loop { group: 0, reason });
+            }
+            if state.arrived >= state.members {
+                // A member left while the others waited: nobody folds this block.
+                return Err(AbRunError::Loop {
+                    group: 0,
+                    reason: "another GPU group's loop ended early".into(),
+                });
+            }
+        }
+    }
+}
