@@ -5,6 +5,7 @@
 //! crossover blocks over several GPUs, through the agent's own loop and hot-swap path;
 //! its [`run::AbOutcome`] is `ab.json`.
 
+pub mod report;
 pub mod run;
 pub mod stats;
 

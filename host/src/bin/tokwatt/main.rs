@@ -8,6 +8,7 @@ mod check;
 mod eval;
 mod gpus;
 mod policy;
+mod progress;
 mod report;
 mod restore;
 mod run;
