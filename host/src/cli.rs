@@ -30,9 +30,30 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// [`parse_duration`] that also takes zero ("0", "0s"): for a part of a schedule that may
+/// be left out, such as `tokwatt ab --cooldown 0s`.
+pub fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
+    let trimmed = text.trim();
+    if trimmed.parse::<f64>() == Ok(0.0)
+        || humantime::parse_duration(trimmed).is_ok_and(|d| d.is_zero())
+    {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(trimmed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_is_taken_only_where_asked_for() {
+        assert_eq!(parse_duration_or_zero("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration_or_zero("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration_or_zero("5s"), Ok(Duration::from_secs(5)));
+        assert!(parse_duration_or_zero("-1").is_err());
+        assert!(parse_duration("0s").is_err());
+    }
 
     #[test]
     fn durations() {

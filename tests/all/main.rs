@@ -4,6 +4,7 @@
 
 mod support;
 
+mod ab;
 mod api;
 mod bad_input;
 mod deploy;

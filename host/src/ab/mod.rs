@@ -8,6 +8,7 @@
 pub mod report;
 pub mod run;
 pub mod stats;
+pub mod study;
 
 #[cfg(test)]
 mod tests;

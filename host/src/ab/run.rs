@@ -257,6 +257,7 @@ struct Arms {
     node: NodeFacts,
     seed: u64,
     tick: Duration,
+    judge: Objective,
 }
 
 impl Arms {
@@ -285,6 +286,7 @@ impl Arms {
             node,
             seed: request.seed,
             tick,
+            judge: judging_objective(request),
         })
     }
 
@@ -581,7 +583,7 @@ fn drive_group(
     let (supervisor, first, envelope) = arms.start(first_arm)?;
     let (swaps, port) = swap_channel();
     let (commands, command_port) = std::sync::mpsc::channel();
-    let judge = arms.spec(Arm::A).objective;
+    let judge = arms.judge;
     let ticks = epochs.len() as u64 * schedule.epoch_ticks() + 1;
     let duration = arms.tick * u32::try_from(ticks).unwrap_or(u32::MAX);
     // The loop stops on its own flag, raised by the driver when decided or by `stop`.
@@ -934,11 +936,26 @@ fn common_tick(request: &AbRequest) -> Result<(Duration, Vec<String>), AbRunErro
         ));
     }
     if request.a.objective != request.b.objective {
-        notes.push(
-            "the arms' specs set different objectives; both arms were judged by arm a's".to_owned(),
-        );
+        notes.push(format!(
+            "the arms' specs set different objectives; both arms were judged by arm {}'s",
+            if judging_objective(request) == request.a.objective {
+                "a"
+            } else {
+                "b"
+            }
+        ));
     }
     Ok((tick, notes))
+}
+
+/// The objective both arms are judged by: arm A's, unless only arm B's spec sets one (a
+/// baseline without an objective must not wave a challenger's violations through).
+pub fn judging_objective(request: &AbRequest) -> Objective {
+    if request.a.objective == Objective::default() {
+        request.b.objective
+    } else {
+        request.a.objective
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1001,7 +1018,7 @@ fn finish(
         violation_rate_b: last.violation_rate_b,
         refused_because: last.refused_because.clone(),
         looks: looker.looks,
-        objective: request.a.objective,
+        objective: judging_objective(request),
         schedule: request.schedule,
         tick_ms: u64::try_from(tick.as_millis()).unwrap_or(u64::MAX),
         budget_pairs: request.plan.budget(),

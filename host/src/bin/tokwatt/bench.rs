@@ -15,6 +15,10 @@ use tokwatt::spec::PolicySpec;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchCommand {
+    /// How often `tokwatt ab` is wrong, on the simulator where the truth is known: an A/A
+    /// study (the false-positive rate) and a study of a known difference in tokens per
+    /// joule (the power), each a whole A/B per seed on the virtual clock. Simulator output.
+    AbErrorRates(crate::ab::ErrorRatesArgs),
     /// The CUDA decode workload on a real GPU: tokens/s, step time, watts (NVML energy
     /// counter) and tokens per joule per batch size. Changes no GPU setting.
     Workload {
@@ -130,6 +134,7 @@ pub enum BenchCommand {
 
 pub fn bench(what: BenchCommand) -> Result<()> {
     match what {
+        BenchCommand::AbErrorRates(args) => crate::ab::error_rates(&args),
         BenchCommand::ServeApi {
             duration,
             rate,

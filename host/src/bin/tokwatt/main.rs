@@ -2,6 +2,7 @@
 //! subcommand has a module of its own, and runs are assembled by the library
 //! (`tokwatt::assembly`), so every command and test builds them the same way.
 
+mod ab;
 mod bench;
 mod bench_serve;
 mod check;
@@ -14,6 +15,7 @@ mod restore;
 mod run;
 mod serve;
 mod status;
+mod target;
 
 use std::io::IsTerminal;
 
@@ -37,6 +39,9 @@ struct Cli {
 enum Command {
     /// Run a policy on the simulator or on real GPUs, writing summary.json and trace.csv.
     Run(Box<run::RunArgs>),
+    /// Is policy B more efficient than policy A on this work? Interleaved epochs, a ratio
+    /// with its interval and a sequential decision; writes ab.json and report.html.
+    Ab(Box<ab::AbArgs>),
     /// The node agent: every GPU of the node under one policy until stopped, with the
     /// control API, hot swap and /metrics.
     Serve(serve::ServeArgs),
@@ -69,6 +74,7 @@ fn main() -> std::process::ExitCode {
     init_logging(cli.log.as_deref());
     let result = match cli.command {
         Command::Run(args) => run::run(*args),
+        Command::Ab(args) => ab::ab(*args),
         Command::Serve(args) => serve::serve(&args),
         Command::Check(args) => check::check(&args),
         Command::Eval(args) => eval::eval(&args),

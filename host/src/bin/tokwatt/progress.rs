@@ -2,9 +2,6 @@
 //! when it is a terminal and the user did not ask for quiet: in a pipe, a log file or CI
 //! nothing is written per update, and each command prints its own final lines.
 
-// `ab.rs` and `tune.rs` use these; until both are wired in, parts are unused.
-#![allow(dead_code)]
-
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
@@ -68,14 +65,6 @@ impl AbBar {
                     .last()
                     .map_or_else(|| "no look".to_owned(), look_message)
             ));
-        }
-    }
-
-    /// Run `f` (e.g. printing a line) with the bar hidden, so that the two do not mix.
-    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
-        match &self.bar {
-            Some(bar) => bar.suspend(f),
-            None => f(),
         }
     }
 
@@ -242,7 +231,6 @@ mod tests {
             epochs_done: 8,
             last_look: Some(look(Decision::Continue)),
         });
-        assert_eq!(bar.suspend(|| 7), 7);
         let rounds = RoundBar::new(true, 9);
         assert!(rounds.bar.is_none());
         rounds.inc("round 1: cap_w = 450");

@@ -6,36 +6,19 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use tokwatt::agent::{self, RunRequest, RunSummary};
-use tokwatt::assembly::{self, BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource};
+use tokwatt::assembly;
 use tokwatt::control::Progress;
 use tokwatt::restore::{SettingsGuard, StateFile};
 use tokwatt::spec::PolicySpec;
-use tokwatt::types::Objective;
-use tokwatt::workload::prometheus::{self, Engine};
+use tokwatt::workload::prometheus;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum WorkloadKind {
-    Cuda,
-    External,
-}
+use crate::target::TargetArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
-    /// Run on the simulated GPU with this profile (built-in: h200, h100, a100; or a profile file).
-    #[arg(long, value_name = "PROFILE")]
-    sim: Option<String>,
-    /// Number of simulated GPUs.
-    #[arg(long, default_value_t = 1, requires = "sim")]
-    gpus: u32,
-    /// Demand scenario file for the simulator (default: the built-in phased scenario).
-    #[arg(long, requires = "sim")]
-    scenario: Option<PathBuf>,
-    /// Run the simulator against the wall clock instead of the virtual clock.
-    #[arg(long, requires = "sim")]
-    realtime: bool,
     /// The policy spec (TOML) to run.
     #[arg(long)]
     policy: PathBuf,
@@ -64,122 +47,11 @@ pub struct RunArgs {
     /// No progress lines.
     #[arg(long, short)]
     quiet: bool,
-    /// Run on these real GPUs (NVML indices, comma-separated).
-    #[arg(long, value_delimiter = ',', conflicts_with = "sim")]
-    gpu: Option<Vec<u32>>,
-    /// Observe only: log every GPU setting decision and change nothing (the batch size,
-    /// the workload's own knob, still changes).
-    #[arg(long, requires = "gpu")]
-    dry_run: bool,
-    /// Let the policy change only the batch size (for running without privileges).
-    #[arg(long)]
-    batch_only: bool,
-    /// Where the tokens come from on a real GPU: `cuda` (tokwatt's own decode workload)
-    /// or `external` (a running server's Prometheus metrics, see --metrics-url and --engine).
-    #[arg(long, value_enum, default_value_t = WorkloadKind::Cuda, requires = "gpu")]
-    workload: WorkloadKind,
-    /// The serving engine's metrics endpoint, for `--workload external`
-    /// (http://HOST:PORT/metrics, IPv6 as http://[::1]:PORT/metrics).
-    #[arg(long, required_if_eq("workload", "external"))]
-    metrics_url: Option<String>,
-    /// The serving engine behind --metrics-url, whose metric names to read: vllm, sglang,
-    /// tgi or triton (triton has no TPOT histogram).
-    #[arg(long, default_value = "vllm", value_parser = clap::value_parser!(Engine))]
-    engine: Engine,
-    /// Counter of generated tokens at --metrics-url, summed over its series (default: the
-    /// --engine preset's).
-    #[arg(long)]
-    token_counter: Option<String>,
-    /// Histogram of time per output token (seconds) at --metrics-url, merged over its
-    /// series (default: the --engine preset's); "" for none.
-    #[arg(long)]
-    tpot_histogram: Option<String>,
-    /// CUDA workload model preset (llama-3-8b, llama-3.2-1b) or a model shape file.
-    #[arg(long, default_value = "llama-3-8b", requires = "gpu")]
-    model: String,
-    /// CUDA workload KV context length, tokens.
-    #[arg(long, default_value_t = 1024, requires = "gpu")]
-    context: u32,
-    /// CUDA workload largest batch size (buffers are sized for it).
-    #[arg(long, default_value_t = 512, requires = "gpu")]
-    batch_size_max: u32,
-    /// State file of original GPU settings (default for real GPUs: /var/lib/tokwatt/state.json
-    /// as root, else $XDG_STATE_HOME/tokwatt/state.json). With --sim, only used when given.
-    #[arg(long)]
-    state_file: Option<PathBuf>,
     /// Testing aid: panic after this many ticks (to check that settings are restored).
     #[arg(long, hide = true)]
     debug_panic_after_ticks: Option<u64>,
-}
-
-impl RunArgs {
-    /// The external token source: the --engine preset, with --token-counter and
-    /// --tpot-histogram overriding its names. A TPOT objective needs a TPOT histogram.
-    fn external_source(&self, objective: &Objective) -> Result<WorkloadSource> {
-        let url = self
-            .metrics_url
-            .clone()
-            .context("--workload external needs --metrics-url")?;
-        let token_counter = self
-            .token_counter
-            .clone()
-            .unwrap_or_else(|| self.engine.token_counter().to_owned());
-        let tpot_histogram = match &self.tpot_histogram {
-            Some(name) if name.is_empty() => None,
-            Some(name) => Some(name.clone()),
-            None => self.engine.tpot_histogram().map(str::to_owned),
-        };
-        if tpot_histogram.is_none()
-            && let Some(limit) = objective.tpot_p99_limit_ms
-        {
-            bail!(
-                "the policy's objective bounds the p99 TPOT at {limit} ms, but {} tokwatt reads no TPOT histogram for --engine {}: name one with --tpot-histogram, or drop tpot_p99_limit_ms from the spec's objective",
-                if self.tpot_histogram.is_some() {
-                    "with --tpot-histogram \"\""
-                } else {
-                    "the engine exports none, so"
-                },
-                self.engine.name()
-            );
-        }
-        Ok(WorkloadSource::External {
-            url,
-            token_counter,
-            tpot_histogram,
-        })
-    }
-
-    fn backend_request(&self, objective: &Objective, tick: Duration) -> Result<BackendRequest> {
-        let target = match (&self.sim, &self.gpu) {
-            (Some(profile), None) => Target::Sim(SimTarget {
-                profile: profile.clone(),
-                scenario: self.scenario.clone(),
-                gpus: self.gpus,
-                realtime: self.realtime,
-            }),
-            (None, Some(indices)) => Target::Gpu(GpuTarget {
-                indices: indices.clone(),
-                dry_run: self.dry_run,
-                workload: match self.workload {
-                    WorkloadKind::Cuda => WorkloadSource::Cuda {
-                        model: self.model.clone(),
-                        context: self.context,
-                        batch_size_max: self.batch_size_max,
-                    },
-                    WorkloadKind::External => self.external_source(objective)?,
-                },
-                tick,
-            }),
-            _ => bail!(
-                "choose where to run: `--sim h200` for the simulated GPU, or `--gpu 0` for a real GPU (add --dry-run to observe only)"
-            ),
-        };
-        Ok(BackendRequest {
-            target,
-            seed: self.seed,
-            batch_only: self.batch_only,
-        })
-    }
+    #[command(flatten)]
+    pub target: TargetArgs,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -195,20 +67,23 @@ pub fn run(args: RunArgs) -> Result<()> {
         spec.override_tick(tick)?;
     }
     let tick = Duration::from_millis(u64::from(spec.tick_ms));
-    let request = args.backend_request(&spec.objective, tick)?;
+    let request = args
+        .target
+        .backend_request(&spec.objective, tick, args.seed)?;
     let mut assembled = assembly::assemble(&request, &spec.name, spec.knobs)?;
     for withheld in &assembled.withheld {
         eprintln!("tokwatt: policy `{}`: {withheld}", spec.name);
     }
     spec.knobs = assembled.knobs;
     // A simulated run keeps a state file only when asked (to test restoring).
-    let keeps_state =
-        assembled.changes_hardware || (assembled.meta.simulated && args.state_file.is_some());
+    let keeps_state = assembled.changes_hardware
+        || (assembled.meta.simulated && args.target.state_file.is_some());
     if keeps_state {
         // Saves the original settings before the first change (restoring first whatever
         // a crashed run left behind) and puts them back when the run ends, however it ends.
         let state = StateFile::new(
-            args.state_file
+            args.target
+                .state_file
                 .clone()
                 .unwrap_or_else(StateFile::default_path),
         );
@@ -256,7 +131,7 @@ pub fn run(args: RunArgs) -> Result<()> {
 }
 
 /// `base/POLICY-YYYY-MM-DDTHH-MM-SSZ`, with a counter if that exists already.
-fn fresh_out_dir(base: &Path, policy: &str) -> PathBuf {
+pub fn fresh_out_dir(base: &Path, policy: &str) -> PathBuf {
     let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
         .to_string()
         .replace(':', "-");

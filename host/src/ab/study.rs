@@ -1,0 +1,198 @@
+//! How often `tokwatt ab` is wrong, measured on the simulator where the truth is known:
+//! the same comparison repeated over many seeds, each a whole A/B run through the agent's
+//! loop on the virtual clock. An A/A study (both arms the same policy) gives the
+//! false-positive rate; a study with a known difference gives the power. Used by
+//! `tokwatt bench ab-error-rates` and the test suite (`tests/all/ab.rs`).
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::run::{AbRequest, AbRunError, Schedule, run_interleaved};
+use super::stats::{Decision, SequentialPlan};
+use crate::agent::{self, RunRequest};
+use crate::assembly::{self, SimTarget};
+use crate::spec::PolicySpec;
+
+/// One study: the same A/B comparison on every seed of `seeds`.
+#[derive(Debug, Clone)]
+pub struct Study {
+    pub a: PolicySpec,
+    pub b: PolicySpec,
+    pub sim: SimTarget,
+    pub schedule: Schedule,
+    pub budget_pairs: usize,
+    pub alpha: f64,
+    pub seeds: Range<u64>,
+    /// Comparisons run at once (each on a thread of its own).
+    pub threads: usize,
+    pub plugin_dirs: Vec<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// What a study found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StudyResult {
+    pub comparisons: usize,
+    pub decided_a: usize,
+    pub decided_b: usize,
+    pub no_difference: usize,
+    /// Mean pairs a comparison ran before it stopped.
+    pub mean_pairs: f64,
+    /// Median of the comparisons' final ratio B/A.
+    pub median_ratio: f64,
+    /// Simulated time of all comparisons together, seconds.
+    pub simulated_time_s: f64,
+}
+
+impl StudyResult {
+    /// Share of comparisons that named a winner (the false-positive rate of an A/A study).
+    pub fn winner_rate(&self) -> f64 {
+        (self.decided_a + self.decided_b) as f64 / self.comparisons.max(1) as f64
+    }
+
+    /// Share that named B (the power of a study where B is truly better).
+    pub fn b_rate(&self) -> f64 {
+        self.decided_b as f64 / self.comparisons.max(1) as f64
+    }
+}
+
+/// Run every comparison of `study`.
+pub fn run_study(study: &Study) -> Result<StudyResult, AbRunError> {
+    let seeds: Vec<u64> = study.seeds.clone().collect();
+    let next = Mutex::new(0usize);
+    let results: Mutex<Vec<(Decision, usize, f64, f64)>> = Mutex::new(Vec::new());
+    let failure: Mutex<Option<AbRunError>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..study.threads.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let i = {
+                        let mut next = next.lock().unwrap_or_else(|p| p.into_inner());
+                        let i = *next;
+                        *next += 1;
+                        i
+                    };
+                    let Some(&seed) = seeds.get(i) else { break };
+                    if failure.lock().map(|f| f.is_some()).unwrap_or(true) {
+                        break;
+                    }
+                    match one_comparison(study, seed) {
+                        Ok(found) => results
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(found),
+                        Err(error) => {
+                            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if let Some(error) = failure.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(error);
+    }
+    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    let count = |d: Decision| results.iter().filter(|r| r.0 == d).count();
+    let mut ratios: Vec<f64> = results.iter().map(|r| r.2).collect();
+    ratios.sort_by(f64::total_cmp);
+    let n = results.len();
+    Ok(StudyResult {
+        comparisons: n,
+        decided_a: count(Decision::A),
+        decided_b: count(Decision::B),
+        no_difference: count(Decision::NoDifference),
+        mean_pairs: results.iter().map(|r| r.1 as f64).sum::<f64>() / n.max(1) as f64,
+        median_ratio: if n == 0 { f64::NAN } else { ratios[n / 2] },
+        simulated_time_s: results.iter().map(|r| r.3).sum(),
+    })
+}
+
+/// One whole A/B on a fresh simulator seeded with `seed`: its decision, pairs, ratio and
+/// simulated time.
+fn one_comparison(study: &Study, seed: u64) -> Result<(Decision, usize, f64, f64), AbRunError> {
+    let (_sim, backends) = assembly::simulator(&study.sim, seed).map_err(|e| AbRunError::Loop {
+        group: 0,
+        reason: e.to_string(),
+    })?;
+    let meta = sim_meta(&study.sim, seed);
+    let request = AbRequest {
+        a: study.a.clone(),
+        b: study.b.clone(),
+        schedule: study.schedule,
+        plan: SequentialPlan::new(study.budget_pairs, study.alpha, seed)?,
+        seed,
+        plugin_dirs: study.plugin_dirs.clone(),
+        cache_dir: study.cache_dir.clone(),
+    };
+    let outcome = run_interleaved(
+        &request,
+        backends,
+        meta,
+        Arc::new(AtomicBool::new(false)),
+        &mut |_| {},
+    )?;
+    Ok((
+        outcome.decision,
+        outcome.pairs.len(),
+        outcome.ratio_b_over_a,
+        outcome.run_time_s,
+    ))
+}
+
+fn sim_meta(sim: &SimTarget, seed: u64) -> crate::assembly::RunMeta {
+    crate::assembly::RunMeta {
+        simulated: true,
+        gpu_profile: sim.profile.clone(),
+        gpu_name: sim.profile.clone(),
+        data_source: "simulator output (error-rate study)".into(),
+        gpu_count: sim.gpus,
+        actuator: "sim".into(),
+        workload: "sim".into(),
+        seed,
+    }
+}
+
+/// The true ratio B/A of tokens per joule on this work: each arm alone for `duration` on
+/// the same seed (the same demand), far longer than an epoch.
+pub fn long_run_ratio(
+    study: &Study,
+    duration: Duration,
+    seed: u64,
+) -> Result<(f64, f64, f64), AbRunError> {
+    let tpj = |spec: &PolicySpec| -> Result<f64, AbRunError> {
+        let (_sim, backends) =
+            assembly::simulator(&study.sim, seed).map_err(|e| AbRunError::Loop {
+                group: 0,
+                reason: e.to_string(),
+            })?;
+        let request = RunRequest {
+            spec: spec.clone(),
+            duration,
+            tick: None,
+            out_dir: PathBuf::new(),
+            plugin_dirs: study.plugin_dirs.clone(),
+            cache_dir: study.cache_dir.clone(),
+            seed,
+            overwrite: false,
+            write_files: false,
+        };
+        let (summary, _) = agent::run(
+            &request,
+            backends,
+            sim_meta(&study.sim, seed),
+            Arc::new(AtomicBool::new(false)),
+            &mut |_| {},
+        )?;
+        Ok(summary.totals.tokens_per_joule)
+    };
+    let a = tpj(&study.a)?;
+    let b = tpj(&study.b)?;
+    Ok((a, b, b / a))
+}

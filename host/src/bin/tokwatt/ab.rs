@@ -1,0 +1,513 @@
+//! `tokwatt ab`: is policy B more efficient than policy A on this work? Epochs of each
+//! arm interleaved in random pairs on one node (or in crossover blocks over several GPUs),
+//! a ratio of tokens per joule with its interval, a sequential decision; `ab.json` and
+//! `report.html` in the output folder.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use tokwatt::ab::stats::{DEFAULT_ALPHA, DEFAULT_BUDGET};
+use tokwatt::ab::{self, AbOutcome, AbRequest, Decision, Schedule, SequentialPlan};
+use tokwatt::assembly::{
+    self, Assembled, BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource,
+};
+use tokwatt::control::Backends;
+use tokwatt::restore::{SettingsGuard, StateFile};
+use tokwatt::spec::PolicySpec;
+
+use crate::target::TargetArgs;
+
+#[derive(Debug, clap::Args)]
+pub struct AbArgs {
+    /// Arm A's policy spec (the reference).
+    #[arg(long = "a", value_name = "SPEC")]
+    a: PathBuf,
+    /// Arm B's policy spec (the challenger).
+    #[arg(long = "b", value_name = "SPEC")]
+    b: PathBuf,
+    /// Most pairs of epochs to run; looks at 4, 8, 16 … pairs and at this budget stop
+    /// early once decided.
+    #[arg(long, default_value_t = DEFAULT_BUDGET)]
+    budget: usize,
+    /// False-positive rate over the whole run (spent across the looks).
+    #[arg(long, default_value_t = DEFAULT_ALPHA)]
+    alpha: f64,
+    /// The measured window of each epoch.
+    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "60s")]
+    epoch: Duration,
+    /// Each epoch's warm-up after its arm takes over, not measured.
+    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "10s")]
+    warmup: Duration,
+    /// Device defaults with the policy paused before each epoch's warm-up (default: none).
+    /// For a closed-loop workload whose thermal state carries over; on demand-driven work
+    /// it drains the last arm's queue at full power outside every measured window, which
+    /// favours a slow arm, so the warm-up alone separates the arms there.
+    #[arg(long, value_parser = tokwatt::cli::parse_duration_or_zero, default_value = "0s")]
+    cooldown: Duration,
+    /// Control tick for both arms (default: arm A's spec's).
+    #[arg(long, value_parser = tokwatt::cli::parse_duration)]
+    tick: Option<Duration>,
+    /// Parallel crossover: half the GPUs run A and half B, then they swap (needs 2+ GPUs:
+    /// `--sim h200 --gpus 2`, or `--gpu 0,1`).
+    #[arg(long)]
+    crossover: bool,
+    /// Seeds the arms' order in each pair, the simulator and the policies.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output folder for ab.json and report.html (default: out/ab-A-vs-B-TIME).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Replace an earlier comparison's files in --out.
+    #[arg(long)]
+    overwrite: bool,
+    /// Extra folder to look for plugins in.
+    #[arg(long = "plugin-dir")]
+    plugin_dirs: Vec<PathBuf>,
+    /// Folder for compiled plugins (default: the user's cache folder).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+    #[command(flatten)]
+    target: TargetArgs,
+}
+
+fn ticks_of(what: &str, span: Duration, tick: Duration) -> Result<u64> {
+    let tick_ns = tick.as_nanos().max(1);
+    let ticks = span.as_nanos() / tick_ns;
+    if !span.as_nanos().is_multiple_of(tick_ns) {
+        bail!(
+            "--{what} {} is not a whole number of ticks of {}; give a multiple of the tick",
+            humantime::format_duration(span),
+            humantime::format_duration(tick)
+        );
+    }
+    u64::try_from(ticks).with_context(|| format!("--{what} is too long"))
+}
+
+pub fn ab(args: AbArgs) -> Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    let mut a = PolicySpec::load(&args.a).context("arm a")?;
+    let mut b = PolicySpec::load(&args.b).context("arm b")?;
+    if let Some(tick) = args.tick {
+        a.override_tick(tick).context("arm a")?;
+        b.override_tick(tick).context("arm b")?;
+    }
+    let tick = Duration::from_millis(u64::from(a.tick_ms));
+    let schedule = Schedule {
+        cooldown_ticks: ticks_of("cooldown", args.cooldown, tick)?,
+        warmup_ticks: ticks_of("warmup", args.warmup, tick)?,
+        measure_ticks: ticks_of("epoch", args.epoch, tick)?,
+    };
+    schedule.check(tick)?;
+    let plan = SequentialPlan::new(args.budget, args.alpha, args.seed)?;
+    let request = args.target.backend_request(&a.objective, tick, args.seed)?;
+    let out_dir = match &args.out {
+        Some(dir) => dir.clone(),
+        None => {
+            crate::run::fresh_out_dir(Path::new("out"), &format!("ab-{}-vs-{}", a.name, b.name))
+        }
+    };
+    let ab_json = out_dir.join("ab.json");
+    if ab_json.exists() && !args.overwrite {
+        bail!(
+            "{} holds an earlier comparison; choose another --out, or pass --overwrite",
+            ab_json.display()
+        );
+    }
+    let groups = if args.crossover {
+        crossover_groups(&request)?
+    } else {
+        vec![request]
+    };
+    let mut backends = Vec::with_capacity(groups.len());
+    let mut meta = None;
+    for (g, group) in groups.iter().enumerate() {
+        let assembled = assembly::assemble(group, &a.name, a.knobs)?;
+        grant_both(&assembled, &mut a, &mut b, g == 0);
+        let state_file = args.target.state_file.clone().map(|path| {
+            if args.crossover {
+                path.with_extension(format!("gpu{g}.json"))
+            } else {
+                path
+            }
+        });
+        let (group_backends, group_meta) = guard(assembled, state_file, args.crossover, g)?;
+        backends.push(group_backends);
+        meta.get_or_insert(group_meta);
+    }
+    let mut meta = meta.context("no GPU to run on")?;
+    std::fs::create_dir_all(&out_dir)
+        .with_context(|| format!("creating the output folder {}", out_dir.display()))?;
+    meta.gpu_count = u32::try_from(backends.len())
+        .unwrap_or(u32::MAX)
+        .max(meta.gpu_count);
+    if !args.quiet {
+        eprintln!(
+            "tokwatt: A/B `{}` vs `{}` on {} [{}]: {} mode, up to {} pairs, epochs of {} (warm-up {}, cool-down {})",
+            a.name,
+            b.name,
+            meta.gpu_name,
+            meta.data_source,
+            if args.crossover {
+                "crossover"
+            } else {
+                "interleaved"
+            },
+            args.budget,
+            humantime::format_duration(args.epoch),
+            humantime::format_duration(args.warmup),
+            humantime::format_duration(args.cooldown),
+        );
+    }
+    let request = AbRequest {
+        a,
+        b,
+        schedule,
+        plan,
+        seed: args.seed,
+        plugin_dirs: args.plugin_dirs.clone(),
+        cache_dir: args.cache_dir.clone(),
+    };
+    let bar = crate::progress::AbBar::new(args.quiet, args.budget);
+    let lines = !args.quiet && !bar.is_drawn();
+    let mut progress = |p: ab::AbProgress| {
+        bar.update(&p);
+        // In a pipe or a log there is no bar: one line per look instead.
+        if let Some(look) = p
+            .last_look
+            .as_ref()
+            .filter(|l| lines && l.pairs == p.pairs_done)
+        {
+            eprintln!(
+                "tokwatt: {}/{} pairs: B/A {:.4} [{:.4}, {:.4}] at {:.2} %: {}",
+                p.pairs_done,
+                p.budget_pairs,
+                look.ratio_b_over_a,
+                look.ci_low,
+                look.ci_high,
+                look.confidence * 100.0,
+                decision_words(look.decision)
+            );
+        }
+    };
+    let outcome = if args.crossover {
+        ab::run_crossover(&request, backends, meta, stop, &mut progress)?
+    } else {
+        let one = backends.pop().context("no GPU to run on")?;
+        ab::run_interleaved(&request, one, meta, stop, &mut progress)?
+    };
+    bar.finish(&outcome);
+    // The backends (and their settings guards) are gone: every setting is restored.
+    tokwatt::ab::report::write_ab_outputs(&out_dir, &outcome)
+        .with_context(|| format!("writing ab.json and report.html in {}", out_dir.display()))?;
+    print_outcome(&outcome, &out_dir);
+    Ok(())
+}
+
+/// One single-GPU request per GPU of `request` (crossover runs a loop per GPU).
+fn crossover_groups(request: &BackendRequest) -> Result<Vec<BackendRequest>> {
+    let groups: Vec<BackendRequest> = match &request.target {
+        Target::Sim(sim) => (0..sim.gpus)
+            .map(|g| BackendRequest {
+                target: Target::Sim(SimTarget {
+                    gpus: 1,
+                    ..sim.clone()
+                }),
+                // Each simulated GPU its own board (and its own demand stream).
+                seed: request.seed.wrapping_add(u64::from(g) * 7919),
+                batch_only: request.batch_only,
+            })
+            .collect(),
+        Target::Gpu(gpu) => {
+            if let WorkloadSource::External { url, .. } = &gpu.workload {
+                bail!(
+                    "--crossover runs each GPU on its own, but --metrics-url {url} is one engine's tokens for all of them; compare on one GPU (drop --crossover), or run one engine per GPU with the CUDA workload"
+                );
+            }
+            gpu.indices
+                .iter()
+                .map(|&index| BackendRequest {
+                    target: Target::Gpu(GpuTarget {
+                        indices: vec![index],
+                        ..gpu.clone()
+                    }),
+                    seed: request.seed,
+                    batch_only: request.batch_only,
+                })
+                .collect()
+        }
+    };
+    if groups.len() < 2 {
+        bail!(
+            "--crossover needs at least 2 GPUs, got {}: use --sim h200 --gpus 2, or --gpu 0,1",
+            groups.len()
+        );
+    }
+    Ok(groups)
+}
+
+/// Both arms' knobs granted by what the node offers; what is withheld is said once.
+fn grant_both(assembled: &Assembled, a: &mut PolicySpec, b: &mut PolicySpec, say: bool) {
+    for spec in [a, b] {
+        let (knobs, withheld) = assembly::grant_knobs(spec.knobs, &assembled.offered);
+        if say {
+            for withheld in &withheld {
+                eprintln!("tokwatt: policy `{}`: {withheld}", spec.name);
+            }
+        }
+        spec.knobs = knobs;
+    }
+}
+
+/// The group's backends, with a settings guard where real settings may change (as
+/// `tokwatt run` does).
+fn guard(
+    mut assembled: Assembled,
+    state_file: Option<PathBuf>,
+    crossover: bool,
+    group: usize,
+) -> Result<(Backends, tokwatt::assembly::RunMeta)> {
+    if assembled.changes_hardware {
+        let path = state_file.unwrap_or_else(|| {
+            let default = StateFile::default_path();
+            if crossover {
+                default.with_extension(format!("gpu{group}.json"))
+            } else {
+                default
+            }
+        });
+        let mut guard = SettingsGuard::new(StateFile::new(path), assembled.backends.actuator);
+        guard
+            .arm()
+            .context("saving the original GPU settings before the comparison")?;
+        assembled.backends.actuator = Box::new(guard);
+    }
+    Ok((assembled.backends, assembled.meta))
+}
+
+fn decision_words(decision: Decision) -> &'static str {
+    match decision {
+        Decision::A => "A is more efficient",
+        Decision::B => "B is more efficient",
+        Decision::NoDifference => "no difference shown",
+        Decision::Continue => "not decided yet",
+    }
+}
+
+fn print_outcome(o: &AbOutcome, out: &Path) {
+    let source = if o.meta.simulated {
+        format!(
+            "SIMULATED ({}) — {}",
+            o.meta.gpu_profile, o.meta.data_source
+        )
+    } else {
+        format!("{} (measured)", o.meta.gpu_name)
+    };
+    println!();
+    let row = |key: &str, value: String| println!("{key:<20} {value}");
+    row("a", o.a.policy.clone());
+    row("b", o.b.policy.clone());
+    row("gpu", source);
+    row(
+        "decision",
+        format!(
+            "{} ({})",
+            decision_words(o.decision),
+            serde_json::to_value(o.decision)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        ),
+    );
+    row(
+        "tokens/J B/A",
+        format!(
+            "{:.4}, {:.2} % interval [{:.4}, {:.4}]",
+            o.ratio_b_over_a,
+            o.confidence * 100.0,
+            o.ci_low,
+            o.ci_high
+        ),
+    );
+    row(
+        "pairs",
+        format!(
+            "{} of {} ({} mode){}",
+            o.pairs.len(),
+            o.budget_pairs,
+            serde_json::to_value(o.mode)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            if o.interrupted { ", interrupted" } else { "" }
+        ),
+    );
+    row(
+        "served a / b",
+        format!("{:.4} / {:.4}", o.served_fraction_a, o.served_fraction_b),
+    );
+    row(
+        "violations a / b",
+        format!(
+            "{} / {} ticks ({:.2} % / {:.2} %)",
+            o.violation_ticks_a,
+            o.violation_ticks_b,
+            o.violation_rate_a * 100.0,
+            o.violation_rate_b * 100.0
+        ),
+    );
+    if let Some(why) = &o.refused_because {
+        row("no winner because", why.clone());
+    }
+    for note in &o.notes {
+        row("note", note.clone());
+    }
+    row("time", format!("{:.0} s", o.run_time_s));
+    row("output", out.join("ab.json").display().to_string());
+}
+
+/// `tokwatt bench ab-error-rates`.
+#[derive(Debug, clap::Args)]
+pub struct ErrorRatesArgs {
+    /// The policy both studies compare (arm A; in the A/A study arm B too).
+    #[arg(long, default_value = "policies/static.toml")]
+    policy: PathBuf,
+    /// Arm B of the power study: the policy with this parameter changed (NAME=VALUE);
+    /// the default makes B about 3 % more efficient on the steady scenario.
+    #[arg(long, default_value = "power_cap_w=486")]
+    b_param: String,
+    /// Simulated GPU profile.
+    #[arg(long, default_value = "h200")]
+    sim: String,
+    /// Demand scenario (default: host/scenarios/steady.toml, the same load throughout).
+    #[arg(long, default_value = "host/scenarios/steady.toml")]
+    scenario: PathBuf,
+    /// Comparisons per study (one seed each).
+    #[arg(long, default_value_t = 200)]
+    seeds: u64,
+    /// Pairs budget of each comparison.
+    #[arg(long, default_value_t = DEFAULT_BUDGET)]
+    budget: usize,
+    #[arg(long, default_value_t = DEFAULT_ALPHA)]
+    alpha: f64,
+    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "60s")]
+    epoch: Duration,
+    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "10s")]
+    warmup: Duration,
+    #[arg(long, value_parser = tokwatt::cli::parse_duration_or_zero, default_value = "0s")]
+    cooldown: Duration,
+    /// Control tick of both arms (default: the spec's). A longer tick with the same epochs
+    /// makes a study cheaper: noise depends on the epochs' length, cost on their ticks.
+    #[arg(long, value_parser = tokwatt::cli::parse_duration)]
+    tick: Option<Duration>,
+    /// Comparisons at once (default: the machine's cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Also write the figures as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
+    use tokwatt::ab::study::{Study, long_run_ratio, run_study};
+    let mut a = PolicySpec::load(&args.policy)?;
+    if let Some(tick) = args.tick {
+        a.override_tick(tick)?;
+    }
+    let (name, value) = args
+        .b_param
+        .split_once('=')
+        .context("--b-param takes NAME=VALUE, e.g. power_cap_w=486")?;
+    let mut b = a.clone();
+    match b.params.iter_mut().find(|(key, _)| key == name) {
+        Some(param) => param.1 = value.to_owned(),
+        None => b.params.push((name.to_owned(), value.to_owned())),
+    }
+    b.params.sort();
+    let tick = Duration::from_millis(u64::from(a.tick_ms));
+    let schedule = Schedule {
+        cooldown_ticks: ticks_of("cooldown", args.cooldown, tick)?,
+        warmup_ticks: ticks_of("warmup", args.warmup, tick)?,
+        measure_ticks: ticks_of("epoch", args.epoch, tick)?,
+    };
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let study = |b: &PolicySpec| Study {
+        a: a.clone(),
+        b: b.clone(),
+        sim: SimTarget {
+            scenario: Some(args.scenario.clone()),
+            ..SimTarget::new(args.sim.clone())
+        },
+        schedule,
+        budget_pairs: args.budget,
+        alpha: args.alpha,
+        seeds: 0..args.seeds,
+        threads,
+        plugin_dirs: Vec::new(),
+        cache_dir: None,
+    };
+    let same = study(&a);
+    let different = study(&b);
+    let started = std::time::Instant::now();
+    let (tpj_a, tpj_b, truth) = long_run_ratio(&different, Duration::from_secs(4 * 3600), 1)?;
+    let aa = run_study(&same)?;
+    let ab = run_study(&different)?;
+    println!(
+        "SIMULATOR OUTPUT ({}, {}): {} comparisons per study, budget {} pairs, α {}, epochs of {} (warm-up {}, cool-down {}), {} threads, {:.0} s wall",
+        args.sim,
+        args.scenario.display(),
+        args.seeds,
+        args.budget,
+        args.alpha,
+        humantime::format_duration(args.epoch),
+        humantime::format_duration(args.warmup),
+        humantime::format_duration(args.cooldown),
+        threads,
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "truth: {} {:.4} tok/J, with {} {:.4} tok/J over 4 h each: B/A {:.4}",
+        a.name, tpj_a, args.b_param, tpj_b, truth
+    );
+    for (label, r, rate) in [
+        ("A/A (false positives)", &aa, aa.winner_rate()),
+        ("A/B (power, B better)", &ab, ab.b_rate()),
+    ] {
+        println!(
+            "{label:<24} {:>5.1} %  (a {}, b {}, none {} of {}), mean pairs {:.1}, median B/A {:.4}, simulated {:.1} h",
+            rate * 100.0,
+            r.decided_a,
+            r.decided_b,
+            r.no_difference,
+            r.comparisons,
+            r.mean_pairs,
+            r.median_ratio,
+            r.simulated_time_s / 3600.0
+        );
+    }
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "simulated": true,
+            "truth_ratio_b_over_a": truth,
+            "a_a": aa,
+            "a_b": ab,
+            "false_positive_rate": aa.winner_rate(),
+            "power": ab.b_rate(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,151 @@
+//! Where a run happens: the simulator or real GPUs, and where the tokens come from. Shared
+//! by `tokwatt run`, `tokwatt ab` and `tokwatt tune` (flattened into each one's flags).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use tokwatt::assembly::{BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource};
+use tokwatt::types::Objective;
+use tokwatt::workload::prometheus::Engine;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkloadKind {
+    Cuda,
+    External,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TargetArgs {
+    /// Run on the simulated GPU with this profile (built-in: h200, h100, a100; or a profile file).
+    #[arg(long, value_name = "PROFILE")]
+    pub sim: Option<String>,
+    /// Number of simulated GPUs.
+    #[arg(long, default_value_t = 1, requires = "sim")]
+    pub gpus: u32,
+    /// Demand scenario file for the simulator (default: the built-in phased scenario).
+    #[arg(long, requires = "sim")]
+    pub scenario: Option<PathBuf>,
+    /// Run the simulator against the wall clock instead of the virtual clock.
+    #[arg(long, requires = "sim")]
+    pub realtime: bool,
+    /// Run on these real GPUs (NVML indices, comma-separated).
+    #[arg(long, value_delimiter = ',', conflicts_with = "sim")]
+    pub gpu: Option<Vec<u32>>,
+    /// Observe only: log every GPU setting decision and change nothing (the batch size,
+    /// the workload's own knob, still changes).
+    #[arg(long, requires = "gpu")]
+    pub dry_run: bool,
+    /// Let the policy change only the batch size (for running without privileges).
+    #[arg(long)]
+    pub batch_only: bool,
+    /// Where the tokens come from on a real GPU: `cuda` (tokwatt's own decode workload)
+    /// or `external` (a running server's Prometheus metrics, see --metrics-url and --engine).
+    #[arg(long, value_enum, default_value_t = WorkloadKind::Cuda, requires = "gpu")]
+    pub workload: WorkloadKind,
+    /// The serving engine's metrics endpoint, for `--workload external`
+    /// (http://HOST:PORT/metrics, IPv6 as http://[::1]:PORT/metrics).
+    #[arg(long, required_if_eq("workload", "external"))]
+    pub metrics_url: Option<String>,
+    /// The serving engine behind --metrics-url, whose metric names to read: vllm, sglang,
+    /// tgi or triton (triton has no TPOT histogram).
+    #[arg(long, default_value = "vllm", value_parser = clap::value_parser!(Engine))]
+    pub engine: Engine,
+    /// Counter of generated tokens at --metrics-url, summed over its series (default: the
+    /// --engine preset's).
+    #[arg(long)]
+    pub token_counter: Option<String>,
+    /// Histogram of time per output token (seconds) at --metrics-url, merged over its
+    /// series (default: the --engine preset's); "" for none.
+    #[arg(long)]
+    pub tpot_histogram: Option<String>,
+    /// CUDA workload model preset (llama-3-8b, llama-3.2-1b) or a model shape file.
+    #[arg(long, default_value = "llama-3-8b", requires = "gpu")]
+    pub model: String,
+    /// CUDA workload KV context length, tokens.
+    #[arg(long, default_value_t = 1024, requires = "gpu")]
+    pub context: u32,
+    /// CUDA workload largest batch size (buffers are sized for it).
+    #[arg(long, default_value_t = 512, requires = "gpu")]
+    pub batch_size_max: u32,
+    /// State file of original GPU settings (default for real GPUs: /var/lib/tokwatt/state.json
+    /// as root, else $XDG_STATE_HOME/tokwatt/state.json). With --sim, only used when given.
+    #[arg(long)]
+    pub state_file: Option<PathBuf>,
+}
+
+impl TargetArgs {
+    /// The external token source: the --engine preset, with --token-counter and
+    /// --tpot-histogram overriding its names. A TPOT objective needs a TPOT histogram.
+    pub fn external_source(&self, objective: &Objective) -> Result<WorkloadSource> {
+        let url = self
+            .metrics_url
+            .clone()
+            .context("--workload external needs --metrics-url")?;
+        let token_counter = self
+            .token_counter
+            .clone()
+            .unwrap_or_else(|| self.engine.token_counter().to_owned());
+        let tpot_histogram = match &self.tpot_histogram {
+            Some(name) if name.is_empty() => None,
+            Some(name) => Some(name.clone()),
+            None => self.engine.tpot_histogram().map(str::to_owned),
+        };
+        if tpot_histogram.is_none()
+            && let Some(limit) = objective.tpot_p99_limit_ms
+        {
+            bail!(
+                "the policy's objective bounds the p99 TPOT at {limit} ms, but {} tokwatt reads no TPOT histogram for --engine {}: name one with --tpot-histogram, or drop tpot_p99_limit_ms from the spec's objective",
+                if self.tpot_histogram.is_some() {
+                    "with --tpot-histogram \"\""
+                } else {
+                    "the engine exports none, so"
+                },
+                self.engine.name()
+            );
+        }
+        Ok(WorkloadSource::External {
+            url,
+            token_counter,
+            tpot_histogram,
+        })
+    }
+
+    pub fn backend_request(
+        &self,
+        objective: &Objective,
+        tick: Duration,
+        seed: u64,
+    ) -> Result<BackendRequest> {
+        let target = match (&self.sim, &self.gpu) {
+            (Some(profile), None) => Target::Sim(SimTarget {
+                profile: profile.clone(),
+                scenario: self.scenario.clone(),
+                gpus: self.gpus,
+                realtime: self.realtime,
+            }),
+            (None, Some(indices)) => Target::Gpu(GpuTarget {
+                indices: indices.clone(),
+                dry_run: self.dry_run,
+                workload: match self.workload {
+                    WorkloadKind::Cuda => WorkloadSource::Cuda {
+                        model: self.model.clone(),
+                        context: self.context,
+                        batch_size_max: self.batch_size_max,
+                    },
+                    WorkloadKind::External => self.external_source(objective)?,
+                },
+                tick,
+            }),
+            _ => bail!(
+                "choose where to run: `--sim h200` for the simulated GPU, or `--gpu 0` for a real GPU (add --dry-run to observe only)"
+            ),
+        };
+        Ok(BackendRequest {
+            target,
+            seed,
+            batch_only: self.batch_only,
+        })
+    }
+}

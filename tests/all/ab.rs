@@ -1,0 +1,303 @@
+//! `tokwatt ab` on the simulator with known truth: the false-positive rate of A/A
+//! comparisons and the power against a true ~3 % difference, each over 200 seeds (whole
+//! A/B runs through the agent's loop on the virtual clock), and the command end to end:
+//! ab.json's keys, the crossover mode on two simulated GPUs, an arm that wins tokens per
+//! joule by serving less, and bad input.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokwatt::ab::Schedule;
+use tokwatt::ab::stats::{DEFAULT_ALPHA, DEFAULT_BUDGET};
+use tokwatt::ab::study::{Study, long_run_ratio, run_study};
+use tokwatt::assembly::SimTarget;
+use tokwatt::spec::PolicySpec;
+
+use crate::support::*;
+
+const SEEDS: u64 = 200;
+
+fn steady() -> PathBuf {
+    repo_root().join("host/scenarios/steady.toml")
+}
+
+fn static_spec(cap_w: u32) -> PolicySpec {
+    let mut spec = PolicySpec::load(&repo_root().join("policies/static.toml")).expect("spec");
+    for param in &mut spec.params {
+        if param.0 == "power_cap_w" {
+            param.1 = cap_w.to_string();
+        }
+    }
+    spec
+}
+
+fn study(a: PolicySpec, b: PolicySpec, schedule: Schedule) -> Study {
+    Study {
+        a,
+        b,
+        sim: SimTarget {
+            scenario: Some(steady()),
+            ..SimTarget::new("h200")
+        },
+        schedule,
+        budget_pairs: DEFAULT_BUDGET,
+        alpha: DEFAULT_ALPHA,
+        seeds: 0..SEEDS,
+        threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+        plugin_dirs: Vec::new(),
+        cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache")),
+    }
+}
+
+/// The A/A rate does not depend on the epochs' length (noise is noise), so this study
+/// uses short ones: it always runs to the budget.
+#[test]
+fn a_a_comparisons_over_200_seeds_name_a_winner_at_most_5_percent_of_the_time() {
+    let schedule = Schedule {
+        cooldown_ticks: 0,
+        warmup_ticks: 3,
+        measure_ticks: 20,
+    };
+    let result = run_study(&study(static_spec(500), static_spec(500), schedule)).expect("study");
+    println!(
+        "simulator A/A, {SEEDS} seeds, budget {DEFAULT_BUDGET} pairs of 20 s epochs: winner named {:.1} % (a {}, b {}), median B/A {:.4}",
+        result.winner_rate() * 100.0,
+        result.decided_a,
+        result.decided_b,
+        result.median_ratio
+    );
+    assert_eq!(result.comparisons, SEEDS as usize);
+    assert!(
+        result.winner_rate() <= 0.05,
+        "A/A named a winner in {:.1} % of {SEEDS} comparisons",
+        result.winner_rate() * 100.0
+    );
+    assert!((result.median_ratio - 1.0).abs() < 0.01, "{result:?}");
+}
+
+/// The power needs the default epochs (60 s measured); the warm-up is shortened and the
+/// cool-down left out, which cost time but add no power.
+#[test]
+fn a_true_3_percent_difference_is_found_with_at_least_90_percent_power() {
+    let schedule = Schedule {
+        cooldown_ticks: 0,
+        warmup_ticks: 3,
+        measure_ticks: 60,
+    };
+    let study = study(static_spec(500), static_spec(486), schedule);
+    let (_, _, truth) = long_run_ratio(&study, Duration::from_secs(4 * 3600), 1).expect("truth");
+    let result = run_study(&study).expect("study");
+    println!(
+        "simulator A/B, true B/A {truth:.4} (4 h runs), {SEEDS} seeds, budget {DEFAULT_BUDGET} pairs of 60 s epochs: B named {:.1} %, A {}, mean pairs {:.1}, median B/A {:.4}",
+        result.b_rate() * 100.0,
+        result.decided_a,
+        result.mean_pairs,
+        result.median_ratio
+    );
+    assert!(
+        (1.02..=1.031).contains(&truth),
+        "the known difference should be about 3 %, not {truth}"
+    );
+    assert_eq!(result.decided_a, 0, "{result:?}");
+    assert!(result.b_rate() >= 0.9, "power {:.3}", result.b_rate());
+    // Stopping early is what the looks are for.
+    assert!(result.mean_pairs < DEFAULT_BUDGET as f64, "{result:?}");
+}
+
+fn write_static(dir: &Path, name: &str, cap_w: u32, extra_params: &str) -> PathBuf {
+    let text = std::fs::read_to_string(repo_root().join("policies/static.toml")).expect("spec");
+    let text = text
+        .replace(
+            "power_cap_w = \"500\"",
+            &format!("power_cap_w = \"{cap_w}\"\n{extra_params}"),
+        )
+        .replace("name = \"static\"", &format!("name = \"{name}\""))
+        .replace(
+            "plugin = \"policy_static.wasm\"",
+            &format!("plugin = \"{}\"", built_plugin("policy_static").display()),
+        );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("write spec");
+    path
+}
+
+fn run_ab(
+    a: &Path,
+    b: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> (std::process::Output, serde_json::Value) {
+    let output = tokwatt()
+        .args(["ab", "--sim", "h200", "--quiet", "--overwrite"])
+        .arg("--a")
+        .arg(a)
+        .arg("--b")
+        .arg(b)
+        .arg("--scenario")
+        .arg(steady())
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .expect("tokwatt ab");
+    let json = std::fs::read_to_string(out.join("ab.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or(serde_json::Value::Null);
+    (output, json)
+}
+
+const SHORT: [&str; 6] = ["--budget", "8", "--epoch", "30s", "--warmup", "5s"];
+
+#[test]
+fn the_command_writes_every_key_of_ab_json_and_names_the_better_arm() {
+    let dir = tempdir();
+    let a = write_static(dir.path(), "cap500", 500, "");
+    let b = write_static(dir.path(), "cap430", 430, "");
+    let out = dir.path().join("ab");
+    let (output, json) = run_ab(&a, &b, &out, &SHORT);
+    assert!(output.status.success(), "{}", stderr(&output));
+    for key in [
+        "a",
+        "b",
+        "epochs",
+        "ratio_b_over_a",
+        "ci_low",
+        "ci_high",
+        "confidence",
+        "decision",
+        "served_fraction_a",
+        "served_fraction_b",
+        "violation_ticks_a",
+        "violation_ticks_b",
+        "looks",
+        "pairs",
+        "mode",
+        "meta",
+        "timeline",
+    ] {
+        assert!(json.get(key).is_some(), "ab.json lacks {key}");
+    }
+    assert_eq!(json["decision"], "b", "{}", json["looks"]);
+    assert_eq!(json["mode"], "interleaved");
+    assert_eq!(json["a"]["policy"], "cap500");
+    assert!(json["meta"]["simulated"].as_bool().unwrap_or(false));
+    let ratio = json["ratio_b_over_a"].as_f64().expect("ratio");
+    let (low, high) = (
+        json["ci_low"].as_f64().unwrap(),
+        json["ci_high"].as_f64().unwrap(),
+    );
+    assert!(
+        1.0 < low && low <= ratio && ratio <= high,
+        "{ratio} [{low}, {high}]"
+    );
+    // Every pair has one epoch of each arm, in either order, and both orders occur.
+    let epochs = json["epochs"].as_array().expect("epochs");
+    let pairs = json["pairs"].as_array().expect("pairs").len();
+    assert_eq!(epochs.len(), 2 * pairs);
+    let firsts: Vec<&str> = epochs
+        .iter()
+        .filter(|e| e["position"] == 0)
+        .map(|e| e["arm"].as_str().unwrap_or(""))
+        .collect();
+    assert!(firsts.contains(&"a") && firsts.contains(&"b"), "{firsts:?}");
+    // A measured window starts after its warm-up: no two epochs overlap.
+    let mut last = None;
+    for e in epochs {
+        let (first, end) = (
+            e["first_tick"].as_u64().unwrap(),
+            e["last_tick"].as_u64().unwrap(),
+        );
+        assert_eq!(end - first + 1, 30, "{e}");
+        if let Some(previous) = last {
+            assert!(
+                first > previous + 5,
+                "warm-up and cool-down precede every epoch: {e}"
+            );
+        }
+        last = Some(end);
+    }
+    let report = std::fs::read_to_string(out.join("report.html")).unwrap_or_default();
+    assert!(report.contains("cap430"), "report.html names the arms");
+}
+
+#[test]
+fn crossover_on_two_simulated_gpus_runs_each_arm_on_each_gpu_in_every_block() {
+    let dir = tempdir();
+    let a = write_static(dir.path(), "cap500", 500, "");
+    let b = write_static(dir.path(), "cap430", 430, "");
+    let out = dir.path().join("cross");
+    let mut args = SHORT.to_vec();
+    args.extend(["--crossover", "--gpus", "2"]);
+    let (output, json) = run_ab(&a, &b, &out, &args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(json["mode"], "crossover");
+    assert_eq!(json["decision"], "b", "{}", json["looks"]);
+    let epochs = json["epochs"].as_array().expect("epochs");
+    let blocks = json["pairs"].as_array().expect("pairs").len();
+    assert_eq!(epochs.len(), 4 * blocks, "two GPUs, two periods per block");
+    for block in 0..blocks {
+        for period in 0..2u64 {
+            let arms: Vec<&str> = epochs
+                .iter()
+                .filter(|e| e["pair"] == block && e["position"] == period)
+                .map(|e| e["arm"].as_str().unwrap_or(""))
+                .collect();
+            assert_eq!(arms.len(), 2, "block {block}");
+            assert_ne!(arms[0], arms[1], "A and B side by side in block {block}");
+        }
+    }
+    let timeline_groups: std::collections::BTreeSet<u64> = json["timeline"]
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .filter_map(|p| p["group"].as_u64())
+        .collect();
+    assert_eq!(timeline_groups.len(), 2);
+}
+
+#[test]
+fn an_arm_that_wins_tokens_per_joule_by_serving_less_does_not_win() {
+    let dir = tempdir();
+    let a = write_static(dir.path(), "cap500", 500, "");
+    // 300 W cannot keep up with the demand: more tokens per joule, less served.
+    let b = write_static(dir.path(), "cap300", 300, "");
+    let out = dir.path().join("less");
+    let (output, json) = run_ab(&a, &b, &out, &SHORT);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        json["ratio_b_over_a"].as_f64().unwrap() > 1.1,
+        "{}",
+        json["looks"]
+    );
+    assert_eq!(json["decision"], "no-difference", "{}", json["looks"]);
+    let why = json["refused_because"].as_str().unwrap_or("");
+    assert!(why.contains("served"), "{why}");
+    assert!(
+        json["served_fraction_b"].as_f64().unwrap() < json["served_fraction_a"].as_f64().unwrap()
+    );
+}
+
+#[test]
+fn bad_schedules_and_a_lone_gpu_crossover_are_refused_with_the_fix() {
+    let dir = tempdir();
+    let a = write_static(dir.path(), "cap500", 500, "");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--warmup", "1s"], "at least 2 ticks"),
+        (&["--epoch", "1s"], "too short for the energy counter"),
+        (&["--epoch", "1500ms"], "whole number of ticks"),
+        (&["--crossover"], "at least 2 GPUs"),
+    ];
+    for (args, expected) in cases {
+        let out = dir.path().join("bad");
+        let (output, _) = run_ab(&a, &a, &out, args);
+        assert!(!output.status.success(), "{args:?} was accepted");
+        let text = stderr(&output);
+        assert!(text.contains(expected), "{args:?}: {text}");
+        assert!(!out.join("ab.json").exists());
+    }
+    let missing = dir.path().join("missing.toml");
+    let (output, _) = run_ab(&a, &missing, &dir.path().join("m"), &SHORT);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("arm b"), "{}", stderr(&output));
+}
