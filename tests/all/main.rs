@@ -20,4 +20,5 @@ mod restore;
 mod serve;
 mod shipped_policies;
 mod swap;
+mod tune;
 mod workspace_build;

@@ -9,6 +9,7 @@ pub mod report;
 pub mod run;
 pub mod stats;
 pub mod study;
+pub mod tune;
 
 #[cfg(test)]
 mod tests;

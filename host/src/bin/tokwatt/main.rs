@@ -16,6 +16,7 @@ mod run;
 mod serve;
 mod status;
 mod target;
+mod tune;
 
 use std::io::IsTerminal;
 
@@ -42,6 +43,9 @@ enum Command {
     /// Is policy B more efficient than policy A on this work? Interleaved epochs, a ratio
     /// with its interval and a sequential decision; writes ab.json and report.html.
     Ab(Box<ab::AbArgs>),
+    /// The best parameters of a policy by rounds of A/B on the simulator; writes
+    /// tune.json, report.html and the spec with the winning parameters.
+    Tune(Box<tune::TuneArgs>),
     /// The node agent: every GPU of the node under one policy until stopped, with the
     /// control API, hot swap and /metrics.
     Serve(serve::ServeArgs),
@@ -75,6 +79,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(*args),
         Command::Ab(args) => ab::ab(*args),
+        Command::Tune(args) => tune::tune(*args),
         Command::Serve(args) => serve::serve(&args),
         Command::Check(args) => check::check(&args),
         Command::Eval(args) => eval::eval(&args),

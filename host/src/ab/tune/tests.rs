@@ -1,0 +1,149 @@
+//! Ranges, candidates and the tuned spec's text; the search itself is tested end to end
+//! in `tests/all/tune.rs`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may unwrap
+
+use std::path::Path;
+
+use super::*;
+
+fn values(text: &str) -> Vec<String> {
+    ParamRange::parse(text).unwrap().values
+}
+
+#[test]
+fn ranges_are_inclusive_and_keep_the_written_form() {
+    assert_eq!(values("power_cap_w=300..500:100"), ["300", "400", "500"]);
+    assert_eq!(values("p=300..450:100"), ["300", "400"]);
+    assert_eq!(values("x=0.5..1.0:0.25"), ["0.50", "0.75", "1.00"]);
+    assert_eq!(values("mode = fast, slow"), ["fast", "slow"]);
+    assert_eq!(values("one=7"), ["7"]);
+    let range = ParamRange::parse("sm_clock_max_mhz=900..1300:50").unwrap();
+    assert_eq!(range.name, "sm_clock_max_mhz");
+    assert_eq!(range.values.len(), 9);
+}
+
+#[test]
+fn bad_ranges_name_the_param_and_the_fix() {
+    for (text, problem) in [
+        ("power_cap_w", "no `=`"),
+        ("power_cap_w=300..700", "no step"),
+        ("power_cap_w=700..300:50", "below the low bound"),
+        ("power_cap_w=300..700:0", "must be positive"),
+        ("power_cap_w=300..700:-5", "must be positive"),
+        ("power_cap_w=3OO..700:50", "`3OO` is not a number"),
+        ("power_cap_w=300-700:50", "needs `..`"),
+        ("power_cap_w=1,,2", "empty value"),
+        ("power_cap_w=1,2,1", "`1` twice"),
+        ("=1,2", "the name must be"),
+        ("power_cap_w=0..1e9:1", "use a larger step"),
+    ] {
+        let error = ParamRange::parse(text).unwrap_err().to_string();
+        assert!(error.contains(problem), "{text}: {error}");
+        assert!(error.contains(text), "{text}: {error}");
+        assert!(error.contains("NAME=LO..HI:STEP"), "{text}: {error}");
+    }
+}
+
+#[test]
+fn candidates_are_the_product_and_too_many_are_refused() {
+    let ranges = [
+        ParamRange::parse("a=1..3:1").unwrap(),
+        ParamRange::parse("b=x,y").unwrap(),
+    ];
+    let all = candidates(&ranges).unwrap();
+    assert_eq!(all.len(), 6);
+    assert_eq!(all[0], [("a".into(), "1".into()), ("b".into(), "x".into())]);
+    assert_eq!(all[5], [("a".into(), "3".into()), ("b".into(), "y".into())]);
+
+    let big = [
+        ParamRange::parse("a=1..100:1").unwrap(),
+        ParamRange::parse("b=1..100:1").unwrap(),
+    ];
+    let error = candidates(&big).unwrap_err().to_string();
+    assert!(error.contains("10000 candidates"), "{error}");
+    assert!(error.contains("a 100 × b 100"), "{error}");
+    assert!(matches!(candidates(&[]), Err(TuneError::NoParams)));
+    let twice = [ranges[0].clone(), ranges[0].clone()];
+    assert!(matches!(
+        candidates(&twice),
+        Err(TuneError::DuplicateParam { .. })
+    ));
+}
+
+const SPEC: &str = r#"# a comment kept
+name = "static"
+plugin = "policy_static.wasm"
+knobs = ["power-cap", "sm-clock"]
+
+[params]
+# the cap
+power_cap_w = "500"
+# sm_clock_max_mhz = "1605"
+
+# no objective
+[objective]
+tpot_p99_limit_ms = 25.0
+"#;
+
+#[test]
+fn the_tuned_spec_keeps_the_text_and_holds_the_winner() {
+    let path = Path::new("/nowhere/static.toml");
+    let spec = PolicySpec::parse(path, SPEC).unwrap();
+    let winner = [
+        ("power_cap_w".to_owned(), "450".to_owned()),
+        ("sm_clock_max_mhz".to_owned(), "1000".to_owned()),
+    ];
+    let out = Path::new("/elsewhere/static-tuned.toml");
+    let text = tuned_spec_text(&spec, SPEC, &winner, out, "tuned\non the simulator").unwrap();
+    assert!(
+        text.starts_with("# tuned\n# on the simulator\n# a comment kept\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "power_cap_w = \"450\"\nsm_clock_max_mhz = \"1000\"\n# sm_clock_max_mhz = \"1605\""
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("\"500\""), "{text}");
+    assert!(
+        text.contains("# no objective\n[objective]\ntpot_p99_limit_ms = 25.0"),
+        "{text}"
+    );
+    let tuned = PolicySpec::parse(out, &text).unwrap();
+    assert_eq!(tuned.params, candidate_spec(&spec, &winner).params);
+    assert_eq!(tuned.objective, spec.objective);
+
+    // A spec without [params] gets one.
+    let bare = "name = \"static\"\nplugin = \"p.wasm\"\n[objective]\n";
+    let spec = PolicySpec::parse(path, bare).unwrap();
+    let text = tuned_spec_text(&spec, bare, &winner, out, "tuned").unwrap();
+    let tuned = PolicySpec::parse(out, &text).unwrap();
+    assert_eq!(tuned.params.len(), 2);
+
+    // An inline table is not edited line by line: refused, not written wrong.
+    let inline = "name = \"static\"\nplugin = \"p.wasm\"\nparams = { power_cap_w = \"500\" }\n";
+    let spec = PolicySpec::parse(path, inline).unwrap();
+    assert!(tuned_spec_text(&spec, inline, &winner, out, "tuned").is_err());
+}
+
+#[test]
+fn candidate_specs_replace_and_add_params_in_key_order() {
+    let spec = PolicySpec::parse(Path::new("/s.toml"), SPEC).unwrap();
+    let candidate = candidate_spec(
+        &spec,
+        &[
+            ("sm_clock_max_mhz".into(), "900".into()),
+            ("power_cap_w".into(), "300".into()),
+        ],
+    );
+    assert_eq!(
+        candidate.params,
+        [
+            ("power_cap_w".to_owned(), "300".to_owned()),
+            ("sm_clock_max_mhz".to_owned(), "900".to_owned())
+        ]
+    );
+    assert_eq!(spec.params, [("power_cap_w".to_owned(), "500".to_owned())]);
+}

@@ -1,0 +1,278 @@
+//! `tokwatt tune`: the best parameters of a policy by rounds of A/B on the simulator
+//! (successive halving against the spec as given); `tune.json`, `report.html` and the spec
+//! with the winning parameters written in, in the output folder.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use tokwatt::ab::Schedule;
+use tokwatt::ab::stats::DEFAULT_ALPHA;
+use tokwatt::ab::tune::{self, ParamRange, TuneOutcome, TuneProgress, TuneRequest, format_params};
+use tokwatt::assembly::SimTarget;
+use tokwatt::spec::PolicySpec;
+
+use crate::progress::RoundBar;
+
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Runs on the simulator only for now (--sim). On real GPUs, compare each candidate with the spec as given by `tokwatt ab --a SPEC --b CANDIDATE-SPEC`."
+)]
+pub struct TuneArgs {
+    /// The policy spec to tune: the reference every candidate is compared with, and the
+    /// base of the tuned spec.
+    #[arg(long)]
+    policy: PathBuf,
+    /// A parameter of the spec's [params] and its values: NAME=LO..HI:STEP (inclusive,
+    /// numeric, e.g. power_cap_w=300..700:50) or NAME=a,b,c. Repeat for more parameters;
+    /// the candidates are every combination.
+    #[arg(long = "param", value_name = "NAME=RANGE", required = true)]
+    params: Vec<String>,
+    /// The simulated GPU's profile (built-in: h200, h100, a100; or a profile file).
+    #[arg(long, value_name = "PROFILE")]
+    sim: Option<String>,
+    /// Real GPUs are not tuned yet: see the note below.
+    #[arg(long, value_delimiter = ',', conflicts_with = "sim")]
+    gpu: Option<Vec<u32>>,
+    /// Demand scenario file for the simulator (default: the built-in phased scenario).
+    #[arg(long)]
+    scenario: Option<PathBuf>,
+    /// Keep the best 1/ETA of each round, and give the next round ETA times the pairs.
+    #[arg(long, default_value_t = 3)]
+    eta: usize,
+    /// Pairs of epochs per A/B in the first round (at least 2).
+    #[arg(long, default_value_t = 2)]
+    pairs: usize,
+    /// False-positive rate of each A/B's decision (the ranking uses the ratio).
+    #[arg(long, default_value_t = DEFAULT_ALPHA)]
+    alpha: f64,
+    /// The measured window of each epoch (default: 15 ticks).
+    #[arg(long, value_parser = tokwatt::cli::parse_duration)]
+    epoch: Option<Duration>,
+    /// Each epoch's warm-up after its arm takes over, not measured (default: 30 ticks: a
+    /// serving workload's queue and batch need a few requests' lifetimes to settle at new
+    /// settings; with 5 ticks the measured window still sees the other arm's backlog).
+    #[arg(long, value_parser = tokwatt::cli::parse_duration)]
+    warmup: Option<Duration>,
+    /// Device defaults with the policy paused before each epoch's warm-up (default: 2
+    /// ticks: a knob the spec as given leaves alone would otherwise keep the candidate's
+    /// setting in the reference's epochs).
+    #[arg(long, value_parser = tokwatt::cli::parse_duration)]
+    cooldown: Option<Duration>,
+    /// Control tick (default: the spec's).
+    #[arg(long, value_parser = tokwatt::cli::parse_duration)]
+    tick: Option<Duration>,
+    /// Seeds the simulator, the arms' order and the policies (round r uses SEED + r - 1).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output folder (default: out/tune-POLICY-TIME).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Replace an earlier search's files in --out.
+    #[arg(long)]
+    overwrite: bool,
+    /// Extra folder to look for plugins in.
+    #[arg(long = "plugin-dir")]
+    plugin_dirs: Vec<PathBuf>,
+    /// Folder for compiled plugins (default: the user's cache folder).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// No progress bar or progress lines.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn ticks_of(what: &str, span: Duration, tick: Duration) -> Result<u64> {
+    let tick_ns = tick.as_nanos().max(1);
+    if !span.as_nanos().is_multiple_of(tick_ns) {
+        bail!(
+            "--{what} {} is not a whole number of ticks of {}; give a multiple of the tick",
+            humantime::format_duration(span),
+            humantime::format_duration(tick)
+        );
+    }
+    u64::try_from(span.as_nanos() / tick_ns).with_context(|| format!("--{what} is too long"))
+}
+
+pub fn tune(args: TuneArgs) -> Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    let (None, Some(profile)) = (&args.gpu, args.sim.clone()) else {
+        bail!(
+            "tokwatt tune runs on the simulator only for now: pass --sim h200 (or another profile). On real GPUs, compare each candidate with the spec as given by `tokwatt ab --a SPEC --b CANDIDATE-SPEC`"
+        );
+    };
+    let ranges = args
+        .params
+        .iter()
+        .map(|text| ParamRange::parse(text))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Refuse a bad grid before loading anything.
+    let count = tune::candidates(&ranges)?.len();
+    let text = std::fs::read_to_string(&args.policy)
+        .with_context(|| format!("reading {}", args.policy.display()))?;
+    let mut spec = PolicySpec::parse(&args.policy, &text)?;
+    if let Some(tick) = args.tick {
+        spec.override_tick(tick)?;
+    }
+    let tick = Duration::from_millis(u64::from(spec.tick_ms));
+    let schedule = Schedule {
+        cooldown_ticks: match args.cooldown {
+            Some(span) => ticks_of("cooldown", span, tick)?,
+            None => 2,
+        },
+        warmup_ticks: match args.warmup {
+            Some(span) => ticks_of("warmup", span, tick)?,
+            None => 30,
+        },
+        measure_ticks: match args.epoch {
+            Some(span) => ticks_of("epoch", span, tick)?,
+            None => 15,
+        },
+    };
+    schedule.check(tick)?;
+    let out_dir = match &args.out {
+        Some(dir) => dir.clone(),
+        None => crate::run::fresh_out_dir(Path::new("out"), &format!("tune-{}", spec.name)),
+    };
+    let tune_json = out_dir.join("tune.json");
+    if tune_json.exists() && !args.overwrite {
+        bail!(
+            "{} holds an earlier search; choose another --out, or pass --overwrite",
+            tune_json.display()
+        );
+    }
+    let request = TuneRequest {
+        reference: spec.clone(),
+        ranges,
+        sim: SimTarget {
+            profile,
+            scenario: args.scenario.clone(),
+            gpus: 1,
+            realtime: false,
+        },
+        seed: args.seed,
+        eta: args.eta,
+        first_round_pairs: args.pairs,
+        alpha: args.alpha,
+        schedule,
+        plugin_dirs: args.plugin_dirs.clone(),
+        cache_dir: args.cache_dir.clone(),
+    };
+    if !args.quiet {
+        eprintln!(
+            "tokwatt: tuning `{}` over {count} candidates on the simulator: rounds of A/B against the spec as given, η {}, {} pairs in the first round, epochs of {} ticks (warm-up {})",
+            spec.name, args.eta, args.pairs, schedule.measure_ticks, schedule.warmup_ticks
+        );
+    }
+    let bar = RoundBar::new(args.quiet, planned_runs(count, args.eta));
+    let mut progress = |event: TuneProgress<'_>| match event {
+        TuneProgress::RoundStarted { .. } => {}
+        TuneProgress::CandidateDone { round, result, .. } => bar.inc(&format!(
+            "round {round}: {} B/A {:.4}",
+            format_params(&result.params),
+            result.ratio
+        )),
+        TuneProgress::CandidateDropped { round, dropped } => {
+            bar.inc(&format!("round {round}: dropped"));
+            bar.suspend(|| {
+                eprintln!(
+                    "tokwatt: candidate {} dropped: the policy refused it at init: {}",
+                    format_params(&dropped.params),
+                    dropped.reason
+                );
+            });
+        }
+        TuneProgress::RoundDone { round } => bar.suspend(|| print_round(round)),
+    };
+    let outcome = tune::tune(&request, stop, &mut progress)?;
+    bar.finish();
+    let tuned = tune::write_outputs(&out_dir, &outcome, &spec, &text)?;
+    print_outcome(&outcome, &out_dir, tuned.as_deref());
+    Ok(())
+}
+
+/// A/Bs the search runs if no candidate is dropped: n, ⌈n/η⌉, … down to one left.
+fn planned_runs(candidates: usize, eta: usize) -> usize {
+    let mut total = 0;
+    let mut n = candidates;
+    loop {
+        total += n;
+        if n <= 1 || eta < 2 {
+            return total;
+        }
+        n = n.div_ceil(eta);
+        if n <= 1 {
+            return total;
+        }
+    }
+}
+
+fn print_round(round: &tune::Round) {
+    println!(
+        "round {}: {} candidates, {} pairs each, {} kept, {:.0} s simulated",
+        round.round,
+        round.candidates.len(),
+        round.pairs_budget,
+        round.kept,
+        round.simulated_time_s
+    );
+    for c in &round.candidates {
+        println!(
+            "  {:>3}. {:<40} B/A {:.4} [{:.4}, {:.4}] {} pairs{}{}",
+            c.rank,
+            format_params(&c.params),
+            c.ratio,
+            c.ci_low,
+            c.ci_high,
+            c.pairs,
+            match &c.not_compliant_because {
+                Some(why) => format!(", not compliant: {why}"),
+                None => String::new(),
+            },
+            if c.kept { "  kept" } else { "" }
+        );
+    }
+}
+
+fn print_outcome(outcome: &TuneOutcome, out_dir: &Path, tuned: Option<&Path>) {
+    let e = &outcome.evidence;
+    println!(
+        "winner: {} (simulator output): tokens per joule {:.4}x the spec as given [{:.4}, {:.4}] at {:.2} % over {} pairs; served {:.2} % (reference {:.2} %), violation ticks {} (reference {})",
+        format_params(&outcome.winner),
+        e.ratio_b_over_a,
+        e.ci_low,
+        e.ci_high,
+        e.confidence * 100.0,
+        e.pairs,
+        e.served_fraction_winner * 100.0,
+        e.served_fraction_reference * 100.0,
+        e.violation_ticks_winner,
+        e.violation_ticks_reference
+    );
+    println!(
+        "simulated time of the search: {:.0} s ({})",
+        outcome.simulated_time_s, outcome.data_source
+    );
+    for note in outcome.notes.iter().skip(1) {
+        println!("note: {note}");
+    }
+    match tuned {
+        Some(path) => println!(
+            "wrote tune.json, report.html and {} in {}",
+            path.file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            out_dir.display()
+        ),
+        None => println!(
+            "wrote tune.json and report.html in {} (no tuned spec: the winner did not keep the objective)",
+            out_dir.display()
+        ),
+    }
+}
