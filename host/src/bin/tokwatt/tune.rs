@@ -65,7 +65,7 @@ pub struct TuneArgs {
     /// Control tick (default: the spec's).
     #[arg(long, value_parser = tokwatt::cli::parse_duration)]
     tick: Option<Duration>,
-    /// Seeds the simulator, the arms' order and the policies (round r uses SEED + r - 1).
+    /// Seeds the simulator (its demand and its board), the arms' order and the policies; every A/B uses it.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Output folder (default: out/tune-POLICY-TIME).
