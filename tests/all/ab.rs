@@ -301,3 +301,30 @@ fn bad_schedules_and_a_lone_gpu_crossover_are_refused_with_the_fix() {
     assert!(!output.status.success());
     assert!(stderr(&output).contains("arm b"), "{}", stderr(&output));
 }
+
+/// A knob one arm sets and the other leaves alone: the other arm's epochs run at the
+/// device default, never at the first arm's setting.
+#[test]
+fn every_epoch_starts_from_the_device_defaults() {
+    let dir = tempdir();
+    let a = write_static(dir.path(), "clock1200", 500, "sm_clock_max_mhz = \"1200\"");
+    let b = write_static(dir.path(), "cap500", 500, "");
+    let out = dir.path().join("defaults");
+    let (output, json) = run_ab(&a, &b, &out, &SHORT);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let epochs = json["epochs"].as_array().expect("epochs");
+    let clocks = |arm: &str| -> Vec<u64> {
+        epochs
+            .iter()
+            .filter(|e| e["arm"] == arm)
+            .map(|e| {
+                e["settings"][0]["sm_clock_max_mhz"]
+                    .as_u64()
+                    .expect("clock")
+            })
+            .collect()
+    };
+    let (clocks_a, clocks_b) = (clocks("a"), clocks("b"));
+    assert!(clocks_a.iter().all(|&c| c <= 1200), "{clocks_a:?}");
+    assert!(clocks_b.iter().all(|&c| c > 1900), "{clocks_b:?}");
+}

@@ -1030,6 +1030,7 @@ mod tests {
             tokens_per_s: 10_000.0,
             mean_power_w: energy_j / 10.0,
             fallback_ticks: u64::from(position) + 2 * pair as u64,
+            settings: Vec::new(),
         }
     }
 

@@ -5,9 +5,10 @@
 //! The arms take turns through the hot-swap path ([`crate::swap`]) at tick boundaries, so
 //! an A/B run is the agent's own loop, on the simulator or real GPUs. Each arm keeps its
 //! own state between its epochs ([`StateOnSwap::Own`]): one arm never learns from the
-//! other. An epoch is a cool-down (device defaults, the policy paused), a warm-up (the
-//! arm in charge, not measured) and the measured window, so one arm's settings and
-//! backlog do not leak into the other's window.
+//! other. Every epoch starts from the device defaults (a knob an arm leaves alone is not
+//! held where the other arm put it), then an optional cool-down (the defaults held, the
+//! policy paused), a warm-up (the arm in charge, not measured) and the measured window, so
+//! one arm's settings and backlog do not leak into the other's window.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,7 +29,7 @@ use crate::recorder::Recorder;
 use crate::rng::Rng;
 use crate::spec::PolicySpec;
 use crate::swap::{PreparedPolicy, StateOnSwap, SwapSender, swap_channel};
-use crate::types::{Objective, Settings};
+use crate::types::{InForce, Objective, Settings};
 
 /// Version of `ab.json`'s layout.
 pub const AB_FORMAT_VERSION: u32 = 1;
@@ -146,6 +147,8 @@ pub struct EpochRecord {
     pub mean_power_w: f64,
     /// Ticks on which the policy's answer was replaced by the fallback.
     pub fallback_ticks: u64,
+    /// Each GPU's settings in force at the end of the window.
+    pub settings: Vec<InForce>,
 }
 
 /// One tick of one GPU group, for the report's plots.
@@ -319,12 +322,13 @@ impl Arms {
         })
     }
 
-    /// `arm` ready to take over at a tick boundary, with its own earlier state.
+    /// `arm` ready to take over at a tick boundary with `state`; the outgoing policy's
+    /// snapshot goes to `outgoing`, when given.
     fn prepare(
         &self,
         arm: Arm,
-        own: Option<PolicyState>,
-        outgoing: Sender<PolicyState>,
+        state: StateOnSwap,
+        outgoing: Option<Sender<PolicyState>>,
     ) -> Result<PreparedPolicy, AbRunError> {
         let (supervisor, first, envelope) = self.start(arm)?;
         Ok(PreparedPolicy {
@@ -336,8 +340,8 @@ impl Arms {
             // never replaced by the other arm in the middle of its epoch.
             probation_ticks: 0,
             notify: None,
-            state: StateOnSwap::Own(own),
-            outgoing_state: Some(outgoing),
+            state,
+            outgoing_state: outgoing,
         })
     }
 }
@@ -509,17 +513,28 @@ impl Driver<'_> {
         }
     }
 
-    /// The next epoch's arm takes over (at the next tick boundary) and warms up.
+    /// The next epoch's arm takes over (at the next tick boundary) and warms up. Every
+    /// epoch starts from the device defaults, so a knob an arm leaves alone is not held
+    /// where the other arm put it: without a cool-down, the defaults and the arm's first
+    /// settings are applied at the same boundary. An arm that follows itself is
+    /// restarted too, with its own state, so that every epoch starts alike.
     fn take_turn(&mut self) -> Result<(), AbRunError> {
         let (_, _, arm) = self.epochs[self.next_epoch];
-        if arm != self.current {
+        if self.schedule.cooldown_ticks == 0 {
+            for command in [LoopCommand::RestoreDefaults, LoopCommand::Resume] {
+                self.commands.send(command).map_err(|_| self.loop_gone())?;
+            }
+        }
+        let prepared = if arm == self.current {
+            self.arms.prepare(arm, StateOnSwap::FromOutgoing, None)?
+        } else {
             let (tx, rx) = std::sync::mpsc::channel();
             let own = self.own_state[Arms::index(arm)].take();
-            let prepared = self.arms.prepare(arm, own, tx)?;
-            self.swaps.send(prepared).map_err(|_| self.loop_gone())?;
             self.outgoing = Some((self.current, rx));
-            self.current = arm;
-        }
+            self.arms.prepare(arm, StateOnSwap::Own(own), Some(tx))?
+        };
+        self.swaps.send(prepared).map_err(|_| self.loop_gone())?;
+        self.current = arm;
         self.phase = Phase::Warmup;
         self.phase_left = self.schedule.warmup_ticks;
         Ok(())
@@ -564,6 +579,7 @@ impl Driver<'_> {
                 0.0
             },
             fallback_ticks: p.totals.fallback_ticks - w.fallback_ticks_at_start,
+            settings: p.observations.iter().map(|o| o.in_force).collect(),
         }
     }
 }

@@ -48,6 +48,8 @@ pub struct StudyResult {
     pub median_ratio: f64,
     /// Simulated time of all comparisons together, seconds.
     pub simulated_time_s: f64,
+    /// Winners named at each look of the plan (by pairs: 4, 8, 16 …).
+    pub winners_by_look: Vec<(usize, usize)>,
 }
 
 impl StudyResult {
@@ -66,7 +68,7 @@ impl StudyResult {
 pub fn run_study(study: &Study) -> Result<StudyResult, AbRunError> {
     let seeds: Vec<u64> = study.seeds.clone().collect();
     let next = Mutex::new(0usize);
-    let results: Mutex<Vec<(Decision, usize, f64, f64)>> = Mutex::new(Vec::new());
+    let results: Mutex<Vec<Found>> = Mutex::new(Vec::new());
     let failure: Mutex<Option<AbRunError>> = Mutex::new(None);
     std::thread::scope(|scope| {
         for _ in 0..study.threads.max(1) {
@@ -103,6 +105,19 @@ pub fn run_study(study: &Study) -> Result<StudyResult, AbRunError> {
     let mut ratios: Vec<f64> = results.iter().map(|r| r.2).collect();
     ratios.sort_by(f64::total_cmp);
     let n = results.len();
+    let looks = SequentialPlan::new(study.budget_pairs, study.alpha, 0)?
+        .looks()
+        .to_vec();
+    let winners_by_look = looks
+        .iter()
+        .map(|&at| {
+            let winners = results
+                .iter()
+                .filter(|r| r.1 == at && matches!(r.0, Decision::A | Decision::B))
+                .count();
+            (at, winners)
+        })
+        .collect();
     Ok(StudyResult {
         comparisons: n,
         decided_a: count(Decision::A),
@@ -111,12 +126,15 @@ pub fn run_study(study: &Study) -> Result<StudyResult, AbRunError> {
         mean_pairs: results.iter().map(|r| r.1 as f64).sum::<f64>() / n.max(1) as f64,
         median_ratio: if n == 0 { f64::NAN } else { ratios[n / 2] },
         simulated_time_s: results.iter().map(|r| r.3).sum(),
+        winners_by_look,
     })
 }
 
-/// One whole A/B on a fresh simulator seeded with `seed`: its decision, pairs, ratio and
-/// simulated time.
-fn one_comparison(study: &Study, seed: u64) -> Result<(Decision, usize, f64, f64), AbRunError> {
+/// What one comparison found: its decision, pairs, ratio and simulated time.
+type Found = (Decision, usize, f64, f64);
+
+/// One whole A/B on a fresh simulator seeded with `seed`.
+fn one_comparison(study: &Study, seed: u64) -> Result<Found, AbRunError> {
     let (_sim, backends) = assembly::simulator(&study.sim, seed).map_err(|e| AbRunError::Loop {
         group: 0,
         reason: e.to_string(),

@@ -485,13 +485,19 @@ pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
         ("A/A (false positives)", &aa, aa.winner_rate()),
         ("A/B (power, B better)", &ab, ab.b_rate()),
     ] {
+        let by_look: Vec<String> = r
+            .winners_by_look
+            .iter()
+            .map(|(pairs, winners)| format!("{winners} at {pairs}"))
+            .collect();
         println!(
-            "{label:<24} {:>5.1} %  (a {}, b {}, none {} of {}), mean pairs {:.1}, median B/A {:.4}, simulated {:.1} h",
+            "{label:<24} {:>5.1} %  (a {}, b {}, none {} of {}; winners {}), mean pairs {:.1}, median B/A {:.4}, simulated {:.1} h",
             rate * 100.0,
             r.decided_a,
             r.decided_b,
             r.no_difference,
             r.comparisons,
+            by_look.join(", "),
             r.mean_pairs,
             r.median_ratio,
             r.simulated_time_s / 3600.0
