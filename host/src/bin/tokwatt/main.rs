@@ -8,6 +8,7 @@ mod bench_serve;
 mod check;
 mod eval;
 mod gpus;
+mod plugin;
 mod policy;
 mod progress;
 mod report;
@@ -71,6 +72,11 @@ enum Command {
         #[command(subcommand)]
         what: policy::PolicyCommand,
     },
+    /// Tools for plugin authors: check a component against the contract, compile it ahead of time.
+    Plugin {
+        #[command(subcommand)]
+        what: plugin::PluginCommand,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -89,6 +95,7 @@ fn main() -> std::process::ExitCode {
         Command::Report(args) => report::report(&args),
         Command::Status(args) => status::status(&args),
         Command::Policy { what } => policy::policy(&what),
+        Command::Plugin { what } => plugin::plugin(what),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
