@@ -30,6 +30,9 @@ pub struct ComponentCache {
     engine_key: String,
     /// The effective user id, which must own the folder and its files.
     uid: Option<u32>,
+    /// Loads served from a cached file (shared by clones), so a test or a report can
+    /// tell a cache hit from a compile.
+    hits: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Why a cache folder or file is not trusted.
@@ -99,7 +102,17 @@ impl ComponentCache {
             dir,
             engine_key,
             uid: effective_uid(),
+            hits: std::sync::Arc::default(),
         }
+    }
+
+    /// How many loads this cache served from a cached file rather than compiling.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The folder, created `0700` if missing, if this process may trust what is in it.
@@ -186,7 +199,11 @@ impl ComponentCache {
             // compatibility settings, and only this cache writes it (atomically, via
             // rename); wasmtime also checks its header against the engine.
             match unsafe { Component::deserialize(engine, &compiled) } {
-                Ok(component) => return Ok(component),
+                Ok(component) => {
+                    self.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::debug!(path = %path.display(), "compiled component from the cache");
+                    return Ok(component);
+                }
                 Err(e) => {
                     tracing::warn!(path = %path.display(), "ignoring unusable cached component: {e:#}")
                 }

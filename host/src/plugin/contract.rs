@@ -29,7 +29,7 @@ pub(super) fn check_component_header(path: &Path, bytes: &[u8]) -> Result<(), Pl
 }
 
 /// The guest's functions as the contract writes them, for error messages.
-const GUEST_FUNCTIONS: [(&str, &str); 4] = [
+pub(super) const GUEST_FUNCTIONS: [(&str, &str); 4] = [
     (
         "init",
         "func(args: init-args) -> result<list<settings>, string>",

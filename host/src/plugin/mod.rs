@@ -11,6 +11,7 @@
 mod cache;
 mod contract;
 mod convert;
+pub mod inspect;
 mod sandbox;
 pub(crate) mod text;
 

@@ -1,0 +1,771 @@
+//! `tokwatt plugin check`: a component checked against the contract without an agent,
+//! every problem reported (not the first), each naming the function or import it is
+//! about and the fix; then, if nothing static is wrong, a short trial of every guest
+//! function in the real sandbox.
+//!
+//! The static part reads the component's type (`Component::component_type`), which
+//! runs nothing: its version, its imports against what the sandbox provides, and each
+//! guest function's type against the contract. The authority on imports stays the
+//! linker (`instantiate_pre`), which is asked once the names pass.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::component::types::{ComponentFunc, ComponentItem, Type};
+
+use super::contract::{GUEST_FUNCTIONS, accepted_versions, compatible_version};
+use super::*;
+use crate::policy::{InitArgs, PolicyEngine as _};
+use crate::types::{ClockEvents, InForce, Observation};
+
+/// The WASI 0.2 packages the sandbox links (`wasmtime_wasi::p2::add_to_linker_sync`): a
+/// policy built with Rust's std imports some of them even when it never uses them.
+/// Everything in them is locked down (no files, sockets, environment or arguments).
+const WASI_PACKAGES_PROVIDED: [&str; 6] = [
+    "wasi:cli/",
+    "wasi:clocks/",
+    "wasi:filesystem/",
+    "wasi:io/",
+    "wasi:random/",
+    "wasi:sockets/",
+];
+const WASI_VERSION_LINE: &str = "0.2.";
+/// The contract's interfaces a policy imports (`host`, and `types`, which `host` uses).
+const CONTRACT_IMPORTS: [&str; 2] = ["tokwatt:policy/host", "tokwatt:policy/types"];
+
+/// What kind of problem a [`Problem`] is, for machine output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProblemKind {
+    /// Not readable, not WebAssembly, truncated, or a core module.
+    NotAComponent,
+    /// WebAssembly that does not validate or compile.
+    Invalid,
+    /// A component that does not export the guest interface.
+    NotAPolicy,
+    /// Built against a contract version this host does not serve.
+    WrongVersion,
+    /// An import the sandbox does not provide.
+    ImportNotProvided,
+    /// Imports whose names are provided but whose types the sandbox does not match.
+    ImportMismatch,
+    /// A guest function the contract requires is missing.
+    ExportMissing,
+    /// A guest function whose type is not the contract's.
+    ExportWrongType,
+}
+
+/// One thing wrong with a component, in plain words.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Problem {
+    pub kind: ProblemKind,
+    /// The function, import or file it is about.
+    pub subject: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// One import of the component and whether the sandbox provides it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ImportEntry {
+    pub name: String,
+    pub provided: bool,
+}
+
+/// One guest function: what the contract expects, what the component has.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ExportEntry {
+    pub function: String,
+    pub expected: String,
+    /// `None` when the component lacks it.
+    pub found: Option<String>,
+    pub matches: bool,
+}
+
+/// The static half of a check: nothing of the plugin ran.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Inspection {
+    pub path: PathBuf,
+    /// The guest interface the component exports (`tokwatt:policy/guest@0.1.0`).
+    pub guest_interface: Option<String>,
+    /// The contract version it was built against, and whether this host serves it.
+    pub contract_version: Option<String>,
+    pub contract_version_served: bool,
+    pub imports: Vec<ImportEntry>,
+    pub exports: Vec<ExportEntry>,
+    /// Every problem found; empty when the component may be loaded.
+    pub problems: Vec<Problem>,
+}
+
+impl Inspection {
+    fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_owned(),
+            guest_interface: None,
+            contract_version: None,
+            contract_version_served: false,
+            imports: Vec::new(),
+            exports: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
+
+    fn problem(&mut self, kind: ProblemKind, subject: impl Into<String>, message: String) {
+        self.problems.push(Problem {
+            kind,
+            subject: subject.into(),
+            message,
+        });
+    }
+
+    /// Whether the static checks found nothing wrong.
+    pub fn passed(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Check a component against the contract without running any of it. Compiling goes
+/// through the host's cache, so a later load of the same file is quick.
+pub fn inspect(host: &PluginHost, path: &Path) -> Inspection {
+    let mut report = Inspection::new(path);
+    let file = path.display().to_string();
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(source) => {
+            let error = PluginError::Read {
+                path: path.to_owned(),
+                source,
+            };
+            report.problem(ProblemKind::NotAComponent, file, error.to_string());
+            return report;
+        }
+    };
+    if let Err(error) = check_component_header(path, &bytes) {
+        report.problem(ProblemKind::NotAComponent, file, error.to_string());
+        return report;
+    }
+    let component = match compile(host, &bytes) {
+        Ok(component) => component,
+        Err(reason) => {
+            let error = PluginError::Invalid {
+                path: path.to_owned(),
+                reason: sanitize_text(&reason, PLUGIN_TEXT_MAX_BYTES),
+            };
+            report.problem(ProblemKind::Invalid, file, error.to_string());
+            return report;
+        }
+    };
+    let engine = &host.engine;
+    let component_type = component.component_type();
+    check_imports(&mut report, engine, &component_type);
+    if report.problems.is_empty()
+        && let Err(e) = host.linker.instantiate_pre(&component)
+    {
+        report.problem(
+            ProblemKind::ImportMismatch,
+            "imports",
+            format!(
+                "the sandbox provides every interface this component imports by name, but not with the types it expects ({}); rebuild it with a wasm32-wasip2 toolchain whose WASI is 0.2 and against this tokwatt's wit/policy.wit",
+                error_text(&e)
+            ),
+        );
+    }
+    check_exports(&mut report, engine, &component_type);
+    report
+}
+
+/// Compile as `PluginHost::load` does: through the cache when the host has one.
+fn compile(host: &PluginHost, bytes: &[u8]) -> Result<Component, String> {
+    match &host.cache {
+        Some(cache) => cache.load_or_compile(&host.engine, bytes),
+        None => Component::new(&host.engine, bytes).map_err(|e| format!("{e:#}")),
+    }
+}
+
+fn text(name: &str) -> String {
+    sanitize_text(name, PLUGIN_TEXT_MAX_BYTES)
+}
+
+/// The version after `@` in an interface name (`a:b/c@0.1.0` → `0.1.0`).
+fn version_of(name: &str) -> Option<&str> {
+    name.split_once('@').map(|(_, version)| version)
+}
+
+fn check_imports(
+    report: &mut Inspection,
+    engine: &Engine,
+    component_type: &wasmtime::component::types::Component,
+) {
+    for (name, _) in component_type.imports(engine) {
+        let shown = text(name);
+        let verdict = import_verdict(name);
+        report.imports.push(ImportEntry {
+            name: shown.clone(),
+            provided: verdict.is_ok(),
+        });
+        if let Err(message) = verdict {
+            report.problem(ProblemKind::ImportNotProvided, shown, message);
+        }
+    }
+}
+
+/// `Ok` when the sandbox provides an import of this name, else why not and the fix.
+fn import_verdict(name: &str) -> Result<(), String> {
+    let shown = text(name);
+    let version = version_of(name).unwrap_or_default();
+    if let Some(interface) = CONTRACT_IMPORTS
+        .iter()
+        .find(|interface| name.split('@').next() == Some(**interface))
+    {
+        if compatible_version(version) {
+            return Ok(());
+        }
+        return Err(format!(
+            "imports `{shown}`, but this tokwatt serves {interface}@{} ({CONTRACT_PACKAGE}@{CONTRACT_VERSION}): rebuild the plugin against the contract in this tokwatt's wit/ folder",
+            accepted_versions()
+        ));
+    }
+    if let Some(package) = WASI_PACKAGES_PROVIDED
+        .iter()
+        .find(|package| name.starts_with(**package))
+    {
+        if version.starts_with(WASI_VERSION_LINE) {
+            return Ok(());
+        }
+        return Err(format!(
+            "imports `{shown}`: the sandbox provides {package}* of WASI {WASI_VERSION_LINE}x only; build for wasm32-wasip2 (WASI 0.2)"
+        ));
+    }
+    if name.starts_with(CONTRACT_PACKAGE) {
+        return Err(format!(
+            "imports `{shown}`, which the contract does not have: a policy imports only {}@{} from {CONTRACT_PACKAGE}",
+            CONTRACT_IMPORTS[0],
+            accepted_versions()
+        ));
+    }
+    let fix = if name.starts_with("wasi:http/") {
+        "build without it: a policy has no network (for JavaScript, `jco componentize --disable http`; for Rust, drop the dependency that pulls in an HTTP client)"
+    } else if name.starts_with("wasi:") {
+        "build without it: a policy gets only wasi:cli, wasi:clocks, wasi:filesystem, wasi:io, wasi:random and wasi:sockets 0.2 (all locked down), and the contract's tokwatt:policy/host"
+    } else {
+        "a policy may import only tokwatt:policy/host and the WASI 0.2 interfaces Rust's std pulls in; remove the dependency that needs it"
+    };
+    Err(format!(
+        "imports `{shown}`, which the sandbox does not provide: {fix}"
+    ))
+}
+
+fn check_exports(
+    report: &mut Inspection,
+    engine: &Engine,
+    component_type: &wasmtime::component::types::Component,
+) {
+    let guest = component_type
+        .exports(engine)
+        .find(|(name, _)| name.starts_with(GUEST_INTERFACE))
+        .map(|(name, item)| (name.to_owned(), item.ty));
+    let Some((guest_name, guest_item)) = guest else {
+        let exported: Vec<String> = component_type
+            .exports(engine)
+            .map(|(name, _)| format!("`{}`", text(name)))
+            .collect();
+        let exported = if exported.is_empty() {
+            "nothing".to_owned()
+        } else {
+            exported.join(", ")
+        };
+        report.problem(
+            ProblemKind::NotAPolicy,
+            GUEST_INTERFACE,
+            format!(
+                "does not export `{GUEST_INTERFACE}` (it exports {exported}): a policy implements the world `policy` of {CONTRACT_PACKAGE}@{CONTRACT_VERSION} (wit/policy.wit), exporting `guest`"
+            ),
+        );
+        return;
+    };
+    let shown = text(&guest_name);
+    let version = version_of(&guest_name).map(text).unwrap_or_default();
+    report.guest_interface = Some(shown.clone());
+    report.contract_version = Some(version.clone());
+    report.contract_version_served = compatible_version(&version);
+    if !report.contract_version_served {
+        let version = if version.is_empty() {
+            "no version".to_owned()
+        } else {
+            format!("version {version}")
+        };
+        report.problem(
+            ProblemKind::WrongVersion,
+            shown.clone(),
+            format!(
+                "implements `{shown}` ({version} of the contract), but this tokwatt serves {CONTRACT_PACKAGE}@{} (built with {CONTRACT_VERSION}): rebuild the plugin against the contract in this tokwatt's wit/ folder",
+                accepted_versions()
+            ),
+        );
+    }
+    let ComponentItem::ComponentInstance(instance) = guest_item else {
+        report.problem(
+            ProblemKind::NotAPolicy,
+            shown.clone(),
+            format!(
+                "exports `{shown}` as something other than an interface: rebuild it from the world `policy` of wit/policy.wit"
+            ),
+        );
+        return;
+    };
+    let cx = component_type.instance_type();
+    for (function, expected) in GUEST_FUNCTIONS {
+        let found = instance.get_export(engine, function).map(|item| item.ty);
+        let (found_text, mismatch) = match &found {
+            None => (None, None),
+            Some(ComponentItem::ComponentFunc(func)) => (
+                Some(render_func(func)),
+                typecheck(function, func, &cx).err(),
+            ),
+            Some(_) => (
+                Some("something other than a function".to_owned()),
+                Some("not a function".to_owned()),
+            ),
+        };
+        let matches = found.is_some() && mismatch.is_none();
+        report.exports.push(ExportEntry {
+            function: function.to_owned(),
+            expected: format!("func{}", expected.trim_start_matches("func")),
+            found: found_text.clone(),
+            matches,
+        });
+        match (found_text, mismatch) {
+            (None, _) => report.problem(
+                ProblemKind::ExportMissing,
+                function,
+                format!(
+                    "`{function}` is missing from `{shown}`: the contract requires {function}: {expected}"
+                ),
+            ),
+            (Some(found), Some(why)) => report.problem(
+                ProblemKind::ExportWrongType,
+                function,
+                format!(
+                    "`{function}` of `{shown}` has the wrong type: expected {function}: {expected}, found {function}: {found} ({why}); rebuild the plugin against this tokwatt's wit/policy.wit"
+                ),
+            ),
+            (Some(_), None) => {}
+        }
+    }
+}
+
+/// The contract's type of each guest function, checked without an instance (the same
+/// check `get_typed_func` makes on a live instance at load).
+fn typecheck(
+    function: &str,
+    func: &ComponentFunc,
+    cx: &wasmtime::component::__internal::InstanceType<'_>,
+) -> Result<(), String> {
+    let checked = match function {
+        "init" => func.typecheck::<(&wit::InitArgs,), (Result<Vec<wit::Settings>, String>,)>(cx),
+        "decide" => func.typecheck::<(&[wit::Observation],), (Vec<wit::Settings>,)>(cx),
+        "snapshot" => func.typecheck::<(), (wit::State,)>(cx),
+        _ => func.typecheck::<(&wit::State,), (Result<(), String>,)>(cx),
+    };
+    checked.map_err(|e| error_text(&e))
+}
+
+/// A function type in WIT's words, nested types spelled out (the names of records are
+/// not part of a component's type, only their fields).
+fn render_func(func: &ComponentFunc) -> String {
+    let params: Vec<String> = func
+        .params()
+        .map(|(name, ty)| format!("{}: {}", text(name), render_type(&ty, 0)))
+        .collect();
+    let results: Vec<String> = func.results().map(|ty| render_type(&ty, 0)).collect();
+    let arrow = match results.as_slice() {
+        [] => String::new(),
+        [one] => format!(" -> {one}"),
+        many => format!(" -> ({})", many.join(", ")),
+    };
+    text(&format!("func({}){arrow}", params.join(", ")))
+}
+
+/// Deep enough to show a record's fields and their types, shallow enough to stay a line.
+const RENDER_DEPTH: usize = 3;
+
+fn render_type(ty: &Type, depth: usize) -> String {
+    if depth > RENDER_DEPTH {
+        return "…".to_owned();
+    }
+    let inner = |ty: &Type| render_type(ty, depth + 1);
+    match ty {
+        Type::List(list) => format!("list<{}>", inner(&list.ty())),
+        Type::Option(option) => format!("option<{}>", inner(&option.ty())),
+        Type::Result(result) => {
+            let side = |ty: Option<Type>| ty.map_or_else(|| "_".to_owned(), |ty| inner(&ty));
+            format!("result<{}, {}>", side(result.ok()), side(result.err()))
+        }
+        Type::Tuple(tuple) => {
+            let types: Vec<String> = tuple.types().map(|ty| inner(&ty)).collect();
+            format!("tuple<{}>", types.join(", "))
+        }
+        Type::Record(record) => {
+            let fields: Vec<String> = record
+                .fields()
+                .map(|field| format!("{}: {}", field.name, inner(&field.ty)))
+                .collect();
+            format!("record {{ {} }}", fields.join(", "))
+        }
+        Type::Flags(flags) => format!(
+            "flags {{ {} }}",
+            flags.names().collect::<Vec<_>>().join(", ")
+        ),
+        Type::Enum(e) => format!("enum {{ {} }}", e.names().collect::<Vec<_>>().join(", ")),
+        Type::Variant(variant) => {
+            let cases: Vec<String> = variant
+                .cases()
+                .map(|case| match case.ty {
+                    Some(ty) => format!("{}({})", case.name, inner(&ty)),
+                    None => case.name.to_owned(),
+                })
+                .collect();
+            format!("variant {{ {} }}", cases.join(", "))
+        }
+        Type::Bool => "bool".to_owned(),
+        Type::S8 => "s8".to_owned(),
+        Type::U8 => "u8".to_owned(),
+        Type::S16 => "s16".to_owned(),
+        Type::U16 => "u16".to_owned(),
+        Type::S32 => "s32".to_owned(),
+        Type::U32 => "u32".to_owned(),
+        Type::S64 => "s64".to_owned(),
+        Type::U64 => "u64".to_owned(),
+        Type::Float32 => "f32".to_owned(),
+        Type::Float64 => "f64".to_owned(),
+        Type::Char => "char".to_owned(),
+        Type::String => "string".to_owned(),
+        Type::Own(_) => "own<resource>".to_owned(),
+        Type::Borrow(_) => "borrow<resource>".to_owned(),
+        // Types a policy's contract never uses (maps, futures, streams …).
+        _ => "(a type the contract does not use)".to_owned(),
+    }
+}
+
+/// One call of the trial and what became of it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CallOutcome {
+    /// `init`, `decide`, `snapshot` or `restore` (with the trial step, e.g. `decide #2 (idle)`).
+    pub call: String,
+    pub function: String,
+    pub ok: bool,
+    /// What it returned, or why it failed.
+    pub detail: String,
+}
+
+/// What the trial feeds the plugin: `init`'s arguments and one list of observations per
+/// `decide` (labelled, e.g. "busy" or "idle").
+#[derive(Debug, Clone)]
+pub struct TrialInputs {
+    pub init: InitArgs,
+    pub ticks: Vec<(String, Vec<Observation>)>,
+    pub seed: u64,
+}
+
+/// The observations a trial feeds `decide`: each GPU busy (decoding at its default
+/// settings), then idle, alternately, `count` ticks of one second.
+pub fn sample_ticks(init: &InitArgs, count: usize) -> Vec<(String, Vec<Observation>)> {
+    (0..count)
+        .map(|tick| {
+            let busy = tick % 2 == 0;
+            let label = if busy { "busy" } else { "idle" };
+            let observations = init
+                .devices
+                .iter()
+                .map(|device| sample_observation(device, tick as u64, busy))
+                .collect();
+            (label.to_owned(), observations)
+        })
+        .collect()
+}
+
+/// A plausible one-second window of one GPU (H200-like figures scaled to its cap).
+fn sample_observation(device: &crate::policy::DeviceFacts, tick: u64, busy: bool) -> Observation {
+    let sm_clock_max = device.sm_clocks_mhz.first().copied().unwrap_or(1980);
+    let cap = device.power_cap_default_w;
+    let batch = device.batch_size_max.min(128);
+    let (tokens, power, util, tpot, active, queue) = if busy {
+        (11_876_u64, cap * 0.95, 100.0, 10.8, batch, 40)
+    } else {
+        (0, cap * 0.11, 0.0, 0.0, 0, 0)
+    };
+    Observation {
+        gpu: device.index,
+        tick,
+        interval_s: 1.0,
+        tokens,
+        energy_j: power,
+        tokens_per_joule: if power > 0.0 {
+            tokens as f64 / power
+        } else {
+            0.0
+        },
+        tokens_per_s: tokens as f64,
+        power_avg_w: power,
+        power_peak_w: power * 1.08,
+        sm_clock_mhz: if busy { sm_clock_max } else { 345 },
+        mem_clock_mhz: 3201,
+        temperature_c: if busy { 55.0 } else { 32.0 },
+        gpu_util_pct: util,
+        clock_events: ClockEvents {
+            gpu_idle: !busy,
+            sw_power_cap: busy,
+            ..ClockEvents::default()
+        },
+        tpot_p50_ms: tpot,
+        tpot_p99_ms: tpot * 1.04,
+        active_sequences: active,
+        queue_depth: queue,
+        demand: None,
+        in_force: InForce {
+            power_cap_w: cap,
+            power_cap_requested_w: cap,
+            sm_clock_max_mhz: sm_clock_max,
+            batch_size: batch,
+        },
+        last_clamped: false,
+        settling: false,
+    }
+}
+
+/// Run the plugin in the real sandbox: `init`, each tick's `decide`, then `snapshot`
+/// and `restore` of that snapshot into a fresh instance (which then decides once more).
+/// A failed call is recorded and the instance rebuilt, as the supervisor would, so one
+/// bad call does not hide the others. Call only after [`inspect`] passed: a load error
+/// here is returned as is.
+pub fn trial(
+    host: &PluginHost,
+    path: &Path,
+    limits: SandboxLimits,
+    inputs: &TrialInputs,
+) -> Result<Vec<CallOutcome>, PluginError> {
+    let loaded = Arc::new(host.load(path, "plugin-check", limits)?);
+    let mut outcomes = Vec::new();
+    let mut record = |call: String, function: &str, result: Result<String, String>| {
+        let ok = result.is_ok();
+        outcomes.push(CallOutcome {
+            call,
+            function: function.to_owned(),
+            ok,
+            detail: result.unwrap_or_else(|why| why),
+        });
+        ok
+    };
+    let gpus = inputs.init.devices.len();
+    let mut policy = match loaded.instantiate(inputs.seed) {
+        Ok(policy) => policy,
+        Err(failure) => {
+            record(
+                "instantiate".into(),
+                "instantiate",
+                Err(failure.to_string()),
+            );
+            return Ok(outcomes);
+        }
+    };
+    let init = |policy: &mut WasmPolicy| {
+        policy
+            .init(&inputs.init)
+            .map_err(|failure| failure.to_string())
+            .and_then(|settings| settings_verdict(&settings, gpus))
+    };
+    let init_ok = record("init".into(), "init", init(&mut policy));
+    if !init_ok {
+        // Every later call would run on a policy that refused to start.
+        return Ok(outcomes);
+    }
+    let decide = |policy: &mut WasmPolicy, tick: usize, observations: &[Observation]| {
+        let tick_time = Duration::from_millis(u64::from(inputs.init.tick_ms) * (tick as u64 + 1));
+        policy
+            .decide(tick_time, observations)
+            .map_err(|failure| failure.to_string())
+            .and_then(|settings| settings_verdict(&settings, observations.len()))
+    };
+    for (tick, (label, observations)) in inputs.ticks.iter().enumerate() {
+        let ok = record(
+            format!("decide #{} ({label})", tick + 1),
+            "decide",
+            decide(&mut policy, tick, observations),
+        );
+        // A failed call leaves the instance unusable; start a fresh one as the
+        // supervisor does, so the next call is tried on its own.
+        if !ok && (policy.rebuild().is_err() || init(&mut policy).is_err()) {
+            return Ok(outcomes);
+        }
+    }
+    let snapshot = policy.snapshot();
+    let snapshot_ok = record(
+        "snapshot".into(),
+        "snapshot",
+        snapshot
+            .as_ref()
+            .map(|state| {
+                format!(
+                    "state schema {} with {} bytes",
+                    state.schema_version,
+                    state.bytes.len()
+                )
+            })
+            .map_err(|failure| failure.to_string()),
+    );
+    let Ok(state) = snapshot else {
+        return Ok(outcomes);
+    };
+    debug_assert!(snapshot_ok);
+    let mut fresh = match loaded.instantiate(inputs.seed.wrapping_add(1)) {
+        Ok(fresh) => fresh,
+        Err(failure) => {
+            record("restore".into(), "restore", Err(failure.to_string()));
+            return Ok(outcomes);
+        }
+    };
+    let restored = init(&mut fresh).and_then(|_| {
+        fresh
+            .restore(&state)
+            .map(|()| "took its own snapshot back".to_owned())
+            .map_err(|failure| failure.to_string())
+    });
+    if record("restore".into(), "restore", restored)
+        && let Some((label, observations)) = inputs.ticks.first()
+    {
+        record(
+            format!("decide after restore ({label})"),
+            "decide",
+            decide(&mut fresh, inputs.ticks.len(), observations),
+        );
+    }
+    Ok(outcomes)
+}
+
+/// A list of settings is usable when it has one entry per GPU.
+fn settings_verdict(settings: &[crate::types::Settings], gpus: usize) -> Result<String, String> {
+    if settings.len() != gpus {
+        return Err(format!(
+            "returned {} settings for {gpus} GPU(s): the contract wants exactly one per GPU, in device order",
+            settings.len()
+        ));
+    }
+    let shown: Vec<String> = settings.iter().map(describe_settings).collect();
+    Ok(shown.join("; "))
+}
+
+fn describe_settings(settings: &crate::types::Settings) -> String {
+    let mut parts = Vec::new();
+    if let Some(cap) = settings.power_cap_w {
+        parts.push(format!("power cap {cap} W"));
+    }
+    if let Some(clock) = settings.sm_clock_max_mhz {
+        parts.push(format!("SM clock ≤ {clock} MHz"));
+    }
+    if let Some(batch) = settings.batch_size {
+        parts.push(format!("batch {batch}"));
+    }
+    if parts.is_empty() {
+        "unchanged".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// Why a component could not be compiled ahead of time.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileAheadError {
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    #[error(
+        "there is no compiled-component cache to compile into: no cache folder is known for this user; pass --cache-dir DIR or set TOKWATT_CACHE_DIR (the agent must use the same folder)"
+    )]
+    NoCache,
+    #[error(
+        "the compiled-component cache cannot be used: {why}; the agent would not trust it either and would compile at every start (make the folder this user's own, mode 0700, or pick another with --cache-dir)"
+    )]
+    Untrusted { why: String },
+    #[error(
+        "compiled {path}, but the compiled form could not be written to {cache_path} (see the warning above); the agent would compile it again at start"
+    )]
+    NotStored { path: PathBuf, cache_path: PathBuf },
+}
+
+/// What `tokwatt plugin compile` did.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CompiledAhead {
+    /// The cached compiled component, where the agent will look for it.
+    pub cache_path: PathBuf,
+    /// It was there already (nothing compiled).
+    pub already_cached: bool,
+    /// Time to compile, or to load the cached form.
+    pub seconds: f64,
+    /// The guest interface it implements.
+    pub guest_interface: String,
+}
+
+/// Compile a policy into the host's component cache (same key and trust rules as every
+/// load), so an agent that starts or swaps to it later loads native code at once.
+/// Refuses a file that is not a policy of a served contract version: caching it would
+/// only hide the error until the agent loads it.
+pub fn compile_ahead(host: &PluginHost, path: &Path) -> Result<CompiledAhead, CompileAheadError> {
+    let cache = host.cache.as_ref().ok_or(CompileAheadError::NoCache)?;
+    cache
+        .check_folder()
+        .map_err(|why| CompileAheadError::Untrusted {
+            why: why.to_string(),
+        })?;
+    let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    check_component_header(path, &bytes)?;
+    let hits_before = cache.hits();
+    let started = std::time::Instant::now();
+    let component = cache
+        .load_or_compile(&host.engine, &bytes)
+        .map_err(|reason| PluginError::Invalid {
+            path: path.to_owned(),
+            reason: sanitize_text(&reason, PLUGIN_TEXT_MAX_BYTES),
+        })?;
+    let seconds = started.elapsed().as_secs_f64();
+    let already_cached = cache.hits() > hits_before;
+    let guest_interface = check_contract_version(&host.engine, path, &component)?;
+    let cache_path = cache.path_for(&bytes);
+    if !cache_path.is_file() {
+        return Err(CompileAheadError::NotStored {
+            path: path.to_owned(),
+            cache_path,
+        });
+    }
+    Ok(CompiledAhead {
+        cache_path,
+        already_cached,
+        seconds,
+        guest_interface,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sandbox_provides_the_contract_and_wasi_0_2_only() {
+        assert!(import_verdict("tokwatt:policy/host@0.1.0").is_ok());
+        assert!(import_verdict("tokwatt:policy/types@0.1.3").is_ok());
+        assert!(import_verdict("wasi:io/streams@0.2.6").is_ok());
+        assert!(import_verdict("wasi:cli/environment@0.2.0").is_ok());
+        let other_contract = import_verdict("tokwatt:policy/host@0.2.0").expect_err("0.2");
+        assert!(other_contract.contains("0.1.*"), "{other_contract}");
+        let http = import_verdict("wasi:http/outgoing-handler@0.2.0").expect_err("http");
+        assert!(
+            http.contains("does not provide") && http.contains("build without it"),
+            "{http}"
+        );
+        let preview3 = import_verdict("wasi:io/streams@0.3.0").expect_err("0.3");
+        assert!(preview3.contains("wasm32-wasip2"), "{preview3}");
+        assert!(import_verdict("acme:telemetry/push").is_err());
+    }
+}
