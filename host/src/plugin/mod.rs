@@ -25,7 +25,7 @@ use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, Store};
 
 pub use cache::ComponentCache;
-pub use sandbox::SandboxLimits;
+pub use sandbox::{GUEST_OUTPUT_TAIL_BYTES, GuestConsole, GuestLog, GuestOutput, SandboxLimits};
 pub use text::{PLUGIN_TEXT_MAX_BYTES, sanitize_text};
 
 use crate::policy::{InitArgs, PolicyEngine, PolicyFailure, PolicyState};
@@ -289,7 +289,8 @@ impl LoadedPlugin {
 
     /// A fresh sandboxed instance, seeded for exact replay.
     pub fn instantiate(self: &Arc<Self>, seed: u64) -> Result<WasmPolicy, PolicyFailure> {
-        let (store, bindings) = self.new_instance(seed, 0)?;
+        let console = GuestConsole::default();
+        let (store, bindings) = self.new_instance(seed, 0, &console)?;
         Ok(WasmPolicy {
             plugin: Arc::clone(self),
             store,
@@ -297,6 +298,7 @@ impl LoadedPlugin {
             seed,
             generation: 0,
             logs_dropped_before: 0,
+            console,
         })
     }
 
@@ -304,13 +306,15 @@ impl LoadedPlugin {
         &self,
         seed: u64,
         generation: u64,
+        console: &GuestConsole,
     ) -> Result<(Store<HostState>, bindings::Policy), PolicyFailure> {
         // Each rebuild gets its own stream so a replay stays exact but a rebuilt
         // instance does not repeat the random numbers that led to its trap.
-        let state = HostState::new(
+        let state = HostState::with_console(
             &self.name,
             seed ^ generation.wrapping_mul(0x9E37_79B9_7F4A_7C15),
             &self.limits,
+            console.clone(),
         );
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limiter);
@@ -370,11 +374,17 @@ fn classify(
         return PolicyFailure::ResourceCount(text);
     }
     // The guest's own panic message reached the host through its `log` import just
-    // before the trap (the trap itself carries none): name it beside the trap.
-    match store.data().last_error_log() {
-        Some(logged) => PolicyFailure::Trap(format!("{text} (the plugin logged: {logged})")),
-        None => PolicyFailure::Trap(text),
+    // before the trap (the trap itself carries none): name it beside the trap, and the
+    // end of what the call wrote to standard error (a Python traceback, Rust's default
+    // panic report).
+    let mut message = text;
+    if let Some(logged) = store.data().last_error_log() {
+        message.push_str(&format!(" (the plugin logged: {logged})"));
     }
+    if let Some(stderr) = store.data().call_stderr_tail() {
+        message.push_str(&format!(" (its standard error: {stderr})"));
+    }
+    PolicyFailure::Trap(message)
 }
 
 /// An engine error as one safe line: the whole cause chain, without the wasm backtrace
@@ -412,6 +422,8 @@ pub struct WasmPolicy {
     seed: u64,
     generation: u64,
     logs_dropped_before: u64,
+    /// The guest's standard output and error, kept across rebuilds.
+    console: GuestConsole,
 }
 
 impl std::fmt::Debug for WasmPolicy {
@@ -424,6 +436,12 @@ impl std::fmt::Debug for WasmPolicy {
 }
 
 impl WasmPolicy {
+    /// The guest's console: what it wrote to standard output and error (and, when
+    /// transcribing, its log messages), for a caller that shows them (`tokwatt replay`).
+    pub fn console(&self) -> GuestConsole {
+        self.console.clone()
+    }
+
     fn call<R>(
         &mut self,
         f: impl FnOnce(&wit_guest::Guest, &mut Store<HostState>) -> wasmtime::Result<R>,
@@ -479,7 +497,9 @@ impl PolicyEngine for WasmPolicy {
     fn rebuild(&mut self) -> Result<(), PolicyFailure> {
         self.logs_dropped_before += self.store.data().logs_dropped();
         self.generation += 1;
-        let (store, bindings) = self.plugin.new_instance(self.seed, self.generation)?;
+        let (store, bindings) =
+            self.plugin
+                .new_instance(self.seed, self.generation, &self.console)?;
         self.store = store;
         self.bindings = bindings;
         Ok(())

@@ -1,14 +1,19 @@
 //! What a plugin instance may touch: its memory (limited), fuel and deadline (armed per
 //! call by the host), the `tokwatt:policy/host` imports, and a WASI context with nothing
-//! in it.
+//! in it but a bounded console: what the guest writes to its standard output and error
+//! is kept (the last [`GUEST_OUTPUT_TAIL_BYTES`] of each), so a failed call can show the
+//! traceback or panic message a guest printed before it trapped.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::bindings::clocks::monotonic_clock;
-use wasmtime_wasi::p2::{DynPollable, Pollable, subscribe};
+use wasmtime_wasi::p2::{DynPollable, OutputStream, Pollable, StreamResult, subscribe};
 use wasmtime_wasi::{
     HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
 };
@@ -307,6 +312,280 @@ pub(super) fn shadow_monotonic_clock(linker: &mut Linker<HostState>) -> wasmtime
     result
 }
 
+/// How much of each of a guest's output streams (standard output, standard error) the
+/// host keeps: the newest bytes. A guest writing more costs the host only this buffer
+/// and a count of the bytes it no longer holds.
+pub const GUEST_OUTPUT_TAIL_BYTES: usize = 16 * 1024;
+
+/// How much of the standard error a failed call wrote is quoted in its failure message:
+/// its end, where a traceback names the exception and a panic its message.
+const FAILURE_TAIL_BYTES: usize = 1024;
+
+/// Log messages kept for [`GuestConsole::take`] between two takes (only while
+/// transcribing); further ones are counted.
+const MAX_TRANSCRIBED_LOGS: usize = 256;
+
+/// The newest bytes written to one stream, and how many were written in all.
+#[derive(Debug, Default)]
+struct TailBuffer {
+    held: VecDeque<u8>,
+    written: u64,
+}
+
+impl TailBuffer {
+    fn push(&mut self, data: &[u8]) {
+        self.written = self.written.saturating_add(data.len() as u64);
+        // Only the end of a large write can survive; the rest is never copied.
+        let kept = &data[data.len().saturating_sub(GUEST_OUTPUT_TAIL_BYTES)..];
+        let overflow = (self.held.len() + kept.len()).saturating_sub(GUEST_OUTPUT_TAIL_BYTES);
+        self.held.drain(..overflow);
+        self.held.extend(kept);
+    }
+
+    /// The bytes written since the stream had `mark` bytes written, as far as they are
+    /// still held, and how many of them are not.
+    fn since(&self, mark: u64) -> (Vec<u8>, u64) {
+        let wanted = self.written.saturating_sub(mark);
+        let held = self.held.len();
+        let have = usize::try_from(wanted).map_or(held, |wanted| wanted.min(held));
+        let bytes = self.held.range(held - have..).copied().collect();
+        (bytes, wanted - have as u64)
+    }
+}
+
+/// One log message a guest sent through the contract's `log`, escaped.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct GuestLog {
+    /// `trace`, `debug`, `info`, `warn` or `error`.
+    pub level: &'static str,
+    pub message: String,
+}
+
+/// What a guest wrote between two [`GuestConsole::take`]s. Every line is escaped and
+/// bounded (`plugin::text`), so it is safe to print.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GuestOutput {
+    pub stdout: Vec<String>,
+    /// Bytes written to standard output that the bounded buffer no longer held.
+    pub stdout_bytes_lost: u64,
+    pub stderr: Vec<String>,
+    pub stderr_bytes_lost: u64,
+    /// Log messages that passed the per-call rate limit (only while transcribing).
+    pub logs: Vec<GuestLog>,
+    /// Log messages past [`MAX_TRANSCRIBED_LOGS`] between two takes.
+    pub logs_lost: u64,
+}
+
+impl GuestOutput {
+    pub fn is_empty(&self) -> bool {
+        self.stdout.is_empty()
+            && self.stderr.is_empty()
+            && self.logs.is_empty()
+            && self.stdout_bytes_lost == 0
+            && self.stderr_bytes_lost == 0
+            && self.logs_lost == 0
+    }
+}
+
+#[derive(Debug, Default)]
+struct ConsoleState {
+    stdout: TailBuffer,
+    stderr: TailBuffer,
+    /// `written` of each stream at the last take.
+    stdout_taken: u64,
+    stderr_taken: u64,
+    transcribe_logs: bool,
+    logs: Vec<GuestLog>,
+    logs_lost: u64,
+}
+
+/// A guest's console: its standard output and error (bounded tails) and, when asked, a
+/// transcript of its log messages. Shared by the instances a `WasmPolicy` rebuilds, so
+/// what a trapped instance wrote is still there after the rebuild.
+#[derive(Debug, Clone, Default)]
+pub struct GuestConsole(Arc<Mutex<ConsoleState>>);
+
+impl GuestConsole {
+    fn state(&self) -> MutexGuard<'_, ConsoleState> {
+        // The state stays consistent whatever panicked while holding it: every update
+        // is complete before the next.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keep the guest's log messages for [`GuestConsole::take`] (what `tokwatt replay`
+    /// shows), besides sending them to the agent's log.
+    pub fn transcribe_logs(&self, on: bool) {
+        self.state().transcribe_logs = on;
+    }
+
+    /// What the guest wrote since the last take.
+    pub fn take(&self) -> GuestOutput {
+        let mut state = self.state();
+        let (stdout, stdout_bytes_lost) = state.stdout.since(state.stdout_taken);
+        let (stderr, stderr_bytes_lost) = state.stderr.since(state.stderr_taken);
+        state.stdout_taken = state.stdout.written;
+        state.stderr_taken = state.stderr.written;
+        GuestOutput {
+            stdout: escaped_lines(&stdout),
+            stdout_bytes_lost,
+            stderr: escaped_lines(&stderr),
+            stderr_bytes_lost,
+            logs: std::mem::take(&mut state.logs),
+            logs_lost: std::mem::take(&mut state.logs_lost),
+        }
+    }
+
+    fn write(&self, stream: Stream, data: &[u8]) {
+        let mut state = self.state();
+        match stream {
+            Stream::Stdout => state.stdout.push(data),
+            Stream::Stderr => state.stderr.push(data),
+        }
+    }
+
+    fn stderr_written(&self) -> u64 {
+        self.state().stderr.written
+    }
+
+    /// The end of what was written to standard error since `mark`, escaped, as one
+    /// line; `None` if nothing was.
+    fn stderr_tail_since(&self, mark: u64) -> Option<String> {
+        let (bytes, lost) = self.state().stderr.since(mark);
+        let start = bytes.len().saturating_sub(FAILURE_TAIL_BYTES);
+        let text = String::from_utf8_lossy(&bytes[start..]);
+        let text = text.trim_end();
+        if text.is_empty() {
+            return None;
+        }
+        // An escape takes at most 8 bytes per byte of text (`\u{1b}` for one), so the
+        // bound never cuts the end, where the message that matters is.
+        let shown = sanitize_text(text, 8 * FAILURE_TAIL_BYTES);
+        let earlier = lost + start as u64;
+        Some(if earlier > 0 {
+            format!("… ({earlier} bytes before) {shown}")
+        } else {
+            shown
+        })
+    }
+
+    fn log(&self, level: &'static str, message: &str) {
+        let mut state = self.state();
+        if !state.transcribe_logs {
+            return;
+        }
+        if state.logs.len() < MAX_TRANSCRIBED_LOGS {
+            state.logs.push(GuestLog {
+                level,
+                message: message.to_owned(),
+            });
+        } else {
+            state.logs_lost += 1;
+        }
+    }
+}
+
+/// Each line of `bytes` (invalid UTF-8 replaced), escaped and bounded.
+fn escaped_lines(bytes: &[u8]) -> Vec<String> {
+    if bytes.is_empty() {
+        return Vec::new();
+    }
+    let text = String::from_utf8_lossy(bytes);
+    text.strip_suffix('\n')
+        .unwrap_or(&text)
+        .split('\n')
+        .map(|line| sanitize_text(line, PLUGIN_TEXT_MAX_BYTES))
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// One of the guest's output streams, writing into its [`GuestConsole`]. Always ready
+/// and never blocking (a guest waiting in `wasi:io/poll.poll` is beyond fuel and the
+/// epoch deadline), never failing (a failed write to standard error makes a Rust
+/// guest's `eprintln!` panic).
+#[derive(Debug, Clone)]
+struct ConsoleStream {
+    console: GuestConsole,
+    stream: Stream,
+}
+
+impl Pollable for ConsoleStream {
+    fn ready<'life0, 'async_trait>(
+        &'life0 mut self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'async_trait>>
+    where
+        'life0: 'async_trait,
+        Self: 'async_trait,
+    {
+        Box::pin(std::future::ready(()))
+    }
+}
+
+impl OutputStream for ConsoleStream {
+    // `bytes::Bytes`, named through hyper's re-export (the host does not depend on the
+    // `bytes` crate by name).
+    fn write(&mut self, bytes: hyper::body::Bytes) -> StreamResult<()> {
+        self.console.write(self.stream, &bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        // The size wasmtime-wasi's own always-ready sink offers.
+        Ok(64 * 1024)
+    }
+}
+
+impl tokio::io::AsyncWrite for ConsoleStream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.console.write(self.stream, buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl IsTerminal for ConsoleStream {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for ConsoleStream {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
+}
+
 /// The data of one plugin store.
 pub(super) struct HostState {
     wasi: WasiCtx,
@@ -321,22 +600,42 @@ pub(super) struct HostState {
     /// The last error-level message of the current call (a panic report), even if the
     /// rate limit dropped it, to name the cause of a trap.
     last_error_log: Option<String>,
+    /// Where the guest's standard output and error go.
+    console: GuestConsole,
+    /// How much the guest had written to standard error when the current call began.
+    call_stderr_mark: u64,
 }
 
 impl HostState {
+    /// A store's data whose console no one reads (the load-time contract check's).
     pub(super) fn new(policy_name: &str, seed: u64, limits: &SandboxLimits) -> Self {
+        Self::with_console(policy_name, seed, limits, GuestConsole::default())
+    }
+
+    pub(super) fn with_console(
+        policy_name: &str,
+        seed: u64,
+        limits: &SandboxLimits,
+        console: GuestConsole,
+    ) -> Self {
         let clock = TickClock::default();
         let mut builder = WasiCtxBuilder::new();
         // No preopens, environment, arguments or network: the builder grants none unless
-        // asked. Stdin is closed and stdout/stderr discard, which the builder's defaults
-        // are and which are set here anyway, since their pollables must never block (a
-        // guest waiting in `wasi:io/poll.poll` is beyond fuel and the epoch deadline).
+        // asked. Stdin is closed; stdout and stderr go to the bounded console. Their
+        // pollables must never block (a guest waiting in `wasi:io/poll.poll` is beyond
+        // fuel and the epoch deadline): the closed input and the console are always ready.
         // Random and clocks are replaced so a run replays exactly; the monotonic clock's
         // subscriptions are shadowed in the linker (`shadow_monotonic_clock`).
         builder
             .stdin(wasmtime_wasi::p2::pipe::ClosedInputStream)
-            .stdout(wasmtime_wasi::p2::pipe::SinkOutputStream)
-            .stderr(wasmtime_wasi::p2::pipe::SinkOutputStream)
+            .stdout(ConsoleStream {
+                console: console.clone(),
+                stream: Stream::Stdout,
+            })
+            .stderr(ConsoleStream {
+                console: console.clone(),
+                stream: Stream::Stderr,
+            })
             .secure_random(crate::rng::Rng::stream(seed, RANDOM_STREAM_WASI_SECURE))
             .insecure_random(crate::rng::Rng::stream(seed, RANDOM_STREAM_WASI_INSECURE))
             .insecure_random_seed(u128::from(seed))
@@ -360,12 +659,21 @@ impl HostState {
             log_messages_per_call: limits.log_messages_per_call,
             logs_dropped: 0,
             last_error_log: None,
+            call_stderr_mark: console.stderr_written(),
+            console,
         }
     }
 
     pub(super) fn begin_call(&mut self) {
         self.log_budget = self.log_messages_per_call;
         self.last_error_log = None;
+        self.call_stderr_mark = self.console.stderr_written();
+    }
+
+    /// The end of what the guest wrote to standard error during the current call,
+    /// escaped, as one line.
+    pub(super) fn call_stderr_tail(&self) -> Option<String> {
+        self.console.stderr_tail_since(self.call_stderr_mark)
     }
 
     pub(super) fn last_error_log(&self) -> Option<&str> {
@@ -417,6 +725,7 @@ impl host::Host for HostState {
         }
         self.log_budget -= 1;
         let message = sanitize_text(&message, PLUGIN_TEXT_MAX_BYTES);
+        self.console.log(log_level_name(level), &message);
         let policy = &*self.policy_name;
         match level {
             types::LogLevel::Trace => tracing::trace!(target: "plugin", policy, "{message}"),
@@ -433,5 +742,173 @@ impl host::Host for HostState {
 
     fn tick_time_ms(&mut self) -> u64 {
         self.clock.nanos() / 1_000_000
+    }
+}
+
+fn log_level_name(level: types::LogLevel) -> &'static str {
+    match level {
+        types::LogLevel::Trace => "trace",
+        types::LogLevel::Debug => "debug",
+        types::LogLevel::Info => "info",
+        types::LogLevel::Warn => "warn",
+        types::LogLevel::Error => "error",
+    }
+}
+
+#[cfg(test)]
+mod console_tests {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::bench::{sample_init_args, sample_observation};
+    use crate::plugin::{HostConfig, PluginHost};
+    use crate::policy::{PolicyEngine, PolicyFailure};
+
+    #[test]
+    fn a_tail_buffer_keeps_the_newest_bytes_and_counts_the_rest() {
+        let mut tail = TailBuffer::default();
+        tail.push(b"abc");
+        assert_eq!(tail.since(0), (b"abc".to_vec(), 0));
+        assert_eq!(tail.since(1), (b"bc".to_vec(), 0));
+        let flood = vec![b'x'; 3 * GUEST_OUTPUT_TAIL_BYTES];
+        tail.push(&flood);
+        tail.push(b"end");
+        assert_eq!(tail.held.len(), GUEST_OUTPUT_TAIL_BYTES, "bounded");
+        let (bytes, lost) = tail.since(0);
+        assert!(bytes.ends_with(b"xxend"));
+        assert_eq!(bytes.len(), GUEST_OUTPUT_TAIL_BYTES);
+        assert_eq!(
+            lost,
+            3 + 3 * GUEST_OUTPUT_TAIL_BYTES as u64 + 3 - bytes.len() as u64
+        );
+        // Nothing new since the end.
+        assert_eq!(tail.since(tail.written), (Vec::new(), 0));
+    }
+
+    #[test]
+    fn taking_the_console_returns_only_what_is_new_escaped_line_by_line() {
+        let console = GuestConsole::default();
+        console.transcribe_logs(true);
+        console.write(Stream::Stderr, b"first\nsecond \x1b[2J\n");
+        console.write(Stream::Stdout, b"out");
+        console.log("info", "hello");
+        let taken = console.take();
+        assert_eq!(taken.stderr, ["first", "second \\u{1b}[2J"]);
+        assert_eq!(taken.stdout, ["out"]);
+        assert_eq!(
+            taken.logs,
+            [GuestLog {
+                level: "info",
+                message: "hello".into()
+            }]
+        );
+        assert!(console.take().is_empty(), "taken once");
+        console.write(Stream::Stderr, b"third\n");
+        assert_eq!(console.take().stderr, ["third"]);
+    }
+
+    #[test]
+    fn the_failure_tail_is_the_end_of_the_calls_stderr_escaped_on_one_line() {
+        let console = GuestConsole::default();
+        console.write(Stream::Stderr, b"an earlier call\n");
+        let mark = console.stderr_written();
+        assert_eq!(console.stderr_tail_since(mark), None);
+        let mut flood = vec![b'x'; 5000];
+        flood.extend_from_slice(b"\nValueError: boom\x1b[2J\n");
+        console.write(Stream::Stderr, &flood);
+        let tail = console.stderr_tail_since(mark).expect("a tail");
+        assert!(tail.ends_with("\\nValueError: boom\\u{1b}[2J"), "{tail}");
+        assert!(
+            tail.starts_with(&format!(
+                "… ({} bytes before) ",
+                flood.len() - FAILURE_TAIL_BYTES
+            )),
+            "{tail}"
+        );
+        assert!(!tail.contains("earlier call"));
+        assert!(!tail.chars().any(char::is_control), "{tail}");
+    }
+
+    fn stderr_trap() -> Arc<crate::plugin::LoadedPlugin> {
+        let path = Path::new(env!("TOKWATT_BUILT_PLUGIN_DIR")).join("fixture_stderr_trap.wasm");
+        let host = PluginHost::new(&HostConfig::default()).expect("host");
+        Arc::new(
+            host.load(&path, "stderr-trap", SandboxLimits::default())
+                .expect("loads"),
+        )
+    }
+
+    #[test]
+    fn a_trap_names_the_traceback_the_guest_wrote_to_stderr() {
+        let mut policy = stderr_trap().instantiate(1).expect("instantiates");
+        let mut args = sample_init_args(1);
+        args.params = vec![("good_calls".into(), "1".into())];
+        policy.init(&args).expect("init");
+        let observations = [sample_observation(0, 0)];
+        policy
+            .decide(Duration::from_secs(1), &observations)
+            .expect("the first call succeeds");
+        let failure = policy
+            .decide(Duration::from_secs(2), &observations)
+            .expect_err("the second call traps");
+        let PolicyFailure::Trap(message) = &failure else {
+            panic!("a trap: {failure:?}");
+        };
+        assert!(message.contains("unreachable"), "{message}");
+        assert!(
+            message.contains("(its standard error: stderr-trap: deciding tick 0\\nTraceback (most recent call last):"),
+            "only this call's output, from its start: {message}"
+        );
+        assert!(
+            message.contains(
+                "ValueError: fixture stderr-trap: decide call 2 raises on purpose\\u{1b}[2J)"
+            ),
+            "{message}"
+        );
+        // The console keeps everything across the rebuild, for a reader such as replay.
+        policy.rebuild().expect("rebuilds");
+        let output = policy.console().take();
+        assert_eq!(
+            output.stderr.first().map(String::as_str),
+            Some("stderr-trap: init for 1 GPUs")
+        );
+        assert!(
+            output
+                .stderr
+                .iter()
+                .any(|line| line.starts_with("ValueError:"))
+        );
+    }
+
+    #[test]
+    fn a_stderr_flood_costs_the_host_only_its_bounded_buffer() {
+        let mut policy = stderr_trap().instantiate(1).expect("instantiates");
+        let mut args = sample_init_args(1);
+        let flood_bytes = 4 << 20;
+        args.params = vec![
+            ("good_calls".into(), "0".into()),
+            ("flood_bytes".into(), flood_bytes.to_string()),
+        ];
+        policy.init(&args).expect("init");
+        let failure = policy
+            .decide(Duration::from_secs(1), &[sample_observation(0, 0)])
+            .expect_err("traps after the flood");
+        let message = failure.to_string();
+        assert!(message.contains("bytes before) "), "{message}");
+        assert!(
+            message.contains("ValueError: fixture stderr-trap"),
+            "{message}"
+        );
+        assert!(
+            message.len() < 4 * FAILURE_TAIL_BYTES,
+            "{} bytes",
+            message.len()
+        );
+        let output = policy.console().take();
+        let held: usize = output.stderr.iter().map(|line| line.len() + 1).sum();
+        assert!(held <= GUEST_OUTPUT_TAIL_BYTES + 64, "{held} bytes held");
+        assert!(output.stderr_bytes_lost >= flood_bytes - GUEST_OUTPUT_TAIL_BYTES as u64);
     }
 }
