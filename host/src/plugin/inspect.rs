@@ -751,6 +751,108 @@ pub fn compile_ahead(host: &PluginHost, path: &Path) -> Result<CompiledAhead, Co
 mod tests {
     use super::*;
 
+    fn built(name: &str) -> PathBuf {
+        Path::new(env!("TOKWATT_BUILT_PLUGIN_DIR")).join(format!("{name}.wasm"))
+    }
+
+    fn host_with_cache(dir: &Path) -> PluginHost {
+        PluginHost::new(&HostConfig {
+            cache_dir: Some(dir.to_owned()),
+        })
+        .expect("host")
+    }
+
+    fn cache_hits(host: &PluginHost) -> u64 {
+        host.cache.as_ref().expect("a cache").hits()
+    }
+
+    #[test]
+    fn a_component_compiled_ahead_is_loaded_from_the_cache() {
+        let plugin = built("policy_static");
+        let cache = tempfile::tempdir().expect("tempdir");
+        let compiled = compile_ahead(&host_with_cache(cache.path()), &plugin).expect("compiles");
+        assert!(!compiled.already_cached);
+        assert!(compiled.cache_path.is_file());
+        assert!(compiled.guest_interface.starts_with(GUEST_INTERFACE));
+        let again = compile_ahead(&host_with_cache(cache.path()), &plugin).expect("cached");
+        assert!(again.already_cached);
+        assert_eq!(again.cache_path, compiled.cache_path);
+
+        // An agent's host with that cache loads the compiled form, compiling nothing.
+        let agent = host_with_cache(cache.path());
+        agent
+            .load(&plugin, "static", SandboxLimits::default())
+            .expect("loads");
+        assert_eq!(cache_hits(&agent), 1);
+        // Without the compile ahead, the first load compiles.
+        let empty = tempfile::tempdir().expect("tempdir");
+        let cold = host_with_cache(empty.path());
+        cold.load(&plugin, "static", SandboxLimits::default())
+            .expect("loads");
+        assert_eq!(cache_hits(&cold), 0);
+    }
+
+    #[test]
+    fn compile_ahead_needs_a_cache_and_a_policy() {
+        let host = PluginHost::new(&HostConfig { cache_dir: None }).expect("host");
+        assert!(matches!(
+            compile_ahead(&host, &built("policy_static")),
+            Err(CompileAheadError::NoCache)
+        ));
+        let cache = tempfile::tempdir().expect("tempdir");
+        let wrong = compile_ahead(
+            &host_with_cache(cache.path()),
+            &built("fixture_wrong_version"),
+        )
+        .expect_err("another contract version");
+        assert!(
+            matches!(
+                wrong,
+                CompileAheadError::Plugin(PluginError::WrongVersion { .. })
+            ),
+            "{wrong}"
+        );
+    }
+
+    #[test]
+    fn a_trial_reports_every_call_and_keeps_going_after_a_trap() {
+        let host = PluginHost::new(&HostConfig::default()).expect("host");
+        let init = crate::bench::sample_init_args(2);
+        let inputs = TrialInputs {
+            ticks: sample_ticks(&init, 4),
+            init,
+            seed: 1,
+        };
+        let inspection = inspect(&host, &built("fixture_trap_decide"));
+        assert!(inspection.passed(), "{:?}", inspection.problems);
+        let calls = trial(
+            &host,
+            &built("fixture_trap_decide"),
+            SandboxLimits::default(),
+            &inputs,
+        )
+        .expect("loads");
+        let verdicts: Vec<(&str, bool)> = calls
+            .iter()
+            .map(|call| (call.function.as_str(), call.ok))
+            .collect();
+        // The fixture panics on its third decide; the fourth runs on a rebuilt instance.
+        assert_eq!(
+            verdicts,
+            [
+                ("init", true),
+                ("decide", true),
+                ("decide", true),
+                ("decide", false),
+                ("decide", true),
+                ("snapshot", true),
+                ("restore", true),
+                ("decide", true),
+            ]
+        );
+        assert!(calls[3].detail.contains("trapped"), "{}", calls[3].detail);
+    }
+
     #[test]
     fn the_sandbox_provides_the_contract_and_wasi_0_2_only() {
         assert!(import_verdict("tokwatt:policy/host@0.1.0").is_ok());
