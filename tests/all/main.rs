@@ -14,6 +14,7 @@ mod hostile;
 mod long_run;
 mod metrics;
 mod outputs;
+mod plugin_new;
 mod plugin_check;
 mod policies_judged;
 mod report;
