@@ -254,6 +254,9 @@ fn crossover_on_two_simulated_gpus_runs_each_arm_on_each_gpu_in_every_block() {
         .filter_map(|p| p["group"].as_u64())
         .collect();
     assert_eq!(timeline_groups.len(), 2);
+    let groups: std::collections::BTreeSet<u64> =
+        epochs.iter().filter_map(|e| e["group"].as_u64()).collect();
+    assert_eq!(groups.into_iter().collect::<Vec<_>>(), vec![0, 1]);
 }
 
 #[test]

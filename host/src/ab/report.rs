@@ -141,7 +141,11 @@ pub fn ab_report(outcome: &AbOutcome) -> Result<String, ReportError> {
             "violation ticks",
             "fallback ticks",
         ],
-        &outcome.epochs.iter().map(epoch_row).collect::<Vec<_>>(),
+        &outcome
+            .epochs
+            .iter()
+            .map(|e| epoch_row(e, outcome.mode == Mode::Crossover))
+            .collect::<Vec<_>>(),
     );
     page.paragraph(&format!(
         "Made by tokwatt {} from the outcome written beside it as {AB_JSON_FILE} (format {}).",
@@ -508,8 +512,15 @@ fn look_row(look: &AbSummary) -> Vec<String> {
     ]
 }
 
-fn epoch_row(epoch: &EpochRecord) -> Vec<String> {
+/// One epoch's row; in crossover the GPU column names the group (each group is its own
+/// loop, whose GPUs are numbered from 0).
+fn epoch_row(epoch: &EpochRecord, crossover: bool) -> Vec<String> {
     let gpus: Vec<String> = epoch.gpus.iter().map(u32::to_string).collect();
+    let gpus = if crossover {
+        format!("group {}", epoch.group)
+    } else {
+        gpus.join(", ")
+    };
     vec![
         epoch.pair.to_string(),
         epoch.arm.to_string().to_uppercase(),
@@ -519,7 +530,7 @@ fn epoch_row(epoch: &EpochRecord) -> Vec<String> {
             "second"
         }
         .to_owned(),
-        gpus.join(", "),
+        gpus,
         format!(
             "{} ({}–{})",
             epoch.measured.ticks, epoch.first_tick, epoch.last_tick
@@ -1031,6 +1042,7 @@ mod tests {
             mean_power_w: energy_j / 10.0,
             fallback_ticks: u64::from(position) + 2 * pair as u64,
             settings: Vec::new(),
+            group: gpu as usize,
         }
     }
 
@@ -1211,7 +1223,7 @@ mod tests {
                 r.len() == 11
                     && r[0] == e.pair.to_string()
                     && r[1] == e.arm.to_string().to_uppercase()
-                    && r[3] == e.gpus[0].to_string()
+                    && (r[3] == e.gpus[0].to_string() || r[3] == format!("group {}", e.group))
                     && r[5] == format!("{:.4}", e.tokens_per_joule)
                     && r[10] == e.fallback_ticks.to_string()
             });

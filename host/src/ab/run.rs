@@ -24,7 +24,7 @@ use crate::assembly::RunMeta;
 use crate::control::{Backends, ControlLoop, LoopCommand, LoopConfig, Progress};
 use crate::envelope::Envelope;
 use crate::plugin::{ComponentCache, HostConfig, PluginHost};
-use crate::policy::{PolicyState, Supervisor};
+use crate::policy::{PolicyFailure, PolicyState, Supervisor};
 use crate::recorder::Recorder;
 use crate::rng::Rng;
 use crate::spec::PolicySpec;
@@ -136,7 +136,10 @@ pub struct EpochRecord {
     pub arm: Arm,
     /// 0 when it ran first in its pair, 1 second.
     pub position: u8,
-    /// The GPUs it ran on.
+    /// The GPU group (its own loop) it ran on: always 0 when interleaved; in crossover,
+    /// the group's place in the order of `--gpu` (or the simulated GPU's number).
+    pub group: usize,
+    /// The GPUs it ran on, as its group's loop numbers them.
     pub gpus: Vec<u32>,
     /// First and last tick of the measured window (the loop's tick numbers).
     pub first_tick: u64,
@@ -252,6 +255,9 @@ pub fn pair_orders(pairs: usize, seed: u64) -> Vec<[Arm; 2]> {
         .collect()
 }
 
+/// Tries at starting an arm whose `init` misses its deadline.
+const START_ATTEMPTS: u32 = 3;
+
 /// Both arms' specs on one node's facts, ready to be started and restarted.
 struct Arms {
     host: PluginHost,
@@ -304,22 +310,42 @@ impl Arms {
         &self.specs[Self::index(arm)]
     }
 
-    /// A fresh instance of `arm`: its supervisor, first settings and envelope.
+    /// A fresh instance of `arm`: its supervisor, first settings and envelope. An arm is
+    /// started at every one of its epochs, so an `init` that missed its wall-clock
+    /// deadline once (a busy machine) is tried again before the comparison gives up.
     fn start(&self, arm: Arm) -> Result<(Supervisor, Vec<Settings>, Envelope), AbRunError> {
         let i = Self::index(arm);
-        agent::start_policy(
-            &self.host,
-            &self.specs[i],
-            &self.plugins[i],
-            &self.node,
-            self.seed ^ (i as u64 + 1),
-            self.tick,
-        )
-        .map_err(|source| AbRunError::Arm {
-            arm,
-            policy: self.specs[i].name.clone(),
-            source,
-        })
+        let mut attempt = 1;
+        loop {
+            let started = agent::start_policy(
+                &self.host,
+                &self.specs[i],
+                &self.plugins[i],
+                &self.node,
+                self.seed ^ (i as u64 + 1),
+                self.tick,
+            );
+            match started {
+                Err(AgentError::PolicyStart {
+                    failure: PolicyFailure::Deadline { deadline_ms },
+                    ..
+                }) if attempt < START_ATTEMPTS => {
+                    tracing::warn!(
+                        %arm,
+                        attempt,
+                        "arm {arm}'s init missed its {deadline_ms} ms deadline; starting it again"
+                    );
+                    attempt += 1;
+                }
+                other => {
+                    return other.map_err(|source| AbRunError::Arm {
+                        arm,
+                        policy: self.specs[i].name.clone(),
+                        source,
+                    });
+                }
+            }
+        }
     }
 
     /// `arm` ready to take over at a tick boundary with `state`; the outgoing policy's
@@ -553,6 +579,7 @@ impl Driver<'_> {
             pair,
             arm,
             position,
+            group: self.group,
             gpus: p.observations.iter().map(|o| o.gpu).collect(),
             first_tick: w.first_tick,
             last_tick: p.tick,
@@ -877,7 +904,7 @@ pub fn run_crossover(
     }
     let looker = looker.into_inner().unwrap_or_else(|p| p.into_inner());
     let mut records = records.into_inner().unwrap_or_else(|p| p.into_inner());
-    records.sort_by_key(|r| (r.pair, r.position, r.gpus.first().copied()));
+    records.sort_by_key(|r| (r.pair, r.position, r.group));
     finish(
         request,
         Mode::Crossover,

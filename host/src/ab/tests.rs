@@ -234,7 +234,7 @@ fn bad_objective_figures_and_missing_pairs_are_errors() {
     );
     assert!(matches!(
         plan.look(&pairs, 7),
-        Err(AbError::NoSuchLook { look: 7, looks: 3 })
+        Err(AbError::NoSuchLook { look: 7, looks: 4 })
     ));
     pairs[0].a.served_fraction = 1.5;
     assert!(matches!(
