@@ -32,6 +32,7 @@ pub mod plugin;
 pub mod policy;
 pub mod quantile;
 pub mod recorder;
+pub mod replay;
 pub mod report;
 pub mod restore;
 pub mod rng;

@@ -17,6 +17,7 @@ mod outputs;
 mod plugin_check;
 mod plugin_new;
 mod policies_judged;
+mod replay;
 mod report;
 mod restore;
 mod serve;

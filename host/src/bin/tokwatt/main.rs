@@ -11,6 +11,7 @@ mod gpus;
 mod plugin;
 mod policy;
 mod progress;
+mod replay;
 mod report;
 mod restore;
 mod run;
@@ -63,6 +64,9 @@ enum Command {
         #[command(subcommand)]
         what: bench::BenchCommand,
     },
+    /// Feed a recorded run's observations to a policy and print its decisions beside the
+    /// run's, with the guest's logs and standard error.
+    Replay(replay::ReplayArgs),
     /// Render a run's report.html again from its summary.json and trace.csv.
     Report(report::ReportArgs),
     /// What a running agent (`tokwatt serve`) is doing: policy, settings in force, failures.
@@ -92,6 +96,7 @@ fn main() -> std::process::ExitCode {
         Command::Restore(args) => restore::restore(&args),
         Command::Gpus(args) => gpus::gpus(&args),
         Command::Bench { what } => bench::bench(what),
+        Command::Replay(args) => replay::replay(&args),
         Command::Report(args) => report::report(&args),
         Command::Status(args) => status::status(&args),
         Command::Policy { what } => policy::policy(&what),
