@@ -455,7 +455,7 @@ impl GuestConsole {
         let (bytes, lost) = self.state().stderr.since(mark);
         let start = bytes.len().saturating_sub(FAILURE_TAIL_BYTES);
         let text = String::from_utf8_lossy(&bytes[start..]);
-        let text = text.trim_end();
+        let text = text.trim();
         if text.is_empty() {
             return None;
         }
