@@ -105,6 +105,8 @@
 //! [`log`] prints to standard error, [`random_u64`] comes from a fixed-seed generator
 //! and [`tick_time_ms`] returns 0. The [`testing`] module builds plausible arguments.
 
+#![deny(missing_docs)]
+
 mod host;
 mod params;
 mod runtime;
@@ -123,7 +125,7 @@ pub use state::{StateReader, StateWriter};
 pub mod bindings {
     wit_bindgen::generate!({
         world: "policy",
-        path: "../../wit",
+        path: "wit",
         // The export macro is invoked from the policy's crate, not this one.
         pub_export_macro: true,
         export_macro_name: "__export_policy_world",
