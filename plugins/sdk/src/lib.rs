@@ -104,6 +104,14 @@
 //! with plain `cargo test`: call your [`Policy`] methods directly. Off WebAssembly,
 //! [`log`] prints to standard error, [`random_u64`] comes from a fixed-seed generator
 //! and [`tick_time_ms`] returns 0. The [`testing`] module builds plausible arguments.
+//!
+//! # More
+//!
+//! The plugin author's guide, `docs/plugin-authors.md` in the tokwatt repository,
+//! describes the contract field by field with units, the sandbox's limits and what
+//! exceeding each costs, and the tools (`tokwatt plugin new`, `plugin check`,
+//! `plugin test`, `replay`, `ab`) with a worked example. The contract itself is
+//! `wit/policy.wit` in this crate, a copy of the repository's.
 
 #![deny(missing_docs)]
 
