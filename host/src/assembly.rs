@@ -116,6 +116,18 @@ pub struct RunMeta {
     pub seed: u64,
 }
 
+impl RunMeta {
+    /// Where the figures come from, in one line for a command's final table: a simulated
+    /// run says so in capitals, with its profile and data source.
+    pub fn source_line(&self) -> String {
+        if self.simulated {
+            format!("SIMULATED ({}) — {}", self.gpu_profile, self.data_source)
+        } else {
+            format!("{} (measured)", self.gpu_name)
+        }
+    }
+}
+
 /// Assembled backends, ready for [`crate::agent::run`].
 #[derive(Debug)]
 pub struct Assembled {

@@ -77,7 +77,9 @@ pub struct AbArgs {
     target: TargetArgs,
 }
 
-fn ticks_of(what: &str, span: Duration, tick: Duration) -> Result<u64> {
+/// `span` in whole ticks of `tick` (`what` names the flag in the error). Shared by `ab`,
+/// `bench ab-error-rates` and `tune`.
+pub fn ticks_of(what: &str, span: Duration, tick: Duration) -> Result<u64> {
     let tick_ns = tick.as_nanos().max(1);
     let ticks = span.as_nanos() / tick_ns;
     if !span.as_nanos().is_multiple_of(tick_ns) {
@@ -305,14 +307,7 @@ fn decision_words(decision: Decision) -> &'static str {
 }
 
 fn print_outcome(o: &AbOutcome, out: &Path) {
-    let source = if o.meta.simulated {
-        format!(
-            "SIMULATED ({}) — {}",
-            o.meta.gpu_profile, o.meta.data_source
-        )
-    } else {
-        format!("{} (measured)", o.meta.gpu_name)
-    };
+    let source = o.meta.source_line();
     println!();
     let row = |key: &str, value: String| println!("{key:<20} {value}");
     row("a", o.a.policy.clone());

@@ -225,14 +225,7 @@ impl ProgressReporter {
 
 fn print_summary(s: &RunSummary, out: &Path) {
     let t = &s.totals;
-    let source = if s.meta.simulated {
-        format!(
-            "SIMULATED ({}) — {}",
-            s.meta.gpu_profile, s.meta.data_source
-        )
-    } else {
-        format!("{} (measured)", s.meta.gpu_profile)
-    };
+    let source = s.meta.source_line();
     println!();
     let row = |key: &str, value: String| println!("{key:<17} {value}");
     row("policy", s.policy.clone());

@@ -85,18 +85,6 @@ pub struct TuneArgs {
     quiet: bool,
 }
 
-fn ticks_of(what: &str, span: Duration, tick: Duration) -> Result<u64> {
-    let tick_ns = tick.as_nanos().max(1);
-    if !span.as_nanos().is_multiple_of(tick_ns) {
-        bail!(
-            "--{what} {} is not a whole number of ticks of {}; give a multiple of the tick",
-            humantime::format_duration(span),
-            humantime::format_duration(tick)
-        );
-    }
-    u64::try_from(span.as_nanos() / tick_ns).with_context(|| format!("--{what} is too long"))
-}
-
 pub fn tune(args: TuneArgs) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -124,15 +112,15 @@ pub fn tune(args: TuneArgs) -> Result<()> {
     let tick = Duration::from_millis(u64::from(spec.tick_ms));
     let schedule = Schedule {
         cooldown_ticks: match args.cooldown {
-            Some(span) => ticks_of("cooldown", span, tick)?,
+            Some(span) => crate::ab::ticks_of("cooldown", span, tick)?,
             None => 2,
         },
         warmup_ticks: match args.warmup {
-            Some(span) => ticks_of("warmup", span, tick)?,
+            Some(span) => crate::ab::ticks_of("warmup", span, tick)?,
             None => 30,
         },
         measure_ticks: match args.epoch {
-            Some(span) => ticks_of("epoch", span, tick)?,
+            Some(span) => crate::ab::ticks_of("epoch", span, tick)?,
             None => 15,
         },
     };
