@@ -1,7 +1,8 @@
 //! The SDK carries its own copy of the contract (`plugins/sdk/wit/policy.wit`) so that the
 //! published crate builds on its own; the host builds against `wit/policy.wit`. A policy
 //! built with the SDK must meet exactly the contract the host checks, so the two files
-//! must be the same, byte for byte.
+//! must be the same, byte for byte. The published crate also carries the workspace's
+//! license text (`plugins/sdk/LICENSE`, a copy of `LICENSE`), the same byte for byte.
 
 use std::path::Path;
 
@@ -11,6 +12,10 @@ use crate::support::repo_root;
 const HOST_WIT: &str = "wit/policy.wit";
 /// The SDK's vendored copy, which its bindings are generated from.
 const SDK_WIT: &str = "plugins/sdk/wit/policy.wit";
+/// The workspace's license text (Apache-2.0, as `Cargo.toml` says).
+const LICENSE: &str = "LICENSE";
+/// The SDK's copy, which its package ships.
+const SDK_LICENSE: &str = "plugins/sdk/LICENSE";
 
 fn read(root: &Path, relative: &str) -> Vec<u8> {
     let path = root.join(relative);
@@ -61,6 +66,30 @@ fn the_sdk_generates_its_bindings_from_its_own_copy() {
         manifest.contains("\"wit/policy.wit\""),
         "plugins/sdk/Cargo.toml's `include` must list \"wit/policy.wit\", or the published \
          crate has no contract to build from"
+    );
+}
+
+#[test]
+fn the_sdk_ships_the_workspace_license_byte_for_byte() {
+    let root = repo_root();
+    let license = read(&root, LICENSE);
+    let sdk = read(&root, SDK_LICENSE);
+    assert!(
+        license == sdk,
+        "{SDK_LICENSE} differs from {LICENSE} (first at line {}): `cp {LICENSE} {SDK_LICENSE}`",
+        first_differing_line(&license, &sdk)
+    );
+    let text = String::from_utf8_lossy(&license);
+    assert!(
+        text.contains("Apache License") && text.contains("Version 2.0, January 2004"),
+        "{LICENSE} must be the Apache License 2.0 text, as the workspace's `license` says"
+    );
+    // `include` is a whitelist: cargo packages no file it does not list.
+    let manifest = String::from_utf8(read(&root.join("plugins/sdk"), "Cargo.toml")).expect("UTF-8");
+    assert!(
+        manifest.contains("\"LICENSE\""),
+        "plugins/sdk/Cargo.toml's `include` must list \"LICENSE\", or the published crate \
+         ships without its license text"
     );
 }
 
