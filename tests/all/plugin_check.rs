@@ -1,7 +1,7 @@
 //! `tokwatt plugin check` and `tokwatt plugin compile` as a plugin author runs them: a
 //! shipped policy is fine, each kind of broken component is refused with a reason that
-//! names the version, function or file and the fix, and a compiled component is found in
-//! the cache the second time.
+//! names the version, function or file and the fix (a trapping guest's standard error
+//! quoted line by line), and a compiled component is found in the cache the second time.
 
 use std::process::Output;
 
@@ -107,6 +107,58 @@ fn a_plugin_whose_decide_traps_is_not_fine_and_decide_is_named() {
     assert!(
         verdict.starts_with("verdict: NOT FINE") && verdict.contains("`decide` failed"),
         "{verdict}"
+    );
+}
+
+#[test]
+fn a_trapping_guests_stderr_is_shown_line_by_line_under_the_failed_call() {
+    // The fixture writes a Python-style traceback (ending in a terminal escape) to
+    // standard error and traps on its third decide.
+    let output = check(&built_plugin("fixture_stderr_trap"), &[]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(1), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    let failed = lines
+        .iter()
+        .position(|line| line.starts_with("    FAILED decide #3 (busy): the plugin trapped: "))
+        .unwrap_or_else(|| panic!("the third decide failed: {text}"));
+    // The one-line message keeps the trap, not a second copy of the traceback.
+    assert!(
+        !lines[failed].contains("Traceback") && !lines[failed].contains("its standard error"),
+        "{}",
+        lines[failed]
+    );
+    let quoted = [
+        "           stderr| stderr-trap: deciding tick 2",
+        "           stderr| Traceback (most recent call last):",
+        "           stderr|   File \"policy.py\", line 12, in decide",
+        "           stderr|     raise ValueError(\"call 3\")",
+        // The guest's escape sequence stays escaped: it must not reach the terminal.
+        "           stderr| ValueError: fixture stderr-trap: decide call 3 raises on purpose\\u{1b}[2J",
+    ];
+    assert_eq!(lines[failed + 1..=failed + quoted.len()], quoted, "{text}");
+    assert!(
+        lines[failed + quoted.len() + 1].starts_with("    ok     decide #4"),
+        "the trial goes on after the quote: {text}"
+    );
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+
+    // JSON keeps the lines apart, and the detail without them.
+    let output = check(&built_plugin("fixture_stderr_trap"), &["--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let failed = report["calls"]
+        .as_array()
+        .expect("calls")
+        .iter()
+        .find(|call| call["ok"] == false)
+        .expect("a failed call");
+    assert_eq!(failed["stderr"][1], "Traceback (most recent call last):");
+    assert!(
+        !failed["detail"]
+            .as_str()
+            .expect("detail")
+            .contains("Traceback"),
+        "{failed}"
     );
 }
 

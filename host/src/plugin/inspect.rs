@@ -457,6 +457,48 @@ pub struct CallOutcome {
     pub ok: bool,
     /// What it returned, or why it failed.
     pub detail: String,
+    /// For a failed call, the end of what it wrote to standard error (a Python
+    /// traceback, a Rust panic report), one entry per line, each escaped. `detail` does not
+    /// repeat it.
+    pub stderr: Vec<String>,
+}
+
+/// Why a call of the trial failed, and what it wrote to standard error.
+#[derive(Debug)]
+struct CallFailure {
+    detail: String,
+    stderr: Vec<String>,
+}
+
+impl From<String> for CallFailure {
+    fn from(detail: String) -> Self {
+        Self {
+            detail,
+            stderr: Vec::new(),
+        }
+    }
+}
+
+/// Run one guest call of `policy`; a failure comes with the end of what the call wrote
+/// to standard error as lines, taken off the failure's one-line message (which the
+/// agent's log keeps) so it is not shown twice.
+fn observed<T>(
+    policy: &mut WasmPolicy,
+    call: impl FnOnce(&mut WasmPolicy) -> Result<T, PolicyFailure>,
+) -> Result<T, CallFailure> {
+    let console = policy.console();
+    let mark = console.stderr_written();
+    call(policy).map_err(|failure| {
+        let message = failure.to_string();
+        let detail = console
+            .stderr_tail_since(mark)
+            .and_then(|tail| message.strip_suffix(&stderr_note(&tail)).map(str::to_owned))
+            .unwrap_or(message);
+        CallFailure {
+            detail,
+            stderr: console.stderr_tail_lines_since(mark),
+        }
+    })
 }
 
 /// What the trial feeds the plugin: `init`'s arguments and one list of observations per
@@ -547,13 +589,18 @@ pub fn trial(
 ) -> Result<Vec<CallOutcome>, PluginError> {
     let loaded = Arc::new(host.load(path, "plugin-check", limits)?);
     let mut outcomes = Vec::new();
-    let mut record = |call: String, function: &str, result: Result<String, String>| {
+    let mut record = |call: String, function: &str, result: Result<String, CallFailure>| {
         let ok = result.is_ok();
+        let (detail, stderr) = match result {
+            Ok(detail) => (detail, Vec::new()),
+            Err(failure) => (failure.detail, failure.stderr),
+        };
         outcomes.push(CallOutcome {
             call,
             function: function.to_owned(),
             ok,
-            detail: result.unwrap_or_else(|why| why),
+            detail,
+            stderr,
         });
         ok
     };
@@ -564,16 +611,14 @@ pub fn trial(
             record(
                 "instantiate".into(),
                 "instantiate",
-                Err(failure.to_string()),
+                Err(failure.to_string().into()),
             );
             return Ok(outcomes);
         }
     };
     let init = |policy: &mut WasmPolicy| {
-        policy
-            .init(&inputs.init)
-            .map_err(|failure| failure.to_string())
-            .and_then(|settings| settings_verdict(&settings, gpus))
+        observed(policy, |policy| policy.init(&inputs.init))
+            .and_then(|settings| settings_verdict(&settings, gpus).map_err(CallFailure::from))
     };
     let init_ok = record("init".into(), "init", init(&mut policy));
     if !init_ok {
@@ -582,10 +627,9 @@ pub fn trial(
     }
     let decide = |policy: &mut WasmPolicy, tick: usize, observations: &[Observation]| {
         let tick_time = Duration::from_millis(u64::from(inputs.init.tick_ms) * (tick as u64 + 1));
-        policy
-            .decide(tick_time, observations)
-            .map_err(|failure| failure.to_string())
-            .and_then(|settings| settings_verdict(&settings, observations.len()))
+        observed(policy, |policy| policy.decide(tick_time, observations)).and_then(|settings| {
+            settings_verdict(&settings, observations.len()).map_err(CallFailure::from)
+        })
     };
     for (tick, (label, observations)) in inputs.ticks.iter().enumerate() {
         let ok = record(
@@ -599,37 +643,31 @@ pub fn trial(
             return Ok(outcomes);
         }
     }
-    let snapshot = policy.snapshot();
-    let snapshot_ok = record(
-        "snapshot".into(),
-        "snapshot",
-        snapshot
-            .as_ref()
-            .map(|state| {
-                format!(
-                    "state schema {} with {} bytes",
-                    state.schema_version,
-                    state.bytes.len()
-                )
-            })
-            .map_err(|failure| failure.to_string()),
-    );
-    let Ok(state) = snapshot else {
+    let (described, state) = match observed(&mut policy, |policy| policy.snapshot()) {
+        Ok(state) => (
+            Ok(format!(
+                "state schema {} with {} bytes",
+                state.schema_version,
+                state.bytes.len()
+            )),
+            Some(state),
+        ),
+        Err(failure) => (Err(failure), None),
+    };
+    record("snapshot".into(), "snapshot", described);
+    let Some(state) = state else {
         return Ok(outcomes);
     };
-    debug_assert!(snapshot_ok);
     let mut fresh = match loaded.instantiate(inputs.seed.wrapping_add(1)) {
         Ok(fresh) => fresh,
         Err(failure) => {
-            record("restore".into(), "restore", Err(failure.to_string()));
+            record("restore".into(), "restore", Err(failure.to_string().into()));
             return Ok(outcomes);
         }
     };
     let restored = init(&mut fresh).and_then(|_| {
-        fresh
-            .restore(&state)
+        observed(&mut fresh, |fresh| fresh.restore(&state))
             .map(|()| "took its own snapshot back".to_owned())
-            .map_err(|failure| failure.to_string())
     });
     if record("restore".into(), "restore", restored)
         && let Some((label, observations)) = inputs.ticks.first()

@@ -382,9 +382,16 @@ fn classify(
         message.push_str(&format!(" (the plugin logged: {logged})"));
     }
     if let Some(stderr) = store.data().call_stderr_tail() {
-        message.push_str(&format!(" (its standard error: {stderr})"));
+        message.push_str(&stderr_note(&stderr));
     }
     PolicyFailure::Trap(message)
+}
+
+/// How a trap's message quotes the end of the call's standard error (escaped, on the
+/// message's one line). Always last, so a reader that shows the tail line by line
+/// (`tokwatt plugin check`) can take exactly this off the message.
+fn stderr_note(tail: &str) -> String {
+    format!(" (its standard error: {tail})")
 }
 
 /// An engine error as one safe line: the whole cause chain, without the wasm backtrace

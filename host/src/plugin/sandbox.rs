@@ -445,29 +445,56 @@ impl GuestConsole {
         }
     }
 
-    fn stderr_written(&self) -> u64 {
+    pub(super) fn stderr_written(&self) -> u64 {
         self.state().stderr.written
+    }
+
+    /// The end of what was written to standard error since `mark` (at most
+    /// [`FAILURE_TAIL_BYTES`], raw) and how many bytes came before it; `None` if nothing
+    /// but white space was written.
+    fn stderr_tail_raw_since(&self, mark: u64) -> Option<(String, u64)> {
+        let (bytes, lost) = self.state().stderr.since(mark);
+        let start = bytes.len().saturating_sub(FAILURE_TAIL_BYTES);
+        let text = String::from_utf8_lossy(&bytes[start..]);
+        if text.trim().is_empty() {
+            return None;
+        }
+        Some((text.into_owned(), lost + start as u64))
     }
 
     /// The end of what was written to standard error since `mark`, escaped, as one
     /// line; `None` if nothing was.
-    fn stderr_tail_since(&self, mark: u64) -> Option<String> {
-        let (bytes, lost) = self.state().stderr.since(mark);
-        let start = bytes.len().saturating_sub(FAILURE_TAIL_BYTES);
-        let text = String::from_utf8_lossy(&bytes[start..]);
-        let text = text.trim();
-        if text.is_empty() {
-            return None;
-        }
+    pub(super) fn stderr_tail_since(&self, mark: u64) -> Option<String> {
+        let (text, earlier) = self.stderr_tail_raw_since(mark)?;
         // An escape takes at most 8 bytes per byte of text (`\u{1b}` for one), so the
         // bound never cuts the end, where the message that matters is.
-        let shown = sanitize_text(text, 8 * FAILURE_TAIL_BYTES);
-        let earlier = lost + start as u64;
+        let shown = sanitize_text(text.trim(), 8 * FAILURE_TAIL_BYTES);
         Some(if earlier > 0 {
             format!("… ({earlier} bytes before) {shown}")
         } else {
             shown
         })
+    }
+
+    /// The same tail as [`GuestConsole::stderr_tail_since`], one entry per line the
+    /// guest wrote (its indentation kept), each escaped: only the line breaks become
+    /// real, so a reader can show a traceback as written while a guest still cannot
+    /// write control characters to the operator's terminal. The first entry says how
+    /// many bytes came before, if any were left out.
+    pub(super) fn stderr_tail_lines_since(&self, mark: u64) -> Vec<String> {
+        let Some((text, earlier)) = self.stderr_tail_raw_since(mark) else {
+            return Vec::new();
+        };
+        let mut lines = Vec::new();
+        if earlier > 0 {
+            lines.push(format!("… ({earlier} bytes before)"));
+        }
+        let text = text.trim_start_matches(['\n', '\r']).trim_end();
+        lines.extend(text.split('\n').map(|line| {
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            sanitize_text(line, 8 * FAILURE_TAIL_BYTES)
+        }));
+        lines
     }
 
     fn log(&self, level: &'static str, message: &str) {
@@ -829,6 +856,40 @@ mod console_tests {
         );
         assert!(!tail.contains("earlier call"));
         assert!(!tail.chars().any(char::is_control), "{tail}");
+    }
+
+    #[test]
+    fn the_failure_tail_as_lines_keeps_indentation_and_escapes_control_characters() {
+        let console = GuestConsole::default();
+        console.write(Stream::Stderr, b"an earlier call\n");
+        let mark = console.stderr_written();
+        assert!(console.stderr_tail_lines_since(mark).is_empty());
+        console.write(
+            Stream::Stderr,
+            b"\nTraceback (most recent call last):\r\n  File \"app.py\"\nValueError: boom\x1b[2J\t\\n\n\n",
+        );
+        assert_eq!(
+            console.stderr_tail_lines_since(mark),
+            [
+                "Traceback (most recent call last):",
+                "  File \"app.py\"",
+                "ValueError: boom\\u{1b}[2J\\t\\\\n",
+            ]
+        );
+        let mut flood = vec![b'x'; 5000];
+        flood.extend_from_slice(b"\nlast\n");
+        console.write(Stream::Stderr, &flood);
+        let lines = console.stderr_tail_lines_since(mark);
+        let before = lines.first().expect("a first line");
+        assert!(
+            before.starts_with("… (") && before.ends_with(" bytes before)"),
+            "{before}"
+        );
+        assert_eq!(lines.last().map(String::as_str), Some("last"));
+        assert!(
+            lines.iter().all(|line| !line.chars().any(char::is_control)),
+            "{lines:?}"
+        );
     }
 
     fn stderr_trap() -> Arc<crate::plugin::LoadedPlugin> {

@@ -254,6 +254,11 @@ fn print_text(inspection: &Inspection, calls: &[CallOutcome]) {
         for call in calls {
             let mark = if call.ok { "ok    " } else { "FAILED" };
             println!("    {mark} {}: {}", call.call, call.detail);
+            // What the call wrote to standard error (a traceback), as the guest wrote it,
+            // line by line under the call; each line escaped.
+            for line in &call.stderr {
+                println!("           stderr| {line}");
+            }
         }
     }
 }
