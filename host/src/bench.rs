@@ -77,9 +77,15 @@ pub fn sample_init_args(gpus: u32) -> InitArgs {
     }
 }
 
-/// A started supervisor around `plugin` managing `gpus` GPUs.
+/// A started supervisor around `plugin` managing `gpus` GPUs (compiled afresh, no cache).
 pub fn supervisor_for(plugin: &Path, gpus: u32) -> Result<Supervisor, String> {
     let host = PluginHost::new(&HostConfig::default()).map_err(|e| e.to_string())?;
+    supervisor_with(&host, plugin, gpus)
+}
+
+/// A started supervisor around `plugin` managing `gpus` GPUs, loaded through `host` (and
+/// its compiled-component cache, if it has one).
+pub fn supervisor_with(host: &PluginHost, plugin: &Path, gpus: u32) -> Result<Supervisor, String> {
     let loaded = Arc::new(
         host.load(plugin, "bench", SandboxLimits::default())
             .map_err(|e| e.to_string())?,
@@ -96,9 +102,27 @@ pub fn supervisor_for(plugin: &Path, gpus: u32) -> Result<Supervisor, String> {
     .map_err(|e| e.to_string())
 }
 
-/// Time `calls` decide calls for `gpus` GPUs through the supervisor and plugin host.
-pub fn decide_latencies(plugin: &Path, gpus: u32, calls: usize) -> Result<Vec<Duration>, String> {
-    let mut supervisor = supervisor_for(plugin, gpus)?;
+/// What [`decide_latencies`] measured.
+#[derive(Debug, Clone)]
+pub struct DecideLatencies {
+    /// Loading (compiling, or reading the compiled form from the cache), instantiating
+    /// and `init`.
+    pub start: Duration,
+    /// One per timed call.
+    pub times: Vec<Duration>,
+}
+
+/// Time `calls` decide calls for `gpus` GPUs through the supervisor and plugin host,
+/// the plugin loaded through `host`.
+pub fn decide_latencies(
+    host: &PluginHost,
+    plugin: &Path,
+    gpus: u32,
+    calls: usize,
+) -> Result<DecideLatencies, String> {
+    let started = Instant::now();
+    let mut supervisor = supervisor_with(host, plugin, gpus)?;
+    let start = started.elapsed();
     let observations: Vec<Observation> = (0..gpus).map(|g| sample_observation(g, 0)).collect();
     // Warm up caches and the instance.
     for tick in 0..1000 {
@@ -117,7 +141,7 @@ pub fn decide_latencies(plugin: &Path, gpus: u32, calls: usize) -> Result<Vec<Du
             supervisor.counters()
         ));
     }
-    Ok(times)
+    Ok(DecideLatencies { start, times })
 }
 
 /// The `q`-quantile (0..=1) of `times`, by nearest rank.

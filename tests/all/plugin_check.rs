@@ -1,7 +1,8 @@
 //! `tokwatt plugin check` and `tokwatt plugin compile` as a plugin author runs them: a
 //! shipped policy is fine, each kind of broken component is refused with a reason that
 //! names the version, function or file and the fix (a trapping guest's standard error
-//! quoted line by line), and a compiled component is found in the cache the second time.
+//! quoted line by line), and a compiled component is found in the cache the second time,
+//! by `plugin compile` and by `bench decide`.
 
 use std::process::Output;
 
@@ -160,6 +161,55 @@ fn a_trapping_guests_stderr_is_shown_line_by_line_under_the_failed_call() {
             .contains("Traceback"),
         "{failed}"
     );
+}
+
+#[test]
+fn bench_decide_loads_a_component_compiled_ahead_from_the_cache() {
+    let dir = tempdir();
+    let plugin = built_plugin("policy_cap_search");
+    let bench = |cache: &std::path::Path| {
+        let output = tokwatt()
+            .args([
+                "bench", "decide", "--gpus", "2", "--calls", "50", "--plugin",
+            ])
+            .arg(&plugin)
+            .arg("--cache-dir")
+            .arg(cache)
+            .output()
+            .expect("runs tokwatt bench decide");
+        assert!(output.status.success(), "{}", stderr(&output));
+        stdout(&output)
+    };
+    let cache = dir.path().join("cache");
+    let compiled = tokwatt()
+        .args(["plugin", "compile"])
+        .arg(&plugin)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .output()
+        .expect("runs tokwatt plugin compile");
+    assert!(compiled.status.success(), "{}", stderr(&compiled));
+    // After `plugin compile` into a cache, the bench loads from it, compiling nothing.
+    let warm = bench(&cache);
+    assert!(
+        warm.contains(&format!(
+            ": loaded from the compiled-component cache {}\n",
+            cache.display()
+        )),
+        "{warm}"
+    );
+    // The worst call is reported beside the quantiles (a deadline is judged against it).
+    let quantiles = warm
+        .lines()
+        .find(|line| line.trim_start().starts_with("p50 "))
+        .unwrap_or_else(|| panic!("a quantile line: {warm}"));
+    assert!(
+        quantiles.contains(" p99 ") && quantiles.contains(" max "),
+        "{quantiles}"
+    );
+    // A cache without it: the bench compiles, and says so.
+    let cold = bench(&dir.path().join("empty"));
+    assert!(cold.contains(": compiled (it was not in the"), "{cold}");
 }
 
 #[test]

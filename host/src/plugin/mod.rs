@@ -213,6 +213,12 @@ impl PluginHost {
         })
     }
 
+    /// The compiled-component cache this host loads through, if it has one (its hit
+    /// count tells a caller whether a load compiled).
+    pub fn cache(&self) -> Option<&ComponentCache> {
+        self.cache.as_ref()
+    }
+
     /// Validate, compile (or load from the cache) and link a policy component.
     pub fn load(
         &self,

@@ -7,10 +7,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use tokwatt::agent;
+use tokwatt::bench::DecideLatencies;
 use tokwatt::bench::agent_cpu::{
     self, AgentCpuRequest, AgentCpuRun, AgentCpuTarget, CPU_TIME_RESOLUTION,
 };
 use tokwatt::nvml::{NvmlSystem, SamplerConfig};
+use tokwatt::plugin::{ComponentCache, HostConfig, PluginHost};
 use tokwatt::spec::PolicySpec;
 
 #[derive(Debug, clap::Subcommand)]
@@ -41,7 +43,8 @@ pub enum BenchCommand {
         #[arg(long)]
         json: Option<PathBuf>,
     },
-    /// Host overhead of one `decide` call (plugin host + supervisor), p50 and p99.
+    /// Host overhead of one `decide` call (plugin host + supervisor): p50, p90, p99 and
+    /// the worst call (a deadline is judged against the worst), and the plugin's start.
     Decide {
         /// GPUs per call.
         #[arg(long, default_value_t = 8)]
@@ -52,6 +55,11 @@ pub enum BenchCommand {
         /// Plugin to call (default: the shipped `static` policy, which does no work).
         #[arg(long)]
         plugin: Option<PathBuf>,
+        /// The compiled-component cache to load the plugin through (default: the
+        /// agent's, `$TOKWATT_CACHE_DIR` or the user's cache folder); `tokwatt plugin
+        /// compile` fills it, so a large component starts at once.
+        #[arg(long = "cache-dir")]
+        cache_dir: Option<PathBuf>,
     },
     /// Tick lateness of `tokwatt serve` (simulated node, real time) idle and under a
     /// stream of status requests on loopback HTTP, side by side in one run.
@@ -155,7 +163,8 @@ pub fn bench(what: BenchCommand) -> Result<()> {
             gpus,
             calls,
             plugin,
-        } => bench_decide(gpus, calls, plugin),
+            cache_dir,
+        } => bench_decide(gpus, calls, plugin, cache_dir),
         BenchCommand::AgentCpu {
             duration,
             tick,
@@ -444,16 +453,38 @@ fn bench_workload(
     Ok(())
 }
 
-fn bench_decide(gpus: u32, calls: usize, plugin: Option<PathBuf>) -> Result<()> {
+fn bench_decide(
+    gpus: u32,
+    calls: usize,
+    plugin: Option<PathBuf>,
+    cache_dir: Option<PathBuf>,
+) -> Result<()> {
     let plugin = plugin.unwrap_or_else(|| agent::built_plugin_dir().join("policy_static.wasm"));
-    let mut times = tokwatt::bench::decide_latencies(&plugin, gpus, calls)
-        .map_err(anyhow::Error::msg)
-        .with_context(|| format!("benchmarking {}", plugin.display()))?;
+    let host = PluginHost::new(&HostConfig {
+        cache_dir: cache_dir.or_else(ComponentCache::default_dir),
+    })?;
+    let hits_before = host.cache().map(ComponentCache::hits);
+    let DecideLatencies { start, mut times } =
+        tokwatt::bench::decide_latencies(&host, &plugin, gpus, calls)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("benchmarking {}", plugin.display()))?;
     let q = |times: &mut [Duration], q: f64| tokwatt::bench::quantile(times, q).as_secs_f64() * 1e6;
     println!(
         "decide, {gpus} GPUs, {calls} calls through the plugin host ({}):",
         plugin.display()
     );
+    let how = match (host.cache(), hits_before) {
+        (Some(cache), Some(before)) if cache.hits() > before => format!(
+            "loaded from the compiled-component cache {}",
+            cache.dir().display()
+        ),
+        (Some(cache), _) => format!(
+            "compiled (it was not in the compiled-component cache {}; this run stored it there unless a warning above says otherwise)",
+            cache.dir().display()
+        ),
+        (None, _) => "compiled (no compiled-component cache folder is known: pass --cache-dir or set TOKWATT_CACHE_DIR)".to_owned(),
+    };
+    println!("  started in {:.3} s: {how}", start.as_secs_f64());
     println!(
         "  p50 {:.2} us   p90 {:.2} us   p99 {:.2} us   max {:.2} us",
         q(&mut times, 0.5),
