@@ -145,6 +145,22 @@ pub fn inspect(host: &PluginHost, path: &Path) -> Inspection {
         report.problem(ProblemKind::NotAComponent, file, error.to_string());
         return report;
     }
+    // The import names are in the binary: a component importing what the sandbox lacks
+    // (a default componentize-js build imports wasi:http) is refused before the compiler
+    // spends 15-20 s on it, and its exports are not checked: fix the imports first. A
+    // contract import of another version goes on to the export checks, which name the
+    // version the component implements.
+    let imports_read = binary::top_level_imports(&bytes).ok();
+    if let Some(names) = &imports_read {
+        check_imports(&mut report, names.iter().map(String::as_str));
+        if report
+            .problems
+            .iter()
+            .any(|problem| !problem.subject.starts_with(CONTRACT_PACKAGE))
+        {
+            return report;
+        }
+    }
     let component = match compile(host, &bytes) {
         Ok(component) => component,
         Err(reason) => {
@@ -158,7 +174,13 @@ pub fn inspect(host: &PluginHost, path: &Path) -> Inspection {
     };
     let engine = &host.engine;
     let component_type = component.component_type();
-    check_imports(&mut report, engine, &component_type);
+    if imports_read.is_none() {
+        let names: Vec<String> = component_type
+            .imports(engine)
+            .map(|(name, _)| name.to_owned())
+            .collect();
+        check_imports(&mut report, names.iter().map(String::as_str));
+    }
     if report.problems.is_empty()
         && let Err(e) = host.linker.instantiate_pre(&component)
     {
@@ -192,12 +214,8 @@ fn version_of(name: &str) -> Option<&str> {
     name.split_once('@').map(|(_, version)| version)
 }
 
-fn check_imports(
-    report: &mut Inspection,
-    engine: &Engine,
-    component_type: &wasmtime::component::types::Component,
-) {
-    for (name, _) in component_type.imports(engine) {
+fn check_imports<'a>(report: &mut Inspection, names: impl IntoIterator<Item = &'a str>) {
+    for name in names {
         let shown = text(name);
         let verdict = import_verdict(name);
         report.imports.push(ImportEntry {
@@ -211,7 +229,7 @@ fn check_imports(
 }
 
 /// `Ok` when the sandbox provides an import of this name, else why not and the fix.
-fn import_verdict(name: &str) -> Result<(), String> {
+pub(crate) fn import_verdict(name: &str) -> Result<(), String> {
     let shown = text(name);
     let version = version_of(name).unwrap_or_default();
     if let Some(interface) = CONTRACT_IMPORTS
@@ -245,7 +263,7 @@ fn import_verdict(name: &str) -> Result<(), String> {
         ));
     }
     let fix = if name.starts_with("wasi:http/") {
-        "build without it: a policy has no network (for JavaScript, `jco componentize --disable http`; for Rust, drop the dependency that pulls in an HTTP client)"
+        "build without it: a policy has no network (for JavaScript, `componentize-js --disable http fetch-event` or `jco componentize --disable http`; for Rust, drop the dependency that pulls in an HTTP client)"
     } else if name.starts_with("wasi:") {
         "build without it: a policy gets only wasi:cli, wasi:clocks, wasi:filesystem, wasi:io, wasi:random and wasi:sockets 0.2 (all locked down), and the contract's tokwatt:policy/host"
     } else {
