@@ -129,14 +129,14 @@ pub fn assert_check_shows_failing_decide(component: &Path, cache: &Path, shown: 
 /// limit the simulated H200 breaks at the largest batch, for 30 ticks: the policy must
 /// hold its cap and cut the batch tick by tick to 0.8 of its last target, which proves
 /// its state lives from call to call. Prints the run's peak RSS where `/usr/bin/time`
-/// can tell it.
+/// can tell it. The spec it ran and the run's folder.
 pub fn assert_example_spec_runs_keeping_state(
     spec_in_repo: &str,
     component: &Path,
     folder: &Path,
     cache: &Path,
     label: &str,
-) {
+) -> (PathBuf, PathBuf) {
     let spec_text =
         std::fs::read_to_string(repo_root().join(spec_in_repo)).expect("the example's spec");
     assert!(
@@ -231,5 +231,52 @@ pub fn assert_example_spec_runs_keeping_state(
             pair[0] * 4 / 5,
             "each cut is 0.8 of the last target: {batches:?}"
         );
+    }
+    (spec, out)
+}
+
+/// The author's next steps after a run: `tokwatt replay` feeds the run's observations to
+/// the policy again and gets every decision the run recorded (its debug logs shown), and
+/// `tokwatt plugin test` puts its tokens per joule beside the default policy and the
+/// oracle, labelled as simulator output.
+pub fn assert_replays_and_tests(spec: &Path, run: &Path, cache: &Path, policy_name: &str) {
+    let replay = tokwatt()
+        .arg("replay")
+        .arg(run)
+        .arg("--policy")
+        .arg(spec)
+        .arg("--cache-dir")
+        .arg(cache)
+        .output()
+        .expect("runs tokwatt replay");
+    let text = stdout(&replay);
+    assert!(replay.status.success(), "{text}\n{}", stderr(&replay));
+    assert!(
+        text.lines().last().is_some_and(
+            |last| last.ends_with("30 same as the run, 0 different, 0 decided by the fallback")
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("log debug: gpu 0: batch 512 -> 409"),
+        "{text}"
+    );
+
+    let test = tokwatt()
+        .args(["plugin", "test"])
+        .arg(spec)
+        .args(["--duration", "60s", "--cache-dir"])
+        .arg(cache)
+        .output()
+        .expect("runs tokwatt plugin test");
+    let text = stdout(&test);
+    assert!(test.status.success(), "{text}\n{}", stderr(&test));
+    assert!(text.contains("labelled simulator output"), "{text}");
+    for row in [
+        format!("policy {policy_name}"),
+        "baseline default".to_owned(),
+        "oracle".to_owned(),
+    ] {
+        assert!(text.contains(&row), "no {row} row:\n{text}");
     }
 }
