@@ -1,10 +1,20 @@
 //! `tokwatt plugin new` and `tokwatt plugin test`, as a plugin author meets them: the
-//! scaffold builds for WebAssembly, passes its own tests natively, loads under
-//! `tokwatt check` and runs under `tokwatt plugin test`.
+//! Rust scaffold builds for WebAssembly, passes its own tests natively, loads under
+//! `tokwatt check` and runs under `tokwatt plugin test`; the Python and JavaScript
+//! scaffolds pass their rules' tests, build with their toolchains, check fine and run.
+//!
+//! The Python scaffold needs componentize-py, the JavaScript one Node.js, npm and
+//! componentize-js 0.23.0 in npm's cache (`npm ci` in `examples/js` puts it there): without
+//! them the tests skip with the reason printed, and fail instead under
+//! `TOKWATT_REQUIRE_PYTHON_COMPONENTS=1` or `TOKWATT_REQUIRE_JS_COMPONENTS=1`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use crate::guest_lang::{
+    assert_checks_fine, build_component, compile_ahead, fresh_folder, skip_unless_required,
+};
+use crate::python_policy::componentize_py;
 use crate::support::{built_plugin, repo_root, stderr, tempdir, tokwatt};
 
 fn stdout(output: &Output) -> String {
@@ -184,18 +194,198 @@ fn bad_names_existing_folders_and_other_languages_are_refused() {
         "the refused folder changed"
     );
 
-    for (lang, toolchain) in [("python", "componentize-py"), ("js", "componentize-js")] {
+    // The SDK is a Rust crate: Python and JavaScript refuse it rather than ignore it.
+    for lang in ["python", "js"] {
         let output = tokwatt()
-            .args(["plugin", "new", "ok-name", "--lang", lang, "--dir"])
+            .args([
+                "plugin",
+                "new",
+                "ok-name",
+                "--lang",
+                lang,
+                "--sdk",
+                "plugins/sdk",
+            ])
+            .arg("--dir")
             .arg(dir.path().join(lang))
             .output()
             .expect("runs");
-        assert!(!output.status.success(), "--lang {lang} accepted");
+        assert!(!output.status.success(), "--sdk accepted for --lang {lang}");
         let error = stderr(&output);
-        assert!(
-            error.contains(toolchain) && error.contains("--lang rust"),
-            "{error}"
-        );
+        assert!(error.contains("drop --sdk"), "{error}");
         assert!(!dir.path().join(lang).exists());
     }
+    // npm refuses uppercase in a package name; the error gives the lowercase one.
+    let output = tokwatt()
+        .args(["plugin", "new", "MyPolicy", "--lang", "js", "--dir"])
+        .arg(dir.path().join("js"))
+        .output()
+        .expect("runs");
+    assert!(!output.status.success(), "an uppercase npm name accepted");
+    let error = stderr(&output);
+    assert!(
+        error.contains("uppercase") && error.contains("`mypolicy`"),
+        "{error}"
+    );
+    assert!(!dir.path().join("js").exists());
+}
+
+/// `tokwatt plugin new NAME --lang LANG` into a fresh `target/plugin-new-LANG/`: the
+/// scaffold's folder, and the build folder around it (for the cache and the run).
+fn scaffold(lang: &str, name: &str) -> (PathBuf, PathBuf) {
+    let folder = fresh_folder(&format!("plugin-new-{lang}"));
+    let scaffold = folder.join(name);
+    let output = tokwatt()
+        .args(["plugin", "new", name, "--lang", lang, "--dir"])
+        .arg(&scaffold)
+        .output()
+        .expect("tokwatt runs");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let next = stdout(&output);
+    assert!(
+        next.contains("tokwatt plugin compile policy.wasm")
+            && next.contains(&format!("tokwatt check {name}.toml")),
+        "{next}"
+    );
+    for file in [
+        "README.md",
+        ".gitignore",
+        "wit/policy.wit",
+        &format!("{name}.toml"),
+    ] {
+        assert!(scaffold.join(file).is_file(), "{lang}: {file} not written");
+    }
+    (scaffold, folder)
+}
+
+/// Runs `program` in the scaffold, failing the test with its output when it fails; its
+/// standard output and error together.
+fn run_in(scaffold: &Path, program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .current_dir(scaffold)
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| panic!("{program} does not run: {error}"));
+    let text = format!("{}{}", stdout(&output), stderr(&output));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} in the scaffold failed:\n{text}"
+    );
+    text
+}
+
+/// The built scaffold as its README goes on: compiled ahead into a cache, checked fine,
+/// its spec loaded by `tokwatt check` and run for 10 simulated seconds.
+fn assert_built_scaffold_checks_and_runs(scaffold: &Path, folder: &Path, name: &str) {
+    let component = scaffold.join("policy.wasm");
+    let cache = folder.join("cache");
+    compile_ahead(&component, &cache);
+    assert_checks_fine(&component, &cache);
+    let spec = scaffold.join(format!("{name}.toml"));
+    let check = tokwatt()
+        .env("TOKWATT_CACHE_DIR", &cache)
+        .arg("check")
+        .arg(&spec)
+        .output()
+        .expect("runs");
+    assert!(check.status.success(), "{}", stderr(&check));
+    assert!(
+        stdout(&check).starts_with(&format!("ok: {name}")),
+        "{}",
+        stdout(&check)
+    );
+    let run = tokwatt()
+        .args(["run", "--sim", "h200", "--quiet", "--duration", "10s"])
+        .arg("--policy")
+        .arg(&spec)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .arg("--out")
+        .arg(folder.join("run"))
+        .output()
+        .expect("runs");
+    assert!(run.status.success(), "{}", stderr(&run));
+    assert!(stdout(&run).contains("plugin traps 0"), "{}", stdout(&run));
+}
+
+/// The number in `marker N` (`Ran 5 tests`, `# pass 5`) in a test runner's output.
+fn count_after(text: &str, marker: &str) -> usize {
+    text.split(marker)
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no `{marker} N` in:\n{text}"))
+}
+
+/// Slow (about a minute: the component build and its first compile).
+#[test]
+fn a_scaffolded_python_policy_passes_its_tests_builds_checks_fine_and_runs() {
+    let tool = match componentize_py() {
+        Ok(tool) => tool,
+        Err(reason) => {
+            skip_unless_required("TOKWATT_REQUIRE_PYTHON_COMPONENTS", &reason);
+            return;
+        }
+    };
+    let (scaffold, folder) = scaffold("python", "demo-py");
+    let tests = run_in(&scaffold, "python3", &["-m", "unittest"]);
+    assert!(count_after(&tests, "Ran ") > 0, "{tests}");
+    let mut build = Command::new(tool);
+    build.current_dir(&scaffold).args([
+        "-d",
+        "wit",
+        "-w",
+        "policy",
+        "componentize",
+        "app",
+        "-o",
+        "policy.wasm",
+    ]);
+    build_component(build, "componentize-py in the scaffold");
+    assert_built_scaffold_checks_and_runs(&scaffold, &folder, "demo-py");
+}
+
+/// Slow (about a minute: npm's install from its cache, the build and the first
+/// compile).
+#[test]
+fn a_scaffolded_javascript_policy_passes_its_tests_builds_checks_fine_and_runs() {
+    const REQUIRE: &str = "TOKWATT_REQUIRE_JS_COMPONENTS";
+    for program in ["node", "npm"] {
+        let runs = Command::new(program)
+            .arg("--version")
+            .output()
+            .is_ok_and(|output| output.status.success());
+        if !runs {
+            skip_unless_required(
+                REQUIRE,
+                &format!("{program} is not installed ({program} --version failed)"),
+            );
+            return;
+        }
+    }
+    let (scaffold, folder) = scaffold("js", "demo-js");
+    // From npm's cache only, so the test never reaches the network.
+    let install = Command::new("npm")
+        .current_dir(&scaffold)
+        .args(["install", "--offline", "--no-audit", "--no-fund"])
+        .output()
+        .expect("npm runs");
+    if !install.status.success() {
+        skip_unless_required(
+            REQUIRE,
+            &format!(
+                "npm install --offline failed, so npm's cache lacks componentize-js 0.23.0 \
+                 (run `npm ci` in examples/js once to fill it):\n{}",
+                stderr(&install)
+            ),
+        );
+        return;
+    }
+    let tests = run_in(&scaffold, "npm", &["test"]);
+    assert!(count_after(&tests, "# pass ") > 0, "{tests}");
+    assert_eq!(count_after(&tests, "# fail "), 0, "{tests}");
+    let mut build = Command::new("npm");
+    build.current_dir(&scaffold).args(["run", "build"]);
+    build_component(build, "npm run build in the scaffold");
+    assert_built_scaffold_checks_and_runs(&scaffold, &folder, "demo-js");
 }

@@ -95,11 +95,13 @@ fn built() -> Option<&'static Built> {
             // examples/.
             let sources = folder.join("src");
             std::fs::create_dir_all(&sources).expect("create the sources folder");
-            std::fs::copy(
-                repo_root().join("examples/python/app.py"),
-                sources.join("app.py"),
-            )
-            .expect("copy app.py");
+            for source in ["app.py", "rules.py"] {
+                std::fs::copy(
+                    repo_root().join("examples/python").join(source),
+                    sources.join(source),
+                )
+                .expect("copy the example's sources");
+            }
             std::fs::write(sources.join("broken.py"), BROKEN_MODULE).expect("write broken.py");
             let built = Built {
                 policy: folder.join("policy.wasm"),

@@ -16,7 +16,8 @@ pub enum PluginCommand {
     /// Compile a component ahead of time into the agent's compiled-component cache, so a
     /// later start or swap never waits for the compiler.
     Compile(compile::CompileArgs),
-    /// Scaffold a policy crate (Rust) that builds and passes its own tests at once.
+    /// Scaffold a policy (Rust, Python or JavaScript) that builds and passes its own tests
+    /// at once.
     New(new::NewArgs),
     /// Run a policy on the simulator: its tokens per joule beside the default policy's
     /// and the oracle's, with time over the objective and served demand.
