@@ -13,8 +13,8 @@ use std::sync::OnceLock;
 
 use crate::guest_lang::{
     assert_check_shows_failing_decide, assert_checks_fine, assert_example_spec_runs_keeping_state,
-    build_component, compile_ahead, fresh_folder, print_build_figures, skip_unless_required,
-    stdout,
+    assert_replays_and_tests, build_component, compile_ahead, fresh_folder, print_build_figures,
+    skip_unless_required, stdout,
 };
 use crate::support::repo_root;
 
@@ -126,16 +126,17 @@ fn built() -> Option<&'static Built> {
 }
 
 #[test]
-fn the_python_example_checks_fine_and_runs_keeping_its_state_between_ticks() {
+fn the_python_example_checks_fine_runs_keeping_its_state_replays_and_tests() {
     let Some(built) = built() else { return };
     assert_checks_fine(&built.policy, &built.cache);
-    assert_example_spec_runs_keeping_state(
+    let (spec, run) = assert_example_spec_runs_keeping_state(
         "examples/python/policy.toml",
         &built.policy,
         &built.folder,
         &built.cache,
         "python example",
     );
+    assert_replays_and_tests(&spec, &run, &built.cache, "python-example");
 }
 
 #[test]
