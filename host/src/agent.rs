@@ -150,6 +150,51 @@ pub fn start_policy(
     seed: u64,
     tick: Duration,
 ) -> Result<(Supervisor, Vec<crate::types::Settings>, Envelope), AgentError> {
+    start_policy_inner(host, spec, plugin_path, node, seed, tick, false)
+        .map(|(supervisor, first, envelope, _)| (supervisor, first, envelope))
+}
+
+/// [`start_policy`], also handing back the guest's console with its log messages
+/// transcribed into it, for a tool that shows what the guest wrote beside its decisions
+/// (`tokwatt replay`).
+pub fn start_policy_watched(
+    host: &PluginHost,
+    spec: &PolicySpec,
+    plugin_path: &Path,
+    node: &NodeFacts,
+    seed: u64,
+    tick: Duration,
+) -> Result<
+    (
+        Supervisor,
+        Vec<crate::types::Settings>,
+        Envelope,
+        crate::plugin::GuestConsole,
+    ),
+    AgentError,
+> {
+    start_policy_inner(host, spec, plugin_path, node, seed, tick, true)
+}
+
+/// A live agent never takes the transcript of the guest's logs, so only a watching tool
+/// turns it on (`transcribe_logs`).
+fn start_policy_inner(
+    host: &PluginHost,
+    spec: &PolicySpec,
+    plugin_path: &Path,
+    node: &NodeFacts,
+    seed: u64,
+    tick: Duration,
+    transcribe_logs: bool,
+) -> Result<
+    (
+        Supervisor,
+        Vec<crate::types::Settings>,
+        Envelope,
+        crate::plugin::GuestConsole,
+    ),
+    AgentError,
+> {
     let envelope = Envelope::new(
         &node.devices,
         &node.batch_size_max,
@@ -163,6 +208,8 @@ pub fn start_policy(
             policy: spec.name.clone(),
             failure,
         })?;
+    let console = engine.console();
+    console.transcribe_logs(transcribe_logs);
     let args = InitArgs {
         devices: envelope.facts(&node.devices),
         knobs: spec.knobs,
@@ -178,7 +225,7 @@ pub fn start_policy(
                 failure,
             }
         })?;
-    Ok((supervisor, first, envelope))
+    Ok((supervisor, first, envelope, console))
 }
 
 /// Start a policy off the loop, ready to be sent to it through a

@@ -18,19 +18,17 @@
 use std::fmt::Write as _;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 use crate::agent::{self, NodeFacts};
 use crate::assembly::{self, BackendRequest, SimTarget, Target};
-use crate::envelope::Envelope;
 use crate::plugin::{ComponentCache, GuestConsole, GuestOutput, HostConfig, PluginHost};
-use crate::policy::{DecisionSource, InitArgs, Supervisor};
+use crate::policy::{DecisionSource, Supervisor};
 use crate::recorder::OBSERVATIONS_FORMAT_VERSION;
 use crate::spec::PolicySpec;
-use crate::types::{ClockEvents, DemandWindow, InForce, Observation, Settings};
+use crate::types::{Observation, Settings};
 
 /// Version of the replay's JSON output (`--json`).
 pub const REPLAY_FORMAT_VERSION: u32 = 1;
@@ -253,80 +251,9 @@ struct RecordedSummary {
 struct RecordedLine {
     time_s: f64,
     policy: String,
-    observation: RecordedObservation,
+    observation: Observation,
     requested: Settings,
     fallback: bool,
-}
-
-/// [`Observation`] as recorded: JSON has no NaN or infinity, so a non-finite number was
-/// written as `null` (an unknown TPOT is NaN); it is read back as NaN.
-#[derive(Debug, Deserialize)]
-struct RecordedObservation {
-    gpu: u32,
-    tick: u64,
-    #[serde(deserialize_with = "nan_if_null")]
-    interval_s: f64,
-    tokens: u64,
-    #[serde(deserialize_with = "nan_if_null")]
-    energy_j: f64,
-    #[serde(deserialize_with = "nan_if_null")]
-    tokens_per_joule: f64,
-    #[serde(deserialize_with = "nan_if_null")]
-    tokens_per_s: f64,
-    #[serde(deserialize_with = "nan_if_null")]
-    power_avg_w: f64,
-    #[serde(deserialize_with = "nan_if_null")]
-    power_peak_w: f64,
-    sm_clock_mhz: u32,
-    mem_clock_mhz: u32,
-    #[serde(deserialize_with = "nan_if_null")]
-    temperature_c: f64,
-    #[serde(deserialize_with = "nan_if_null")]
-    gpu_util_pct: f64,
-    clock_events: ClockEvents,
-    #[serde(deserialize_with = "nan_if_null")]
-    tpot_p50_ms: f64,
-    #[serde(deserialize_with = "nan_if_null")]
-    tpot_p99_ms: f64,
-    active_sequences: u32,
-    queue_depth: u32,
-    demand: Option<DemandWindow>,
-    in_force: InForce,
-    last_clamped: bool,
-    settling: bool,
-}
-
-fn nan_if_null<'de, D: Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
-    Ok(Option::<f64>::deserialize(deserializer)?.unwrap_or(f64::NAN))
-}
-
-impl From<RecordedObservation> for Observation {
-    fn from(o: RecordedObservation) -> Self {
-        Observation {
-            gpu: o.gpu,
-            tick: o.tick,
-            interval_s: o.interval_s,
-            tokens: o.tokens,
-            energy_j: o.energy_j,
-            tokens_per_joule: o.tokens_per_joule,
-            tokens_per_s: o.tokens_per_s,
-            power_avg_w: o.power_avg_w,
-            power_peak_w: o.power_peak_w,
-            sm_clock_mhz: o.sm_clock_mhz,
-            mem_clock_mhz: o.mem_clock_mhz,
-            temperature_c: o.temperature_c,
-            gpu_util_pct: o.gpu_util_pct,
-            clock_events: o.clock_events,
-            tpot_p50_ms: o.tpot_p50_ms,
-            tpot_p99_ms: o.tpot_p99_ms,
-            active_sequences: o.active_sequences,
-            queue_depth: o.queue_depth,
-            demand: o.demand,
-            in_force: o.in_force,
-            last_clamped: o.last_clamped,
-            settling: o.settling,
-        }
-    }
 }
 
 /// One recorded tick: every GPU's line.
@@ -491,34 +418,9 @@ fn start(
     node: &NodeFacts,
     summary: &RecordedSummary,
 ) -> Result<(Supervisor, Vec<Settings>, GuestConsole), ReplayError> {
-    let envelope = Envelope::new(
-        &node.devices,
-        &node.batch_size_max,
-        &spec.guardrails,
-        spec.knobs,
-    )
-    .map_err(agent::AgentError::from)?;
-    let loaded = Arc::new(
-        host.load(plugin_path, &spec.name, spec.sandbox)
-            .map_err(agent::AgentError::from)?,
-    );
-    let start_failed = |failure| agent::AgentError::PolicyStart {
-        policy: spec.name.clone(),
-        failure,
-    };
-    let engine = loaded.instantiate(summary.seed).map_err(start_failed)?;
-    let console = engine.console();
-    console.transcribe_logs(true);
-    let args = InitArgs {
-        devices: envelope.facts(&node.devices),
-        knobs: spec.knobs,
-        objective: spec.objective,
-        params: spec.params.clone(),
-        tick_ms: summary.tick_ms,
-        seed: summary.seed,
-    };
-    let (supervisor, first) =
-        Supervisor::start(Box::new(engine), args, spec.breaker).map_err(start_failed)?;
+    let tick = Duration::from_millis(u64::from(summary.tick_ms));
+    let (supervisor, first, _, console) =
+        agent::start_policy_watched(host, spec, plugin_path, node, summary.seed, tick)?;
     Ok((supervisor, first, console))
 }
 
@@ -680,7 +582,7 @@ fn for_each_recorded_tick(
             if let Some((current, _)) = &mut pending
                 && current.tick == tick
             {
-                current.observations.push(record.observation.into());
+                current.observations.push(record.observation);
                 current.requested.push(record.requested);
                 continue;
             }
@@ -695,7 +597,7 @@ fn for_each_recorded_tick(
                     time_s: record.time_s,
                     policy: record.policy,
                     fallback: record.fallback,
-                    observations: vec![record.observation.into()],
+                    observations: vec![record.observation],
                     requested: vec![record.requested],
                 },
                 path.clone(),
@@ -876,7 +778,7 @@ mod tests {
             Ok(record) => record,
             Err(error) => panic!("{error}"),
         };
-        let observation: Observation = record.observation.into();
+        let observation: Observation = record.observation;
         assert!(observation.tpot_p99_ms.is_nan());
         let mut expected = crate::bench::sample_observation(0, 1);
         expected.tpot_p99_ms = observation.tpot_p99_ms;

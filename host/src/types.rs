@@ -150,23 +150,37 @@ pub struct DemandWindow {
 }
 
 /// One GPU over one control interval, as handed to the policy.
+///
+/// JSON has no NaN: serde_json writes a non-finite number as `null` (an unknown TPOT is
+/// NaN), so every float field reads `null` back as NaN, and a recorded observation
+/// (`observations.jsonl`) round-trips.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Observation {
     pub gpu: u32,
     pub tick: u64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub interval_s: f64,
     pub tokens: u64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub energy_j: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub tokens_per_joule: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub tokens_per_s: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub power_avg_w: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub power_peak_w: f64,
     pub sm_clock_mhz: u32,
     pub mem_clock_mhz: u32,
+    #[serde(deserialize_with = "nan_if_null")]
     pub temperature_c: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub gpu_util_pct: f64,
     pub clock_events: ClockEvents,
+    #[serde(deserialize_with = "nan_if_null")]
     pub tpot_p50_ms: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub tpot_p99_ms: f64,
     pub active_sequences: u32,
     pub queue_depth: u32,
@@ -175,6 +189,10 @@ pub struct Observation {
     pub in_force: InForce,
     pub last_clamped: bool,
     pub settling: bool,
+}
+
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(deserializer)?.unwrap_or(f64::NAN))
 }
 
 /// The operator's service objective.
