@@ -331,3 +331,61 @@ fn every_epoch_starts_from_the_device_defaults() {
     assert!(clocks_a.iter().all(|&c| c <= 1200), "{clocks_a:?}");
     assert!(clocks_b.iter().all(|&c| c > 1900), "{clocks_b:?}");
 }
+
+/// Interrupted (SIGINT) in the middle of a crossover run, the blocks already measured are
+/// kept and the outcome says it was interrupted, as in the interleaved mode; it is not an
+/// error because the other GPU group's loop ended first.
+#[test]
+fn an_interrupted_crossover_run_keeps_the_blocks_it_measured() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let sim = SimTarget {
+        scenario: Some(steady()),
+        ..SimTarget::new("h200")
+    };
+    let (sims, groups): (Vec<_>, Vec<_>) = (0..2)
+        .map(|group| tokwatt::assembly::simulator(&sim, 11 + group).expect("a simulated H200"))
+        .unzip();
+    let request = tokwatt::ab::AbRequest {
+        // A/A, so that the first look (4 blocks) does not decide and end the run.
+        a: static_spec(500),
+        b: static_spec(500),
+        schedule: Schedule {
+            cooldown_ticks: 0,
+            warmup_ticks: 3,
+            measure_ticks: 10,
+        },
+        plan: tokwatt::ab::SequentialPlan::new(DEFAULT_BUDGET, DEFAULT_ALPHA, 11).expect("plan"),
+        seed: 11,
+        plugin_dirs: Vec::new(),
+        cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache")),
+    };
+    let meta = tokwatt::assembly::RunMeta {
+        simulated: true,
+        gpu_profile: "h200".into(),
+        gpu_name: "h200".into(),
+        data_source: "simulator output (interrupted crossover test)".into(),
+        gpu_count: 2,
+        actuator: "sim".into(),
+        workload: "sim".into(),
+        seed: 11,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let signal = Arc::clone(&stop);
+    // The "signal" arrives after the first look (4 blocks): both groups are mid-run.
+    let outcome = tokwatt::ab::run_crossover(&request, groups, meta, stop, &mut move |progress| {
+        if progress.pairs_done >= 5 {
+            signal.store(true, Ordering::Relaxed);
+        }
+    })
+    .expect("an interrupted crossover keeps its blocks, it is not an error");
+    drop(sims);
+    assert!(outcome.interrupted);
+    assert!(
+        (5..DEFAULT_BUDGET).contains(&outcome.pairs.len()),
+        "{} blocks",
+        outcome.pairs.len()
+    );
+    assert_eq!(outcome.looks.len(), 1, "the first look stands");
+}
