@@ -38,9 +38,13 @@ impl Target {
         let rest = url
             .strip_prefix("http://")
             .ok_or_else(|| bad("is not plain http://"))?;
-        let (authority, path) = match rest.find('/') {
-            Some(slash) => (&rest[..slash], &rest[slash..]),
-            None => (rest, "/metrics"),
+        // A fragment is never sent. The authority ends at the path, or at a query when
+        // there is no path (`http://h:8000?name[]=x` asks `/metrics?name[]=x`).
+        let rest = rest.split_once('#').map_or(rest, |(before, _)| before);
+        let (authority, path) = match rest.find(['/', '?']) {
+            Some(end) if rest[end..].starts_with('/') => (&rest[..end], rest[end..].to_owned()),
+            Some(end) => (&rest[..end], format!("/metrics{}", &rest[end..])),
+            None => (rest, "/metrics".to_owned()),
         };
         if authority.is_empty() {
             return Err(bad("has no host"));
@@ -78,7 +82,7 @@ impl Target {
         Ok(Self {
             host_port,
             host: authority.to_owned(),
-            path: path.to_owned(),
+            path,
             runtime,
         })
     }

@@ -107,6 +107,31 @@ fn bad_urls_are_explained() {
 }
 
 #[test]
+fn a_query_without_a_path_goes_to_the_default_path_and_a_fragment_is_dropped() {
+    let query =
+        Target::parse("http://127.0.0.1:8000?name[]=vllm:num_requests_waiting").expect("valid");
+    assert_eq!(
+        (
+            query.host_port.as_str(),
+            query.host.as_str(),
+            query.path.as_str()
+        ),
+        (
+            "127.0.0.1:8000",
+            "127.0.0.1:8000",
+            "/metrics?name[]=vllm:num_requests_waiting"
+        )
+    );
+    let with_path = Target::parse("http://h/m?x=1#frag").expect("valid");
+    assert_eq!(
+        (with_path.host_port.as_str(), with_path.path.as_str()),
+        ("h:80", "/m?x=1")
+    );
+    let only_fragment = Target::parse("http://h:9#top").expect("valid");
+    assert_eq!(only_fragment.path, "/metrics");
+}
+
+#[test]
 fn ipv6_hosts_keep_their_brackets() {
     let target = Target::parse("http://[::1]:8000/metrics").expect("valid");
     assert_eq!(
