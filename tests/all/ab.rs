@@ -257,6 +257,19 @@ fn crossover_on_two_simulated_gpus_runs_each_arm_on_each_gpu_in_every_block() {
     let groups: std::collections::BTreeSet<u64> =
         epochs.iter().filter_map(|e| e["group"].as_u64()).collect();
     assert_eq!(groups.into_iter().collect::<Vec<_>>(), vec![0, 1]);
+    // The GPU-to-GPU difference it cancelled: two simulated H200s of one profile differ
+    // only by their noise.
+    let difference = &json["gpu_difference"];
+    assert_eq!(difference["blocks"].as_u64(), Some(blocks as u64));
+    let vs_group_0 = difference["groups"][1]["vs_group_0"]
+        .as_f64()
+        .expect("group 1 against group 0");
+    assert!((vs_group_0 - 1.0).abs() < 0.02, "{difference}");
+    assert_eq!(difference["unswapped"].as_array().map(Vec::len), Some(2));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("gpu difference"), "{stdout}");
+    let report = std::fs::read_to_string(out.join("report.html")).expect("report.html");
+    assert!(report.contains("The GPU-to-GPU difference the crossover cancelled"));
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! crossover blocks over several GPUs, through the agent's own loop and hot-swap path;
 //! its [`run::AbOutcome`] is `ab.json`.
 
+pub mod gpu_difference;
 pub mod report;
 pub mod run;
 pub mod stats;
@@ -14,6 +15,7 @@ pub mod tune;
 #[cfg(test)]
 mod tests;
 
+pub use gpu_difference::{GpuDifference, gpu_difference};
 pub use run::{
     AbOutcome, AbProgress, AbRequest, AbRunError, EpochRecord, Mode, Schedule, TickPoint,
     run_crossover, run_interleaved,

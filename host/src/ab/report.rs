@@ -126,6 +126,37 @@ pub fn ab_report(outcome: &AbOutcome) -> Result<String, ReportError> {
         &outcome.looks.iter().map(look_row).collect::<Vec<_>>(),
     );
 
+    if let Some(difference) = &outcome.gpu_difference {
+        page.heading("The GPU-to-GPU difference the crossover cancelled");
+        page.paragraph(&gpu_difference_words(difference, outcome.ratio_b_over_a));
+        page.table(
+            &[
+                "group",
+                "GPUs",
+                "tokens per joule, A",
+                "tokens per joule, B",
+                "vs group 0 (same arm, same block)",
+            ],
+            &difference
+                .groups
+                .iter()
+                .map(|g| {
+                    vec![
+                        g.group.to_string(),
+                        g.gpus
+                            .iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        number(g.tokens_per_joule_a, 4),
+                        number(g.tokens_per_joule_b, 4),
+                        number(g.vs_group_0, 4),
+                    ]
+                })
+                .collect::<Vec<_>>(),
+        );
+    }
+
     page.heading("Epochs");
     page.table(
         &[
@@ -271,6 +302,43 @@ fn group_count(outcome: &AbOutcome) -> usize {
     groups.sort_unstable();
     groups.dedup();
     groups.len().max(1)
+}
+
+/// The GPU-to-GPU difference in words: how far the groups differ, and what B/A a
+/// comparison without the swap would have read, beside the crossover's.
+pub fn gpu_difference_words(difference: &crate::ab::GpuDifference, ratio_b_over_a: f64) -> String {
+    let spread: Vec<String> = difference
+        .groups
+        .iter()
+        .skip(1)
+        .map(|g| {
+            format!(
+                "group {} gives {} times group 0's tokens per joule ({:+.2} %)",
+                g.group,
+                number(g.vs_group_0, 4),
+                (g.vs_group_0 - 1.0) * 100.0
+            )
+        })
+        .collect();
+    let unswapped: Vec<String> = difference
+        .unswapped
+        .iter()
+        .map(|u| {
+            format!(
+                "{} with A on group {} and B on group {}",
+                number(u.ratio_b_over_a, 4),
+                u.a_group,
+                u.b_group
+            )
+        })
+        .collect();
+    format!(
+        "Over {} complete blocks, with the same arm in the same block, {}. Without the swap, B/A would have read {}; the crossover's B/A is {}.",
+        difference.blocks,
+        spread.join("; "),
+        unswapped.join(", or "),
+        number(ratio_b_over_a, 4)
+    )
 }
 
 fn mode_words(outcome: &AbOutcome) -> String {
@@ -1111,8 +1179,14 @@ mod tests {
                 b: measured(100_000, 48_000.0 + 100.0 * pair as f64),
             })
             .collect();
+        let gpu_difference = if groups > 1 {
+            crate::ab::gpu_difference(&epochs)
+        } else {
+            None
+        };
         AbOutcome {
             format_version: AB_FORMAT_VERSION,
+            gpu_difference,
             a: ArmInfo {
                 policy: "fixed-cap".to_owned(),
                 spec: "/specs/a.toml".to_owned(),
@@ -1261,6 +1335,11 @@ mod tests {
         let html = ab_report(&outcome).expect("report");
         assert_common(&html, &outcome);
         assert!(html.contains("crossover over 2 GPU groups"));
+        assert!(
+            html.contains("The GPU-to-GPU difference the crossover cancelled"),
+            "the crossover report states what it cancelled"
+        );
+        assert!(html.contains("Without the swap, B/A would have read"));
         assert!(html.contains("mean over the GPU groups"));
         assert!(html.contains("Measured on real GPUs (NVIDIA H200)"));
         assert!(!html.to_lowercase().contains("simulator"), "not simulated");

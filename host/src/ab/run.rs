@@ -211,6 +211,10 @@ pub struct AbOutcome {
     pub meta: RunMeta,
     pub notes: Vec<String>,
     pub timeline: Vec<TickPoint>,
+    /// Crossover only: how much the GPU groups differ on their own, the difference the
+    /// swap in every block cancels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_difference: Option<super::GpuDifference>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -1040,8 +1044,13 @@ fn finish(
             last.pairs
         ));
     }
+    let gpu_difference = match mode {
+        Mode::Crossover => super::gpu_difference(&epochs),
+        Mode::Interleaved => None,
+    };
     Ok(AbOutcome {
         format_version: AB_FORMAT_VERSION,
+        gpu_difference,
         a: ArmInfo::of(&request.a),
         b: ArmInfo::of(&request.b),
         mode,

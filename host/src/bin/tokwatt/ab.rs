@@ -364,6 +364,12 @@ fn print_outcome(o: &AbOutcome, out: &Path) {
     if let Some(why) = &o.refused_because {
         row("no winner because", why.clone());
     }
+    if let Some(difference) = &o.gpu_difference {
+        row(
+            "gpu difference",
+            tokwatt::ab::report::gpu_difference_words(difference, o.ratio_b_over_a),
+        );
+    }
     for note in &o.notes {
         row("note", note.clone());
     }
