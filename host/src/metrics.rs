@@ -186,6 +186,7 @@ impl PolicyLabels {
 struct AgentInfoLabels {
     version: &'static str,
     simulated: &'static str,
+    dry_run: &'static str,
 }
 
 /// Per-GPU series.
@@ -294,8 +295,10 @@ pub struct AgentMetrics {
 
 impl AgentMetrics {
     /// Metrics for an agent driving `devices`; `simulated` labels every figure as the
-    /// simulator's (`tokwatt_info{simulated="true"}`).
-    pub fn new(devices: &[DeviceInfo], simulated: bool) -> Self {
+    /// simulator's (`tokwatt_info{simulated="true"}`), `dry_run` says that no setting is
+    /// changed, so the cap and clock gauges show what the dry run pretends is set
+    /// (`tokwatt_info{dry_run="true"}`).
+    pub fn new(devices: &[DeviceInfo], simulated: bool, dry_run: bool) -> Self {
         let mut registry = Registry::default();
         let gpu = GpuFamilies::default();
         let policy = PolicyFamilies {
@@ -320,7 +323,7 @@ impl AgentMetrics {
         };
         register_gpu(&mut registry, &gpu);
         register_policy(&mut registry, &policy);
-        register_agent(&mut registry, &agent, simulated);
+        register_agent(&mut registry, &agent, simulated, dry_run);
         // Counters start at zero for every GPU, so a rate over the first scrapes is defined.
         for device in devices {
             let gpu_label = device.index.to_string();
@@ -662,7 +665,7 @@ fn register_gpu(registry: &mut Registry, families: &GpuFamilies) {
         ),
         (
             "tokwatt_gpu_power_cap_enforced_watts",
-            format!("Power cap the GPU enforced during the last window, watts ({FROM_TELEMETRY}); below the request when something outside tokwatt holds it lower"),
+            format!("Power cap the GPU enforced during the last window, watts ({FROM_TELEMETRY}); below the request when something outside tokwatt holds it lower. In a dry run (tokwatt_info dry_run=\"true\"), the cap the dry run pretends is set: the GPU's own is unchanged"),
             &families.power_cap_enforced_watts,
         ),
         (
@@ -781,7 +784,12 @@ fn register_policy(registry: &mut Registry, families: &PolicyFamilies) {
     );
 }
 
-fn register_agent(registry: &mut Registry, families: &AgentFamilies, simulated: bool) {
+fn register_agent(
+    registry: &mut Registry,
+    families: &AgentFamilies,
+    simulated: bool,
+    dry_run: bool,
+) {
     registry.register(
         "tokwatt_tick_lateness_seconds",
         "How late each control tick started against its schedule, seconds (the virtual clock's in a simulated run)",
@@ -811,11 +819,12 @@ fn register_agent(registry: &mut Registry, families: &AgentFamilies, simulated: 
     info.get_or_create(&AgentInfoLabels {
         version: env!("CARGO_PKG_VERSION"),
         simulated: if simulated { "true" } else { "false" },
+        dry_run: if dry_run { "true" } else { "false" },
     })
     .set(1.0);
     registry.register(
         "tokwatt_info",
-        "1, labelled with the agent's version and whether its GPUs are simulated (then every figure here is simulator output, never a GPU's)",
+        "1, labelled with the agent's version, whether its GPUs are simulated (then every figure here is simulator output, never a GPU's), and whether it is a dry run (then no GPU setting is changed, and the power cap and SM clock gauges show what the dry run pretends is set)",
         info,
     );
 }

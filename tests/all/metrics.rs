@@ -148,7 +148,7 @@ fn observed_run() -> Observed {
     };
     let assembled = assembly::assemble(&request, &first.name, first.knobs).expect("sim");
     let devices = assembled.backends.telemetry.devices();
-    let metrics = AgentMetrics::new(&devices, true);
+    let metrics = AgentMetrics::new(&devices, true, false);
     let tick = Duration::from_secs(1);
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
 

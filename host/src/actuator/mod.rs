@@ -96,6 +96,9 @@ pub struct DryRun {
 }
 
 impl DryRun {
+    /// Its [`Actuator::name`], which the agent's status and metrics report.
+    pub const NAME: &'static str = "dry-run";
+
     /// Start from the settings the device has now.
     pub fn new(devices: Vec<DeviceInfo>, settings: Vec<GpuSettings>) -> Self {
         Self {
@@ -125,7 +128,7 @@ impl DryRun {
 
 impl Actuator for DryRun {
     fn name(&self) -> &'static str {
-        "dry-run"
+        Self::NAME
     }
     fn applies_settings(&self) -> bool {
         false

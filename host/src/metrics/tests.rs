@@ -142,7 +142,7 @@ where
 
 #[test]
 fn run_totals_become_counter_increments() {
-    let metrics = AgentMetrics::new(&[device(0)], true);
+    let metrics = AgentMetrics::new(&[device(0)], true, false);
     let mut tick = Tick::first("a");
     for n in 0..3 {
         tick.next(observation(0, n, 100, 400.0));
@@ -179,7 +179,7 @@ fn run_totals_become_counter_increments() {
 
 #[test]
 fn a_swap_starts_the_new_policys_series_and_a_rollback_counts_against_the_failing_one() {
-    let metrics = AgentMetrics::new(&[device(0)], true);
+    let metrics = AgentMetrics::new(&[device(0)], true, false);
     let (a, b) = (policy("a", "aaaaaaaaaaaa"), policy("b", "bbbbbbbbbbbb"));
     let mut tick = Tick::first("a");
     // Tick 0: `a` decides; it has trapped twice before.
@@ -253,7 +253,7 @@ fn a_swap_starts_the_new_policys_series_and_a_rollback_counts_against_the_failin
 
 #[test]
 fn unknown_tpot_leaves_the_series_absent_and_is_counted() {
-    let metrics = AgentMetrics::new(&[device(0)], false);
+    let metrics = AgentMetrics::new(&[device(0)], false, false);
     let mut tick = Tick::first("a");
     let mut unknown = observation(0, 0, 100, 400.0);
     unknown.tpot_p99_ms = f64::NAN;
@@ -283,7 +283,7 @@ fn unknown_tpot_leaves_the_series_absent_and_is_counted() {
 
 #[test]
 fn a_failed_telemetry_read_leaves_that_gpus_readings_absent() {
-    let metrics = AgentMetrics::new(&[device(0)], false);
+    let metrics = AgentMetrics::new(&[device(0)], false, false);
     let mut tick = Tick::first("a");
     tick.next(observation(0, 0, 100, 400.0));
     tick.feed(&metrics, "aaaaaaaaaaaa");
@@ -319,7 +319,7 @@ fn a_failed_telemetry_read_leaves_that_gpus_readings_absent() {
 
 #[test]
 fn the_text_is_the_classic_format_with_escaped_labels() {
-    let metrics = AgentMetrics::new(&[device(0)], true);
+    let metrics = AgentMetrics::new(&[device(0)], true, false);
     let mut tick = Tick::first("odd \"name\" \\ here");
     tick.next(observation(0, 0, 100, 400.0));
     tick.feed(&metrics, "0123456789ab");
@@ -338,15 +338,41 @@ fn the_text_is_the_classic_format_with_escaped_labels() {
     assert!(text.contains("tokwatt_policy_swaps_refused_total 1\n"));
     assert!(text.contains(r#"policy="odd \"name\" \\ here",version="0123456789ab""#));
     assert!(text.contains(&format!(
-        "tokwatt_info{{version=\"{}\",simulated=\"true\"}} 1",
+        "tokwatt_info{{version=\"{}\",simulated=\"true\",dry_run=\"false\"}} 1",
         env!("CARGO_PKG_VERSION")
     )));
     assert!(text.contains("tokwatt_gpu_sm_clock_max_requested_hertz{gpu=\"0\"} 1500000000"));
 }
 
+/// In a dry run the cap and clock gauges show what the dry run pretends is set, so the
+/// exposition says it is one, and the enforced cap's help says what it then shows.
+#[test]
+fn a_dry_run_says_so_in_tokwatt_info_and_in_the_enforced_caps_help() {
+    let metrics = AgentMetrics::new(&[device(0)], false, true);
+    let mut tick = Tick::first("static");
+    tick.next(observation(0, 0, 100, 400.0));
+    tick.feed(&metrics, "0123456789ab");
+    let text = metrics.encode();
+    assert!(
+        text.contains(&format!(
+            "tokwatt_info{{version=\"{}\",simulated=\"false\",dry_run=\"true\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{text}"
+    );
+    let help = text
+        .lines()
+        .find(|line| line.starts_with("# HELP tokwatt_gpu_power_cap_enforced_watts "))
+        .expect("the enforced cap's help");
+    assert!(
+        help.contains("the cap the dry run pretends is set"),
+        "{help}"
+    );
+}
+
 #[test]
 fn a_new_runs_totals_count_from_zero() {
-    let metrics = AgentMetrics::new(&[device(0)], true);
+    let metrics = AgentMetrics::new(&[device(0)], true, false);
     let mut tick = Tick::first("a");
     for n in 0..5 {
         tick.next(observation(0, n, 1, 1.0));
@@ -362,7 +388,7 @@ fn a_new_runs_totals_count_from_zero() {
 
 #[test]
 fn every_gpu_starts_with_its_counters_at_zero() {
-    let metrics = AgentMetrics::new(&[device(0), device(1)], true);
+    let metrics = AgentMetrics::new(&[device(0), device(1)], true, false);
     let text = metrics.encode();
     assert!(text.contains("tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"1\"} 0\n"));
     assert!(
@@ -379,7 +405,7 @@ fn the_metrics_can_be_shared_between_the_loop_and_the_http_handler() {
 #[test]
 fn a_serving_engines_batch_size_is_absent_not_the_workloads_placeholder() {
     for (engine_batch, expected) in [(false, true), (true, false)] {
-        let mut metrics = AgentMetrics::new(&[device(0)], false);
+        let mut metrics = AgentMetrics::new(&[device(0)], false, false);
         if engine_batch {
             metrics = metrics.with_engine_batch();
         }

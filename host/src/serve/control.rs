@@ -160,7 +160,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl ServeControl {
     pub(super) fn new(parts: Parts) -> Self {
         let status = parts.live.status();
-        let mut metrics = AgentMetrics::new(&parts.node.devices, status.simulated);
+        let mut metrics = AgentMetrics::new(
+            &parts.node.devices,
+            status.simulated,
+            status.actuator == crate::actuator::DryRun::NAME,
+        );
         if status.workload == crate::workload::prometheus::WORKLOAD_NAME {
             metrics = metrics.with_engine_batch();
         }
