@@ -24,6 +24,8 @@
 //
 // Traps this example handles:
 //
+// - package.json NAMES @bytecodealliance/preview2-shim: componentize-js 0.23.0 imports it
+//   but lists it only as an optional peer dependency, so `npm ci` may leave it out.
 // - THE IMPORT CARRIES THE PACKAGE VERSION: `tokwatt:policy/host@0.1.0`. Without
 //   `@0.1.0` componentize-js does not match it to the world's import.
 // - BUILD WITH `--disable http fetch-event`. By default componentize-js links `fetch`,
