@@ -154,6 +154,15 @@ pub fn start_policy(
         .map(|(supervisor, first, envelope, _)| (supervisor, first, envelope))
 }
 
+/// What [`start_policy_watched`] hands back: [`start_policy`]'s supervisor, first
+/// settings and envelope, and the guest's console.
+pub type WatchedStart = (
+    Supervisor,
+    Vec<crate::types::Settings>,
+    Envelope,
+    crate::plugin::GuestConsole,
+);
+
 /// [`start_policy`], also handing back the guest's console with its log messages
 /// transcribed into it, for a tool that shows what the guest wrote beside its decisions
 /// (`tokwatt replay`).
@@ -164,15 +173,7 @@ pub fn start_policy_watched(
     node: &NodeFacts,
     seed: u64,
     tick: Duration,
-) -> Result<
-    (
-        Supervisor,
-        Vec<crate::types::Settings>,
-        Envelope,
-        crate::plugin::GuestConsole,
-    ),
-    AgentError,
-> {
+) -> Result<WatchedStart, AgentError> {
     start_policy_inner(host, spec, plugin_path, node, seed, tick, true)
 }
 
@@ -186,15 +187,7 @@ fn start_policy_inner(
     seed: u64,
     tick: Duration,
     transcribe_logs: bool,
-) -> Result<
-    (
-        Supervisor,
-        Vec<crate::types::Settings>,
-        Envelope,
-        crate::plugin::GuestConsole,
-    ),
-    AgentError,
-> {
+) -> Result<WatchedStart, AgentError> {
     let envelope = Envelope::new(
         &node.devices,
         &node.batch_size_max,

@@ -125,6 +125,34 @@ pub fn assert_check_shows_failing_decide(component: &Path, cache: &Path, shown: 
     text
 }
 
+/// An example's spec (`examples/LANG/policy.toml`) with its `plugin` pointed at
+/// `component`, each of `replacements` (`(from, to)`, each present) made, written as
+/// `name` in `folder`. Its path.
+pub fn write_example_spec(
+    spec_in_repo: &str,
+    component: &Path,
+    replacements: &[(&str, &str)],
+    folder: &Path,
+    name: &str,
+) -> PathBuf {
+    let plugin_line = format!("plugin = \"{}\"", component.display());
+    let mut text =
+        std::fs::read_to_string(repo_root().join(spec_in_repo)).expect("the example's spec");
+    for (from, to) in [("plugin = \"policy.wasm\"", plugin_line.as_str())]
+        .iter()
+        .chain(replacements)
+    {
+        assert!(
+            text.contains(from),
+            "{spec_in_repo} changed: this test rewrites `{from}`"
+        );
+        text = text.replace(from, to);
+    }
+    let spec = folder.join(name);
+    std::fs::write(&spec, text).expect("write the spec");
+    spec
+}
+
 /// Runs an example's spec (`examples/LANG/policy.toml`) with `component` and a p99 TPOT
 /// limit the simulated H200 breaks at the largest batch, for 30 ticks: the policy must
 /// hold its cap and cut the batch tick by tick to 0.8 of its last target, which proves
@@ -137,21 +165,13 @@ pub fn assert_example_spec_runs_keeping_state(
     cache: &Path,
     label: &str,
 ) -> (PathBuf, PathBuf) {
-    let spec_text =
-        std::fs::read_to_string(repo_root().join(spec_in_repo)).expect("the example's spec");
-    assert!(
-        spec_text.contains("plugin = \"policy.wasm\"")
-            && spec_text.contains("tpot_p99_limit_ms = 25.0"),
-        "{spec_in_repo} changed: this test rewrites its plugin and limit"
+    let spec = write_example_spec(
+        spec_in_repo,
+        component,
+        &[("tpot_p99_limit_ms = 25.0", "tpot_p99_limit_ms = 10.0")],
+        folder,
+        "tight.toml",
     );
-    let spec_text = spec_text
-        .replace(
-            "plugin = \"policy.wasm\"",
-            &format!("plugin = \"{}\"", component.display()),
-        )
-        .replace("tpot_p99_limit_ms = 25.0", "tpot_p99_limit_ms = 10.0");
-    let spec = folder.join("tight.toml");
-    std::fs::write(&spec, spec_text).expect("write the spec");
     let out = folder.join("run");
     let time_v = Path::new("/usr/bin/time");
     let mut run = if time_v.is_file() {

@@ -17,7 +17,7 @@ use std::time::Instant;
 use crate::guest_lang::{
     assert_check_shows_failing_decide, assert_checks_fine, assert_example_spec_runs_keeping_state,
     assert_replays_and_tests, build_component, compile_ahead, fresh_folder, print_build_figures,
-    skip_unless_required, stdout,
+    skip_unless_required, stdout, write_example_spec,
 };
 use crate::support::{repo_root, stderr, tokwatt};
 
@@ -210,14 +210,13 @@ fn a_default_js_build_that_imports_http_is_refused_by_name_before_compiling() {
         started.elapsed().as_secs_f64()
     );
     // The agent refuses it the same way at start, naming the import and the fix.
-    let spec_text = std::fs::read_to_string(repo_root().join("examples/js/policy.toml"))
-        .expect("examples/js/policy.toml")
-        .replace(
-            "plugin = \"policy.wasm\"",
-            &format!("plugin = \"{}\"", built.with_http.display()),
-        );
-    let spec = built.folder.join("with-http.toml");
-    std::fs::write(&spec, spec_text).expect("write the spec");
+    let spec = write_example_spec(
+        "examples/js/policy.toml",
+        &built.with_http,
+        &[],
+        &built.folder,
+        "with-http.toml",
+    );
     let run = tokwatt()
         .args(["run", "--sim", "h200", "--quiet", "--duration", "5s"])
         .arg("--policy")

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::run::EpochRecord;
-use super::stats::Arm;
+use super::stats::{Arm, mean};
 
 /// The GPU-to-GPU difference in a crossover run, from its complete blocks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,14 +54,12 @@ pub fn gpu_difference(epochs: &[EpochRecord]) -> Option<GpuDifference> {
     }
     let blocks = epochs.iter().map(|e| e.pair).max()? + 1;
     // tokens per joule [block][group][arm], for the blocks in which every group measured
-    // both arms (an interrupted run's last block may be partial).
+    // both arms (an interrupted run's last block may be partial; an epoch without energy
+    // records 0).
     let arm_index = |arm: Arm| usize::from(arm == Arm::B);
     let mut grid = vec![vec![[None::<f64>; 2]; groups]; blocks];
     for epoch in epochs {
-        if epoch.measured.energy_j > 0.0 {
-            grid[epoch.pair][epoch.group][arm_index(epoch.arm)] =
-                Some(epoch.measured.tokens as f64 / epoch.measured.energy_j);
-        }
+        grid[epoch.pair][epoch.group][arm_index(epoch.arm)] = Some(epoch.tokens_per_joule);
     }
     let complete: Vec<Vec<[f64; 2]>> = grid
         .into_iter()
@@ -76,7 +74,7 @@ pub fn gpu_difference(epochs: &[EpochRecord]) -> Option<GpuDifference> {
     if complete.is_empty() {
         return None;
     }
-    let geometric_mean = |logs: Vec<f64>| (logs.iter().sum::<f64>() / logs.len() as f64).exp();
+    let geometric_mean = |logs: Vec<f64>| mean(&logs).exp();
     let pooled = |group: usize, arm: Arm| {
         let (tokens, energy) = epochs
             .iter()

@@ -153,11 +153,7 @@ pub fn inspect(host: &PluginHost, path: &Path) -> Inspection {
     let imports_read = binary::top_level_imports(&bytes).ok();
     if let Some(names) = &imports_read {
         check_imports(&mut report, names.iter().map(String::as_str));
-        if report
-            .problems
-            .iter()
-            .any(|problem| !problem.subject.starts_with(CONTRACT_PACKAGE))
-        {
+        if !unprovided_before_compiling(names).is_empty() {
             return report;
         }
     }

@@ -280,13 +280,7 @@ fn refuse_unprovided_imports(path: &Path, bytes: &[u8]) -> Result<(), PluginErro
     let Ok(names) = binary::top_level_imports(bytes) else {
         return Ok(());
     };
-    // A contract import of another version is left to the contract check after
-    // compiling, whose error names the version the component implements.
-    let problems: Vec<String> = names
-        .iter()
-        .filter(|name| !name.starts_with(CONTRACT_PACKAGE))
-        .filter_map(|name| inspect::import_verdict(name).err())
-        .collect();
+    let problems = unprovided_before_compiling(&names);
     if problems.is_empty() {
         return Ok(());
     }
@@ -294,6 +288,18 @@ fn refuse_unprovided_imports(path: &Path, bytes: &[u8]) -> Result<(), PluginErro
         path: path.to_owned(),
         problems: problems.join("; it also "),
     })
+}
+
+/// Why each of `names` that the sandbox does not provide is refused, for the imports
+/// refused before compiling. A contract import of another version is left to the
+/// contract check after compiling, whose error names the version the component
+/// implements.
+fn unprovided_before_compiling(names: &[String]) -> Vec<String> {
+    names
+        .iter()
+        .filter(|name| !name.starts_with(CONTRACT_PACKAGE))
+        .filter_map(|name| inspect::import_verdict(name).err())
+        .collect()
 }
 
 /// A compiled, linked policy, ready to instantiate any number of times.
