@@ -46,16 +46,38 @@ pub struct PolicyState {
 pub enum PolicyFailure {
     #[error("the plugin trapped: {0}")]
     Trap(String),
-    #[error("the plugin ran out of fuel (its per-call instruction budget)")]
-    OutOfFuel,
-    #[error("the plugin missed its deadline of {deadline_ms} ms")]
-    Deadline { deadline_ms: u64 },
-    #[error("the plugin hit its memory limit of {limit_mib} MiB (all its memories together)")]
-    MemoryLimit { limit_mib: u64 },
+    // The limits' variants carry the end of what the failed call wrote to standard error
+    // (escaped, one line): what a guest was doing when it was stopped, often the only
+    // clue to why it looped or grew.
     #[error(
-        "the plugin hit its table limit of {limit_elements} elements (all its tables together)"
+        "the plugin ran out of fuel (its per-call instruction budget){}",
+        stderr_note(stderr)
     )]
-    TableLimit { limit_elements: u64 },
+    OutOfFuel { stderr: Option<String> },
+    #[error(
+        "the plugin missed its deadline of {deadline_ms} ms{}",
+        stderr_note(stderr)
+    )]
+    Deadline {
+        deadline_ms: u64,
+        stderr: Option<String>,
+    },
+    #[error(
+        "the plugin hit its memory limit of {limit_mib} MiB (all its memories together){}",
+        stderr_note(stderr)
+    )]
+    MemoryLimit {
+        limit_mib: u64,
+        stderr: Option<String>,
+    },
+    #[error(
+        "the plugin hit its table limit of {limit_elements} elements (all its tables together){}",
+        stderr_note(stderr)
+    )]
+    TableLimit {
+        limit_elements: u64,
+        stderr: Option<String>,
+    },
     #[error("the plugin has more core instances, memories or tables than a policy may: {0}")]
     ResourceCount(String),
     #[error("the plugin's answer is invalid: {0}")]
@@ -66,12 +88,21 @@ pub enum PolicyFailure {
     Instantiate(String),
 }
 
+/// How a failure's message quotes the end of the failed call's standard error (escaped,
+/// on the message's one line), or nothing where it wrote none. Always last, so a reader
+/// that shows the tail line by line (`tokwatt plugin check`) can take exactly this off.
+pub fn stderr_note(tail: &Option<String>) -> String {
+    tail.as_ref()
+        .map(|tail| format!(" (its standard error: {tail})"))
+        .unwrap_or_default()
+}
+
 impl PolicyFailure {
     /// A short stable name for counters and metrics.
     pub fn kind(&self) -> &'static str {
         match self {
             PolicyFailure::Trap(_) => "trap",
-            PolicyFailure::OutOfFuel => "fuel",
+            PolicyFailure::OutOfFuel { .. } => "fuel",
             PolicyFailure::Deadline { .. } => "deadline",
             PolicyFailure::MemoryLimit { .. } => "memory",
             PolicyFailure::TableLimit { .. } => "table",
@@ -226,7 +257,7 @@ impl PolicyCounters {
             PolicyFailure::Trap(_) | PolicyFailure::Refused(_) | PolicyFailure::Instantiate(_) => {
                 self.traps += 1
             }
-            PolicyFailure::OutOfFuel => self.fuel_exhausted += 1,
+            PolicyFailure::OutOfFuel { .. } => self.fuel_exhausted += 1,
             PolicyFailure::Deadline { .. } => self.deadlines_missed += 1,
             PolicyFailure::MemoryLimit { .. }
             | PolicyFailure::TableLimit { .. }

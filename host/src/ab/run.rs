@@ -331,7 +331,7 @@ impl Arms {
             );
             match started {
                 Err(AgentError::PolicyStart {
-                    failure: PolicyFailure::Deadline { deadline_ms },
+                    failure: PolicyFailure::Deadline { deadline_ms, .. },
                     ..
                 }) if attempt < START_ATTEMPTS => {
                     tracing::warn!(

@@ -506,7 +506,11 @@ fn observed<T>(
         let message = failure.to_string();
         let detail = console
             .stderr_tail_since(mark)
-            .and_then(|tail| message.strip_suffix(&stderr_note(&tail)).map(str::to_owned))
+            .and_then(|tail| {
+                message
+                    .strip_suffix(&stderr_note(&Some(tail)))
+                    .map(str::to_owned)
+            })
             .unwrap_or(message);
         CallFailure {
             detail,

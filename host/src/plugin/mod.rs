@@ -29,7 +29,7 @@ pub use cache::ComponentCache;
 pub use sandbox::{GUEST_OUTPUT_TAIL_BYTES, GuestConsole, GuestLog, GuestOutput, SandboxLimits};
 pub use text::{PLUGIN_TEXT_MAX_BYTES, sanitize_text};
 
-use crate::policy::{InitArgs, PolicyEngine, PolicyFailure, PolicyState};
+use crate::policy::{InitArgs, PolicyEngine, PolicyFailure, PolicyState, stderr_note};
 use crate::types::{Observation, Settings};
 use contract::{check_component_header, check_contract_version, check_guest_signatures};
 use sandbox::{HostState, LimitHit};
@@ -389,20 +389,27 @@ fn classify(
         Some(LimitHit::Memory) => {
             return PolicyFailure::MemoryLimit {
                 limit_mib: limits.memory_mib,
+                stderr: store.data().call_stderr_tail(),
             };
         }
         Some(LimitHit::Table) => {
             return PolicyFailure::TableLimit {
                 limit_elements: sandbox::MAX_TABLE_ELEMENTS as u64,
+                stderr: store.data().call_stderr_tail(),
             };
         }
         None => {}
     }
     match error.downcast_ref::<wasmtime::Trap>() {
-        Some(wasmtime::Trap::OutOfFuel) => return PolicyFailure::OutOfFuel,
+        Some(wasmtime::Trap::OutOfFuel) => {
+            return PolicyFailure::OutOfFuel {
+                stderr: store.data().call_stderr_tail(),
+            };
+        }
         Some(wasmtime::Trap::Interrupt) => {
             return PolicyFailure::Deadline {
                 deadline_ms: limits.deadline_ms,
+                stderr: store.data().call_stderr_tail(),
             };
         }
         _ => {}
@@ -421,17 +428,8 @@ fn classify(
     if let Some(logged) = store.data().last_error_log() {
         message.push_str(&format!(" (the plugin logged: {logged})"));
     }
-    if let Some(stderr) = store.data().call_stderr_tail() {
-        message.push_str(&stderr_note(&stderr));
-    }
+    message.push_str(&stderr_note(&store.data().call_stderr_tail()));
     PolicyFailure::Trap(message)
-}
-
-/// How a trap's message quotes the end of the call's standard error (escaped, on the
-/// message's one line). Always last, so a reader that shows the tail line by line
-/// (`tokwatt plugin check`) can take exactly this off the message.
-fn stderr_note(tail: &str) -> String {
-    format!(" (its standard error: {tail})")
 }
 
 /// An engine error as one safe line: the whole cause chain, without the wasm backtrace

@@ -893,12 +893,81 @@ mod console_tests {
     }
 
     fn stderr_trap() -> Arc<crate::plugin::LoadedPlugin> {
+        stderr_trap_within(SandboxLimits::default())
+    }
+
+    fn stderr_trap_within(limits: SandboxLimits) -> Arc<crate::plugin::LoadedPlugin> {
         let path = Path::new(env!("TOKWATT_BUILT_PLUGIN_DIR")).join("fixture_stderr_trap.wasm");
         let host = PluginHost::new(&HostConfig::default()).expect("host");
-        Arc::new(
-            host.load(&path, "stderr-trap", SandboxLimits::default())
-                .expect("loads"),
-        )
+        Arc::new(host.load(&path, "stderr-trap", limits).expect("loads"))
+    }
+
+    /// The stderr-trap fixture's first `decide` fails by `fail_by` under `limits`.
+    fn first_decide_failing_by(fail_by: &str, limits: SandboxLimits) -> PolicyFailure {
+        let mut policy = stderr_trap_within(limits)
+            .instantiate(1)
+            .expect("instantiates");
+        let mut args = sample_init_args(1);
+        args.params = vec![
+            ("good_calls".into(), "0".into()),
+            ("fail_by".into(), fail_by.into()),
+        ];
+        policy.init(&args).expect("init");
+        policy
+            .decide(Duration::from_secs(1), &[sample_observation(0, 0)])
+            .expect_err("a limit stops it")
+    }
+
+    #[test]
+    fn a_guest_stopped_by_a_limit_shows_what_it_wrote_to_stderr() {
+        let said = |what: &str| {
+            Some(format!(
+                "stderr-trap: deciding tick 0\\nstderr-trap: decide call 1 {what} without end"
+            ))
+        };
+        assert_eq!(
+            first_decide_failing_by("spin", SandboxLimits::default()),
+            PolicyFailure::OutOfFuel {
+                stderr: said("loops")
+            }
+        );
+        let slow = SandboxLimits {
+            fuel_per_call: u64::MAX / 2,
+            deadline_ms: 20,
+            ..SandboxLimits::default()
+        };
+        assert_eq!(
+            first_decide_failing_by("spin", slow),
+            PolicyFailure::Deadline {
+                deadline_ms: 20,
+                stderr: said("loops")
+            }
+        );
+        let small = SandboxLimits {
+            memory_mib: 16,
+            ..SandboxLimits::default()
+        };
+        // Rust's allocator may add its own last words ("memory allocation of … failed").
+        let failure = first_decide_failing_by("grow", small);
+        let PolicyFailure::MemoryLimit {
+            limit_mib: 16,
+            stderr: Some(tail),
+        } = &failure
+        else {
+            panic!("the memory limit: {failure:?}");
+        };
+        assert!(
+            tail.starts_with(
+                "stderr-trap: deciding tick 0\\nstderr-trap: decide call 1 grows without end"
+            ),
+            "{tail}"
+        );
+        assert!(
+            failure
+                .to_string()
+                .contains("(all its memories together) (its standard error: stderr-trap: deciding"),
+            "{failure}"
+        );
     }
 
     #[test]

@@ -94,7 +94,7 @@ fn each_limit_is_named() {
     looping.init(&args(1)).expect("init");
     assert_eq!(
         looping.decide(Duration::ZERO, &observations),
-        Err(PolicyFailure::OutOfFuel)
+        Err(PolicyFailure::OutOfFuel { stderr: None })
     );
 
     let mut slow = instance(
@@ -109,7 +109,10 @@ fn each_limit_is_named() {
     slow.init(&args(1)).expect("init");
     assert_eq!(
         slow.decide(Duration::ZERO, &observations),
-        Err(PolicyFailure::Deadline { deadline_ms: 10 })
+        Err(PolicyFailure::Deadline {
+            deadline_ms: 10,
+            stderr: None
+        })
     );
 
     let mut bomb = instance(
@@ -123,7 +126,10 @@ fn each_limit_is_named() {
     bomb.init(&args(1)).expect("init");
     assert_eq!(
         bomb.decide(Duration::ZERO, &observations),
-        Err(PolicyFailure::MemoryLimit { limit_mib: 8 })
+        Err(PolicyFailure::MemoryLimit {
+            limit_mib: 8,
+            stderr: None
+        })
     );
 
     let mut trap = instance(&host, "fixture_trap_init", SandboxLimits::default());
@@ -201,7 +207,7 @@ fn a_sleeping_plugin_does_not_wait() {
     assert!(
         matches!(
             failure,
-            PolicyFailure::OutOfFuel | PolicyFailure::Deadline { .. }
+            PolicyFailure::OutOfFuel { .. } | PolicyFailure::Deadline { .. }
         ),
         "{failure:?}"
     );
