@@ -1,5 +1,5 @@
 //! The one nearest-rank quantile: the simulator's queue-wait p99, the agent's tick
-//! lateness, the API benchmark's request latencies.
+//! lateness, the API benchmark's request latencies, the CUDA decode's time per token.
 
 /// The `q` quantile (nearest rank, `q` in 0..=1) of `values`, `None` when there are none.
 /// Reorders `values`.

@@ -8,8 +8,9 @@ use serde::Serialize;
 use super::device::AttentionImpl;
 use super::engine::{Engine, EngineOptions, StepDone};
 use super::error::CudaError;
-use super::plan::{MAX_BATCH, percentile};
+use super::plan::MAX_BATCH;
 use super::shape::ModelShape;
+use crate::quantile::nearest_rank;
 
 /// What to measure.
 #[derive(Debug, Clone, PartialEq)]
@@ -163,8 +164,8 @@ pub fn bench_with(
             seconds,
             tokens_per_s: tokens as f64 / seconds,
             step_ms: step_s * 1e3,
-            step_gpu_ms_p50: percentile(&mut gpu_ms, 50.0),
-            step_gpu_ms_p99: percentile(&mut gpu_ms, 99.0),
+            step_gpu_ms_p50: nearest_rank(&mut gpu_ms, 0.50).unwrap_or(f64::NAN),
+            step_gpu_ms_p99: nearest_rank(&mut gpu_ms, 0.99).unwrap_or(f64::NAN),
             read_tb_per_s: bytes as f64 / step_s / 1e12,
             watts,
             tokens_per_j: watts.map(|w| tokens as f64 / (w * seconds)),

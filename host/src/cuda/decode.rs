@@ -7,8 +7,8 @@ use std::thread::JoinHandle;
 
 use super::engine::{Engine, EngineOptions, StepDone, Tuning};
 use super::error::CudaError;
-use super::plan::percentile;
 use super::shape::ModelShape;
+use crate::quantile::nearest_rank;
 use crate::types::WorkloadWindow;
 use crate::workload::{Workload, WorkloadError};
 
@@ -89,8 +89,10 @@ impl Window {
         let window = WorkloadWindow {
             tokens: self.tokens,
             steps: self.steps,
-            tpot_p50_ms: percentile(&mut step_ms, 50.0),
-            tpot_p99_ms: percentile(&mut step_ms, 99.0),
+            // No step in the window (a stall, e.g. building a new batch size's graphs):
+            // the latency is unknown, not zero.
+            tpot_p50_ms: nearest_rank(&mut step_ms, 0.50).unwrap_or(f64::NAN),
+            tpot_p99_ms: nearest_rank(&mut step_ms, 0.99).unwrap_or(f64::NAN),
             active_sequences: active_batch,
             queue_depth: 0,
             batch_size: active_batch,
@@ -345,7 +347,9 @@ mod tests {
         assert_eq!(w.tpot_p99_ms, 100.0);
         assert_eq!((w.active_sequences, w.batch_size, w.queue_depth), (8, 8, 0));
         let empty = window.take(8);
-        assert_eq!((empty.tokens, empty.steps, empty.tpot_p50_ms), (0, 0, 0.0));
+        assert_eq!((empty.tokens, empty.steps), (0, 0));
+        // No step: the latency is unknown, never a zero that meets any bound.
+        assert!(empty.tpot_p50_ms.is_nan() && empty.tpot_p99_ms.is_nan());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Pure planning for the decode engine: where each weight lives in the weight buffer, how
-//! large each activation buffer is, how attention splits the context across thread blocks,
-//! and latency percentiles. Nothing here touches a GPU, so all of it is unit-tested.
+//! large each activation buffer is, how attention splits the context across thread blocks.
+//! Nothing here touches a GPU, so all of it is unit-tested.
 
 use super::shape::ModelShape;
 
@@ -211,16 +211,6 @@ impl BufferPlan {
     }
 }
 
-/// Nearest-rank percentile (`q` in 0..=100) of `values`; 0 when there are none.
-pub fn percentile(values: &mut [f64], q: f64) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(f64::total_cmp);
-    let rank = ((q / 100.0) * values.len() as f64).ceil() as usize;
-    values[rank.clamp(1, values.len()) - 1]
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // tests may unwrap
 mod tests {
@@ -346,16 +336,5 @@ mod tests {
         assert_eq!(plan.attn_partial_stats, worst * 4 * 2);
         let bytes = plan.bytes();
         assert!(bytes > 2 * 512 * 128_256 && bytes < 300_000_000, "{bytes}");
-    }
-
-    #[test]
-    fn percentiles_use_the_nearest_rank() {
-        let mut v: Vec<f64> = (1..=100).rev().map(f64::from).collect();
-        assert_eq!(percentile(&mut v, 50.0), 50.0);
-        assert_eq!(percentile(&mut v, 99.0), 99.0);
-        assert_eq!(percentile(&mut v, 100.0), 100.0);
-        assert_eq!(percentile(&mut v, 0.0), 1.0);
-        assert_eq!(percentile(&mut [3.0], 99.0), 3.0);
-        assert_eq!(percentile(&mut [], 50.0), 0.0);
     }
 }

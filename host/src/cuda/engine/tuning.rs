@@ -10,7 +10,8 @@ use super::{
 };
 use crate::cuda::device::AttentionImpl;
 use crate::cuda::error::CudaError;
-use crate::cuda::plan::{AttentionSplit, GEMV_MAX_BATCH, percentile};
+use crate::cuda::plan::{AttentionSplit, GEMV_MAX_BATCH};
+use crate::quantile::nearest_rank;
 
 /// Timing of candidate graphs: warm-up replays each, then rounds that visit every candidate in
 /// turn (so a drifting clock or temperature favours none), `TUNE_REPLAYS_PER_ROUND` replays per
@@ -116,7 +117,11 @@ impl Engine {
                 samples.push(f64::from(ms) / TUNE_REPLAYS_PER_ROUND as f64);
             }
         }
-        Ok(samples.iter_mut().map(|s| percentile(s, 50.0)).collect())
+        // TUNE_ROUNDS > 0, so every graph has samples; an empty set would rank last.
+        Ok(samples
+            .iter_mut()
+            .map(|s| nearest_rank(s, 0.50).unwrap_or(f64::INFINITY))
+            .collect())
     }
 
     /// Builds the graph for `batch` if it does not exist yet: captures every applicable step
