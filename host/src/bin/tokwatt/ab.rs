@@ -29,28 +29,8 @@ pub struct AbArgs {
     /// Arm B's policy spec (the challenger).
     #[arg(long = "b", value_name = "SPEC")]
     b: PathBuf,
-    /// Most pairs of epochs to run; looks at 4, 8, 16 … pairs and at this budget stop
-    /// early once decided.
-    #[arg(long, default_value_t = DEFAULT_BUDGET)]
-    budget: usize,
-    /// False-positive rate over the whole run (spent across the looks).
-    #[arg(long, default_value_t = DEFAULT_ALPHA)]
-    alpha: f64,
-    /// The measured window of each epoch.
-    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "60s")]
-    epoch: Duration,
-    /// Each epoch's warm-up after its arm takes over, not measured.
-    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "10s")]
-    warmup: Duration,
-    /// Device defaults with the policy paused before each epoch's warm-up (default: none).
-    /// For a closed-loop workload whose thermal state carries over; on demand-driven work
-    /// it drains the last arm's queue at full power outside every measured window, which
-    /// favours a slow arm, so the warm-up alone separates the arms there.
-    #[arg(long, value_parser = tokwatt::cli::parse_duration_or_zero, default_value = "0s")]
-    cooldown: Duration,
-    /// Control tick for both arms (default: arm A's spec's).
-    #[arg(long, value_parser = tokwatt::cli::parse_duration)]
-    tick: Option<Duration>,
+    #[command(flatten)]
+    epochs: EpochArgs,
     /// Parallel crossover: half the GPUs run A and half B, then they swap (needs 2+ GPUs:
     /// `--sim h200 --gpus 2`, or `--gpu 0,1`).
     #[arg(long)]
@@ -77,6 +57,59 @@ pub struct AbArgs {
     target: TargetArgs,
 }
 
+/// The epochs and the sequential test's budget, as `ab` and `bench ab-error-rates` take
+/// them.
+#[derive(Debug, clap::Args)]
+pub struct EpochArgs {
+    /// Most pairs of epochs to run; looks at 4, 8, 16 … pairs and at this budget stop
+    /// early once decided.
+    #[arg(long, default_value_t = DEFAULT_BUDGET)]
+    budget: usize,
+    /// False-positive rate over the whole comparison (spent across the looks).
+    #[arg(long, default_value_t = DEFAULT_ALPHA)]
+    alpha: f64,
+    /// The measured window of each epoch.
+    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "60s")]
+    epoch: Duration,
+    /// Each epoch's warm-up after its arm takes over, not measured.
+    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "10s")]
+    warmup: Duration,
+    /// Device defaults with the policy paused before each epoch's warm-up (default: none).
+    /// For a closed-loop workload whose thermal state carries over; on demand-driven work
+    /// it drains the last arm's queue at full power outside every measured window, which
+    /// favours a slow arm, so the warm-up alone separates the arms there.
+    #[arg(long, value_parser = tokwatt::cli::parse_duration_or_zero, default_value = "0s")]
+    cooldown: Duration,
+    /// Control tick of both arms (default: arm A's spec's). A longer tick with the same
+    /// epochs makes a comparison cheaper: noise depends on the epochs' length, cost on
+    /// their ticks.
+    #[arg(long, value_parser = tokwatt::cli::parse_duration)]
+    tick: Option<Duration>,
+}
+
+impl EpochArgs {
+    /// The schedule in whole ticks of `tick`, checked.
+    fn schedule(&self, tick: Duration) -> Result<Schedule> {
+        let schedule = Schedule {
+            cooldown_ticks: ticks_of("cooldown", self.cooldown, tick)?,
+            warmup_ticks: ticks_of("warmup", self.warmup, tick)?,
+            measure_ticks: ticks_of("epoch", self.epoch, tick)?,
+        };
+        schedule.check(tick)?;
+        Ok(schedule)
+    }
+
+    /// "epochs of 1m (warm-up 10s, cool-down 0s)"
+    fn describe(&self) -> String {
+        format!(
+            "epochs of {} (warm-up {}, cool-down {})",
+            humantime::format_duration(self.epoch),
+            humantime::format_duration(self.warmup),
+            humantime::format_duration(self.cooldown),
+        )
+    }
+}
+
 /// `span` in whole ticks of `tick` (`what` names the flag in the error). Shared by `ab`,
 /// `bench ab-error-rates` and `tune`.
 pub fn ticks_of(what: &str, span: Duration, tick: Duration) -> Result<u64> {
@@ -100,18 +133,13 @@ pub fn ab(args: AbArgs) -> Result<()> {
     }
     let mut a = PolicySpec::load(&args.a).context("arm a")?;
     let mut b = PolicySpec::load(&args.b).context("arm b")?;
-    if let Some(tick) = args.tick {
+    if let Some(tick) = args.epochs.tick {
         a.override_tick(tick).context("arm a")?;
         b.override_tick(tick).context("arm b")?;
     }
     let tick = Duration::from_millis(u64::from(a.tick_ms));
-    let schedule = Schedule {
-        cooldown_ticks: ticks_of("cooldown", args.cooldown, tick)?,
-        warmup_ticks: ticks_of("warmup", args.warmup, tick)?,
-        measure_ticks: ticks_of("epoch", args.epoch, tick)?,
-    };
-    schedule.check(tick)?;
-    let plan = SequentialPlan::new(args.budget, args.alpha, args.seed)?;
+    let schedule = args.epochs.schedule(tick)?;
+    let plan = SequentialPlan::new(args.epochs.budget, args.epochs.alpha, args.seed)?;
     let request = args.target.backend_request(&a.objective, tick, args.seed)?;
     let out_dir = match &args.out {
         Some(dir) => dir.clone(),
@@ -155,7 +183,7 @@ pub fn ab(args: AbArgs) -> Result<()> {
         .max(meta.gpu_count);
     if !args.quiet {
         eprintln!(
-            "tokwatt: A/B `{}` vs `{}` on {} [{}]: {} mode, up to {} pairs, epochs of {} (warm-up {}, cool-down {})",
+            "tokwatt: A/B `{}` vs `{}` on {} [{}]: {} mode, up to {} pairs, {}",
             a.name,
             b.name,
             meta.gpu_name,
@@ -165,10 +193,8 @@ pub fn ab(args: AbArgs) -> Result<()> {
             } else {
                 "interleaved"
             },
-            args.budget,
-            humantime::format_duration(args.epoch),
-            humantime::format_duration(args.warmup),
-            humantime::format_duration(args.cooldown),
+            args.epochs.budget,
+            args.epochs.describe(),
         );
     }
     let request = AbRequest {
@@ -180,7 +206,7 @@ pub fn ab(args: AbArgs) -> Result<()> {
         plugin_dirs: args.plugin_dirs.clone(),
         cache_dir: args.cache_dir.clone(),
     };
-    let bar = crate::progress::AbBar::new(args.quiet, args.budget);
+    let bar = crate::progress::AbBar::new(args.quiet, args.epochs.budget);
     let lines = !args.quiet && !bar.is_drawn();
     let mut progress = |p: ab::AbProgress| {
         bar.update(&p);
@@ -396,21 +422,9 @@ pub struct ErrorRatesArgs {
     /// Comparisons per study (one seed each).
     #[arg(long, default_value_t = 200)]
     seeds: u64,
-    /// Pairs budget of each comparison.
-    #[arg(long, default_value_t = DEFAULT_BUDGET)]
-    budget: usize,
-    #[arg(long, default_value_t = DEFAULT_ALPHA)]
-    alpha: f64,
-    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "60s")]
-    epoch: Duration,
-    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "10s")]
-    warmup: Duration,
-    #[arg(long, value_parser = tokwatt::cli::parse_duration_or_zero, default_value = "0s")]
-    cooldown: Duration,
-    /// Control tick of both arms (default: the spec's). A longer tick with the same epochs
-    /// makes a study cheaper: noise depends on the epochs' length, cost on their ticks.
-    #[arg(long, value_parser = tokwatt::cli::parse_duration)]
-    tick: Option<Duration>,
+    /// Each comparison's epochs and budget, as `tokwatt ab` takes them.
+    #[command(flatten)]
+    epochs: EpochArgs,
     /// Comparisons at once (default: the machine's cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -422,7 +436,7 @@ pub struct ErrorRatesArgs {
 pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
     use tokwatt::ab::study::{Study, long_run_ratio, run_study};
     let mut a = PolicySpec::load(&args.policy)?;
-    if let Some(tick) = args.tick {
+    if let Some(tick) = args.epochs.tick {
         a.override_tick(tick)?;
     }
     let (name, value) = args
@@ -436,11 +450,7 @@ pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
     }
     b.params.sort();
     let tick = Duration::from_millis(u64::from(a.tick_ms));
-    let schedule = Schedule {
-        cooldown_ticks: ticks_of("cooldown", args.cooldown, tick)?,
-        warmup_ticks: ticks_of("warmup", args.warmup, tick)?,
-        measure_ticks: ticks_of("epoch", args.epoch, tick)?,
-    };
+    let schedule = args.epochs.schedule(tick)?;
     let threads = args.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
@@ -452,8 +462,8 @@ pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
             ..SimTarget::new(args.sim.clone())
         },
         schedule,
-        budget_pairs: args.budget,
-        alpha: args.alpha,
+        budget_pairs: args.epochs.budget,
+        alpha: args.epochs.alpha,
         seeds: 0..args.seeds,
         threads,
         plugin_dirs: Vec::new(),
@@ -466,15 +476,13 @@ pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
     let aa = run_study(&same)?;
     let ab = run_study(&different)?;
     println!(
-        "SIMULATOR OUTPUT ({}, {}): {} comparisons per study, budget {} pairs, α {}, epochs of {} (warm-up {}, cool-down {}), {} threads, {:.0} s wall",
+        "SIMULATOR OUTPUT ({}, {}): {} comparisons per study, budget {} pairs, α {}, {}, {} threads, {:.0} s wall",
         args.sim,
         args.scenario.display(),
         args.seeds,
-        args.budget,
-        args.alpha,
-        humantime::format_duration(args.epoch),
-        humantime::format_duration(args.warmup),
-        humantime::format_duration(args.cooldown),
+        args.epochs.budget,
+        args.epochs.alpha,
+        args.epochs.describe(),
         threads,
         started.elapsed().as_secs_f64()
     );
