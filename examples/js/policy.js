@@ -1,9 +1,11 @@
-// An example tokwatt policy in JavaScript: hold a power cap, steer the batch by p99 TPOT.
-// This file wires the rules (`rules.js`, tested by `npm test`) to the contract.
+// A tokwatt policy in JavaScript: hold a power cap, steer the batch by p99 TPOT (the
+// shipped example, and the start `tokwatt plugin new --lang js` writes). This file wires
+// the rules (`rules.js`, tested by `npm test`) to the contract.
 //
-// Built into a WebAssembly component with componentize-js (`npm run build`, README.md):
+// Built into a WebAssembly component with componentize-js by `npm run build`, which runs
+// (with `--wit` at the contract's folder; package.json has the exact line):
 //
-//   componentize-js policy.js --wit ../../wit --world-name policy --disable http fetch-event -o policy.wasm
+//   componentize-js policy.js --wit <wit> --world-name policy --disable http fetch-event -o policy.wasm
 //
 // The rules are those of the Python example and the Rust scaffold of `tokwatt plugin new`:
 //

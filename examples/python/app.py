@@ -1,9 +1,11 @@
-"""An example tokwatt policy in Python: hold a power cap, steer the batch by p99 TPOT.
-This module wires the rules (`rules.py`, tested by `python3 -m unittest`) to the contract.
+"""A tokwatt policy in Python: hold a power cap, steer the batch by p99 TPOT (the shipped
+example, and the start `tokwatt plugin new --lang python` writes). This module wires the
+rules (`rules.py`, tested by `python3 -m unittest`) to the contract.
 
-Built into a WebAssembly component with componentize-py (see README.md):
+Built into a WebAssembly component with componentize-py (README.md), `-d` naming the
+contract's folder (`../../wit` in the repository, `wit` in a scaffold):
 
-    componentize-py -d ../../wit -w policy componentize app -o policy.wasm
+    componentize-py -d <wit> -w policy componentize app -o policy.wasm
 
 The rules (the same as the Rust scaffold of `tokwatt plugin new`):
 
