@@ -14,7 +14,7 @@ use crate::actuator::{Actuator, ActuatorError};
 use crate::clock::Clock;
 use crate::envelope::Envelope;
 use crate::policy::{DecisionSource, PolicyCounters, Supervisor};
-use crate::recorder::{Recorder, RecorderError, TickRecord};
+use crate::recorder::{InitRecord, Recorder, RecorderError, TickRecord};
 use crate::swap::{InCharge, SwapCounters, SwapPort, Swapper};
 use crate::telemetry::Telemetry;
 use crate::types::{
@@ -226,6 +226,8 @@ pub struct ControlLoop {
     paused: bool,
     /// Each GPU's batch size when the loop started (what "restore defaults" puts back).
     initial_batch: Vec<u32>,
+    /// The start's `init` settings per GPU, until the first tick's records carry them.
+    init_records: Vec<Option<InitRecord>>,
     in_force: Vec<InForce>,
     last_clamped: Vec<bool>,
     settling: Vec<bool>,
@@ -302,6 +304,7 @@ impl ControlLoop {
             commands_taken: 0,
             paused: false,
             initial_batch,
+            init_records: vec![None; n],
             in_force,
             last_clamped: vec![false; n],
             settling: vec![false; n],
@@ -314,6 +317,13 @@ impl ControlLoop {
                 .apply(gpu as u32, settings, &this.in_force[gpu]);
             this.last_clamped[gpu] = applied.clamped;
             this.apply(gpu as u32, &applied.settings);
+            if let Some(record) = this.init_records.get_mut(gpu) {
+                *record = Some(InitRecord {
+                    requested: *settings,
+                    applied: applied.settings,
+                    clamped: applied.clamped,
+                });
+            }
         }
         // Whatever the first settings did, the first window starts now.
         for gpu in 0..n as u32 {
@@ -496,6 +506,7 @@ impl ControlLoop {
                     slo_violation: violation,
                     energy_counter_j: self.last_telemetry[gpu].energy_counter_j,
                     power_mem_avg_w: self.last_telemetry[gpu].power_mem_avg_w,
+                    init: self.init_records.get_mut(gpu).and_then(Option::take),
                 })?;
             }
             if !self.paused {

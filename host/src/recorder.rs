@@ -85,6 +85,18 @@ pub struct TickRecord {
     pub energy_counter_j: f64,
     /// Averaged memory power, where the GPU reports it.
     pub power_mem_avg_w: Option<f64>,
+    /// What the policy's `init` asked for before the first tick (the first tick's record
+    /// of each GPU only): a swapped-in policy's `init` is its tick's `requested` instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init: Option<InitRecord>,
+}
+
+/// The settings a policy's `init` gave for one GPU, and what the envelope let through.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct InitRecord {
+    pub requested: Settings,
+    pub applied: Settings,
+    pub clamped: bool,
 }
 
 /// One line of `observations.jsonl`.
@@ -377,6 +389,7 @@ pub fn trace_header() -> Vec<String> {
         slo_violation: false,
         energy_counter_j: 0.0,
         power_mem_avg_w: None,
+        init: None,
     });
     // Writing to memory cannot fail.
     let _ = writer.serialize(row);
@@ -425,6 +438,7 @@ mod tests {
             slo_violation: false,
             energy_counter_j: 0.0,
             power_mem_avg_w: None,
+            init: None,
         };
         recorder.record(&record).expect("record");
         recorder.finish(&"summary").expect("finish");

@@ -246,3 +246,86 @@ fn values_that_parse_but_make_no_sense_are_named_with_file_and_line() {
         );
     }
 }
+
+#[test]
+fn a_log_filter_that_does_not_parse_is_refused_naming_where_it_came_from() {
+    fails_with(
+        &["--log", "tokwatt=loud", "gpus"],
+        &["tokwatt=loud", "--log", "does not parse", "tokwatt=debug"],
+    );
+    let output = tokwatt()
+        .arg("gpus")
+        .env_remove("RUST_LOG")
+        .env("TOKWATT_LOG", "tokwatt=loud")
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("TOKWATT_LOG"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn tokwatt_log_is_read() {
+    let dir = tempdir();
+    let run = |level: Option<&str>| {
+        let mut command = tokwatt();
+        command
+            .args([
+                "run",
+                "--sim",
+                "h200",
+                "--quiet",
+                "--duration",
+                "5s",
+                "--overwrite",
+            ])
+            .arg("--policy")
+            .arg(repo_root().join("policies/static.toml"))
+            .arg("--out")
+            .arg(dir.path())
+            .env_remove("RUST_LOG");
+        match level {
+            Some(level) => command.env("TOKWATT_LOG", level),
+            None => command.env_remove("TOKWATT_LOG"),
+        };
+        let output = command.output().expect("runs");
+        assert!(output.status.success(), "{}", stderr(&output));
+        stderr(&output)
+    };
+    assert!(!run(None).contains("policy started"));
+    let info = run(Some("tokwatt=info"));
+    assert!(info.contains("policy started"), "{info}");
+}
+
+/// `tokwatt bench decide | head`: a command that only prints ends when its reader goes,
+/// without a panic.
+#[test]
+fn a_printing_command_whose_reader_is_gone_ends_without_a_panic() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
+    let mut child = tokwatt()
+        .args(["bench", "decide", "--calls", "2000", "--cache-dir"])
+        .arg(&cache)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    // The reader is gone before the first line is written.
+    drop(child.stdout.take());
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut err)
+        .expect("read stderr");
+    let status = child.wait().expect("waits");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?}\n{err}");
+}

@@ -97,6 +97,37 @@ fn trace_header_and_observation_lines_carry_their_format() {
     }
 }
 
+/// The settings a policy's `init` gave are on the first tick's line of each GPU, beside
+/// what the envelope let through; no later line has them.
+#[test]
+fn the_first_ticks_lines_hold_what_init_asked_for() {
+    let dir = tempdir();
+    let out = dir.path().join("run");
+    let spec = write_spec(
+        dir.path(),
+        "capped",
+        &built_plugin("policy_static"),
+        "[params]\npower_cap_w = \"450\"\n",
+    );
+    run_sim(&spec, "3s", &out, &["--gpus", "2"]);
+    let observations = std::fs::read_to_string(out.join("observations.jsonl")).expect("jsonl");
+    let lines: Vec<serde_json::Value> = observations
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 6, "3 ticks of 2 GPUs");
+    for (i, line) in lines.iter().enumerate() {
+        if i < 2 {
+            assert_eq!(line["init"]["requested"]["power_cap_w"], 450.0, "{line}");
+            assert_eq!(line["init"]["applied"]["power_cap_w"], 450.0, "{line}");
+            assert_eq!(line["init"]["clamped"], false, "{line}");
+            assert_eq!(line["observation"]["gpu"], i, "{line}");
+        } else {
+            assert!(line.get("init").is_none(), "{line}");
+        }
+    }
+}
+
 /// A tick record for GPU `gpu` at `tick`, as the loop writes it.
 fn tick_record(gpu: u32, tick: u64) -> tokwatt::recorder::TickRecord {
     let observation = tokwatt::bench::sample_observation(gpu, tick);
@@ -112,6 +143,7 @@ fn tick_record(gpu: u32, tick: u64) -> tokwatt::recorder::TickRecord {
         slo_violation: false,
         energy_counter_j: 690.0 * (tick as f64 + 1.0),
         power_mem_avg_w: None,
+        init: None,
     }
 }
 

@@ -416,6 +416,15 @@ for g in range(ngpu):
     print(f"GPU {g}: cap {min(c):g}-{max(c):g} W (last {c[-1]:g}), batch {min(b)}-{max(b)}, "
           f"{s['gpus'][g]['tokens_per_joule']:.3f} tok/J")
 print(f"ticks over the budget: {len(over)} {over[:5]}")
+# The caps init decided before the first tick (observations.jsonl's `init`, on the first
+# tick's line of each GPU), and whether they too sum within the budget.
+first = ticks[min(ticks)] if ticks else {}
+init_caps = [(first.get(g) or {}).get("init", {}).get("requested", {}).get("power_cap_w") for g in range(ngpu)]
+init_known = all(c is not None for c in init_caps)
+init_sum = sum(init_caps) if init_known else None
+print(f"init caps requested: {init_caps}; sum {init_sum if init_known else 'unknown (no init record)'}")
+if init_known and init_sum > budget + 1e-6:
+    over.append(("init", init_sum))
 # On real GPUs the dry run logs each cap it would set (the simulator applies them instead).
 would = [re.sub("\x1b\\[[0-9;]*m", "", l).strip() for l in open(log, errors="replace")
          if "would set power cap" in l]

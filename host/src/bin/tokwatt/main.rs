@@ -31,7 +31,8 @@ use clap::{Parser, Subcommand};
     about = "Tunes GPU power caps, SM clocks and batch sizes for tokens per joule, through sandboxed WebAssembly policies"
 )]
 struct Cli {
-    /// Log filter (e.g. `info`, `tokwatt=debug,plugin=info`); also RUST_LOG.
+    /// Log filter (e.g. `info`, `tokwatt=debug,plugin=info`); else TOKWATT_LOG, else
+    /// RUST_LOG, else `warn`.
     #[arg(long, global = true)]
     log: Option<String>,
     #[command(subcommand)]
@@ -85,7 +86,13 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log.as_deref());
+    if cli.command.only_prints() {
+        end_quietly_when_the_reader_goes();
+    }
+    if let Err(e) = init_logging(cli.log.as_deref()) {
+        eprintln!("error: {e:#}");
+        return std::process::ExitCode::from(2);
+    }
     let result = match cli.command {
         Command::Run(args) => run::run(*args),
         Command::Ab(args) => ab::ab(*args),
@@ -111,6 +118,41 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+impl Command {
+    /// Whether the command only reads and prints: it cannot leave a GPU setting changed.
+    fn only_prints(&self) -> bool {
+        match self {
+            Command::Check(_)
+            | Command::Gpus(_)
+            | Command::Bench { .. }
+            | Command::Replay(_)
+            | Command::Report(_)
+            | Command::Status(_)
+            | Command::Plugin { .. } => true,
+            Command::Run(_)
+            | Command::Ab(_)
+            | Command::Tune(_)
+            | Command::Serve(_)
+            | Command::Eval(_)
+            | Command::Restore(_)
+            | Command::Policy { .. } => false,
+        }
+    }
+}
+
+/// A command that only prints ends quietly when its reader goes (`tokwatt bench decide |
+/// head`), as Unix tools do, instead of panicking on the failed write. Only those: a
+/// command that may change GPU settings keeps Rust's default, where the write fails and
+/// the command unwinds through the code that restores the GPUs, which SIGPIPE's default
+/// action would skip.
+fn end_quietly_when_the_reader_goes() {
+    // SAFETY: called on the main thread before any other thread exists; resetting a
+    // signal's disposition to its default installs no handler code.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// The error and its causes, leaving out a cause whose text the message before it
 /// already carries (typed errors often quote their source in their own message).
 fn error_chain(error: &anyhow::Error) -> String {
@@ -128,18 +170,66 @@ fn error_chain(error: &anyhow::Error) -> String {
 }
 
 /// Logs go to standard error, coloured only on a terminal (never into a redirected log),
-/// and never with `NO_COLOR` set.
-fn init_logging(filter: Option<&str>) {
-    let filter = filter
-        .map(str::to_owned)
-        .or_else(|| std::env::var("RUST_LOG").ok())
-        .unwrap_or_else(|| "warn".to_owned());
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+/// and never with `NO_COLOR` set. A filter that does not parse is refused, naming where it
+/// came from: falling back quietly would hide the very logs the operator asked for.
+fn init_logging(flag: Option<&str>) -> anyhow::Result<()> {
+    let (filter, source) = log_filter(flag, |name| std::env::var(name).ok());
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).map_err(|e| {
+        anyhow::anyhow!(
+            "the log filter {filter:?} (from {source}) does not parse: {e}; \
+             write a level (`info`) or targets with levels (`tokwatt=debug,plugin=info`)"
+        )
+    })?;
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(colour)
         .with_writer(std::io::stderr)
         .init();
+    Ok(())
+}
+
+/// The log filter and where it came from: `--log`, else `TOKWATT_LOG`, else `RUST_LOG`,
+/// else `warn`. An empty variable counts as unset.
+fn log_filter(flag: Option<&str>, env: impl Fn(&str) -> Option<String>) -> (String, &'static str) {
+    if let Some(flag) = flag {
+        return (flag.to_owned(), "--log");
+    }
+    for name in ["TOKWATT_LOG", "RUST_LOG"] {
+        if let Some(value) = env(name).filter(|value| !value.trim().is_empty()) {
+            return (value, name);
+        }
+    }
+    ("warn".to_owned(), "the default")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        }
+    }
+
+    #[test]
+    fn the_flag_wins_then_tokwatt_log_then_rust_log_then_warn() {
+        let both = env_of(&[("TOKWATT_LOG", "debug"), ("RUST_LOG", "trace")]);
+        assert_eq!(log_filter(Some("info"), &both), ("info".into(), "--log"));
+        assert_eq!(log_filter(None, &both), ("debug".into(), "TOKWATT_LOG"));
+        let rust_only = env_of(&[("TOKWATT_LOG", " "), ("RUST_LOG", "trace")]);
+        assert_eq!(log_filter(None, &rust_only), ("trace".into(), "RUST_LOG"));
+        assert_eq!(
+            log_filter(None, env_of(&[])),
+            ("warn".into(), "the default")
+        );
+    }
 }
