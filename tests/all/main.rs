@@ -20,6 +20,7 @@ mod plugin_check;
 mod plugin_new;
 mod policies_judged;
 mod python_policy;
+mod readme;
 mod replay;
 mod report;
 mod restore;
