@@ -2,7 +2,7 @@
 
 pub mod agent_cpu;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -59,6 +59,17 @@ pub fn sample_facts(gpu: u32) -> DeviceFacts {
         sm_clocks_mhz: (0..110).map(|i| 1980 - 15 * i).collect(),
         batch_size_max: 512,
     }
+}
+
+/// A plugin the build made (`host/build.rs`), for tests: from `$TOKWATT_PLUGIN_DIR` when
+/// it is there, so a test binary also runs from a bundle on another machine
+/// (scripts/gpu-bundle.sh ships the fixtures), else from the build's folder.
+pub fn built_plugin(name: &str) -> PathBuf {
+    let file = format!("{name}.wasm");
+    std::env::var_os("TOKWATT_PLUGIN_DIR")
+        .map(|dir| Path::new(&dir).join(&file))
+        .filter(|path| path.is_file())
+        .unwrap_or_else(|| crate::agent::built_plugin_dir().join(file))
 }
 
 /// What `init` gets for `gpus` sample GPUs with every knob granted.

@@ -39,8 +39,7 @@ mod tests {
 
     #[test]
     fn a_shipped_policy_imports_the_contract_host_and_wasi_only() {
-        let plugin =
-            std::path::Path::new(env!("TOKWATT_BUILT_PLUGIN_DIR")).join("policy_static.wasm");
+        let plugin = crate::bench::built_plugin("policy_static");
         let bytes = std::fs::read(&plugin).expect("the shipped static plugin");
         let names = top_level_imports(&bytes).expect("a component");
         assert!(

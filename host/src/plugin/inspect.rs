@@ -808,7 +808,7 @@ mod tests {
     use super::*;
 
     fn built(name: &str) -> PathBuf {
-        Path::new(env!("TOKWATT_BUILT_PLUGIN_DIR")).join(format!("{name}.wasm"))
+        crate::bench::built_plugin(name)
     }
 
     fn host_with_cache(dir: &Path) -> PluginHost {

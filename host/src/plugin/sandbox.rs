@@ -897,7 +897,7 @@ mod console_tests {
     }
 
     fn stderr_trap_within(limits: SandboxLimits) -> Arc<crate::plugin::LoadedPlugin> {
-        let path = Path::new(env!("TOKWATT_BUILT_PLUGIN_DIR")).join("fixture_stderr_trap.wasm");
+        let path = crate::bench::built_plugin("fixture_stderr_trap");
         let host = PluginHost::new(&HostConfig::default()).expect("host");
         Arc::new(host.load(&path, "stderr-trap", limits).expect("loads"))
     }

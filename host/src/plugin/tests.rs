@@ -8,14 +8,8 @@ use super::*;
 use crate::bench::{sample_init_args, sample_observation};
 use crate::policy::{InitArgs, PolicyEngine, PolicyState};
 
-/// A plugin built by host/build.rs; `$TOKWATT_PLUGIN_DIR` first, so the test binary also
-/// runs from a bundle on another machine (scripts/gpu-bundle.sh ships the fixtures).
 fn built(name: &str) -> PathBuf {
-    let file = format!("{name}.wasm");
-    std::env::var_os("TOKWATT_PLUGIN_DIR")
-        .map(|dir| Path::new(&dir).join(&file))
-        .filter(|path| path.is_file())
-        .unwrap_or_else(|| Path::new(env!("TOKWATT_BUILT_PLUGIN_DIR")).join(file))
+    crate::bench::built_plugin(name)
 }
 
 fn args(gpus: u32) -> InitArgs {
