@@ -784,7 +784,6 @@ fn log_level_name(level: types::LogLevel) -> &'static str {
 
 #[cfg(test)]
 mod console_tests {
-    use std::path::Path;
     use std::sync::Arc;
     use std::time::Duration;
 
