@@ -51,12 +51,12 @@ pub enum PolicyFailure {
     // clue to why it looped or grew.
     #[error(
         "the plugin ran out of fuel (its per-call instruction budget){}",
-        stderr_note(stderr)
+        stderr_note(stderr.as_deref())
     )]
     OutOfFuel { stderr: Option<String> },
     #[error(
         "the plugin missed its deadline of {deadline_ms} ms{}",
-        stderr_note(stderr)
+        stderr_note(stderr.as_deref())
     )]
     Deadline {
         deadline_ms: u64,
@@ -64,7 +64,7 @@ pub enum PolicyFailure {
     },
     #[error(
         "the plugin hit its memory limit of {limit_mib} MiB (all its memories together){}",
-        stderr_note(stderr)
+        stderr_note(stderr.as_deref())
     )]
     MemoryLimit {
         limit_mib: u64,
@@ -72,7 +72,7 @@ pub enum PolicyFailure {
     },
     #[error(
         "the plugin hit its table limit of {limit_elements} elements (all its tables together){}",
-        stderr_note(stderr)
+        stderr_note(stderr.as_deref())
     )]
     TableLimit {
         limit_elements: u64,
@@ -91,9 +91,8 @@ pub enum PolicyFailure {
 /// How a failure's message quotes the end of the failed call's standard error (escaped,
 /// on the message's one line), or nothing where it wrote none. Always last, so a reader
 /// that shows the tail line by line (`tokwatt plugin check`) can take exactly this off.
-pub fn stderr_note(tail: &Option<String>) -> String {
-    tail.as_ref()
-        .map(|tail| format!(" (its standard error: {tail})"))
+pub fn stderr_note(tail: Option<&str>) -> String {
+    tail.map(|tail| format!(" (its standard error: {tail})"))
         .unwrap_or_default()
 }
 

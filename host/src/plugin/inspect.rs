@@ -508,7 +508,7 @@ fn observed<T>(
             .stderr_tail_since(mark)
             .and_then(|tail| {
                 message
-                    .strip_suffix(&stderr_note(&Some(tail)))
+                    .strip_suffix(&stderr_note(Some(&tail)))
                     .map(str::to_owned)
             })
             .unwrap_or(message);
@@ -807,9 +807,7 @@ pub fn compile_ahead(host: &PluginHost, path: &Path) -> Result<CompiledAhead, Co
 mod tests {
     use super::*;
 
-    fn built(name: &str) -> PathBuf {
-        crate::bench::built_plugin(name)
-    }
+    use crate::bench::built_plugin as built;
 
     fn host_with_cache(dir: &Path) -> PluginHost {
         PluginHost::new(&HostConfig {

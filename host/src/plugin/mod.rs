@@ -385,31 +385,29 @@ fn classify(
     limits: &SandboxLimits,
     error: wasmtime::Error,
 ) -> PolicyFailure {
+    // The end of what the call wrote to standard error goes with every kind of stop.
+    let stderr = store.data().call_stderr_tail();
     match store.data().limiter.hit() {
         Some(LimitHit::Memory) => {
             return PolicyFailure::MemoryLimit {
                 limit_mib: limits.memory_mib,
-                stderr: store.data().call_stderr_tail(),
+                stderr,
             };
         }
         Some(LimitHit::Table) => {
             return PolicyFailure::TableLimit {
                 limit_elements: sandbox::MAX_TABLE_ELEMENTS as u64,
-                stderr: store.data().call_stderr_tail(),
+                stderr,
             };
         }
         None => {}
     }
     match error.downcast_ref::<wasmtime::Trap>() {
-        Some(wasmtime::Trap::OutOfFuel) => {
-            return PolicyFailure::OutOfFuel {
-                stderr: store.data().call_stderr_tail(),
-            };
-        }
+        Some(wasmtime::Trap::OutOfFuel) => return PolicyFailure::OutOfFuel { stderr },
         Some(wasmtime::Trap::Interrupt) => {
             return PolicyFailure::Deadline {
                 deadline_ms: limits.deadline_ms,
-                stderr: store.data().call_stderr_tail(),
+                stderr,
             };
         }
         _ => {}
@@ -428,7 +426,7 @@ fn classify(
     if let Some(logged) = store.data().last_error_log() {
         message.push_str(&format!(" (the plugin logged: {logged})"));
     }
-    message.push_str(&stderr_note(&store.data().call_stderr_tail()));
+    message.push_str(&stderr_note(stderr.as_deref()));
     PolicyFailure::Trap(message)
 }
 

@@ -1,6 +1,5 @@
 //! The plugin host against real components built by host/build.rs.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,9 +7,7 @@ use super::*;
 use crate::bench::{sample_init_args, sample_observation};
 use crate::policy::{InitArgs, PolicyEngine, PolicyState};
 
-fn built(name: &str) -> PathBuf {
-    crate::bench::built_plugin(name)
-}
+use crate::bench::built_plugin as built;
 
 fn args(gpus: u32) -> InitArgs {
     sample_init_args(gpus)
