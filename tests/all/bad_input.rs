@@ -1,20 +1,26 @@
 //! Bad input gets a clear error naming the problem, and never a panic.
 
 use std::path::Path;
+use std::process::Command;
 
 use crate::support::*;
 
 /// Runs tokwatt with `args`, expects it to fail naming each of `expected`, and returns
 /// its standard error for further checks.
 fn fails_with(args: &[&str], expected: &[&str]) -> String {
-    let output = tokwatt().args(args).output().expect("runs");
+    refused(tokwatt().args(args), expected)
+}
+
+/// Run `command`, expecting it to fail with an error that mentions each of `expected`.
+fn refused(command: &mut Command, expected: &[&str]) -> String {
+    let output = command.output().expect("runs");
     let err = stderr(&output);
-    assert!(!output.status.success(), "{args:?} should fail");
+    assert!(!output.status.success(), "{command:?} should fail");
     assert!(!err.contains("thread 'main' panicked"), "{err}");
     for needle in expected {
         assert!(
             err.contains(needle),
-            "error for {args:?} should mention {needle:?}: {err}"
+            "error for {command:?} should mention {needle:?}: {err}"
         );
     }
     err
@@ -118,20 +124,8 @@ fn an_earlier_run_is_kept_unless_overwrite_is_given() {
     let out = dir.path().join("run");
     let spec = repo_root().join("policies/static.toml");
     run_sim(&spec, "3s", &out, &[]);
-    let out_arg = out.to_string_lossy().into_owned();
-    fails_with(
-        &[
-            "run",
-            "--sim",
-            "h200",
-            "--quiet",
-            "--duration",
-            "3s",
-            "--policy",
-            &spec.to_string_lossy(),
-            "--out",
-            &out_arg,
-        ],
+    refused(
+        &mut sim_run(&spec, "3s", &out),
         &["already holds a run", "--overwrite"],
     );
     run_sim(&spec, "3s", &out, &["--overwrite"]);
@@ -230,6 +224,10 @@ fn values_that_parse_but_make_no_sense_are_named_with_file_and_line() {
             "zero-fuel.toml:5: `sandbox.fuel_per_call`",
         ),
         (
+            "[sandbox]\nlog_messages_per_call = 100000",
+            "log-flood.toml:5: `sandbox.log_messages_per_call`",
+        ),
+        (
             "[breaker]\nfailures_to_eject = 0",
             "zero-breaker.toml:5: `breaker.failures_to_eject`",
         ),
@@ -271,22 +269,8 @@ fn a_log_filter_that_does_not_parse_is_refused_naming_where_it_came_from() {
 fn tokwatt_log_is_read() {
     let dir = tempdir();
     let run = |level: Option<&str>| {
-        let mut command = tokwatt();
-        command
-            .args([
-                "run",
-                "--sim",
-                "h200",
-                "--quiet",
-                "--duration",
-                "5s",
-                "--overwrite",
-            ])
-            .arg("--policy")
-            .arg(repo_root().join("policies/static.toml"))
-            .arg("--out")
-            .arg(dir.path())
-            .env_remove("RUST_LOG");
+        let mut command = sim_run(&repo_root().join("policies/static.toml"), "5s", dir.path());
+        command.arg("--overwrite").env_remove("RUST_LOG");
         match level {
             Some(level) => command.env("TOKWATT_LOG", level),
             None => command.env_remove("TOKWATT_LOG"),

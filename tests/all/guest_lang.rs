@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use crate::support::{RunResult, assert_run_sound, num, read_trace, repo_root, stderr, tokwatt};
+use crate::support::{
+    RunResult, assert_run_sound, num, read_trace, repo_root, sim_run_args, stderr, tokwatt,
+};
 
 pub fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
@@ -183,20 +185,8 @@ pub fn assert_example_spec_runs_keeping_state(
         tokwatt()
     };
     let output = run
-        .args([
-            "run",
-            "--sim",
-            "h200",
-            "--quiet",
-            "--duration",
-            "30s",
-            "--seed",
-            "1",
-        ])
-        .arg("--policy")
-        .arg(&spec)
-        .arg("--out")
-        .arg(&out)
+        .args(sim_run_args(&spec, "30s", &out))
+        .args(["--seed", "1"])
         .arg("--cache-dir")
         .arg(cache)
         .output()

@@ -19,7 +19,7 @@ use crate::guest_lang::{
     assert_replays_and_tests, build_component, compile_ahead, fresh_folder, print_build_figures,
     skip_unless_required, stdout, write_example_spec,
 };
-use crate::support::{repo_root, stderr, tokwatt};
+use crate::support::{repo_root, sim_run, stderr, tokwatt};
 
 /// The message the broken variant's `decide` throws; the check must show it.
 const THROWN: &str = "js-example: decide fails on purpose";
@@ -217,12 +217,7 @@ fn a_default_js_build_that_imports_http_is_refused_by_name_before_compiling() {
         &built.folder,
         "with-http.toml",
     );
-    let run = tokwatt()
-        .args(["run", "--sim", "h200", "--quiet", "--duration", "5s"])
-        .arg("--policy")
-        .arg(&spec)
-        .arg("--out")
-        .arg(built.folder.join("run-with-http"))
+    let run = sim_run(&spec, "5s", &built.folder.join("run-with-http"))
         .arg("--cache-dir")
         .arg(&cache)
         .output()

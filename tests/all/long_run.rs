@@ -112,20 +112,8 @@ fn a_simulated_day_with_a_trapping_plugin_misses_no_tick_and_stays_bounded() {
     let out = dir.path().join("out");
     let log = std::fs::File::create(dir.path().join("stderr.log")).expect("log file");
     let started = Instant::now();
-    let mut child = tokwatt()
-        .args([
-            "run",
-            "--sim",
-            "h200",
-            "--quiet",
-            "--gpus",
-            &GPUS.to_string(),
-        ])
-        .args(["--duration", &format!("{hours}h")])
-        .arg("--policy")
-        .arg(&spec)
-        .arg("--out")
-        .arg(&out)
+    let mut child = sim_run(&spec, &format!("{hours}h"), &out)
+        .args(["--gpus", &GPUS.to_string()])
         .stdout(Stdio::null())
         // A trapping plugin logs every trap: to a file, so no pipe fills and stalls it.
         .stderr(log)

@@ -15,7 +15,7 @@ use crate::guest_lang::{
     assert_checks_fine, build_component, compile_ahead, fresh_folder, skip_unless_required,
 };
 use crate::python_policy::componentize_py;
-use crate::support::{built_plugin, repo_root, stderr, tempdir, tokwatt};
+use crate::support::{built_plugin, repo_root, sim_run, stderr, tempdir, tokwatt};
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
@@ -294,14 +294,9 @@ fn assert_built_scaffold_checks_and_runs(scaffold: &Path, folder: &Path, name: &
         "{}",
         stdout(&check)
     );
-    let run = tokwatt()
-        .args(["run", "--sim", "h200", "--quiet", "--duration", "10s"])
-        .arg("--policy")
-        .arg(&spec)
+    let run = sim_run(&spec, "10s", &folder.join("run"))
         .arg("--cache-dir")
         .arg(&cache)
-        .arg("--out")
-        .arg(folder.join("run"))
         .output()
         .expect("runs");
     assert!(run.status.success(), "{}", stderr(&run));

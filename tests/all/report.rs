@@ -191,21 +191,7 @@ fn an_earlier_runs_report_is_not_replaced_unless_asked() {
     std::fs::create_dir(&out).expect("mkdir");
     std::fs::write(out.join("report.html"), "an earlier run's report").expect("write");
     let spec = repo_root().join("policies/static.toml");
-    let output = tokwatt()
-        .args([
-            "run",
-            "--sim",
-            "h200",
-            "--quiet",
-            "--duration",
-            "3s",
-            "--policy",
-        ])
-        .arg(&spec)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("runs");
+    let output = sim_run(&spec, "3s", &out).output().expect("runs");
     assert!(!output.status.success(), "refused");
     assert!(
         stderr(&output).contains("report.html"),

@@ -10,24 +10,10 @@ use crate::support::*;
 
 /// A run on the simulator against the wall clock, so there is time to interrupt it.
 fn spawn_realtime(state: &Path, out: &Path) -> Child {
-    tokwatt()
-        .args([
-            "run",
-            "--sim",
-            "h200",
-            "--realtime",
-            "--quiet",
-            "--duration",
-            "120s",
-            "--tick",
-            "200ms",
-        ])
-        .arg("--policy")
-        .arg(repo_root().join("policies/hill-climb.toml"))
+    sim_run(&repo_root().join("policies/hill-climb.toml"), "120s", out)
+        .args(["--realtime", "--tick", "200ms"])
         .arg("--state-file")
         .arg(state)
-        .arg("--out")
-        .arg(out)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -136,25 +122,16 @@ fn the_next_start_restores_what_a_crash_left() {
 fn a_panic_restores_settings() {
     let dir = tempdir();
     let state = dir.path().join("state.json");
-    let output = tokwatt()
-        .args([
-            "run",
-            "--sim",
-            "h200",
-            "--quiet",
-            "--duration",
-            "1m",
-            "--debug-panic-after-ticks",
-            "5",
-        ])
-        .arg("--policy")
-        .arg(repo_root().join("policies/hill-climb.toml"))
-        .arg("--state-file")
-        .arg(&state)
-        .arg("--out")
-        .arg(dir.path().join("out"))
-        .output()
-        .expect("runs");
+    let output = sim_run(
+        &repo_root().join("policies/hill-climb.toml"),
+        "1m",
+        &dir.path().join("out"),
+    )
+    .args(["--debug-panic-after-ticks", "5"])
+    .arg("--state-file")
+    .arg(&state)
+    .output()
+    .expect("runs");
     assert!(!output.status.success());
     assert!(
         stderr(&output).contains("panicking on purpose"),
@@ -170,24 +147,10 @@ fn a_panic_restores_settings() {
 /// A run like [`spawn_realtime`] on 2 GPUs at a 50 ms tick, whose policy (the shipped
 /// `static`) changes the power cap, the SM clock and the batch size at its first tick.
 fn spawn_changing(spec: &Path, state: &Path, out: &Path) -> Child {
-    tokwatt()
-        .args([
-            "run",
-            "--sim",
-            "h200",
-            "--gpus",
-            "2",
-            "--realtime",
-            "--quiet",
-            "--duration",
-            "1h",
-        ])
-        .arg("--policy")
-        .arg(spec)
+    sim_run(spec, "1h", out)
+        .args(["--gpus", "2", "--realtime"])
         .arg("--state-file")
         .arg(state)
-        .arg("--out")
-        .arg(out)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -388,14 +351,9 @@ fn a_corrupt_or_foreign_state_file_is_refused_by_restore_and_run_and_kept() {
         );
 
         let out = dir.path().join(format!("out-{name}"));
-        let run = tokwatt()
-            .args(["run", "--sim", "h200", "--quiet", "--duration", "10s"])
-            .arg("--policy")
-            .arg(repo_root().join("policies/static.toml"))
+        let run = sim_run(&repo_root().join("policies/static.toml"), "10s", &out)
             .arg("--state-file")
             .arg(&state)
-            .arg("--out")
-            .arg(&out)
             .output()
             .expect("runs");
         assert!(!run.status.success(), "{name}: a run went ahead");

@@ -1,5 +1,6 @@
 //! Helpers: run the binary, read its outputs, write throwaway specs.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -72,14 +73,28 @@ pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// Run `tokwatt run --sim h200 --quiet` with `args`, expecting success.
+/// The arguments of `tokwatt run --sim h200 --quiet --duration DURATION --policy SPEC
+/// --out OUT`, for a command that is not [`tokwatt`] (one wrapped in `time`, say).
+pub fn sim_run_args(spec: &Path, duration: &str, out: &Path) -> Vec<OsString> {
+    let mut args: Vec<OsString> = ["run", "--sim", "h200", "--quiet", "--duration", duration]
+        .into_iter()
+        .map(OsString::from)
+        .collect();
+    args.extend(["--policy".into(), spec.into(), "--out".into(), out.into()]);
+    args
+}
+
+/// `tokwatt run` of `spec` on one simulated H200 for `duration`, writing into `out`:
+/// add flags, then run it.
+pub fn sim_run(spec: &Path, duration: &str, out: &Path) -> Command {
+    let mut cmd = tokwatt();
+    cmd.args(sim_run_args(spec, duration, out));
+    cmd
+}
+
+/// Run [`sim_run`] with `args`, expecting success.
 pub fn run_sim(spec: &Path, duration: &str, out: &Path, args: &[&str]) -> RunResult {
-    let output = tokwatt()
-        .args(["run", "--sim", "h200", "--quiet", "--duration", duration])
-        .arg("--policy")
-        .arg(spec)
-        .arg("--out")
-        .arg(out)
+    let output = sim_run(spec, duration, out)
         .args(args)
         .output()
         .expect("tokwatt runs");

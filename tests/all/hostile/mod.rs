@@ -51,19 +51,7 @@ pub fn failures(r: &RunResult, kind: &str) -> f64 {
 pub fn run_refused(plugin: &Path, extra: &str) -> Output {
     let dir = tempdir();
     let spec = write_spec(dir.path(), "refused", plugin, extra);
-    let output = tokwatt()
-        .args([
-            "run",
-            "--sim",
-            "h200",
-            "--quiet",
-            "--duration",
-            "5s",
-            "--policy",
-        ])
-        .arg(&spec)
-        .arg("--out")
-        .arg(dir.path().join("out"))
+    let output = sim_run(&spec, "5s", &dir.path().join("out"))
         .output()
         .expect("runs");
     assert!(!output.status.success(), "{}", stderr(&output));

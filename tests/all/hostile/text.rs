@@ -24,19 +24,7 @@ fn log_messages_with_escapes_and_newlines_are_escaped() {
             &built_plugin("fixture_hostile"),
             &hostile_extra(mode, ""),
         );
-        let output = tokwatt()
-            .args([
-                "run",
-                "--sim",
-                "h200",
-                "--duration",
-                "5s",
-                "--quiet",
-                "--policy",
-            ])
-            .arg(&spec)
-            .arg("--out")
-            .arg(dir.path().join("out"))
+        let output = sim_run(&spec, "5s", &dir.path().join("out"))
             .env("RUST_LOG", "warn")
             .output()
             .expect("runs");
