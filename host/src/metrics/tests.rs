@@ -420,3 +420,134 @@ fn a_serving_engines_batch_size_is_absent_not_the_workloads_placeholder() {
         );
     }
 }
+
+/// One line of `tests/deploy/metric_names.txt`: a family's name, type and label names.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct ListedFamily {
+    name: String,
+    kind: String,
+    labels: Vec<String>,
+}
+
+/// The label names of one sample line (`name{a="x",b="y\"z"} 1`), in order.
+fn label_names(line: &str) -> Vec<String> {
+    let Some(start) = line.find('{') else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    let mut rest = &line[start + 1..];
+    while let Some((name, after)) = rest.split_once("=\"") {
+        names.push(name.trim_start_matches(',').to_owned());
+        // Skip the quoted value, honouring backslash escapes.
+        let mut escaped = false;
+        let end = after
+            .char_indices()
+            .find(|&(_, c)| {
+                let closes = c == '"' && !escaped;
+                escaped = c == '\\' && !escaped;
+                closes
+            })
+            .map(|(i, _)| i)
+            .expect("a label value ends with a quote");
+        rest = &after[end + 1..];
+        if rest.starts_with('}') {
+            break;
+        }
+    }
+    names
+}
+
+/// The families an exposition declares, with the label names its samples carry (a
+/// histogram's `le` is the format's, not the family's).
+fn exposed_families(text: &str) -> Vec<ListedFamily> {
+    let mut families: Vec<ListedFamily> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .map(|declared| {
+            let (name, kind) = declared.split_once(' ').expect("# TYPE name kind");
+            ListedFamily {
+                name: name.to_owned(),
+                kind: kind.to_owned(),
+                labels: Vec::new(),
+            }
+        })
+        .collect();
+    for line in text.lines().filter(|line| !line.starts_with('#')) {
+        let series = line.split(['{', ' ']).next().unwrap_or_default();
+        let family = families
+            .iter_mut()
+            .filter(|family| series.starts_with(&family.name))
+            .max_by_key(|family| family.name.len())
+            .unwrap_or_else(|| panic!("sample `{line}` belongs to no declared family"));
+        for name in label_names(line) {
+            if name != "le" && !family.labels.contains(&name) {
+                family.labels.push(name);
+            }
+        }
+    }
+    families.sort();
+    families
+}
+
+/// Dashboards, alerts and the deployment checkers are written against
+/// `tests/deploy/metric_names.txt`; this keeps it the exposition's own list.
+#[test]
+fn the_deployment_list_of_metric_names_is_the_exposition() {
+    let listed_text = include_str!("../../../tests/deploy/metric_names.txt");
+    let mut listed: Vec<ListedFamily> = listed_text
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(fields.len(), 3, "`name type labels`: {line}");
+            ListedFamily {
+                name: fields[0].to_owned(),
+                kind: fields[1].to_owned(),
+                labels: match fields[2] {
+                    "-" => Vec::new(),
+                    labels => labels.split(',').map(str::to_owned).collect(),
+                },
+            }
+        })
+        .collect();
+    listed.sort();
+
+    // Every family with at least one sample: a GPU that ran a tick under a policy, a
+    // refused swap, and the batch gauge the agent's own workload reports.
+    let metrics = AgentMetrics::new(&[device(0)], true, false);
+    let mut tick = Tick::first("a");
+    tick.next(observation(0, 0, 100, 400.0));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    metrics.swap_refused();
+    let exposed = exposed_families(&metrics.encode());
+    let unlabelled: Vec<&str> = exposed
+        .iter()
+        .filter(|family| {
+            family.labels.is_empty()
+                && listed
+                    .iter()
+                    .any(|entry| entry.name == family.name && !entry.labels.is_empty())
+        })
+        .map(|family| family.name.as_str())
+        .collect();
+    assert!(
+        unlabelled.is_empty(),
+        "families without a sample here, so their labels go unchecked: {unlabelled:?}"
+    );
+    let differing: Vec<String> = exposed
+        .iter()
+        .filter(|family| !listed.contains(family))
+        .map(|family| format!("exported {family:?}"))
+        .chain(
+            listed
+                .iter()
+                .filter(|entry| !exposed.contains(entry))
+                .map(|entry| format!("listed {entry:?}")),
+        )
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "tests/deploy/metric_names.txt must list what /metrics exports:\n{}",
+        differing.join("\n")
+    );
+}

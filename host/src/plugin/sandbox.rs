@@ -555,9 +555,7 @@ impl Pollable for ConsoleStream {
 }
 
 impl OutputStream for ConsoleStream {
-    // `bytes::Bytes`, named through hyper's re-export (the host does not depend on the
-    // `bytes` crate by name).
-    fn write(&mut self, bytes: hyper::body::Bytes) -> StreamResult<()> {
+    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
         self.console.write(self.stream, &bytes);
         Ok(())
     }

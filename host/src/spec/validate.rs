@@ -191,6 +191,9 @@ fn check_guardrails(raw: &RawSpec) -> Result<(), Problem> {
     )
 }
 
+/// The most log messages one call may write; past it they are dropped and counted.
+const MAX_LOG_MESSAGES_PER_CALL: u32 = 1024;
+
 fn check_sandbox(raw: &RawSpec) -> Result<(), Problem> {
     let s = &raw.sandbox;
     const T: &str = "sandbox";
@@ -216,6 +219,17 @@ fn check_sandbox(raw: &RawSpec) -> Result<(), Problem> {
             Some(T),
             "memory_mib",
             format!("must be between 1 and 4096, not {}", s.memory_mib),
+        ));
+    }
+    // Each message may be a KiB: more than this a call floods the log every tick.
+    if s.log_messages_per_call > MAX_LOG_MESSAGES_PER_CALL {
+        return Err(Problem::new(
+            Some(T),
+            "log_messages_per_call",
+            format!(
+                "must be between 0 (a silent policy) and {MAX_LOG_MESSAGES_PER_CALL}, not {}",
+                s.log_messages_per_call
+            ),
         ));
     }
     Ok(())
