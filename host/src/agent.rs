@@ -17,7 +17,7 @@ use crate::policy::{InitArgs, Supervisor};
 use crate::recorder::Recorder;
 use crate::spec::PolicySpec;
 use crate::swap::{PreparedPolicy, SwapPort};
-use crate::types::DeviceInfo;
+use crate::types::{DeviceInfo, Settings};
 
 /// The folder the build put the shipped and fixture plugins in.
 pub fn built_plugin_dir() -> PathBuf {
@@ -297,7 +297,8 @@ pub fn run_with_swaps(
     tracing::info!(
         policy = %spec.name,
         plugin = %plugin_path.display(),
-        "policy started; first settings {first:?}"
+        "policy started; first settings: {}",
+        Settings::per_gpu(&first)
     );
     let mut recorder = if request.write_files {
         Recorder::create(&request.out_dir, request.overwrite)?

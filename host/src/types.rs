@@ -68,6 +68,40 @@ pub struct Settings {
     pub batch_size: Option<u32>,
 }
 
+/// For people: `power cap 450 W, SM clock ≤ 1500 MHz, batch 256`, naming only the knobs
+/// it changes (`unchanged` when none).
+impl std::fmt::Display for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(cap) = self.power_cap_w {
+            parts.push(format!("power cap {cap} W"));
+        }
+        if let Some(clock) = self.sm_clock_max_mhz {
+            parts.push(format!("SM clock ≤ {clock} MHz"));
+        }
+        if let Some(batch) = self.batch_size {
+            parts.push(format!("batch {batch}"));
+        }
+        if parts.is_empty() {
+            f.write_str("unchanged")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
+    }
+}
+
+impl Settings {
+    /// One GPU's settings after another, for people: `GPU 0: power cap 450 W; GPU 1: unchanged`.
+    pub fn per_gpu(settings: &[Settings]) -> String {
+        settings
+            .iter()
+            .enumerate()
+            .map(|(gpu, s)| format!("GPU {gpu}: {s}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
 /// The settings actually in force on one GPU.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct InForce {
@@ -259,6 +293,27 @@ impl Objective {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_read_as_words_naming_only_what_changes() {
+        let all = Settings {
+            power_cap_w: Some(450.0),
+            sm_clock_max_mhz: Some(1500),
+            batch_size: Some(256),
+        };
+        assert_eq!(
+            all.to_string(),
+            "power cap 450 W, SM clock ≤ 1500 MHz, batch 256"
+        );
+        let batch_only = Settings {
+            batch_size: Some(8),
+            ..Settings::default()
+        };
+        assert_eq!(
+            Settings::per_gpu(&[all, Settings::default(), batch_only]),
+            "GPU 0: power cap 450 W, SM clock ≤ 1500 MHz, batch 256; GPU 1: unchanged; GPU 2: batch 8"
+        );
+    }
 
     fn busy_observation(demand: Option<DemandWindow>) -> Observation {
         Observation {

@@ -282,3 +282,21 @@ fn compile_fills_the_cache_and_a_second_compile_finds_it() {
         stderr(&refused)
     );
 }
+
+/// `tokwatt check SPEC` says what the policy's `init` asked for in words, per GPU.
+#[test]
+fn check_names_a_specs_first_settings_in_words() {
+    let output = tokwatt()
+        .arg("check")
+        .arg(repo_root().join("policies/static.toml"))
+        .output()
+        .expect("runs");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.starts_with("ok: static ("), "{text}");
+    assert!(
+        text.trim_end()
+            .ends_with("and starts; first settings: GPU 0: power cap 500 W"),
+        "{text}"
+    );
+}

@@ -707,26 +707,8 @@ fn settings_verdict(settings: &[crate::types::Settings], gpus: usize) -> Result<
             settings.len()
         ));
     }
-    let shown: Vec<String> = settings.iter().map(describe_settings).collect();
+    let shown: Vec<String> = settings.iter().map(ToString::to_string).collect();
     Ok(shown.join("; "))
-}
-
-fn describe_settings(settings: &crate::types::Settings) -> String {
-    let mut parts = Vec::new();
-    if let Some(cap) = settings.power_cap_w {
-        parts.push(format!("power cap {cap} W"));
-    }
-    if let Some(clock) = settings.sm_clock_max_mhz {
-        parts.push(format!("SM clock ≤ {clock} MHz"));
-    }
-    if let Some(batch) = settings.batch_size {
-        parts.push(format!("batch {batch}"));
-    }
-    if parts.is_empty() {
-        "unchanged".to_owned()
-    } else {
-        parts.join(", ")
-    }
 }
 
 /// Why a component could not be compiled ahead of time.

@@ -19,6 +19,7 @@ use tokwatt::control::Backends;
 use tokwatt::restore::{SettingsGuard, StateFile};
 use tokwatt::spec::PolicySpec;
 
+use crate::plugin_places::PluginPlaces;
 use crate::target::TargetArgs;
 
 #[derive(Debug, clap::Args)]
@@ -44,12 +45,8 @@ pub struct AbArgs {
     /// Replace an earlier comparison's files in --out.
     #[arg(long)]
     overwrite: bool,
-    /// Extra folder to look for plugins in.
-    #[arg(long = "plugin-dir")]
-    plugin_dirs: Vec<PathBuf>,
-    /// Folder for compiled plugins (default: the user's cache folder).
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    plugins: PluginPlaces,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -203,8 +200,8 @@ pub fn ab(args: AbArgs) -> Result<()> {
         schedule,
         plan,
         seed: args.seed,
-        plugin_dirs: args.plugin_dirs.clone(),
-        cache_dir: args.cache_dir.clone(),
+        plugin_dirs: args.plugins.plugin_dirs.clone(),
+        cache_dir: args.plugins.cache_dir.clone(),
     };
     let bar = crate::progress::AbBar::new(args.quiet, args.epochs.budget);
     let lines = !args.quiet && !bar.is_drawn();

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use crate::plugin_places::PluginPlaces;
 use tokwatt::agent;
 use tokwatt::bench::DecideLatencies;
 use tokwatt::bench::agent_cpu::{
@@ -131,12 +132,8 @@ pub enum BenchCommand {
         /// NVML sampling as before issue 15, for comparison: every reading every 100 ms.
         #[arg(long, requires = "nvml", conflicts_with_all = ["samples_per_tick", "slow_gauges_every", "tick_gauges_every", "energy_only"])]
         old_rates: bool,
-        /// Extra folder to look for plugins in.
-        #[arg(long = "plugin-dir")]
-        plugin_dirs: Vec<PathBuf>,
-        /// Folder for compiled plugins (default: the user's cache folder).
-        #[arg(long)]
-        cache_dir: Option<PathBuf>,
+        #[command(flatten)]
+        plugins: PluginPlaces,
     },
 }
 
@@ -179,8 +176,11 @@ pub fn bench(what: BenchCommand) -> Result<()> {
             tick_gauges_every,
             energy_only,
             old_rates,
-            plugin_dirs,
-            cache_dir,
+            plugins:
+                PluginPlaces {
+                    plugin_dirs,
+                    cache_dir,
+                },
         } => {
             let sampler = if old_rates {
                 SamplerConfig::everything_every(Duration::from_millis(100))

@@ -6,18 +6,19 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::plugin_places::PluginPlaces;
 use tokwatt::agent;
 use tokwatt::assembly::{self, BackendRequest, SimTarget, Target};
 use tokwatt::plugin::{CONTRACT_VERSION, ComponentCache, HostConfig, PluginHost};
 use tokwatt::spec::PolicySpec;
+use tokwatt::types::Settings;
 
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
     /// The policy spec (TOML).
     spec: PathBuf,
-    /// Extra folder to look for plugins in.
-    #[arg(long = "plugin-dir")]
-    plugin_dirs: Vec<PathBuf>,
+    #[command(flatten)]
+    plugins: PluginPlaces,
 }
 
 pub fn check(args: &CheckArgs) -> Result<()> {
@@ -30,9 +31,13 @@ pub fn check(args: &CheckArgs) -> Result<()> {
     let assembled = assembly::assemble(&request, &spec.name, spec.knobs)
         .context("assembling a simulated H200 to start the policy on")?;
     spec.knobs = assembled.knobs;
-    let plugin = spec.resolve_plugin(&agent::plugin_search_path(&args.plugin_dirs))?;
+    let plugin = spec.resolve_plugin(&agent::plugin_search_path(&args.plugins.plugin_dirs))?;
     let host = PluginHost::new(&HostConfig {
-        cache_dir: ComponentCache::default_dir(),
+        cache_dir: args
+            .plugins
+            .cache_dir
+            .clone()
+            .or_else(ComponentCache::default_dir),
     })?;
     let tick = Duration::from_millis(u64::from(spec.tick_ms));
     let (_, first, _) = agent::start_policy(
@@ -44,9 +49,10 @@ pub fn check(args: &CheckArgs) -> Result<()> {
         tick,
     )?;
     println!(
-        "ok: {} ({}) loads, implements tokwatt:policy@{CONTRACT_VERSION} and starts; first settings: {first:?}",
+        "ok: {} ({}) loads, implements tokwatt:policy@{CONTRACT_VERSION} and starts; first settings: {}",
         spec.name,
         plugin.display(),
+        Settings::per_gpu(&first),
     );
     Ok(())
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 
+use crate::plugin_places::PluginPlaces;
 use tokwatt::eval::{self, EvalProgress, EvalRequest, EvalResults, EvalScenario, fmt_option};
 
 #[derive(Debug, clap::Args)]
@@ -34,12 +35,8 @@ pub struct EvalArgs {
     /// Replace an earlier evaluation's files in --out.
     #[arg(long)]
     overwrite: bool,
-    /// Extra folder to look for plugins in.
-    #[arg(long = "plugin-dir")]
-    plugin_dirs: Vec<PathBuf>,
-    /// Folder for compiled plugins (default: the user's cache folder).
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    plugins: PluginPlaces,
     /// No progress lines.
     #[arg(long, short)]
     quiet: bool,
@@ -71,8 +68,8 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
         seeds: args.seeds,
         duration_s: args.duration.map(|d| d.as_secs_f64()),
         threads,
-        plugin_dirs: args.plugin_dirs.clone(),
-        cache_dir: args.cache_dir.clone(),
+        plugin_dirs: args.plugins.plugin_dirs.clone(),
+        cache_dir: args.plugins.cache_dir.clone(),
     };
     if !args.quiet {
         eprintln!(

@@ -9,6 +9,7 @@ mod check;
 mod eval;
 mod gpus;
 mod plugin;
+mod plugin_places;
 mod policy;
 mod progress;
 mod replay;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
+use crate::plugin_places::PluginPlaces;
 use tokwatt::replay::{self, ReplayRequest, TickRange};
 use tokwatt::spec::PolicySpec;
 
@@ -26,12 +27,8 @@ pub struct ReplayArgs {
     /// or a profile file); needed for a run on real GPUs, whose facts are not recorded.
     #[arg(long)]
     sim: Option<String>,
-    /// Extra folder to look for plugins in.
-    #[arg(long = "plugin-dir")]
-    plugin_dirs: Vec<PathBuf>,
-    /// Folder for compiled plugins (default: the user's cache folder, tokwatt/components).
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    plugins: PluginPlaces,
 }
 
 fn parse_ticks(text: &str) -> Result<TickRange, String> {
@@ -45,8 +42,8 @@ pub fn replay(args: &ReplayArgs) -> Result<()> {
         spec,
         ticks: args.ticks.unwrap_or_default(),
         sim_profile: args.sim.clone(),
-        plugin_dirs: args.plugin_dirs.clone(),
-        cache_dir: args.cache_dir.clone(),
+        plugin_dirs: args.plugins.plugin_dirs.clone(),
+        cache_dir: args.plugins.cache_dir.clone(),
     })
     .with_context(|| format!("replaying {}", args.run_dir.display()))?;
     if args.json {

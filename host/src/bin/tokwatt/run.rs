@@ -15,6 +15,7 @@ use tokwatt::restore::{SettingsGuard, StateFile};
 use tokwatt::spec::PolicySpec;
 use tokwatt::workload::prometheus;
 
+use crate::plugin_places::PluginPlaces;
 use crate::target::TargetArgs;
 
 #[derive(Debug, clap::Args)]
@@ -38,12 +39,8 @@ pub struct RunArgs {
     /// Seed for the simulator and the policy's random source.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Extra folder to look for plugins in.
-    #[arg(long = "plugin-dir")]
-    plugin_dirs: Vec<PathBuf>,
-    /// Folder for compiled plugins (default: the user's cache folder, tokwatt/components).
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    plugins: PluginPlaces,
     /// No progress lines.
     #[arg(long, short)]
     quiet: bool,
@@ -102,8 +99,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         duration: args.duration,
         tick: None,
         out_dir: out_dir.clone(),
-        plugin_dirs: args.plugin_dirs.clone(),
-        cache_dir: args.cache_dir.clone(),
+        plugin_dirs: args.plugins.plugin_dirs.clone(),
+        cache_dir: args.plugins.cache_dir.clone(),
         seed: args.seed,
         overwrite: args.overwrite,
         write_files: true,

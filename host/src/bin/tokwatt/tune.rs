@@ -15,6 +15,7 @@ use tokwatt::ab::tune::{self, ParamRange, TuneOutcome, TuneProgress, TuneRequest
 use tokwatt::assembly::SimTarget;
 use tokwatt::spec::PolicySpec;
 
+use crate::plugin_places::PluginPlaces;
 use crate::progress::RoundBar;
 
 #[derive(Debug, clap::Args)]
@@ -74,12 +75,8 @@ pub struct TuneArgs {
     /// Replace an earlier search's files in --out.
     #[arg(long)]
     overwrite: bool,
-    /// Extra folder to look for plugins in.
-    #[arg(long = "plugin-dir")]
-    plugin_dirs: Vec<PathBuf>,
-    /// Folder for compiled plugins (default: the user's cache folder).
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    plugins: PluginPlaces,
     /// No progress bar or progress lines.
     #[arg(long, short)]
     quiet: bool,
@@ -150,8 +147,8 @@ pub fn tune(args: TuneArgs) -> Result<()> {
         first_round_pairs: args.pairs,
         alpha: args.alpha,
         schedule,
-        plugin_dirs: args.plugin_dirs.clone(),
-        cache_dir: args.cache_dir.clone(),
+        plugin_dirs: args.plugins.plugin_dirs.clone(),
+        cache_dir: args.plugins.cache_dir.clone(),
     };
     if !args.quiet {
         eprintln!(

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 
+use crate::plugin_places::PluginPlaces;
 use tokwatt::eval::{self, EvalRequest, EvalResults, EvalScenario, PhaseOracle};
 
 /// The judging scenario used when none is given: one H200, a latency objective, three
@@ -35,12 +36,8 @@ pub struct TestArgs {
     /// The spec to compare with (default: the shipped `default` policy).
     #[arg(long, value_name = "SPEC")]
     baseline: Option<PathBuf>,
-    /// Extra folder to look for plugins in.
-    #[arg(long = "plugin-dir")]
-    plugin_dirs: Vec<PathBuf>,
-    /// Folder for compiled plugins (default: the user's cache folder).
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    plugins: PluginPlaces,
 }
 
 pub fn test(args: &TestArgs) -> Result<()> {
@@ -94,8 +91,8 @@ pub fn test(args: &TestArgs) -> Result<()> {
         seeds: args.seeds,
         duration_s: args.duration.map(|d| d.as_secs_f64()),
         threads,
-        plugin_dirs: args.plugin_dirs.clone(),
-        cache_dir: args.cache_dir.clone(),
+        plugin_dirs: args.plugins.plugin_dirs.clone(),
+        cache_dir: args.plugins.cache_dir.clone(),
     };
     let results = eval::evaluate(&request, Arc::new(AtomicBool::new(false)), &mut |_| {})?;
     print_results(&results)?;
