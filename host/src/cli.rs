@@ -42,9 +42,32 @@ pub fn parse_duration_or_zero(text: &str) -> Result<Duration, String> {
     parse_duration(trimmed)
 }
 
+/// The most worker threads a command may be asked for: past it the operating system may
+/// refuse one mid-run, and no machine gains from more.
+pub const MAX_THREADS: usize = 1024;
+
+/// A `--threads` count: 1 to [`MAX_THREADS`].
+pub fn thread_count(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(threads) if (1..=MAX_THREADS).contains(&threads) => Ok(threads),
+        _ => Err(format!(
+            "`{text}` is not a thread count: give a whole number from 1 to {MAX_THREADS}"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thread_counts_are_whole_and_bounded() {
+        assert_eq!(thread_count("4"), Ok(4));
+        for bad in ["0", "-1", "2.5", "1025", "lots"] {
+            let err = thread_count(bad).expect_err(bad);
+            assert!(err.contains("1 to 1024"), "{err}");
+        }
+    }
 
     #[test]
     fn zero_is_taken_only_where_asked_for() {

@@ -411,7 +411,11 @@ impl ControlLoop {
                 self.totals.interrupted = true;
                 break;
             }
-            let deadline = start + tick_len * u32::try_from(tick + 1).unwrap_or(u32::MAX);
+            // In nanoseconds: `Duration * u32` would stop advancing after 2^32 ticks (497
+            // days of `serve` at a 10 ms tick) and the loop would spin.
+            let offset_ns = tick_len.as_nanos().saturating_mul(u128::from(tick + 1));
+            let deadline =
+                start + Duration::from_nanos(u64::try_from(offset_ns).unwrap_or(u64::MAX));
             self.backends.clock.sleep_until(deadline);
             let now = self.backends.clock.now();
             let lateness = now.saturating_sub(deadline);

@@ -289,7 +289,14 @@ impl Envelope {
         let (lo, hi) = limits.power_cap_w;
         let in_range = want.clamp(lo, hi);
         let step = limits.max_power_cap_step_w;
-        let stepped = in_range.clamp(current - step, current + step).clamp(lo, hi);
+        // `current` comes from the device; were it ever unknown (NaN), `clamp` would panic.
+        // There is then no step to limit, and nothing is applied: no difference from an
+        // unknown request reaches the 0.5 W threshold.
+        let stepped = if current.is_finite() {
+            in_range.clamp(current - step, current + step).clamp(lo, hi)
+        } else {
+            in_range
+        };
         Ok((stepped, stepped != want))
     }
 
@@ -406,6 +413,30 @@ mod tests {
             &in_force(),
         );
         assert!(nan.non_finite && nan.settings.power_cap_w.is_none());
+    }
+
+    /// A cap in force that reads as unknown leaves the cap alone rather than panicking on a
+    /// step limit it cannot compute.
+    #[test]
+    fn an_unknown_cap_in_force_changes_nothing() {
+        let env = envelope(Guardrails {
+            max_power_cap_step_w: Some(100.0),
+            ..Guardrails::default()
+        });
+        let unknown = InForce {
+            power_cap_requested_w: f64::NAN,
+            ..in_force()
+        };
+        let out = env.apply(
+            0,
+            &Settings {
+                power_cap_w: Some(450.0),
+                ..Settings::default()
+            },
+            &unknown,
+        );
+        assert_eq!(out.settings.power_cap_w, None);
+        assert!(!out.non_finite, "the policy asked for a finite cap");
     }
 
     #[test]

@@ -313,3 +313,36 @@ fn a_printing_command_whose_reader_is_gone_ends_without_a_panic() {
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?}\n{err}");
 }
+
+/// Counts that would only allocate or overflow are refused by name, before any work.
+#[test]
+fn counts_past_any_use_are_refused_with_their_range() {
+    let spec = repo_root().join("policies/static.toml");
+    let spec = spec.to_string_lossy();
+    let scenarios = repo_root().join("host/scenarios/eval");
+    let scenarios = scenarios.to_string_lossy();
+    let eval = ["eval", "--policies", &spec, "--scenarios", &scenarios];
+    for (extra, expected) in [
+        (vec!["--seeds", "18446744073709551615"], "1..=1000"),
+        (vec!["--threads", "0"], "1 to 1024"),
+        (vec!["--duration", "100000h"], "10 s to a week"),
+    ] {
+        let args: Vec<&str> = eval.iter().copied().chain(extra).collect();
+        fails_with(&args, &[expected]);
+    }
+    fails_with(
+        &[
+            "ab",
+            "--sim",
+            "h200",
+            "--a",
+            &spec,
+            "--b",
+            &spec,
+            "--budget",
+            "4611686018427387904",
+        ],
+        &["at most 100000"],
+    );
+    fails_with(&["bench", "decide", "--calls", "0"], &["1..=100000000"]);
+}

@@ -88,6 +88,10 @@ pub enum AbError {
     NoSuchLook { look: usize, looks: usize },
     #[error("a budget of {budget} pairs is too small: at least 2 pairs are needed for an interval")]
     BudgetTooSmall { budget: usize },
+    #[error(
+        "a budget of {budget} pairs is more than any comparison needs: give at most {MAX_BUDGET} (the default is {DEFAULT_BUDGET})"
+    )]
+    BudgetTooLarge { budget: usize },
     #[error("α = {alpha} is not a false-positive rate; use a value between 0 and 1, e.g. 0.05")]
     BadAlpha { alpha: f64 },
     #[error("{name} = {value} is not valid; {fix}")]
@@ -174,6 +178,9 @@ pub struct Verdict {
 /// difference is decided with over 90 % power by the last look (`tokwatt bench
 /// ab-error-rates` prints it; `tests/all/ab.rs` holds it).
 pub const DEFAULT_BUDGET: usize = 32;
+/// The most pairs a comparison may budget: 100 000 pairs of one-minute epochs is most of a
+/// year; more is a typo, and would only allocate.
+pub const MAX_BUDGET: usize = 100_000;
 /// The default false-positive rate. The looks' union bound is nearly tight here (the last
 /// look gets most of α), so the rate is close to α itself: on the simulator, 1000 A/A
 /// comparisons at α = 0.05 named a winner 5.4 % of the time (the per-look t tests are
@@ -214,6 +221,9 @@ impl SequentialPlan {
     ) -> Result<Self, AbError> {
         if budget < 2 {
             return Err(AbError::BudgetTooSmall { budget });
+        }
+        if budget > MAX_BUDGET {
+            return Err(AbError::BudgetTooLarge { budget });
         }
         if !(alpha > 0.0 && alpha < 1.0) {
             return Err(AbError::BadAlpha { alpha });

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::{Deserialize, Serialize};
 
 use super::run::{AbOutcome, AbRequest, AbRunError, Schedule, run_interleaved};
-use super::stats::{AbError, Arm, Decision, SequentialPlan, Tolerances};
+use super::stats::{AbError, Arm, Decision, MAX_BUDGET, SequentialPlan, Tolerances};
 use crate::agent::AgentError;
 use crate::assembly::{self, BackendRequest, RunMeta, SimTarget, Target};
 use crate::spec::PolicySpec;
@@ -169,7 +169,10 @@ fn numeric_range(low: &str, high: &str, step: &str) -> Result<Vec<String>, Strin
         .iter()
         .map(|t| t.split_once('.').map_or(0, |(_, f)| f.len()))
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0)
+        // An f64 holds no more than 17 significant digits (and a format precision past
+        // 65 535 panics): longer fractions are written to that.
+        .min(17);
     Ok((0..count as usize)
         .map(|i| {
             let value = lo + st * i as f64;
@@ -513,7 +516,8 @@ pub fn tune(
         if survivors.len() <= 1 {
             break;
         }
-        pairs = pairs.saturating_mul(request.eta);
+        // The later rounds of a wide search would pass any budget; they stop growing there.
+        pairs = pairs.saturating_mul(request.eta).min(MAX_BUDGET);
     }
     let winner = survivors.into_iter().next().unwrap_or_default();
     let (winner_outcome, winner_result) = last_outcomes

@@ -75,6 +75,8 @@ pub enum EvalError {
     },
     #[error("give at least one policy spec and one scenario")]
     Nothing,
+    #[error("--duration {duration_s} s: a judging run lasts 10 s to a week (604800 s)")]
+    Duration { duration_s: f64 },
     #[error("the judge was interrupted")]
     Interrupted,
 }
@@ -240,6 +242,11 @@ pub fn evaluate(
     let started = Instant::now();
     if request.policies.is_empty() || request.scenarios.is_empty() {
         return Err(EvalError::Nothing);
+    }
+    if let Some(duration_s) = request.duration_s
+        && !scenario::duration_in_range(duration_s)
+    {
+        return Err(EvalError::Duration { duration_s });
     }
     let specs: Vec<PolicySpec> = request
         .policies

@@ -133,7 +133,7 @@ impl EvalScenario {
         workload.batch_size_max = workload.batch_size_max.min(fits);
         workload.initial_batch_size = workload.initial_batch_size.min(fits);
         let duration_s = file.duration_s.unwrap_or(DEFAULT_DURATION_S);
-        if !(duration_s.is_finite() && (10.0..=7.0 * 86_400.0).contains(&duration_s)) {
+        if !duration_in_range(duration_s) {
             return Err(invalid(format!(
                 "`duration_s` must lie between 10 s and a week (got {duration_s})"
             )));
@@ -216,6 +216,12 @@ impl EvalScenario {
             })
             .collect()
     }
+}
+
+/// A judging run's simulated time: 10 s to a week, whether a scenario gives it or
+/// `tokwatt eval --duration` does (each tick keeps a point of the report's series).
+pub fn duration_in_range(duration_s: f64) -> bool {
+    duration_s.is_finite() && (10.0..=7.0 * 86_400.0).contains(&duration_s)
 }
 
 #[cfg(test)]

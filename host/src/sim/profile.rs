@@ -326,7 +326,9 @@ impl GpuProfile {
         let cap = &self.power_cap;
         checks.positive("power_cap.min_w", cap.min_w);
         checks.positive("power_cap.default_w", cap.default_w);
-        checks.positive("power_cap.max_w", cap.max_w);
+        // Ten times any GPU's board power: past it the oracle's 25 W cap grid stops being a
+        // grid (a 1e17 W cap minus 25 W is the same number).
+        checks.in_range("power_cap.max_w", cap.max_w, 1.0, 10_000.0);
         checks.require(cap.min_w < cap.max_w, || {
             format!(
                 "power_cap.min_w ({}) must be below power_cap.max_w ({})",
@@ -384,11 +386,15 @@ impl GpuProfile {
         checks.positive("nvml.energy_update_s", n.energy_update_s);
         checks.in_range("nvml.energy_update_s", n.energy_update_s, 0.001, 10.0);
         let bins = n.power_average_window_s / n.energy_update_s;
+        // The simulator keeps one sample a bin: a window of 10 000 updates is already ten
+        // times NVML's one second at its fastest update.
         checks.require(
-            n.power_average_window_s.is_finite() && bins >= 1.0 && (bins - bins.round()).abs() < 1e-6,
+            n.power_average_window_s.is_finite()
+                && (1.0..=10_000.0).contains(&bins)
+                && (bins - bins.round()).abs() < 1e-6,
             || {
                 format!(
-                    "nvml.power_average_window_s ({}) must be a whole multiple (1 or more) of nvml.energy_update_s ({})",
+                    "nvml.power_average_window_s ({}) must be a whole multiple, 1 to 10000 times, of nvml.energy_update_s ({})",
                     n.power_average_window_s, n.energy_update_s
                 )
             },
@@ -611,6 +617,28 @@ mod tests {
             .to_string();
         assert!(
             err.contains("typo.toml") && err.contains("power_watts"),
+            "{err}"
+        );
+    }
+
+    /// Values that would make the simulator or the oracle allocate without end.
+    #[test]
+    fn sizes_past_any_gpu_are_refused() {
+        let text = replace_line(BUILT_IN[2].1, "max_w", "max_w = 1e17");
+        let text = replace_line(
+            &text,
+            "power_average_window_s",
+            "power_average_window_s = 1e17",
+        );
+        let err = GpuProfile::from_toml_str(&text, "huge.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("power_cap.max_w must lie between 1 and 10000 (got 100000000000000000)"),
+            "{err}"
+        );
+        assert!(
+            err.contains("must be a whole multiple, 1 to 10000 times, of nvml.energy_update_s"),
             "{err}"
         );
     }

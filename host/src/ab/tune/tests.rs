@@ -24,6 +24,13 @@ fn ranges_are_inclusive_and_keep_the_written_form() {
 }
 
 #[test]
+fn a_fraction_longer_than_an_f64_holds_is_written_to_17_places() {
+    let long = format!("x=1.{}..2:1", "0".repeat(70_000));
+    let zeros = "0".repeat(17);
+    assert_eq!(values(&long), [format!("1.{zeros}"), format!("2.{zeros}")]);
+}
+
+#[test]
 fn bad_ranges_name_the_param_and_the_fix() {
     for (text, problem) in [
         ("power_cap_w", "no `=`"),

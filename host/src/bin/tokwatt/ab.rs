@@ -417,13 +417,13 @@ pub struct ErrorRatesArgs {
     #[arg(long, default_value = "host/scenarios/steady.toml")]
     scenario: PathBuf,
     /// Comparisons per study (one seed each).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     seeds: u64,
     /// Each comparison's epochs and budget, as `tokwatt ab` takes them.
     #[command(flatten)]
     epochs: EpochArgs,
     /// Comparisons at once (default: the machine's cores).
-    #[arg(long)]
+    #[arg(long, value_parser = tokwatt::cli::thread_count)]
     threads: Option<usize>,
     /// Also write the figures as JSON here.
     #[arg(long)]

@@ -48,10 +48,10 @@ pub enum BenchCommand {
     /// the worst call (a deadline is judged against the worst), and the plugin's start.
     Decide {
         /// GPUs per call.
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
         gpus: u32,
         /// Calls to time.
-        #[arg(long, default_value_t = 100_000)]
+        #[arg(long, default_value_t = 100_000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000_000))]
         calls: usize,
         /// Plugin to call (default: the shipped `static` policy, which does no work).
         #[arg(long)]

@@ -21,13 +21,13 @@ pub struct EvalArgs {
     #[arg(long, num_args = 1.., required = true, value_name = "DIR|FILE")]
     scenarios: Vec<PathBuf>,
     /// Seeds per policy and scenario (1..=N).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
     seeds: u64,
     /// Simulated time of every run (overrides each scenario's `duration_s`): 30m, 90s.
     #[arg(long, value_parser = tokwatt::cli::parse_duration)]
     duration: Option<Duration>,
     /// Runs in parallel (default: the cores there are).
-    #[arg(long)]
+    #[arg(long, value_parser = tokwatt::cli::thread_count)]
     threads: Option<usize>,
     /// Output folder for eval.json and report.html (default: out/eval-TIME).
     #[arg(long)]
