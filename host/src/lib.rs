@@ -24,6 +24,7 @@ pub mod control;
 pub mod cuda;
 pub mod envelope;
 pub mod eval;
+pub mod files;
 pub mod gpu_tests;
 pub mod metrics;
 pub mod model;

@@ -340,3 +340,38 @@ fn a_watched_policy_folder_is_swapped_in_when_it_changes_and_settles() {
     agent.stop();
     assert_eq!(agent.join().expect("clean end").totals.swaps.swaps, 1);
 }
+
+/// A watched folder that cannot be read is refused before any GPU setting changes: no
+/// state file was written, no loop was left running.
+#[test]
+fn a_missing_watched_folder_is_refused_before_anything_changes() {
+    let dir = tempdir();
+    let spec = write_spec(
+        dir.path(),
+        "stateful",
+        &built_plugin("fixture_stateful"),
+        sandbox(),
+    );
+    let missing = dir.path().join("no-such-folder");
+    let state = dir.path().join("state.json");
+    let config = config(
+        dir.path(),
+        &spec,
+        &format!("\n[state]\nfile = \"{}\"\n", state.display()),
+    );
+    let text = std::fs::read_to_string(&config.path)
+        .expect("config")
+        .replace(
+            "probation_ticks = 5\n",
+            &format!("probation_ticks = 5\nwatch = \"{}\"\n", missing.display()),
+        );
+    std::fs::write(&config.path, text).expect("config");
+    let config = ServeConfig::load(&config.path).expect("valid");
+    let error = match serve::start(&config, Arc::new(AtomicBool::new(false)), None) {
+        Ok(_) => panic!("an agent started watching a folder that is not there"),
+        Err(error) => error.to_string(),
+    };
+    assert!(error.contains("no-such-folder"), "{error}");
+    assert!(error.contains("`policy.watch`"), "{error}");
+    assert!(!state.exists(), "nothing was saved, so nothing changed");
+}

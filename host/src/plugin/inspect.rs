@@ -130,7 +130,7 @@ impl Inspection {
 pub fn inspect(host: &PluginHost, path: &Path) -> Inspection {
     let mut report = Inspection::new(path);
     let file = path.display().to_string();
-    let bytes = match std::fs::read(path) {
+    let bytes = match crate::files::read_bounded(path, crate::files::MAX_PLUGIN_BYTES) {
         Ok(bytes) => bytes,
         Err(source) => {
             let error = PluginError::Read {
@@ -754,10 +754,13 @@ pub fn compile_ahead(host: &PluginHost, path: &Path) -> Result<CompiledAhead, Co
         .map_err(|why| CompileAheadError::Untrusted {
             why: why.to_string(),
         })?;
-    let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
+    let bytes =
+        crate::files::read_bounded(path, crate::files::MAX_PLUGIN_BYTES).map_err(|source| {
+            PluginError::Read {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
     check_component_header(path, &bytes)?;
     let hits_before = cache.hits();
     let started = std::time::Instant::now();

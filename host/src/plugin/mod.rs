@@ -230,10 +230,13 @@ impl PluginHost {
         name: &str,
         limits: SandboxLimits,
     ) -> Result<LoadedPlugin, PluginError> {
-        let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let bytes =
+            crate::files::read_bounded(path, crate::files::MAX_PLUGIN_BYTES).map_err(|source| {
+                PluginError::Read {
+                    path: path.to_owned(),
+                    source,
+                }
+            })?;
         check_component_header(path, &bytes)?;
         refuse_unprovided_imports(path, &bytes)?;
         let component = match &self.cache {

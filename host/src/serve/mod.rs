@@ -63,6 +63,14 @@ pub enum ServeError {
     Restore(#[from] crate::restore::RestoreError),
     #[error(transparent)]
     Recorder(#[from] crate::recorder::RecorderError),
+    #[error(
+        "the watched folder {} (`policy.watch`) cannot be read: {source}; create it, or fix or remove the key",
+        folder.display()
+    )]
+    Watch {
+        folder: PathBuf,
+        source: std::io::Error,
+    },
     #[error("reading plugin {path}: {source}")]
     ReadPlugin {
         path: PathBuf,
@@ -228,10 +236,13 @@ fn backend_request(config: &ServeConfig, tick: Duration) -> Result<BackendReques
 /// whenever the component does.
 pub fn plugin_version(path: &Path) -> Result<String, ServeError> {
     use sha2::{Digest, Sha256};
-    let bytes = std::fs::read(path).map_err(|source| ServeError::ReadPlugin {
-        path: path.to_owned(),
-        source,
-    })?;
+    let bytes =
+        crate::files::read_bounded(path, crate::files::MAX_PLUGIN_BYTES).map_err(|source| {
+            ServeError::ReadPlugin {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
     let digest = Sha256::digest(&bytes);
     Ok(digest.iter().take(6).map(|b| format!("{b:02x}")).collect())
 }
@@ -263,6 +274,11 @@ pub fn start(
     spec.knobs = knobs;
     for w in &withheld {
         tracing::warn!(policy = %spec.name, "{w}");
+    }
+
+    // Refused before any GPU setting changes: the watcher starts after the loop.
+    if let Some(folder) = &config.watch {
+        watch::readable(folder)?;
     }
 
     // Real GPUs that may change: save every GPU's settings before the first change (a
@@ -401,11 +417,20 @@ pub fn start(
         })
         .map_err(ServeError::Thread)?;
     let watcher = match &config.watch {
-        Some(folder) => Some(watch::Watcher::start(
-            folder.clone(),
-            config.watch_period,
-            Arc::clone(&control),
-        )?),
+        Some(folder) => {
+            match watch::Watcher::start(folder.clone(), config.watch_period, Arc::clone(&control)) {
+                Ok(watcher) => Some(watcher),
+                Err(error) => {
+                    // The loop runs and may have changed settings: it puts them back when
+                    // it stops, and must stop before the error ends the process.
+                    stop.store(true, Ordering::Relaxed);
+                    if thread.join().is_err() {
+                        tracing::error!("the control loop panicked while stopping");
+                    }
+                    return Err(error);
+                }
+            }
+        }
         None => None,
     };
     Ok(Agent {

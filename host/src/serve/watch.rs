@@ -30,6 +30,14 @@ fn fingerprint(folder: &Path) -> std::io::Result<Fingerprint> {
     Ok(files)
 }
 
+/// The folder's files now, or why it cannot be watched.
+pub(super) fn readable(folder: &Path) -> Result<Fingerprint, ServeError> {
+    fingerprint(folder).map_err(|source| ServeError::Watch {
+        folder: folder.to_owned(),
+        source,
+    })
+}
+
 /// The one spec in the folder.
 fn the_spec(files: &Fingerprint, folder: &Path) -> Result<PathBuf, String> {
     let specs: Vec<&PathBuf> = files
@@ -65,10 +73,7 @@ impl Watcher {
         control: Arc<ServeControl>,
     ) -> Result<Self, ServeError> {
         // What is there at the start is the baseline, not a change.
-        let baseline = fingerprint(&folder).map_err(|source| ServeError::ReadPlugin {
-            path: folder.clone(),
-            source,
-        })?;
+        let baseline = readable(&folder)?;
         let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("tokwatt-policy-watch".into())

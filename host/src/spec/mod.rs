@@ -93,10 +93,12 @@ pub struct PolicySpec {
 
 impl PolicySpec {
     pub fn load(path: &Path) -> Result<Self, SpecError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = crate::files::read_text_bounded(path, crate::files::MAX_SPEC_BYTES).map_err(
+            |source| SpecError::Read {
+                path: path.to_owned(),
+                source,
+            },
+        )?;
         Self::parse(path, &text)
     }
 
