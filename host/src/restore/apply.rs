@@ -23,7 +23,9 @@ fn restore_gpu(actuator: &mut dyn Actuator, gpu: u32, saved: &SavedGpu) -> Vec<R
         Err(error) => Outcome::Failed(error.to_string()),
     };
 
+    let changed = saved.changed;
     let power = match actuator.read(gpu) {
+        _ if !changed.power_cap => Outcome::NotChanged,
         Ok(now) if (now.power_cap_w - original.power_cap_w).abs() < POWER_TOLERANCE_W => {
             Outcome::AlreadyInPlace
         }
@@ -34,16 +36,24 @@ fn restore_gpu(actuator: &mut dyn Actuator, gpu: u32, saved: &SavedGpu) -> Vec<R
             false,
         ),
     };
-    // NVML cannot report clock locks, so they are always put back (a reset when there
-    // was none).
-    let sm = outcome_of(
-        actuator.set_sm_clock_lock(gpu, original.sm_clock_lock_mhz),
-        original.sm_clock_lock_mhz.is_none(),
-    );
-    let mem = outcome_of(
-        actuator.set_mem_clock_lock(gpu, original.mem_clock_lock_mhz),
-        original.mem_clock_lock_mhz.is_none(),
-    );
+    // NVML cannot report clock locks, so a lock tokwatt changed is always put back (a
+    // reset when there was none); one it never changed is left to whoever set it.
+    let sm = if changed.sm_clock_lock {
+        outcome_of(
+            actuator.set_sm_clock_lock(gpu, original.sm_clock_lock_mhz),
+            original.sm_clock_lock_mhz.is_none(),
+        )
+    } else {
+        Outcome::NotChanged
+    };
+    let mem = if changed.mem_clock_lock {
+        outcome_of(
+            actuator.set_mem_clock_lock(gpu, original.mem_clock_lock_mhz),
+            original.mem_clock_lock_mhz.is_none(),
+        )
+    } else {
+        Outcome::NotChanged
+    };
     vec![
         RestoreStep {
             setting: Setting::PowerCap,

@@ -7,7 +7,8 @@ use std::fmt;
 use super::RestoreError;
 use super::apply::{apply, load_leftover, settle};
 use super::report::RestoreReport;
-use super::state_file::{SavedGpu, StateFile};
+use super::report::Setting;
+use super::state_file::{Changed, SavedGpu, StateFile};
 use crate::actuator::{Actuator, ActuatorError, Capabilities, GpuSettings};
 use crate::types::DeviceInfo;
 
@@ -15,8 +16,9 @@ use crate::types::DeviceInfo;
 /// put back by [`OriginalSettings::restore`].
 ///
 /// It does not hold the actuator, so a control loop that owns its actuator can call
-/// [`OriginalSettings::save_before_change`] before each change (it saves once). For
-/// restore-on-drop, wrap the actuator in a [`SettingsGuard`] instead.
+/// [`OriginalSettings::save_before_change`] and then [`OriginalSettings::mark_changed`]
+/// before each change (each saves once): a restore puts back only the settings marked. For
+/// restore-on-drop, wrap the actuator in a [`SettingsGuard`] instead, which does both.
 #[derive(Debug)]
 pub struct OriginalSettings {
     state: StateFile,
@@ -65,6 +67,7 @@ impl OriginalSettings {
                         uuid: device.uuid.clone(),
                         index: gpu,
                         original,
+                        changed: Changed::default(),
                     })
                     .map_err(|source| RestoreError::ReadOriginal { gpu, source })
             })
@@ -72,6 +75,22 @@ impl OriginalSettings {
         self.state.save(&saved)?;
         tracing::info!(path = %self.state.path().display(), "original GPU settings saved");
         self.saved = Some(saved);
+        Ok(())
+    }
+
+    /// Record, before the change, that `setting` of GPU `gpu` is about to change (in the
+    /// state file the first time), so that a restore puts back only what tokwatt changed.
+    pub fn mark_changed(&mut self, gpu: u32, setting: Setting) -> Result<(), RestoreError> {
+        let Some(saved) = self.saved.as_mut() else {
+            return Ok(());
+        };
+        let newly = saved
+            .iter_mut()
+            .find(|saved_gpu| saved_gpu.index == gpu)
+            .is_some_and(|saved_gpu| saved_gpu.changed.mark(setting));
+        if newly {
+            self.state.save(saved)?;
+        }
         Ok(())
     }
 
@@ -152,14 +171,22 @@ impl SettingsGuard {
         self.actuator.as_ref()
     }
 
-    fn arm_for(&mut self, gpu: u32, what: &'static str) -> Result<(), ActuatorError> {
-        self.arm().map_err(|error| ActuatorError::Failed {
-            gpu,
-            what,
-            reason: format!(
-                "the original settings could not be saved, so nothing was changed: {error}"
-            ),
-        })
+    /// Save the originals if not yet saved, and record that `setting` is about to change.
+    fn arm_for(
+        &mut self,
+        gpu: u32,
+        setting: Setting,
+        what: &'static str,
+    ) -> Result<(), ActuatorError> {
+        self.arm()
+            .and_then(|()| self.originals.mark_changed(gpu, setting))
+            .map_err(|error| ActuatorError::Failed {
+                gpu,
+                what,
+                reason: format!(
+                    "the original settings could not be saved, so nothing was changed: {error}"
+                ),
+            })
     }
 }
 
@@ -180,7 +207,7 @@ impl Actuator for SettingsGuard {
         self.actuator.read(gpu)
     }
     fn set_power_cap(&mut self, gpu: u32, watts: f64) -> Result<f64, ActuatorError> {
-        self.arm_for(gpu, "the power cap")?;
+        self.arm_for(gpu, Setting::PowerCap, "the power cap")?;
         self.actuator.set_power_cap(gpu, watts)
     }
     fn set_sm_clock_lock(
@@ -188,7 +215,7 @@ impl Actuator for SettingsGuard {
         gpu: u32,
         range_mhz: Option<(u32, u32)>,
     ) -> Result<(), ActuatorError> {
-        self.arm_for(gpu, "the SM clock lock")?;
+        self.arm_for(gpu, Setting::SmClockLock, "the SM clock lock")?;
         self.actuator.set_sm_clock_lock(gpu, range_mhz)
     }
     fn set_mem_clock_lock(
@@ -196,7 +223,7 @@ impl Actuator for SettingsGuard {
         gpu: u32,
         range_mhz: Option<(u32, u32)>,
     ) -> Result<(), ActuatorError> {
-        self.arm_for(gpu, "the memory clock lock")?;
+        self.arm_for(gpu, Setting::MemClockLock, "the memory clock lock")?;
         self.actuator.set_mem_clock_lock(gpu, range_mhz)
     }
 }
@@ -244,11 +271,19 @@ mod tests {
         guard.set_sm_clock_lock(1, Some((1200, 1500))).unwrap();
         guard.set_mem_clock_lock(1, Some((2201, 2201))).unwrap();
         assert!(guard.is_armed());
-        // The file holds the settings from before the first change.
+        // The file holds the settings from before the first change, and what changed.
         let on_disk = state_in(&dir).load().unwrap().unwrap();
+        let locks = Changed {
+            sm_clock_lock: true,
+            mem_clock_lock: true,
+            ..Changed::default()
+        };
         assert_eq!(
             on_disk,
-            vec![saved("GPU-a", 0, stock()), saved("GPU-b", 1, stock())]
+            vec![
+                saved_changed("GPU-a", 0, stock(), POWER_CAP_ONLY),
+                saved_changed("GPU-b", 1, stock(), locks)
+            ]
         );
         assert_eq!(hardware.get(0).power_cap_w, 450.0);
 
@@ -267,13 +302,19 @@ mod tests {
         assert!(!originals.is_saved());
 
         originals.save_before_change(&mut actuator).unwrap();
+        originals.mark_changed(0, Setting::PowerCap).unwrap();
         actuator.set_power_cap(0, 300.0).unwrap();
         // Before the next change: already saved, so the lowered cap is not taken as original.
         originals.save_before_change(&mut actuator).unwrap();
+        originals.mark_changed(0, Setting::SmClockLock).unwrap();
         actuator.set_sm_clock_lock(0, Some((1500, 1500))).unwrap();
+        let both = Changed {
+            sm_clock_lock: true,
+            ..POWER_CAP_ONLY
+        };
         assert_eq!(
             originals.state_file().load().unwrap(),
-            Some(vec![saved("GPU-a", 0, stock())])
+            Some(vec![saved_changed("GPU-a", 0, stock(), both)])
         );
 
         let report = originals.restore(&mut actuator).unwrap();
@@ -300,6 +341,49 @@ mod tests {
         assert!(again.gpus.is_empty());
         drop(guard);
         assert_eq!(changes.lock().unwrap().len(), after_first, "restored twice");
+    }
+
+    const POWER_CAP_ONLY: Changed = Changed {
+        power_cap: true,
+        sm_clock_lock: false,
+        mem_clock_lock: false,
+    };
+
+    fn saved_changed(uuid: &str, index: u32, original: GpuSettings, changed: Changed) -> SavedGpu {
+        SavedGpu {
+            changed,
+            ..saved(uuid, index, original)
+        }
+    }
+
+    /// A clock lock someone else set survives a run that changed only the power cap, a
+    /// crash of that run, and the restore after it.
+    #[test]
+    fn a_lock_tokwatt_never_changed_is_left_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let hardware = Hardware::new(1);
+        let mut operator = FakeActuator::new(&hardware, &["GPU-a"]);
+        operator.set_sm_clock_lock(0, Some((1200, 1500))).unwrap();
+        let theirs = hardware.get(0);
+
+        let mut guard = SettingsGuard::new(
+            state_in(&dir),
+            Box::new(FakeActuator::new(&hardware, &["GPU-a"])),
+        );
+        guard.set_power_cap(0, 400.0).unwrap();
+        drop(guard);
+        assert_eq!(hardware.get(0), theirs);
+
+        let mut crashed = SettingsGuard::new(
+            state_in(&dir),
+            Box::new(FakeActuator::new(&hardware, &["GPU-a"])),
+        );
+        crashed.set_power_cap(0, 350.0).unwrap();
+        std::mem::forget(crashed);
+        let mut next = FakeActuator::new(&hardware, &["GPU-a"]);
+        let report = crate::restore::restore_all(&state_in(&dir), &mut next).unwrap();
+        assert!(report.is_complete(), "{report}");
+        assert_eq!(hardware.get(0), theirs);
     }
 
     #[test]
@@ -332,7 +416,7 @@ mod tests {
         // The saved original is the true one, not the crashed run's 250 W.
         assert_eq!(
             state_in(&dir).load().unwrap(),
-            Some(vec![saved("GPU-a", 0, stock())])
+            Some(vec![saved_changed("GPU-a", 0, stock(), POWER_CAP_ONLY)])
         );
         drop(next);
         assert_eq!(hardware.get(0), stock());
@@ -346,14 +430,18 @@ mod tests {
         actuator.no_mem_locks = true;
         let mut guard = SettingsGuard::new(state_in(&dir), Box::new(actuator));
         guard.set_power_cap(0, 400.0).unwrap();
+        assert!(guard.set_mem_clock_lock(0, Some((2201, 2201))).is_err());
         let report = guard.restore().unwrap();
         assert!(report.is_complete(), "{report}");
+        let text = report.to_string();
         assert!(
-            report
-                .to_string()
-                .contains("memory clock lock -> no lock: nothing to undo")
+            text.contains("memory clock lock -> no lock: nothing to undo"),
+            "{text}"
         );
-        // The power cap came back; the untouched SM lock was reset all the same.
+        assert!(
+            text.contains("SM clock lock -> no lock: not changed by tokwatt"),
+            "{text}"
+        );
         assert_eq!(hardware.get(0), stock());
     }
 

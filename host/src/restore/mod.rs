@@ -33,7 +33,7 @@ use crate::actuator::ActuatorError;
 pub use apply::restore_all;
 pub use guard::{OriginalSettings, SettingsGuard};
 pub use report::{GpuRestore, Outcome, RestoreReport, RestoreStep, Setting};
-pub use state_file::{SavedGpu, StateFile};
+pub use state_file::{Changed, SavedGpu, StateFile};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {

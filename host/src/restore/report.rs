@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-/// Which setting a restore step put back.
+/// A setting a run may change and a restore puts back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Setting {
@@ -31,6 +31,8 @@ pub enum Outcome {
     Restored,
     /// The setting already had its original value.
     AlreadyInPlace,
+    /// tokwatt never changed the setting, so it is left as whoever set it left it.
+    NotChanged,
     /// The GPU cannot have the setting, so there is nothing to undo.
     NothingToUndo(String),
     Failed(String),
@@ -100,6 +102,7 @@ impl fmt::Display for RestoreReport {
                 let outcome = match &step.outcome {
                     Outcome::Restored => "restored".to_owned(),
                     Outcome::AlreadyInPlace => "already in place".to_owned(),
+                    Outcome::NotChanged => "not changed by tokwatt: left as it is".to_owned(),
                     Outcome::NothingToUndo(why) => format!("nothing to undo ({why})"),
                     Outcome::Failed(why) => format!("FAILED: {why}"),
                 };

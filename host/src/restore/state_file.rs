@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::RestoreError;
+use super::report::Setting;
 use crate::actuator::GpuSettings;
 use crate::nvml::privileges::Privileges;
 
@@ -26,6 +27,41 @@ pub struct SavedGpu {
     /// Position when saved (for messages; GPUs are matched by UUID).
     pub index: u32,
     pub original: GpuSettings,
+    /// What tokwatt changed (recorded before each first change): only these are put back,
+    /// so a clock lock someone else set survives a power-cap-only run. A file from before
+    /// this field restores everything, as those versions did.
+    #[serde(default = "Changed::everything")]
+    pub changed: Changed,
+}
+
+/// Which of a GPU's settings tokwatt has changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Changed {
+    pub power_cap: bool,
+    pub sm_clock_lock: bool,
+    pub mem_clock_lock: bool,
+}
+
+impl Changed {
+    pub fn everything() -> Self {
+        Self {
+            power_cap: true,
+            sm_clock_lock: true,
+            mem_clock_lock: true,
+        }
+    }
+}
+
+impl Changed {
+    /// Mark `setting` changed; whether it was not before.
+    pub fn mark(&mut self, setting: Setting) -> bool {
+        let flag = match setting {
+            Setting::PowerCap => &mut self.power_cap,
+            Setting::SmClockLock => &mut self.sm_clock_lock,
+            Setting::MemClockLock => &mut self.mem_clock_lock,
+        };
+        !std::mem::replace(flag, true)
+    }
 }
 
 /// What the state file holds.

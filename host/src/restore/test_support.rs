@@ -7,6 +7,7 @@ use std::fs;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use super::state_file::Changed;
 use super::{SavedGpu, StateFile};
 use crate::actuator::{Actuator, ActuatorError, Capabilities, GpuSettings};
 use crate::types::DeviceInfo;
@@ -165,5 +166,7 @@ pub(super) fn saved(uuid: &str, index: u32, original: GpuSettings) -> SavedGpu {
         uuid: uuid.into(),
         index,
         original,
+        // What a crashed run may have left: anything.
+        changed: Changed::everything(),
     }
 }
