@@ -375,3 +375,45 @@ fn a_missing_watched_folder_is_refused_before_anything_changes() {
     assert!(error.contains("`policy.watch`"), "{error}");
     assert!(!state.exists(), "nothing was saved, so nothing changed");
 }
+
+/// A return to the defaults that the GPUs refuse is an error naming the failure, not a
+/// success: here the state file cannot record the clock lock's first change (a folder took
+/// its place), so the guard changes nothing and the loop counts it.
+#[test]
+fn a_refused_return_to_the_defaults_is_reported_as_such() {
+    let dir = tempdir();
+    let state = dir.path().join("state.json");
+    let spec = write_spec(
+        dir.path(),
+        "static",
+        &built_plugin("policy_static"),
+        &format!("[params]\npower_cap_w = \"500\"\n{}", sandbox()),
+    );
+    let config = config(
+        dir.path(),
+        &spec,
+        &format!("\n[state]\nfile = \"{}\"\n", state.display()),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let agent = serve::start(&config, Arc::clone(&stop), None).expect("the agent starts");
+    let control = agent.control();
+    wait_for("two ticks", Duration::from_secs(20), || {
+        control.status().ticks >= 2
+    });
+    assert!(state.is_file(), "the originals are saved");
+    std::fs::remove_file(&state).expect("remove the state file");
+    std::fs::create_dir(&state).expect("a folder in its place");
+    std::fs::write(state.join("keep"), "x").expect("not empty");
+
+    let refused = control
+        .restore_defaults()
+        .expect_err("the clock lock's change could not be saved");
+    assert!(
+        matches!(&refused, ControlError::Conflict(m) if m.contains("failed") && m.contains("paused")),
+        "{refused:?}"
+    );
+    assert!(control.status().paused);
+    assert!(control.status().failures.actuator_errors > 0);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(agent);
+}

@@ -84,12 +84,16 @@ impl OriginalSettings {
         let Some(saved) = self.saved.as_mut() else {
             return Ok(());
         };
-        let newly = saved
-            .iter_mut()
-            .find(|saved_gpu| saved_gpu.index == gpu)
-            .is_some_and(|saved_gpu| saved_gpu.changed.mark(setting));
-        if newly {
-            self.state.save(saved)?;
+        let Some(position) = saved.iter().position(|saved_gpu| saved_gpu.index == gpu) else {
+            return Ok(());
+        };
+        let before = saved[position].changed;
+        if saved[position].changed.mark(setting)
+            && let Err(error) = self.state.save(saved)
+        {
+            // Not on disk, so not changed: the caller changes nothing.
+            saved[position].changed = before;
+            return Err(error);
         }
         Ok(())
     }

@@ -524,9 +524,24 @@ impl Control for ServeControl {
     }
 
     fn restore_defaults(&self) -> Result<ActionOutcome, ControlError> {
-        self.command(
+        let errors_before = self.live.status().failures.actuator_errors;
+        let outcome = self.command(
             LoopCommand::RestoreDefaults,
             "every GPU is back to its defaults (default power cap, no clock lock, the first batch size) and the agent is paused; `tokwatt policy resume` hands control back to the policy",
-        )
+        )?;
+        // The loop counts a change the GPU refused (and logs why) in the tick that took the
+        // command, which the status above already holds.
+        let failed = self
+            .live
+            .status()
+            .failures
+            .actuator_errors
+            .saturating_sub(errors_before);
+        if failed > 0 {
+            return Err(ControlError::Conflict(format!(
+                "the agent is paused, but {failed} setting change(s) back to the defaults failed and those settings stay as they were: the agent's log says why (often missing CAP_SYS_ADMIN); `tokwatt status` shows what is in force"
+            )));
+        }
+        Ok(outcome)
     }
 }
