@@ -436,10 +436,11 @@ impl ControlLoop {
             }
 
             // A policy waiting to take over does so here, at the boundary: its `init`
-            // settings decide this tick, so no tick goes undecided. (A swap waits while
-            // the loop is paused.)
+            // settings decide this tick, so no tick goes undecided. (A swap that arrives
+            // while the loop is paused is refused.)
             let mut decide_time = None;
             let swapped_in = if self.paused {
+                self.swapper.refuse_while_paused(tick);
                 None
             } else {
                 self.swapper.take_over(

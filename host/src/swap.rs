@@ -60,6 +60,8 @@ pub enum SwapEvent {
     RolledBack { tick: u64 },
     /// Another swap replaced it during its probation.
     Replaced { tick: u64 },
+    /// The loop was paused when it arrived: it was dropped, and the policy in charge stays.
+    RefusedWhilePaused { tick: u64 },
 }
 
 /// The sending half: whoever prepares policies (an API handler, a test) holds it.
@@ -151,6 +153,31 @@ impl Swapper {
             port,
             probation: None,
             counters: SwapCounters::default(),
+        }
+    }
+
+    /// At a tick boundary of a paused loop: drop every waiting policy, telling whoever
+    /// sent it. A pause holds the policy in charge; a swap prepared while the pause came
+    /// must not take over unseen at the next resume.
+    pub fn refuse_while_paused(&mut self, tick: u64) {
+        let Some(port) = self.port.as_ref() else {
+            return;
+        };
+        loop {
+            match port.0.try_recv() {
+                Ok(refused) => {
+                    tracing::info!(
+                        policy = %refused.supervisor.policy_name(),
+                        "a swap arrived while paused: dropped"
+                    );
+                    tell(&refused.notify, SwapEvent::RefusedWhilePaused { tick });
+                }
+                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Disconnected) => {
+                    self.port = None;
+                    return;
+                }
+            }
         }
     }
 

@@ -158,3 +158,60 @@ fn swaps_every_few_ticks_miss_no_tick_carry_state_and_roll_back_a_broken_policy(
     // `init`) and the broken policy's two good and one failing `decide`.
     assert_eq!(asked.len() as u64, TICKS - swaps_sent - 3);
 }
+
+/// A policy that reaches a paused loop is dropped and its sender told; it does not take
+/// over unseen at the next resume.
+#[test]
+fn a_swap_reaching_a_paused_loop_is_refused_not_kept() {
+    use tokwatt::swap::{InCharge, SwapEvent, Swapper};
+
+    let dir = tempdir();
+    let spec = write_spec(
+        dir.path(),
+        "stateful",
+        &built_plugin("fixture_stateful"),
+        "",
+    );
+    let spec = PolicySpec::load(&spec).expect("spec");
+    let request = BackendRequest {
+        target: Target::Sim(SimTarget::new("h200")),
+        seed: 7,
+        batch_only: false,
+    };
+    let assembled = assembly::assemble(&request, &spec.name, spec.knobs).expect("sim");
+    let node = NodeFacts::of(&assembled.backends);
+    let host = PluginHost::new(&HostConfig {
+        cache_dir: Some(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache")),
+    })
+    .expect("plugin host");
+    let plugin = spec.resolve_plugin(&[]).expect("plugin");
+    let prepare = || {
+        agent::prepare_policy(&host, &spec, &plugin, &node, 7, Duration::from_secs(1))
+            .expect("prepared")
+    };
+
+    let (sender, port) = swap_channel();
+    let mut swapper = Swapper::new(Some(port));
+    let (notify, events) = mpsc::channel();
+    let mut arriving = prepare();
+    arriving.notify = Some(notify);
+    sender.send(arriving).expect("sent");
+
+    swapper.refuse_while_paused(5);
+    assert!(matches!(
+        events.try_recv(),
+        Ok(SwapEvent::RefusedWhilePaused { tick: 5 })
+    ));
+    // Resumed: nothing is waiting to take over.
+    let mut in_charge = prepare();
+    let taken = swapper.take_over(
+        6,
+        InCharge {
+            supervisor: &mut in_charge.supervisor,
+            envelope: &mut in_charge.envelope,
+            objective: &mut in_charge.objective,
+        },
+    );
+    assert!(taken.is_none(), "a refused swap took over after the pause");
+    assert_eq!(swapper.counters.swaps, 0);
+}

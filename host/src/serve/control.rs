@@ -418,6 +418,12 @@ impl ServeControl {
                     state_carried: Some(state_carried),
                 })
             }
+            Ok(SwapEvent::RefusedWhilePaused { .. }) => {
+                lock(&self.book).pending = None;
+                Err(ControlError::Conflict(format!(
+                    "the agent was paused while policy `{name}` was being prepared, so it was not swapped in: resume the agent (`tokwatt policy resume`), then swap again"
+                )))
+            }
             Ok(other) => Err(ControlError::Conflict(format!(
                 "policy `{name}`: unexpected swap event {other:?}"
             ))),
