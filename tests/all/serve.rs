@@ -417,3 +417,31 @@ fn a_refused_return_to_the_defaults_is_reported_as_such() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     drop(agent);
 }
+
+/// A stop asked for while the agent starts (a signal during a slow compile) ends the start
+/// before the policy's first settings are applied, and leaves no state file behind.
+#[test]
+fn a_stop_during_start_up_applies_nothing() {
+    let dir = tempdir();
+    let state = dir.path().join("state.json");
+    let spec = write_spec(
+        dir.path(),
+        "stateful",
+        &built_plugin("fixture_stateful"),
+        sandbox(),
+    );
+    let config = config(
+        dir.path(),
+        &spec,
+        &format!("\n[state]\nfile = \"{}\"\n", state.display()),
+    );
+    let error = match serve::start(&config, Arc::new(AtomicBool::new(true)), None) {
+        Ok(_) => panic!("an agent started after it was told to stop"),
+        Err(error) => error.to_string(),
+    };
+    assert!(error.contains("while starting"), "{error}");
+    assert!(
+        !state.exists(),
+        "nothing was changed, so nothing is left to restore"
+    );
+}

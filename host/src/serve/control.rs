@@ -490,12 +490,14 @@ impl Control for ServeControl {
 
     fn swap(&self, request: &SwapRequest) -> Result<ActionOutcome, ControlError> {
         let _one = lock(&self.swapping);
-        let (spec, plugin) = self.load_spec(request).inspect_err(|e| {
+        let refused = |e: &ControlError| {
             lock(&self.book).refused(&e.to_string());
             self.metrics.swap_refused();
-        })?;
-        let version =
-            super::plugin_version(&plugin).map_err(|e| ControlError::BadRequest(e.to_string()))?;
+        };
+        let (spec, plugin) = self.load_spec(request).inspect_err(refused)?;
+        let version = super::plugin_version(&plugin)
+            .map_err(|e| ControlError::BadRequest(e.to_string()))
+            .inspect_err(refused)?;
         self.hand_over(
             PolicyRecord {
                 spec,

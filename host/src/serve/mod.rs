@@ -80,6 +80,8 @@ pub enum ServeError {
     Thread(std::io::Error),
     #[error("the control loop stopped: {0}")]
     Loop(String),
+    #[error("stopped (SIGINT or SIGTERM) while starting, before any policy setting was applied")]
+    StoppedStarting,
 }
 
 /// What a started agent is, for the operator's first lines.
@@ -307,6 +309,11 @@ pub fn start(
     let node = NodeFacts::of(&backends);
     let (supervisor, first, envelope) =
         agent::start_policy(&host, &spec, &plugin_path, &node, config.seed, tick)?;
+    // A signal during start-up (a slow compile) ends it here, before `init`'s settings are
+    // applied; dropping the backends puts back anything the leftover restore changed.
+    if stop.load(Ordering::Relaxed) {
+        return Err(ServeError::StoppedStarting);
+    }
     tracing::info!(policy = %spec.name, version, plugin = %plugin_path.display(), "policy started");
 
     let out_dir = fresh_out_dir(&config.out_dir);

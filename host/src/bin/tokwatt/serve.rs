@@ -27,8 +27,13 @@ pub struct ServeArgs {
 pub fn serve(args: &ServeArgs) -> Result<()> {
     // First, so that from the moment any setting could change, SIGINT and SIGTERM end
     // the loop at a tick boundary (and the settings are restored) instead of killing it.
+    // A second signal, while the first is being honoured (a GPU call that hangs), ends the
+    // process at once with status 1: the state file then lets the next start or `tokwatt
+    // restore` put the settings back.
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 1, Arc::clone(&stop))
+            .context("installing signal handlers")?;
         signal_hook::flag::register(signal, Arc::clone(&stop))
             .context("installing signal handlers")?;
     }
@@ -54,7 +59,11 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
         Ok(server) => server,
         Err(error) => {
             agent.stop();
-            let _ = agent.join();
+            if let Err(loop_error) = agent.join() {
+                tracing::error!(
+                    "the control loop, stopped because the API could not start: {loop_error}"
+                );
+            }
             return Err(error).context("starting the control API");
         }
     };
