@@ -2,6 +2,7 @@
 //! takes effect at a tick boundary (and returns once it has) or changes nothing and says
 //! why.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::mpsc::{RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -47,8 +48,10 @@ struct Book {
     current: PolicyRecord,
     since_tick: u64,
     history: Vec<PolicyRecord>,
-    /// Sent to the loop, not yet in charge.
-    pending: Option<(PolicyRecord, SwapKind)>,
+    /// Sent to the loop, not yet in charge, in the order sent: the loop takes them in
+    /// that order, one a tick. More than one waits only after a swap timed out (its
+    /// handler answered, its policy still queued) and another followed.
+    pending: VecDeque<(PolicyRecord, SwapKind)>,
     /// In charge, on probation: the one it replaced and how it came in.
     probation: Option<(PolicyRecord, SwapKind)>,
     seen_swaps: u64,
@@ -63,7 +66,7 @@ impl Book {
         let counters = &progress.totals.swaps;
         if counters.swaps > self.seen_swaps {
             self.seen_swaps = counters.swaps;
-            if let Some((next, kind)) = self.pending.take() {
+            if let Some((next, kind)) = self.pending.pop_front() {
                 let replaced = std::mem::replace(&mut self.current, next);
                 match kind {
                     SwapKind::Forward => {
@@ -196,7 +199,7 @@ impl ServeControl {
                 current: parts.first,
                 since_tick: 0,
                 history: Vec::new(),
-                pending: None,
+                pending: VecDeque::new(),
                 probation: None,
                 seen_swaps: 0,
                 seen_rollbacks: 0,
@@ -388,9 +391,9 @@ impl ServeControl {
         prepared.probation_ticks = self.probation_ticks;
         let name = record.spec.name.clone();
         let version = record.version.clone();
-        lock(&self.book).pending = Some((record, kind));
+        lock(&self.book).pending.push_back((record, kind));
         if lock(&self.swaps).send(prepared).is_err() {
-            lock(&self.book).pending = None;
+            lock(&self.book).pending.pop_back();
             return Err(ControlError::Unavailable(
                 "the control loop has ended; nothing was swapped".into(),
             ));
@@ -419,7 +422,8 @@ impl ServeControl {
                 })
             }
             Ok(SwapEvent::RefusedWhilePaused { .. }) => {
-                lock(&self.book).pending = None;
+                // The paused loop dropped everything queued, this one and any earlier.
+                lock(&self.book).pending.clear();
                 Err(ControlError::Conflict(format!(
                     "the agent was paused while policy `{name}` was being prepared, so it was not swapped in: resume the agent (`tokwatt policy resume`), then swap again"
                 )))
@@ -551,5 +555,68 @@ impl Control for ServeControl {
             )));
         }
         Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may unwrap
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::control::LoopTotals;
+
+    fn record(name: &str) -> PolicyRecord {
+        let text = format!("name = \"{name}\"\nplugin = \"{name}.wasm\"\n");
+        PolicyRecord {
+            spec: PolicySpec::parse(Path::new("spec.toml"), &text).unwrap(),
+            plugin: PathBuf::from(format!("{name}.wasm")),
+            version: name.to_owned(),
+        }
+    }
+
+    fn after_tick(book: &mut Book, tick: u64, swaps: u64) {
+        let mut totals = LoopTotals::default();
+        totals.swaps.swaps = swaps;
+        book.follow(&Progress {
+            tick,
+            ticks: 100,
+            time: Duration::from_secs(tick),
+            totals: &totals,
+            observations: &[],
+            policy: "",
+            requested: &[],
+            decide_time: None,
+            lateness: Duration::ZERO,
+            paused: false,
+            on_probation: true,
+            commands_taken: 0,
+        });
+    }
+
+    /// A swap that timed out stays queued; one sent after it takes over after it, and the
+    /// book names each when it takes charge.
+    #[test]
+    fn queued_swaps_take_charge_in_the_order_sent() {
+        let mut book = Book {
+            current: record("first"),
+            since_tick: 0,
+            history: Vec::new(),
+            pending: VecDeque::new(),
+            probation: None,
+            seen_swaps: 0,
+            seen_rollbacks: 0,
+            swaps_refused: 0,
+            last_failure: None,
+        };
+        book.pending.push_back((record("slow"), SwapKind::Forward));
+        book.pending.push_back((record("next"), SwapKind::Forward));
+        after_tick(&mut book, 10, 1);
+        assert_eq!(book.current.spec.name, "slow");
+        after_tick(&mut book, 11, 2);
+        assert_eq!(book.current.spec.name, "next");
+        let history: Vec<&str> = book.history.iter().map(|r| r.spec.name.as_str()).collect();
+        assert_eq!(history, ["first", "slow"]);
+        assert!(book.pending.is_empty());
     }
 }
