@@ -156,6 +156,7 @@ pub trait Control: Send + Sync + 'static {
 
 mod auth;
 pub mod client;
+mod limit;
 pub mod load;
 mod paths;
 mod routes;

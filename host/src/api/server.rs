@@ -18,6 +18,7 @@ use tokio::sync::watch;
 
 use super::Control;
 use super::auth::BearerToken;
+use super::limit::{Limited, MAX_CONNECTIONS};
 use super::routes;
 
 /// How long requests in flight may take to finish once the server is asked to stop (a
@@ -259,12 +260,12 @@ fn serve(runtime: tokio::runtime::Runtime, serving: Vec<Served>, stopped: watch:
             let stop = wait_for_stop(stopped.clone());
             tasks.push(match served {
                 Served::Unix(listener, router) => tokio::spawn(
-                    axum::serve(listener, router)
+                    axum::serve(Limited::new(listener, MAX_CONNECTIONS), router)
                         .with_graceful_shutdown(stop)
                         .into_future(),
                 ),
                 Served::Tcp(listener, router) => tokio::spawn(
-                    axum::serve(listener, router)
+                    axum::serve(Limited::new(listener, MAX_CONNECTIONS), router)
                         .with_graceful_shutdown(stop)
                         .into_future(),
                 ),
