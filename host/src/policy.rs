@@ -475,13 +475,36 @@ impl Supervisor {
     /// critical path and restore the snapshot into it. On any failure the caller keeps
     /// this supervisor (the old policy comes back).
     pub fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
-        self.engine.snapshot()
+        self.engine
+            .snapshot()
+            .inspect_err(|failure| self.state_call_failed(failure))
     }
 
     /// Give this policy the state of the one it replaces. A policy refuses a snapshot
     /// whose schema it does not know; it then keeps the state `init` gave it.
     pub fn restore(&mut self, state: &PolicyState) -> Result<(), PolicyFailure> {
-        self.engine.restore(state)
+        self.engine
+            .restore(state)
+            .inspect_err(|failure| self.state_call_failed(failure))
+    }
+
+    /// A `snapshot` or `restore` that failed: a refusal is the policy's answer, anything
+    /// else (a trap, fuel, the deadline) is counted like a failed `decide`, and an
+    /// instance it poisoned is rebuilt before its next call (a rolled-back policy is
+    /// called again).
+    fn state_call_failed(&mut self, failure: &PolicyFailure) {
+        if matches!(failure, PolicyFailure::Refused(_)) {
+            return;
+        }
+        self.counters.count(failure);
+        if failure.poisons_instance() {
+            self.needs_rebuild = true;
+        }
+        tracing::warn!(
+            policy = self.engine.name(),
+            kind = failure.kind(),
+            "policy failed while its state was handed over: {failure}"
+        );
     }
 }
 

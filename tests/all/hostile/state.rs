@@ -56,6 +56,10 @@ fn a_panicking_snapshot_is_a_named_trap() {
         panic!("a trap");
     };
     assert!(text.contains("snapshot refused to be taken"), "{text}");
+    // Counted like a failed `decide`: the policy may come back by a rollback.
+    let counters = old.supervisor.counters();
+    assert_eq!(counters.traps, 1);
+    assert_eq!(counters.failures_by_kind.get("trap"), Some(&1));
 }
 
 #[test]
@@ -80,4 +84,6 @@ fn a_hostile_restore_refusal_is_escaped() {
     };
     assert_no_raw_text(&text);
     assert!(text.len() < 2048 && text.contains("bytes cut"), "{text}");
+    // A refusal is the policy's answer, not a failure.
+    assert_eq!(new.supervisor.counters().traps, 0);
 }
