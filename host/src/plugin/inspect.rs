@@ -130,13 +130,9 @@ impl Inspection {
 pub fn inspect(host: &PluginHost, path: &Path) -> Inspection {
     let mut report = Inspection::new(path);
     let file = path.display().to_string();
-    let bytes = match crate::files::read_bounded(path, crate::files::MAX_PLUGIN_BYTES) {
+    let bytes = match super::read_component(path) {
         Ok(bytes) => bytes,
-        Err(source) => {
-            let error = PluginError::Read {
-                path: path.to_owned(),
-                source,
-            };
+        Err(error) => {
             report.problem(ProblemKind::NotAComponent, file, error.to_string());
             return report;
         }
@@ -754,13 +750,7 @@ pub fn compile_ahead(host: &PluginHost, path: &Path) -> Result<CompiledAhead, Co
         .map_err(|why| CompileAheadError::Untrusted {
             why: why.to_string(),
         })?;
-    let bytes =
-        crate::files::read_bounded(path, crate::files::MAX_PLUGIN_BYTES).map_err(|source| {
-            PluginError::Read {
-                path: path.to_owned(),
-                source,
-            }
-        })?;
+    let bytes = super::read_component(path)?;
     check_component_header(path, &bytes)?;
     let hits_before = cache.hits();
     let started = std::time::Instant::now();

@@ -230,13 +230,7 @@ impl PluginHost {
         name: &str,
         limits: SandboxLimits,
     ) -> Result<LoadedPlugin, PluginError> {
-        let bytes =
-            crate::files::read_bounded(path, crate::files::MAX_PLUGIN_BYTES).map_err(|source| {
-                PluginError::Read {
-                    path: path.to_owned(),
-                    source,
-                }
-            })?;
+        let bytes = read_component(path)?;
         check_component_header(path, &bytes)?;
         refuse_unprovided_imports(path, &bytes)?;
         let component = match &self.cache {
@@ -554,6 +548,16 @@ impl PolicyEngine for WasmPolicy {
     fn logs_dropped(&self) -> u64 {
         self.logs_dropped_before + self.store.data().logs_dropped()
     }
+}
+
+/// A component's bytes, read bounded ([`crate::files::MAX_PLUGIN_BYTES`]).
+pub(crate) fn read_component(path: &Path) -> Result<Vec<u8>, PluginError> {
+    crate::files::read_bounded(path, crate::files::MAX_PLUGIN_BYTES).map_err(|source| {
+        PluginError::Read {
+            path: path.to_owned(),
+            source,
+        }
+    })
 }
 
 #[cfg(test)]

@@ -61,6 +61,21 @@ struct Book {
 }
 
 impl Book {
+    /// The first policy in charge, nothing before it.
+    fn new(first: PolicyRecord) -> Self {
+        Self {
+            current: first,
+            since_tick: 0,
+            history: Vec::new(),
+            pending: VecDeque::new(),
+            probation: None,
+            seen_swaps: 0,
+            seen_rollbacks: 0,
+            swaps_refused: 0,
+            last_failure: None,
+        }
+    }
+
     /// Follow the loop's counters after a tick.
     fn follow(&mut self, progress: &Progress<'_>) {
         let counters = &progress.totals.swaps;
@@ -195,17 +210,7 @@ impl ServeControl {
                 sender: parts.commands,
                 sent: 0,
             }),
-            book: Mutex::new(Book {
-                current: parts.first,
-                since_tick: 0,
-                history: Vec::new(),
-                pending: VecDeque::new(),
-                probation: None,
-                seen_swaps: 0,
-                seen_rollbacks: 0,
-                swaps_refused: 0,
-                last_failure: None,
-            }),
+            book: Mutex::new(Book::new(parts.first)),
             swapping: Mutex::new(()),
             lateness: Mutex::new(std::collections::VecDeque::with_capacity(
                 super::LATENESS_WINDOW,
@@ -598,17 +603,7 @@ mod tests {
     /// book names each when it takes charge.
     #[test]
     fn queued_swaps_take_charge_in_the_order_sent() {
-        let mut book = Book {
-            current: record("first"),
-            since_tick: 0,
-            history: Vec::new(),
-            pending: VecDeque::new(),
-            probation: None,
-            seen_swaps: 0,
-            seen_rollbacks: 0,
-            swaps_refused: 0,
-            last_failure: None,
-        };
+        let mut book = Book::new(record("first"));
         book.pending.push_back((record("slow"), SwapKind::Forward));
         book.pending.push_back((record("next"), SwapKind::Forward));
         after_tick(&mut book, 10, 1);
