@@ -21,9 +21,14 @@ fn sandbox() -> &'static str {
 }
 
 fn config(dir: &Path, spec: &Path, extra: &str) -> ServeConfig {
+    config_with(dir, spec, "", extra)
+}
+
+/// [`config`] with more `[policy]` keys (`policy_keys`, whole lines).
+fn config_with(dir: &Path, spec: &Path, policy_keys: &str, extra: &str) -> ServeConfig {
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
     let text = format!(
-        "[policy]\nspec = \"{}\"\ncache_dir = \"{}\"\nprobation_ticks = 5\n\n[node]\nbackend = \"sim\"\nsim_gpus = 2\ntick = \"{TICK}\"\n\n[output]\ndir = \"{}\"\n{extra}",
+        "[policy]\nspec = \"{}\"\ncache_dir = \"{}\"\nprobation_ticks = 5\n{policy_keys}\n[node]\nbackend = \"sim\"\nsim_gpus = 2\ntick = \"{TICK}\"\n\n[output]\ndir = \"{}\"\n{extra}",
         spec.display(),
         cache.display(),
         dir.join("out").display()
@@ -31,6 +36,11 @@ fn config(dir: &Path, spec: &Path, extra: &str) -> ServeConfig {
     let path = dir.join("serve.toml");
     std::fs::write(&path, &text).expect("write config");
     ServeConfig::load(&path).expect("the test's config is valid")
+}
+
+/// A `[state]` table naming `path` as the state file (a simulated node keeps one only then).
+fn state_table(path: &Path) -> String {
+    format!("\n[state]\nfile = \"{}\"\n", path.display())
 }
 
 fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
@@ -287,19 +297,15 @@ fn a_watched_policy_folder_is_swapped_in_when_it_changes_and_settles() {
     );
     let watched = dir.path().join("policy.d");
     std::fs::create_dir(&watched).expect("watched folder");
-    let config = config(dir.path(), &first, "");
-    // The watch keys belong in [policy]: write the config again with them.
-    let text = std::fs::read_to_string(&config.path)
-        .expect("config")
-        .replace(
-            "probation_ticks = 5\n",
-            &format!(
-                "probation_ticks = 5\nwatch = \"{}\"\nwatch_period = \"100ms\"\n",
-                watched.display()
-            ),
-        );
-    std::fs::write(&config.path, text).expect("config");
-    let config = ServeConfig::load(&config.path).expect("valid");
+    let config = config_with(
+        dir.path(),
+        &first,
+        &format!(
+            "watch = \"{}\"\nwatch_period = \"100ms\"\n",
+            watched.display()
+        ),
+        "",
+    );
     let agent =
         serve::start(&config, Arc::new(AtomicBool::new(false)), None).expect("the agent starts");
     let control = agent.control();
@@ -354,19 +360,12 @@ fn a_missing_watched_folder_is_refused_before_anything_changes() {
     );
     let missing = dir.path().join("no-such-folder");
     let state = dir.path().join("state.json");
-    let config = config(
+    let config = config_with(
         dir.path(),
         &spec,
-        &format!("\n[state]\nfile = \"{}\"\n", state.display()),
+        &format!("watch = \"{}\"\n", missing.display()),
+        &state_table(&state),
     );
-    let text = std::fs::read_to_string(&config.path)
-        .expect("config")
-        .replace(
-            "probation_ticks = 5\n",
-            &format!("probation_ticks = 5\nwatch = \"{}\"\n", missing.display()),
-        );
-    std::fs::write(&config.path, text).expect("config");
-    let config = ServeConfig::load(&config.path).expect("valid");
     let error = match serve::start(&config, Arc::new(AtomicBool::new(false)), None) {
         Ok(_) => panic!("an agent started watching a folder that is not there"),
         Err(error) => error.to_string(),
@@ -389,11 +388,7 @@ fn a_refused_return_to_the_defaults_is_reported_as_such() {
         &built_plugin("policy_static"),
         &format!("[params]\npower_cap_w = \"500\"\n{}", sandbox()),
     );
-    let config = config(
-        dir.path(),
-        &spec,
-        &format!("\n[state]\nfile = \"{}\"\n", state.display()),
-    );
+    let config = config(dir.path(), &spec, &state_table(&state));
     let stop = Arc::new(AtomicBool::new(false));
     let agent = serve::start(&config, Arc::clone(&stop), None).expect("the agent starts");
     let control = agent.control();
@@ -430,11 +425,7 @@ fn a_stop_during_start_up_applies_nothing() {
         &built_plugin("fixture_stateful"),
         sandbox(),
     );
-    let config = config(
-        dir.path(),
-        &spec,
-        &format!("\n[state]\nfile = \"{}\"\n", state.display()),
-    );
+    let config = config(dir.path(), &spec, &state_table(&state));
     let error = match serve::start(&config, Arc::new(AtomicBool::new(true)), None) {
         Ok(_) => panic!("an agent started after it was told to stop"),
         Err(error) => error.to_string(),
