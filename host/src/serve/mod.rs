@@ -71,11 +71,6 @@ pub enum ServeError {
         folder: PathBuf,
         source: std::io::Error,
     },
-    #[error("reading plugin {path}: {source}")]
-    ReadPlugin {
-        path: PathBuf,
-        source: std::io::Error,
-    },
     #[error("starting the control loop's thread: {0}")]
     Thread(std::io::Error),
     #[error("the control loop stopped: {0}")]
@@ -238,13 +233,7 @@ fn backend_request(config: &ServeConfig, tick: Duration) -> Result<BackendReques
 /// whenever the component does.
 pub fn plugin_version(path: &Path) -> Result<String, ServeError> {
     use sha2::{Digest, Sha256};
-    let bytes =
-        crate::files::read_bounded(path, crate::files::MAX_PLUGIN_BYTES).map_err(|source| {
-            ServeError::ReadPlugin {
-                path: path.to_owned(),
-                source,
-            }
-        })?;
+    let bytes = crate::plugin::read_component(path)?;
     let digest = Sha256::digest(&bytes);
     Ok(digest.iter().take(6).map(|b| format!("{b:02x}")).collect())
 }
@@ -278,10 +267,12 @@ pub fn start(
         tracing::warn!(policy = %spec.name, "{w}");
     }
 
-    // Refused before any GPU setting changes: the watcher starts after the loop.
-    if let Some(folder) = &config.watch {
-        watch::readable(folder)?;
-    }
+    // Refused before any GPU setting changes; what is there now is the watcher's
+    // baseline (it starts after the loop).
+    let watch_baseline = match &config.watch {
+        Some(folder) => Some(watch::readable(folder)?),
+        None => None,
+    };
 
     // Real GPUs that may change: save every GPU's settings before the first change (a
     // later policy may turn knobs the first one leaves alone). A simulated node keeps a
@@ -423,9 +414,14 @@ pub fn start(
             }
         })
         .map_err(ServeError::Thread)?;
-    let watcher = match &config.watch {
-        Some(folder) => {
-            match watch::Watcher::start(folder.clone(), config.watch_period, Arc::clone(&control)) {
+    let watcher = match (&config.watch, watch_baseline) {
+        (Some(folder), Some(baseline)) => {
+            match watch::Watcher::start(
+                folder.clone(),
+                baseline,
+                config.watch_period,
+                Arc::clone(&control),
+            ) {
                 Ok(watcher) => Some(watcher),
                 Err(error) => {
                     // The loop runs and may have changed settings: it puts them back when
@@ -438,7 +434,7 @@ pub fn start(
                 }
             }
         }
-        None => None,
+        _ => None,
     };
     Ok(Agent {
         control,

@@ -15,7 +15,7 @@ use super::{ServeControl, ServeError};
 use crate::api::{Control, SwapRequest};
 
 /// What the folder looked like: every file's name, size and modification time.
-type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
+pub(super) type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
 
 fn fingerprint(folder: &Path) -> std::io::Result<Fingerprint> {
     let mut files = Vec::new();
@@ -67,13 +67,14 @@ pub(super) struct Watcher {
 }
 
 impl Watcher {
+    /// Watch `folder` from `baseline` ([`readable`]'s reading at the start: what is
+    /// there then is not a change).
     pub fn start(
         folder: PathBuf,
+        baseline: Fingerprint,
         period: Duration,
         control: Arc<ServeControl>,
     ) -> Result<Self, ServeError> {
-        // What is there at the start is the baseline, not a change.
-        let baseline = readable(&folder)?;
         let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("tokwatt-policy-watch".into())
