@@ -15,9 +15,10 @@ use crate::envelope::Envelope;
 use crate::plugin::{ComponentCache, HostConfig, PluginHost};
 use crate::policy::{InitArgs, Supervisor};
 use crate::recorder::Recorder;
+use crate::rules::NodeRules;
 use crate::spec::PolicySpec;
 use crate::swap::{PreparedPolicy, SwapPort};
-use crate::types::{DeviceInfo, Settings};
+use crate::types::{DeviceInfo, Knobs, Settings};
 
 /// The folder the build put the shipped and fixture plugins in.
 pub fn built_plugin_dir() -> PathBuf {
@@ -94,6 +95,33 @@ pub struct RunRequest {
     /// Write the run's files into `out_dir` (`false`: keep only the returned summary, as
     /// the judge does for its hundreds of runs).
     pub write_files: bool,
+    /// The node's objective, guardrails and guard, which the spec may only narrow.
+    pub rules: NodeRules,
+    /// Where the rules come from, for the error that refuses a spec loosening them.
+    pub rules_source: String,
+    /// The knobs the node's backends offer ([`crate::assembly::Assembled::offered`]).
+    pub node_knobs: Knobs,
+}
+
+impl RunRequest {
+    /// A request with the default node rules (the default cap step, the guard on) on a
+    /// node offering every knob.
+    pub fn new(spec: PolicySpec, duration: Duration, out_dir: PathBuf) -> Self {
+        Self {
+            spec,
+            duration,
+            tick: None,
+            out_dir,
+            plugin_dirs: Vec::new(),
+            cache_dir: None,
+            seed: 0,
+            overwrite: false,
+            write_files: true,
+            rules: NodeRules::default(),
+            rules_source: "tokwatt's default node rules".into(),
+            node_knobs: Knobs::all(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -113,8 +141,20 @@ pub enum AgentError {
     Recorder(#[from] crate::recorder::RecorderError),
     #[error(transparent)]
     Control(#[from] crate::control::ControlError),
+    #[error(transparent)]
+    Loosened(Box<crate::rules::Loosened>),
+    #[error(
+        "policy `{policy}`: the objective's throughput floor (min_tokens_per_s = {floor}) cannot be checked on this workload, whose source does not say when requests are waiting (a serving engine's token counter), so an idle GPU would read as a slow one: remove min_tokens_per_s from the spec and the node's [objective], or bound the time per token (tpot_p99_limit_ms) instead"
+    )]
+    ThroughputUnchecked { policy: String, floor: f64 },
     #[error("the run's duration ({duration:?}) is shorter than one tick ({tick:?})")]
     TooShort { duration: Duration, tick: Duration },
+}
+
+impl From<Box<crate::rules::Loosened>> for AgentError {
+    fn from(loosened: Box<crate::rules::Loosened>) -> Self {
+        AgentError::Loosened(loosened)
+    }
 }
 
 /// What a policy is started against: the node's GPUs and each one's largest batch size.
@@ -124,6 +164,8 @@ pub enum AgentError {
 pub struct NodeFacts {
     pub devices: Vec<DeviceInfo>,
     pub batch_size_max: Vec<u32>,
+    /// How the workload knows work is waiting: a throughput floor needs it.
+    pub work_waiting: crate::workload::WorkWaiting,
 }
 
 impl NodeFacts {
@@ -136,6 +178,7 @@ impl NodeFacts {
         Self {
             devices,
             batch_size_max,
+            work_waiting: backends.workload.work_waiting(),
         }
     }
 }
@@ -188,6 +231,16 @@ fn start_policy_inner(
     tick: Duration,
     transcribe_logs: bool,
 ) -> Result<WatchedStart, AgentError> {
+    // Every named objective is checked, or refused here: never silently off.
+    if let Some(floor) = spec.objective.min_tokens_per_s
+        && floor > 0.0
+        && node.work_waiting == crate::workload::WorkWaiting::Unknown
+    {
+        return Err(AgentError::ThroughputUnchecked {
+            policy: spec.name.clone(),
+            floor,
+        });
+    }
     let envelope = Envelope::new(
         &node.devices,
         &node.batch_size_max,
@@ -266,8 +319,8 @@ pub fn run_with_swaps(
     swaps: Option<SwapPort>,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<(RunSummary, Backends), AgentError> {
-    // A tick given with the request is checked as the spec's own is.
-    let mut spec = request.spec.clone();
+    // The node's rules first: what the spec narrows is in force, and its `init` is told.
+    let mut spec = request.rules.narrow(&request.spec, &request.rules_source)?;
     if let Some(tick) = request.tick {
         spec.override_tick(tick)?;
     }
@@ -286,14 +339,16 @@ pub fn run_with_swaps(
             .clone()
             .or_else(ComponentCache::default_dir),
     })?;
-    let (supervisor, first, envelope) = start_policy(
-        &host,
-        spec,
-        &plugin_path,
-        &NodeFacts::of(&backends),
-        request.seed,
-        tick,
+    let node = NodeFacts::of(&backends);
+    // The node's guardrails bound the host's own moves: they must fit the devices.
+    Envelope::new(
+        &node.devices,
+        &node.batch_size_max,
+        &request.rules.guardrails,
+        request.node_knobs,
     )?;
+    let (supervisor, first, envelope) =
+        start_policy(&host, spec, &plugin_path, &node, request.seed, tick)?;
     tracing::info!(
         policy = %spec.name,
         plugin = %plugin_path.display(),
@@ -314,6 +369,9 @@ pub fn run_with_swaps(
             duration: request.duration,
             tick,
             objective: spec.objective,
+            node_knobs: request.node_knobs,
+            node_guardrails: request.rules.guardrails,
+            guard: request.rules.guard,
         },
         stop,
     );

@@ -203,6 +203,17 @@ pub struct Offered {
     pub batch_size: Result<(), String>,
 }
 
+impl Offered {
+    /// The knobs the backends offer, whoever asks.
+    pub fn knobs(&self) -> Knobs {
+        Knobs {
+            power_cap: self.power_cap.is_ok(),
+            sm_clock: self.sm_clock.is_ok(),
+            batch_size: self.batch_size.is_ok(),
+        }
+    }
+}
+
 impl Default for Offered {
     /// Every knob offered.
     fn default() -> Self {

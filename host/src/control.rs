@@ -12,13 +12,14 @@ use serde::Serialize;
 
 use crate::actuator::{Actuator, ActuatorError};
 use crate::clock::Clock;
-use crate::envelope::Envelope;
+use crate::envelope::{Envelope, Guardrails};
+use crate::guard::{Decider, GuardConfig, GuardCounters, GuardEvent, ObjectiveGuard};
 use crate::policy::{DecisionSource, PolicyCounters, Supervisor};
 use crate::recorder::{InitRecord, Recorder, RecorderError, TickRecord};
 use crate::swap::{InCharge, SwapCounters, SwapPort, Swapper};
 use crate::telemetry::Telemetry;
 use crate::types::{
-    DemandWindow, InForce, Objective, Observation, Settings, TelemetryWindow, WorkloadWindow,
+    DemandWindow, InForce, Knobs, Objective, Observation, Settings, TelemetryWindow, WorkloadWindow,
 };
 use crate::workload::Workload;
 
@@ -46,7 +47,34 @@ impl std::fmt::Debug for Backends {
 pub struct LoopConfig {
     pub duration: Duration,
     pub tick: Duration,
+    /// The objective in force: the node's, narrowed by the policy's spec
+    /// ([`crate::rules::NodeRules::narrow`]). A swap brings the new spec's.
     pub objective: Objective,
+    /// The knobs the node's backends offer, whoever owns them: a knob the policy in charge
+    /// does not own is held at the node's baseline (the settings found at the start), and
+    /// the guard's fallback sets them all.
+    pub node_knobs: Knobs,
+    /// The node's guardrails, which bound the host's own moves (the guard's fallback, the
+    /// return of a knob to the baseline) as a policy's envelope bounds the policy's.
+    pub node_guardrails: Guardrails,
+    /// The objective guard ([`crate::guard`]).
+    pub guard: GuardConfig,
+}
+
+impl LoopConfig {
+    /// A loop with the default node rules: every knob offered, the default cap step, the
+    /// guard on.
+    pub fn new(duration: Duration, tick: Duration, objective: Objective) -> Self {
+        let rules = crate::rules::NodeRules::default();
+        Self {
+            duration,
+            tick,
+            objective,
+            node_knobs: Knobs::all(),
+            node_guardrails: rules.guardrails,
+            guard: rules.guard,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -150,6 +178,9 @@ pub struct LoopTotals {
     pub fallback_ticks: u64,
     pub plugin_traps: u64,
     pub slo_violation_ticks: u64,
+    /// What the objective guard did: take-overs, and the violations charged to the
+    /// policy, to the guard's fallback, or excused (demand beyond the GPU).
+    pub guard: GuardCounters,
     /// Ticks where tokens flowed under a TPOT bound but no GPU's TPOT was known (an
     /// external engine's histogram without observations): the bound went unchecked.
     /// Written only where there were some, so the summary's layout stays as it was for
@@ -195,6 +226,12 @@ pub struct Progress<'a> {
     pub paused: bool,
     /// A swapped-in policy is still on probation.
     pub on_probation: bool,
+    /// The objective guard's fallback decided this tick, not the policy.
+    pub guard_in_charge: bool,
+    /// Whether the guard acts (else it only counts).
+    pub guard_enabled: bool,
+    /// The objective in force after this tick.
+    pub objective: Objective,
     /// Operator commands carried out since the start (whoever sent one waits for this).
     pub commands_taken: u64,
 }
@@ -233,6 +270,17 @@ pub struct ControlLoop {
     settling: Vec<bool>,
     last_telemetry: Vec<TelemetryWindow>,
     totals: LoopTotals,
+    guard: ObjectiveGuard,
+    /// Who decided the last tick (whose settings the next window shows).
+    decided_by: Decider,
+    /// The node's guardrails and knobs, for the host's own moves.
+    node_envelope: Envelope,
+    /// Each GPU's settings at the start: where a knob no policy owns is held.
+    baseline: Vec<InForce>,
+    /// Each GPU's device defaults: the guard's fallback.
+    defaults: Vec<Settings>,
+    /// How the workload knows work is waiting (for a throughput floor).
+    work_waiting: crate::workload::WorkWaiting,
 }
 
 impl std::fmt::Debug for ControlLoop {
@@ -282,7 +330,36 @@ impl ControlLoop {
             });
         }
         let n = devices.len();
-        let initial_batch = in_force.iter().map(|f| f.batch_size).collect();
+        let initial_batch: Vec<u32> = in_force.iter().map(|f| f.batch_size).collect();
+        let batch_size_max: Vec<u32> = devices
+            .iter()
+            .map(|d| backends.workload.batch_size_max(d.index))
+            .collect();
+        let node_envelope = Envelope::new(
+            &devices,
+            &batch_size_max,
+            &config.node_guardrails,
+            config.node_knobs,
+        )
+        .unwrap_or_else(|error| {
+            // Callers check the node's guardrails against the devices first
+            // (`NodeRules::check`); were one to slip through, the device's own limits
+            // still bound the host's moves.
+            tracing::error!("the node's guardrails do not fit the devices ({error}); the host's own moves keep to the devices' limits");
+            Envelope::new(&devices, &batch_size_max, &Guardrails::default(), config.node_knobs)
+                .unwrap_or_else(|_| envelope.clone())
+        });
+        let defaults = devices
+            .iter()
+            .zip(&initial_batch)
+            .map(|(d, &batch)| Settings {
+                power_cap_w: Some(d.power_cap_default_w),
+                sm_clock_max_mhz: Some(d.sm_clock_max_mhz()),
+                batch_size: Some(batch),
+            })
+            .collect();
+        let baseline = in_force.clone();
+        let guard = ObjectiveGuard::new(config.guard);
         let totals = LoopTotals {
             gpus: devices
                 .iter()
@@ -293,6 +370,7 @@ impl ControlLoop {
                 .collect(),
             ..LoopTotals::default()
         };
+        let work_waiting = backends.workload.work_waiting();
         let mut this = Self {
             backends,
             supervisor,
@@ -310,6 +388,12 @@ impl ControlLoop {
             settling: vec![false; n],
             last_telemetry: vec![TelemetryWindow::default(); n],
             totals,
+            guard,
+            decided_by: Decider::Policy,
+            node_envelope,
+            baseline,
+            defaults,
+            work_waiting,
         };
         for (gpu, settings) in first_settings.iter().enumerate() {
             let applied = this
@@ -334,8 +418,15 @@ impl ControlLoop {
     }
 
     /// Take new policies from `port` at tick boundaries (hot swap, see [`crate::swap`]).
+    /// With the guard on, a swapped-in policy that breaks the objective in probation more
+    /// often than the one it replaced is rolled back.
     pub fn with_swaps(mut self, port: SwapPort) -> Self {
-        self.swapper = Swapper::new(Some(port));
+        let guard = self.config.guard;
+        self.swapper = Swapper::new(Some(port)).judge_objective(
+            guard
+                .enabled
+                .then_some(u64::from(guard.probation_allowance_ticks)),
+        );
         self
     }
 
@@ -435,6 +526,31 @@ impl ControlLoop {
                 observations.push(self.observe(gpu, tick, interval, &t, &w));
             }
 
+            // The window just observed shows the settings of whoever decided the last
+            // tick: the guard charges its violations to them.
+            // Judged by the objective in force over that window (a swap at this boundary
+            // brings the next one).
+            let violations: Vec<bool> = observations
+                .iter()
+                .map(|o| {
+                    self.config
+                        .objective
+                        .violated_by_waiting(o, self.work_waiting)
+                })
+                .collect();
+            let window_violated = violations.contains(&true);
+            let decided_last = self.decided_by;
+            if let Some(GuardEvent::TookOver { ticks }) =
+                self.guard.observe(tick, window_violated, decided_last)
+            {
+                tracing::warn!(
+                    policy = self.supervisor.policy_name(),
+                    tick,
+                    ticks,
+                    "objective guard: the device defaults decide until the policy's back-off ends"
+                );
+            }
+
             // A policy waiting to take over does so here, at the boundary: its `init`
             // settings decide this tick, so no tick goes undecided. (A swap that arrives
             // while the loop is paused is refused.)
@@ -452,8 +568,13 @@ impl ControlLoop {
                     },
                 )
             };
+            if swapped_in.is_some() {
+                // An operator's new policy gets its own chance: the guard stands down.
+                self.guard.policy_swapped();
+            }
+            let guard_in_charge = !self.paused && self.guard.in_charge();
             let decision = match swapped_in {
-                _ if self.paused => crate::policy::Decision {
+                _ if self.paused || guard_in_charge => crate::policy::Decision {
                     settings: vec![Settings::default(); n],
                     source: DecisionSource::Policy,
                 },
@@ -468,21 +589,31 @@ impl ControlLoop {
                     decision
                 }
             };
-            let fallback = !matches!(decision.source, DecisionSource::Policy);
+            // The supervisor's fallback (a failing policy); the guard's ticks are its own.
+            let fallback = !guard_in_charge && !matches!(decision.source, DecisionSource::Policy);
             let policy_name = self.supervisor.policy_name().to_owned();
             let mut any_violation = false;
             let mut any_tpot_unknown = false;
             for (gpu, obs) in observations.iter().enumerate() {
                 let requested = decision.settings.get(gpu).copied().unwrap_or_default();
-                let applied = self
-                    .envelope
-                    .apply(gpu as u32, &requested, &self.in_force[gpu]);
+                let mut applied = if guard_in_charge {
+                    crate::envelope::Applied::default()
+                } else {
+                    self.envelope
+                        .apply(gpu as u32, &requested, &self.in_force[gpu])
+                };
                 self.last_clamped[gpu] = applied.clamped;
                 self.totals.clamped_decisions += u64::from(applied.clamped);
                 self.totals.non_finite_values += u64::from(applied.non_finite);
+                let host_moves = if self.paused {
+                    Settings::default()
+                } else {
+                    self.host_moves(gpu as u32, guard_in_charge, obs)
+                };
+                applied.settings = merged(applied.settings, host_moves);
                 self.apply(gpu as u32, &applied.settings);
 
-                let violation = self.config.objective.violated_by(obs);
+                let violation = violations[gpu];
                 any_violation |= violation;
                 any_tpot_unknown |= self.config.objective.tpot_unknown(obs);
                 let gpu_totals = &mut self.totals.gpus[gpu];
@@ -508,23 +639,40 @@ impl ControlLoop {
                     in_force_after: self.in_force[gpu],
                     fallback,
                     clamped: applied.clamped,
+                    guard: guard_in_charge,
                     slo_violation: violation,
                     energy_counter_j: self.last_telemetry[gpu].energy_counter_j,
                     power_mem_avg_w: self.last_telemetry[gpu].power_mem_avg_w,
                     init: self.init_records.get_mut(gpu).and_then(Option::take),
                 })?;
             }
-            if !self.paused {
-                self.swapper.judge(
+            recorder.end_tick()?;
+            if !self.paused && !guard_in_charge {
+                let rolled_back = self.swapper.judge(
                     tick,
                     fallback,
+                    window_violated && decided_last == Decider::Policy,
                     InCharge {
                         supervisor: &mut self.supervisor,
                         envelope: &mut self.envelope,
                         objective: &mut self.config.objective,
                     },
                 );
+                if rolled_back {
+                    self.guard.policy_swapped();
+                }
             }
+            if guard_in_charge {
+                self.guard.count_takeover_tick();
+            }
+            self.decided_by = if self.paused {
+                Decider::Operator
+            } else if guard_in_charge {
+                Decider::Guard
+            } else {
+                Decider::Policy
+            };
+            self.totals.guard = self.guard.counters.clone();
             self.totals.swaps = self.swapper.counters.clone();
             self.totals.ticks += 1;
             self.totals.slo_violation_ticks += u64::from(any_violation);
@@ -553,6 +701,9 @@ impl ControlLoop {
                 lateness,
                 paused: self.paused,
                 on_probation: self.swapper.on_probation(),
+                guard_in_charge,
+                guard_enabled: self.config.guard.enabled,
+                objective: self.config.objective,
                 commands_taken: self.commands_taken,
             });
         }
@@ -573,6 +724,77 @@ impl ControlLoop {
                 });
         self.totals.wall_time_s = started.elapsed().as_secs_f64();
         Ok((self.totals, self.backends))
+    }
+
+    /// The host's own moves on `gpu` this tick: every knob of the node the policy in
+    /// charge does not own goes back to the node's baseline, and while the guard is in
+    /// charge every knob goes to the device defaults; within the node's guardrails and
+    /// steps, so the host never swings a cap further per tick than a policy may.
+    fn host_moves(&mut self, gpu: u32, guard_in_charge: bool, obs: &Observation) -> Settings {
+        let g = gpu as usize;
+        let node = self.config.node_knobs;
+        let owned = self.envelope.knobs();
+        let moved = if guard_in_charge {
+            node
+        } else {
+            Knobs {
+                power_cap: node.power_cap && !owned.power_cap,
+                sm_clock: node.sm_clock && !owned.sm_clock,
+                batch_size: node.batch_size && !owned.batch_size,
+            }
+        };
+        if !(moved.power_cap || moved.sm_clock || moved.batch_size) {
+            return Settings::default();
+        }
+        let target = if guard_in_charge {
+            let mut defaults = self.defaults.get(g).copied().unwrap_or_default();
+            defaults.batch_size = Some(self.fallback_batch(g, obs));
+            defaults
+        } else {
+            self.baseline
+                .get(g)
+                .map_or_else(Settings::default, |b| Settings {
+                    power_cap_w: Some(b.power_cap_requested_w),
+                    sm_clock_max_mhz: Some(b.sm_clock_max_mhz),
+                    batch_size: Some(b.batch_size),
+                })
+        };
+        let stepped = self
+            .node_envelope
+            .apply(gpu, &only(target, moved), &self.in_force[g])
+            .settings;
+        only(stepped, moved)
+    }
+
+    /// The guard's batch size on GPU `g`: the one the run started with when it takes
+    /// over, then fitted to the objective's p99 time per token from what the fallback's
+    /// own windows show (the device defaults can break a tight bound at the largest
+    /// batch). Down in proportion to the overshoot, back up toward the start's batch
+    /// while requests wait with room under the bound. No bound: the start's batch.
+    fn fallback_batch(&mut self, g: usize, obs: &Observation) -> u32 {
+        let start = self.initial_batch.get(g).copied().unwrap_or(1);
+        let current = self.in_force.get(g).map_or(start, |f| f.batch_size);
+        let first_tick = self.decided_by != Decider::Guard;
+        let Some(limit) = self.config.objective.tpot_p99_limit_ms else {
+            return start;
+        };
+        if first_tick {
+            return start;
+        }
+        let tpot = obs.tpot_p99_ms;
+        let waiting = obs.queue_depth > 0
+            || self.work_waiting == crate::workload::WorkWaiting::Always
+            || obs.demand.is_some_and(|d| d.requests_turned_away > 0);
+        if obs.tokens > 0 && tpot.is_finite() && tpot > limit {
+            // A decode step's time grows about in proportion to the batch at large
+            // batches: aim 5 % under the bound.
+            let fitted = (f64::from(current) * limit / tpot * 0.95).floor();
+            (fitted as u32).clamp(1, current.max(1))
+        } else if waiting && tpot.is_finite() && tpot < 0.85 * limit && current < start {
+            (current + current.div_ceil(10)).min(start)
+        } else {
+            current
+        }
     }
 
     fn read_telemetry(&mut self, gpu: u32) -> TelemetryWindow {
@@ -702,6 +924,24 @@ impl ControlLoop {
     fn actuator_error(&mut self, gpu: u32, e: ActuatorError) {
         self.totals.actuator_errors += 1;
         tracing::warn!(gpu, "setting change failed, the old setting stays: {e}");
+    }
+}
+
+/// `settings` with only the `knobs` given.
+fn only(settings: Settings, knobs: Knobs) -> Settings {
+    Settings {
+        power_cap_w: settings.power_cap_w.filter(|_| knobs.power_cap),
+        sm_clock_max_mhz: settings.sm_clock_max_mhz.filter(|_| knobs.sm_clock),
+        batch_size: settings.batch_size.filter(|_| knobs.batch_size),
+    }
+}
+
+/// `a`'s knobs, and `b`'s where `a` leaves one unset.
+fn merged(a: Settings, b: Settings) -> Settings {
+    Settings {
+        power_cap_w: a.power_cap_w.or(b.power_cap_w),
+        sm_clock_max_mhz: a.sm_clock_max_mhz.or(b.sm_clock_max_mhz),
+        batch_size: a.batch_size.or(b.batch_size),
     }
 }
 

@@ -21,6 +21,10 @@ pub struct Guardrails {
     pub batch_size_max: Option<u32>,
     /// Largest power cap change per tick.
     pub max_power_cap_step_w: Option<f64>,
+    /// Largest power cap raise per tick (a cut is never slowed by it): what a sudden
+    /// rise in draw may cost the facility. The node's rules set one by default.
+    #[serde(default)]
+    pub max_power_cap_raise_w: Option<f64>,
     /// Largest SM clock change per tick.
     pub max_sm_clock_step_mhz: Option<u32>,
     /// Largest batch size change per tick.
@@ -54,6 +58,8 @@ pub struct GpuLimits {
     pub sm_clock_device_max_mhz: u32,
     pub batch_size: (u32, u32),
     pub max_power_cap_step_w: f64,
+    /// The largest raise per tick: the step, or less.
+    pub max_power_cap_raise_w: f64,
     pub max_sm_clock_step_mhz: u32,
     pub max_batch_size_step: u32,
 }
@@ -91,6 +97,7 @@ impl Envelope {
         check_positive(guardrails.power_cap_min_w, "power_cap_min_w")?;
         check_positive(guardrails.power_cap_max_w, "power_cap_max_w")?;
         check_positive(guardrails.max_power_cap_step_w, "max_power_cap_step_w")?;
+        check_positive(guardrails.max_power_cap_raise_w, "max_power_cap_raise_w")?;
         let mut gpus = Vec::with_capacity(devices.len());
         for (device, &workload_max) in devices.iter().zip(batch_size_max) {
             let gpu = device.index;
@@ -150,11 +157,20 @@ impl Envelope {
                 sm_clock_device_max_mhz: device.sm_clock_max_mhz(),
                 batch_size: (batch_lo, batch_hi),
                 max_power_cap_step_w: guardrails.max_power_cap_step_w.unwrap_or(f64::INFINITY),
+                max_power_cap_raise_w: guardrails
+                    .max_power_cap_raise_w
+                    .unwrap_or(f64::INFINITY)
+                    .min(guardrails.max_power_cap_step_w.unwrap_or(f64::INFINITY)),
                 max_sm_clock_step_mhz: guardrails.max_sm_clock_step_mhz.unwrap_or(u32::MAX),
                 max_batch_size_step: guardrails.max_batch_size_step.unwrap_or(u32::MAX),
             });
         }
         Ok(Self { knobs, gpus })
+    }
+
+    /// The knobs the policy behind this envelope owns.
+    pub fn knobs(&self) -> Knobs {
+        self.knobs
     }
 
     pub fn limits(&self, gpu: u32) -> Option<&GpuLimits> {
@@ -289,11 +305,14 @@ impl Envelope {
         let (lo, hi) = limits.power_cap_w;
         let in_range = want.clamp(lo, hi);
         let step = limits.max_power_cap_step_w;
+        let raise = limits.max_power_cap_raise_w;
         // `current` comes from the device; were it ever unknown (NaN), `clamp` would panic.
         // There is then no step to limit, and nothing is applied: no difference from an
         // unknown request reaches the 0.5 W threshold.
         let stepped = if current.is_finite() {
-            in_range.clamp(current - step, current + step).clamp(lo, hi)
+            in_range
+                .clamp(current - step, current + raise)
+                .clamp(lo, hi)
         } else {
             in_range
         };

@@ -220,6 +220,9 @@ struct PolicyFamilies {
     ejections: Family<PolicyLabels, TotalCounter<u64>>,
     swaps: Family<PolicyLabels, TotalCounter<u64>>,
     rollbacks: Family<PolicyLabels, TotalCounter<u64>>,
+    objective_rollbacks: Family<PolicyLabels, TotalCounter<u64>>,
+    guard_takeovers: Family<PolicyLabels, TotalCounter<u64>>,
+    guard_takeover_ticks: Family<PolicyLabels, TotalCounter<u64>>,
     swaps_refused: TotalCounter<u64>,
     info: Family<PolicyLabels, GaugeF64>,
     on_probation: Family<PolicyLabels, GaugeF64>,
@@ -233,6 +236,7 @@ struct AgentFamilies {
     actuator_errors: TotalCounter<u64>,
     telemetry_errors: TotalCounter<u64>,
     paused: GaugeF64,
+    guard_in_charge: GaugeF64,
 }
 
 /// Failure counts of one supervisor as last seen (they are the supervisor's own, and a
@@ -259,6 +263,9 @@ struct Seen {
     fallback_ticks: u64,
     swaps: u64,
     rollbacks: u64,
+    objective_rollbacks: u64,
+    guard_takeovers: u64,
+    guard_takeover_ticks: u64,
     actuator_errors: u64,
     telemetry_errors: u64,
     /// Per GPU index.
@@ -310,6 +317,9 @@ impl AgentMetrics {
             ejections: Family::default(),
             swaps: Family::default(),
             rollbacks: Family::default(),
+            objective_rollbacks: Family::default(),
+            guard_takeovers: Family::default(),
+            guard_takeover_ticks: Family::default(),
             swaps_refused: TotalCounter::default(),
             info: Family::default(),
             on_probation: Family::default(),
@@ -320,6 +330,7 @@ impl AgentMetrics {
             actuator_errors: TotalCounter::default(),
             telemetry_errors: TotalCounter::default(),
             paused: GaugeF64::default(),
+            guard_in_charge: GaugeF64::default(),
         };
         register_gpu(&mut registry, &gpu);
         register_policy(&mut registry, &policy);
@@ -451,6 +462,32 @@ impl Inner {
             .rollbacks
             .get_or_create(&decided_by)
             .inc_by(rolled_back);
+        let objective_rollbacks = advance(
+            &mut self.seen.objective_rollbacks,
+            totals.swaps.objective_rollbacks,
+        );
+        self.policy
+            .objective_rollbacks
+            .get_or_create(&decided_by)
+            .inc_by(objective_rollbacks);
+        // The guard takes over from the policy whose settings broke the objective: the
+        // one that decided the window before.
+        let takeovers = advance(&mut self.seen.guard_takeovers, totals.guard.takeovers);
+        self.policy
+            .guard_takeovers
+            .get_or_create(&window_policy)
+            .inc_by(takeovers);
+        let takeover_ticks = advance(
+            &mut self.seen.guard_takeover_ticks,
+            totals.guard.takeover_ticks,
+        );
+        self.policy
+            .guard_takeover_ticks
+            .get_or_create(&in_charge)
+            .inc_by(takeover_ticks);
+        self.agent
+            .guard_in_charge
+            .set(if progress.guard_in_charge { 1.0 } else { 0.0 });
         let fallbacks = advance(&mut self.seen.fallback_ticks, totals.fallback_ticks);
         self.policy
             .fallback_ticks
@@ -623,6 +660,9 @@ impl PolicyFamilies {
             &self.ejections,
             &self.swaps,
             &self.rollbacks,
+            &self.objective_rollbacks,
+            &self.guard_takeovers,
+            &self.guard_takeover_ticks,
         ] {
             family.get_or_create(policy).inc_by(0);
         }
@@ -768,6 +808,21 @@ fn register_policy(registry: &mut Registry, families: &PolicyFamilies) {
         families.rollbacks.clone(),
     );
     registry.register(
+        "tokwatt_policy_objective_rollbacks_total",
+        "Swapped-in policies rolled back for breaking the node's objective in probation more often than the policy they replaced, by the policy rolled back",
+        families.objective_rollbacks.clone(),
+    );
+    registry.register(
+        "tokwatt_guard_takeovers_total",
+        "Times the objective guard took the node over because the policy's settings broke the objective on too many recent ticks, by that policy",
+        families.guard_takeovers.clone(),
+    );
+    registry.register(
+        "tokwatt_guard_takeover_ticks_total",
+        "Ticks decided by the objective guard's fallback (the device defaults) instead of the policy, by the policy in charge",
+        families.guard_takeover_ticks.clone(),
+    );
+    registry.register(
         "tokwatt_policy_swaps_refused_total",
         "Swap requests refused before reaching the loop (a bad spec or plugin); nothing changed",
         families.swaps_refused.clone(),
@@ -814,6 +869,11 @@ fn register_agent(
         "tokwatt_paused",
         "1 while an operator holds the settings (the policy is not asked), else 0",
         families.paused.clone(),
+    );
+    registry.register(
+        "tokwatt_guard_in_charge",
+        "1 while the objective guard's fallback (the device defaults) decides instead of the policy, else 0",
+        families.guard_in_charge.clone(),
     );
     let info: Family<AgentInfoLabels, GaugeF64> = Family::default();
     info.get_or_create(&AgentInfoLabels {

@@ -78,8 +78,12 @@ pub struct TickRecord {
     pub applied: Settings,
     /// The settings in force after this tick's changes.
     pub in_force_after: InForce,
+    /// The policy failed and its supervisor's fallback held the settings.
     pub fallback: bool,
     pub clamped: bool,
+    /// The objective guard's fallback (the device defaults) decided this tick.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub guard: bool,
     pub slo_violation: bool,
     /// Energy counter reading at the end of the window, joules.
     pub energy_counter_j: f64,
@@ -339,6 +343,17 @@ impl Recorder {
         files.observations.write_line(json.as_bytes())
     }
 
+    /// End a tick: its rows are handed to the operating system, so a crash of the agent
+    /// (`kill -9`) loses at most the tick in flight. Not an fsync: a crash of the machine
+    /// may still lose what the kernel had not written.
+    pub fn end_tick(&mut self) -> Result<(), RecorderError> {
+        let Some(files) = self.files.as_mut() else {
+            return Ok(());
+        };
+        files.trace.flush()?;
+        files.observations.flush()
+    }
+
     /// Flush the trace and write `summary.json` (atomically: a reader never sees half a
     /// summary), keeping the recording going: a long run's current summary. The trace
     /// and observations on disk then reach at least as far as the summary.
@@ -386,6 +401,7 @@ pub fn trace_header() -> Vec<String> {
         in_force_after: crate::bench::sample_observation(0, 0).in_force,
         fallback: false,
         clamped: false,
+        guard: false,
         slo_violation: false,
         energy_counter_j: 0.0,
         power_mem_avg_w: None,
@@ -435,6 +451,7 @@ mod tests {
             in_force_after: crate::bench::sample_observation(0, 0).in_force,
             fallback: false,
             clamped: false,
+            guard: false,
             slo_violation: false,
             energy_counter_j: 0.0,
             power_mem_avg_w: None,

@@ -6,6 +6,7 @@
 //! policy is kept for a probation of a few ticks: if the new one fails in that time, the
 //! old one comes back by itself.
 
+use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
 use serde::Serialize;
@@ -97,7 +98,13 @@ pub struct SwapCounters {
     pub started_fresh: u64,
     /// New policies that failed in probation and were replaced by the old one again.
     pub rollbacks: u64,
+    /// Of the rollbacks, those for breaking the objective in probation on more ticks
+    /// than the policy they replaced had broken it (a valid but harmful policy).
+    pub objective_rollbacks: u64,
 }
+
+/// The longest probation whose objective comparison is kept (ticks of history).
+const MAX_HISTORY_TICKS: usize = 10_000;
 
 /// The policy that was in charge before a swap, kept until the new one has proven itself.
 #[derive(Debug)]
@@ -107,6 +114,13 @@ struct OnProbation {
     previous_objective: Objective,
     until_tick: u64,
     notify: Option<Sender<SwapEvent>>,
+    /// The tick it took over: that tick's window is the previous policy's.
+    since_tick: u64,
+    /// Ticks its settings broke the objective so far.
+    violations: u64,
+    /// The most it may break it: what the previous policy broke over as many ticks
+    /// before the swap, plus the allowance. `None`: the objective is not judged.
+    violations_allowed: Option<u64>,
 }
 
 fn tell(notify: &Option<Sender<SwapEvent>>, event: SwapEvent) {
@@ -137,6 +151,12 @@ pub struct Swapper {
     port: Option<SwapPort>,
     probation: Option<OnProbation>,
     pub counters: SwapCounters,
+    /// Whether each recent tick's window broke the objective under the policy in charge
+    /// (newest last), for the probation's comparison.
+    history: VecDeque<bool>,
+    /// Extra violation ticks a new policy may have in probation; `None`: probation does
+    /// not judge the objective.
+    objective_allowance: Option<u64>,
 }
 
 /// Who is in charge: the parts of the loop a swap replaces.
@@ -153,7 +173,17 @@ impl Swapper {
             port,
             probation: None,
             counters: SwapCounters::default(),
+            history: VecDeque::new(),
+            objective_allowance: None,
         }
+    }
+
+    /// Judge a swapped-in policy on the objective too: it is rolled back once it breaks
+    /// the objective in probation on more than `allowance` ticks beyond what the policy
+    /// it replaced broke over as many ticks before the swap.
+    pub fn judge_objective(mut self, allowance: Option<u64>) -> Self {
+        self.objective_allowance = allowance;
+        self
     }
 
     /// At a tick boundary of a paused loop: drop every waiting policy, telling whoever
@@ -239,40 +269,86 @@ impl Swapper {
         if let Some(replaced) = self.probation.take() {
             tell(&replaced.notify, SwapEvent::Replaced { tick });
         }
+        let before: u64 = self
+            .history
+            .iter()
+            .rev()
+            .take(usize::try_from(next.probation_ticks).unwrap_or(usize::MAX))
+            .map(|&v| u64::from(v))
+            .sum();
         self.probation = Some(OnProbation {
             previous: next.supervisor,
             previous_envelope: next.envelope,
             previous_objective: next.objective,
             until_tick: tick + next.probation_ticks,
             notify: next.notify.take(),
+            since_tick: tick,
+            violations: 0,
+            violations_allowed: self.objective_allowance.map(|a| before + a),
         });
         Some(next.first)
     }
 
-    /// After a tick's decision: a policy in probation that failed is replaced by the one
-    /// before it; one that lasted its probation is kept for good.
-    pub fn judge(&mut self, tick: u64, failed: bool, in_charge: InCharge<'_>) {
-        let Some(probation) = self.probation.take() else {
-            return;
+    /// After a tick's decision: a policy in probation that failed, or that broke the
+    /// objective more than the one before it, is replaced by that one; one that lasted its
+    /// probation is kept for good. `violated`: this tick's window broke the objective under
+    /// the policy in charge (not under the guard's fallback or a pause). Returns whether
+    /// the policy in charge changed (a rollback).
+    pub fn judge(
+        &mut self,
+        tick: u64,
+        failed: bool,
+        violated: bool,
+        in_charge: InCharge<'_>,
+    ) -> bool {
+        if self.history.len() == MAX_HISTORY_TICKS {
+            self.history.pop_front();
+        }
+        self.history.push_back(violated);
+        let Some(mut probation) = self.probation.take() else {
+            return false;
         };
-        if failed {
+        // The swap tick's window shows the previous policy's settings.
+        if tick > probation.since_tick {
+            probation.violations += u64::from(violated);
+        }
+        let harmful = probation
+            .violations_allowed
+            .is_some_and(|allowed| probation.violations > allowed);
+        if failed || harmful {
             let mut probation = probation;
-            tracing::warn!(
-                failed = in_charge.supervisor.policy_name(),
-                back = probation.previous.policy_name(),
-                tick,
-                "the new policy failed in probation; the previous policy is back"
-            );
+            if harmful {
+                tracing::warn!(
+                    harmful = in_charge.supervisor.policy_name(),
+                    back = probation.previous.policy_name(),
+                    tick,
+                    violation_ticks = probation.violations,
+                    allowed = probation.violations_allowed,
+                    "the new policy broke the objective in probation more often than the one it replaced; the previous policy is back"
+                );
+                self.counters.objective_rollbacks += 1;
+            } else {
+                tracing::warn!(
+                    failed = in_charge.supervisor.policy_name(),
+                    back = probation.previous.policy_name(),
+                    tick,
+                    "the new policy failed in probation; the previous policy is back"
+                );
+            }
             std::mem::swap(in_charge.supervisor, &mut probation.previous);
             std::mem::swap(in_charge.envelope, &mut probation.previous_envelope);
             std::mem::swap(in_charge.objective, &mut probation.previous_objective);
             self.counters.rollbacks += 1;
             tell(&probation.notify, SwapEvent::RolledBack { tick });
+            // The rolled-back policy's ticks are not the restored one's record.
+            self.history.clear();
+            return true;
         } else if tick < probation.until_tick {
             self.probation = Some(probation);
         } else {
             tell(&probation.notify, SwapEvent::Kept { tick });
         }
+        false
     }
 
     /// Whether a swapped-in policy is still on probation.

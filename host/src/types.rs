@@ -10,6 +10,17 @@ pub struct Knobs {
     pub batch_size: bool,
 }
 
+impl Knobs {
+    /// Every knob.
+    pub const fn all() -> Self {
+        Self {
+            power_cap: true,
+            sm_clock: true,
+            batch_size: true,
+        }
+    }
+}
+
 /// NVML clock-event reasons, reduced to what a policy can act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ClockEvents {
@@ -248,11 +259,26 @@ impl Objective {
     /// latency bound; a window that turned demand away always breaks it, so a policy
     /// cannot buy tokens per joule by serving less than arrives.
     pub fn violated_by(&self, obs: &Observation) -> bool {
+        self.violated_by_waiting(obs, crate::workload::WorkWaiting::Reported)
+    }
+
+    /// [`Objective::violated_by`] for a workload that says how it knows work is waiting:
+    /// a closed loop always has work waiting, so its throughput floor is checked on every
+    /// window (a queue depth of 0 would otherwise read as idle).
+    pub fn violated_by_waiting(
+        &self,
+        obs: &Observation,
+        waiting: crate::workload::WorkWaiting,
+    ) -> bool {
+        let queue_depth = match waiting {
+            crate::workload::WorkWaiting::Always => obs.queue_depth.max(1),
+            _ => obs.queue_depth,
+        };
         self.violated_by_window(
             &WorkloadWindow {
                 tokens: obs.tokens,
                 tpot_p99_ms: obs.tpot_p99_ms,
-                queue_depth: obs.queue_depth,
+                queue_depth,
                 demand: obs.demand,
                 ..WorkloadWindow::default()
             },
@@ -293,6 +319,34 @@ impl Objective {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_throughput_floor_is_checked_on_every_window_of_a_closed_loop() {
+        use crate::workload::WorkWaiting;
+        let objective = Objective {
+            min_tokens_per_s: Some(20_000.0),
+            ..Objective::default()
+        };
+        // Batch 1 on the CUDA decode: 231 tokens/s, and no queue to report.
+        let obs = Observation {
+            tokens: 231,
+            interval_s: 1.0,
+            queue_depth: 0,
+            ..crate::bench::sample_observation(0, 0)
+        };
+        assert!(objective.violated_by_waiting(&obs, WorkWaiting::Always));
+        assert!(
+            !objective.violated_by_waiting(&obs, WorkWaiting::Reported),
+            "an idle queue"
+        );
+        assert!(!objective.violated_by_waiting(
+            &Observation {
+                tokens: 25_000,
+                ..obs
+            },
+            WorkWaiting::Always
+        ));
+    }
 
     #[test]
     fn settings_read_as_words_naming_only_what_changes() {

@@ -10,6 +10,7 @@ mod bad_input;
 mod deploy;
 mod engines;
 mod eval;
+mod guard;
 mod guest_lang;
 mod hostile;
 mod js_policy;

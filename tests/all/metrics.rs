@@ -174,6 +174,9 @@ fn observed_run() -> Observed {
         seed: 11,
         overwrite: false,
         write_files: false,
+        rules: tokwatt::rules::NodeRules::default(),
+        rules_source: "the default node rules".into(),
+        node_knobs: tokwatt::types::Knobs::all(),
     };
     let (summary, _) = agent::run_with_swaps(
         &run,

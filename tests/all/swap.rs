@@ -87,6 +87,10 @@ fn swaps_every_few_ticks_miss_no_tick_carry_state_and_roll_back_a_broken_policy(
         seed: 7,
         overwrite: false,
         write_files: true,
+        // Failures roll back here; the objective's rollbacks are tests/all/guard.rs's.
+        rules: tokwatt::rules::NodeRules::judging(),
+        rules_source: "the judge's node rules".into(),
+        node_knobs: tokwatt::types::Knobs::all(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (summary, _) = agent::run_with_swaps(

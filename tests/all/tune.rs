@@ -89,6 +89,9 @@ fn grid_point(spec: &PolicySpec, scenario: &Path) -> (f64, f64, f64) {
         seed: SEED,
         overwrite: false,
         write_files: false,
+        rules: tokwatt::rules::NodeRules::judging(),
+        rules_source: "the default node rules".into(),
+        node_knobs: tokwatt::types::Knobs::all(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (summary, _) = agent::run(&run, assembled.backends, assembled.meta, stop, &mut |_| {})

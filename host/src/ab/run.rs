@@ -640,10 +640,20 @@ fn drive_group(
         supervisor,
         &first,
         envelope,
-        LoopConfig {
-            duration,
-            tick: arms.tick,
-            objective: arms.spec(first_arm).objective,
+        {
+            // A knob one arm owns and the other does not goes back to where the run
+            // started when the other takes over; the guard is off, since an A/B measures
+            // the policies themselves.
+            let (a, b) = (arms.spec(Arm::A).knobs, arms.spec(Arm::B).knobs);
+            LoopConfig {
+                node_knobs: crate::types::Knobs {
+                    power_cap: a.power_cap || b.power_cap,
+                    sm_clock: a.sm_clock || b.sm_clock,
+                    batch_size: a.batch_size || b.batch_size,
+                },
+                guard: crate::rules::NodeRules::judging().guard,
+                ..LoopConfig::new(duration, arms.tick, arms.spec(first_arm).objective)
+            }
         },
         loop_stop.clone(),
     )

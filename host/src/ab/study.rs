@@ -200,6 +200,9 @@ pub fn long_run_ratio(
             seed,
             overwrite: false,
             write_files: false,
+            rules: crate::rules::NodeRules::judging(),
+            rules_source: "the judge's rules".into(),
+            node_knobs: crate::types::Knobs::all(),
         };
         let (summary, _) = agent::run(
             &request,

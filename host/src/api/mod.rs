@@ -38,6 +38,30 @@ pub struct NodeStatus {
     pub policy: PolicyStatus,
     pub gpus: Vec<GpuStatus>,
     pub failures: Failures,
+    /// The objective in force and what the objective guard did.
+    #[serde(default)]
+    pub guard: GuardStatus,
+}
+
+/// The node's objective in force and its guard, as of the last tick.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct GuardStatus {
+    /// The objective in force: the node's, narrowed by the policy's spec.
+    pub objective: crate::types::Objective,
+    /// Whether the guard acts (`[guard] enabled`); off, it only counts.
+    pub enabled: bool,
+    /// The guard's fallback (the device defaults) decides instead of the policy.
+    pub in_charge: bool,
+    /// Ticks, node-wide, in which any GPU's window broke the objective under the policy's
+    /// own settings (of `window_ticks` recent ticks, the guard takes over at
+    /// `max_violation_ticks`).
+    pub policy_violation_ticks: u64,
+    pub takeovers: u64,
+    /// Take-overs whose fallback broke the objective as well (demand beyond the GPUs).
+    pub unservable_takeovers: u64,
+    pub takeover_ticks: u64,
+    /// Swapped-in policies rolled back for breaking the objective in probation.
+    pub objective_rollbacks: u64,
 }
 
 /// The policy in charge.

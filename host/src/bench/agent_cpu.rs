@@ -193,6 +193,9 @@ pub fn measure(
         seed: 1,
         overwrite: false,
         write_files: true,
+        rules: crate::rules::NodeRules::default(),
+        rules_source: "the default node rules".into(),
+        node_knobs: crate::types::Knobs::all(),
     };
     let mut first: Option<Point> = None;
     let mut last: Option<Point> = None;

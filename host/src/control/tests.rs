@@ -72,11 +72,11 @@ fn run_fixed_cap_on(dry_run: bool, scenario: Scenario) -> (LoopTotals, Vec<Obser
         supervisor,
         &first,
         envelope,
-        LoopConfig {
-            duration: Duration::from_secs(20),
-            tick: Duration::from_secs(1),
-            objective: Objective::default(),
-        },
+        LoopConfig::new(
+            Duration::from_secs(20),
+            Duration::from_secs(1),
+            Objective::default(),
+        ),
         Arc::new(AtomicBool::new(false)),
     );
     let mut seen = Vec::new();
@@ -155,4 +155,117 @@ fn demand_totals_sum_ticks_and_gpus() {
     // The most of any one GPU, not the sum: ticks are shared by every GPU.
     assert_eq!(node.ticks_turning_away, 2);
     assert_eq!(node.worst_tick_queue_wait_p99_ms, Some(9.0));
+}
+
+/// Invariant 9: a policy that does not own the power cap takes over from one that held
+/// it at 650 W; the cap goes back to the node's baseline (the board default it found) at
+/// the switch, and the record of that tick shows the move.
+#[test]
+fn a_knob_the_new_policy_does_not_own_returns_to_the_baseline() {
+    let clock = VirtualClock::new();
+    let sim = SimGpu::new(
+        SimConfig {
+            profile: GpuProfile::load("h200").expect("profile"),
+            scenario: Scenario::built_in().expect("scenario"),
+            gpus: 1,
+            seed: 1,
+        },
+        clock.clone(),
+    )
+    .expect("sim");
+    let devices = sim.telemetry().devices();
+    let backends = Backends {
+        telemetry: sim.telemetry(),
+        actuator: sim.actuator(),
+        workload: sim.workload(),
+        clock,
+    };
+    let start = |knobs: Knobs, settings: Settings| {
+        let envelope =
+            Envelope::new(&devices, &[512], &Guardrails::default(), knobs).expect("envelope");
+        let args = InitArgs {
+            devices: envelope.facts(&devices),
+            knobs,
+            objective: Objective::default(),
+            params: vec![],
+            tick_ms: 1000,
+            seed: 1,
+        };
+        let policy =
+            NativePolicy::new(move |_, observations| Ok(vec![settings; observations.len()]));
+        let (supervisor, first) =
+            Supervisor::start(Box::new(policy), args, BreakerConfig::default()).expect("starts");
+        (supervisor, first, envelope)
+    };
+    let (supervisor, first, envelope) = start(
+        Knobs {
+            power_cap: true,
+            ..Knobs::default()
+        },
+        Settings {
+            power_cap_w: Some(650.0),
+            ..Settings::default()
+        },
+    );
+    let (batch_supervisor, batch_first, batch_envelope) = start(
+        Knobs {
+            batch_size: true,
+            ..Knobs::default()
+        },
+        Settings {
+            batch_size: Some(256),
+            ..Settings::default()
+        },
+    );
+    let (sender, port) = crate::swap::swap_channel();
+    let mut next = Some(crate::swap::PreparedPolicy {
+        supervisor: batch_supervisor,
+        first: batch_first,
+        envelope: batch_envelope,
+        objective: Objective::default(),
+        probation_ticks: 3,
+        notify: None,
+        state: crate::swap::StateOnSwap::Own(None),
+        outgoing_state: None,
+    });
+    let control = ControlLoop::new(
+        backends,
+        supervisor,
+        &first,
+        envelope,
+        LoopConfig::new(
+            Duration::from_secs(12),
+            Duration::from_secs(1),
+            Objective::default(),
+        ),
+        Arc::new(AtomicBool::new(false)),
+    )
+    .with_swaps(port);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut recorder = Recorder::create(dir.path(), false).expect("recorder");
+    let mut caps = Vec::new();
+    let (totals, _) = control
+        .run(&mut recorder, &mut |p| {
+            caps.push(p.observations[0].in_force.power_cap_requested_w);
+            if p.tick == 4
+                && let Some(prepared) = next.take()
+            {
+                sender.send(prepared).expect("the loop runs");
+            }
+        })
+        .expect("runs");
+    assert_eq!(totals.swaps.swaps, 1);
+    // The window of tick t shows what tick t-1 set: 650 W from tick 1, the swap at tick 5
+    // puts 700 W back (a raise of 50 W, within the node's 200 W), seen from tick 6 on.
+    assert_eq!(caps[1..6], [650.0; 5], "{caps:?}");
+    assert!(caps[6..].iter().all(|&cap| cap == 700.0), "{caps:?}");
+    let observations =
+        std::fs::read_to_string(dir.path().join("observations.jsonl")).expect("observations");
+    let swap_tick: serde_json::Value = observations
+        .lines()
+        .nth(5)
+        .map(|line| serde_json::from_str(line).expect("json"))
+        .expect("tick 5");
+    assert_eq!(swap_tick["applied"]["power_cap_w"], 700.0, "{swap_tick}");
+    assert_eq!(swap_tick["policy"], "native", "{swap_tick}");
 }

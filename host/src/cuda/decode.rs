@@ -205,6 +205,11 @@ impl Workload for CudaDecode {
         "cuda-decode"
     }
 
+    /// A closed loop: the decode always has its next step to run.
+    fn work_waiting(&self) -> crate::workload::WorkWaiting {
+        crate::workload::WorkWaiting::Always
+    }
+
     /// The maximum on this workload's GPU; 0 for any other index.
     fn batch_size_max(&self, gpu: u32) -> u32 {
         if gpu == self.gpu_index {

@@ -581,6 +581,9 @@ fn run_policy(
         seed,
         overwrite: false,
         write_files: false,
+        rules: crate::rules::NodeRules::judging(),
+        rules_source: "the judge's rules".into(),
+        node_knobs: crate::types::Knobs::all(),
     };
     let mut series = Series::default();
     let gpus = scenario.gpus;

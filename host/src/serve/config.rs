@@ -102,6 +102,9 @@ pub struct ServeConfig {
     /// How often summary.json is rewritten during the run.
     pub summary_every: Duration,
     pub state_file: Option<PathBuf>,
+    /// The node's objective, guardrails and guard (`[objective]`, `[guardrails]`,
+    /// `[guard]`): every policy spec may only narrow them.
+    pub rules: crate::rules::NodeRules,
 }
 
 #[derive(Debug, Deserialize)]
@@ -120,6 +123,12 @@ struct RawConfig {
     output: RawOutput,
     #[serde(default)]
     state: RawState,
+    #[serde(default)]
+    objective: crate::types::Objective,
+    #[serde(default)]
+    guardrails: crate::envelope::Guardrails,
+    #[serde(default)]
+    guard: crate::guard::GuardConfig,
 }
 
 #[derive(Debug, Deserialize)]
@@ -458,6 +467,7 @@ fn check(raw: RawConfig, base: &Path, _path: &Path) -> Result<ServeConfig, Probl
         .transpose()?;
 
     let workload = check_workload(raw.workload, &backend)?;
+    let rules = check_rules(raw.objective, raw.guardrails, raw.guard)?;
 
     let policy = raw.policy;
     let probation_ticks = match &policy.probation_ticks {
@@ -565,6 +575,65 @@ fn check(raw: RawConfig, base: &Path, _path: &Path) -> Result<ServeConfig, Probl
         keep_files,
         summary_every,
         state_file: raw.state.file.as_deref().map(resolve),
+        rules,
+    })
+}
+
+/// The node's rules, each value checked: a bound that is not a positive number, and a
+/// guard setting that makes no sense, are refused by key. Unset, the cap raise per tick is
+/// [`crate::rules::DEFAULT_MAX_POWER_CAP_RAISE_W`].
+fn check_rules(
+    objective: crate::types::Objective,
+    mut guardrails: crate::envelope::Guardrails,
+    guard: crate::guard::GuardConfig,
+) -> Result<crate::rules::NodeRules, Problem> {
+    let positive = |key: &'static str, value: Option<f64>| match value {
+        Some(v) if !(v.is_finite() && v > 0.0) => Err(missing(
+            key,
+            format!("= {v}: must be a positive number (or left out for no bound)"),
+        )),
+        _ => Ok(()),
+    };
+    positive("objective.tpot_p99_limit_ms", objective.tpot_p99_limit_ms)?;
+    // A floor of 0 is no floor, as in policy specs.
+    positive(
+        "objective.min_tokens_per_s",
+        objective.min_tokens_per_s.filter(|&floor| floor != 0.0),
+    )?;
+    positive(
+        "objective.queue_wait_p99_limit_ms",
+        objective.queue_wait_p99_limit_ms,
+    )?;
+    positive("guardrails.power_cap_min_w", guardrails.power_cap_min_w)?;
+    positive("guardrails.power_cap_max_w", guardrails.power_cap_max_w)?;
+    positive(
+        "guardrails.max_power_cap_step_w",
+        guardrails.max_power_cap_step_w,
+    )?;
+    if let (Some(lo), Some(hi)) = (guardrails.power_cap_min_w, guardrails.power_cap_max_w)
+        && lo > hi
+    {
+        return Err(missing(
+            "guardrails.power_cap_min_w",
+            format!("({lo}) is above guardrails.power_cap_max_w ({hi})"),
+        ));
+    }
+    guard.validate().map_err(|e| Problem {
+        key: "guard",
+        span: None,
+        text: format!("has {}: {}", e.key, e.problem),
+    })?;
+    positive(
+        "guardrails.max_power_cap_raise_w",
+        guardrails.max_power_cap_raise_w,
+    )?;
+    guardrails.max_power_cap_raise_w = guardrails
+        .max_power_cap_raise_w
+        .or(Some(crate::rules::DEFAULT_MAX_POWER_CAP_RAISE_W));
+    Ok(crate::rules::NodeRules {
+        objective,
+        guardrails,
+        guard,
     })
 }
 

@@ -141,6 +141,10 @@ pub(super) struct Parts {
     pub swaps: SwapSender,
     pub commands: Sender<LoopCommand>,
     pub first: PolicyRecord,
+    /// The node's rules, which every swapped-in spec may only narrow.
+    pub rules: crate::rules::NodeRules,
+    /// Where they come from (the serve config), for the refusal of a spec loosening them.
+    pub rules_source: String,
 }
 
 /// The running agent, as the API sees it.
@@ -156,6 +160,8 @@ pub struct ServeControl {
     seed: u64,
     tick: Duration,
     probation_ticks: u64,
+    rules: crate::rules::NodeRules,
+    rules_source: String,
     swaps: Mutex<SwapSender>,
     commands: Mutex<CommandLine>,
     book: Mutex<Book>,
@@ -205,6 +211,8 @@ impl ServeControl {
             seed: parts.seed,
             tick: parts.tick,
             probation_ticks: parts.probation_ticks,
+            rules: parts.rules,
+            rules_source: parts.rules_source,
             swaps: Mutex::new(parts.swaps),
             commands: Mutex::new(CommandLine {
                 sender: parts.commands,
@@ -277,6 +285,16 @@ impl ServeControl {
             swaps_refused: failures_refused,
             last: last_failure,
         };
+        status.guard = crate::api::GuardStatus {
+            objective: progress.objective,
+            enabled: progress.guard_enabled,
+            in_charge: progress.guard_in_charge,
+            policy_violation_ticks: totals.guard.policy_violation_ticks,
+            takeovers: totals.guard.takeovers,
+            unservable_takeovers: totals.guard.unservable_takeovers,
+            takeover_ticks: totals.guard.takeover_ticks,
+            objective_rollbacks: totals.swaps.objective_rollbacks,
+        };
         for (gpu, observation) in status.gpus.iter_mut().zip(progress.observations) {
             let run = totals.gpus.get(gpu.gpu as usize);
             gpu.in_force = observation.in_force;
@@ -315,8 +333,16 @@ impl ServeControl {
     /// Load and check a policy spec for this node: the loop's tick, the knobs the node
     /// offers, the privileges this process has.
     fn load_spec(&self, request: &SwapRequest) -> Result<(PolicySpec, PathBuf), ControlError> {
-        let mut spec =
-            PolicySpec::load(&request.spec).map_err(|e| ControlError::BadRequest(e.to_string()))?;
+        let spec = PolicySpec::load(&request.spec).map_err(|e| {
+            // The caller hears what is wrong, never the file's text; the log has it all.
+            tracing::warn!("swap refused: {e}");
+            ControlError::BadRequest(e.without_contents())
+        })?;
+        // The node's objective and guardrails are the operator's: the spec may narrow them.
+        let mut spec = self
+            .rules
+            .narrow(&spec, &self.rules_source)
+            .map_err(|e| ControlError::BadRequest(e.to_string()))?;
         if u64::from(spec.tick_ms) != self.tick.as_millis() as u64 {
             tracing::info!(
                 policy = %spec.name,
@@ -352,8 +378,13 @@ impl ServeControl {
         let plugin = match &request.plugin {
             Some(path) => {
                 if !path.is_file() {
+                    let what = if path.exists() {
+                        "is not a regular file (a folder, a pipe or a device)"
+                    } else {
+                        "does not exist"
+                    };
                     return Err(ControlError::BadRequest(format!(
-                        "plugin {} does not exist: give the path of a built component (.wasm) on the agent's machine",
+                        "plugin {} {what}: give the path of a built component (.wasm) on the agent's machine",
                         path.display()
                     )));
                 }
@@ -595,6 +626,9 @@ mod tests {
             lateness: Duration::ZERO,
             paused: false,
             on_probation: true,
+            guard_in_charge: false,
+            guard_enabled: true,
+            objective: crate::types::Objective::default(),
             commands_taken: 0,
         });
     }

@@ -247,7 +247,14 @@ pub fn start(
     stop: Arc<AtomicBool>,
     duration: Option<Duration>,
 ) -> Result<Agent, ServeError> {
-    let mut spec = PolicySpec::load(&config.policy_spec)?;
+    let rules_source = format!(
+        "the node's rules in {} ([objective], [guardrails], [guard])",
+        config.path.display()
+    );
+    let mut spec = config
+        .rules
+        .narrow(&PolicySpec::load(&config.policy_spec)?, &rules_source)
+        .map_err(crate::agent::AgentError::from)?;
     if let Some(tick) = config.tick {
         spec.override_tick(tick)?;
     }
@@ -298,6 +305,15 @@ pub fn start(
             .or_else(ComponentCache::default_dir),
     })?);
     let node = NodeFacts::of(&backends);
+    let node_knobs = offered.knobs();
+    // The node's guardrails bound the host's own moves: they must fit the devices.
+    crate::envelope::Envelope::new(
+        &node.devices,
+        &node.batch_size_max,
+        &config.rules.guardrails,
+        node_knobs,
+    )
+    .map_err(crate::agent::AgentError::from)?;
     let (supervisor, first, envelope) =
         agent::start_policy(&host, &spec, &plugin_path, &node, config.seed, tick)?;
     // A signal during start-up (a slow compile) ends it here, before `init`'s settings are
@@ -338,6 +354,8 @@ pub fn start(
             plugin: plugin_path.clone(),
             version: version.clone(),
         },
+        rules: config.rules,
+        rules_source,
     }));
 
     let objective = spec.objective;
@@ -350,6 +368,9 @@ pub fn start(
             duration: duration.unwrap_or(UNTIL_STOPPED),
             tick,
             objective,
+            node_knobs,
+            node_guardrails: config.rules.guardrails,
+            guard: config.rules.guard,
         },
         Arc::clone(&stop),
     )

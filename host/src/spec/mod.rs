@@ -44,6 +44,27 @@ pub enum SpecError {
     },
 }
 
+impl SpecError {
+    /// The error without anything read from the file: for a reply to a remote caller
+    /// (the control API), who may name any file the agent can read and must not learn its
+    /// contents from the parser's quote of the line it stopped at. The full error goes to
+    /// the agent's own log.
+    pub fn without_contents(&self) -> String {
+        match self {
+            SpecError::Parse { path, .. } => format!(
+                "policy spec {} is not a valid policy spec (TOML with the keys of docs/plugin-authors.md); run `tokwatt check --policy {}` on the node for where and why",
+                path.display(),
+                path.display()
+            ),
+            SpecError::UnknownKnob { path, .. } => format!(
+                "policy spec {}: `knobs` names an unknown knob; the knobs are \"power-cap\", \"sm-clock\" and \"batch-size\"",
+                path.display()
+            ),
+            other => other.to_string(),
+        }
+    }
+}
+
 mod validate;
 
 pub use validate::{MAX_TICK, MIN_TICK};

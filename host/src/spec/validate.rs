@@ -168,6 +168,7 @@ fn check_guardrails(raw: &RawSpec) -> Result<(), Problem> {
     positive_f64(T, "power_cap_min_w", g.power_cap_min_w, false)?;
     positive_f64(T, "power_cap_max_w", g.power_cap_max_w, false)?;
     positive_f64(T, "max_power_cap_step_w", g.max_power_cap_step_w, false)?;
+    positive_f64(T, "max_power_cap_raise_w", g.max_power_cap_raise_w, false)?;
     positive_u32(T, "sm_clock_min_mhz", g.sm_clock_min_mhz)?;
     positive_u32(T, "sm_clock_max_mhz", g.sm_clock_max_mhz)?;
     positive_u32(T, "batch_size_min", g.batch_size_min)?;

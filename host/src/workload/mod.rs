@@ -8,6 +8,21 @@ pub mod prometheus;
 
 use crate::types::WorkloadWindow;
 
+/// Whether the workload knows when work is waiting: a throughput floor
+/// (`min_tokens_per_s`) needs it, since a GPU with nothing to do is not slow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WorkWaiting {
+    /// Each window's `queue_depth` says (the simulator).
+    #[default]
+    Reported,
+    /// A closed loop that makes its own work: there is always work waiting (tokwatt's
+    /// CUDA decode), so the floor is checked on every window.
+    Always,
+    /// Nothing says (a serving engine's token counter without a queue gauge): a
+    /// throughput floor cannot be checked and is refused at start.
+    Unknown,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
     #[error("GPU index {index} is out of range: this workload runs on {count} GPU(s)")]
@@ -29,4 +44,8 @@ pub trait Workload: Send {
     fn set_batch_size(&mut self, gpu: u32, batch: u32) -> Result<(), WorkloadError>;
     /// Tokens and latency on `gpu` since the previous call, and start a new window.
     fn read_window(&mut self, gpu: u32) -> Result<WorkloadWindow, WorkloadError>;
+    /// Whether the workload knows when work is waiting (see [`WorkWaiting`]).
+    fn work_waiting(&self) -> WorkWaiting {
+        WorkWaiting::Reported
+    }
 }

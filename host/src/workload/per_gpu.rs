@@ -71,6 +71,19 @@ impl Workload for PerGpu {
         let (source, inner) = self.source_mut(gpu)?;
         source.read_window(*inner)
     }
+
+    /// Every GPU's source is of one kind; the least any of them knows.
+    fn work_waiting(&self) -> super::WorkWaiting {
+        use super::WorkWaiting::{Always, Reported, Unknown};
+        let kinds: Vec<_> = self.sources.iter().map(|(s, _)| s.work_waiting()).collect();
+        if kinds.contains(&Unknown) {
+            Unknown
+        } else if !kinds.is_empty() && kinds.iter().all(|&k| k == Always) {
+            Always
+        } else {
+            Reported
+        }
+    }
 }
 
 #[cfg(test)]

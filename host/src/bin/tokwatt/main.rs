@@ -8,6 +8,7 @@ mod bench_serve;
 mod check;
 mod eval;
 mod gpus;
+mod node_rules;
 mod plugin;
 mod plugin_places;
 mod policy;

@@ -49,6 +49,8 @@ pub struct RunArgs {
     debug_panic_after_ticks: Option<u64>,
     #[command(flatten)]
     pub target: TargetArgs,
+    #[command(flatten)]
+    node: crate::node_rules::NodeRulesArgs,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -59,7 +61,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         signal_hook::flag::register(signal, Arc::clone(&stop))
             .context("installing signal handlers")?;
     }
-    let mut spec = PolicySpec::load(&args.policy)?;
+    let (rules, rules_source) = args.node.rules()?;
+    // What the spec narrows of the node's rules is in force from here on.
+    let mut spec = rules.narrow(&PolicySpec::load(&args.policy)?, &rules_source)?;
     if let Some(tick) = args.tick {
         spec.override_tick(tick)?;
     }
@@ -72,6 +76,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         eprintln!("tokwatt: policy `{}`: {withheld}", spec.name);
     }
     spec.knobs = assembled.knobs;
+    let node_knobs = assembled.offered.knobs();
     // A simulated run keeps a state file only when asked (to test restoring).
     let keeps_state = assembled.changes_hardware
         || (assembled.meta.simulated && args.target.state_file.is_some());
@@ -104,6 +109,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         seed: args.seed,
         overwrite: args.overwrite,
         write_files: true,
+        rules,
+        rules_source,
+        node_knobs,
     };
     let meta = assembled.meta;
     if !args.quiet {

@@ -221,3 +221,49 @@ fn a_missing_policy_table_is_a_parse_error_naming_it() {
     let message = error("[node]\nbackend = \"sim\"\n");
     assert!(message.contains("policy"), "{message}");
 }
+
+#[test]
+fn the_nodes_objective_guardrails_and_guard_are_read_and_checked() {
+    let config = parse(SIM).expect("valid");
+    assert_eq!(config.rules.objective, crate::types::Objective::default());
+    assert_eq!(
+        config.rules.guardrails.max_power_cap_raise_w,
+        Some(crate::rules::DEFAULT_MAX_POWER_CAP_RAISE_W),
+        "a raise limit by default"
+    );
+    assert!(config.rules.guard.enabled, "the guard is on by default");
+
+    let config = parse(&format!(
+        "{SIM}\n[objective]\ntpot_p99_limit_ms = 40.0\n[guardrails]\npower_cap_max_w = 600.0\nmax_power_cap_raise_w = 100.0\n[guard]\nwindow_ticks = 30\nmax_violation_ticks = 6\n"
+    ))
+    .expect("valid");
+    assert_eq!(config.rules.objective.tpot_p99_limit_ms, Some(40.0));
+    assert_eq!(config.rules.guardrails.power_cap_max_w, Some(600.0));
+    assert_eq!(config.rules.guardrails.max_power_cap_raise_w, Some(100.0));
+    assert_eq!(
+        (
+            config.rules.guard.window_ticks,
+            config.rules.guard.max_violation_ticks
+        ),
+        (30, 6)
+    );
+
+    for (extra, key) in [
+        (
+            "[objective]\ntpot_p99_limit_ms = -1.0\n",
+            "objective.tpot_p99_limit_ms",
+        ),
+        ("[objective]\nlatency = 3.0\n", "latency"),
+        (
+            "[guardrails]\npower_cap_min_w = 600.0\npower_cap_max_w = 300.0\n",
+            "guardrails.power_cap_min_w",
+        ),
+        (
+            "[guard]\nwindow_ticks = 10\nmax_violation_ticks = 11\n",
+            "max_violation_ticks",
+        ),
+    ] {
+        let message = error(&format!("{SIM}\n{extra}"));
+        assert!(message.contains(key), "{extra}: {message}");
+    }
+}

@@ -198,6 +198,10 @@ impl Workload for PrometheusTokens {
     fn name(&self) -> &'static str {
         WORKLOAD_NAME
     }
+    /// The engine's token counter says nothing of requests waiting.
+    fn work_waiting(&self) -> crate::workload::WorkWaiting {
+        crate::workload::WorkWaiting::Unknown
+    }
     fn batch_size_max(&self, _gpu: u32) -> u32 {
         1
     }
