@@ -782,3 +782,47 @@ fn the_cli_names_the_fix_when_it_cannot_reach_the_agent() {
         .expect_err("missing");
     assert!(matches!(error, ClientError::NoSocket { .. }), "{error}");
 }
+
+/// Issue 28: anyone who reaches the metrics port could hold it shut with idle or
+/// one-byte-a-second connections, and the liveness probe reads it. With 1,000 such
+/// clients on the metrics port and on the HTTP API, a scrape, a health check and a status
+/// request are each answered (the idle ones make room; the header timeout, 10 s, is
+/// longer than the answers take).
+#[test]
+fn a_thousand_idle_and_slow_clients_cannot_hold_a_listener_shut() {
+    let served = Served::start();
+    let metrics = served.server.metrics_addr().expect("metrics");
+    let http = served.server.http_addr().expect("http");
+    let mut held: Vec<std::net::TcpStream> = (0..1000)
+        .map(|i| {
+            let addr = if i % 2 == 0 { metrics } else { http };
+            std::net::TcpStream::connect(addr).expect("connect")
+        })
+        .collect();
+    for stream in held.iter_mut().step_by(3) {
+        stream
+            .write_all(b"GET /metr")
+            .expect("one byte, then silence");
+    }
+    let scrape = over_tcp(
+        metrics,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(scrape.status, 200, "{scrape:?}");
+    assert!(
+        scrape.body.contains("tokwatt_ticks_total 7"),
+        "{}",
+        scrape.body
+    );
+    let health = over_tcp(
+        metrics,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(health.status, 200, "{health:?}");
+    let status = served.over_http(
+        format!("GET /v1/status HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    );
+    assert_eq!(status.status, 200, "{status:?}");
+    drop(held);
+}

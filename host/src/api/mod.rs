@@ -178,9 +178,9 @@ pub trait Control: Send + Sync + 'static {
     fn restore_defaults(&self) -> Result<ActionOutcome, ControlError>;
 }
 
+mod accept;
 mod auth;
 pub mod client;
-mod limit;
 pub mod load;
 mod paths;
 mod routes;

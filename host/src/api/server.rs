@@ -17,8 +17,8 @@ use axum::Router;
 use tokio::sync::watch;
 
 use super::Control;
+use super::accept::{self, ConnectionLimits};
 use super::auth::BearerToken;
-use super::limit::{Limited, MAX_CONNECTIONS};
 use super::routes;
 
 /// How long requests in flight may take to finish once the server is asked to stop (a
@@ -257,18 +257,14 @@ fn serve(runtime: tokio::runtime::Runtime, serving: Vec<Served>, stopped: watch:
     runtime.block_on(async move {
         let mut tasks = Vec::new();
         for served in serving {
-            let stop = wait_for_stop(stopped.clone());
+            let limits = ConnectionLimits::default();
             tasks.push(match served {
-                Served::Unix(listener, router) => tokio::spawn(
-                    axum::serve(Limited::new(listener, MAX_CONNECTIONS), router)
-                        .with_graceful_shutdown(stop)
-                        .into_future(),
-                ),
-                Served::Tcp(listener, router) => tokio::spawn(
-                    axum::serve(Limited::new(listener, MAX_CONNECTIONS), router)
-                        .with_graceful_shutdown(stop)
-                        .into_future(),
-                ),
+                Served::Unix(listener, router) => {
+                    tokio::spawn(accept::serve(listener, router, limits, stopped.clone()))
+                }
+                Served::Tcp(listener, router) => {
+                    tokio::spawn(accept::serve(listener, router, limits, stopped.clone()))
+                }
             });
         }
         wait_for_stop(stopped).await;
