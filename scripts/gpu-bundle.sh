@@ -37,7 +37,7 @@ fi
 cp target/plugins/wasm32-wasip2/plugin/policy_*.wasm "$dist/"
 cp target/plugins/wasm32-wasip2/plugin/fixture_*.wasm "$dist/"
 cp policies/*.toml "$dist/specs/"
-cp scripts/gpu-check.sh "$dist/"
+cp scripts/gpu-check.sh scripts/guard-summary.py "$dist/"
 # promtool checks the agent's /metrics on the GPU machine (a static Go binary, compressed:
 # it is twice the size of tokwatt).
 if command -v promtool >/dev/null; then

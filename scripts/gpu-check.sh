@@ -11,7 +11,11 @@
 # settings are compared before and after whatever runs. serve: `tokwatt serve` for 2 minutes
 # on the CUDA decode (dry run, batch only) with a policy swap in the middle, /metrics
 # scraped and checked with promtool (from the bundle), the agent's NVML cost measured while
-# the GPU works and when idle, and `tokwatt bench serve-api` on the simulator. A short side-by-side check:
+# the GPU works and when idle, and `tokwatt bench serve-api` on the simulator. guard (issue
+# 28): `tokwatt serve` dry run on the CUDA decode, (a) a cap-only policy swapped for a
+# batch-only one (the pretended cap goes back to the baseline), (b) a batch-1 policy
+# swapped in under a 10,000 tokens/s floor, left to the guard, (c) the same judged in
+# probation. A short side-by-side check:
 #   gpu-check.sh OUT 3 bench
 #
 # Where the runner brings back only a few files from the GPU machine, write OUT elsewhere and
@@ -24,8 +28,8 @@ seconds="${2:-6}"
 parts="${3:-tests,bench,dryrun,slo}"
 for part in ${parts//,/ }; do
   case "$part" in
-    tests | bench | dryrun | slo | serve) ;;
-    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, dryrun, slo and/or serve, comma-separated" >&2; exit 2 ;;
+    tests | bench | dryrun | slo | serve | guard) ;;
+    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, dryrun, slo, serve and/or guard, comma-separated" >&2; exit 2 ;;
   esac
 done
 wants() { [[ ",$parts," == *",$1,"* ]]; }
@@ -163,6 +167,65 @@ EOF
   step "tokwatt bench serve-api (SIMULATOR, 8 GPUs, 1 s tick, idle vs 1000 status requests/s)"
   ./tokwatt bench serve-api --duration 40s --gpus 8 --rate 1000 --policy specs/slo-batch.toml 2>&1 \
     | tee "$sdir/serve-api.txt" || status=1
+fi
+
+if wants guard; then
+  gdir="$out/guard"
+  mkdir -p "$gdir"
+  # serve_config NAME POLICY_SPEC BATCH_ONLY EXTRA: a dry-run node on GPU 0, CUDA decode.
+  serve_config() {
+    cat > "$gdir/$1.toml" <<EOF
+[policy]
+spec = "$2"
+probation_ticks = 10
+[objective]
+min_tokens_per_s = 10000.0
+$4
+[node]
+gpus = [0]
+dry_run = true
+batch_only = $3
+[workload]
+source = "cuda"
+model = "llama-3-8b"
+context = 1024
+batch_size_max = 512
+[api]
+socket = "$gdir/$1.sock"
+[output]
+dir = "$gdir/$1-out"
+EOF
+  }
+  static_spec() { # NAME KNOBS PARAMS
+    printf 'name = "%s"\nplugin = "policy_static.wasm"\nknobs = [%s]\n[params]\n%b\n' \
+      "$1" "$2" "$3" > "$gdir/$1.toml"
+  }
+  static_spec capped '"power-cap"' 'power_cap_w = "500"'
+  static_spec batch-only '"batch-size"' 'batch_size = "256"'
+  static_spec batch-1 '"batch-size"' 'batch_size = "1"'
+  # run_serve NAME SWAP_TO: serve 50 s, swap at ~20 s, status before and after as JSON.
+  run_serve() {
+    ./tokwatt serve --config "$gdir/$1.toml" --duration 50s --log tokwatt=info 2> "$gdir/$1.log" &
+    local pid=$!
+    for _ in $(seq 1 240); do [[ -S "$gdir/$1.sock" ]] && break; sleep 0.5; done
+    sleep 20
+    ./tokwatt status --json --socket "$gdir/$1.sock" > "$gdir/$1-status-before.json" || status=1
+    ./tokwatt policy swap "$2" --socket "$gdir/$1.sock" | tee "$gdir/$1-swap.txt" || status=1
+    sleep 15
+    ./tokwatt status --json --socket "$gdir/$1.sock" > "$gdir/$1-status-after.json" || status=1
+    wait "$pid"; local rc=$?
+    echo "tokwatt serve ($1) exited with $rc"; [[ $rc -eq 0 ]] || status=1
+  }
+  step "guard (a): cap-only policy (500 W, dry run) swapped for a batch-only one"
+  serve_config swap-cap "$gdir/capped.toml" false ""
+  run_serve swap-cap "$gdir/batch-only.toml"
+  step "guard (b): batch 1 swapped in under a 10,000 tokens/s floor, left to the guard"
+  serve_config floor-guard "$here/specs/slo-batch.toml" true $'[guard]\nprobation_allowance_ticks = 20'
+  run_serve floor-guard "$gdir/batch-1.toml"
+  step "guard (c): the same, judged in probation"
+  serve_config floor-probation "$here/specs/slo-batch.toml" true ""
+  run_serve floor-probation "$gdir/batch-1.toml"
+  python3 "$here/guard-summary.py" "$gdir" | tee "$gdir/summary.txt" || status=1
 fi
 
 if wants slo; then
