@@ -233,6 +233,11 @@ struct PolicyFamilies {
 struct AgentFamilies {
     tick_lateness_seconds: Histogram,
     ticks: TotalCounter<u64>,
+    /// Node-wide, without a policy label: present at zero from the start, so
+    /// `increase()` counts every swap (a per-policy series first seen above zero loses
+    /// what it held then).
+    swaps: TotalCounter<u64>,
+    rollbacks: TotalCounter<u64>,
     actuator_errors: TotalCounter<u64>,
     telemetry_errors: TotalCounter<u64>,
     paused: GaugeF64,
@@ -282,6 +287,8 @@ fn advance(last: &mut u64, now: u64) -> u64 {
 
 #[derive(Debug)]
 struct Inner {
+    /// The GPUs' labels, for the series a policy announced before it takes over.
+    gpus: Vec<String>,
     /// The batch size belongs to a serving engine, which tokwatt neither reads nor sets:
     /// the batch gauge stays absent rather than showing the workload's placeholder.
     engine_batch: bool,
@@ -327,6 +334,8 @@ impl AgentMetrics {
         let agent = AgentFamilies {
             tick_lateness_seconds: Histogram::new(LATENESS_BUCKETS_S),
             ticks: TotalCounter::default(),
+            swaps: TotalCounter::default(),
+            rollbacks: TotalCounter::default(),
             actuator_errors: TotalCounter::default(),
             telemetry_errors: TotalCounter::default(),
             paused: GaugeF64::default(),
@@ -354,6 +363,7 @@ impl AgentMetrics {
         }
         Self {
             inner: Mutex::new(Inner {
+                gpus: devices.iter().map(|d| d.index.to_string()).collect(),
                 engine_batch: false,
                 registry,
                 gpu,
@@ -375,6 +385,30 @@ impl AgentMetrics {
 
     pub fn observe(&self, progress: &Progress<'_>, policy_version: &str) {
         self.lock().observe(progress, policy_version);
+    }
+
+    /// Make a policy's series exist at zero before it takes over (its counters per
+    /// policy, and its energy, tokens and violations on every GPU), so that
+    /// `increase()` over a scrape that spans its first ticks counts them whole: a series
+    /// that first appears above zero loses what it held when first seen.
+    pub fn announce(&self, policy: &str, version: &str) {
+        let inner = self.lock();
+        let labels = PolicyLabels::new(policy, version);
+        inner.policy.touch(&labels);
+        for gpu in &inner.gpus {
+            let by_policy = labels.on_gpu(gpu);
+            inner
+                .gpu
+                .energy_joules
+                .get_or_create(&by_policy)
+                .inc_by(0.0);
+            inner.gpu.tokens.get_or_create(&by_policy).inc_by(0);
+            inner
+                .gpu
+                .slo_violation_ticks
+                .get_or_create(&by_policy)
+                .inc_by(0);
+        }
     }
 
     /// Count a refused swap (bad spec or plugin): the loop never sees those.
@@ -502,6 +536,8 @@ impl Inner {
 
         let ticks = advance(&mut self.seen.ticks, totals.ticks);
         self.agent.ticks.inc_by(ticks);
+        self.agent.swaps.inc_by(swapped);
+        self.agent.rollbacks.inc_by(rolled_back);
         self.agent.actuator_errors.inc_by(advance(
             &mut self.seen.actuator_errors,
             totals.actuator_errors,
@@ -854,6 +890,16 @@ fn register_agent(
         "tokwatt_ticks_total",
         "Control ticks run",
         families.ticks.clone(),
+    );
+    registry.register(
+        "tokwatt_swaps_total",
+        "Hot swaps on the node, whichever policy (exact under increase(): present at zero from the start)",
+        families.swaps.clone(),
+    );
+    registry.register(
+        "tokwatt_rollbacks_total",
+        "Rollbacks on the node (a failure or the objective in probation), whichever policy",
+        families.rollbacks.clone(),
     );
     registry.register(
         "tokwatt_actuator_errors_total",

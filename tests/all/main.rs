@@ -20,6 +20,7 @@ mod outputs;
 mod plugin_check;
 mod plugin_new;
 mod policies_judged;
+mod prometheus_server;
 mod python_policy;
 mod readme;
 mod replay;

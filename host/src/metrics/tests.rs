@@ -554,3 +554,20 @@ fn the_deployment_list_of_metric_names_is_the_exposition() {
         differing.join("\n")
     );
 }
+
+/// Issue 28: a policy version's counters start above zero unless they exist before it
+/// takes over, and `increase()` then misses its first window.
+#[test]
+fn an_announced_policy_has_its_counters_at_zero_before_its_first_tick() {
+    let metrics = AgentMetrics::new(&[device(0)], true, false);
+    metrics.announce("next", "0123456789ab");
+    let text = metrics.encode();
+    for series in [
+        "tokwatt_policy_swaps_total{policy=\"next\",version=\"0123456789ab\"}",
+        "tokwatt_gpu_tokens_total{gpu=\"0\",policy=\"next\",version=\"0123456789ab\"}",
+        "tokwatt_gpu_energy_joules_total{gpu=\"0\",policy=\"next\",version=\"0123456789ab\"}",
+        "tokwatt_gpu_slo_violation_ticks_total{gpu=\"0\",policy=\"next\",version=\"0123456789ab\"}",
+    ] {
+        assert_eq!(sample(&text, series), Some(0.0), "{series} in\n{text}");
+    }
+}

@@ -192,6 +192,7 @@ impl ServeControl {
         if status.workload == crate::workload::prometheus::WORKLOAD_NAME {
             metrics = metrics.with_engine_batch();
         }
+        metrics.announce(&parts.first.spec.name, &parts.first.version);
         // Before the first tick, the status already names the policy.
         parts.live.lock().status.policy = PolicyStatus {
             name: parts.first.spec.name.clone(),
@@ -422,6 +423,8 @@ impl ServeControl {
             self.metrics.swap_refused();
             ControlError::BadRequest(why)
         })?;
+        // Its series exist at zero before its first tick (increase() then counts it all).
+        self.metrics.announce(&record.spec.name, &record.version);
         let (notify, events) = std::sync::mpsc::channel();
         prepared.notify = Some(notify);
         prepared.probation_ticks = self.probation_ticks;
