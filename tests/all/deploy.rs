@@ -210,11 +210,13 @@ fn prometheus_config_and_rules_pass_promtool_and_name_exported_metrics() {
 #[test]
 fn prometheus_checker_rejects_a_metric_the_agent_does_not_export() {
     let dir = tempdir();
-    std::fs::copy(
-        deploy_file("prometheus/prometheus.yml"),
-        dir.path().join("prometheus.yml"),
-    )
-    .expect("copy prometheus.yml");
+    for config in ["prometheus.yml", "prometheus-kubernetes.yml"] {
+        std::fs::copy(
+            deploy_file(&format!("prometheus/{config}")),
+            dir.path().join(config),
+        )
+        .expect("copy the scrape config");
+    }
     broken_copy(
         dir.path(),
         "prometheus/tokwatt.rules.yml",

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Checks deploy/prometheus/: `promtool check config` on prometheus.yml (with its rule
-files), `promtool check rules` and `promtool test rules` (tokwatt.rules.test.yml:
+"""Checks deploy/prometheus/: `promtool check config` on prometheus.yml (a static node
+list, which must pass as shipped: Debian's Prometheus refused the Kubernetes job it once
+held) and on prometheus-kubernetes.yml (the DaemonSet's pods), with their rule files, `promtool check rules` and `promtool test rules` (tokwatt.rules.test.yml:
 known counters, exact ratios) on tokwatt.rules.yml, and that every metric and label
 the rules use is one tokwatt exports (tests/deploy/metric_names.txt).
 
-Debian's promtool is built without Kubernetes service discovery; there the
-kubernetes_sd_configs blocks are checked here (role, keys, the meta labels relabelled)
+Debian's promtool is built without Kubernetes service discovery; there
+prometheus-kubernetes.yml's kubernetes_sd_configs blocks are checked here (role, keys, the meta labels relabelled)
 and promtool checks the rest of the config with them replaced by a static target.
 
 usage: check_prometheus.py [DIR] [--tokwatt BIN]
@@ -49,10 +50,12 @@ def main():
     report = dc.Report("prometheus")
     folder = Path(args.folder)
     config_path, rules_path = folder / "prometheus.yml", folder / "tokwatt.rules.yml"
+    kubernetes_path = folder / "prometheus-kubernetes.yml"
     import yaml
 
     try:
         config = yaml.safe_load(config_path.read_text())
+        kubernetes = yaml.safe_load(kubernetes_path.read_text())
         rules = yaml.safe_load(rules_path.read_text())
     except (OSError, yaml.YAMLError) as error:
         report.fail(f"cannot read the Prometheus files: {error}")
@@ -69,27 +72,32 @@ def main():
     )
     jobs = config.get("scrape_configs", [])
     report.check(any("static_configs" in j for j in jobs), "prometheus.yml needs a static job (a node list)")
-    report.check(any("kubernetes_sd_configs" in j for j in jobs), "prometheus.yml needs a kubernetes_sd_configs job (the DaemonSet's pods)")
-    report.check(str(rules_path.name) in config.get("rule_files", []), f"prometheus.yml must load {rules_path.name}")
+    report.check(not any("kubernetes_sd_configs" in j for j in jobs), "prometheus.yml must load in every Prometheus build: keep kubernetes_sd_configs in prometheus-kubernetes.yml")
+    pod_jobs = kubernetes.get("scrape_configs", [])
+    report.check(any("kubernetes_sd_configs" in j for j in pod_jobs), "prometheus-kubernetes.yml needs a kubernetes_sd_configs job (the DaemonSet's pods)")
+    for name, loaded in [(config_path.name, config), (kubernetes_path.name, kubernetes)]:
+        report.check(str(rules_path.name) in loaded.get("rule_files", []), f"{name} must load {rules_path.name}")
 
     tool = dc.tool("promtool", report, "the Prometheus config and rules (apt-get install prometheus)")
     if tool is None:
         report.finish()
     code, said = promtool(tool, "check", "config", str(config_path))
+    report.check(code == 0, f"promtool check config {config_path}:\n{said}")
+    code, said = promtool(tool, "check", "config", str(kubernetes_path))
     if code != 0 and "field kubernetes_sd_configs not found" in said:
         print("note prometheus: this promtool has no Kubernetes service discovery (Debian's build); "
               "checking kubernetes_sd_configs here and the rest with promtool")
         with tempfile.TemporaryDirectory() as scratch:
-            for job in jobs:
+            for job in pod_jobs:
                 if "kubernetes_sd_configs" in job:
                     check_kubernetes_sd(report, job)
                     del job["kubernetes_sd_configs"]
                     job["static_configs"] = [{"targets": ["pod.example:9401"]}]
-            config["rule_files"] = [str((folder / f).resolve()) for f in config.get("rule_files", [])]
-            copy = Path(scratch) / "prometheus.yml"
-            copy.write_text(yaml.safe_dump(config))
+            kubernetes["rule_files"] = [str((folder / f).resolve()) for f in kubernetes.get("rule_files", [])]
+            copy = Path(scratch) / "prometheus-kubernetes.yml"
+            copy.write_text(yaml.safe_dump(kubernetes))
             code, said = promtool(tool, "check", "config", str(copy))
-    report.check(code == 0, f"promtool check config {config_path}:\n{said}")
+    report.check(code == 0, f"promtool check config {kubernetes_path}:\n{said}")
     code, said = promtool(tool, "check", "rules", str(rules_path))
     report.check(code == 0, f"promtool check rules {rules_path}:\n{said}")
     with tempfile.TemporaryDirectory() as scratch:
