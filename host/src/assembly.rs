@@ -185,7 +185,7 @@ pub enum AssemblyError {
     #[error("no GPU selected: pass at least one NVML index")]
     NoGpu,
     #[error(
-        "policy `{policy}` may change {what} on GPU {gpu}, but this process may not ({why}). Run as root or with CAP_SYS_ADMIN, or run observe-only with --dry-run, or let the policy change only the batch size with --batch-only"
+        "policy `{policy}` may change {what} on GPU {gpu}, but this process may not ({why}). Run as root or with CAP_SYS_ADMIN, or run observe-only with --dry-run (serve: node.dry_run = true), or let the policy change only the batch size with --batch-only (serve: node.batch_only = true)"
     )]
     NotPermitted {
         policy: String,
@@ -298,7 +298,12 @@ pub fn simulator_from(
 }
 
 fn operator_offer(request: &BackendRequest) -> Offered {
-    let batch_only = || Err("the operator allows only the batch size (--batch-only)".to_owned());
+    let batch_only = || {
+        Err(
+            "the operator allows only the batch size (--batch-only, or serve's node.batch_only)"
+                .to_owned(),
+        )
+    };
     if request.batch_only {
         Offered {
             power_cap: batch_only(),

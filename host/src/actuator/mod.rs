@@ -11,7 +11,7 @@ pub enum ActuatorError {
     #[error("GPU index {index} is out of range: this backend manages {count} GPU(s)")]
     NoSuchGpu { index: u32, count: u32 },
     #[error(
-        "not permitted to change {what} on GPU {gpu}: {reason}. Run as root or with CAP_SYS_ADMIN, or run observe-only with --dry-run"
+        "not permitted to change {what} on GPU {gpu}: {reason}. Run as root or with CAP_SYS_ADMIN, or run observe-only with --dry-run (serve: node.dry_run = true)"
     )]
     NotPermitted {
         gpu: u32,

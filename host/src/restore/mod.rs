@@ -56,7 +56,7 @@ pub enum RestoreError {
     )]
     Corrupt { path: PathBuf, reason: String },
     #[error(
-        "{path} is not a tokwatt state file ({reason}), so tokwatt will neither read nor overwrite it. Give tokwatt a state file of its own with --state-file, or move that file away if it is not needed"
+        "{path} is not a tokwatt state file ({reason}), so tokwatt will neither read nor overwrite it. Give tokwatt a state file of its own with --state-file (serve: state.file), or move that file away if it is not needed"
     )]
     Foreign { path: PathBuf, reason: String },
     #[error(

@@ -35,7 +35,7 @@ pub enum SpecError {
         problem: String,
     },
     #[error(
-        "policy spec {spec}: plugin `{plugin}` not found (looked in {searched}). Build your policy crate with `cargo build --target wasm32-wasip2 --release` and point `plugin` at the .wasm it writes (target/wasm32-wasip2/release/NAME.wasm), or pass its folder with --plugin-dir; tokwatt's own policies are built by building tokwatt (`cargo build`)"
+        "policy spec {spec}: plugin `{plugin}` not found (looked in {searched}). Build your policy crate with `cargo build --target wasm32-wasip2 --release` and point `plugin` at the .wasm it writes (target/wasm32-wasip2/release/NAME.wasm), or pass its folder with --plugin-dir (serve: policy.plugin_dirs); tokwatt's own policies are built by building tokwatt (`cargo build`)"
     )]
     PluginNotFound {
         spec: PathBuf,

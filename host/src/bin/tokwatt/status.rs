@@ -105,9 +105,25 @@ fn render(status: &NodeStatus) -> String {
     ));
     line(if status.paused {
         "loop       PAUSED: the settings in force are held and the policy is not asked".into()
+    } else if status.guard.in_charge {
+        "loop       GUARD IN CHARGE: the policy broke the objective too often; the device defaults decide until its back-off ends".into()
     } else {
         "loop       running".into()
     });
+    let guard = &status.guard;
+    line(format!(
+        "guard      {}; objective {}; take-overs {} ({} unservable), policy's violating ticks {}, objective rollbacks {}",
+        if guard.enabled {
+            "on"
+        } else {
+            "off (counting only)"
+        },
+        objective_words(&guard.objective),
+        guard.takeovers,
+        guard.unservable_takeovers,
+        guard.policy_violation_ticks,
+        guard.objective_rollbacks
+    ));
     line(format!(
         "{:<4} {:<16} {:>7} {:>9} {:>6} {:>7} {:>8} {:>8} {:>11}",
         "GPU", "name", "cap W", "clock MHz", "batch", "tok/J", "power W", "tok/s", "TPOT p99 ms"
@@ -122,7 +138,12 @@ fn render(status: &NodeStatus) -> String {
         ("ejections", failures.ejections),
         ("actuator errors", failures.actuator_errors),
         ("telemetry errors", failures.telemetry_errors),
-        ("SLO violation ticks", failures.slo_violation_ticks),
+        // Node-wide: ticks in which any GPU broke it (each GPU's are in its row's series,
+        // tokwatt_gpu_slo_violation_ticks_total).
+        (
+            "node ticks breaking the objective",
+            failures.slo_violation_ticks,
+        ),
         ("TPOT unknown ticks", failures.tpot_unknown_ticks),
         ("swaps refused", failures.swaps_refused),
     ];
@@ -165,6 +186,25 @@ fn gpu_row(gpu: &GpuStatus, workload: &str) -> String {
         figure(gpu.last_tokens_per_s, 0),
         figure(gpu.last_tpot_p99_ms, 2),
     )
+}
+
+/// The objective in force, in words.
+fn objective_words(objective: &tokwatt::types::Objective) -> String {
+    let mut parts = Vec::new();
+    if let Some(ms) = objective.tpot_p99_limit_ms {
+        parts.push(format!("TPOT p99 <= {ms} ms"));
+    }
+    if let Some(floor) = objective.min_tokens_per_s.filter(|&f| f > 0.0) {
+        parts.push(format!(">= {floor} tok/s per GPU"));
+    }
+    if let Some(ms) = objective.queue_wait_p99_limit_ms {
+        parts.push(format!("queue wait p99 <= {ms} ms"));
+    }
+    if parts.is_empty() {
+        "none set (turned-away demand still breaks it)".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 #[cfg(test)]
