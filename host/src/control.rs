@@ -766,13 +766,17 @@ impl ControlLoop {
         only(stepped, moved)
     }
 
-    /// The guard's batch size on GPU `g`: the one the run started with when it takes
-    /// over, then fitted to the objective's p99 time per token from what the fallback's
+    /// The guard's batch size on GPU `g`: the workload's largest when it takes over, then fitted to the objective's p99 time per token from what the fallback's
     /// own windows show (the device defaults can break a tight bound at the largest
     /// batch). Down in proportion to the overshoot, back up toward the start's batch
     /// while requests wait with room under the bound. No bound: the start's batch.
     fn fallback_batch(&mut self, g: usize, obs: &Observation) -> u32 {
-        let start = self.initial_batch.get(g).copied().unwrap_or(1);
+        // The workload's largest batch within the node's guardrails: the batch found at
+        // start may be anything (tokwatt's CUDA decode starts at 1, which serves no floor).
+        let start = self.node_envelope.limits(g as u32).map_or_else(
+            || self.initial_batch.get(g).copied().unwrap_or(1),
+            |l| l.batch_size.1,
+        );
         let current = self.in_force.get(g).map_or(start, |f| f.batch_size);
         let first_tick = self.decided_by != Decider::Guard;
         let Some(limit) = self.config.objective.tpot_p99_limit_ms else {
