@@ -340,13 +340,7 @@ pub fn run_with_swaps(
             .or_else(ComponentCache::default_dir),
     })?;
     let node = NodeFacts::of(&backends);
-    // The node's guardrails bound the host's own moves: they must fit the devices.
-    Envelope::new(
-        &node.devices,
-        &node.batch_size_max,
-        &request.rules.guardrails,
-        request.node_knobs,
-    )?;
+    request.rules.envelope(&node, request.node_knobs)?;
     let (supervisor, first, envelope) =
         start_policy(&host, spec, &plugin_path, &node, request.seed, tick)?;
     tracing::info!(

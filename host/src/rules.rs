@@ -127,6 +127,18 @@ fn narrow_u32(
 }
 
 impl NodeRules {
+    /// The node's own envelope: its guardrails over the node's devices and the knobs
+    /// its backends offer. It bounds the host's own moves (the guard's fallback, a knob
+    /// returning to the baseline), so a node whose guardrails miss its devices is refused
+    /// at start with the reason.
+    pub fn envelope(
+        &self,
+        node: &crate::agent::NodeFacts,
+        knobs: crate::types::Knobs,
+    ) -> Result<crate::envelope::Envelope, crate::envelope::EnvelopeError> {
+        crate::envelope::Envelope::new(&node.devices, &node.batch_size_max, &self.guardrails, knobs)
+    }
+
     /// The spec's objective and guardrails within the node's: every bound the spec leaves
     /// out is the node's, every bound it sets must be as tight or tighter. `source_of_rule`
     /// names where the node's rules come from, for the error.

@@ -306,14 +306,10 @@ pub fn start(
     })?);
     let node = NodeFacts::of(&backends);
     let node_knobs = offered.knobs();
-    // The node's guardrails bound the host's own moves: they must fit the devices.
-    crate::envelope::Envelope::new(
-        &node.devices,
-        &node.batch_size_max,
-        &config.rules.guardrails,
-        node_knobs,
-    )
-    .map_err(crate::agent::AgentError::from)?;
+    config
+        .rules
+        .envelope(&node, node_knobs)
+        .map_err(crate::agent::AgentError::from)?;
     let (supervisor, first, envelope) =
         agent::start_policy(&host, &spec, &plugin_path, &node, config.seed, tick)?;
     // A signal during start-up (a slow compile) ends it here, before `init`'s settings are
