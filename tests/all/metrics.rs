@@ -348,20 +348,9 @@ fn promtool_finds_no_problem_in_the_text() {
 /// promtool's path, or `None` after saying why the check is skipped. Under
 /// TOKWATT_REQUIRE_PROMTOOL=1 (set by .ci/run) a missing promtool fails instead.
 fn promtool() -> Option<&'static str> {
-    let found = Command::new("promtool")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if found {
-        return Some("promtool");
-    }
-    if std::env::var("TOKWATT_REQUIRE_PROMTOOL").as_deref() == Ok("1") {
-        panic!(
-            "promtool is missing and TOKWATT_REQUIRE_PROMTOOL=1: install it (Debian: apt-get install prometheus)"
-        );
-    }
-    eprintln!(
-        "skipping the promtool check: promtool is not installed (Debian: apt-get install prometheus)"
-    );
-    None
+    required_tool(
+        "promtool",
+        "TOKWATT_REQUIRE_PROMTOOL",
+        "Debian: apt-get install prometheus",
+    )
 }

@@ -22,22 +22,11 @@ impl Drop for Killed {
 }
 
 fn prometheus() -> Option<&'static str> {
-    let found = Command::new("prometheus")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if found {
-        return Some("prometheus");
-    }
-    if std::env::var("TOKWATT_REQUIRE_PROMETHEUS").as_deref() == Ok("1") {
-        panic!(
-            "prometheus is missing and TOKWATT_REQUIRE_PROMETHEUS=1: install it (Debian: apt-get install prometheus)"
-        );
-    }
-    eprintln!(
-        "skipping the Prometheus server test: prometheus is not installed (Debian: apt-get install prometheus)"
-    );
-    None
+    required_tool(
+        "prometheus",
+        "TOKWATT_REQUIRE_PROMETHEUS",
+        "Debian: apt-get install prometheus",
+    )
 }
 
 fn free_port() -> u16 {

@@ -182,3 +182,20 @@ pub fn assert_run_sound(r: &RunResult, expected_ticks: u64) {
         assert!((1.0..=512.0).contains(&batch), "batch {batch}");
     }
 }
+
+/// `tool`'s name when `tool --version` runs, or `None` after printing why the test is
+/// skipped. Under `{require}=1` (set by .ci/run) a missing tool fails the test instead.
+pub fn required_tool(tool: &'static str, require: &str, install: &str) -> Option<&'static str> {
+    let found = Command::new(tool)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        return Some(tool);
+    }
+    if std::env::var(require).as_deref() == Ok("1") {
+        panic!("{tool} is missing and {require}=1: install it ({install})");
+    }
+    eprintln!("skipping: {tool} is not installed ({install})");
+    None
+}
