@@ -359,17 +359,18 @@ fn a_scaffolded_javascript_policy_passes_its_tests_builds_checks_fine_and_runs()
         }
     }
     let (scaffold, folder) = scaffold("js", "demo-js");
-    // From npm's cache only, so the test never reaches the network.
+    // The scaffold's lockfile pins every package, so npm needs only their tarballs, which
+    // `npm ci` in examples/js put in its cache: the test never reaches the network.
     let install = Command::new("npm")
         .current_dir(&scaffold)
-        .args(["install", "--offline", "--no-audit", "--no-fund"])
+        .args(["ci", "--offline", "--no-audit", "--no-fund"])
         .output()
         .expect("npm runs");
     if !install.status.success() {
         skip_unless_required(
             REQUIRE,
             &format!(
-                "npm install --offline failed, so npm's cache lacks componentize-js 0.23.0 \
+                "npm ci --offline failed, so npm's cache lacks componentize-js 0.23.0 \
                  (run `npm ci` in examples/js once to fill it):\n{}",
                 stderr(&install)
             ),

@@ -230,7 +230,7 @@ pub fn new(args: &NewArgs) -> Result<()> {
         }
         Lang::Js => {
             let next = vec![
-                "npm install   # componentize-js, into node_modules".to_owned(),
+                "npm ci   # componentize-js, pinned by package-lock.json".to_owned(),
                 "npm test".to_owned(),
                 "npm run build".to_owned(),
             ];
@@ -411,7 +411,23 @@ fn render_python(name: &str) -> Vec<(String, String)> {
 
 /// The JavaScript scaffold's files: (path relative to its folder, text).
 fn render_js(name: &str) -> Vec<(String, String)> {
-    render_from_example(name, &JS_FILES, JS_SPEC, &JS_SPEC_WORDS)
+    let mut files = render_from_example(name, &JS_FILES, JS_SPEC, &JS_SPEC_WORDS);
+    files.push(("package-lock.json".to_owned(), js_lockfile(name)));
+    files
+}
+
+/// The example's npm lockfile under the policy's name. The scaffold's `package.json`
+/// asks for the example's dependencies (a unit test holds them equal), so `npm ci`
+/// installs exactly the tool versions the example was built and measured with, and
+/// needs nothing but the tarballs (npm's cache can serve them offline).
+const JS_LOCKFILE: &str = include_str!("../../../../../examples/js/package-lock.json");
+const JS_EXAMPLE_PACKAGE_NAME: &str = "\"name\": \"tokwatt-policy-js-example\"";
+
+fn js_lockfile(name: &str) -> String {
+    // A textual edit keeps npm's own layout and key order; the name is a valid npm name
+    // (checked before), and JSON-quoted all the same.
+    let quoted = serde_json::Value::String(name.to_owned()).to_string();
+    JS_LOCKFILE.replace(JS_EXAMPLE_PACKAGE_NAME, &format!("\"name\": {quoted}"))
 }
 
 /// A scaffold made from an example: its files with the name filled in and the contract
@@ -684,5 +700,21 @@ mod tests {
         assert_eq!(package["scripts"]["build"], example_build.as_str());
         assert_eq!(package["scripts"]["test"], example["scripts"]["test"]);
         assert!(file(&files, ".gitignore").contains("/node_modules"));
+        // The lockfile is the example's under the policy's name: both of its names moved.
+        let lock: serde_json::Value = serde_json::from_str(file(&files, "package-lock.json"))
+            .expect("package-lock.json is JSON");
+        let example_lock: serde_json::Value =
+            serde_json::from_str(JS_LOCKFILE).expect("the example's lockfile is JSON");
+        assert_eq!(lock["name"], "my-policy");
+        assert_eq!(lock["packages"][""]["name"], "my-policy");
+        assert_eq!(lock["version"], package["version"]);
+        assert_eq!(
+            lock["packages"][""]["devDependencies"],
+            package["devDependencies"]
+        );
+        assert_eq!(
+            lock["packages"].as_object().map(|p| p.len()),
+            example_lock["packages"].as_object().map(|p| p.len())
+        );
     }
 }
