@@ -176,6 +176,8 @@ pub struct LoopTotals {
     pub duration_s: f64,
     pub ticks: u64,
     pub fallback_ticks: u64,
+    /// Plugin traps (trap, fuel, deadline, memory) over every policy in charge during the
+    /// run, a swapped-out one's included.
     pub plugin_traps: u64,
     pub slo_violation_ticks: u64,
     /// What the objective guard did: take-overs, and the violations charged to the
@@ -193,7 +195,11 @@ pub struct LoopTotals {
     pub telemetry_errors: u64,
     pub settings_changes: u64,
     pub interrupted: bool,
+    /// Every policy's calls and failures over the run: each supervisor's counts while it
+    /// was in charge (and its `init`), summed over swaps and rollbacks.
     pub policy_counters: PolicyCounters,
+    /// The policy in charge when the run ended (`policy` names the one it started with).
+    pub policy_at_end: String,
     /// Hot swaps, their state hand-overs and rollbacks.
     pub swaps: SwapCounters,
     /// Demand over all GPUs (`ticks_turning_away`: the most of any one GPU); `None` where
@@ -281,6 +287,8 @@ pub struct ControlLoop {
     defaults: Vec<Settings>,
     /// How the workload knows work is waiting (for a throughput floor).
     work_waiting: crate::workload::WorkWaiting,
+    /// The in-charge supervisor's counters as last added to the run's totals.
+    counters_seen: PolicyCounters,
 }
 
 impl std::fmt::Debug for ControlLoop {
@@ -393,6 +401,7 @@ impl ControlLoop {
             node_envelope,
             baseline,
             defaults,
+            counters_seen: PolicyCounters::default(),
             work_waiting,
         };
         for (gpu, settings) in first_settings.iter().enumerate() {
@@ -571,6 +580,8 @@ impl ControlLoop {
             if swapped_in.is_some() {
                 // An operator's new policy gets its own chance: the guard stands down.
                 self.guard.policy_swapped();
+                // Its supervisor counts afresh, its `init` included.
+                self.counters_seen = PolicyCounters::default();
             }
             let guard_in_charge = !self.paused && self.guard.in_charge();
             let decision = match swapped_in {
@@ -589,6 +600,7 @@ impl ControlLoop {
                     decision
                 }
             };
+            self.count_policy_calls();
             // The supervisor's fallback (a failing policy); the guard's ticks are its own.
             let fallback = !guard_in_charge && !matches!(decision.source, DecisionSource::Policy);
             let policy_name = self.supervisor.policy_name().to_owned();
@@ -660,6 +672,8 @@ impl ControlLoop {
                 );
                 if rolled_back {
                     self.guard.policy_swapped();
+                    // The one brought back had its counts added while it was in charge.
+                    self.counters_seen = self.supervisor.counters();
                 }
             }
             if guard_in_charge {
@@ -680,10 +694,7 @@ impl ControlLoop {
             self.totals.duration_s = (now - start).as_secs_f64();
             // Counted here rather than read from the supervisor, which a swap replaces.
             self.totals.fallback_ticks += u64::from(fallback);
-            let counters = self.supervisor.counters();
-            self.totals.plugin_traps = counters.plugin_traps();
-            // Every tick, so that the status and /metrics see ejections as they happen.
-            self.totals.policy_counters = counters;
+            self.totals.policy_at_end = self.supervisor.policy_name().to_owned();
             let requested = if self.paused {
                 &[][..]
             } else {
@@ -707,7 +718,8 @@ impl ControlLoop {
                 commands_taken: self.commands_taken,
             });
         }
-        self.totals.policy_counters = self.supervisor.counters();
+        self.count_policy_calls();
+        self.totals.policy_at_end = self.supervisor.policy_name().to_owned();
         self.totals.tokens_per_joule = ratio(self.totals.tokens, self.totals.energy_j);
         for (gpu, totals) in self.totals.gpus.iter_mut().enumerate() {
             totals.tokens_per_joule = ratio(totals.tokens, totals.energy_j);
@@ -724,6 +736,18 @@ impl ControlLoop {
                 });
         self.totals.wall_time_s = started.elapsed().as_secs_f64();
         Ok((self.totals, self.backends))
+    }
+
+    /// Add what the in-charge supervisor counted since last time to the run's totals:
+    /// every tick, so that the status and /metrics see traps and ejections as they
+    /// happen, and before a rollback replaces it.
+    fn count_policy_calls(&mut self) {
+        let now = self.supervisor.counters();
+        self.totals
+            .policy_counters
+            .add_since(&now, &self.counters_seen);
+        self.totals.plugin_traps = self.totals.policy_counters.plugin_traps();
+        self.counters_seen = now;
     }
 
     /// The host's own moves on `gpu` this tick: every knob of the node the policy in

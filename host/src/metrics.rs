@@ -244,14 +244,6 @@ struct AgentFamilies {
     guard_in_charge: GaugeF64,
 }
 
-/// Failure counts of one supervisor as last seen (they are the supervisor's own, and a
-/// swap replaces the supervisor).
-#[derive(Debug, Default, Clone, Copy)]
-struct SupervisorSeen {
-    traps: u64,
-    ejections: u64,
-}
-
 /// The last run totals seen, to turn them into increments.
 #[derive(Debug, Default)]
 struct Seen {
@@ -260,10 +252,9 @@ struct Seen {
     /// The policy that decided the last tick observed (the failing one where it was
     /// rolled back): its settings are in force during the next window.
     last_decided_by: Option<PolicyLabels>,
-    /// The in-charge supervisor's counts, and those of the one kept on probation (which a
-    /// rollback brings back): the loop reports the counts of whichever is in charge.
-    in_charge_counts: SupervisorSeen,
-    on_probation_counts: SupervisorSeen,
+    /// Run-wide plugin traps and ejections (over every policy that was in charge).
+    traps: u64,
+    ejections: u64,
     ticks: u64,
     fallback_ticks: u64,
     swaps: u64,
@@ -469,27 +460,14 @@ impl Inner {
             .get_or_create(&in_charge)
             .set(if progress.on_probation { 1.0 } else { 0.0 });
 
-        // Traps and ejections are the in-charge supervisor's own counts, read after a
-        // rollback: mirror the swapper (a swap keeps the old supervisor on probation, a
-        // rollback brings it back) to know whose counts they are.
-        if swapped > 0 {
-            self.seen.on_probation_counts = self.seen.in_charge_counts;
-            self.seen.in_charge_counts = SupervisorSeen::default();
-        }
-        if rolled_back > 0 {
-            self.seen.in_charge_counts = self.seen.on_probation_counts;
-        }
-        let traps = advance(&mut self.seen.in_charge_counts.traps, totals.plugin_traps);
-        // `policy_counters` is filled at the run's end only, unless the loop keeps it per
-        // tick as it does `plugin_traps`.
-        let ejections = advance(
-            &mut self.seen.in_charge_counts.ejections,
-            totals.policy_counters.ejections,
-        );
-        self.policy.traps.get_or_create(&in_charge).inc_by(traps);
+        // Traps and ejections are run-wide totals; this tick's happened in the call of
+        // the policy that decided it (the failing one, where it was rolled back).
+        let traps = advance(&mut self.seen.traps, totals.plugin_traps);
+        let ejections = advance(&mut self.seen.ejections, totals.policy_counters.ejections);
+        self.policy.traps.get_or_create(&decided_by).inc_by(traps);
         self.policy
             .ejections
-            .get_or_create(&in_charge)
+            .get_or_create(&decided_by)
             .inc_by(ejections);
         self.policy.swaps.get_or_create(&in_charge).inc_by(swapped);
         self.policy

@@ -269,6 +269,57 @@ impl PolicyCounters {
     pub fn plugin_traps(&self) -> u64 {
         self.traps + self.fuel_exhausted + self.deadlines_missed + self.memory_limit_hits
     }
+
+    /// Add what one supervisor counted between `seen` and `now` (two readings of its
+    /// counters): a run's totals over every policy that was in charge, where each swap
+    /// brings a supervisor whose counts start afresh.
+    pub fn add_since(&mut self, now: &PolicyCounters, seen: &PolicyCounters) {
+        let fields = [
+            (&mut self.calls, now.calls, seen.calls),
+            (
+                &mut self.fallback_ticks,
+                now.fallback_ticks,
+                seen.fallback_ticks,
+            ),
+            (&mut self.traps, now.traps, seen.traps),
+            (
+                &mut self.fuel_exhausted,
+                now.fuel_exhausted,
+                seen.fuel_exhausted,
+            ),
+            (
+                &mut self.deadlines_missed,
+                now.deadlines_missed,
+                seen.deadlines_missed,
+            ),
+            (
+                &mut self.memory_limit_hits,
+                now.memory_limit_hits,
+                seen.memory_limit_hits,
+            ),
+            (
+                &mut self.invalid_answers,
+                now.invalid_answers,
+                seen.invalid_answers,
+            ),
+            (&mut self.ejections, now.ejections, seen.ejections),
+            (&mut self.rebuilds, now.rebuilds, seen.rebuilds),
+            (
+                &mut self.rebuild_failures,
+                now.rebuild_failures,
+                seen.rebuild_failures,
+            ),
+            (&mut self.logs_dropped, now.logs_dropped, seen.logs_dropped),
+        ];
+        for (total, now, seen) in fields {
+            *total = total.saturating_add(now.saturating_sub(seen));
+        }
+        for (kind, &count) in &now.failures_by_kind {
+            let before = seen.failures_by_kind.get(kind).copied().unwrap_or(0);
+            let total = self.failures_by_kind.entry(kind.clone()).or_default();
+            *total = total.saturating_add(count.saturating_sub(before));
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

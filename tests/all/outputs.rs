@@ -35,6 +35,7 @@ fn summary_keys_are_stable() {
             "plugin",
             "plugin_traps",
             "policy",
+            "policy_at_end",
             "policy_counters",
             "policy_spec",
             "seed",

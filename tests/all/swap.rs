@@ -121,6 +121,11 @@ fn swaps_every_few_ticks_miss_no_tick_carry_state_and_roll_back_a_broken_policy(
         totals.swaps.rollbacks, 1,
         "the broken policy was rolled back"
     );
+    // The counts are the run's, over every policy in charge: the broken one's trap
+    // stays counted after its rollback, and the run names who finished it.
+    assert_eq!(totals.plugin_traps, 1, "{:?}", totals.policy_counters);
+    assert_eq!(totals.policy_counters.traps, 1);
+    assert_eq!(totals.policy_at_end, "stateful");
 
     // Every tick has a row per GPU, and the policy in charge is named on it.
     let trace = read_trace(&out.join("trace.csv"));

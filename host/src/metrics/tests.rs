@@ -189,12 +189,11 @@ fn a_swap_starts_the_new_policys_series_and_a_rollback_counts_against_the_failin
     tick.totals.plugin_traps = 2;
     tick.next(observation(0, 0, 10, 100.0));
     tick.feed(&metrics, "aaaaaaaaaaaa");
-    // Tick 1: `b` is swapped in (its `init` decides). Its supervisor counts from zero.
+    // Tick 1: `b` is swapped in (its `init` decides). The run's totals carry on.
     tick.policy = "b";
     tick.on_probation = true;
     tick.decide_time = None;
     tick.totals.swaps.swaps = 1;
-    tick.totals.plugin_traps = 0;
     tick.next(observation(0, 1, 20, 100.0));
     tick.feed(&metrics, "bbbbbbbbbbbb");
     // Tick 2: `b` traps: a fallback tick, and rolled back at once.
@@ -203,12 +202,12 @@ fn a_swap_starts_the_new_policys_series_and_a_rollback_counts_against_the_failin
     tick.decide_time = Some(Duration::from_micros(900));
     tick.totals.fallback_ticks = 1;
     tick.totals.swaps.rollbacks = 1;
-    tick.totals.plugin_traps = 2; // `a`'s own count again
+    tick.totals.plugin_traps = 3; // `b`'s trap, counted against `b`
     tick.next(observation(0, 2, 40, 100.0));
     tick.feed(&metrics, "aaaaaaaaaaaa");
     // Tick 3: `a` again, trapping once more.
     tick.decide_time = Some(Duration::from_micros(40));
-    tick.totals.plugin_traps = 3;
+    tick.totals.plugin_traps = 4;
     tick.next(observation(0, 3, 80, 100.0));
     tick.feed(&metrics, "aaaaaaaaaaaa");
 
@@ -227,9 +226,9 @@ fn a_swap_starts_the_new_policys_series_and_a_rollback_counts_against_the_failin
     assert_eq!(count(&inner.policy.rollbacks, &a), Some(0));
     assert_eq!(count(&inner.policy.fallback_ticks, &b), Some(1));
     assert_eq!(count(&inner.policy.fallback_ticks, &a), Some(0));
-    // `a`'s count coming back after the rollback is not a new trap.
+    // Run-wide totals: each trap counted once, against the policy whose call trapped.
     assert_eq!(count(&inner.policy.traps, &a), Some(3));
-    assert_eq!(count(&inner.policy.traps, &b), Some(0));
+    assert_eq!(count(&inner.policy.traps, &b), Some(1));
     // Windows go to the policy whose settings were in force: tick 0 and 1 ran on `a`'s
     // (its init, then its tick-0 decision), tick 2 and 3 on `b`'s.
     assert_eq!(gpu_count(&inner.gpu.tokens, &a), Some(30));
