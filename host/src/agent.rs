@@ -295,6 +295,7 @@ pub fn prepare_policy(
         notify: None,
         state: crate::swap::StateOnSwap::default(),
         outgoing_state: None,
+        operator_rollback: false,
     })
 }
 

@@ -238,6 +238,7 @@ struct AgentFamilies {
     /// what it held then).
     swaps: TotalCounter<u64>,
     rollbacks: TotalCounter<u64>,
+    operator_rollbacks: TotalCounter<u64>,
     actuator_errors: TotalCounter<u64>,
     telemetry_errors: TotalCounter<u64>,
     paused: GaugeF64,
@@ -259,6 +260,7 @@ struct Seen {
     fallback_ticks: u64,
     swaps: u64,
     rollbacks: u64,
+    operator_rollbacks: u64,
     objective_rollbacks: u64,
     guard_takeovers: u64,
     guard_takeover_ticks: u64,
@@ -327,6 +329,7 @@ impl AgentMetrics {
             ticks: TotalCounter::default(),
             swaps: TotalCounter::default(),
             rollbacks: TotalCounter::default(),
+            operator_rollbacks: TotalCounter::default(),
             actuator_errors: TotalCounter::default(),
             telemetry_errors: TotalCounter::default(),
             paused: GaugeF64::default(),
@@ -432,11 +435,16 @@ impl Inner {
         let before = self.seen.in_charge.clone();
         let swapped = advance(&mut self.seen.swaps, totals.swaps.swaps);
         let rolled_back = advance(&mut self.seen.rollbacks, totals.swaps.rollbacks);
+        // An operator's rollback takes over as a swap does (its policy's `init` decides).
+        let brought_back = advance(
+            &mut self.seen.operator_rollbacks,
+            totals.swaps.operator_rollbacks,
+        );
         // A rollback happens after the failing policy decided, so the one in charge now
         // is the one that came back; the failing one was in charge after the last tick.
         // (A swap and a rollback in the same tick leave the failing one unnamed.)
         let decided_by = match &before {
-            Some(failed) if rolled_back > 0 && swapped == 0 => failed.clone(),
+            Some(failed) if rolled_back > 0 && swapped + brought_back == 0 => failed.clone(),
             _ => in_charge.clone(),
         };
         // The window this tick measured ran on the settings of the last tick's decision
@@ -516,6 +524,7 @@ impl Inner {
         self.agent.ticks.inc_by(ticks);
         self.agent.swaps.inc_by(swapped);
         self.agent.rollbacks.inc_by(rolled_back);
+        self.agent.operator_rollbacks.inc_by(brought_back);
         self.agent.actuator_errors.inc_by(advance(
             &mut self.seen.actuator_errors,
             totals.actuator_errors,
@@ -878,6 +887,11 @@ fn register_agent(
         "tokwatt_rollbacks_total",
         "Rollbacks on the node (a failure or the objective in probation), whichever policy",
         families.rollbacks.clone(),
+    );
+    registry.register(
+        "tokwatt_operator_rollbacks_total",
+        "Earlier policies brought back by the operator (tokwatt policy rollback), whichever policy; not counted in tokwatt_swaps_total",
+        families.operator_rollbacks.clone(),
     );
     registry.register(
         "tokwatt_actuator_errors_total",

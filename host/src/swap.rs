@@ -37,6 +37,9 @@ pub struct PreparedPolicy {
     /// Given the outgoing policy's snapshot when this one takes over (an A/B arm keeps
     /// its own state between its epochs); `None` when nobody keeps it.
     pub outgoing_state: Option<Sender<PolicyState>>,
+    /// The operator brings back an earlier policy (`tokwatt policy rollback`): counted
+    /// as an operator rollback, not as a swap.
+    pub operator_rollback: bool,
 }
 
 /// Where a swapped-in policy's state comes from.
@@ -90,11 +93,14 @@ pub fn swap_channel() -> (SwapSender, SwapPort) {
 /// What swaps did, for the summary.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct SwapCounters {
-    /// New policies that took over.
+    /// New policies that took over (an operator's rollback not included).
     pub swaps: u64,
-    /// Swaps whose new policy took the old one's state.
+    /// Earlier policies the operator brought back (`tokwatt policy rollback`); they take
+    /// over as a swap does, probation included.
+    pub operator_rollbacks: u64,
+    /// Take-overs (swaps and operator rollbacks) whose policy took the old one's state.
     pub state_carried: u64,
-    /// Swaps whose new policy started fresh (no state, or a schema it refused).
+    /// Take-overs whose policy started fresh (no state, or a schema it refused).
     pub started_fresh: u64,
     /// New policies that failed in probation and were replaced by the old one again.
     pub rollbacks: u64,
@@ -247,7 +253,11 @@ impl Swapper {
             }
             StateOnSwap::Own(None) => false,
         };
-        self.counters.swaps += 1;
+        if next.operator_rollback {
+            self.counters.operator_rollbacks += 1;
+        } else {
+            self.counters.swaps += 1;
+        }
         if carried {
             self.counters.state_carried += 1;
         } else {
@@ -256,7 +266,14 @@ impl Swapper {
         std::mem::swap(in_charge.supervisor, &mut next.supervisor);
         std::mem::swap(in_charge.envelope, &mut next.envelope);
         std::mem::swap(in_charge.objective, &mut next.objective);
-        tracing::info!(old = %old_name, new = %new_name, tick, carried, "policy swapped in");
+        tracing::info!(
+            old = %old_name,
+            new = %new_name,
+            tick,
+            carried,
+            operator_rollback = next.operator_rollback,
+            "policy swapped in"
+        );
         tell(
             &next.notify,
             SwapEvent::TookOver {

@@ -114,6 +114,13 @@ fn swaps_every_few_ticks_for_hundreds_of_ticks_miss_none_carry_state_and_roll_ba
     // The operator's rollback goes back through the history, then runs out.
     let back = control.rollback().expect("an earlier policy to go back to");
     assert!(back.message.starts_with("rolled back"), "{}", back.message);
+    // Counted as what it is, not as a swap.
+    let policy = control.status().policy;
+    assert_eq!(
+        (policy.operator_rollbacks, policy.swaps),
+        (1, swaps + 1),
+        "{policy:?}"
+    );
 
     // Pause holds the settings; a swap while paused changes nothing; resume.
     control.pause().expect("pause");
@@ -149,15 +156,25 @@ fn swaps_every_few_ticks_for_hundreds_of_ticks_miss_none_carry_state_and_roll_ba
 
     let metrics = control.metrics();
     assert!(metrics.contains("tokwatt_policy_swaps_total"), "{metrics}");
+    let node_wide = |name: &str| {
+        metrics.lines().find_map(|line| {
+            let (sample, value) = line.split_once(' ')?;
+            (sample == name || sample.starts_with(&format!("{name}{{")))
+                .then(|| value.parse::<f64>().ok())?
+        })
+    };
+    assert_eq!(node_wide("tokwatt_operator_rollbacks_total"), Some(1.0));
+    assert_eq!(node_wide("tokwatt_swaps_total"), Some((swaps + 1) as f64));
 
     agent.stop();
     let summary = agent.join().expect("the agent ends cleanly");
     let totals = &summary.totals;
     assert_eq!(totals.swaps.rollbacks, 1);
-    assert_eq!(totals.swaps.swaps, swaps + 2, "{:?}", totals.swaps);
+    assert_eq!(totals.swaps.swaps, swaps + 1, "{:?}", totals.swaps);
+    assert_eq!(totals.swaps.operator_rollbacks, 1);
     assert_eq!(
         totals.swaps.state_carried + totals.swaps.started_fresh,
-        totals.swaps.swaps
+        totals.swaps.swaps + totals.swaps.operator_rollbacks
     );
 
     // No missed tick: every tick of both GPUs is in the trace, in order.

@@ -372,6 +372,7 @@ impl Arms {
             notify: None,
             state,
             outgoing_state: outgoing,
+            operator_rollback: false,
         })
     }
 }

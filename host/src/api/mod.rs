@@ -80,6 +80,10 @@ pub struct PolicyStatus {
     pub previous: Option<String>,
     pub swaps: u64,
     pub rollbacks: u64,
+    /// Earlier policies brought back by the operator (`tokwatt policy rollback`), not
+    /// counted in `swaps`.
+    #[serde(default)]
+    pub operator_rollbacks: u64,
     pub state_carried: u64,
     pub started_fresh: u64,
 }

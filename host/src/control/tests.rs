@@ -227,6 +227,7 @@ fn a_knob_the_new_policy_does_not_own_returns_to_the_baseline() {
         notify: None,
         state: crate::swap::StateOnSwap::Own(None),
         outgoing_state: None,
+        operator_rollback: false,
     });
     let control = ControlLoop::new(
         backends,

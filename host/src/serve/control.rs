@@ -54,7 +54,8 @@ struct Book {
     pending: VecDeque<(PolicyRecord, SwapKind)>,
     /// In charge, on probation: the one it replaced and how it came in.
     probation: Option<(PolicyRecord, SwapKind)>,
-    seen_swaps: u64,
+    /// Take-overs seen: swaps and operator rollbacks (each takes the next pending one).
+    seen_takeovers: u64,
     seen_rollbacks: u64,
     swaps_refused: u64,
     last_failure: Option<String>,
@@ -69,7 +70,7 @@ impl Book {
             history: Vec::new(),
             pending: VecDeque::new(),
             probation: None,
-            seen_swaps: 0,
+            seen_takeovers: 0,
             seen_rollbacks: 0,
             swaps_refused: 0,
             last_failure: None,
@@ -79,8 +80,9 @@ impl Book {
     /// Follow the loop's counters after a tick.
     fn follow(&mut self, progress: &Progress<'_>) {
         let counters = &progress.totals.swaps;
-        if counters.swaps > self.seen_swaps {
-            self.seen_swaps = counters.swaps;
+        let takeovers = counters.swaps + counters.operator_rollbacks;
+        if takeovers > self.seen_takeovers {
+            self.seen_takeovers = takeovers;
             if let Some((next, kind)) = self.pending.pop_front() {
                 let replaced = std::mem::replace(&mut self.current, next);
                 match kind {
@@ -259,6 +261,7 @@ impl ServeControl {
                 previous: book.history.last().map(|p| p.spec.name.clone()),
                 swaps: progress.totals.swaps.swaps,
                 rollbacks: progress.totals.swaps.rollbacks,
+                operator_rollbacks: progress.totals.swaps.operator_rollbacks,
                 state_carried: progress.totals.swaps.state_carried,
                 started_fresh: progress.totals.swaps.started_fresh,
             };
@@ -428,6 +431,7 @@ impl ServeControl {
         let (notify, events) = std::sync::mpsc::channel();
         prepared.notify = Some(notify);
         prepared.probation_ticks = self.probation_ticks;
+        prepared.operator_rollback = matches!(kind, SwapKind::Back);
         let name = record.spec.name.clone();
         let version = record.version.clone();
         lock(&self.book).pending.push_back((record, kind));
@@ -615,8 +619,13 @@ mod tests {
     }
 
     fn after_tick(book: &mut Book, tick: u64, swaps: u64) {
+        after_takeovers(book, tick, swaps, 0);
+    }
+
+    fn after_takeovers(book: &mut Book, tick: u64, swaps: u64, operator_rollbacks: u64) {
         let mut totals = LoopTotals::default();
         totals.swaps.swaps = swaps;
+        totals.swaps.operator_rollbacks = operator_rollbacks;
         book.follow(&Progress {
             tick,
             ticks: 100,
@@ -649,6 +658,21 @@ mod tests {
         assert_eq!(book.current.spec.name, "next");
         let history: Vec<&str> = book.history.iter().map(|r| r.spec.name.as_str()).collect();
         assert_eq!(history, ["first", "slow"]);
+        assert!(book.pending.is_empty());
+    }
+
+    /// An operator's rollback takes charge as a swap does, but is counted as what it is;
+    /// the book follows either.
+    #[test]
+    fn an_operator_rollback_takes_charge_and_pops_the_history() {
+        let mut book = Book::new(record("first"));
+        book.pending
+            .push_back((record("second"), SwapKind::Forward));
+        after_tick(&mut book, 5, 1);
+        book.pending.push_back((record("first"), SwapKind::Back));
+        after_takeovers(&mut book, 6, 1, 1);
+        assert_eq!(book.current.spec.name, "first");
+        assert!(book.history.is_empty(), "{:?}", book.history);
         assert!(book.pending.is_empty());
     }
 }

@@ -108,7 +108,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     if !args.quiet {
         let t = &summary.totals;
         eprintln!(
-            "tokwatt serve: stopped after {} ticks: {} tokens, {:.0} J, {:.4} tok/J{}; {} swaps, {} rollbacks; settings restored; wrote {}",
+            "tokwatt serve: stopped after {} ticks: {} tokens, {:.0} J, {:.4} tok/J{}; {} swaps, {} rollbacks, {} by the operator; settings restored; wrote {}",
             t.ticks,
             t.tokens,
             t.energy_j,
@@ -120,6 +120,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             },
             t.swaps.swaps,
             t.swaps.rollbacks,
+            t.swaps.operator_rollbacks,
             out_dir.display()
         );
     }

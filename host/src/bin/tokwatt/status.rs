@@ -98,9 +98,10 @@ fn render(status: &NodeStatus) -> String {
     }
     line(policy_line);
     line(format!(
-        "           swaps {}, rollbacks {}, previous {}",
+        "           swaps {}, rollbacks {} (by the operator {}), previous {}",
         policy.swaps,
         policy.rollbacks,
+        policy.operator_rollbacks,
         policy.previous.as_deref().map_or("none".into(), shown)
     ));
     line(if status.paused {
