@@ -294,7 +294,6 @@ pub fn prepare_policy(
         probation_ticks: crate::swap::DEFAULT_PROBATION_TICKS,
         notify: None,
         state: crate::swap::StateOnSwap::default(),
-        outgoing_state: None,
         operator_rollback: false,
     })
 }

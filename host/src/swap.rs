@@ -34,23 +34,20 @@ pub struct PreparedPolicy {
     pub notify: Option<Sender<SwapEvent>>,
     /// Where its state comes from when it takes over.
     pub state: StateOnSwap,
-    /// Given the outgoing policy's snapshot when this one takes over (an A/B arm keeps
-    /// its own state between its epochs); `None` when nobody keeps it.
-    pub outgoing_state: Option<Sender<PolicyState>>,
     /// The operator brings back an earlier policy (`tokwatt policy rollback`): counted
     /// as an operator rollback, not as a swap.
     pub operator_rollback: bool,
 }
 
 /// Where a swapped-in policy's state comes from.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum StateOnSwap {
     /// The outgoing policy's snapshot, where the new one accepts it (an operator's swap).
     #[default]
     FromOutgoing,
-    /// Its own earlier snapshot, or none (fresh): the outgoing policy's state stays with
-    /// it. `tokwatt ab` swaps arms this way, so one arm never learns from the other.
-    Own(Option<PolicyState>),
+    /// None: it starts as `init` left it. `tokwatt ab` starts every trajectory this way,
+    /// so no epoch learns from another.
+    Fresh,
 }
 
 /// What became of a swapped-in policy, sent through [`PreparedPolicy::notify`].
@@ -231,13 +228,8 @@ impl Swapper {
         };
         let old_name = in_charge.supervisor.policy_name().to_owned();
         let new_name = next.supervisor.policy_name().to_owned();
-        let outgoing = in_charge.supervisor.snapshot();
-        if let (Some(keeper), Ok(state)) = (&next.outgoing_state, &outgoing) {
-            // Nobody keeping it any more is fine: the swap stands either way.
-            let _ = keeper.send(state.clone());
-        }
-        let carried = match std::mem::take(&mut next.state) {
-            StateOnSwap::FromOutgoing => match outgoing {
+        let carried = match next.state {
+            StateOnSwap::FromOutgoing => match in_charge.supervisor.snapshot() {
                 Ok(state) => restore_into(&mut next.supervisor, &state, &old_name, &new_name),
                 Err(failure) => {
                     tracing::info!(
@@ -248,10 +240,7 @@ impl Swapper {
                     false
                 }
             },
-            StateOnSwap::Own(Some(own)) => {
-                restore_into(&mut next.supervisor, &own, &old_name, &new_name)
-            }
-            StateOnSwap::Own(None) => false,
+            StateOnSwap::Fresh => false,
         };
         if next.operator_rollback {
             self.counters.operator_rollbacks += 1;

@@ -55,6 +55,7 @@ fn study(a: PolicySpec, b: PolicySpec, schedule: Schedule) -> Study {
 fn a_a_comparisons_over_200_seeds_name_a_winner_at_most_5_percent_of_the_time() {
     let schedule = Schedule {
         cooldown_ticks: 0,
+        settle_ticks: 0,
         warmup_ticks: 3,
         measure_ticks: 20,
     };
@@ -81,6 +82,7 @@ fn a_a_comparisons_over_200_seeds_name_a_winner_at_most_5_percent_of_the_time() 
 fn a_true_3_percent_difference_is_found_with_at_least_90_percent_power() {
     let schedule = Schedule {
         cooldown_ticks: 0,
+        settle_ticks: 0,
         warmup_ticks: 3,
         measure_ticks: 60,
     };
@@ -175,6 +177,8 @@ fn the_command_writes_every_key_of_ab_json_and_names_the_better_arm() {
         "mode",
         "meta",
         "timeline",
+        "estimand",
+        "spread",
     ] {
         assert!(json.get(key).is_some(), "ab.json lacks {key}");
     }
@@ -219,6 +223,69 @@ fn the_command_writes_every_key_of_ab_json_and_names_the_better_arm() {
     }
     let report = std::fs::read_to_string(out.join("report.html")).unwrap_or_default();
     assert!(report.contains("cap430"), "report.html names the arms");
+}
+
+/// The unit of replication is a trajectory: every epoch is a fresh instance of its arm's
+/// policy with a seed of its own and no state. The stateful fixture asks for 200 + n W at
+/// its n-th `decide`, counting on through its snapshots: were an arm's state carried from
+/// epoch to epoch (one instance's trajectory read as many samples), its requests would
+/// climb epoch after epoch; fresh, every epoch ends where the first did.
+#[test]
+fn every_epoch_is_a_fresh_trajectory_with_its_own_seed_under_either_estimand() {
+    let dir = tempdir();
+    let spec = write_spec(
+        dir.path(),
+        "stateful",
+        &built_plugin("fixture_stateful"),
+        "",
+    );
+    let mut ends = Vec::new();
+    for (estimand, extra) in [
+        ("cold-start", &[][..]),
+        ("settled", &["--estimand", "settled", "--settle", "4s"][..]),
+    ] {
+        let out = dir.path().join(estimand);
+        let mut args = vec!["--budget", "4", "--epoch", "3s", "--warmup", "2s"];
+        args.extend(extra);
+        let (output, json) = run_ab(&spec, &spec, &out, &args);
+        assert!(output.status.success(), "{}", stderr(&output));
+        assert_eq!(json["estimand"]["kind"], estimand, "{}", json["estimand"]);
+        let unit = json["estimand"]["unit_of_replication"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(unit.contains("trajectory"), "{unit}");
+        let epochs = json["epochs"].as_array().expect("epochs");
+        assert_eq!(epochs.len(), 8);
+        let asked: Vec<f64> = epochs
+            .iter()
+            .map(|e| {
+                e["settings"][0]["power_cap_requested_w"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN)
+            })
+            .collect();
+        assert!(
+            asked.iter().all(|&cap| cap == asked[0]),
+            "{estimand}: every trajectory starts afresh: {asked:?}"
+        );
+        let seeds: std::collections::BTreeSet<u64> =
+            epochs.iter().filter_map(|e| e["seed"].as_u64()).collect();
+        assert_eq!(
+            seeds.len(),
+            epochs.len(),
+            "a seed per trajectory: {seeds:?}"
+        );
+        for key in ["within_a", "within_b", "pairs", "between_arms"] {
+            assert!(
+                json["spread"][key].is_number(),
+                "spread.{key}: {}",
+                json["spread"]
+            );
+        }
+        ends.push(asked[0]);
+    }
+    // Settling is running unmeasured: 4 more decides before the window ends.
+    assert_eq!(ends[1], ends[0] + 4.0, "{ends:?}");
 }
 
 #[test]
@@ -366,6 +433,7 @@ fn an_interrupted_crossover_run_keeps_the_blocks_it_measured() {
         b: static_spec(500),
         schedule: Schedule {
             cooldown_ticks: 0,
+            settle_ticks: 0,
             warmup_ticks: 3,
             measure_ticks: 10,
         },

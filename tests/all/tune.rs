@@ -160,6 +160,7 @@ fn tune_finds_the_grid_best_within_one_percent_in_a_quarter_of_its_time() {
         alpha: 0.05,
         schedule: Schedule {
             cooldown_ticks: COOLDOWN,
+            settle_ticks: 0,
             warmup_ticks: WARMUP,
             measure_ticks: MEASURE,
         },

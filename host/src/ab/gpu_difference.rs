@@ -141,6 +141,7 @@ mod tests {
             pair: block,
             arm,
             position: u8::from((block + group) % 2 == 1) ^ u8::from(arm == Arm::B),
+            seed: 0,
             group,
             gpus: vec![group as u32],
             first_tick: 0,

@@ -1,7 +1,8 @@
 //! The experiment tool `tokwatt ab`: is policy B more efficient than policy A on this work?
 //!
-//! [`stats`]: paired epochs in, a ratio of tokens per joule with its interval and a
-//! sequential decision out. [`run`]: the epochs themselves, interleaved on one node or in
+//! [`stats`]: pairs in, a ratio of tokens per joule with its interval and a sequential
+//! decision out; a pair holds one independent trajectory of each arm (a fresh policy
+//! instance), the unit of replication. [`run`]: the epochs themselves, interleaved on one node or in
 //! crossover blocks over several GPUs, through the agent's own loop and hot-swap path;
 //! its [`run::AbOutcome`] is `ab.json`.
 
@@ -17,8 +18,8 @@ mod tests;
 
 pub use gpu_difference::{GpuDifference, gpu_difference};
 pub use run::{
-    AbOutcome, AbProgress, AbRequest, AbRunError, EpochRecord, Mode, Schedule, TickPoint,
-    run_crossover, run_interleaved,
+    AbOutcome, AbProgress, AbRequest, AbRunError, EpochRecord, Estimand, EstimandInfo, Mode,
+    Schedule, Spread, TickPoint, run_crossover, run_interleaved, trajectory_seed,
 };
 pub use stats::{
     AbError, AbSummary, Arm, ArmEpoch, Decision, EpochPair, SequentialPlan, Tolerances, Verdict,

@@ -92,6 +92,14 @@ pub fn ab_report(outcome: &AbOutcome) -> Result<String, ReportError> {
         }
     }
 
+    page.heading("Trajectories: the unit of replication");
+    page.paragraph(&format!(
+        "What the ratio estimates: {}. One sample is {}.",
+        outcome.estimand.statement, outcome.estimand.unit_of_replication
+    ));
+    page.paragraph(&spread_words(outcome));
+    page.svg(trajectories_chart(outcome).to_svg());
+
     page.heading("Over time");
     page.paragraph(&timeline_words(outcome));
     for chart in timeline_charts(outcome) {
@@ -402,6 +410,12 @@ fn headline_rows(outcome: &AbOutcome) -> Vec<Vec<String>> {
                 number(outcome.alpha, 4)
             ),
         ),
+        row("estimand", outcome.estimand.statement.clone()),
+        row(
+            "unit of replication",
+            outcome.estimand.unit_of_replication.clone(),
+        ),
+        row("spread", spread_words(outcome)),
         row("mode", mode_words(outcome)),
         row(
             "data",
@@ -729,6 +743,76 @@ fn timeline_charts(outcome: &AbOutcome) -> [LineChart; 2] {
             |s| s.tokens_per_joule,
         ),
     ]
+}
+
+/// The spread within each arm beside the difference between the arms, in percent of
+/// the log scale the statistics use.
+fn spread_words(outcome: &AbOutcome) -> String {
+    let s = &outcome.spread;
+    let pct = |log: f64| percent(log.exp_m1(), 1);
+    format!(
+        "runs of the same policy differ by {} (arm A) and {} (arm B) from one another (standard deviation of ln tokens per joule over its samples, the work's own changes between pairs included); pairs' ln(B/A) by {}; the arms differ by {}",
+        pct(s.within_a),
+        pct(s.within_b),
+        pct(s.pairs),
+        pct(s.between_arms)
+    )
+}
+
+/// Each trajectory's tokens per joule since its start (its tokens over its energy so
+/// far), against the time since it took over, in its arm's colour: how far apart runs
+/// of one policy end up, beside how far apart the arms are.
+fn trajectories_chart(outcome: &AbOutcome) -> LineChart {
+    let tick_s = outcome.tick_ms as f64 / 1000.0;
+    // (group, pair, arm) → (trajectory tick, cumulative tokens, cumulative energy).
+    let mut lines: BTreeMap<(usize, usize, u8), Vec<(f64, f64)>> = BTreeMap::new();
+    let mut sums: BTreeMap<(usize, usize, u8), (u64, f64)> = BTreeMap::new();
+    for point in &outcome.timeline {
+        let (Some(arm), Some(pair), Some(age)) = (point.arm, point.pair, point.trajectory_tick)
+        else {
+            continue;
+        };
+        // The take-over tick still observes the window before the trajectory.
+        if age == 0 {
+            continue;
+        }
+        let key = (point.group, pair, u8::from(arm == Arm::B));
+        let (tokens, energy) = sums.entry(key).or_default();
+        *tokens += point.tokens;
+        *energy += point.energy_j;
+        let y = if *energy > 0.0 {
+            *tokens as f64 / *energy
+        } else {
+            f64::NAN
+        };
+        lines.entry(key).or_default().push((age as f64 * tick_s, y));
+    }
+    let names = [
+        format!("arm A: {}", outcome.a.policy),
+        format!("arm B: {}", outcome.b.policy),
+    ];
+    let of_arm = |arm: u8| -> Vec<Vec<(f64, f64)>> {
+        lines
+            .iter()
+            .filter(|(key, _)| key.2 == arm)
+            .map(|(_, points)| points.clone())
+            .collect()
+    };
+    let (mut a, mut b) = (of_arm(0).into_iter(), of_arm(1).into_iter());
+    // Series 0 and 1 carry the arms' legend entries; every other trajectory takes the
+    // colour of its arm's.
+    let mut series = vec![
+        Series::new(&names[0], a.next().unwrap_or_default()),
+        Series::new(&names[1], b.next().unwrap_or_default()),
+    ];
+    series.extend(a.map(|points| Series::like(0, &names[0], points)));
+    series.extend(b.map(|points| Series::like(1, &names[1], points)));
+    LineChart {
+        title: "each trajectory's tokens per joule since its start".to_owned(),
+        x_label: "time since the trajectory took over (s)".to_owned(),
+        y_label: "tokens per joule so far".to_owned(),
+        series,
+    }
 }
 
 /// Each measured epoch's tokens per joule, one row of dots per arm.
@@ -1101,6 +1185,7 @@ mod tests {
             pair,
             arm,
             position,
+            seed: 1000 * pair as u64 + u64::from(position),
             gpus: vec![gpu],
             first_tick: 100 * pair as u64 + 50 * u64::from(position),
             last_tick: 100 * pair as u64 + 50 * u64::from(position) + 9,
@@ -1166,6 +1251,10 @@ mod tests {
                             time_s: tick as f64 + 1.0,
                             arm: (!cooling).then_some(arm),
                             measured: tick >= start + 40,
+                            pair: (!cooling).then_some(pair),
+                            trajectory_tick: (!cooling).then(|| tick - start - 20),
+                            tokens: if cooling { 600 } else { 1000 },
+                            energy_j: if cooling { 300.0 } else { 500.0 },
                             power_w: if cooling { 300.0 } else { 500.0 },
                             tokens_per_joule: 2.0,
                         });
@@ -1184,8 +1273,21 @@ mod tests {
         } else {
             None
         };
+        let schedule = Schedule {
+            cooldown_ticks: 20,
+            settle_ticks: 0,
+            warmup_ticks: 20,
+            measure_ticks: 10,
+        };
+        let ratio_b_over_a = 1.0417;
         AbOutcome {
             format_version: AB_FORMAT_VERSION,
+            estimand: crate::ab::run::EstimandInfo::of(
+                &schedule,
+                std::time::Duration::from_secs(1),
+                mode,
+            ),
+            spread: crate::ab::run::Spread::of(&pairs_seen, ratio_b_over_a),
             gpu_difference,
             a: ArmInfo {
                 policy: "fixed-cap".to_owned(),
@@ -1200,7 +1302,7 @@ mod tests {
             mode,
             epochs,
             pairs: pairs_seen,
-            ratio_b_over_a: 1.0417,
+            ratio_b_over_a,
             ci_low: 1.0213,
             ci_high: 1.0625,
             confidence: 0.9922,
@@ -1218,11 +1320,7 @@ mod tests {
                 tpot_p99_limit_ms: Some(60.0),
                 ..Objective::default()
             },
-            schedule: Schedule {
-                cooldown_ticks: 20,
-                warmup_ticks: 20,
-                measure_ticks: 10,
-            },
+            schedule,
             tick_ms: 1000,
             budget_pairs: 16,
             alpha: 0.05,
@@ -1305,8 +1403,8 @@ mod tests {
         }
         let epoch_rows = rows.iter().filter(|r| r.len() == 11).count();
         assert_eq!(epoch_rows, outcome.epochs.len());
-        // Power and tokens per joule over time, epochs, pair ratios, looks.
-        assert_eq!(html.matches("<svg").count(), 5);
+        // Trajectories, power and tokens per joule over time, epochs, pair ratios, looks.
+        assert_eq!(html.matches("<svg").count(), 6);
         assert!(html.contains(">cool-down (device defaults)</text>"));
         assert!(html.contains(">look 2: 8 pairs</text>"));
         assert!(
@@ -1370,6 +1468,30 @@ mod tests {
         assert!(value(2, 30).is_nan(), "no cool-down at tick 30");
         assert_eq!(value(2, 5), 350.0, "cool-down: the mean of both groups");
         assert!(value(0, 5).is_nan() && value(1, 5).is_nan());
+    }
+
+    /// Every trajectory is a line of its own in its arm's colour (one legend entry per
+    /// arm), its tokens per joule since it took over; the estimand and the spread are said.
+    #[test]
+    fn each_trajectory_is_a_line_and_the_estimand_and_spread_are_stated() {
+        let outcome = outcome(2, 3, true);
+        let chart = trajectories_chart(&outcome);
+        // Two groups × three pairs × one trajectory of each arm.
+        assert_eq!(chart.series.len(), 12);
+        assert_eq!(
+            chart.series.iter().filter(|s| s.same_as.is_none()).count(),
+            2
+        );
+        assert!(chart.series[2..].iter().all(|s| s.same_as.is_some()));
+        // The fixture's arm ticks make 1000 tokens on 500 J: 2 tokens per joule so far,
+        // from the first tick after the take-over (30 ticks, from age 1).
+        let first = &chart.series[0].points;
+        assert_eq!(first.len(), 29, "{first:?}");
+        assert_eq!(first[0], (1.0, 2.0));
+        let html = ab_report(&outcome).expect("report");
+        assert!(html.contains("Trajectories: the unit of replication"));
+        assert!(html.contains("a fresh instance of each policy"));
+        assert!(html.contains("runs of the same policy differ by"));
     }
 
     #[test]

@@ -3,16 +3,20 @@
 //! GPUs (A on one GPU and B on the other, then swapped).
 //!
 //! The arms take turns through the hot-swap path ([`crate::swap`]) at tick boundaries, so
-//! an A/B run is the agent's own loop, on the simulator or real GPUs. Each arm keeps its
-//! own state between its epochs ([`StateOnSwap::Own`]): one arm never learns from the
-//! other. Every epoch starts from the device defaults (a knob an arm leaves alone is not
-//! held where the other arm put it), then an optional cool-down (the defaults held, the
-//! policy paused), a warm-up (the arm in charge, not measured) and the measured window, so
-//! one arm's settings and backlog do not leak into the other's window.
+//! an A/B run is the agent's own loop, on the simulator or real GPUs.
+//!
+//! **The unit of replication is a trajectory.** Every epoch is a fresh instance of its
+//! arm's policy, with a seed of its own and no state from any earlier epoch
+//! ([`StateOnSwap::Fresh`]), started from the device defaults: an optional cool-down
+//! (the defaults held, the policy paused), then for the settled estimand a settling time,
+//! a warm-up (the arm in charge, not measured) and the measured window. Two epochs are
+//! therefore two independent runs of their policies, and a pair holds one of each arm, so
+//! the statistics over pairs see how differently two runs of the same policy end up, not
+//! one instance's trajectory read as many samples ([`Estimand`]).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -24,21 +28,26 @@ use crate::assembly::RunMeta;
 use crate::control::{Backends, ControlLoop, LoopCommand, LoopConfig, Progress};
 use crate::envelope::Envelope;
 use crate::plugin::{ComponentCache, HostConfig, PluginHost};
-use crate::policy::{PolicyFailure, PolicyState, Supervisor};
+use crate::policy::{PolicyFailure, Supervisor};
 use crate::recorder::Recorder;
 use crate::rng::Rng;
 use crate::spec::PolicySpec;
 use crate::swap::{PreparedPolicy, StateOnSwap, SwapSender, swap_channel};
 use crate::types::{InForce, Objective, Settings};
 
-/// Version of `ab.json`'s layout.
-pub const AB_FORMAT_VERSION: u32 = 1;
+/// Version of `ab.json`'s layout. 2: every epoch is an independent trajectory (a fresh
+/// instance), and the outcome states its estimand and the spread within each arm.
+pub const AB_FORMAT_VERSION: u32 = 2;
 
 /// The parts of an epoch, in ticks of the arms' common tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Schedule {
     /// Device defaults with the policy paused, before the arm takes over (0: none).
     pub cooldown_ticks: u64,
+    /// The settled estimand: ticks a fresh instance runs, unmeasured, before its warm-up
+    /// (0: the cold-start estimand).
+    #[serde(default)]
+    pub settle_ticks: u64,
     /// The arm in charge, not measured. At least 2: the tick the arm takes over observes
     /// the window before it.
     pub warmup_ticks: u64,
@@ -49,7 +58,16 @@ pub struct Schedule {
 impl Schedule {
     /// Ticks one epoch takes.
     pub fn epoch_ticks(&self) -> u64 {
-        self.cooldown_ticks + self.warmup_ticks + self.measure_ticks
+        self.cooldown_ticks + self.settle_ticks + self.warmup_ticks + self.measure_ticks
+    }
+
+    /// What a verdict on this schedule estimates.
+    pub fn estimand(&self) -> Estimand {
+        if self.settle_ticks > 0 {
+            Estimand::Settled
+        } else {
+            Estimand::ColdStart
+        }
     }
 
     /// Refuse a schedule whose windows cannot be measured.
@@ -76,6 +94,72 @@ impl Schedule {
 /// The shortest measured window: 20 steps of the slowest energy counter (100 ms) keep its
 /// quantisation under 5 % of an epoch's energy at worst, and far less in practice.
 pub const MIN_MEASURED_WINDOW: Duration = Duration::from_secs(2);
+
+/// Which tokens per joule of each policy a verdict compares. Either way the sample is a
+/// fresh instance's run from the device defaults; they differ in which part of that run
+/// is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Estimand {
+    /// From the start: the window right after the warm-up, learning included. What an
+    /// operator deploying the policy gets; the default.
+    ColdStart,
+    /// Once settled: the window after the instance has run the settling time unmeasured.
+    Settled,
+}
+
+/// The estimand and the unit of replication, in words, as `ab.json` and the report state
+/// them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EstimandInfo {
+    pub kind: Estimand,
+    /// What the ratio B/A estimates.
+    pub statement: String,
+    /// What one independent sample is, and what the interval is computed over.
+    pub unit_of_replication: String,
+}
+
+impl EstimandInfo {
+    pub fn of(schedule: &Schedule, tick: Duration, mode: Mode) -> Self {
+        let span = |ticks: u64| {
+            humantime::format_duration(tick * u32::try_from(ticks).unwrap_or(u32::MAX)).to_string()
+        };
+        let measured = span(schedule.measure_ticks);
+        let statement = match schedule.estimand() {
+            Estimand::ColdStart => format!(
+                "the ratio B/A of the tokens per joule a fresh instance of each policy achieves on this work over the {measured} after its first {} (a warm-up, not measured), started from the device defaults with no state: a deployment's first {}, learning included",
+                span(schedule.warmup_ticks),
+                span(schedule.warmup_ticks + schedule.measure_ticks),
+            ),
+            Estimand::Settled => format!(
+                "the ratio B/A of the tokens per joule a fresh instance of each policy achieves on this work over {measured} once settled: after running {} unmeasured from the device defaults with no state",
+                span(schedule.settle_ticks + schedule.warmup_ticks),
+            ),
+        };
+        let unit_of_replication = match mode {
+            Mode::Interleaved => "one trajectory: a fresh instance of a policy with its own seed, run for one epoch from the device defaults; each pair holds one trajectory of each arm in random order, and the interval and the sequential test are computed over pairs of trajectories, so they include how differently two runs of the same policy end up".to_owned(),
+            Mode::Crossover => "one block: in each block every GPU group runs one fresh trajectory of each arm (half the groups A first), each with its own seed, from the device defaults; the interval and the sequential test are computed over blocks".to_owned(),
+        };
+        Self {
+            kind: schedule.estimand(),
+            statement,
+            unit_of_replication,
+        }
+    }
+}
+
+/// The seed of one trajectory: its own for every arm, pair and GPU group, so that two
+/// runs of the same policy (an A/A) are independent, and the same for the same request
+/// seed (the candidates of a `tune` round meet the same draws).
+pub fn trajectory_seed(seed: u64, group: usize, pair: usize, arm: Arm) -> u64 {
+    let arm = match arm {
+        Arm::A => 0,
+        Arm::B => 1,
+    };
+    let mut pairs = Rng::stream(seed, 0x7a_1ec7);
+    let pair_seed = pairs.next_u64() ^ (pair as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    Rng::stream(pair_seed, (group as u64) << 1 | arm).next_u64()
+}
 
 /// How the arms share the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,6 +220,9 @@ pub struct EpochRecord {
     pub arm: Arm,
     /// 0 when it ran first in its pair, 1 second.
     pub position: u8,
+    /// The seed of its policy instance (a fresh one, see [`trajectory_seed`]).
+    #[serde(default)]
+    pub seed: u64,
     /// The GPU group (its own loop) it ran on: always 0 when interleaved; in crossover,
     /// the group's place in the order of `--gpu` (or the simulated GPU's number).
     pub group: usize,
@@ -164,6 +251,15 @@ pub struct TickPoint {
     pub arm: Option<Arm>,
     /// Whether the tick was in a measured window.
     pub measured: bool,
+    /// The pair (block) of the trajectory in charge; `None` during a cool-down.
+    #[serde(default)]
+    pub pair: Option<usize>,
+    /// Ticks since that trajectory's instance took over (0 at its take-over tick, which
+    /// still observes the window before it).
+    #[serde(default)]
+    pub trajectory_tick: Option<u64>,
+    pub tokens: u64,
+    pub energy_j: f64,
     pub power_w: f64,
     pub tokens_per_joule: f64,
 }
@@ -176,8 +272,14 @@ pub struct AbOutcome {
     pub a: ArmInfo,
     pub b: ArmInfo,
     pub mode: Mode,
-    /// Measured epochs, one per arm per pair (per GPU group in crossover).
+    /// What the ratio estimates and what one sample is.
+    pub estimand: EstimandInfo,
+    /// Measured epochs, one per arm per pair (per GPU group in crossover): each an
+    /// independent trajectory.
     pub epochs: Vec<EpochRecord>,
+    /// How much the trajectories of one arm differ among themselves, beside the
+    /// difference between the arms.
+    pub spread: Spread,
     /// The pairs the statistics saw (crossover: each block's sums over its GPUs).
     pub pairs: Vec<EpochPair>,
     pub ratio_b_over_a: f64,
@@ -215,6 +317,45 @@ pub struct AbOutcome {
     /// swap in every block cancels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_difference: Option<super::GpuDifference>,
+}
+
+/// The spread of the samples, on the log scale of the statistics (0.01 ≈ 1 %).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    /// Standard deviation of ln(tokens per joule) over arm A's samples (trajectories, or
+    /// blocks' sums in crossover): how differently runs of the same policy end up, plus
+    /// the work's own drift between pairs.
+    pub within_a: f64,
+    pub within_b: f64,
+    /// Standard deviation of the pairs' ln(B/A): what the interval is built from.
+    pub pairs: f64,
+    /// ln of the ratio B/A: the difference between the arms on the same scale.
+    pub between_arms: f64,
+}
+
+impl Spread {
+    pub fn of(pairs: &[EpochPair], ratio_b_over_a: f64) -> Self {
+        let tpj = |e: &ArmEpoch| (e.tokens as f64 / e.energy_j).ln();
+        let a: Vec<f64> = pairs.iter().map(|p| tpj(&p.a)).collect();
+        let b: Vec<f64> = pairs.iter().map(|p| tpj(&p.b)).collect();
+        let d: Vec<f64> = pairs.iter().map(|p| tpj(&p.b) - tpj(&p.a)).collect();
+        Self {
+            within_a: sample_sd(&a),
+            within_b: sample_sd(&b),
+            pairs: sample_sd(&d),
+            between_arms: ratio_b_over_a.ln(),
+        }
+    }
+}
+
+/// The sample standard deviation; NaN below two values.
+fn sample_sd(values: &[f64]) -> f64 {
+    let n = values.len();
+    if n < 2 {
+        return f64::NAN;
+    }
+    let mean = values.iter().sum::<f64>() / n as f64;
+    (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -314,10 +455,15 @@ impl Arms {
         &self.specs[Self::index(arm)]
     }
 
-    /// A fresh instance of `arm`: its supervisor, first settings and envelope. An arm is
-    /// started at every one of its epochs, so an `init` that missed its wall-clock
-    /// deadline once (a busy machine) is tried again before the comparison gives up.
-    fn start(&self, arm: Arm) -> Result<(Supervisor, Vec<Settings>, Envelope), AbRunError> {
+    /// A fresh instance of `arm` seeded with `seed`: its supervisor, first settings and
+    /// envelope. An arm is started at every one of its epochs, so an `init` that missed
+    /// its wall-clock deadline once (a busy machine) is tried again before the comparison
+    /// gives up.
+    fn start(
+        &self,
+        arm: Arm,
+        seed: u64,
+    ) -> Result<(Supervisor, Vec<Settings>, Envelope), AbRunError> {
         let i = Self::index(arm);
         let mut attempt = 1;
         loop {
@@ -326,7 +472,7 @@ impl Arms {
                 &self.specs[i],
                 &self.plugins[i],
                 &self.node,
-                self.seed ^ (i as u64 + 1),
+                seed,
                 self.tick,
             );
             match started {
@@ -352,15 +498,10 @@ impl Arms {
         }
     }
 
-    /// `arm` ready to take over at a tick boundary with `state`; the outgoing policy's
-    /// snapshot goes to `outgoing`, when given.
-    fn prepare(
-        &self,
-        arm: Arm,
-        state: StateOnSwap,
-        outgoing: Option<Sender<PolicyState>>,
-    ) -> Result<PreparedPolicy, AbRunError> {
-        let (supervisor, first, envelope) = self.start(arm)?;
+    /// A fresh instance of `arm` ready to take over at a tick boundary: no state, neither
+    /// its own from an earlier epoch nor the outgoing policy's.
+    fn prepare(&self, arm: Arm, seed: u64) -> Result<PreparedPolicy, AbRunError> {
+        let (supervisor, first, envelope) = self.start(arm, seed)?;
         Ok(PreparedPolicy {
             supervisor,
             first,
@@ -370,8 +511,7 @@ impl Arms {
             // never replaced by the other arm in the middle of its epoch.
             probation_ticks: 0,
             notify: None,
-            state,
-            outgoing_state: outgoing,
+            state: StateOnSwap::Fresh,
             operator_rollback: false,
         })
     }
@@ -415,11 +555,14 @@ struct Driver<'a> {
     epochs: Vec<(usize, u8, Arm)>,
     next_epoch: usize,
     current: Arm,
+    /// The pair of the trajectory in charge, and the tick it took over plus one (the first
+    /// trajectory's settings are in force from before tick 0, as if it took over at -1).
+    trajectory: Option<(usize, u64)>,
+    /// The seed of the trajectory in charge.
+    trajectory_seed: u64,
     phase: Phase,
     phase_left: u64,
     window: Window,
-    own_state: [Option<PolicyState>; 2],
-    outgoing: Option<(Arm, Receiver<PolicyState>)>,
     swaps: SwapSender,
     commands: Sender<LoopCommand>,
     schedule: Schedule,
@@ -439,12 +582,6 @@ impl Driver<'_> {
         if self.finished {
             return;
         }
-        if let Some((arm, rx)) = &self.outgoing
-            && let Ok(state) = rx.try_recv()
-        {
-            self.own_state[Arms::index(*arm)] = Some(state);
-            self.outgoing = None;
-        }
         let power_w: f64 = p.observations.iter().map(|o| o.power_avg_w).sum();
         let tokens: u64 = p.observations.iter().map(|o| o.tokens).sum();
         let energy: f64 = p.observations.iter().map(|o| o.energy_j).sum();
@@ -454,6 +591,12 @@ impl Driver<'_> {
             time_s: p.time.as_secs_f64(),
             arm: (self.phase != Phase::Cooldown).then_some(self.current),
             measured: self.phase == Phase::Measure,
+            pair: self.trajectory.map(|(pair, _)| pair),
+            trajectory_tick: self
+                .trajectory
+                .map(|(_, since)| (p.tick + 1).saturating_sub(since)),
+            tokens,
+            energy_j: energy,
             power_w,
             tokens_per_joule: if energy > 0.0 {
                 tokens as f64 / energy
@@ -505,7 +648,7 @@ impl Driver<'_> {
                 self.commands
                     .send(LoopCommand::Resume)
                     .map_err(|_| self.loop_gone())?;
-                self.take_turn()
+                self.take_turn(p)
             }
             Phase::Warmup => {
                 self.phase = Phase::Measure;
@@ -518,6 +661,7 @@ impl Driver<'_> {
             }
             Phase::Measure => {
                 let record = self.record(p);
+                self.trajectory = None;
                 let flow = on_epoch(record)?;
                 if matches!(flow, Flow::Stop) || self.next_epoch >= self.epochs.len() {
                     self.finish();
@@ -531,7 +675,7 @@ impl Driver<'_> {
                     self.phase_left = self.schedule.cooldown_ticks;
                     Ok(())
                 } else {
-                    self.take_turn()
+                    self.take_turn(p)
                 }
             }
         }
@@ -544,30 +688,26 @@ impl Driver<'_> {
         }
     }
 
-    /// The next epoch's arm takes over (at the next tick boundary) and warms up. Every
-    /// epoch starts from the device defaults, so a knob an arm leaves alone is not held
-    /// where the other arm put it: without a cool-down, the defaults and the arm's first
-    /// settings are applied at the same boundary. An arm that follows itself is
-    /// restarted too, with its own state, so that every epoch starts alike.
-    fn take_turn(&mut self) -> Result<(), AbRunError> {
-        let (_, _, arm) = self.epochs[self.next_epoch];
+    /// The next epoch's trajectory takes over (at the next tick boundary): a fresh
+    /// instance of its arm with its own seed, from the device defaults, so a knob an arm
+    /// leaves alone is not held where the other arm put it (without a cool-down, the
+    /// defaults and the instance's first settings are applied at the same boundary). It
+    /// settles (the settled estimand) and warms up before its window.
+    fn take_turn(&mut self, p: &Progress<'_>) -> Result<(), AbRunError> {
+        let (pair, _, arm) = self.epochs[self.next_epoch];
         if self.schedule.cooldown_ticks == 0 {
             for command in [LoopCommand::RestoreDefaults, LoopCommand::Resume] {
                 self.commands.send(command).map_err(|_| self.loop_gone())?;
             }
         }
-        let prepared = if arm == self.current {
-            self.arms.prepare(arm, StateOnSwap::FromOutgoing, None)?
-        } else {
-            let (tx, rx) = std::sync::mpsc::channel();
-            let own = self.own_state[Arms::index(arm)].take();
-            self.outgoing = Some((self.current, rx));
-            self.arms.prepare(arm, StateOnSwap::Own(own), Some(tx))?
-        };
+        let seed = trajectory_seed(self.arms.seed, self.group, pair, arm);
+        let prepared = self.arms.prepare(arm, seed)?;
         self.swaps.send(prepared).map_err(|_| self.loop_gone())?;
         self.current = arm;
+        self.trajectory = Some((pair, p.tick + 2));
+        self.trajectory_seed = seed;
         self.phase = Phase::Warmup;
-        self.phase_left = self.schedule.warmup_ticks;
+        self.phase_left = self.schedule.settle_ticks + self.schedule.warmup_ticks;
         Ok(())
     }
 
@@ -584,6 +724,7 @@ impl Driver<'_> {
             pair,
             arm,
             position,
+            seed: self.trajectory_seed,
             group: self.group,
             gpus: p.observations.iter().map(|o| o.gpu).collect(),
             first_tick: w.first_tick,
@@ -627,8 +768,9 @@ fn drive_group(
     stop: Arc<AtomicBool>,
     on_epoch: &mut dyn FnMut(EpochRecord) -> Result<Flow, AbRunError>,
 ) -> Result<(Vec<TickPoint>, f64, bool), AbRunError> {
-    let first_arm = epochs.first().map_or(Arm::A, |e| e.2);
-    let (supervisor, first, envelope) = arms.start(first_arm)?;
+    let (first_pair, first_arm) = epochs.first().map_or((0, Arm::A), |e| (e.0, e.2));
+    let first_seed = trajectory_seed(arms.seed, group, first_pair, first_arm);
+    let (supervisor, first, envelope) = arms.start(first_arm, first_seed)?;
     let (swaps, port) = swap_channel();
     let (commands, command_port) = std::sync::mpsc::channel();
     let judge = arms.judge;
@@ -666,12 +808,15 @@ fn drive_group(
         epochs,
         next_epoch: 0,
         current: first_arm,
-        // The first arm warms up from the first tick; later epochs start with a cool-down.
+        trajectory: Some((first_pair, 0)),
+        trajectory_seed: first_seed,
+        // The first trajectory's settings are in force from the start, a tick ahead of a
+        // later one's (whose take-over tick still observes the window before it): one
+        // tick less of warm-up puts its window at the same age. Later epochs may cool
+        // down first.
         phase: Phase::Warmup,
-        phase_left: schedule.warmup_ticks,
+        phase_left: schedule.settle_ticks + schedule.warmup_ticks - 1,
         window: Window::default(),
-        own_state: [None, None],
-        outgoing: None,
         swaps,
         commands,
         schedule,
@@ -746,8 +891,8 @@ pub fn run_interleaved(
     request.schedule.check(tick)?;
     let arms = Arms::new(request, tick, NodeFacts::of(&backends))?;
     // Both arms must start before the first epoch: a broken arm is refused up front.
-    arms.start(Arm::A)?;
-    arms.start(Arm::B)?;
+    arms.start(Arm::A, request.seed)?;
+    arms.start(Arm::B, request.seed)?;
     let budget = request.plan.budget();
     let epochs: Vec<(usize, u8, Arm)> = pair_orders(budget, request.seed)
         .into_iter()
@@ -820,8 +965,8 @@ pub fn run_crossover(
         .iter()
         .map(|backends| Arms::new(request, tick, NodeFacts::of(backends)))
         .collect::<Result<Vec<_>, _>>()?;
-    all_arms[0].start(Arm::A)?;
-    all_arms[0].start(Arm::B)?;
+    all_arms[0].start(Arm::A, request.seed)?;
+    all_arms[0].start(Arm::B, request.seed)?;
     let looker = Mutex::new(Looker {
         plan: &request.plan,
         pairs: Vec::new(),
@@ -1059,8 +1204,11 @@ fn finish(
         Mode::Crossover => super::gpu_difference(&epochs),
         Mode::Interleaved => None,
     };
+    let used = &looker.pairs[..last.pairs.min(looker.pairs.len())];
     Ok(AbOutcome {
         format_version: AB_FORMAT_VERSION,
+        estimand: EstimandInfo::of(&request.schedule, tick, mode),
+        spread: Spread::of(used, last.ratio_b_over_a),
         gpu_difference,
         a: ArmInfo::of(&request.a),
         b: ArmInfo::of(&request.b),

@@ -225,8 +225,7 @@ fn a_knob_the_new_policy_does_not_own_returns_to_the_baseline() {
         objective: Objective::default(),
         probation_ticks: 3,
         notify: None,
-        state: crate::swap::StateOnSwap::Own(None),
-        outgoing_state: None,
+        state: crate::swap::StateOnSwap::Fresh,
         operator_rollback: false,
     });
     let control = ControlLoop::new(

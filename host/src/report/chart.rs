@@ -13,6 +13,9 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
     /// Drawn dashed: limits and reference lines.
     pub dashed: bool,
+    /// One line of many of a kind (each trajectory of an A/B arm): drawn in the colour of
+    /// the series at this index, thinner, with no legend entry of its own.
+    pub same_as: Option<usize>,
 }
 
 impl Series {
@@ -21,7 +24,21 @@ impl Series {
             name: name.to_owned(),
             points,
             dashed: false,
+            same_as: None,
         }
+    }
+
+    /// One of many lines of the kind of series `index`: its colour, no legend entry.
+    pub fn like(index: usize, name: &str, points: Vec<(f64, f64)>) -> Self {
+        Self {
+            same_as: Some(index),
+            ..Self::new(name, points)
+        }
+    }
+
+    /// The palette index it is drawn in, given its own index.
+    fn colour_index(&self, own: usize) -> usize {
+        self.same_as.unwrap_or(own)
     }
 
     /// A dashed line.
@@ -80,6 +97,7 @@ impl LineChart {
             .map(|s| downsample(&s.points, MAX_BUCKETS))
             .collect();
         let legend = legend_layout(&self.series);
+        // A series drawn like another has no legend entry.
         let plot_top = TITLE_HEIGHT + legend.rows as f64 * LEGEND_ROW + 6.0;
         let height = plot_top + PLOT_HEIGHT + MARGIN_BOTTOM;
         let plot = Rect {
@@ -97,13 +115,15 @@ impl LineChart {
             x = MARGIN_LEFT,
         );
         for (i, s) in self.series.iter().enumerate() {
-            let (x, y) = legend.positions[i];
+            let Some(&(x, y)) = legend.positions.get(i).and_then(Option::as_ref) else {
+                continue;
+            };
             let _ = write!(
                 svg,
                 r##"<line x1="{x}" y1="{ly}" x2="{x2}" y2="{ly}" stroke="{colour}" stroke-width="2"{dash}/><text x="{tx}" y="{ty}">{name}</text>"##,
                 ly = TITLE_HEIGHT + y + 9.0,
                 x2 = x + 20.0,
-                colour = colour(i),
+                colour = colour(s.colour_index(i)),
                 dash = dash_attr(s.dashed),
                 tx = x + 25.0,
                 ty = TITLE_HEIGHT + y + 13.0,
@@ -192,9 +212,16 @@ impl LineChart {
                 let _ = write!(
                     svg,
                     r##"<path d="{path}" fill="none" stroke="{}" stroke-width="{}" stroke-linejoin="round"{}/>"##,
-                    colour(i),
-                    // Limits are drawn over the data, thicker, to stay visible in a dense line.
-                    if s.dashed { 2.2 } else { 1.3 },
+                    colour(s.colour_index(i)),
+                    // Limits are drawn over the data, thicker, to stay visible in a dense
+                    // line; one line of many, thinner.
+                    if s.dashed {
+                        2.2
+                    } else if s.same_as.is_some() {
+                        0.8
+                    } else {
+                        1.3
+                    },
                     dash_attr(s.dashed)
                 );
             }
@@ -202,7 +229,7 @@ impl LineChart {
                 let _ = write!(
                     svg,
                     r##"<circle cx="{x:.1}" cy="{y:.1}" r="2.5" fill="{}"/>"##,
-                    colour(i)
+                    colour(s.colour_index(i))
                 );
             }
             svg.push_str("</g>");
@@ -234,25 +261,31 @@ struct Rect {
 
 struct Legend {
     rows: usize,
-    /// Each entry's offset from the legend's top left.
-    positions: Vec<(f64, f64)>,
+    /// Each series' entry's offset from the legend's top left (`None`: no entry).
+    positions: Vec<Option<(f64, f64)>>,
 }
 
 /// Legend entries flow left to right and wrap to the chart's width.
 fn legend_layout(series: &[Series]) -> Legend {
     let mut positions = Vec::with_capacity(series.len());
     let (mut x, mut row) = (MARGIN_LEFT, 0usize);
+    let mut entries = 0;
     for s in series {
+        if s.same_as.is_some() {
+            positions.push(None);
+            continue;
+        }
+        entries += 1;
         let width = 25.0 + s.name.chars().count() as f64 * CHAR_WIDTH + 16.0;
         if x > MARGIN_LEFT && x + width > WIDTH - MARGIN_RIGHT {
             x = MARGIN_LEFT;
             row += 1;
         }
-        positions.push((x, row as f64 * LEGEND_ROW));
+        positions.push(Some((x, row as f64 * LEGEND_ROW)));
         x += width;
     }
     Legend {
-        rows: if series.is_empty() { 0 } else { row + 1 },
+        rows: if entries == 0 { 0 } else { row + 1 },
         positions,
     }
 }

@@ -65,6 +65,16 @@ pub struct EpochArgs {
     /// False-positive rate over the whole comparison (spent across the looks).
     #[arg(long, default_value_t = DEFAULT_ALPHA)]
     alpha: f64,
+    /// What the verdict estimates. Every epoch is a fresh instance of its arm's policy
+    /// (its own seed, no state, from the device defaults); `cold-start` measures it from
+    /// its start, learning included (what an operator deploying it gets); `settled`
+    /// measures it after `--settle` of running unmeasured.
+    #[arg(long, value_enum, default_value = "cold-start")]
+    estimand: EstimandArg,
+    /// With `--estimand settled`: how long each fresh instance runs, unmeasured, before
+    /// its warm-up and window.
+    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "5m")]
+    settle: Duration,
     /// The measured window of each epoch.
     #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "60s")]
     epoch: Duration,
@@ -84,11 +94,22 @@ pub struct EpochArgs {
     tick: Option<Duration>,
 }
 
+/// `--estimand`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum EstimandArg {
+    ColdStart,
+    Settled,
+}
+
 impl EpochArgs {
     /// The schedule in whole ticks of `tick`, checked.
     fn schedule(&self, tick: Duration) -> Result<Schedule> {
         let schedule = Schedule {
             cooldown_ticks: ticks_of("cooldown", self.cooldown, tick)?,
+            settle_ticks: match self.estimand {
+                EstimandArg::ColdStart => 0,
+                EstimandArg::Settled => ticks_of("settle", self.settle, tick)?,
+            },
             warmup_ticks: ticks_of("warmup", self.warmup, tick)?,
             measure_ticks: ticks_of("epoch", self.epoch, tick)?,
         };
@@ -96,10 +117,17 @@ impl EpochArgs {
         Ok(schedule)
     }
 
-    /// "epochs of 1m (warm-up 10s, cool-down 0s)"
+    /// "cold-start epochs of 1m (warm-up 10s, cool-down 0s)"
     fn describe(&self) -> String {
         format!(
-            "epochs of {} (warm-up {}, cool-down {})",
+            "{} epochs of {} (warm-up {}, cool-down {})",
+            match self.estimand {
+                EstimandArg::ColdStart => "cold-start".to_owned(),
+                EstimandArg::Settled => format!(
+                    "settled ({} settling)",
+                    humantime::format_duration(self.settle)
+                ),
+            },
             humantime::format_duration(self.epoch),
             humantime::format_duration(self.warmup),
             humantime::format_duration(self.cooldown),

@@ -112,6 +112,9 @@ pub fn tune(args: TuneArgs) -> Result<()> {
             Some(span) => crate::ab::ticks_of("cooldown", span, tick)?,
             None => 2,
         },
+        // Every candidate is measured as fresh trajectories from a cold start, as `ab`
+        // measures by default.
+        settle_ticks: 0,
         warmup_ticks: match args.warmup {
             Some(span) => crate::ab::ticks_of("warmup", span, tick)?,
             None => 30,
