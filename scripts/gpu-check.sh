@@ -15,7 +15,9 @@
 # 28): `tokwatt serve` dry run on the CUDA decode, (a) a cap-only policy swapped for a
 # batch-only one (the pretended cap goes back to the baseline), (b) a batch-1 policy
 # swapped in under a 10,000 tokens/s floor, left to the guard, (c) the same judged in
-# probation. A short side-by-side check:
+# probation. ab (issue 27): `tokwatt ab` dry run, batch only, on the CUDA decode: (a) an A/A
+# of slo-batch (fresh trajectories: no winner), (b) static batch 512 against 256. A short
+# side-by-side check:
 #   gpu-check.sh OUT 3 bench
 #
 # Where the runner brings back only a few files from the GPU machine, write OUT elsewhere and
@@ -28,8 +30,8 @@ seconds="${2:-6}"
 parts="${3:-tests,bench,dryrun,slo}"
 for part in ${parts//,/ }; do
   case "$part" in
-    tests | bench | dryrun | slo | serve | guard) ;;
-    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, dryrun, slo, serve and/or guard, comma-separated" >&2; exit 2 ;;
+    tests | bench | dryrun | slo | serve | guard | ab) ;;
+    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, dryrun, slo, serve, guard and/or ab, comma-separated" >&2; exit 2 ;;
   esac
 done
 wants() { [[ ",$parts," == *",$1,"* ]]; }
@@ -226,6 +228,38 @@ EOF
   serve_config floor-probation "$here/specs/slo-batch.toml" true ""
   run_serve floor-probation "$gdir/batch-1.toml"
   python3 "$here/guard-summary.py" "$gdir" | tee "$gdir/summary.txt" || status=1
+fi
+
+if wants ab; then
+  adir="$out/ab"
+  mkdir -p "$adir"
+  for b in 256 512; do
+    sed -e "/^power_cap_w = /d" -e "s/^# batch_size = \"256\"/batch_size = \"$b\"/" \
+        -e "s/^name = \"static\"/name = \"static-b$b\"/" specs/static.toml > "$adir/static-b$b.toml"
+  done
+  # run_ab NAME A B EXTRA...: an observe-only A/B on GPU 0; its verdict and spread.
+  run_ab() {
+    local name=$1 a=$2 b=$3
+    shift 3
+    ./tokwatt ab --gpu 0 --dry-run --batch-only --a "$a" --b "$b" --seed 7 --quiet \
+      --out "$adir/$name" --overwrite "$@" > "$adir/$name.txt" 2>&1
+    local rc=$?
+    echo "tokwatt ab ($name) exited with $rc"; [[ $rc -eq 0 ]] || status=1
+    cat "$adir/$name.txt"
+    python3 - "$adir/$name/ab.json" <<'PY' | tee "$adir/$name-summary.txt"
+import json, sys
+o = json.load(open(sys.argv[1]))
+print(f"decision {o['decision']}, B/A {o['ratio_b_over_a']:.4f} [{o['ci_low']:.4f}, {o['ci_high']:.4f}] at {o['confidence']:.4f}, {len(o['pairs'])} pairs, {o['run_time_s']:.0f} s")
+print("estimand:", o["estimand"]["statement"])
+print("spread (sd of ln):", {k: round(v, 4) for k, v in o["spread"].items()})
+for e in o["epochs"]:
+    print(f"  pair {e['pair']} {e['arm']} pos {e['position']}: {e['tokens_per_joule']:.3f} tok/J, {e['tokens_per_s']:.0f} tok/s, batch {e['settings'][0]['batch_size']}")
+PY
+  }
+  step "ab (a): A/A of slo-batch, fresh trajectories (dry run, batch only)"
+  run_ab aa-slo-batch specs/slo-batch.toml specs/slo-batch.toml --epoch 15s --warmup 10s --budget 4
+  step "ab (b): static batch 512 against 256 (dry run, batch only)"
+  run_ab static-512-vs-256 "$adir/static-b256.toml" "$adir/static-b512.toml" --epoch 15s --warmup 5s --budget 8
 fi
 
 if wants slo; then
