@@ -20,6 +20,7 @@ fn thirty_minutes_eight_gpus(c: &mut Criterion) {
                 scenario: scenario.clone(),
                 gpus: 8,
                 seed: 7,
+                noise_seed: None,
             };
             let sim = SimGpu::new(config, clock.clone()).expect("valid config");
             let (mut telemetry, mut workload) = (sim.telemetry(), sim.workload());

@@ -272,6 +272,7 @@ pub fn simulator(target: &SimTarget, seed: u64) -> Result<(SimGpu, Backends), As
         scenario,
         gpus: target.gpus,
         seed,
+        noise_seed: None,
     };
     simulator_from(config, target.realtime)
 }

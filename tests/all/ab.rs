@@ -39,6 +39,8 @@ fn study(a: PolicySpec, b: PolicySpec, schedule: Schedule) -> Study {
             scenario: Some(steady()),
             ..SimTarget::new("h200")
         },
+        judging: None,
+        mode: tokwatt::ab::Mode::Replicated,
         schedule,
         budget_pairs: DEFAULT_BUDGET,
         alpha: DEFAULT_ALPHA,
@@ -46,6 +48,7 @@ fn study(a: PolicySpec, b: PolicySpec, schedule: Schedule) -> Study {
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         plugin_dirs: Vec::new(),
         cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache")),
+        injected_ratio: None,
     }
 }
 
@@ -157,7 +160,11 @@ fn the_command_writes_every_key_of_ab_json_and_names_the_better_arm() {
     let a = write_static(dir.path(), "cap500", 500, "");
     let b = write_static(dir.path(), "cap430", 430, "");
     let out = dir.path().join("ab");
-    let (output, json) = run_ab(&a, &b, &out, &SHORT);
+    // One simulated node taking turns, as on a real one (the simulator's default is the
+    // replicated mode, below).
+    let mut args = SHORT.to_vec();
+    args.push("--interleaved");
+    let (output, json) = run_ab(&a, &b, &out, &args);
     assert!(output.status.success(), "{}", stderr(&output));
     for key in [
         "a",
@@ -249,6 +256,7 @@ fn every_epoch_is_a_fresh_trajectory_with_its_own_seed_under_either_estimand() {
         args.extend(extra);
         let (output, json) = run_ab(&spec, &spec, &out, &args);
         assert!(output.status.success(), "{}", stderr(&output));
+        assert_eq!(json["mode"], "replicated", "the simulator's default");
         assert_eq!(json["estimand"]["kind"], estimand, "{}", json["estimand"]);
         let unit = json["estimand"]["unit_of_replication"]
             .as_str()
@@ -441,6 +449,7 @@ fn an_interrupted_crossover_run_keeps_the_blocks_it_measured() {
         seed: 11,
         plugin_dirs: Vec::new(),
         cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache")),
+        injected_ratio: None,
     };
     let meta = tokwatt::assembly::RunMeta {
         simulated: true,

@@ -19,7 +19,8 @@ mod tests;
 pub use gpu_difference::{GpuDifference, gpu_difference};
 pub use run::{
     AbOutcome, AbProgress, AbRequest, AbRunError, EpochRecord, Estimand, EstimandInfo, Mode,
-    Schedule, Spread, TickPoint, run_crossover, run_interleaved, trajectory_seed,
+    Schedule, Spread, TickPoint, TrajectoryWork, WorkFactory, replicated_span_s, run_crossover,
+    run_interleaved, run_replicated, trajectory_seed,
 };
 pub use stats::{
     AbError, AbSummary, Arm, ArmEpoch, Decision, EpochPair, SequentialPlan, Tolerances, Verdict,

@@ -359,6 +359,10 @@ fn mode_words(outcome: &AbOutcome) -> String {
              then they swap; a block's pair sums each arm over every group",
             group_count(outcome)
         ),
+        Mode::Replicated => "replicated (simulator): every trajectory on a simulator of its own; \
+             a pair's two trajectories see the same work from the same moment, each with its \
+             own sensor noise"
+            .to_owned(),
     }
 }
 
@@ -675,6 +679,9 @@ fn time_unit(duration_s: f64) -> (f64, &'static str) {
 fn timeline_words(outcome: &AbOutcome) -> String {
     let per_group = match outcome.mode {
         Mode::Interleaved => String::new(),
+        Mode::Replicated => " Each trajectory ran on a simulator of its own; they are drawn \
+             end to end, in the order they ran."
+            .to_owned(),
         Mode::Crossover => format!(
             " In crossover both arms run at once: each line is the mean over the GPU groups \
              running that arm at that tick ({} groups in all).",
@@ -1286,6 +1293,7 @@ mod tests {
                 &schedule,
                 std::time::Duration::from_secs(1),
                 mode,
+                None,
             ),
             spread: crate::ab::run::Spread::of(&pairs_seen, ratio_b_over_a),
             gpu_difference,

@@ -120,25 +120,35 @@ pub struct EstimandInfo {
 }
 
 impl EstimandInfo {
-    pub fn of(schedule: &Schedule, tick: Duration, mode: Mode) -> Self {
+    /// `span_s`: the replicated mode's pairs start at a moment drawn uniformly from the
+    /// work's first `span_s` seconds.
+    pub fn of(schedule: &Schedule, tick: Duration, mode: Mode, span_s: Option<f64>) -> Self {
         let span = |ticks: u64| {
             humantime::format_duration(tick * u32::try_from(ticks).unwrap_or(u32::MAX)).to_string()
         };
         let measured = span(schedule.measure_ticks);
+        let moment = match (mode, span_s) {
+            (Mode::Replicated, Some(span)) => format!(
+                ", from a moment of this work drawn uniformly from its first {}",
+                humantime::format_duration(Duration::from_secs_f64(span.max(0.0).round()))
+            ),
+            _ => String::new(),
+        };
         let statement = match schedule.estimand() {
             Estimand::ColdStart => format!(
-                "the ratio B/A of the tokens per joule a fresh instance of each policy achieves on this work over the {measured} after its first {} (a warm-up, not measured), started from the device defaults with no state: a deployment's first {}, learning included",
+                "the ratio B/A of the tokens per joule a fresh instance of each policy achieves on this work over the {measured} after its first {} (a warm-up, not measured), started from the device defaults with no state{moment}: a deployment's first {}, learning included",
                 span(schedule.warmup_ticks),
                 span(schedule.warmup_ticks + schedule.measure_ticks),
             ),
             Estimand::Settled => format!(
-                "the ratio B/A of the tokens per joule a fresh instance of each policy achieves on this work over {measured} once settled: after running {} unmeasured from the device defaults with no state",
+                "the ratio B/A of the tokens per joule a fresh instance of each policy achieves on this work over {measured} once settled: after running {} unmeasured from the device defaults with no state{moment}",
                 span(schedule.settle_ticks + schedule.warmup_ticks),
             ),
         };
         let unit_of_replication = match mode {
             Mode::Interleaved => "one trajectory: a fresh instance of a policy with its own seed, run for one epoch from the device defaults; each pair holds one trajectory of each arm in random order, and the interval and the sequential test are computed over pairs of trajectories, so they include how differently two runs of the same policy end up".to_owned(),
             Mode::Crossover => "one block: in each block every GPU group runs one fresh trajectory of each arm (half the groups A first), each with its own seed, from the device defaults; the interval and the sequential test are computed over blocks".to_owned(),
+            Mode::Replicated => "one trajectory, on a simulator of its own: a fresh instance of a policy with its own seed and its own sensor noise; a pair's two trajectories see the same work (the same arrivals from the same moment: common random numbers), and the interval and the sequential test are computed over pairs, so they include how differently two runs of the same policy end up on the same work".to_owned(),
         };
         Self {
             kind: schedule.estimand(),
@@ -170,6 +180,11 @@ pub enum Mode {
     /// Two or more GPUs, each with its own loop: in each block, half the GPUs run A and
     /// the others B, then they swap, so GPU-to-GPU differences cancel within a block.
     Crossover,
+    /// The simulator only: every trajectory on a simulator of its own. A pair's two
+    /// trajectories see the same work (the same arrivals from the same moment of the
+    /// scenario, drawn at random for each pair: common random numbers), each with its own
+    /// sensor noise and policy seed, so nothing of one leaks into the other.
+    Replicated,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -210,6 +225,11 @@ pub struct AbRequest {
     pub seed: u64,
     pub plugin_dirs: Vec<PathBuf>,
     pub cache_dir: Option<PathBuf>,
+    /// Error-rate studies only (`tokwatt ab` never sets it): arm B's measured energy is
+    /// divided by this, a known true ratio B/A on top of whatever the policies do, so that
+    /// an A/A of an adaptive policy measures the power against a difference of exactly
+    /// this size with that policy's own run-to-run spread. Said in the outcome's notes.
+    pub injected_ratio: Option<f64>,
 }
 
 /// One measured epoch of one arm on one GPU group.
@@ -412,6 +432,7 @@ struct Arms {
     seed: u64,
     tick: Duration,
     judge: Objective,
+    injected_ratio: Option<f64>,
 }
 
 impl Arms {
@@ -441,6 +462,7 @@ impl Arms {
             seed: request.seed,
             tick,
             judge: judging_objective(request),
+            injected_ratio: request.injected_ratio,
         })
     }
 
@@ -714,7 +736,12 @@ impl Driver<'_> {
     fn record(&mut self, p: &Progress<'_>) -> EpochRecord {
         let (pair, position, arm) = self.epochs[self.next_epoch];
         self.next_epoch += 1;
-        let w = self.window;
+        let mut w = self.window;
+        if arm == Arm::B
+            && let Some(ratio) = self.arms.injected_ratio
+        {
+            w.energy_j /= ratio;
+        }
         let served_fraction = if w.demand_reported && w.tokens_demanded > 0 {
             (w.tokens as f64 / w.tokens_demanded as f64).min(1.0)
         } else {
@@ -939,6 +966,7 @@ pub fn run_interleaved(
         meta,
         notes,
         tick,
+        EstimandInfo::of(&request.schedule, tick, Mode::Interleaved, None),
     )
 }
 
@@ -1076,7 +1104,146 @@ pub fn run_crossover(
         meta,
         notes,
         tick,
+        EstimandInfo::of(&request.schedule, tick, Mode::Crossover, None),
     )
+}
+
+/// What one trajectory of the replicated mode runs on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TrajectoryWork {
+    /// Seeds the work: the same for both trajectories of a pair.
+    pub work_seed: u64,
+    /// Seeds the trajectory's own sensor noise and step jitter.
+    pub noise_seed: u64,
+    /// The moment of the scenario the trajectory starts at, seconds.
+    pub offset_s: f64,
+}
+
+/// Builds a fresh simulator for one trajectory.
+pub type WorkFactory<'a> = dyn Fn(TrajectoryWork) -> Result<Backends, String> + 'a;
+
+/// Replicated A/B on the simulator: each trajectory on a simulator of its own, built by
+/// `make`; a pair's two trajectories (in random order) on the same work from the same
+/// moment, drawn uniformly from the work's first `span_s` seconds.
+pub fn run_replicated(
+    request: &AbRequest,
+    make: &WorkFactory<'_>,
+    span_s: f64,
+    meta: RunMeta,
+    stop: Arc<AtomicBool>,
+    progress: &mut (dyn FnMut(AbProgress) + Send),
+) -> Result<AbOutcome, AbRunError> {
+    let (tick, notes) = common_tick(request)?;
+    request.schedule.check(tick)?;
+    let budget = request.plan.budget();
+    let orders = pair_orders(budget, request.seed);
+    let mut moments = Rng::stream(request.seed, 0x3e91_1ca7);
+    let works: Vec<(u64, f64)> = (0..budget)
+        .map(|_| (moments.next_u64(), moments.uniform() * span_s.max(0.0)))
+        .collect();
+    let build = |pair: usize, arm: Arm| {
+        let (work_seed, offset_s) = works[pair];
+        make(TrajectoryWork {
+            work_seed,
+            noise_seed: trajectory_seed(request.seed, 0, pair, arm) ^ 0x005e_7507,
+            offset_s,
+        })
+        .map_err(|reason| AbRunError::Loop { group: 0, reason })
+    };
+    let arms = Arms::new(request, tick, NodeFacts::of(&build(0, Arm::A)?))?;
+    let first_seed = request.seed;
+    arms.start(Arm::A, first_seed)?;
+    arms.start(Arm::B, first_seed)?;
+    let mut looker = Looker {
+        plan: &request.plan,
+        pairs: Vec::new(),
+        looks: Vec::new(),
+        decided: None,
+        progress,
+        epochs_done: 0,
+    };
+    let mut records: Vec<EpochRecord> = Vec::new();
+    let mut timeline: Vec<TickPoint> = Vec::new();
+    let (mut run_time_s, mut base_tick) = (0.0, 0u64);
+    let mut interrupted = false;
+    'pairs: for (pair, order) in orders.iter().enumerate() {
+        let mut first: Option<EpochRecord> = None;
+        for (position, &arm) in order.iter().enumerate() {
+            let backends = build(pair, arm)?;
+            let mut measured: Option<EpochRecord> = None;
+            let (points, seconds, stopped) = drive_group(
+                0,
+                &arms,
+                vec![(pair, position as u8, arm)],
+                request.schedule,
+                backends,
+                stop.clone(),
+                &mut |record| {
+                    measured = Some(record);
+                    Ok(Flow::Stop)
+                },
+            )?;
+            // Laid end to end: each trajectory's ticks and time after the one before.
+            let ticks = points.len() as u64;
+            timeline.extend(points.into_iter().map(|p| TickPoint {
+                tick: p.tick + base_tick,
+                time_s: p.time_s + run_time_s,
+                ..p
+            }));
+            base_tick += ticks;
+            run_time_s += seconds;
+            let Some(mut record) = measured else {
+                interrupted = true;
+                break 'pairs;
+            };
+            record.first_tick += base_tick - ticks;
+            record.last_tick += base_tick - ticks;
+            records.push(record.clone());
+            looker.epochs_done += 1;
+            if stopped {
+                interrupted = true;
+            }
+            match first.take() {
+                None => first = Some(record),
+                Some(first) => {
+                    if matches!(looker.add(pair_of(&first, &record))?, Flow::Stop) {
+                        break 'pairs;
+                    }
+                }
+            }
+            if interrupted {
+                break 'pairs;
+            }
+        }
+    }
+    finish(
+        request,
+        Mode::Replicated,
+        looker,
+        records,
+        timeline,
+        run_time_s,
+        interrupted,
+        meta,
+        notes,
+        tick,
+        EstimandInfo::of(&request.schedule, tick, Mode::Replicated, Some(span_s)),
+    )
+}
+
+/// The replicated mode's span for a simulator scenario: pairs start at a moment of the
+/// work's first `duration_s` (a judging scenario's length), or, where the scenario names
+/// none, of its phases with the last one as long as 10 minutes; less one trajectory, so
+/// that every trajectory ends within it.
+pub fn replicated_span_s(
+    scenario: &crate::sim::Scenario,
+    duration_s: Option<f64>,
+    schedule: &Schedule,
+    tick: Duration,
+) -> f64 {
+    let work_s = duration_s.unwrap_or(scenario.last_change_s() + 600.0);
+    let trajectory_s = tick.as_secs_f64() * schedule.epoch_ticks() as f64;
+    (work_s - trajectory_s).max(0.0)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -1132,6 +1299,11 @@ fn block_pair(records: &[EpochRecord], block: usize) -> EpochPair {
 fn common_tick(request: &AbRequest) -> Result<(Duration, Vec<String>), AbRunError> {
     let mut notes = Vec::new();
     let tick = Duration::from_millis(u64::from(request.a.tick_ms));
+    if let Some(ratio) = request.injected_ratio {
+        notes.push(format!(
+            "an error-rate study: arm b's measured energy was divided by {ratio}, a known true ratio B/A on top of the policies' own"
+        ));
+    }
     if request.b.tick_ms != request.a.tick_ms {
         notes.push(format!(
             "arm b's spec ticks every {} ms; both arms ran on arm a's {} ms tick so that their epochs match",
@@ -1173,6 +1345,7 @@ fn finish(
     meta: RunMeta,
     notes: Vec<String>,
     tick: Duration,
+    estimand: EstimandInfo,
 ) -> Result<AbOutcome, AbRunError> {
     let Some(last) = looker.looks.last().cloned() else {
         return Err(AbRunError::NoVerdict {
@@ -1202,12 +1375,12 @@ fn finish(
     }
     let gpu_difference = match mode {
         Mode::Crossover => super::gpu_difference(&epochs),
-        Mode::Interleaved => None,
+        Mode::Interleaved | Mode::Replicated => None,
     };
     let used = &looker.pairs[..last.pairs.min(looker.pairs.len())];
     Ok(AbOutcome {
         format_version: AB_FORMAT_VERSION,
-        estimand: EstimandInfo::of(&request.schedule, tick, mode),
+        estimand,
         spread: Spread::of(used, last.ratio_b_over_a),
         gpu_difference,
         a: ArmInfo::of(&request.a),

@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::run::{AbRequest, AbRunError, Schedule, run_interleaved};
+use super::run::{
+    AbRequest, AbRunError, Mode, Schedule, TrajectoryWork, replicated_span_s, run_interleaved,
+    run_replicated,
+};
 use super::stats::{Decision, SequentialPlan};
 use crate::agent::{self, RunRequest};
 use crate::assembly::{self, SimTarget};
@@ -25,6 +28,13 @@ pub struct Study {
     pub a: PolicySpec,
     pub b: PolicySpec,
     pub sim: SimTarget,
+    /// A judging scenario to run on instead of `sim`: its GPU profile, workload and
+    /// objective (both arms are judged by it, as `tokwatt eval` judges).
+    pub judging: Option<crate::eval::EvalScenario>,
+    /// How every comparison runs: `Replicated` (what `tokwatt ab --sim` does by default)
+    /// or `Interleaved` (one simulated node, as on a real one); `Crossover` is run as
+    /// `Interleaved`.
+    pub mode: Mode,
     pub schedule: Schedule,
     pub budget_pairs: usize,
     pub alpha: f64,
@@ -33,6 +43,9 @@ pub struct Study {
     pub threads: usize,
     pub plugin_dirs: Vec<PathBuf>,
     pub cache_dir: Option<PathBuf>,
+    /// A known true ratio B/A laid on arm B's measurements ([`AbRequest::injected_ratio`]):
+    /// with both arms the same policy, the power against exactly this difference.
+    pub injected_ratio: Option<f64>,
 }
 
 /// What a study found.
@@ -48,6 +61,9 @@ pub struct StudyResult {
     pub median_ratio: f64,
     /// Simulated time of all comparisons together, seconds.
     pub simulated_time_s: f64,
+    /// Median over the comparisons of the pairs' standard deviation of ln(B/A) at their
+    /// last look: the noise a verdict had to beat.
+    pub median_pair_sd: f64,
     /// Winners named at each look of the plan (by pairs: 4, 8, 16 …).
     pub winners_by_look: Vec<(usize, usize)>,
 }
@@ -104,6 +120,8 @@ pub fn run_study(study: &Study) -> Result<StudyResult, AbRunError> {
     let count = |d: Decision| results.iter().filter(|r| r.0 == d).count();
     let mut ratios: Vec<f64> = results.iter().map(|r| r.2).collect();
     ratios.sort_by(f64::total_cmp);
+    let mut pair_sds: Vec<f64> = results.iter().map(|r| r.4).collect();
+    pair_sds.sort_by(f64::total_cmp);
     let n = results.len();
     let looks = SequentialPlan::new(study.budget_pairs, study.alpha, 0)?
         .looks()
@@ -126,41 +144,100 @@ pub fn run_study(study: &Study) -> Result<StudyResult, AbRunError> {
         mean_pairs: results.iter().map(|r| r.1 as f64).sum::<f64>() / n.max(1) as f64,
         median_ratio: if n == 0 { f64::NAN } else { ratios[n / 2] },
         simulated_time_s: results.iter().map(|r| r.3).sum(),
+        median_pair_sd: if n == 0 { f64::NAN } else { pair_sds[n / 2] },
         winners_by_look,
     })
 }
 
-/// What one comparison found: its decision, pairs, ratio and simulated time.
-type Found = (Decision, usize, f64, f64);
+/// What one comparison found: its decision, pairs, ratio, simulated time and the pairs'
+/// standard deviation of ln(B/A).
+type Found = (Decision, usize, f64, f64, f64);
 
-/// One whole A/B on a fresh simulator seeded with `seed`.
+/// One whole A/B seeded with `seed`, in the study's mode.
 fn one_comparison(study: &Study, seed: u64) -> Result<Found, AbRunError> {
-    let (_sim, backends) = assembly::simulator(&study.sim, seed).map_err(|e| AbRunError::Loop {
+    let loop_error = |e: &dyn std::fmt::Display| AbRunError::Loop {
         group: 0,
         reason: e.to_string(),
-    })?;
+    };
+    let (profile, scenario, gpus, duration_s) = match &study.judging {
+        Some(judging) => (
+            judging.profile.clone(),
+            judging.workload.clone(),
+            judging.gpus,
+            Some(judging.duration_s),
+        ),
+        None => (
+            crate::sim::GpuProfile::load(&study.sim.profile).map_err(|e| loop_error(&e))?,
+            match &study.sim.scenario {
+                Some(path) => crate::sim::Scenario::load(path),
+                None => crate::sim::Scenario::built_in(),
+            }
+            .map_err(|e| loop_error(&e))?,
+            study.sim.gpus,
+            None,
+        ),
+    };
+    let build = |scenario: crate::sim::Scenario, seed: u64, noise_seed: Option<u64>| {
+        assembly::simulator_from(
+            crate::sim::SimConfig {
+                profile: profile.clone(),
+                scenario,
+                gpus,
+                seed,
+                noise_seed,
+            },
+            false,
+        )
+        .map(|(_, backends)| backends)
+        .map_err(|e| e.to_string())
+    };
     let meta = sim_meta(&study.sim, seed);
+    let (mut a, mut b) = (study.a.clone(), study.b.clone());
+    if let Some(judging) = &study.judging {
+        a.objective = judging.objective;
+        b.objective = judging.objective;
+    }
     let request = AbRequest {
-        a: study.a.clone(),
-        b: study.b.clone(),
+        a,
+        b,
         schedule: study.schedule,
         plan: SequentialPlan::new(study.budget_pairs, study.alpha, seed)?,
         seed,
         plugin_dirs: study.plugin_dirs.clone(),
         cache_dir: study.cache_dir.clone(),
+        injected_ratio: study.injected_ratio,
     };
-    let outcome = run_interleaved(
-        &request,
-        backends,
-        meta,
-        Arc::new(AtomicBool::new(false)),
-        &mut |_| {},
-    )?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let outcome = match study.mode {
+        Mode::Replicated => {
+            let tick = std::time::Duration::from_millis(u64::from(request.a.tick_ms));
+            let span_s = replicated_span_s(&scenario, duration_s, &study.schedule, tick);
+            run_replicated(
+                &request,
+                &|w: TrajectoryWork| {
+                    build(
+                        scenario.starting_at(w.offset_s),
+                        w.work_seed,
+                        Some(w.noise_seed),
+                    )
+                },
+                span_s,
+                meta,
+                stop,
+                &mut |_| {},
+            )?
+        }
+        Mode::Interleaved | Mode::Crossover => {
+            let backends = build(scenario.clone(), seed, None).map_err(|e| loop_error(&e))?;
+            run_interleaved(&request, backends, meta, stop, &mut |_| {})?
+        }
+    };
     Ok((
         outcome.decision,
         outcome.pairs.len(),
         outcome.ratio_b_over_a,
         outcome.run_time_s,
+        outcome.spread.pairs,
     ))
 }
 

@@ -626,6 +626,7 @@ fn run_one(
         seed,
         plugin_dirs: request.plugin_dirs.clone(),
         cache_dir: request.cache_dir.clone(),
+        injected_ratio: None,
     };
     let meta = assembled.meta.clone();
     match run_interleaved(&ab, assembled.backends, assembled.meta, stop, &mut |_| {}) {

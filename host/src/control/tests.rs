@@ -22,6 +22,7 @@ fn run_fixed_cap_on(dry_run: bool, scenario: Scenario) -> (LoopTotals, Vec<Obser
             scenario,
             gpus: 1,
             seed: 1,
+            noise_seed: None,
         },
         clock.clone(),
     )
@@ -169,6 +170,7 @@ fn a_knob_the_new_policy_does_not_own_returns_to_the_baseline() {
             scenario: Scenario::built_in().expect("scenario"),
             gpus: 1,
             seed: 1,
+            noise_seed: None,
         },
         clock.clone(),
     )

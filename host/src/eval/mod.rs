@@ -502,6 +502,7 @@ fn run_schedule(
             scenario: scenario.workload.clone(),
             gpus: scenario.gpus,
             seed,
+            noise_seed: None,
         },
         clock.clone(),
     )
@@ -554,6 +555,7 @@ fn run_policy(
             scenario: scenario.workload.clone(),
             gpus: scenario.gpus,
             seed,
+            noise_seed: None,
         },
         false,
     )

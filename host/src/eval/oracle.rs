@@ -330,6 +330,7 @@ fn simulate(
             scenario: phase_workload(scenario, rate, outside_limit_w),
             gpus: 1,
             seed,
+            noise_seed: None,
         },
         clock.clone(),
     )?;

@@ -169,6 +169,7 @@ impl GpuSim {
         profile: Arc<GpuProfile>,
         scenario: Arc<Scenario>,
         seed: u64,
+        noise_seed: u64,
     ) -> Self {
         let cost = DecodeCost::new(&scenario.model, scenario.context_tokens);
         let model = DecodeModel::new(&profile, &cost);
@@ -200,8 +201,8 @@ impl GpuSim {
             streams: Streams {
                 arrival_counts: Rng::stream(seed, stream_base),
                 arrival_times: Rng::stream(seed, stream_base | 1),
-                sensor: Rng::stream(seed, stream_base | 2),
-                step_jitter: Rng::stream(seed, stream_base | 3),
+                sensor: Rng::stream(noise_seed, stream_base | 2),
+                step_jitter: Rng::stream(noise_seed, stream_base | 3),
             },
             cap_w: profile.power_cap.default_w,
             sm_lock: None,

@@ -90,6 +90,10 @@ pub struct SimConfig {
     /// arrivals (seeded from `seed` and its index).
     pub gpus: u32,
     pub seed: u64,
+    /// Seeds the run's own noise (sensor readings, step-time jitter) apart from the work
+    /// (arrivals, the boards' gain errors), which `seed` keeps: two runs with one `seed`
+    /// and their own noise seeds see the same work and read it differently. `None`: `seed`.
+    pub noise_seed: Option<u64>,
 }
 
 /// Simulated GPUs. Cheap to clone: clones share the same boards.
@@ -131,6 +135,7 @@ impl SimGpu {
             scenario,
             gpus,
             seed,
+            noise_seed,
         } = config;
         if !(1..=MAX_GPUS).contains(&gpus) {
             return Err(SimError::GpuCount(gpus));
@@ -176,7 +181,15 @@ impl SimGpu {
             .map(|index| device_info(&profile, index))
             .collect();
         let boards = (0..gpus)
-            .map(|index| GpuSim::new(index, Arc::clone(&profile), Arc::clone(&scenario), seed))
+            .map(|index| {
+                GpuSim::new(
+                    index,
+                    Arc::clone(&profile),
+                    Arc::clone(&scenario),
+                    seed,
+                    noise_seed.unwrap_or(seed),
+                )
+            })
             .collect();
         Ok(SimGpu {
             state: Arc::new(Mutex::new(SimState {

@@ -137,6 +137,34 @@ impl Scenario {
     }
 
     /// Check every value; the error names the field.
+    /// The same work from `offset_s` on: the phase in force then starts at 0, later ones
+    /// move earlier by `offset_s`. A simulation of it is the original's from that moment,
+    /// with an empty queue.
+    pub fn starting_at(&self, offset_s: f64) -> Scenario {
+        let offset_s = offset_s.max(0.0);
+        let in_force = self
+            .phases
+            .iter()
+            .rposition(|p| p.start_s <= offset_s)
+            .unwrap_or(0);
+        let phases = self.phases[in_force..]
+            .iter()
+            .map(|p| Phase {
+                start_s: (p.start_s - offset_s).max(0.0),
+                ..*p
+            })
+            .collect();
+        Scenario {
+            phases,
+            ..self.clone()
+        }
+    }
+
+    /// When the last phase starts: from then on the work no longer changes.
+    pub fn last_change_s(&self) -> f64 {
+        self.phases.last().map_or(0.0, |p| p.start_s)
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         self.model.validate().map_err(|e| e.to_string())?;
         if !(1..=1_048_576).contains(&self.context_tokens) {
@@ -231,6 +259,25 @@ impl Scenario {
 #[allow(clippy::unwrap_used)] // tests may unwrap
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scenario_started_later_keeps_the_phase_in_force_and_moves_the_rest() {
+        let built_in = Scenario::built_in().unwrap();
+        let rates = |s: &Scenario| -> Vec<(f64, f64)> {
+            s.phases
+                .iter()
+                .map(|p| (p.start_s, p.arrival_rps))
+                .collect()
+        };
+        assert_eq!(
+            rates(&built_in.starting_at(900.0)),
+            [(0.0, 5.0), (300.0, 30.0)]
+        );
+        assert_eq!(rates(&built_in.starting_at(0.0)), rates(&built_in));
+        assert_eq!(rates(&built_in.starting_at(5000.0)), [(0.0, 30.0)]);
+        assert_eq!(built_in.last_change_s(), 1200.0);
+        built_in.starting_at(900.0).validate().unwrap();
+    }
 
     #[test]
     fn the_built_in_scenario_is_the_example_file_and_has_three_phases() {

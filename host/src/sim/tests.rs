@@ -47,6 +47,7 @@ fn sim_on(
         scenario,
         gpus,
         seed,
+        noise_seed: None,
     };
     let sim = SimGpu::new(config, clock.clone()).unwrap();
     (sim, clock)
@@ -111,6 +112,7 @@ fn an_invalid_in_memory_configuration_is_refused() {
         },
         gpus,
         seed: 0,
+        noise_seed: None,
     };
     let err = SimGpu::new(config(0, 1), clock.clone())
         .unwrap_err()
@@ -886,6 +888,7 @@ fn a_model_whose_weights_do_not_fit_is_refused_naming_both_sizes() {
         scenario,
         gpus: 1,
         seed: 0,
+        noise_seed: None,
     };
     let err = SimGpu::new(config, VirtualClock::new())
         .unwrap_err()

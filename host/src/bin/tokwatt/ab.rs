@@ -34,8 +34,13 @@ pub struct AbArgs {
     epochs: EpochArgs,
     /// Parallel crossover: half the GPUs run A and half B, then they swap (needs 2+ GPUs:
     /// `--sim h200 --gpus 2`, or `--gpu 0,1`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "interleaved")]
     crossover: bool,
+    /// On the simulator: take turns on one simulated node, as on a real one, instead of
+    /// the default replicated mode (every trajectory on a simulator of its own, a pair's
+    /// two on the same work from the same moment).
+    #[arg(long)]
+    interleaved: bool,
     /// Seeds the arms' order in each pair, the simulator and the policies.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -179,6 +184,13 @@ pub fn ab(args: AbArgs) -> Result<()> {
             ab_json.display()
         );
     }
+    // On the simulator, every trajectory may have a simulator of its own.
+    let replicated = match &request.target {
+        Target::Sim(sim) if !args.crossover && !args.interleaved => {
+            Some(ReplicatedWork::of(sim, &schedule, tick)?)
+        }
+        _ => None,
+    };
     let groups = if args.crossover {
         crossover_groups(&request)?
     } else {
@@ -215,6 +227,8 @@ pub fn ab(args: AbArgs) -> Result<()> {
             meta.data_source,
             if args.crossover {
                 "crossover"
+            } else if replicated.is_some() {
+                "replicated"
             } else {
                 "interleaved"
             },
@@ -230,6 +244,7 @@ pub fn ab(args: AbArgs) -> Result<()> {
         seed: args.seed,
         plugin_dirs: args.plugins.plugin_dirs.clone(),
         cache_dir: args.plugins.cache_dir.clone(),
+        injected_ratio: None,
     };
     let bar = crate::progress::AbBar::new(args.quiet, args.epochs.budget);
     let lines = !args.quiet && !bar.is_drawn();
@@ -253,7 +268,19 @@ pub fn ab(args: AbArgs) -> Result<()> {
             );
         }
     };
-    let outcome = if args.crossover {
+    let outcome = if let Some(work) = &replicated {
+        // The assembled simulator gave the node's facts and the arms' knobs; every
+        // trajectory gets a simulator of its own.
+        drop(backends);
+        ab::run_replicated(
+            &request,
+            &|w| work.build(w),
+            work.span_s,
+            meta,
+            stop,
+            &mut progress,
+        )?
+    } else if args.crossover {
         ab::run_crossover(&request, backends, meta, stop, &mut progress)?
     } else {
         let one = backends.pop().context("no GPU to run on")?;
@@ -265,6 +292,46 @@ pub fn ab(args: AbArgs) -> Result<()> {
         .with_context(|| format!("writing ab.json and report.html in {}", out_dir.display()))?;
     print_outcome(&outcome, &out_dir);
     Ok(())
+}
+
+/// The simulator a replicated comparison builds afresh for every trajectory.
+struct ReplicatedWork {
+    profile: tokwatt::sim::GpuProfile,
+    scenario: tokwatt::sim::Scenario,
+    gpus: u32,
+    span_s: f64,
+}
+
+impl ReplicatedWork {
+    fn of(sim: &SimTarget, schedule: &Schedule, tick: Duration) -> Result<Self> {
+        let profile = tokwatt::sim::GpuProfile::load(&sim.profile)?;
+        let scenario = match &sim.scenario {
+            Some(path) => tokwatt::sim::Scenario::load(path)?,
+            None => tokwatt::sim::Scenario::built_in()?,
+        };
+        let span_s = ab::replicated_span_s(&scenario, None, schedule, tick);
+        Ok(Self {
+            profile,
+            scenario,
+            gpus: sim.gpus,
+            span_s,
+        })
+    }
+
+    fn build(&self, work: ab::TrajectoryWork) -> std::result::Result<Backends, String> {
+        assembly::simulator_from(
+            tokwatt::sim::SimConfig {
+                profile: self.profile.clone(),
+                scenario: self.scenario.starting_at(work.offset_s),
+                gpus: self.gpus,
+                seed: work.work_seed,
+                noise_seed: Some(work.noise_seed),
+            },
+            false,
+        )
+        .map(|(_, backends)| backends)
+        .map_err(|e| e.to_string())
+    }
 }
 
 /// One single-GPU request per GPU of `request` (crossover runs a loop per GPU).
@@ -428,6 +495,185 @@ fn print_outcome(o: &AbOutcome, out: &Path) {
     row("output", out.join("ab.json").display().to_string());
 }
 
+/// The mode a study's comparisons run in: what `tokwatt ab --sim` runs, unless asked for
+/// the interleaved one.
+fn study_mode(interleaved: bool) -> ab::Mode {
+    if interleaved {
+        ab::Mode::Interleaved
+    } else {
+        ab::Mode::Replicated
+    }
+}
+
+/// `tokwatt bench ab-table`.
+#[derive(Debug, clap::Args)]
+pub struct AbTableArgs {
+    /// A policy spec, compared with itself (repeat for several; default: the shipped
+    /// adaptive policies).
+    #[arg(long = "policy", default_values = [
+        "policies/hill-climb.toml",
+        "policies/slo-batch.toml",
+        "policies/cap-search.toml",
+        "policies/clock-search.toml",
+        "policies/joint-search.toml",
+    ])]
+    policies: Vec<PathBuf>,
+    /// A scenario file, or `built-in` (repeat for several; default: the built-in scenario
+    /// and three of the judge's).
+    #[arg(long = "scenario", default_values = [
+        "built-in",
+        "host/scenarios/eval/h200-8b-latency.toml",
+        "host/scenarios/eval/h200-8b-shifts.toml",
+        "host/scenarios/eval/h200-8b-noisy.toml",
+    ])]
+    scenarios: Vec<String>,
+    /// The true ratio B/A laid on arm B's measurements for the power study.
+    #[arg(long, default_value_t = 1.03)]
+    true_ratio: f64,
+    /// Run every comparison on one simulated node taking turns, as on a real one, instead
+    /// of `tokwatt ab --sim`'s default replicated mode.
+    #[arg(long)]
+    interleaved: bool,
+    /// Simulated GPU profile.
+    #[arg(long, default_value = "h200")]
+    sim: String,
+    /// Comparisons per study (one seed each).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    seeds: u64,
+    /// Each comparison's epochs and budget, as `tokwatt ab` takes them.
+    #[command(flatten)]
+    epochs: EpochArgs,
+    /// Comparisons at once (default: the machine's cores).
+    #[arg(long, value_parser = tokwatt::cli::thread_count)]
+    threads: Option<usize>,
+    /// Also write the table as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub fn ab_table(args: &AbTableArgs) -> Result<()> {
+    use tokwatt::ab::study::{Study, run_study};
+    if !(args.true_ratio.is_finite() && args.true_ratio > 0.0) {
+        bail!(
+            "--true-ratio {} is not a ratio of tokens per joule; give a positive number such as 1.03",
+            args.true_ratio
+        );
+    }
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    // A judging scenario (GPU profile, workload and objective) runs as `tokwatt eval` runs
+    // it; any other file is a simulator scenario on --sim.
+    let scenarios = args
+        .scenarios
+        .iter()
+        .map(|name| {
+            if name == "built-in" {
+                return Ok((name.clone(), None));
+            }
+            let path = Path::new(name);
+            match tokwatt::eval::EvalScenario::load(path) {
+                Ok(judging) => Ok((name.clone(), Some(judging))),
+                Err(judging_error) => tokwatt::sim::Scenario::load(path)
+                    .map(|_| (name.clone(), None))
+                    .map_err(|sim_error| {
+                        anyhow::anyhow!(
+                            "--scenario {name} is neither a judging scenario ({judging_error}) nor a simulator scenario ({sim_error})"
+                        )
+                    }),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let started = std::time::Instant::now();
+    println!(
+        "SIMULATOR OUTPUT ({}): {} comparisons per study, budget {} pairs, α {}, {}; power against a true B/A of {} laid on arm B; {} threads",
+        args.sim,
+        args.seeds,
+        args.epochs.budget,
+        args.epochs.alpha,
+        args.epochs.describe(),
+        args.true_ratio,
+        threads
+    );
+    println!(
+        "{:<14} {:<30} {:>12} {:>10} {:>10} {:>9} {:>14}",
+        "policy", "scenario", "A/A winner", "power", "mean pairs", "pair sd", "cost/compare"
+    );
+    let mut rows = Vec::new();
+    for path in &args.policies {
+        let mut spec =
+            PolicySpec::load(path).with_context(|| format!("--policy {}", path.display()))?;
+        if let Some(tick) = args.epochs.tick {
+            spec.override_tick(tick)?;
+        }
+        let tick = Duration::from_millis(u64::from(spec.tick_ms));
+        let schedule = args.epochs.schedule(tick)?;
+        for (scenario, judging) in &scenarios {
+            let study = |injected_ratio: Option<f64>| Study {
+                a: spec.clone(),
+                b: spec.clone(),
+                sim: SimTarget {
+                    scenario: (scenario != "built-in").then(|| PathBuf::from(scenario)),
+                    ..SimTarget::new(args.sim.clone())
+                },
+                judging: judging.clone(),
+                mode: study_mode(args.interleaved),
+                schedule,
+                budget_pairs: args.epochs.budget,
+                alpha: args.epochs.alpha,
+                seeds: 0..args.seeds,
+                threads,
+                plugin_dirs: Vec::new(),
+                cache_dir: None,
+                injected_ratio,
+            };
+            let aa = run_study(&study(None))
+                .with_context(|| format!("A/A of {} on {scenario}", spec.name))?;
+            let power = run_study(&study(Some(args.true_ratio)))
+                .with_context(|| format!("power of {} on {scenario}", spec.name))?;
+            let cost_s = (aa.simulated_time_s + power.simulated_time_s)
+                / (aa.comparisons + power.comparisons).max(1) as f64;
+            let name = Path::new(scenario)
+                .file_stem()
+                .map_or(scenario.clone(), |s| s.to_string_lossy().into_owned());
+            println!(
+                "{:<14} {:<30} {:>11.1}% {:>9.1}% {:>10.1} {:>9.3} {:>12.0} s",
+                spec.name,
+                name,
+                aa.winner_rate() * 100.0,
+                power.b_rate() * 100.0,
+                power.mean_pairs,
+                aa.median_pair_sd,
+                cost_s
+            );
+            rows.push(serde_json::json!({
+                "policy": spec.name,
+                "scenario": scenario,
+                "a_a": aa,
+                "power_study": power,
+                "false_positive_rate": aa.winner_rate(),
+                "power": power.b_rate(),
+                "mean_simulated_s_per_comparison": cost_s,
+            }));
+        }
+    }
+    println!("{:.0} s wall", started.elapsed().as_secs_f64());
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "simulated": true,
+            "true_ratio": args.true_ratio,
+            "seeds": args.seeds,
+            "budget_pairs": args.epochs.budget,
+            "alpha": args.epochs.alpha,
+            "epochs": args.epochs.describe(),
+            "rows": rows,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// `tokwatt bench ab-error-rates`.
 #[derive(Debug, clap::Args)]
 pub struct ErrorRatesArgs {
@@ -450,6 +696,10 @@ pub struct ErrorRatesArgs {
     /// Each comparison's epochs and budget, as `tokwatt ab` takes them.
     #[command(flatten)]
     epochs: EpochArgs,
+    /// Run every comparison on one simulated node taking turns, as on a real one, instead
+    /// of `tokwatt ab --sim`'s default replicated mode.
+    #[arg(long)]
+    interleaved: bool,
     /// Comparisons at once (default: the machine's cores).
     #[arg(long, value_parser = tokwatt::cli::thread_count)]
     threads: Option<usize>,
@@ -486,6 +736,8 @@ pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
             scenario: Some(args.scenario.clone()),
             ..SimTarget::new(args.sim.clone())
         },
+        judging: None,
+        mode: study_mode(args.interleaved),
         schedule,
         budget_pairs: args.epochs.budget,
         alpha: args.epochs.alpha,
@@ -493,6 +745,7 @@ pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
         threads,
         plugin_dirs: Vec::new(),
         cache_dir: None,
+        injected_ratio: None,
     };
     let same = study(&a);
     let different = study(&b);
