@@ -9,6 +9,7 @@
 pub mod gpu_difference;
 pub mod report;
 pub mod run;
+pub mod sim_work;
 pub mod stats;
 pub mod study;
 pub mod tune;
@@ -19,9 +20,10 @@ mod tests;
 pub use gpu_difference::{GpuDifference, gpu_difference};
 pub use run::{
     AbOutcome, AbProgress, AbRequest, AbRunError, EpochRecord, Estimand, EstimandInfo, Mode,
-    Schedule, Spread, TickPoint, TrajectoryWork, WorkFactory, replicated_span_s, run_crossover,
-    run_interleaved, run_replicated, trajectory_seed,
+    Schedule, Spread, TickPoint, TrajectoryWork, WorkFactory, run_crossover, run_interleaved,
+    run_replicated, trajectory_seed,
 };
+pub use sim_work::{SimWork, replicated_span_s};
 pub use stats::{
     AbError, AbSummary, Arm, ArmEpoch, Decision, EpochPair, SequentialPlan, Tolerances, Verdict,
 };

@@ -1231,21 +1231,6 @@ pub fn run_replicated(
     )
 }
 
-/// The replicated mode's span for a simulator scenario: pairs start at a moment of the
-/// work's first `duration_s` (a judging scenario's length), or, where the scenario names
-/// none, of its phases with the last one as long as 10 minutes; less one trajectory, so
-/// that every trajectory ends within it.
-pub fn replicated_span_s(
-    scenario: &crate::sim::Scenario,
-    duration_s: Option<f64>,
-    schedule: &Schedule,
-    tick: Duration,
-) -> f64 {
-    let work_s = duration_s.unwrap_or(scenario.last_change_s() + 600.0);
-    let trajectory_s = tick.as_secs_f64() * schedule.epoch_ticks() as f64;
-    (work_s - trajectory_s).max(0.0)
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

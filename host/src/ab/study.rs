@@ -13,10 +13,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::run::{
-    AbRequest, AbRunError, Mode, Schedule, TrajectoryWork, replicated_span_s, run_interleaved,
-    run_replicated,
-};
+use super::run::{AbRequest, AbRunError, Mode, Schedule, run_interleaved, run_replicated};
+use super::sim_work::SimWork;
 use super::stats::{Decision, SequentialPlan};
 use crate::agent::{self, RunRequest};
 use crate::assembly::{self, SimTarget};
@@ -159,37 +157,17 @@ fn one_comparison(study: &Study, seed: u64) -> Result<Found, AbRunError> {
         group: 0,
         reason: e.to_string(),
     };
-    let (profile, scenario, gpus, duration_s) = match &study.judging {
-        Some(judging) => (
+    let tick = std::time::Duration::from_millis(u64::from(study.a.tick_ms));
+    let work = match &study.judging {
+        Some(judging) => SimWork::new(
             judging.profile.clone(),
             judging.workload.clone(),
             judging.gpus,
             Some(judging.duration_s),
+            &study.schedule,
+            tick,
         ),
-        None => (
-            crate::sim::GpuProfile::load(&study.sim.profile).map_err(|e| loop_error(&e))?,
-            match &study.sim.scenario {
-                Some(path) => crate::sim::Scenario::load(path),
-                None => crate::sim::Scenario::built_in(),
-            }
-            .map_err(|e| loop_error(&e))?,
-            study.sim.gpus,
-            None,
-        ),
-    };
-    let build = |scenario: crate::sim::Scenario, seed: u64, noise_seed: Option<u64>| {
-        assembly::simulator_from(
-            crate::sim::SimConfig {
-                profile: profile.clone(),
-                scenario,
-                gpus,
-                seed,
-                noise_seed,
-            },
-            false,
-        )
-        .map(|(_, backends)| backends)
-        .map_err(|e| e.to_string())
+        None => SimWork::of(&study.sim, None, &study.schedule, tick).map_err(|e| loop_error(&e))?,
     };
     let meta = sim_meta(&study.sim, seed);
     let (mut a, mut b) = (study.a.clone(), study.b.clone());
@@ -209,26 +187,26 @@ fn one_comparison(study: &Study, seed: u64) -> Result<Found, AbRunError> {
     };
     let stop = Arc::new(AtomicBool::new(false));
     let outcome = match study.mode {
-        Mode::Replicated => {
-            let tick = std::time::Duration::from_millis(u64::from(request.a.tick_ms));
-            let span_s = replicated_span_s(&scenario, duration_s, &study.schedule, tick);
-            run_replicated(
-                &request,
-                &|w: TrajectoryWork| {
-                    build(
-                        scenario.starting_at(w.offset_s),
-                        w.work_seed,
-                        Some(w.noise_seed),
-                    )
-                },
-                span_s,
-                meta,
-                stop,
-                &mut |_| {},
-            )?
-        }
+        Mode::Replicated => run_replicated(
+            &request,
+            &|w| work.build(w),
+            work.span_s,
+            meta,
+            stop,
+            &mut |_| {},
+        )?,
         Mode::Interleaved | Mode::Crossover => {
-            let backends = build(scenario.clone(), seed, None).map_err(|e| loop_error(&e))?;
+            let (_, backends) = assembly::simulator_from(
+                crate::sim::SimConfig {
+                    profile: work.profile.clone(),
+                    scenario: work.scenario.clone(),
+                    gpus: work.gpus,
+                    seed,
+                    noise_seed: None,
+                },
+                false,
+            )
+            .map_err(|e| loop_error(&e))?;
             run_interleaved(&request, backends, meta, stop, &mut |_| {})?
         }
     };

@@ -2,8 +2,9 @@
 //!
 //! The candidates are the cartesian product of the parameters' ranges. Each round compares
 //! every surviving candidate (arm B) with the spec as given (the reference, arm A) by
-//! [`run_interleaved`] on a fresh simulator, every candidate of a round on the same seed
-//! (common random numbers: the same arrivals at the same times), with a fixed pairs budget
+//! [`run_replicated`] (independent trajectories, each on a simulator of its own), every
+//! candidate of a round on the same seed (common random numbers: the same moments and
+//! arrivals), with a fixed pairs budget
 //! for the round. Candidates are ranked by the ratio B/A, but one that serves less or
 //! violates the objective more than the reference beyond the plan's [`Tolerances`] ranks
 //! below every one that does not. The best 1/η go on with η times the pairs (successive
@@ -16,7 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use super::run::{AbOutcome, AbRequest, AbRunError, Schedule, run_interleaved};
+use super::run::{AbOutcome, AbRequest, AbRunError, Schedule, run_replicated};
+use super::sim_work::SimWork;
 use super::stats::{AbError, Arm, Decision, MAX_BUDGET, SequentialPlan, Tolerances};
 use crate::agent::AgentError;
 use crate::assembly::{self, BackendRequest, RunMeta, SimTarget, Target};
@@ -629,7 +631,20 @@ fn run_one(
         injected_ratio: None,
     };
     let meta = assembled.meta.clone();
-    match run_interleaved(&ab, assembled.backends, assembled.meta, stop, &mut |_| {}) {
+    // Replicated trajectories, as `tokwatt ab --sim` runs: every candidate of a round on
+    // the same seed meets the same moments and arrivals (common random numbers).
+    drop(assembled.backends);
+    let tick = std::time::Duration::from_millis(u64::from(ab.a.tick_ms));
+    let work = SimWork::of(&request.sim, None, &request.schedule, tick)
+        .map_err(|e| RunOne::Setup(Box::new(TuneError::Assembly(Box::new(e)))))?;
+    match run_replicated(
+        &ab,
+        &|w| work.build(w),
+        work.span_s,
+        assembled.meta,
+        stop,
+        &mut |_| {},
+    ) {
         Ok(outcome) => Ok((outcome, meta)),
         Err(AbRunError::Arm {
             arm: Arm::B,

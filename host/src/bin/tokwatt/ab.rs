@@ -187,7 +187,7 @@ pub fn ab(args: AbArgs) -> Result<()> {
     // On the simulator, every trajectory may have a simulator of its own.
     let replicated = match &request.target {
         Target::Sim(sim) if !args.crossover && !args.interleaved => {
-            Some(ReplicatedWork::of(sim, &schedule, tick)?)
+            Some(ab::SimWork::of(sim, None, &schedule, tick)?)
         }
         _ => None,
     };
@@ -292,46 +292,6 @@ pub fn ab(args: AbArgs) -> Result<()> {
         .with_context(|| format!("writing ab.json and report.html in {}", out_dir.display()))?;
     print_outcome(&outcome, &out_dir);
     Ok(())
-}
-
-/// The simulator a replicated comparison builds afresh for every trajectory.
-struct ReplicatedWork {
-    profile: tokwatt::sim::GpuProfile,
-    scenario: tokwatt::sim::Scenario,
-    gpus: u32,
-    span_s: f64,
-}
-
-impl ReplicatedWork {
-    fn of(sim: &SimTarget, schedule: &Schedule, tick: Duration) -> Result<Self> {
-        let profile = tokwatt::sim::GpuProfile::load(&sim.profile)?;
-        let scenario = match &sim.scenario {
-            Some(path) => tokwatt::sim::Scenario::load(path)?,
-            None => tokwatt::sim::Scenario::built_in()?,
-        };
-        let span_s = ab::replicated_span_s(&scenario, None, schedule, tick);
-        Ok(Self {
-            profile,
-            scenario,
-            gpus: sim.gpus,
-            span_s,
-        })
-    }
-
-    fn build(&self, work: ab::TrajectoryWork) -> std::result::Result<Backends, String> {
-        assembly::simulator_from(
-            tokwatt::sim::SimConfig {
-                profile: self.profile.clone(),
-                scenario: self.scenario.starting_at(work.offset_s),
-                gpus: self.gpus,
-                seed: work.work_seed,
-                noise_seed: Some(work.noise_seed),
-            },
-            false,
-        )
-        .map(|(_, backends)| backends)
-        .map_err(|e| e.to_string())
-    }
 }
 
 /// One single-GPU request per GPU of `request` (crossover runs a loop per GPU).
