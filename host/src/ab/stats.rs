@@ -178,6 +178,12 @@ pub struct Verdict {
 /// difference is decided with over 90 % power by the last look (`tokwatt bench
 /// ab-error-rates` prints it; `tests/all/ab.rs` holds it).
 pub const DEFAULT_BUDGET: usize = 32;
+/// The default budget on the simulator, where time is cheap (128 pairs of the default
+/// epochs: about 5 simulated hours, well under a second of compute in a release build).
+/// Two cold-start runs of an adaptive policy on the same work differ by up to 10 %
+/// (`hill-climb`, `joint-search`), so 32 pairs resolve 3 % for them with under 80 %
+/// power; 128 do (`tokwatt bench ab-table`).
+pub const DEFAULT_SIM_BUDGET: usize = 128;
 /// The most pairs a comparison may budget: 100 000 pairs of one-minute epochs is most of a
 /// year; more is a typo, and would only allocate.
 pub const MAX_BUDGET: usize = 100_000;

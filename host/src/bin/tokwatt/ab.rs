@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use tokwatt::ab::stats::{DEFAULT_ALPHA, DEFAULT_BUDGET};
+use tokwatt::ab::stats::{DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_SIM_BUDGET};
 use tokwatt::ab::{self, AbOutcome, AbRequest, Decision, Schedule, SequentialPlan};
 use tokwatt::assembly::{
     self, Assembled, BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource,
@@ -64,9 +64,10 @@ pub struct AbArgs {
 #[derive(Debug, clap::Args)]
 pub struct EpochArgs {
     /// Most pairs of epochs to run; looks at 4, 8, 16 … pairs and at this budget stop
-    /// early once decided.
-    #[arg(long, default_value_t = DEFAULT_BUDGET)]
-    budget: usize,
+    /// early once decided. Default: 128 on the simulator (time is cheap there, and runs of
+    /// an adaptive policy differ by up to 10 %), 32 on real GPUs.
+    #[arg(long)]
+    budget: Option<usize>,
     /// False-positive rate over the whole comparison (spent across the looks).
     #[arg(long, default_value_t = DEFAULT_ALPHA)]
     alpha: f64,
@@ -107,6 +108,15 @@ enum EstimandArg {
 }
 
 impl EpochArgs {
+    /// The pairs budget: as given, or the default for where the comparison runs.
+    fn budget(&self, simulated: bool) -> usize {
+        self.budget.unwrap_or(if simulated {
+            DEFAULT_SIM_BUDGET
+        } else {
+            DEFAULT_BUDGET
+        })
+    }
+
     /// The schedule in whole ticks of `tick`, checked.
     fn schedule(&self, tick: Duration) -> Result<Schedule> {
         let schedule = Schedule {
@@ -169,8 +179,9 @@ pub fn ab(args: AbArgs) -> Result<()> {
     }
     let tick = Duration::from_millis(u64::from(a.tick_ms));
     let schedule = args.epochs.schedule(tick)?;
-    let plan = SequentialPlan::new(args.epochs.budget, args.epochs.alpha, args.seed)?;
     let request = args.target.backend_request(&a.objective, tick, args.seed)?;
+    let budget = args.epochs.budget(matches!(request.target, Target::Sim(_)));
+    let plan = SequentialPlan::new(budget, args.epochs.alpha, args.seed)?;
     let out_dir = match &args.out {
         Some(dir) => dir.clone(),
         None => {
@@ -232,7 +243,7 @@ pub fn ab(args: AbArgs) -> Result<()> {
             } else {
                 "interleaved"
             },
-            args.epochs.budget,
+            budget,
             args.epochs.describe(),
         );
     }
@@ -246,7 +257,7 @@ pub fn ab(args: AbArgs) -> Result<()> {
         cache_dir: args.plugins.cache_dir.clone(),
         injected_ratio: None,
     };
-    let bar = crate::progress::AbBar::new(args.quiet, args.epochs.budget);
+    let bar = crate::progress::AbBar::new(args.quiet, budget);
     let lines = !args.quiet && !bar.is_drawn();
     let mut progress = |p: ab::AbProgress| {
         bar.update(&p);
@@ -549,7 +560,7 @@ pub fn ab_table(args: &AbTableArgs) -> Result<()> {
         "SIMULATOR OUTPUT ({}): {} comparisons per study, budget {} pairs, α {}, {}; power against a true B/A of {} laid on arm B; {} threads",
         args.sim,
         args.seeds,
-        args.epochs.budget,
+        args.epochs.budget(true),
         args.epochs.alpha,
         args.epochs.describe(),
         args.true_ratio,
@@ -579,7 +590,7 @@ pub fn ab_table(args: &AbTableArgs) -> Result<()> {
                 judging: judging.clone(),
                 mode: study_mode(args.interleaved),
                 schedule,
-                budget_pairs: args.epochs.budget,
+                budget_pairs: args.epochs.budget(true),
                 alpha: args.epochs.alpha,
                 seeds: 0..args.seeds,
                 threads,
@@ -623,7 +634,7 @@ pub fn ab_table(args: &AbTableArgs) -> Result<()> {
             "simulated": true,
             "true_ratio": args.true_ratio,
             "seeds": args.seeds,
-            "budget_pairs": args.epochs.budget,
+            "budget_pairs": args.epochs.budget(true),
             "alpha": args.epochs.alpha,
             "epochs": args.epochs.describe(),
             "rows": rows,
@@ -699,7 +710,7 @@ pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
         judging: None,
         mode: study_mode(args.interleaved),
         schedule,
-        budget_pairs: args.epochs.budget,
+        budget_pairs: args.epochs.budget(true),
         alpha: args.epochs.alpha,
         seeds: 0..args.seeds,
         threads,
@@ -718,7 +729,7 @@ pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
         args.sim,
         args.scenario.display(),
         args.seeds,
-        args.epochs.budget,
+        args.epochs.budget(true),
         args.epochs.alpha,
         args.epochs.describe(),
         threads,
