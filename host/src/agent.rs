@@ -340,7 +340,7 @@ pub fn run_with_swaps(
             .or_else(ComponentCache::default_dir),
     })?;
     let node = NodeFacts::of(&backends);
-    request.rules.envelope(&node, request.node_knobs)?;
+    let node_envelope = request.rules.envelope(&node, request.node_knobs)?;
     let (supervisor, first, envelope) =
         start_policy(&host, spec, &plugin_path, &node, request.seed, tick)?;
     tracing::info!(
@@ -365,6 +365,7 @@ pub fn run_with_swaps(
             objective: spec.objective,
             node_knobs: request.node_knobs,
             node_guardrails: request.rules.guardrails,
+            node_envelope: Some(node_envelope),
             guard: request.rules.guard,
         },
         stop,

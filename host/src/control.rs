@@ -57,6 +57,10 @@ pub struct LoopConfig {
     /// The node's guardrails, which bound the host's own moves (the guard's fallback, the
     /// return of a knob to the baseline) as a policy's envelope bounds the policy's.
     pub node_guardrails: Guardrails,
+    /// The node's envelope as the caller checked it against the devices
+    /// ([`crate::rules::NodeRules::envelope`], before any setting changed); `None`: the
+    /// loop builds it from `node_guardrails`.
+    pub node_envelope: Option<Envelope>,
     /// The objective guard ([`crate::guard`]).
     pub guard: GuardConfig,
 }
@@ -72,6 +76,7 @@ impl LoopConfig {
             objective,
             node_knobs: Knobs::all(),
             node_guardrails: rules.guardrails,
+            node_envelope: None,
             guard: rules.guard,
         }
     }
@@ -343,12 +348,15 @@ impl ControlLoop {
             .iter()
             .map(|d| backends.workload.batch_size_max(d.index))
             .collect();
-        let node_envelope = Envelope::new(
-            &devices,
-            &batch_size_max,
-            &config.node_guardrails,
-            config.node_knobs,
-        )
+        let node_envelope = match config.node_envelope.clone() {
+            Some(checked) => Ok(checked),
+            None => Envelope::new(
+                &devices,
+                &batch_size_max,
+                &config.node_guardrails,
+                config.node_knobs,
+            ),
+        }
         .unwrap_or_else(|error| {
             // Callers check the node's guardrails against the devices first
             // (`NodeRules::check`); were one to slip through, the device's own limits

@@ -306,7 +306,7 @@ pub fn start(
     })?);
     let node = NodeFacts::of(&backends);
     let node_knobs = offered.knobs();
-    config
+    let node_envelope = config
         .rules
         .envelope(&node, node_knobs)
         .map_err(crate::agent::AgentError::from)?;
@@ -366,6 +366,7 @@ pub fn start(
             objective,
             node_knobs,
             node_guardrails: config.rules.guardrails,
+            node_envelope: Some(node_envelope),
             guard: config.rules.guard,
         },
         Arc::clone(&stop),
