@@ -520,6 +520,13 @@ impl Arms {
         }
     }
 
+    /// Both arms must start before the first epoch: a broken arm is refused up front.
+    fn check_both_start(&self) -> Result<(), AbRunError> {
+        self.start(Arm::A, self.seed)?;
+        self.start(Arm::B, self.seed)?;
+        Ok(())
+    }
+
     /// A fresh instance of `arm` ready to take over at a tick boundary: no state, neither
     /// its own from an earlier epoch nor the outgoing policy's.
     fn prepare(&self, arm: Arm, seed: u64) -> Result<PreparedPolicy, AbRunError> {
@@ -881,7 +888,18 @@ struct Looker<'a> {
     epochs_done: usize,
 }
 
-impl Looker<'_> {
+impl<'a> Looker<'a> {
+    fn new(plan: &'a SequentialPlan, progress: &'a mut (dyn FnMut(AbProgress) + Send)) -> Self {
+        Self {
+            plan,
+            pairs: Vec::new(),
+            looks: Vec::new(),
+            decided: None,
+            progress,
+            epochs_done: 0,
+        }
+    }
+
     /// Add a pair; take the look due at this many pairs, if any. Whether the run stops.
     fn add(&mut self, pair: EpochPair) -> Result<Flow, AbRunError> {
         self.pairs.push(pair);
@@ -917,23 +935,14 @@ pub fn run_interleaved(
     let (tick, notes) = common_tick(request)?;
     request.schedule.check(tick)?;
     let arms = Arms::new(request, tick, NodeFacts::of(&backends))?;
-    // Both arms must start before the first epoch: a broken arm is refused up front.
-    arms.start(Arm::A, request.seed)?;
-    arms.start(Arm::B, request.seed)?;
+    arms.check_both_start()?;
     let budget = request.plan.budget();
     let epochs: Vec<(usize, u8, Arm)> = pair_orders(budget, request.seed)
         .into_iter()
         .enumerate()
         .flat_map(|(pair, order)| [(pair, 0, order[0]), (pair, 1, order[1])])
         .collect();
-    let mut looker = Looker {
-        plan: &request.plan,
-        pairs: Vec::new(),
-        looks: Vec::new(),
-        decided: None,
-        progress,
-        epochs_done: 0,
-    };
+    let mut looker = Looker::new(&request.plan, progress);
     let mut records: Vec<EpochRecord> = Vec::new();
     let mut waiting: Option<EpochRecord> = None;
     let (timeline, run_time_s, interrupted) = drive_group(
@@ -993,16 +1002,8 @@ pub fn run_crossover(
         .iter()
         .map(|backends| Arms::new(request, tick, NodeFacts::of(backends)))
         .collect::<Result<Vec<_>, _>>()?;
-    all_arms[0].start(Arm::A, request.seed)?;
-    all_arms[0].start(Arm::B, request.seed)?;
-    let looker = Mutex::new(Looker {
-        plan: &request.plan,
-        pairs: Vec::new(),
-        looks: Vec::new(),
-        decided: None,
-        progress,
-        epochs_done: 0,
-    });
+    all_arms[0].check_both_start()?;
+    let looker = Mutex::new(Looker::new(&request.plan, progress));
     let records: Mutex<Vec<EpochRecord>> = Mutex::new(Vec::new());
     let rendezvous = Rendezvous::new(group_count);
     let outcomes = std::thread::scope(|scope| {
@@ -1151,17 +1152,8 @@ pub fn run_replicated(
         .map_err(|reason| AbRunError::Loop { group: 0, reason })
     };
     let arms = Arms::new(request, tick, NodeFacts::of(&build(0, Arm::A)?))?;
-    let first_seed = request.seed;
-    arms.start(Arm::A, first_seed)?;
-    arms.start(Arm::B, first_seed)?;
-    let mut looker = Looker {
-        plan: &request.plan,
-        pairs: Vec::new(),
-        looks: Vec::new(),
-        decided: None,
-        progress,
-        epochs_done: 0,
-    };
+    arms.check_both_start()?;
+    let mut looker = Looker::new(&request.plan, progress);
     let mut records: Vec<EpochRecord> = Vec::new();
     let mut timeline: Vec<TickPoint> = Vec::new();
     let (mut run_time_s, mut base_tick) = (0.0, 0u64);
