@@ -437,6 +437,40 @@ fn print_outcome(o: &AbOutcome, out: &Path) {
         ),
     );
     row(
+        "estimand",
+        format!(
+            "{}: a fresh instance per epoch (a trajectory), {} measured{}",
+            match o.estimand.kind {
+                ab::Estimand::ColdStart => "cold start",
+                ab::Estimand::Settled => "settled",
+            },
+            humantime::format_duration(Duration::from_millis(
+                o.schedule.measure_ticks.saturating_mul(o.tick_ms)
+            )),
+            if o.estimand.kind == ab::Estimand::Settled {
+                format!(
+                    " after {} unmeasured",
+                    humantime::format_duration(Duration::from_millis(
+                        (o.schedule.settle_ticks + o.schedule.warmup_ticks)
+                            .saturating_mul(o.tick_ms)
+                    ))
+                )
+            } else {
+                String::new()
+            }
+        ),
+    );
+    row(
+        "spread",
+        format!(
+            "pairs' B/A varies by {:.1} % (sd), the arms differ by {:.1} %; one arm's runs by {:.1} % (a) and {:.1} % (b), the work's changes between pairs included",
+            o.spread.pairs.exp_m1() * 100.0,
+            o.spread.between_arms.exp_m1() * 100.0,
+            o.spread.within_a.exp_m1() * 100.0,
+            o.spread.within_b.exp_m1() * 100.0
+        ),
+    );
+    row(
         "served a / b",
         format!("{:.4} / {:.4}", o.served_fraction_a, o.served_fraction_b),
     );
