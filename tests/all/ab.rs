@@ -373,11 +373,13 @@ fn an_arm_that_wins_tokens_per_joule_by_serving_less_does_not_win() {
 fn bad_schedules_and_a_lone_gpu_crossover_are_refused_with_the_fix() {
     let dir = tempdir();
     let a = write_static(dir.path(), "cap500", 500, "");
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 6] = [
         (&["--warmup", "1s"], "at least 2 ticks"),
         (&["--epoch", "1s"], "too short for the energy counter"),
         (&["--epoch", "1500ms"], "whole number of ticks"),
         (&["--crossover"], "at least 2 GPUs"),
+        (&["--settle", "1m"], "add --estimand settled"),
+        (&["--crossover", "--interleaved"], "cannot be used with"),
     ];
     for (args, expected) in cases {
         let out = dir.path().join("bad");

@@ -78,9 +78,9 @@ pub struct EpochArgs {
     #[arg(long, value_enum, default_value = "cold-start")]
     estimand: EstimandArg,
     /// With `--estimand settled`: how long each fresh instance runs, unmeasured, before
-    /// its warm-up and window.
-    #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "5m")]
-    settle: Duration,
+    /// its warm-up and window (default: 5m).
+    #[arg(long, value_parser = tokwatt::cli::parse_duration)]
+    settle: Option<Duration>,
     /// The measured window of each epoch.
     #[arg(long, value_parser = tokwatt::cli::parse_duration, default_value = "60s")]
     epoch: Duration,
@@ -99,6 +99,9 @@ pub struct EpochArgs {
     #[arg(long, value_parser = tokwatt::cli::parse_duration)]
     tick: Option<Duration>,
 }
+
+/// How long a fresh instance runs unmeasured under the settled estimand, by default.
+const DEFAULT_SETTLE: Duration = Duration::from_secs(300);
 
 /// `--estimand`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -121,9 +124,14 @@ impl EpochArgs {
     fn schedule(&self, tick: Duration) -> Result<Schedule> {
         let schedule = Schedule {
             cooldown_ticks: ticks_of("cooldown", self.cooldown, tick)?,
-            settle_ticks: match self.estimand {
-                EstimandArg::ColdStart => 0,
-                EstimandArg::Settled => ticks_of("settle", self.settle, tick)?,
+            settle_ticks: match (self.estimand, self.settle) {
+                (EstimandArg::ColdStart, None) => 0,
+                (EstimandArg::ColdStart, Some(_)) => bail!(
+                    "--settle applies to the settled estimand only; add --estimand settled, or drop --settle"
+                ),
+                (EstimandArg::Settled, settle) => {
+                    ticks_of("settle", settle.unwrap_or(DEFAULT_SETTLE), tick)?
+                }
             },
             warmup_ticks: ticks_of("warmup", self.warmup, tick)?,
             measure_ticks: ticks_of("epoch", self.epoch, tick)?,
@@ -140,7 +148,7 @@ impl EpochArgs {
                 EstimandArg::ColdStart => "cold-start".to_owned(),
                 EstimandArg::Settled => format!(
                     "settled ({} settling)",
-                    humantime::format_duration(self.settle)
+                    humantime::format_duration(self.settle.unwrap_or(DEFAULT_SETTLE))
                 ),
             },
             humantime::format_duration(self.epoch),
