@@ -758,11 +758,11 @@ fn spread_words(outcome: &AbOutcome) -> String {
     let s = &outcome.spread;
     let pct = |log: f64| percent(log.exp_m1(), 1);
     format!(
-        "runs of the same policy differ by {} (arm A) and {} (arm B) from one another (standard deviation of ln tokens per joule over its samples, the work's own changes between pairs included); pairs' ln(B/A) by {}; the arms differ by {}",
-        pct(s.within_a),
-        pct(s.within_b),
+        "pairs' B/A varies by {} (standard deviation of ln B/A over the pairs, what the interval is built from) and the arms differ by {}; one arm's runs differ by {} (arm A) and {} (arm B) across pairs, the work's own changes between pairs included",
         pct(s.pairs),
-        pct(s.between_arms)
+        pct(s.between_arms),
+        pct(s.within_a),
+        pct(s.within_b)
     )
 }
 
@@ -1499,7 +1499,7 @@ mod tests {
         let html = ab_report(&outcome).expect("report");
         assert!(html.contains("Trajectories: the unit of replication"));
         assert!(html.contains("a fresh instance of each policy"));
-        assert!(html.contains("runs of the same policy differ by"));
+        assert!(html.contains("runs differ by") && html.contains("the arms differ by"));
     }
 
     #[test]
