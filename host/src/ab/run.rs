@@ -22,7 +22,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::stats::{AbError, AbSummary, Arm, ArmEpoch, Decision, EpochPair, SequentialPlan};
+use super::stats::{
+    AbError, AbSummary, Arm, ArmEpoch, Decision, EpochPair, SequentialPlan, sample_sd,
+};
 use crate::agent::{self, AgentError, NodeFacts, plugin_search_path};
 use crate::assembly::RunMeta;
 use crate::control::{Backends, ControlLoop, LoopCommand, LoopConfig, Progress};
@@ -162,10 +164,7 @@ impl EstimandInfo {
 /// runs of the same policy (an A/A) are independent, and the same for the same request
 /// seed (the candidates of a `tune` round meet the same draws).
 pub fn trajectory_seed(seed: u64, group: usize, pair: usize, arm: Arm) -> u64 {
-    let arm = match arm {
-        Arm::A => 0,
-        Arm::B => 1,
-    };
+    let arm = Arms::index(arm) as u64;
     let mut pairs = Rng::stream(seed, 0x7a_1ec7);
     let pair_seed = pairs.next_u64() ^ (pair as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     Rng::stream(pair_seed, (group as u64) << 1 | arm).next_u64()
@@ -354,11 +353,12 @@ pub struct Spread {
 }
 
 impl Spread {
+    /// Over `pairs` that a look has used (every one a measurement).
     pub fn of(pairs: &[EpochPair], ratio_b_over_a: f64) -> Self {
         let tpj = |e: &ArmEpoch| (e.tokens as f64 / e.energy_j).ln();
         let a: Vec<f64> = pairs.iter().map(|p| tpj(&p.a)).collect();
         let b: Vec<f64> = pairs.iter().map(|p| tpj(&p.b)).collect();
-        let d: Vec<f64> = pairs.iter().map(|p| tpj(&p.b) - tpj(&p.a)).collect();
+        let d = super::stats::log_ratios(pairs).unwrap_or_default();
         Self {
             within_a: sample_sd(&a),
             within_b: sample_sd(&b),
@@ -366,16 +366,6 @@ impl Spread {
             between_arms: ratio_b_over_a.ln(),
         }
     }
-}
-
-/// The sample standard deviation; NaN below two values.
-fn sample_sd(values: &[f64]) -> f64 {
-    let n = values.len();
-    if n < 2 {
-        return f64::NAN;
-    }
-    let mean = values.iter().sum::<f64>() / n as f64;
-    (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -975,7 +965,7 @@ pub fn run_interleaved(
         meta,
         notes,
         tick,
-        EstimandInfo::of(&request.schedule, tick, Mode::Interleaved, None),
+        None,
     )
 }
 
@@ -1105,7 +1095,7 @@ pub fn run_crossover(
         meta,
         notes,
         tick,
-        EstimandInfo::of(&request.schedule, tick, Mode::Crossover, None),
+        None,
     )
 }
 
@@ -1219,7 +1209,7 @@ pub fn run_replicated(
         meta,
         notes,
         tick,
-        EstimandInfo::of(&request.schedule, tick, Mode::Replicated, Some(span_s)),
+        Some(span_s),
     )
 }
 
@@ -1322,7 +1312,7 @@ fn finish(
     meta: RunMeta,
     notes: Vec<String>,
     tick: Duration,
-    estimand: EstimandInfo,
+    replicated_span_s: Option<f64>,
 ) -> Result<AbOutcome, AbRunError> {
     let Some(last) = looker.looks.last().cloned() else {
         return Err(AbRunError::NoVerdict {
@@ -1357,7 +1347,7 @@ fn finish(
     let used = &looker.pairs[..last.pairs.min(looker.pairs.len())];
     Ok(AbOutcome {
         format_version: AB_FORMAT_VERSION,
-        estimand,
+        estimand: EstimandInfo::of(&request.schedule, tick, mode, replicated_span_s),
         spread: Spread::of(used, last.ratio_b_over_a),
         gpu_difference,
         a: ArmInfo::of(&request.a),

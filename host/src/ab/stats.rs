@@ -496,6 +496,16 @@ pub(super) fn mean(values: &[f64]) -> f64 {
     values.iter().sum::<f64>() / values.len().max(1) as f64
 }
 
+/// The sample standard deviation (n − 1 in the denominator); NaN below two values.
+pub(super) fn sample_sd(values: &[f64]) -> f64 {
+    let n = values.len();
+    if n < 2 {
+        return f64::NAN;
+    }
+    let m = mean(values);
+    (values.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+}
+
 /// Percentile bootstrap interval of the mean of `values` at level 1 − α: resample the pairs
 /// with replacement, take the α/2 and 1 − α/2 quantiles of the resampled means. Pairs are the
 /// resampling unit because the two epochs of a pair share their conditions.
@@ -535,8 +545,7 @@ pub fn t_interval(values: &[f64], alpha: f64) -> (f64, f64) {
         return (f64::NEG_INFINITY, f64::INFINITY);
     }
     let m = mean(values);
-    let variance = values.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (n - 1) as f64;
-    let standard_error = (variance / n as f64).sqrt();
+    let standard_error = sample_sd(values) / (n as f64).sqrt();
     let half_width = student_t_upper_quantile(alpha / 2.0, (n - 1) as f64) * standard_error;
     (m - half_width, m + half_width)
 }

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::run::{AbRequest, AbRunError, Mode, Schedule, run_interleaved, run_replicated};
+use super::run::{
+    AbRequest, AbRunError, Mode, Schedule, TrajectoryWork, run_interleaved, run_replicated,
+};
 use super::sim_work::SimWork;
 use super::stats::{Decision, SequentialPlan};
 use crate::agent::{self, RunRequest};
@@ -196,17 +198,15 @@ fn one_comparison(study: &Study, seed: u64) -> Result<Found, AbRunError> {
             &mut |_| {},
         )?,
         Mode::Interleaved | Mode::Crossover => {
-            let (_, backends) = assembly::simulator_from(
-                crate::sim::SimConfig {
-                    profile: work.profile.clone(),
-                    scenario: work.scenario.clone(),
-                    gpus: work.gpus,
-                    seed,
-                    noise_seed: None,
-                },
-                false,
-            )
-            .map_err(|e| loop_error(&e))?;
+            // One simulated node for the whole comparison: the work from its start, the
+            // run's noise from the same seed.
+            let backends = work
+                .build(TrajectoryWork {
+                    work_seed: seed,
+                    noise_seed: seed,
+                    offset_s: 0.0,
+                })
+                .map_err(|e| loop_error(&e))?;
             run_interleaved(&request, backends, meta, stop, &mut |_| {})?
         }
     };
