@@ -262,11 +262,7 @@ pub fn assemble(
 
 /// The simulated GPU and the backends of a run on it.
 pub fn simulator(target: &SimTarget, seed: u64) -> Result<(SimGpu, Backends), AssemblyError> {
-    let profile = GpuProfile::load(&target.profile)?;
-    let scenario = match &target.scenario {
-        Some(path) => Scenario::load(path)?,
-        None => Scenario::built_in()?,
-    };
+    let (profile, scenario) = sim_work(target)?;
     let config = SimConfig {
         profile,
         scenario,
@@ -275,6 +271,16 @@ pub fn simulator(target: &SimTarget, seed: u64) -> Result<(SimGpu, Backends), As
         noise_seed: None,
     };
     simulator_from(config, target.realtime)
+}
+
+/// `target`'s GPU profile and scenario (the built-in one where it names none), loaded.
+pub fn sim_work(target: &SimTarget) -> Result<(GpuProfile, Scenario), AssemblyError> {
+    let profile = GpuProfile::load(&target.profile)?;
+    let scenario = match &target.scenario {
+        Some(path) => Scenario::load(path)?,
+        None => Scenario::built_in()?,
+    };
+    Ok((profile, scenario))
 }
 
 /// The simulated GPU of an already loaded profile and scenario (the judge builds its

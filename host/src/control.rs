@@ -702,7 +702,10 @@ impl ControlLoop {
             self.totals.duration_s = (now - start).as_secs_f64();
             // Counted here rather than read from the supervisor, which a swap replaces.
             self.totals.fallback_ticks += u64::from(fallback);
-            self.totals.policy_at_end = self.supervisor.policy_name().to_owned();
+            // Per tick, for a checkpoint's summary; a new String only when it changed.
+            if self.totals.policy_at_end != self.supervisor.policy_name() {
+                self.totals.policy_at_end = self.supervisor.policy_name().to_owned();
+            }
             let requested = if self.paused {
                 &[][..]
             } else {

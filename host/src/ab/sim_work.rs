@@ -28,11 +28,7 @@ impl SimWork {
         schedule: &Schedule,
         tick: Duration,
     ) -> Result<Self, AssemblyError> {
-        let profile = GpuProfile::load(&target.profile)?;
-        let scenario = match &target.scenario {
-            Some(path) => Scenario::load(path)?,
-            None => Scenario::built_in()?,
-        };
+        let (profile, scenario) = assembly::sim_work(target)?;
         Ok(Self::new(
             profile,
             scenario,
