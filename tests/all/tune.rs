@@ -1,15 +1,17 @@
 //! `tokwatt tune` on the simulator: the search finds the grid's best within 1 % for at
-//! most a quarter of the grid's simulated time; its command refuses bad ranges, drops a
-//! candidate the policy refuses, and writes tune.json and a spec that loads.
+//! most a quarter of the grid's simulated time for a static policy, and a third for an
+//! adaptive one (its grid measured as tune measures, by trajectories); its command
+//! refuses bad ranges, drops a candidate the policy refuses, and writes tune.json and a
+//! spec that loads.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use tokwatt::ab::Schedule;
-use tokwatt::ab::stats::Tolerances;
+use tokwatt::ab::stats::{Compliance, Tolerances, objective_check};
 use tokwatt::ab::tune::{self, ParamRange, TuneRequest};
+use tokwatt::ab::{AbRequest, Arm, Schedule, SequentialPlan, SimWork, run_replicated};
 use tokwatt::agent::{self, RunRequest};
 use tokwatt::assembly::{self, BackendRequest, SimTarget, Target};
 use tokwatt::spec::PolicySpec;
@@ -35,29 +37,128 @@ arrival_rps = 40.0
 const GRID_DURATION: Duration = Duration::from_secs(1800);
 const SEED: u64 = 1;
 
-/// A grid point: its params, its tokens per joule, whether it kept the objective.
+/// A grid point: its params, its score (tokens per joule, or its ratio to the reference:
+/// see [`Grid`]), whether it kept the objective.
 type GridPoint = (Vec<(String, String)>, f64, bool);
+/// Seeds the trajectory grid: not tune's `SEED`, so the grid's draws are not tune's.
+const GRID_SEED: u64 = 1_000_001;
 const COOLDOWN: u64 = 2;
 const WARMUP: u64 = 30;
 const MEASURE: u64 = 15;
 
 /// The shipped `static` spec with an objective (TPOT p99 ≤ 25 ms), so that the lowest
-/// clocks and caps, which have the most tokens per joule, break it; the plugin path is
-/// made absolute so the copy finds it.
+/// clocks and caps, which have the most tokens per joule, break it.
 fn static_spec(dir: &Path) -> (PathBuf, String) {
-    let shipped = std::fs::read_to_string(support::repo_root().join("policies/static.toml"))
-        .expect("policies/static.toml");
-    let plugin = support::built_plugin("policy_static");
-    let text = shipped
-        .replace(
-            "plugin = \"policy_static.wasm\"",
-            &format!("plugin = \"{}\"", plugin.display()),
-        )
-        .replace("[objective]\n", "[objective]\ntpot_p99_limit_ms = 25.0\n");
+    let (path, text) = shipped_spec(dir, "static", "policy_static");
+    let text = text.replace("[objective]\n", "[objective]\ntpot_p99_limit_ms = 25.0\n");
     assert!(text.contains("tpot_p99_limit_ms = 25.0"), "{text}");
-    let path = dir.join("static.toml");
     std::fs::write(&path, &text).expect("write spec");
     (path, text)
+}
+
+/// A copy of the shipped `policies/{name}.toml` in `dir`, its plugin path made absolute so
+/// the copy finds it.
+fn shipped_spec(dir: &Path, name: &str, plugin: &str) -> (PathBuf, String) {
+    let shipped =
+        std::fs::read_to_string(support::repo_root().join(format!("policies/{name}.toml")))
+            .expect("the shipped spec");
+    let built = support::built_plugin(plugin);
+    let text = shipped.replace(
+        &format!("plugin = \"{plugin}.wasm\""),
+        &format!("plugin = \"{}\"", built.display()),
+    );
+    assert!(text.contains(&built.display().to_string()), "{text}");
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, &text).expect("write spec");
+    (path, text)
+}
+
+/// How tune searches: its A/Bs' epochs (which the trajectory grid measures too) and the
+/// first round's pairs.
+#[derive(Clone, Copy)]
+struct Search {
+    schedule: Schedule,
+    first_round_pairs: usize,
+}
+
+/// Cold starts measured from tick 30 for `measure_ticks` ticks.
+fn schedule(measure_ticks: u64) -> Schedule {
+    Schedule {
+        cooldown_ticks: COOLDOWN,
+        settle_ticks: 0,
+        warmup_ticks: WARMUP,
+        measure_ticks,
+    }
+}
+
+fn steady_sim(scenario: &Path) -> SimTarget {
+    SimTarget {
+        profile: "h200".into(),
+        scenario: Some(scenario.to_owned()),
+        gpus: 1,
+        realtime: false,
+    }
+}
+
+/// An adaptive policy's grid point as tune's A/Bs see one: `pairs` cold-start trajectories
+/// of the point against as many of the reference (a pair on the same work), all measured
+/// (one look), judged by the A/B's objective rule. Its ratio to the reference, whether it
+/// keeps the objective, and the A/B's simulated time.
+fn trajectory_grid_point(
+    reference: &PolicySpec,
+    params: &[(String, String)],
+    scenario: &Path,
+    pairs: usize,
+    schedule: Schedule,
+) -> (f64, bool, f64) {
+    const ALPHA: f64 = 0.05;
+    let sim = steady_sim(scenario);
+    let backend = BackendRequest {
+        target: Target::Sim(sim.clone()),
+        seed: GRID_SEED,
+        batch_only: false,
+    };
+    // As tune does: the reference with the knobs the simulator grants.
+    let assembled = assembly::assemble(&backend, &reference.name, reference.knobs).expect("sim");
+    let mut reference = reference.clone();
+    reference.knobs = assembled.knobs;
+    let request = AbRequest {
+        b: tune::candidate_spec(&reference, params),
+        a: reference.clone(),
+        schedule,
+        plan: SequentialPlan::single_look(pairs, ALPHA, GRID_SEED).expect("plan"),
+        seed: GRID_SEED,
+        plugin_dirs: vec![],
+        cache_dir: Some(cache_dir()),
+        injected_ratio: None,
+    };
+    let tick = Duration::from_millis(u64::from(reference.tick_ms));
+    let work = SimWork::of(&sim, None, &request.schedule, tick).expect("work");
+    let outcome = run_replicated(
+        &request,
+        &|w| work.build(w),
+        work.span_s,
+        assembled.meta,
+        Arc::new(AtomicBool::new(false)),
+        &mut |_| {},
+    )
+    .expect("grid point runs");
+    assert_eq!(outcome.pairs.len(), pairs, "every pair measured");
+    println!(
+        "grid point {}: B/A {:.4} [{:.4}, {:.4}], pairs' sd {:.4}",
+        tune::format_params(params),
+        outcome.ratio_b_over_a,
+        outcome.ci_low,
+        outcome.ci_high,
+        outcome.spread.pairs
+    );
+    let check = objective_check(&outcome.pairs, Arm::B, &Tolerances::default(), ALPHA)
+        .expect("measurements");
+    (
+        outcome.ratio_b_over_a,
+        check.compliance != Compliance::Breaks,
+        outcome.run_time_s,
+    )
 }
 
 fn cache_dir() -> PathBuf {
@@ -114,15 +215,69 @@ fn tune_finds_the_grid_best_within_one_percent_in_a_quarter_of_its_time() {
         ParamRange::parse("power_cap_w=350..450:50").expect("range"),
         ParamRange::parse("sm_clock_max_mhz=900..1300:50").expect("range"),
     ];
-    let outcome = judged_tune(dir.path(), &spec_path, ranges, 0.25, true);
+    let search = Search {
+        schedule: schedule(MEASURE),
+        first_round_pairs: 2,
+    };
+    let outcome = judged_tune(
+        dir.path(),
+        &spec_path,
+        ranges,
+        0.25,
+        true,
+        Grid::LongRuns,
+        search,
+    );
     assert_eq!(outcome.rounds.len(), 3, "27 → 9 → 3 → 1");
     assert_eq!(outcome.rounds[0].candidates.len(), 27);
     assert_eq!(outcome.rounds[1].candidates.len(), 9);
 }
 
-/// Runs the grid (every point alone for `GRID_DURATION`, judged as tune judges) and tune
-/// over `ranges` on the steady scenario, prints both, and holds tune's pick to within 1 %
-/// of the grid's best compliant point for at most `time_share` of the grid's simulated
+#[test]
+fn tune_finds_an_adaptive_policys_grid_best_within_one_percent_in_a_third_of_its_time() {
+    // `slo-batch` learns its batch and walks its clock down from a cold start: a point's
+    // tokens per joule is a distribution over runs, and tune's A/Bs compare trajectories.
+    let dir = support::tempdir();
+    let (spec_path, _) = shipped_spec(dir.path(), "slo-batch", "policy_slo_batch");
+    let ranges = vec![
+        ParamRange::parse("headroom=0.8,0.85,0.9,0.95").expect("range"),
+        ParamRange::parse("clock_step_down=0.15,0.25,0.35").expect("range"),
+    ];
+    // Two cold-start runs of one point differ by ~4.5 % over 90 ticks (the pairs' sd), so
+    // the grid measures each point over 144 pairs (95 % interval ±0.7 %) and tune starts
+    // at 4 pairs a candidate.
+    let search = Search {
+        schedule: schedule(60),
+        first_round_pairs: 4,
+    };
+    let outcome = judged_tune(
+        dir.path(),
+        &spec_path,
+        ranges,
+        1.0 / 3.0,
+        false,
+        Grid::Trajectories { pairs: 144 },
+        search,
+    );
+    assert_eq!(outcome.rounds[0].candidates.len(), 12);
+    assert!(outcome.rounds.len() >= 2, "it halved at least once");
+}
+
+/// How the test measures the grid it holds tune to.
+enum Grid {
+    /// Every point alone for `GRID_DURATION`, scored by tokens per joule: a static policy's
+    /// point is a setting, and one long run measures it.
+    LongRuns,
+    /// Every point against the reference over `pairs` pairs of cold-start trajectories (the
+    /// estimand tune's A/Bs estimate), scored by its ratio to the reference, at a seed tune
+    /// does not use: an adaptive policy's point is a distribution of runs, and one run
+    /// measures a draw of it.
+    Trajectories { pairs: usize },
+}
+
+/// Runs the grid (`grid` says how, judged by the rule tune judges by) and tune over
+/// `ranges` on the steady scenario, prints both, and holds tune's pick to within 1 % of
+/// the grid's best compliant point for at most `time_share` of the grid's simulated
 /// time. `objective_bites`: some point must beat the best by breaking the objective.
 fn judged_tune(
     dir: &Path,
@@ -130,26 +285,52 @@ fn judged_tune(
     ranges: Vec<ParamRange>,
     time_share: f64,
     objective_bites: bool,
+    grid: Grid,
+    search: Search,
 ) -> tune::TuneOutcome {
     let scenario = dir.join("steady.toml");
     std::fs::write(&scenario, STEADY).expect("write scenario");
     let reference = PolicySpec::load(spec_path).expect("spec loads");
-
-    // The grid: every point alone, judged as tune judges (against the spec as given).
-    let tolerances = Tolerances::default();
-    let (_, reference_served, reference_violations) = grid_point(&reference, &scenario);
-    let grid: Vec<GridPoint> = tune::candidates(&ranges)
-        .expect("grid")
-        .into_iter()
-        .map(|params| {
-            let (tpj, served, violations) =
-                grid_point(&tune::candidate_spec(&reference, &params), &scenario);
-            let compliant = reference_served - served <= tolerances.served_fraction
-                && violations - reference_violations <= tolerances.violation_rate;
-            (params, tpj, compliant)
-        })
-        .collect();
-    let grid_time_s = grid.len() as f64 * GRID_DURATION.as_secs_f64();
+    let points = tune::candidates(&ranges).expect("grid");
+    let (grid, grid_time_s): (Vec<GridPoint>, f64) = match grid {
+        Grid::LongRuns => {
+            let tolerances = Tolerances::default();
+            let (_, reference_served, reference_violations) = grid_point(&reference, &scenario);
+            let grid = points
+                .into_iter()
+                .map(|params| {
+                    let (tpj, served, violations) =
+                        grid_point(&tune::candidate_spec(&reference, &params), &scenario);
+                    let compliant = reference_served - served <= tolerances.served_fraction
+                        && violations - reference_violations <= tolerances.violation_rate;
+                    (params, tpj, compliant)
+                })
+                .collect::<Vec<_>>();
+            let time = grid.len() as f64 * GRID_DURATION.as_secs_f64();
+            (grid, time)
+        }
+        Grid::Trajectories { pairs } => {
+            let mut time = 0.0;
+            let grid = points
+                .into_iter()
+                .map(|params| {
+                    let (ratio, compliant, run_time_s) = trajectory_grid_point(
+                        &reference,
+                        &params,
+                        &scenario,
+                        pairs,
+                        search.schedule,
+                    );
+                    // Half of each A/B is the point's own trajectories; the reference's are
+                    // run once for the whole grid (added below).
+                    time += run_time_s / 2.0;
+                    (params, ratio, compliant)
+                })
+                .collect::<Vec<_>>();
+            let per_point = time / grid.len().max(1) as f64;
+            (grid, time + per_point)
+        }
+    };
     let (best_params, best_tpj, _) = grid
         .iter()
         .filter(|(_, _, compliant)| *compliant)
@@ -166,22 +347,12 @@ fn judged_tune(
     let request = TuneRequest {
         reference: reference.clone(),
         ranges,
-        sim: SimTarget {
-            profile: "h200".into(),
-            scenario: Some(scenario.clone()),
-            gpus: 1,
-            realtime: false,
-        },
+        sim: steady_sim(&scenario),
         seed: SEED,
         eta: 3,
-        first_round_pairs: 2,
+        first_round_pairs: search.first_round_pairs,
         alpha: 0.05,
-        schedule: Schedule {
-            cooldown_ticks: COOLDOWN,
-            settle_ticks: 0,
-            warmup_ticks: WARMUP,
-            measure_ticks: MEASURE,
-        },
+        schedule: search.schedule,
         plugin_dirs: vec![],
         cache_dir: Some(cache_dir()),
     };
@@ -193,7 +364,7 @@ fn judged_tune(
         .expect("the winner is a grid point");
     for (params, tpj, compliant) in &grid {
         println!(
-            "grid {:<40} {tpj:.4} tokens/J{}",
+            "grid {:<40} {tpj:.4}{}",
             tune::format_params(params),
             if *compliant {
                 ""
@@ -221,13 +392,12 @@ fn judged_tune(
     }
     let ratio = outcome.simulated_time_s / grid_time_s;
     println!(
-        "grid: {} points × {} s = {grid_time_s:.0} s simulated; best {} at {best_tpj:.4} tokens/J",
+        "grid: {} points, {grid_time_s:.0} s simulated; best {} at {best_tpj:.4}",
         grid.len(),
-        GRID_DURATION.as_secs(),
         tune::format_params(best_params)
     );
     println!(
-        "tune: {} rounds, {:.0} s simulated ({:.1} % of the grid's); picked {} at {pick_tpj:.4} tokens/J on the grid ({:.2} % of the best); simulator output",
+        "tune: {} rounds, {:.0} s simulated ({:.1} % of the grid's); picked {} at {pick_tpj:.4} on the grid ({:.2} % of the best); simulator output",
         outcome.rounds.len(),
         outcome.simulated_time_s,
         ratio * 100.0,

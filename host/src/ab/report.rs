@@ -58,6 +58,12 @@ pub fn ab_report(outcome: &AbOutcome) -> Result<String, ReportError> {
             "An arm won on tokens per joule but was refused as the winner: {why}"
         ));
     }
+    if let Some(why) = outcome.winner_gave_up_within_noise() {
+        page.notice(&format!(
+            "The winner gave up more of the objective than the tolerance on average, by less \
+             than the pairs' noise, so it was not refused: {why}"
+        ));
+    }
 
     page.heading("Arms");
     page.table(
@@ -1222,6 +1228,7 @@ mod tests {
             violation_rate_a: 0.1,
             violation_rate_b: 0.1,
             refused_because: None,
+            objective: None,
         }
     }
 

@@ -338,6 +338,21 @@ pub struct AbOutcome {
     pub gpu_difference: Option<super::GpuDifference>,
 }
 
+impl AbOutcome {
+    /// Where the declared winner gave up more of the objective than the tolerance on
+    /// average, by less than the noise of the pairs ([`super::stats::Compliance::Unresolved`]
+    /// at the deciding look), the rule's words.
+    pub fn winner_gave_up_within_noise(&self) -> Option<&str> {
+        if !matches!(self.decision, Decision::A | Decision::B) {
+            return None;
+        }
+        let check = self.looks.last()?.objective.as_ref()?;
+        (check.compliance == super::stats::Compliance::Unresolved)
+            .then_some(check.because.as_deref())
+            .flatten()
+    }
+}
+
 /// The spread of the samples, on the log scale of the statistics (0.01 ≈ 1 %).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Spread {

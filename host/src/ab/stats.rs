@@ -164,6 +164,9 @@ pub struct AbSummary {
     pub violation_rate_b: f64,
     /// Set when an arm won on tokens per joule but broke the objective, and why.
     pub refused_because: Option<String>,
+    /// The objective rule's reading of the arm that won on tokens per joule, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<ObjectiveCheck>,
 }
 
 /// The verdict of one look.
@@ -270,6 +273,15 @@ impl SequentialPlan {
         })
     }
 
+    /// A fixed-size comparison: one look, after `pairs` pairs, spending all of α there
+    /// (a grid's measurement of each point, a study's fixed budget).
+    pub fn single_look(pairs: usize, alpha: f64, seed: u64) -> Result<Self, AbError> {
+        let mut plan = Self::new(pairs, alpha, seed)?;
+        plan.looks = vec![pairs];
+        plan.alpha_at_look = vec![alpha];
+        Ok(plan)
+    }
+
     /// Pairs needed at each look.
     pub fn looks(&self) -> &[usize] {
         &self.looks
@@ -308,7 +320,7 @@ impl SequentialPlan {
         }
         let used = &pairs[..needed];
         let log_ratios = log_ratios(used)?;
-        let objective = ObjectiveMeans::of(used)?;
+        let means = ObjectiveMeans::of(used)?;
 
         let mean = mean(&log_ratios);
         let mut rng = Rng::stream(self.seed, look as u64);
@@ -327,15 +339,35 @@ impl SequentialPlan {
         } else {
             None
         };
-        let (decision, refused_because) = match tpj_winner {
-            Some(winner) => match objective.refusal(winner, &self.tolerances) {
+        let objective = match tpj_winner {
+            Some(winner) => Some(objective_check(
+                used,
+                winner,
+                &self.tolerances,
+                self.alpha_at_look.iter().sum(),
+            )?),
+            None => None,
+        };
+        let (decision, refused_because) = match (tpj_winner, &objective) {
+            (Some(winner), Some(check)) => match check.compliance {
                 // A refused winner is final: more pairs would not make it keep the objective.
-                Some(why) => (Decision::NoDifference, Some(why)),
-                None if winner == Arm::B => (Decision::B, None),
-                None => (Decision::A, None),
+                Compliance::Breaks => (
+                    Decision::NoDifference,
+                    Some(format!(
+                        "{winner} has more tokens per joule but does not win: {}",
+                        check
+                            .because
+                            .as_deref()
+                            .unwrap_or("it breaks the objective")
+                    )),
+                ),
+                // Within the noise: more pairs tell, while the budget lasts.
+                Compliance::Unresolved if !is_last => (Decision::Continue, None),
+                _ if winner == Arm::B => (Decision::B, None),
+                _ => (Decision::A, None),
             },
-            None if is_last => (Decision::NoDifference, None),
-            None => (Decision::Continue, None),
+            _ if is_last => (Decision::NoDifference, None),
+            _ => (Decision::Continue, None),
         };
         let summary = AbSummary {
             pairs: needed,
@@ -347,11 +379,12 @@ impl SequentialPlan {
             confidence: 1.0 - alpha,
             decision,
             look: look + 1,
-            served_fraction_a: objective.served_a,
-            served_fraction_b: objective.served_b,
-            violation_rate_a: objective.violations_a,
-            violation_rate_b: objective.violations_b,
+            served_fraction_a: means.served_a,
+            served_fraction_b: means.served_b,
+            violation_rate_a: means.violations_a,
+            violation_rate_b: means.violations_b,
             refused_because,
+            objective,
         };
         Ok(Verdict { decision, summary })
     }
@@ -442,54 +475,158 @@ impl ObjectiveMeans {
             violations_b: rate(1),
         })
     }
+}
 
-    /// Why `winner` may not win despite better tokens per joule, if it may not.
-    fn refusal(&self, winner: Arm, tolerances: &Tolerances) -> Option<String> {
-        let (served_winner, served_loser, violations_winner, violations_loser) = match winner {
-            Arm::A => (
-                self.served_a,
-                self.served_b,
-                self.violations_a,
-                self.violations_b,
-            ),
-            Arm::B => (
-                self.served_b,
-                self.served_a,
-                self.violations_b,
-                self.violations_a,
-            ),
-        };
-        let loser = match winner {
-            Arm::A => Arm::B,
-            Arm::B => Arm::A,
-        };
-        let mut reasons = Vec::new();
-        if served_loser - served_winner > tolerances.served_fraction {
-            reasons.push(format!(
-                "it served {:.2} % of demand against {loser}'s {:.2} % (tolerance {:.2} points)",
-                served_winner * 100.0,
-                served_loser * 100.0,
-                tolerances.served_fraction * 100.0
-            ));
-        }
-        if violations_winner - violations_loser > tolerances.violation_rate {
-            reasons.push(format!(
-                "it violated the objective on {:.2} % of ticks against {loser}'s {:.2} % \
-                 (tolerance {:.2} points)",
-                violations_winner * 100.0,
-                violations_loser * 100.0,
-                tolerances.violation_rate * 100.0
-            ));
-        }
-        if reasons.is_empty() {
-            None
-        } else {
-            Some(format!(
-                "{winner} has more tokens per joule but does not win: {}",
-                reasons.join("; ")
-            ))
+/// How far a candidate arm falls behind the other on one part of the objective, over the
+/// pairs: each pair's gap (candidate worse is positive), their mean and a one-sided lower
+/// confidence bound. Fractions: 0.01 is one percentage point.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ObjectiveGap {
+    pub mean: f64,
+    /// The Student t lower bound of the mean gap at level 1 − α; none below two pairs.
+    pub low: Option<f64>,
+    pub tolerance: f64,
+}
+
+impl ObjectiveGap {
+    fn of(gaps: &[f64], alpha: f64, tolerance: f64) -> Self {
+        // The two-sided interval at 1 − 2α has the one-sided bound at 1 − α as its low end.
+        let (low, _) = t_interval(gaps, (2.0 * alpha).min(0.999));
+        Self {
+            mean: mean(gaps),
+            low: low.is_finite().then_some(low),
+            tolerance,
         }
     }
+
+    fn compliance(&self) -> Compliance {
+        if self.mean <= self.tolerance {
+            Compliance::Keeps
+        } else if self.low.is_some_and(|low| low > 0.0) {
+            Compliance::Breaks
+        } else {
+            Compliance::Unresolved
+        }
+    }
+}
+
+/// Whether a candidate keeps the objective as well as the other arm, within the
+/// tolerances. Two runs of an adaptive policy differ in violations and served demand as
+/// much as in tokens per joule, so the rule reads the pairs' gaps with their noise: an arm
+/// breaks the objective when it gives up more than the tolerance on average *and* the
+/// pairs show it worse at all (the gap's lower bound above 0); a mean beyond the
+/// tolerance that the noise can explain is unresolved. `tokwatt ab` and `tokwatt tune`
+/// both judge by this rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Compliance {
+    Keeps,
+    /// Beyond the tolerance on average, within the noise: more pairs would tell.
+    Unresolved,
+    Breaks,
+}
+
+/// The [`Compliance`] of one arm against the other, with the gaps it rests on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ObjectiveCheck {
+    /// The arm judged.
+    pub arm: Arm,
+    /// How much less demand it served (other's served fraction − its own).
+    pub served: ObjectiveGap,
+    /// How many more of its ticks violated the objective (its rate − the other's).
+    pub violations: ObjectiveGap,
+    pub compliance: Compliance,
+    /// In words, where it does not keep the objective.
+    pub because: Option<String>,
+}
+
+/// Judges `arm` against the other arm over `pairs` at false-positive rate `alpha` (see
+/// [`Compliance`]).
+pub fn objective_check(
+    pairs: &[EpochPair],
+    arm: Arm,
+    tolerances: &Tolerances,
+    alpha: f64,
+) -> Result<ObjectiveCheck, AbError> {
+    ObjectiveMeans::of(pairs)?; // refuses pairs that are not measurements
+    let other_arm = match arm {
+        Arm::A => Arm::B,
+        Arm::B => Arm::A,
+    };
+    let rate = |e: &ArmEpoch| e.violation_ticks as f64 / e.ticks.max(1) as f64;
+    // (own, other) per pair: served fraction, violation rate.
+    let (mut served, mut violated) = (Vec::new(), Vec::new());
+    for pair in pairs {
+        let (own, other) = match arm {
+            Arm::A => (&pair.a, &pair.b),
+            Arm::B => (&pair.b, &pair.a),
+        };
+        served.push((own.served_fraction, other.served_fraction));
+        violated.push((rate(own), rate(other)));
+    }
+    let gaps = |values: &[(f64, f64)], worse: fn(f64, f64) -> f64| -> Vec<f64> {
+        values
+            .iter()
+            .map(|&(own, other)| worse(own, other))
+            .collect()
+    };
+    let served_gap = ObjectiveGap::of(
+        &gaps(&served, |own, other| other - own),
+        alpha,
+        tolerances.served_fraction,
+    );
+    let violation_gap = ObjectiveGap::of(
+        &gaps(&violated, |own, other| own - other),
+        alpha,
+        tolerances.violation_rate,
+    );
+    let compliance = served_gap.compliance().max(violation_gap.compliance());
+    let means = |values: &[(f64, f64)]| {
+        let n = values.len().max(1) as f64;
+        let (own, other) = values
+            .iter()
+            .fold((0.0, 0.0), |(x, y), &(own, other)| (x + own, y + other));
+        (own / n * 100.0, other / n * 100.0)
+    };
+    let mut reasons = Vec::new();
+    for (gap, values, what, less_or_more) in [
+        (&served_gap, &served, "served", "less"),
+        (
+            &violation_gap,
+            &violated,
+            "violated the objective on",
+            "more",
+        ),
+    ] {
+        let said = match gap.compliance() {
+            Compliance::Keeps => continue,
+            Compliance::Breaks => "",
+            Compliance::Unresolved => ", within the noise",
+        };
+        let unit = if less_or_more == "less" {
+            "of demand"
+        } else {
+            "of ticks"
+        };
+        let (own, other) = means(values);
+        let bound = gap.low.map_or_else(
+            || "no bound from one pair".to_owned(),
+            |low| format!("lower bound {:.2}", low * 100.0),
+        );
+        reasons.push(format!(
+            "{arm} {what} {own:.2} % {unit} against {other_arm}'s {other:.2} % ({:.2} points \
+             {less_or_more} on average, {bound}, tolerance {:.2}){said}",
+            gap.mean * 100.0,
+            gap.tolerance * 100.0
+        ));
+    }
+    Ok(ObjectiveCheck {
+        arm,
+        served: served_gap,
+        violations: violation_gap,
+        compliance,
+        because: (!reasons.is_empty()).then(|| reasons.join("; ")),
+    })
 }
 
 pub(super) fn mean(values: &[f64]) -> f64 {

@@ -169,6 +169,110 @@ fn a_tpj_winner_that_violates_more_is_refused_and_a_small_slip_is_tolerated() {
     assert_eq!(verdict.summary.refused_because, None);
 }
 
+/// Pairs whose arms violate the objective on a noisy share of ticks, the same for both
+/// in distribution (0 to `most` violation ticks of 100 each): two runs of one adaptive
+/// policy.
+fn noisy_violations(pairs: &mut [EpochPair], most: u64, rng: &mut Rng) {
+    for pair in pairs {
+        pair.a.violation_ticks = (rng.uniform() * (most + 1) as f64) as u64;
+        pair.b.violation_ticks = (rng.uniform() * (most + 1) as f64) as u64;
+    }
+}
+
+#[test]
+fn the_objective_rule_reads_the_pairs_noise_not_only_their_means() {
+    // Two runs of the same policy, violating on 0-20 % of ticks each: the mean gap is
+    // often beyond the 0.5-point tolerance, but the rule says it breaks the objective
+    // in few of them (at most about α).
+    let tolerances = Tolerances::default();
+    let (mut beyond_tolerance, mut breaks) = (0, 0);
+    let runs = 400;
+    for seed in 0..runs {
+        let mut rng = Rng::stream(seed, 7);
+        let mut pairs = synthetic_pairs(1.0, DEFAULT_BUDGET, &mut rng);
+        noisy_violations(&mut pairs, 20, &mut rng);
+        let check =
+            stats::objective_check(&pairs, stats::Arm::B, &tolerances, DEFAULT_ALPHA).unwrap();
+        if check.violations.mean > tolerances.violation_rate {
+            beyond_tolerance += 1;
+        }
+        if check.compliance == stats::Compliance::Breaks {
+            breaks += 1;
+            assert!(check.because.unwrap().contains("violated the objective"));
+        }
+    }
+    println!(
+        "same policy: mean gap beyond tolerance {beyond_tolerance}/{runs}, breaks {breaks}/{runs}"
+    );
+    assert!(
+        beyond_tolerance > runs / 4,
+        "the noise should often beat the tolerance"
+    );
+    assert!((breaks as f64) <= 0.05 * runs as f64, "{breaks}/{runs}");
+}
+
+#[test]
+fn a_winner_within_the_noise_of_the_objective_waits_for_more_pairs_then_wins() {
+    // B: 30 % more tokens per joule, and 1 point more violations on average, with a
+    // spread that hides it at 4 pairs and the budget's 32.
+    let mut rng = Rng::stream(8, 0);
+    let mut pairs = synthetic_pairs(1.30, DEFAULT_BUDGET, &mut rng);
+    noisy_violations(&mut pairs, 10, &mut rng);
+    for (index, pair) in pairs.iter_mut().enumerate() {
+        // Of 100 ticks: A 5-15, B 6 more or 4 fewer in turn (+1 point, sd 5 points).
+        pair.a.violation_ticks += 5;
+        pair.b.violation_ticks = if index % 2 == 0 {
+            pair.a.violation_ticks + 6
+        } else {
+            pair.a.violation_ticks - 4
+        };
+    }
+    let plan = SequentialPlan::new(DEFAULT_BUDGET, DEFAULT_ALPHA, 8).unwrap();
+    let first = (0..plan.looks().len())
+        .map(|look| plan.look(&pairs, look).unwrap())
+        .find(|verdict| verdict.summary.objective.is_some())
+        .expect("b wins on tokens per joule at some look");
+    assert!(
+        first.summary.look < plan.looks().len(),
+        "before the last look"
+    );
+    let check = first
+        .summary
+        .objective
+        .clone()
+        .expect("b won on tokens per joule");
+    assert_eq!(check.arm, stats::Arm::B);
+    assert!(check.violations.mean > 0.005, "{check:?}");
+    if check.compliance == stats::Compliance::Unresolved {
+        assert_eq!(first.decision, Decision::Continue, "more pairs tell");
+    }
+    let last = plan.look(&pairs, plan.looks().len() - 1).unwrap();
+    let check = last
+        .summary
+        .objective
+        .clone()
+        .expect("b won on tokens per joule");
+    match check.compliance {
+        stats::Compliance::Unresolved => {
+            assert_eq!(last.decision, Decision::B, "not refused on noise");
+            assert!(check.because.unwrap().contains("within the noise"));
+        }
+        other => {
+            panic!("expected a gap within the noise at the last look, got {other:?}: {check:?}")
+        }
+    }
+
+    // The same gap without the spread is shown, and refused.
+    for pair in &mut pairs {
+        pair.a.violation_ticks = 5;
+        pair.b.violation_ticks = 6;
+    }
+    let verdict = run_plan(&plan, &pairs);
+    assert_eq!(verdict.decision, Decision::NoDifference);
+    let why = verdict.summary.refused_because.expect("refused");
+    assert!(why.contains("(1.00 points more on average"), "{why}");
+}
+
 #[test]
 fn the_objective_rule_is_symmetric() {
     let mut rng = Rng::stream(6, 0);

@@ -19,7 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use super::run::{AbOutcome, AbRequest, AbRunError, Schedule, run_replicated};
 use super::sim_work::SimWork;
-use super::stats::{AbError, Arm, Decision, MAX_BUDGET, SequentialPlan, Tolerances};
+use super::stats::{
+    AbError, Arm, Compliance, Decision, MAX_BUDGET, SequentialPlan, Tolerances, objective_check,
+};
 use crate::agent::AgentError;
 use crate::assembly::{self, BackendRequest, RunMeta, SimTarget, Target};
 use crate::spec::PolicySpec;
@@ -278,14 +280,24 @@ pub struct CandidateResult {
     pub violation_rate: f64,
     pub violation_rate_reference: f64,
     /// Whether it served and kept the objective as well as the reference, within the
-    /// plan's tolerances; one that did not ranks below every one that did.
+    /// plan's tolerances, by the A/B's objective rule ([`Compliance`]): not shown to
+    /// break it. One that breaks it ranks below every one that does not.
     pub compliant: bool,
+    /// The rule's reading: keeps, unresolved (beyond the tolerance within the noise;
+    /// ranked after those that keep it) or breaks.
+    #[serde(default = "keeps")]
+    pub compliance: Compliance,
+    /// Where it gives up more than the tolerance, in words.
     pub not_compliant_because: Option<String>,
     /// Its place in the round, from 1.
     pub rank: usize,
     pub kept: bool,
     /// Simulated time of this A/B, both arms' epochs and their warm-ups included.
     pub run_time_s: f64,
+}
+
+fn keeps() -> Compliance {
+    Compliance::Keeps
 }
 
 /// A candidate the policy refused at init: dropped, never run.
@@ -306,7 +318,12 @@ pub struct Round {
     /// Ranked, best first.
     pub candidates: Vec<CandidateResult>,
     pub dropped: Vec<Dropped>,
+    /// How many go on to the next round (promoted ones included).
     pub kept: usize,
+    /// Of those, how many come from earlier rounds, in place of candidates this round
+    /// showed to break the objective.
+    #[serde(default)]
+    pub promoted: usize,
     pub simulated_time_s: f64,
 }
 
@@ -385,6 +402,19 @@ pub enum TuneProgress<'a> {
     },
 }
 
+/// ` (2 of them from earlier rounds, in place of candidates that broke the objective)`,
+/// or nothing when none was promoted.
+pub fn promoted_words(round: &Round) -> String {
+    if round.promoted == 0 {
+        String::new()
+    } else {
+        format!(
+            " ({} of them from earlier rounds, in place of candidates that broke the objective)",
+            round.promoted
+        )
+    }
+}
+
 /// `a=1, b=2`.
 pub fn format_params(params: &[(String, String)]) -> String {
     params
@@ -419,6 +449,8 @@ pub fn tune(
     let mut pairs = request.first_round_pairs;
     let mut meta: Option<RunMeta> = None;
     let mut last_outcomes: Vec<(Vec<(String, String)>, AbOutcome)>;
+    // Candidates not kept in a round though they did not break the objective, best first.
+    let mut reserve: Vec<Vec<(String, String)>> = Vec::new();
     loop {
         let round_number = rounds.len() + 1;
         // Every A/B runs on the same seed: the same demand and, on the simulator, the
@@ -450,7 +482,7 @@ pub fn tune(
                     }
                     simulated_time_s += outcome.run_time_s;
                     meta.get_or_insert(run_meta);
-                    let result = candidate_result(params, &outcome, &tolerances);
+                    let result = candidate_result(params, &outcome, &tolerances)?;
                     progress(TuneProgress::CandidateDone {
                         round: round_number,
                         index,
@@ -491,16 +523,10 @@ pub fn tune(
         }
         rank(&mut results);
         let keep = results.len().div_ceil(request.eta).max(1);
-        for (place, result) in results.iter_mut().enumerate() {
-            result.rank = place + 1;
-            result.kept = place < keep;
-        }
+        let (next, promoted) = select(&mut results, keep, &mut reserve);
+        let backfilled = promoted > 0;
         let round_time: f64 = results.iter().map(|r| r.run_time_s).sum();
-        survivors = results
-            .iter()
-            .take(keep)
-            .map(|r| r.params.clone())
-            .collect();
+        let kept = next.len();
         all_dropped.extend(dropped.iter().cloned());
         rounds.push(Round {
             round: round_number,
@@ -508,18 +534,35 @@ pub fn tune(
             seed: round_seed,
             candidates: results,
             dropped,
-            kept: keep,
+            kept,
+            promoted,
             simulated_time_s: round_time,
         });
         if let Some(round) = rounds.last() {
             progress(TuneProgress::RoundDone { round });
         }
         last_outcomes = outcomes;
-        if survivors.len() <= 1 {
+        // Done when one is left that this round measured, or none is left at all (then
+        // the best of this round is shown, not compliant).
+        if next.is_empty() || (next.len() == 1 && !backfilled) {
+            survivors = if next.is_empty() {
+                rounds
+                    .last()
+                    .and_then(|r| r.candidates.first())
+                    .map(|c| vec![c.params.clone()])
+                    .unwrap_or_default()
+            } else {
+                next
+            };
             break;
         }
-        // The later rounds of a wide search would pass any budget; they stop growing there.
-        pairs = pairs.saturating_mul(request.eta).min(MAX_BUDGET);
+        // A promoted candidate is measured with as many pairs as the one it replaces;
+        // otherwise the later rounds of a wide search would pass any budget, and stop
+        // growing there.
+        if !backfilled {
+            pairs = pairs.saturating_mul(request.eta).min(MAX_BUDGET);
+        }
+        survivors = next;
     }
     let winner = survivors.into_iter().next().unwrap_or_default();
     let (winner_outcome, winner_result) = last_outcomes
@@ -659,26 +702,10 @@ fn candidate_result(
     params: &[(String, String)],
     outcome: &AbOutcome,
     tolerances: &Tolerances,
-) -> CandidateResult {
-    let mut reasons = Vec::new();
-    let served_gap = outcome.served_fraction_a - outcome.served_fraction_b;
-    if served_gap > tolerances.served_fraction {
-        reasons.push(format!(
-            "served {:.2} % of demand against the reference's {:.2} %",
-            outcome.served_fraction_b * 100.0,
-            outcome.served_fraction_a * 100.0
-        ));
-    }
-    let violation_gap = outcome.violation_rate_b - outcome.violation_rate_a;
-    if violation_gap > tolerances.violation_rate {
-        reasons.push(format!(
-            "violated the objective on {:.2} % of ticks against the reference's {:.2} %",
-            outcome.violation_rate_b * 100.0,
-            outcome.violation_rate_a * 100.0
-        ));
-    }
+) -> Result<CandidateResult, AbError> {
+    let check = objective_check(&outcome.pairs, Arm::B, tolerances, outcome.alpha)?;
     let pairs = outcome.looks.last().map_or(0, |look| look.pairs);
-    CandidateResult {
+    Ok(CandidateResult {
         params: params.to_vec(),
         ratio: outcome.ratio_b_over_a,
         ci_low: outcome.ci_low,
@@ -690,19 +717,50 @@ fn candidate_result(
         served_fraction_reference: outcome.served_fraction_a,
         violation_rate: outcome.violation_rate_b,
         violation_rate_reference: outcome.violation_rate_a,
-        compliant: reasons.is_empty(),
-        not_compliant_because: (!reasons.is_empty()).then(|| reasons.join("; ")),
+        compliant: check.compliance != Compliance::Breaks,
+        compliance: check.compliance,
+        not_compliant_because: check.because.map(|why| why.replacen("b ", "", 1)),
         rank: 0,
         kept: false,
         run_time_s: outcome.run_time_s,
-    }
+    })
 }
 
-/// Compliant first, then by ratio, best first; ties keep the grid's order.
+/// Marks the ranked `results`' places and which go on: the best `keep` that do not break
+/// the objective. A candidate shown to break it is out for good, and its place goes to
+/// the best one left behind so far (`reserve`, latest round first, which takes this
+/// round's left-behind at its front): an aggressive point can look best over a few pairs
+/// and show its violations only over more, and the search must still end on one that
+/// keeps the objective. Returns those that go on and how many of them were promoted from
+/// the reserve.
+fn select(
+    results: &mut [CandidateResult],
+    keep: usize,
+    reserve: &mut Vec<Vec<(String, String)>>,
+) -> (Vec<Vec<(String, String)>>, usize) {
+    let mut next: Vec<Vec<(String, String)>> = Vec::new();
+    let mut left_behind: Vec<Vec<(String, String)>> = Vec::new();
+    for (place, result) in results.iter_mut().enumerate() {
+        result.rank = place + 1;
+        result.kept = result.compliance != Compliance::Breaks && next.len() < keep;
+        if result.kept {
+            next.push(result.params.clone());
+        } else if result.compliance != Compliance::Breaks {
+            left_behind.push(result.params.clone());
+        }
+    }
+    reserve.splice(0..0, left_behind);
+    let promoted = keep.saturating_sub(next.len()).min(reserve.len());
+    next.extend(reserve.drain(..promoted));
+    (next, promoted)
+}
+
+/// Those that keep the objective first, then those within the noise of breaking it, then
+/// those that break it; by ratio, best first, within each; ties keep the grid's order.
 fn rank(results: &mut [CandidateResult]) {
     results.sort_by(|x, y| {
-        y.compliant
-            .cmp(&x.compliant)
+        x.compliance
+            .cmp(&y.compliance)
             .then_with(|| y.ratio.total_cmp(&x.ratio))
     });
 }
@@ -938,11 +996,12 @@ pub fn report_html(outcome: &TuneOutcome) -> String {
     }
     for round in &outcome.rounds {
         page.heading(&format!(
-            "Round {}: {} candidates, {} pairs each, {} kept, {:.0} s simulated",
+            "Round {}: {} candidates, {} pairs each, {} kept{}, {:.0} s simulated",
             round.round,
             round.candidates.len(),
             round.pairs_budget,
             round.kept,
+            promoted_words(round),
             round.simulated_time_s
         ));
         let rows: Vec<Vec<String>> = round
@@ -958,9 +1017,11 @@ pub fn report_html(outcome: &TuneOutcome) -> String {
                     c.pairs.to_string(),
                     format!("{:.2} %", c.served_fraction * 100.0),
                     format!("{:.2} %", c.violation_rate * 100.0),
-                    c.not_compliant_because
-                        .clone()
-                        .unwrap_or_else(|| "yes".into()),
+                    match (c.compliance, &c.not_compliant_because) {
+                        (Compliance::Keeps, _) | (_, None) => "yes".to_owned(),
+                        (Compliance::Unresolved, Some(why)) => format!("unresolved: {why}"),
+                        (Compliance::Breaks, Some(why)) => format!("no: {why}"),
+                    },
                     if c.kept { "kept" } else { "out" }.to_owned(),
                 ]
             })

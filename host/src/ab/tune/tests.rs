@@ -154,3 +154,79 @@ fn candidate_specs_replace_and_add_params_in_key_order() {
     );
     assert_eq!(spec.params, [("power_cap_w".to_owned(), "500".to_owned())]);
 }
+
+fn ranked(name: &str, ratio: f64, compliance: Compliance) -> CandidateResult {
+    CandidateResult {
+        params: vec![("p".to_owned(), name.to_owned())],
+        ratio,
+        ci_low: ratio - 0.01,
+        ci_high: ratio + 0.01,
+        confidence: 0.95,
+        decision: Decision::NoDifference,
+        pairs: 4,
+        served_fraction: 1.0,
+        served_fraction_reference: 1.0,
+        violation_rate: 0.0,
+        violation_rate_reference: 0.0,
+        compliant: compliance != Compliance::Breaks,
+        compliance,
+        not_compliant_because: None,
+        rank: 0,
+        kept: false,
+        run_time_s: 1.0,
+    }
+}
+
+fn names(params: &[Vec<(String, String)>]) -> Vec<&str> {
+    params.iter().map(|p| p[0].1.as_str()).collect()
+}
+
+#[test]
+fn the_objective_ranks_first_and_a_breaking_survivor_gives_its_place_to_the_reserve() {
+    // Round 1: six candidates, two go on; the left-behind that keep the objective wait.
+    let mut reserve = Vec::new();
+    let mut round = vec![
+        ranked("aggressive", 1.05, Compliance::Unresolved),
+        ranked("breaks", 1.10, Compliance::Breaks),
+        ranked("good", 1.02, Compliance::Keeps),
+        ranked("fine", 1.01, Compliance::Keeps),
+        ranked("slow", 0.98, Compliance::Keeps),
+        ranked("edgy", 1.04, Compliance::Unresolved),
+    ];
+    rank(&mut round);
+    let order: Vec<&str> = round.iter().map(|c| c.params[0].1.as_str()).collect();
+    assert_eq!(
+        order,
+        ["good", "fine", "slow", "aggressive", "edgy", "breaks"],
+        "keeps, then unresolved, then breaks; by ratio within each"
+    );
+    let (next, promoted) = select(&mut round, 2, &mut reserve);
+    assert_eq!(names(&next), ["good", "fine"]);
+    assert_eq!(promoted, 0);
+    assert_eq!(
+        names(&reserve),
+        ["slow", "aggressive", "edgy"],
+        "never the one that broke"
+    );
+    assert_eq!(round.iter().filter(|c| c.kept).count(), 2);
+    assert_eq!(round[0].rank, 1);
+
+    // Round 2: both survivors break over more pairs: the reserve's best take their places.
+    let mut round = vec![
+        ranked("good", 1.03, Compliance::Breaks),
+        ranked("fine", 1.01, Compliance::Breaks),
+    ];
+    rank(&mut round);
+    let (next, promoted) = select(&mut round, 1, &mut reserve);
+    assert_eq!(names(&next), ["slow"]);
+    assert_eq!(promoted, 1);
+    assert!(round.iter().all(|c| !c.kept));
+    assert_eq!(names(&reserve), ["aggressive", "edgy"]);
+
+    // Nothing left that keeps the objective: nothing goes on.
+    let mut empty = Vec::new();
+    let mut round = vec![ranked("slow", 0.98, Compliance::Breaks)];
+    let (next, promoted) = select(&mut round, 1, &mut empty);
+    assert!(next.is_empty());
+    assert_eq!(promoted, 0);
+}

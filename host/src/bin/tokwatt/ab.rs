@@ -495,6 +495,9 @@ fn print_outcome(o: &AbOutcome, out: &Path) {
     if let Some(why) = &o.refused_because {
         row("no winner because", why.clone());
     }
+    if let Some(why) = o.winner_gave_up_within_noise() {
+        row("objective", why.to_owned());
+    }
     if let Some(difference) = &o.gpu_difference {
         row(
             "gpu difference",

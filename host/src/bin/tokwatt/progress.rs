@@ -162,6 +162,7 @@ mod tests {
             violation_rate_a: 0.0,
             violation_rate_b: 0.0,
             refused_because: None,
+            objective: None,
         }
     }
 

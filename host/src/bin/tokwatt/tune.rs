@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use tokwatt::ab::Schedule;
-use tokwatt::ab::stats::DEFAULT_ALPHA;
+use tokwatt::ab::stats::{Compliance, DEFAULT_ALPHA};
 use tokwatt::ab::tune::{self, ParamRange, TuneOutcome, TuneProgress, TuneRequest, format_params};
 use tokwatt::assembly::SimTarget;
 use tokwatt::spec::PolicySpec;
@@ -204,11 +204,12 @@ fn planned_runs(candidates: usize, eta: usize) -> usize {
 
 fn print_round(round: &tune::Round) {
     println!(
-        "round {}: {} candidates, {} pairs each, {} kept, {:.0} s simulated",
+        "round {}: {} candidates, {} pairs each, {} kept{}, {:.0} s simulated",
         round.round,
         round.candidates.len(),
         round.pairs_budget,
         round.kept,
+        tune::promoted_words(round),
         round.simulated_time_s
     );
     for c in &round.candidates {
@@ -220,9 +221,10 @@ fn print_round(round: &tune::Round) {
             c.ci_low,
             c.ci_high,
             c.pairs,
-            match &c.not_compliant_because {
-                Some(why) => format!(", not compliant: {why}"),
-                None => String::new(),
+            match (c.compliance, &c.not_compliant_because) {
+                (Compliance::Keeps, _) | (_, None) => String::new(),
+                (Compliance::Unresolved, Some(why)) => format!(", unresolved: {why}"),
+                (Compliance::Breaks, Some(why)) => format!(", not compliant: {why}"),
             },
             if c.kept { "  kept" } else { "" }
         );
