@@ -64,7 +64,7 @@ pub struct AbArgs {
 #[derive(Debug, clap::Args)]
 pub struct EpochArgs {
     /// Most pairs of epochs to run; looks at 4, 8, 16 … pairs and at this budget stop
-    /// early once decided. Default: 128 on the simulator (time is cheap there, and runs of
+    /// early once decided. Default: 256 on the simulator (time is cheap there, and runs of
     /// an adaptive policy differ by up to 10 %), 32 on real GPUs.
     #[arg(long)]
     budget: Option<usize>,
