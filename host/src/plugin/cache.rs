@@ -218,7 +218,11 @@ impl ComponentCache {
 
     fn store(&self, path: &Path, component: &Component) -> Result<(), String> {
         let bytes = component.serialize().map_err(|e| format!("{e:#}"))?;
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        // Unique per writer: threads of one process (a study's comparisons) compile the
+        // same plugin at once, and a name shared by them loses one writer's file.
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let write = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp{}-{write}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
         let mut file = OpenOptions::new()
             .write(true)
@@ -320,6 +324,29 @@ mod tests {
         let other = metadata.uid().wrapping_add(1);
         let why = check_owner_and_mode(Path::new("/"), &metadata, other).expect_err("foreign");
         assert!(matches!(why, Untrusted::ForeignOwner { .. }), "{why}");
+    }
+
+    #[test]
+    fn threads_storing_the_same_component_at_once_all_succeed() {
+        // An empty component: the header alone (`\0asm`, component version 0x0d, layer 1).
+        const EMPTY_COMPONENT: [u8; 8] = [0x00, 0x61, 0x73, 0x6d, 0x0d, 0x00, 0x01, 0x00];
+        let root = tempfile::tempdir().expect("tempdir");
+        let engine = Engine::default();
+        let cache = ComponentCache::new(root.path().join("components"), &engine);
+        cache.check_folder().expect("trusted");
+        let component = Component::new(&engine, EMPTY_COMPONENT).expect("compiles");
+        let path = cache.path_for(&EMPTY_COMPONENT);
+        let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+            let writers: Vec<_> = (0..8)
+                .map(|_| scope.spawn(|| cache.store(&path, &component)))
+                .collect();
+            writers
+                .into_iter()
+                .map(|w| w.join().expect("no panic"))
+                .collect()
+        });
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert!(path.is_file());
     }
 
     #[test]
