@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use tokwatt::ab::stats::{DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_SIM_BUDGET};
+use tokwatt::ab::study::Study;
 use tokwatt::ab::{self, AbOutcome, AbRequest, Decision, Schedule, SequentialPlan};
 use tokwatt::assembly::{
     self, Assembled, BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource,
@@ -521,6 +522,38 @@ fn study_mode(interleaved: bool) -> ab::Mode {
     }
 }
 
+/// What the two study commands (`bench ab-table`, `bench ab-error-rates`) share about
+/// their comparisons.
+struct StudyShape<'a> {
+    epochs: &'a EpochArgs,
+    schedule: Schedule,
+    seeds: u64,
+    threads: usize,
+    interleaved: bool,
+}
+
+impl StudyShape<'_> {
+    /// `a` against `b` on `sim`, as `tokwatt ab --sim` compares them, one comparison per
+    /// seed; no judging scenario, nothing injected.
+    fn study(&self, a: &PolicySpec, b: &PolicySpec, sim: SimTarget) -> Study {
+        Study {
+            a: a.clone(),
+            b: b.clone(),
+            sim,
+            judging: None,
+            mode: study_mode(self.interleaved),
+            schedule: self.schedule,
+            budget_pairs: self.epochs.budget(true),
+            alpha: self.epochs.alpha,
+            seeds: 0..self.seeds,
+            threads: self.threads,
+            plugin_dirs: Vec::new(),
+            cache_dir: None,
+            injected_ratio: None,
+        }
+    }
+}
+
 /// `tokwatt bench ab-table`.
 #[derive(Debug, clap::Args)]
 pub struct AbTableArgs {
@@ -568,7 +601,7 @@ pub struct AbTableArgs {
 }
 
 pub fn ab_table(args: &AbTableArgs) -> Result<()> {
-    use tokwatt::ab::study::{Study, run_study};
+    use tokwatt::ab::study::run_study;
     if !(args.true_ratio.is_finite() && args.true_ratio > 0.0) {
         bail!(
             "--true-ratio {} is not a ratio of tokens per joule; give a positive number such as 1.03",
@@ -625,23 +658,21 @@ pub fn ab_table(args: &AbTableArgs) -> Result<()> {
         let tick = Duration::from_millis(u64::from(spec.tick_ms));
         let schedule = args.epochs.schedule(tick)?;
         for (scenario, judging) in &scenarios {
-            let study = |injected_ratio: Option<f64>| Study {
-                a: spec.clone(),
-                b: spec.clone(),
-                sim: SimTarget {
-                    scenario: (scenario != "built-in").then(|| PathBuf::from(scenario)),
-                    ..SimTarget::new(args.sim.clone())
-                },
-                judging: judging.clone(),
-                mode: study_mode(args.interleaved),
+            let sim = SimTarget {
+                scenario: (scenario != "built-in").then(|| PathBuf::from(scenario)),
+                ..SimTarget::new(args.sim.clone())
+            };
+            let shape = StudyShape {
+                epochs: &args.epochs,
                 schedule,
-                budget_pairs: args.epochs.budget(true),
-                alpha: args.epochs.alpha,
-                seeds: 0..args.seeds,
+                seeds: args.seeds,
                 threads,
-                plugin_dirs: Vec::new(),
-                cache_dir: None,
+                interleaved: args.interleaved,
+            };
+            let study = |injected_ratio: Option<f64>| Study {
+                judging: judging.clone(),
                 injected_ratio,
+                ..shape.study(&spec, &spec, sim.clone())
             };
             let aa = run_study(&study(None))
                 .with_context(|| format!("A/A of {} on {scenario}", spec.name))?;
@@ -725,7 +756,7 @@ pub struct ErrorRatesArgs {
 }
 
 pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
-    use tokwatt::ab::study::{Study, long_run_ratio, run_study};
+    use tokwatt::ab::study::{long_run_ratio, run_study};
     let mut a = PolicySpec::load(&args.policy)?;
     if let Some(tick) = args.epochs.tick {
         a.override_tick(tick)?;
@@ -745,24 +776,18 @@ pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
     let threads = args.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
-    let study = |b: &PolicySpec| Study {
-        a: a.clone(),
-        b: b.clone(),
-        sim: SimTarget {
-            scenario: Some(args.scenario.clone()),
-            ..SimTarget::new(args.sim.clone())
-        },
-        judging: None,
-        mode: study_mode(args.interleaved),
+    let shape = StudyShape {
+        epochs: &args.epochs,
         schedule,
-        budget_pairs: args.epochs.budget(true),
-        alpha: args.epochs.alpha,
-        seeds: 0..args.seeds,
+        seeds: args.seeds,
         threads,
-        plugin_dirs: Vec::new(),
-        cache_dir: None,
-        injected_ratio: None,
+        interleaved: args.interleaved,
     };
+    let sim = SimTarget {
+        scenario: Some(args.scenario.clone()),
+        ..SimTarget::new(args.sim.clone())
+    };
+    let study = |b: &PolicySpec| shape.study(&a, b, sim.clone());
     let same = study(&a);
     let different = study(&b);
     let started = std::time::Instant::now();
