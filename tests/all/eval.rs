@@ -51,6 +51,8 @@ fn eval_writes_every_field_for_every_policy_and_scenario() {
             "tokens_per_joule",
             "oracle_tokens_per_joule",
             "ratio",
+            "measured_ratio",
+            "failed",
             "ticks_to_95",
             "ticks_to_98",
             "slo_violation_fraction",
@@ -62,10 +64,18 @@ fn eval_writes_every_field_for_every_policy_and_scenario() {
         assert_eq!(entry["seeds"], serde_json::json!([1, 2]));
         let tpj = &entry["tokens_per_joule"];
         assert!(num(tpj, "min") <= num(tpj, "median") && num(tpj, "median") <= num(tpj, "max"));
-        let ratio = num(entry, "ratio");
-        // The oracle is the best that serves the demand within the objective: a policy
-        // that keeps the objective cannot beat it by more than the noise of one phase.
-        assert!(ratio > 0.0 && ratio < 1.05, "ratio {ratio}: {entry}");
+        if entry["failed"].is_null() {
+            let ratio = num(entry, "ratio");
+            // The oracle is the best that serves the demand within the objective: a policy
+            // that keeps the objective cannot beat it by more than the noise of one phase.
+            assert!(ratio > 0.0 && ratio < 1.05, "ratio {ratio}: {entry}");
+            assert_eq!(entry["ratio"], entry["measured_ratio"]);
+        } else {
+            assert!(
+                entry["ratio"].is_null(),
+                "a failed scenario has no ratio: {entry}"
+            );
+        }
     }
     let scenarios = results["scenarios"].as_array().expect("scenarios");
     assert_eq!(scenarios.len(), 2);
@@ -145,13 +155,131 @@ fn a_policy_that_refuses_a_scenario_is_an_entry_not_the_end() {
         .expect("the failure is recorded");
     assert!(failure.contains("tpot_p99_limit_ms"), "{failure}");
     assert!(
-        refused["ratio"].is_null(),
+        refused["ratio"].is_null() && refused["measured_ratio"].is_null(),
         "no figure for a run that did not happen"
+    );
+    // Refusing a scenario is no way out of it: it counts as failed, scoring 0.
+    assert!(
+        refused["failed"]
+            .as_str()
+            .is_some_and(|why| why.starts_with("could not run")),
+        "{refused}"
+    );
+    let policy = &results["policies"][0];
+    assert_eq!(policy["failed"], 1);
+    assert_eq!(num(policy, "ratio"), 0.0);
+    let failed_on = policy["failed_scenarios"][0].as_str().unwrap_or_default();
+    assert!(
+        failed_on.starts_with("h200-8b-throughput (could not run"),
+        "{failed_on}"
     );
     assert!(entries[1]["failure"].is_null());
     assert!(num(&entries[1], "ratio") > 0.0);
+}
+
+#[test]
+fn a_policy_that_breaks_the_objective_fails_the_scenario_whatever_its_ratio() {
+    // `static` with the SM clock held at 600 MHz: efficient, and far too slow for a 20 ms
+    // time per token.
+    let dir = tempdir();
+    let shipped = std::fs::read_to_string(repo_root().join("policies/static.toml"))
+        .expect("policies/static.toml");
+    let text = shipped
+        .replace(
+            "plugin = \"policy_static.wasm\"",
+            &format!("plugin = \"{}\"", built_plugin("policy_static").display()),
+        )
+        .replace("name = \"static\"", "name = \"slow-clock\"")
+        .replace("[params]\n", "[params]\nsm_clock_max_mhz = \"600\"\n");
+    let spec = dir.path().join("slow-clock.toml");
+    std::fs::write(&spec, text).expect("write spec");
+    let spec = spec.to_str().expect("utf-8").to_owned();
+    let out = dir.path().join("eval");
+    let results = eval(
+        &out,
+        &[spec.as_str(), "static.toml"],
+        &["h200-8b-latency.toml"],
+        &["--seeds", "1", "--duration", "2m"],
+    );
+    let entries = results["entries"].as_array().expect("entries");
+    let slow = &entries[0];
+    assert_eq!(slow["policy"], "slow-clock");
+    assert!(num(slow, "slo_violation_fraction") > 0.01, "{slow}");
+    let why = slow["failed"].as_str().expect("the scenario failed");
+    assert!(why.contains("broke the objective on"), "{why}");
+    assert!(
+        slow["ratio"].is_null(),
+        "never a ratio, above 1 or not: {slow}"
+    );
+    assert!(
+        num(slow, "measured_ratio") > 0.0,
+        "what it measured stays on record"
+    );
+    let policy = &results["policies"][0];
+    assert_eq!(policy["failed"], 1);
+    assert_eq!(num(policy, "ratio"), 0.0);
+    assert_eq!(policy["worst_scenario"], "h200-8b-latency");
+    assert!(policy["worst_ratio"].is_null());
+    // The shipped static keeps the objective there and scores.
+    assert!(entries[1]["failed"].is_null(), "{}", entries[1]);
+    assert!(num(&results["policies"][1], "ratio") > 0.0);
+    let report = std::fs::read_to_string(out.join("report.html")).expect("report.html");
+    assert!(report.contains("FAILED"));
+}
+
+#[test]
+fn eval_without_arguments_judges_the_shipped_policies_on_the_shipped_scenarios() {
+    let dir = tempdir();
+    let out = dir.path().join("eval");
+    let output = tokwatt()
+        .current_dir(repo_root())
+        .args([
+            "eval",
+            "--seeds",
+            "1",
+            "--duration",
+            "20s",
+            "--quiet",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .expect("tokwatt eval runs");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = std::fs::read_to_string(out.join("eval.json")).expect("eval.json");
+    let results: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let shipped_specs = std::fs::read_dir(repo_root().join("policies"))
+        .expect("policies/")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "toml"))
+        })
+        .count();
+    let shipped_scenarios =
+        tokwatt::eval::EvalScenario::load_all(&[repo_root().join("host/scenarios/eval")])
+            .expect("the shipped set")
+            .len();
     assert_eq!(
-        results["policies"][0]["failed_scenarios"],
-        serde_json::json!(["h200-8b-throughput"])
+        results["policies"].as_array().map(Vec::len),
+        Some(shipped_specs)
+    );
+    assert_eq!(
+        results["scenarios"].as_array().map(Vec::len),
+        Some(shipped_scenarios)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("worst scenario"), "{stdout}");
+
+    // Elsewhere, without the checkout's folders: what to pass instead.
+    let output = tokwatt()
+        .current_dir(dir.path())
+        .args(["eval", "--quiet"])
+        .output()
+        .expect("tokwatt eval runs");
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("--policies"),
+        "{}",
+        stderr(&output)
     );
 }

@@ -174,13 +174,29 @@ pub(super) fn judge(
         let m = median(&never_as_slowest);
         m.is_finite().then_some(m)
     };
+    // The objective is judged on the mean over seeds: one bad seed is not hidden by the
+    // median of the others.
+    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
+    let shortfalls: Vec<f64> = oracle_served
+        .iter()
+        .zip(&served)
+        .map(|(oracle, policy)| oracle - policy)
+        .collect();
+    let failed = if per_seed.is_empty() {
+        None // said by the caller, which knows why no seed ran
+    } else {
+        super::objective_breach(mean(&violations), mean(&shortfalls))
+    };
+    let measured_ratio = median(&ratios);
     EvalEntry {
         policy: spec.name.clone(),
         scenario: scenario.name.clone(),
         seeds: per_seed.iter().map(|(seed, _, _)| *seed).collect(),
         tokens_per_joule: Spread::of(&tpj),
         oracle_tokens_per_joule: median(&oracle_tpj),
-        ratio: median(&ratios),
+        ratio: (failed.is_none() && measured_ratio.is_finite()).then_some(measured_ratio),
+        measured_ratio: measured_ratio.is_finite().then_some(measured_ratio),
+        failed,
         ticks_to_95: reached(&to_95),
         ticks_to_98: reached(&to_98),
         slo_violation_fraction: median(&violations),

@@ -47,7 +47,7 @@ pub use report::eval_report;
 pub use scenario::{EvalScenario, ScenarioError};
 
 /// Version of `eval.json`'s layout.
-pub const EVAL_FORMAT_VERSION: u32 = 1;
+pub const EVAL_FORMAT_VERSION: u32 = 2;
 /// The span over which tokens per joule is compared with the oracle's, seconds.
 pub const TRAILING_WINDOW_S: f64 = 30.0;
 /// How long a fraction must hold to count as reached, seconds.
@@ -123,9 +123,17 @@ pub struct EvalEntry {
     pub seeds: Vec<u64>,
     pub tokens_per_joule: Spread,
     pub oracle_tokens_per_joule: f64,
+    /// The judged ratio: `measured_ratio` where the policy kept the objective, none where
+    /// the scenario counts as failed for it (`failed`), whatever it measured.
+    pub ratio: Option<f64>,
     /// Median over seeds of the policy's tokens per joule over the oracle's (same seed),
-    /// times its served share of the oracle's served demand (at most 1).
-    pub ratio: f64,
+    /// times its served share of the oracle's served demand (at most 1); none without a
+    /// run.
+    pub measured_ratio: Option<f64>,
+    /// Why the scenario counts as failed for the policy: it broke the objective on more
+    /// than [`MAX_VIOLATION_FRACTION`] of ticks or served less than the oracle by more
+    /// than [`SERVED_MARGIN`] (means over seeds), or it could not run.
+    pub failed: Option<String>,
     /// `None` when no phase of any seed reached it.
     pub ticks_to_95: Option<f64>,
     pub ticks_to_98: Option<f64>,
@@ -140,18 +148,55 @@ pub struct EvalEntry {
     pub failure: Option<String>,
 }
 
+/// A scenario fails for a policy that breaks the objective on more than this share of
+/// its ticks (mean over seeds): a ratio bought by breaking the service is not a score.
+pub const MAX_VIOLATION_FRACTION: f64 = 0.01;
+/// A scenario fails for a policy that serves less of the demand than the oracle by more
+/// than this (a fraction of the demand, mean over seeds).
+pub const SERVED_MARGIN: f64 = 0.01;
+
+/// Why a policy fails a scenario on the objective, if it does: `violation_fraction` of its
+/// ticks broke the objective, and it served `served_shortfall` less of the demand than
+/// the oracle (both means over seeds).
+pub fn objective_breach(violation_fraction: f64, served_shortfall: f64) -> Option<String> {
+    let mut reasons = Vec::new();
+    if violation_fraction > MAX_VIOLATION_FRACTION {
+        reasons.push(format!(
+            "broke the objective on {:.2} % of ticks (more than {:.0} %)",
+            violation_fraction * 100.0,
+            MAX_VIOLATION_FRACTION * 100.0
+        ));
+    }
+    if served_shortfall > SERVED_MARGIN {
+        reasons.push(format!(
+            "served {:.2} points less of the demand than the oracle (more than {:.0})",
+            served_shortfall * 100.0,
+            SERVED_MARGIN * 100.0
+        ));
+    }
+    (!reasons.is_empty()).then(|| reasons.join("; "))
+}
+
 /// One policy over every scenario: medians of its entries.
 #[derive(Debug, Clone, Serialize)]
 pub struct PolicyResult {
     pub policy: String,
+    /// Median over scenarios of the judged ratio, a failed scenario counting as 0: the
+    /// headline, beside `failed` and the worst scenario.
     pub ratio: f64,
+    /// Scenarios that count as failed (see [`EvalEntry::failed`]).
+    pub failed: usize,
+    /// The scenario with the lowest judged ratio (a failed one first) and that ratio
+    /// (none where it failed).
+    pub worst_scenario: Option<String>,
+    pub worst_ratio: Option<f64>,
     pub ticks_to_95: Option<f64>,
     pub ticks_to_98: Option<f64>,
     pub slo_violation_fraction: f64,
     pub served_fraction: f64,
     /// The oracle's served fraction, median over the same scenarios.
     pub oracle_served_fraction: f64,
-    /// Scenarios where a run failed (their figures are left out of the medians).
+    /// The scenarios that count as failed, with why.
     pub failed_scenarios: Vec<String>,
 }
 
@@ -172,9 +217,15 @@ impl PolicyResult {
             });
             m.is_finite().then_some(m)
         };
+        // A failed scenario scores 0, below any it passed.
+        let judged = |e: &EvalEntry| e.ratio.unwrap_or(0.0);
+        let worst = mine.iter().min_by(|x, y| judged(x).total_cmp(&judged(y)));
         Self {
             policy: policy.to_owned(),
-            ratio: pick(&|e| e.ratio),
+            ratio: median(&mine.iter().map(|e| judged(e)).collect::<Vec<_>>()),
+            failed: mine.iter().filter(|e| e.failed.is_some()).count(),
+            worst_scenario: worst.map(|e| e.scenario.clone()),
+            worst_ratio: worst.and_then(|e| e.ratio),
             ticks_to_95: reached(&|e| e.ticks_to_95),
             ticks_to_98: reached(&|e| e.ticks_to_98),
             slo_violation_fraction: pick(&|e| e.slo_violation_fraction),
@@ -182,9 +233,34 @@ impl PolicyResult {
             oracle_served_fraction: pick(&|e| e.oracle_served_fraction),
             failed_scenarios: mine
                 .iter()
-                .filter(|e| e.failure.is_some())
-                .map(|e| e.scenario.clone())
+                .filter_map(|e| {
+                    e.failed
+                        .as_ref()
+                        .map(|why| format!("{} ({why})", e.scenario))
+                })
                 .collect(),
+        }
+    }
+}
+
+impl EvalEntry {
+    /// The judged ratio in three places, or `FAILED` where the scenario failed.
+    pub fn ratio_text(&self) -> String {
+        match (self.ratio, &self.failed) {
+            (Some(ratio), _) => format!("{ratio:.3}"),
+            (None, Some(_)) => "FAILED".to_owned(),
+            (None, None) => "—".to_owned(),
+        }
+    }
+}
+
+impl PolicyResult {
+    /// The worst scenario and its judged ratio (`FAILED` where it failed).
+    pub fn worst_text(&self) -> String {
+        match (&self.worst_scenario, self.worst_ratio) {
+            (Some(scenario), Some(ratio)) => format!("{scenario} {ratio:.3}"),
+            (Some(scenario), None) => format!("{scenario} FAILED"),
+            (None, _) => "—".to_owned(),
         }
     }
 }
@@ -383,6 +459,13 @@ pub fn evaluate(
                 });
             }
             let mut entry = judge(spec, scenario, &oracles[s], &per_seed);
+            if per_seed.is_empty() {
+                // Refusing a scenario is no way out of it: it counts as failed.
+                entry.failed = Some(format!(
+                    "could not run: {}",
+                    failure.as_deref().unwrap_or("no seed ran")
+                ));
+            }
             entry.failure = failure;
             entries.push(entry);
         }

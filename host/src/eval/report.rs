@@ -21,18 +21,30 @@ pub fn eval_report(results: &EvalResults) -> String {
             vec![
                 p.policy.clone(),
                 format!("{:.3}", p.ratio),
+                p.failed.to_string(),
+                p.worst_text(),
                 fmt_option(p.ticks_to_95, 0),
                 fmt_option(p.ticks_to_98, 0),
                 format!("{:.2} %", p.slo_violation_fraction * 100.0),
                 format!("{:.3}", p.served_fraction),
-                p.failed_scenarios.join(", "),
+                p.failed_scenarios.join("; "),
             ]
         })
         .collect();
+    page.paragraph(&format!(
+        "A scenario fails for a policy that breaks the objective on more than {:.0} % of its \
+         ticks, serves less of the demand than the oracle by more than {:.0} point, or cannot \
+         run it (means over seeds). A failed scenario shows no ratio and counts as 0 in the \
+         median: a ratio bought by breaking the service is not a score.",
+        super::MAX_VIOLATION_FRACTION * 100.0,
+        super::SERVED_MARGIN * 100.0
+    ));
     page.table(
         &[
             "policy",
-            "ratio to oracle",
+            "median ratio to oracle",
+            "failed",
+            "worst scenario",
             "ticks to 0.95",
             "ticks to 0.98",
             "violating ticks",
@@ -53,15 +65,14 @@ pub fn eval_report(results: &EvalResults) -> String {
                         .entries
                         .iter()
                         .find(|e| &e.policy == policy && &e.scenario == scenario)
-                        .map(|e| e.ratio)
-                        .filter(|r| r.is_finite())
+                        .and_then(|e| e.ratio)
                 })
                 .collect()
         })
         .collect();
     page.svg(
         HeatMap {
-            title: "tokens per joule over the oracle's (median over seeds)".into(),
+            title: "tokens per joule over the oracle's (median over seeds; blank: failed)".into(),
             rows: policies,
             columns: scenarios,
             values,
@@ -82,13 +93,13 @@ pub fn eval_report(results: &EvalResults) -> String {
                     e.tokens_per_joule.median, e.tokens_per_joule.min, e.tokens_per_joule.max
                 ),
                 format!("{:.4}", e.oracle_tokens_per_joule),
-                format!("{:.3}", e.ratio),
+                e.ratio_text(),
                 fmt_option(e.ticks_to_95, 0),
                 fmt_option(e.ticks_to_98, 0),
                 format!("{:.2} %", e.slo_violation_fraction * 100.0),
                 format!("{:.3}", e.served_fraction),
                 format!("{:.0}", e.setting_changes),
-                e.failure.clone().unwrap_or_default(),
+                e.failed.clone().unwrap_or_default(),
             ]
         })
         .collect();

@@ -67,3 +67,18 @@ fn spreads_ignore_nan_and_take_the_middle() {
     assert_eq!(median(&[1.0, 2.0, 3.0, 4.0]), 2.5);
     assert!(median(&[]).is_nan());
 }
+
+#[test]
+fn a_scenario_fails_beyond_one_percent_of_ticks_or_one_point_of_demand() {
+    assert_eq!(
+        super::objective_breach(0.01, 0.01),
+        None,
+        "at the limits: kept"
+    );
+    let why = super::objective_breach(0.0101, 0.0).expect("violations");
+    assert!(why.contains("1.01 % of ticks"), "{why}");
+    let why = super::objective_breach(0.0, 0.02).expect("served less");
+    assert!(why.contains("2.00 points less"), "{why}");
+    let both = super::objective_breach(0.5, 0.5).expect("both");
+    assert!(both.contains("; "), "{both}");
+}

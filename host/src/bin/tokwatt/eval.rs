@@ -14,11 +14,12 @@ use tokwatt::eval::{self, EvalProgress, EvalRequest, EvalResults, EvalScenario, 
 
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
-    /// Policy specs to judge.
-    #[arg(long, num_args = 1.., required = true, value_name = "SPEC")]
+    /// Policy specs to judge (default: every shipped spec, `policies/*.toml`).
+    #[arg(long, num_args = 1.., value_name = "SPEC")]
     policies: Vec<PathBuf>,
-    /// Judging scenario files, or folders of them (the shipped set: host/scenarios/eval).
-    #[arg(long, num_args = 1.., required = true, value_name = "DIR|FILE")]
+    /// Judging scenario files, or folders of them (default: the shipped set,
+    /// `host/scenarios/eval`).
+    #[arg(long, num_args = 1.., value_name = "DIR|FILE")]
     scenarios: Vec<PathBuf>,
     /// Seeds per policy and scenario (1..=N).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
@@ -42,8 +43,53 @@ pub struct EvalArgs {
     quiet: bool,
 }
 
+/// Where the shipped specs and judging scenarios are, from the checkout's root.
+const SHIPPED_POLICIES: &str = "policies";
+const SHIPPED_SCENARIOS: &str = "host/scenarios/eval";
+
+/// `--policies` as given, or every shipped spec in `SHIPPED_POLICIES`, sorted.
+fn policies_or_shipped(given: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    if !given.is_empty() {
+        return Ok(given.to_vec());
+    }
+    let dir = std::path::Path::new(SHIPPED_POLICIES);
+    let entries = std::fs::read_dir(dir).with_context(|| {
+        format!(
+            "no --policies given and ./{SHIPPED_POLICIES} cannot be read: run from the tokwatt \
+             checkout to judge the shipped policies, or name specs with --policies"
+        )
+    })?;
+    let mut specs: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
+        .collect();
+    specs.sort();
+    if specs.is_empty() {
+        bail!(
+            "no --policies given and ./{SHIPPED_POLICIES} holds no .toml spec: name specs with --policies"
+        );
+    }
+    Ok(specs)
+}
+
+/// `--scenarios` as given, or the shipped set.
+fn scenarios_or_shipped(given: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    if !given.is_empty() {
+        return Ok(given.to_vec());
+    }
+    let dir = PathBuf::from(SHIPPED_SCENARIOS);
+    if !dir.is_dir() {
+        bail!(
+            "no --scenarios given and ./{SHIPPED_SCENARIOS} is not here: run from the tokwatt \
+             checkout to judge on the shipped scenarios, or name files or folders with --scenarios"
+        );
+    }
+    Ok(vec![dir])
+}
+
 pub fn eval(args: &EvalArgs) -> Result<()> {
-    let scenarios = EvalScenario::load_all(&args.scenarios)?;
+    let policies = policies_or_shipped(&args.policies)?;
+    let scenarios = EvalScenario::load_all(&scenarios_or_shipped(&args.scenarios)?)?;
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from("out").join(format!(
             "eval-{}",
@@ -63,7 +109,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
     let request = EvalRequest {
-        policies: args.policies.clone(),
+        policies,
         scenarios,
         seeds: args.seeds,
         duration_s: args.duration.map(|d| d.as_secs_f64()),
@@ -150,7 +196,7 @@ fn print_results(results: &EvalResults) {
             e.scenario.clone(),
             format!("{:.4}", e.tokens_per_joule.median),
             format!("{:.4}", e.oracle_tokens_per_joule),
-            format!("{:.3}", e.ratio),
+            e.ratio_text(),
             fmt_option(e.ticks_to_95, 0),
             fmt_option(e.ticks_to_98, 0),
             format!("{:.2}%", e.slo_violation_fraction * 100.0),
@@ -159,36 +205,45 @@ fn print_results(results: &EvalResults) {
         ]);
     }
     println!("{table}");
-    for e in results.entries.iter().filter(|e| e.failure.is_some()) {
+    for e in results.entries.iter().filter(|e| e.failed.is_some()) {
         println!(
-            "{} on {}: {}",
+            "FAILED: {} on {}: {}",
             e.policy,
             e.scenario,
-            e.failure.as_deref().unwrap_or_default()
+            e.failed.as_deref().unwrap_or_default()
         );
     }
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header([
         "policy (median over scenarios)",
         "ratio",
+        "failed",
+        "worst scenario",
         "t→0.95",
         "t→0.98",
         "violating",
         "served",
         "oracle served",
-        "failed on",
     ]);
     for p in &results.policies {
         table.add_row([
             p.policy.clone(),
             format!("{:.3}", p.ratio),
+            p.failed.to_string(),
+            p.worst_text(),
             fmt_option(p.ticks_to_95, 0),
             fmt_option(p.ticks_to_98, 0),
             format!("{:.2}%", p.slo_violation_fraction * 100.0),
             format!("{:.3}", p.served_fraction),
             format!("{:.3}", p.oracle_served_fraction),
-            p.failed_scenarios.len().to_string(),
         ]);
     }
     println!("{table}");
+    println!(
+        "A scenario fails for a policy that breaks the objective on more than {:.0} % of ticks, \
+         serves {:.0} point less than the oracle, or cannot run it; it shows no ratio and \
+         counts as 0 in the median.",
+        eval::MAX_VIOLATION_FRACTION * 100.0,
+        eval::SERVED_MARGIN * 100.0
+    );
 }

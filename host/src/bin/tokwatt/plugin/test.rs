@@ -189,7 +189,7 @@ fn print_results(results: &EvalResults) -> Result<()> {
         table.add_row([
             label,
             format!("{:.4}", entry.tokens_per_joule.median),
-            format!("{:.3}", entry.ratio),
+            entry.ratio_text(),
             format!("{:.2}%", entry.slo_violation_fraction * 100.0),
             format!("{:.1}%", entry.served_fraction * 100.0),
         ]);
@@ -212,7 +212,9 @@ fn print_results(results: &EvalResults) -> Result<()> {
     );
     for entry in [policy, baseline] {
         if let Some(failure) = &entry.failure {
-            println!("{} failed: {failure}", entry.policy);
+            println!("{} could not run: {failure}", entry.policy);
+        } else if let Some(why) = &entry.failed {
+            println!("{} FAILED the scenario: {why}", entry.policy);
         }
     }
     Ok(())
