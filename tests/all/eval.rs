@@ -283,3 +283,62 @@ fn eval_without_arguments_judges_the_shipped_policies_on_the_shipped_scenarios()
         stderr(&output)
     );
 }
+
+#[test]
+fn a_family_is_judged_on_its_tuning_and_held_out_splits_side_by_side() {
+    let dir = tempdir();
+    let out = dir.path().join("eval");
+    let drawn = dir.path().join("drawn");
+    let output = tokwatt()
+        .args(["eval", "--policies"])
+        .arg(repo_root().join("policies/static.toml"))
+        .args([
+            "--family",
+            "broad",
+            "--count",
+            "2",
+            "--seed",
+            "5",
+            "--seeds",
+            "1",
+            "--duration",
+            "1m",
+            "--quiet",
+            "--out",
+        ])
+        .arg(&out)
+        .arg("--write-scenarios")
+        .arg(&drawn)
+        .output()
+        .expect("tokwatt eval runs");
+    assert!(output.status.success(), "{}", stderr(&output));
+    for (split, tag) in [("tuning", "t"), ("held-out", "h")] {
+        let text = std::fs::read_to_string(out.join(split).join("eval.json")).expect("eval.json");
+        let results: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        let names: Vec<&str> = results["scenarios"]
+            .as_array()
+            .expect("scenarios")
+            .iter()
+            .filter_map(|s| s["name"].as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [format!("broad-{tag}5-00"), format!("broad-{tag}5-01")]
+        );
+        for name in names {
+            // The drawn files judge as any scenario file.
+            let file = drawn.join(split).join(format!("{name}.toml"));
+            tokwatt::eval::EvalScenario::load(&file).expect("a drawn file loads");
+        }
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("held-out ratio"), "{stdout}");
+    assert!(stdout.contains("tuning ratio"), "{stdout}");
+
+    let output = tokwatt()
+        .args(["eval", "--family", "narrow", "--quiet"])
+        .output()
+        .expect("tokwatt eval runs");
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("broad"), "{}", stderr(&output));
+}

@@ -120,6 +120,66 @@ pub fn cap_grid(min_w: f64, max_w: f64) -> Vec<f64> {
     caps
 }
 
+/// The most requests per second `scenario`'s GPU serves within its TPOT bound (with 10 %
+/// headroom for the p99's jitter), by the decode model in steady state: no cap, no clock
+/// lock, any batch up to the workload's largest. The scale a scenario family draws demand
+/// on; the oracle's search, not this, says whether a drawn phase is feasible.
+pub fn capacity_rps(scenario: &EvalScenario) -> f64 {
+    let profile = &scenario.profile;
+    let workload = &scenario.workload;
+    let model = DecodeModel::new(
+        profile,
+        &DecodeCost::new(&workload.model, workload.context_tokens),
+    );
+    let mem_mhz = f64::from(profile.mem_max_mhz());
+    let top_clock = model.sm_grid().first().copied().unwrap_or(0);
+    let tpot_limit_s = scenario
+        .objective
+        .tpot_p99_limit_ms
+        .map_or(f64::INFINITY, |ms| 0.9 * ms * 1e-3);
+    batch_grid(workload.batch_size_max)
+        .into_iter()
+        .map(|batch| model.steady_state(batch, profile.power_cap.max_w, top_clock, mem_mhz))
+        .filter(|state| state.step_s <= tpot_limit_s)
+        .map(|state| state.tokens_per_s)
+        .fold(0.0, f64::max)
+        / f64::from(workload.output_tokens.max(1))
+}
+
+/// The step time of one sequence alone at the top clock and no cap: the fastest a token
+/// can come, the floor a TPOT bound is drawn above.
+pub fn single_sequence_tpot_ms(scenario: &EvalScenario) -> f64 {
+    let profile = &scenario.profile;
+    let model = DecodeModel::new(
+        profile,
+        &DecodeCost::new(&scenario.workload.model, scenario.workload.context_tokens),
+    );
+    let top_clock = model.sm_grid().first().copied().unwrap_or(0);
+    model
+        .steady_state(
+            1,
+            profile.power_cap.max_w,
+            top_clock,
+            f64::from(profile.mem_max_mhz()),
+        )
+        .step_s
+        * 1e3
+}
+
+/// The oracle's share of ticks over the objective, weighted by phase length (from its
+/// verification runs); NaN without phases.
+pub fn violation_fraction(phases: &[PhaseOracle]) -> f64 {
+    let total: f64 = phases.iter().map(|p| p.end_s - p.start_s).sum();
+    if total <= 0.0 {
+        return f64::NAN;
+    }
+    phases
+        .iter()
+        .map(|p| p.simulated_violation_fraction * (p.end_s - p.start_s))
+        .sum::<f64>()
+        / total
+}
+
 /// The oracle of every phase of `scenario` over its first `duration_s` seconds.
 pub fn search(
     scenario: &EvalScenario,

@@ -71,14 +71,22 @@ fn spreads_ignore_nan_and_take_the_middle() {
 #[test]
 fn a_scenario_fails_beyond_one_percent_of_ticks_or_one_point_of_demand() {
     assert_eq!(
-        super::objective_breach(0.01, 0.01),
+        super::objective_breach(0.01, 0.01, None),
         None,
         "at the limits: kept"
     );
-    let why = super::objective_breach(0.0101, 0.0).expect("violations");
+    let why = super::objective_breach(0.0101, 0.0, None).expect("violations");
     assert!(why.contains("1.01 % of ticks"), "{why}");
-    let why = super::objective_breach(0.0, 0.02).expect("served less");
+    let why = super::objective_breach(0.0, 0.02, None).expect("served less");
     assert!(why.contains("2.00 points less"), "{why}");
-    let both = super::objective_breach(0.5, 0.5).expect("both");
+    let both = super::objective_breach(0.5, 0.5, None).expect("both");
     assert!(both.contains("; "), "{both}");
+    // An overload: the oracle itself breaks the objective on 30 % of ticks.
+    assert_eq!(super::objective_breach(0.305, 0.0, Some(0.30)), None);
+    let why = super::objective_breach(0.32, 0.0, Some(0.30)).expect("beyond the oracle");
+    assert!(why.contains("an overload"), "{why}");
+    assert!(
+        super::objective_breach(0.30, 0.05, Some(0.30)).is_some(),
+        "served demand first"
+    );
 }

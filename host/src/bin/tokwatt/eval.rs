@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 
 use crate::plugin_places::PluginPlaces;
+use tokwatt::eval::family::{self, Split};
 use tokwatt::eval::{self, EvalProgress, EvalRequest, EvalResults, EvalScenario, fmt_option};
 
 #[derive(Debug, clap::Args)]
@@ -21,6 +22,27 @@ pub struct EvalArgs {
     /// `host/scenarios/eval`).
     #[arg(long, num_args = 1.., value_name = "DIR|FILE")]
     scenarios: Vec<PathBuf>,
+    /// Judge on scenarios drawn from a family (`broad`) instead of files: its tuning and
+    /// held-out splits (drawn from disjoint random streams), side by side.
+    #[arg(long, conflicts_with = "scenarios", value_name = "NAME")]
+    family: Option<String>,
+    /// Scenarios drawn per split.
+    #[arg(long, default_value_t = 40, requires = "family")]
+    count: usize,
+    /// The family's seed: the same seed draws the same scenarios.
+    #[arg(
+        long = "family-seed",
+        alias = "seed",
+        default_value_t = 1,
+        requires = "family"
+    )]
+    family_seed: u64,
+    /// Which split to judge.
+    #[arg(long, value_enum, default_value = "both", requires = "family")]
+    split: SplitArg,
+    /// Also write every drawn scenario's file into DIR/tuning and DIR/held-out.
+    #[arg(long, value_name = "DIR", requires = "family")]
+    write_scenarios: Option<PathBuf>,
     /// Seeds per policy and scenario (1..=N).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
     seeds: u64,
@@ -87,9 +109,21 @@ fn scenarios_or_shipped(given: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(vec![dir])
 }
 
+/// `--split`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum SplitArg {
+    Tuning,
+    HeldOut,
+    Both,
+}
+
 pub fn eval(args: &EvalArgs) -> Result<()> {
+    if let Some(name) = &args.family
+        && !family::FAMILIES.contains(&name.as_str())
+    {
+        return Err(family::FamilyError::Unknown { name: name.clone() }.into());
+    }
     let policies = policies_or_shipped(&args.policies)?;
-    let scenarios = EvalScenario::load_all(&scenarios_or_shipped(&args.scenarios)?)?;
     let out = args.out.clone().unwrap_or_else(|| {
         PathBuf::from("out").join(format!(
             "eval-{}",
@@ -98,6 +132,100 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
                 .replace(':', "-")
         ))
     });
+    let Some(family) = &args.family else {
+        let scenarios = EvalScenario::load_all(&scenarios_or_shipped(&args.scenarios)?)?;
+        let results = judge(args, policies, scenarios, &out)?;
+        print_results(&results);
+        return Ok(());
+    };
+    let splits: &[Split] = match args.split {
+        SplitArg::Tuning => &[Split::Tuning],
+        SplitArg::HeldOut => &[Split::HeldOut],
+        SplitArg::Both => &[Split::Tuning, Split::HeldOut],
+    };
+    let mut judged = Vec::new();
+    for &split in splits {
+        let drawn = family::draw(family, split, args.count, args.family_seed)?;
+        let folder = out.join(split_name(split));
+        if let Some(dir) = &args.write_scenarios {
+            let dir = dir.join(split_name(split));
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            for d in &drawn {
+                let path = dir.join(format!("{}.toml", d.scenario.name));
+                std::fs::write(&path, &d.text)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+        }
+        if !args.quiet {
+            let shapes = drawn.iter().map(|d| d.demand).collect::<Vec<_>>();
+            eprintln!(
+                "{} split of family `{family}` (seed {}): {} scenarios ({})",
+                split_name(split),
+                args.family_seed,
+                drawn.len(),
+                shapes.join(", ")
+            );
+        }
+        let scenarios = drawn.into_iter().map(|d| d.scenario).collect();
+        let results = judge(args, policies.clone(), scenarios, &folder)?;
+        judged.push((split, results));
+    }
+    for (split, results) in &judged {
+        println!("\n{} split", split_name(*split));
+        print_results(results);
+    }
+    if let [(_, tuning), (_, held_out)] = judged.as_slice() {
+        print_splits(tuning, held_out);
+    }
+    Ok(())
+}
+
+fn split_name(split: Split) -> &'static str {
+    match split {
+        Split::Tuning => "tuning",
+        Split::HeldOut => "held-out",
+    }
+}
+
+/// The headline of both splits side by side, held-out first: the figure that says how a
+/// policy does on work it was not tuned on.
+fn print_splits(tuning: &EvalResults, held_out: &EvalResults) {
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header([
+        "policy",
+        "held-out ratio",
+        "failed",
+        "worst",
+        "tuning ratio",
+        "failed",
+        "worst",
+    ]);
+    for h in &held_out.policies {
+        let t = tuning.policies.iter().find(|t| t.policy == h.policy);
+        table.add_row([
+            h.policy.clone(),
+            format!("{:.3}", h.ratio),
+            format!("{}/{}", h.failed, held_out.scenarios.len()),
+            h.worst_text(),
+            t.map_or_else(String::new, |t| format!("{:.3}", t.ratio)),
+            t.map_or_else(String::new, |t| {
+                format!("{}/{}", t.failed, tuning.scenarios.len())
+            }),
+            t.map_or_else(String::new, eval::PolicyResult::worst_text),
+        ]);
+    }
+    println!(
+        "\nheld-out against tuning split (simulator output; median ratio to the oracle with a failed scenario as 0)\n{table}"
+    );
+}
+
+/// Judge `policies` on `scenarios`, write `eval.json` and `report.html` into `out`.
+fn judge(
+    args: &EvalArgs,
+    policies: Vec<PathBuf>,
+    scenarios: Vec<EvalScenario>,
+    out: &std::path::Path,
+) -> Result<EvalResults> {
     let json_path = out.join("eval.json");
     if json_path.exists() && !args.overwrite {
         bail!(
@@ -132,7 +260,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
             print_progress(&p);
         }
     })?;
-    std::fs::create_dir_all(&out)
+    std::fs::create_dir_all(out)
         .with_context(|| format!("creating the output folder {}", out.display()))?;
     let json = serde_json::to_string_pretty(&results).context("serialising eval.json")?;
     tokwatt::report::write_atomically(&json_path, &(json + "\n"))
@@ -140,14 +268,13 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
     let report_path = out.join("report.html");
     tokwatt::report::write_atomically(&report_path, &eval::eval_report(&results))
         .with_context(|| format!("writing {}", report_path.display()))?;
-    print_results(&results);
     println!(
-        "\n{:.1} s wall. Wrote {} and {}",
+        "{:.1} s wall. Wrote {} and {}",
         results.wall_time_s,
         json_path.display(),
         report_path.display()
     );
-    Ok(())
+    Ok(results)
 }
 
 fn print_progress(p: &EvalProgress) {

@@ -135,15 +135,7 @@ fn minimal_spec(wasm: &Path, dir: &Path) -> Result<PathBuf> {
 /// The oracle's share of ticks over the objective: its phases' verification runs,
 /// weighted by each phase's length.
 fn oracle_violation_fraction(phases: &[PhaseOracle]) -> f64 {
-    let total: f64 = phases.iter().map(|p| p.end_s - p.start_s).sum();
-    if total <= 0.0 {
-        return f64::NAN;
-    }
-    phases
-        .iter()
-        .map(|p| p.simulated_violation_fraction * (p.end_s - p.start_s))
-        .sum::<f64>()
-        / total
+    eval::oracle::violation_fraction(phases)
 }
 
 fn print_results(results: &EvalResults) -> Result<()> {
