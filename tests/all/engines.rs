@@ -22,7 +22,7 @@ use crate::support::{repo_root, tempdir};
 /// The expositions written by `expose.py`, or `None` (with the reason printed) where
 /// Python cannot run it and CI did not ask for it.
 fn expositions() -> Option<tempfile::TempDir> {
-    let required = std::env::var_os("TOKWATT_REQUIRE_PYTHON").is_some();
+    let required = crate::support::required("TOKWATT_REQUIRE_PYTHON");
     let probe = Command::new("python3")
         .args(["-c", "import prometheus_client"])
         .output();

@@ -17,13 +17,7 @@ pub fn stdout(output: &Output) -> String {
 
 /// When a language's toolchain is missing: skip with the reason printed, or fail when the
 /// environment variable `require` is `1` (`.ci/run` sets it, so CI never skips).
-pub fn skip_unless_required(require: &str, reason: &str) {
-    assert!(
-        std::env::var_os(require).is_none_or(|value| value != "1"),
-        "{require}=1 but {reason}"
-    );
-    println!("skipped: {reason}");
-}
+pub use crate::support::skip_unless_required;
 
 /// A fresh build folder under `target/` (the last build's is removed).
 pub fn fresh_folder(name: &str) -> PathBuf {

@@ -183,8 +183,23 @@ pub fn assert_run_sound(r: &RunResult, expected_ticks: u64) {
     }
 }
 
+/// Whether the run requires the tool `var` stands for (a `TOKWATT_REQUIRE_…` variable set
+/// to anything but empty or `0`; `.ci/run` sets them all): a missing tool then fails its
+/// test instead of skipping it. The one reading of every such variable.
+pub fn required(var: &str) -> bool {
+    std::env::var_os(var).is_some_and(|value| !value.is_empty() && value != "0")
+}
+
+/// Skips a test for `reason` (printed), or fails it where [`required`]`(var)`.
+#[track_caller]
+pub fn skip_unless_required(var: &str, reason: &str) {
+    assert!(!required(var), "{var} is set but {reason}");
+    println!("skipped: {reason}");
+}
+
 /// `tool`'s name when `tool --version` runs, or `None` after printing why the test is
-/// skipped. Under `{require}=1` (set by .ci/run) a missing tool fails the test instead.
+/// skipped. Where [`required`]`(require)` a missing tool fails the test instead.
+#[track_caller]
 pub fn required_tool(tool: &'static str, require: &str, install: &str) -> Option<&'static str> {
     let found = Command::new(tool)
         .arg("--version")
@@ -193,9 +208,6 @@ pub fn required_tool(tool: &'static str, require: &str, install: &str) -> Option
     if found {
         return Some(tool);
     }
-    if std::env::var(require).as_deref() == Ok("1") {
-        panic!("{tool} is missing and {require}=1: install it ({install})");
-    }
-    eprintln!("skipping: {tool} is not installed ({install})");
+    skip_unless_required(require, &format!("{tool} is not installed ({install})"));
     None
 }
