@@ -19,6 +19,9 @@ const BURST_HEADROOM: f64 = 0.95;
 const SURGE_STEP_UP: f64 = 0.5;
 /// A violation this soon (in windows) after lowering the clock is blamed on the clock.
 const BLAME_WINDOWS: u32 = 2;
+/// Without a fitted line, requests waiting and the p99 under this share of the ceiling,
+/// the batch probes a step up (a quarter, at least one sequence).
+const PROBE_BELOW: f64 = 0.8;
 
 /// A clock the search stays at or above for a while.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -222,10 +225,26 @@ impl GpuControl {
             } else {
                 target_ms
             };
-            let wanted = batch_for(line, ceiling_ms, self.batch_max);
+            let mut wanted = batch_for(line, ceiling_ms, self.batch_max);
+            // The line through the origin (every point at one batch size, so no slope yet)
+            // overstates a larger batch's time many times over where the weights' read
+            // dominates the step: at batch 1 with a 5.6 ms step under a 9.6 ms limit it
+            // held the batch at 1 while 70 requests queued. With requests waiting and the
+            // latency well under the ceiling, probe a step up: that gives the fit its
+            // spread, and a violation cuts back.
+            if !line.fitted
+                && has_demand(observation)
+                && wanted <= in_force_batch
+                && observation.tpot_p99_ms < PROBE_BELOW * ceiling_ms
+            {
+                wanted = in_force_batch
+                    .saturating_add((in_force_batch / 4).max(1))
+                    .min(self.batch_max);
+            }
             let before = self.batch_target;
-            // Changes under 5 % are not worth a settling tick.
-            let worth = |next: u32| next.abs_diff(in_force_batch) > (in_force_batch / 20).max(1);
+            // Changes under 5 % are not worth a settling tick; one sequence always is
+            // (it is 100 % at a batch of 1).
+            let worth = |next: u32| next.abs_diff(in_force_batch) >= (in_force_batch / 20).max(1);
             if has_demand(observation) && wanted > in_force_batch {
                 let most = (f64::from(in_force_batch) * config.max_batch_growth).ceil() as u32;
                 let grown = wanted.min(most);

@@ -289,3 +289,24 @@ fn without_a_latency_limit_an_unknown_latency_does_not_hold_the_clock_up() {
     assert!(run.gpu.clock < 1980, "{}", run.gpu.clock);
     assert!(run.gpu.queue < 5_000.0, "{}", run.gpu.queue);
 }
+
+#[test]
+fn a_batch_stuck_at_one_with_requests_waiting_probes_up_to_the_limit() {
+    // A step dominated by the weights' read (12 ms at one sequence, 0.14 ms more per
+    // sequence): the line through the origin from points at one sequence predicts 25 ms
+    // for two, so without a probe the batch stays at 1 while the queue grows.
+    let mut run = Run::new(Knobs::BATCH_SIZE, 1e6);
+    run.gpu.slowness = 2.5;
+    run.gpu.batch = 1;
+    run.policy.gpus[0].batch_target = 1;
+    run.policy.gpus[0].fit.clear();
+    run.run(40);
+    let limit = (LIMIT_MS / 1.04 / 2.5 - 4.8) / 0.056;
+    assert!(
+        f64::from(run.gpu.batch) > 0.5 * limit,
+        "batch {} of a limit of {limit:.0}",
+        run.gpu.batch
+    );
+    assert!(f64::from(run.gpu.batch) <= limit, "batch {}", run.gpu.batch);
+    assert_eq!(run.violations, 0);
+}
