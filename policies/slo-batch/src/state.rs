@@ -9,7 +9,8 @@
 //!   bool has reference [f64 tokens/s]
 //! ```
 //!
-//! The clock window and the judgement of the last step down start afresh.
+//! The clock window and the judgement of the last step down start afresh; the p99's
+//! scatter is the new instance's own.
 
 use crate::control::{Floor, GpuControl, Window};
 use crate::fit::TpotFit;
@@ -69,6 +70,7 @@ pub(crate) fn decode(state: &State, current: &[GpuControl]) -> Result<Vec<GpuCon
         control.last_down = None;
         control.backlog_windows = 0;
         control.queue_empties = false;
+        // The scatter is kept from the instance taking over: it is this GPU's, now.
         Ok(control)
     })
 }

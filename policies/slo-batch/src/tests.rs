@@ -20,6 +20,10 @@ struct Gpu {
     /// The p99 is reported as NaN, as the host does when a serving engine saw no
     /// request end in the tick.
     latency_unknown: bool,
+    /// Each tick's p99 strays uniformly by up to this fraction (short requests, a noisy
+    /// board), drawn from `noise`.
+    jitter: f64,
+    noise: u64,
 }
 
 impl Gpu {
@@ -49,10 +53,16 @@ impl Gpu {
         observation.energy_j = power_w;
         observation.tokens_per_s = made;
         observation.tokens_per_joule = made / power_w;
+        // A linear congruential step: uniform in [0, 1) from the top 53 bits.
+        self.noise = self
+            .noise
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let uniform = (self.noise >> 11) as f64 / (1u64 << 53) as f64;
         observation.tpot_p99_ms = if self.latency_unknown {
             f64::NAN
         } else {
-            self.step_ms(sequences) * 1.04
+            self.step_ms(sequences) * 1.04 * (1.0 + self.jitter * (2.0 * uniform - 1.0))
         };
         observation.active_sequences = sequences.round().max(1.0) as u32;
         observation.queue_depth = (self.queue / 256.0).floor() as u32;
@@ -103,6 +113,8 @@ impl Run {
             settling: false,
             slowness: 1.0,
             latency_unknown: false,
+            jitter: 0.0,
+            noise: 1,
         };
         gpu.apply(&first[0]);
         Run {
@@ -309,4 +321,22 @@ fn a_batch_stuck_at_one_with_requests_waiting_probes_up_to_the_limit() {
     );
     assert!(f64::from(run.gpu.batch) <= limit, "batch {}", run.gpu.batch);
     assert_eq!(run.violations, 0);
+}
+
+#[test]
+fn a_p99_that_strays_more_than_the_headroom_covers_is_kept_further_under_the_limit() {
+    // ±15 % per tick: at the shipped 90 % headroom one tick in eight would break the limit.
+    let mut run = Run::new(Knobs::BATCH_SIZE, 1e6);
+    run.gpu.jitter = 0.15;
+    run.run(100);
+    let settling_in = run.violations;
+    run.run(600);
+    let violations = run.violations - settling_in;
+    assert!(violations <= 6, "{violations} of 600 ticks over the limit");
+    // It still fills most of what the margin allows.
+    assert!(
+        f64::from(run.gpu.batch) >= 0.5 * limit_batch(),
+        "batch {}",
+        run.gpu.batch
+    );
 }
