@@ -342,3 +342,28 @@ fn a_family_is_judged_on_its_tuning_and_held_out_splits_side_by_side() {
     assert!(!output.status.success());
     assert!(stderr(&output).contains("broad"), "{}", stderr(&output));
 }
+
+#[test]
+fn the_held_out_set_written_elsewhere_loads_and_covers_what_the_generator_draws() {
+    // Written without the family generator, to check that the generated held-out split
+    // says what a policy does on scenarios nobody drew from it.
+    let dir = repo_root().join("host/scenarios/held-out-elsewhere");
+    let scenarios = tokwatt::eval::EvalScenario::load_all(&[dir]).expect("the set loads");
+    assert!(scenarios.len() >= 8, "{} scenarios", scenarios.len());
+    let has = |f: &dyn Fn(&tokwatt::eval::EvalScenario) -> bool| scenarios.iter().any(f);
+    for gpu in ["h200", "h100", "a100"] {
+        assert!(has(&|s| s.profile.id == gpu), "no {gpu} scenario");
+    }
+    assert!(
+        has(&|s| s.workload.model.layers >= 40),
+        "no 14B-class shape"
+    );
+    assert!(
+        has(&|s| s.objective.tpot_p99_limit_ms.is_none()),
+        "no throughput objective"
+    );
+    assert!(
+        has(&|s| s.workload.phases.len() >= 10),
+        "no fast shifts or bursts"
+    );
+}
