@@ -765,10 +765,11 @@ fn rank(results: &mut [CandidateResult]) {
     });
 }
 
-/// The spec's text with `params` written into its `[params]` table (replaced where the
-/// key is there, added after the table's last key otherwise; a table added at the end if
-/// the spec has none), and a first line saying where they come from. The rest of the text
-/// is kept. `plugin`, when it is a path found beside the original spec, is made absolute
+/// The spec's text with `params` written into its `params` table by a TOML editor
+/// (`toml_edit`: replaced where the key is there, added after the table's last key
+/// otherwise, inline tables included; a table added at the end if the spec has none),
+/// and first lines saying where they come from. The rest of the text, comments and
+/// layout, is kept. `plugin`, when it is a path found beside the original spec, is made absolute
 /// so that the copy in another folder finds it. The result is checked by loading it.
 pub fn tuned_spec_text(
     original: &PolicySpec,
@@ -781,26 +782,10 @@ pub fn tuned_spec_text(
         path: written_to.to_owned(),
         problem,
     };
-    let mut lines: Vec<String> = original_text.lines().map(str::to_owned).collect();
-    let header_of = |line: &str| -> Option<String> {
-        let t = line.trim();
-        (t.starts_with('[') && !t.starts_with("[[")).then(|| {
-            t.trim_start_matches('[')
-                .split(']')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_owned()
-        })
-    };
-    let key_of = |line: &str| -> Option<String> {
-        let t = line.trim();
-        if t.starts_with('#') || t.starts_with('[') {
-            return None;
-        }
-        let (key, _) = t.split_once('=')?;
-        Some(key.trim().trim_matches('"').trim_matches('\'').to_owned())
-    };
+    // An editor of the TOML itself: the operator's comments, order and layout stay.
+    let mut document: toml_edit::DocumentMut = original_text
+        .parse()
+        .map_err(|e| problem(format!("the original spec is not TOML: {e}")))?;
     // Make a plugin path found only beside the original spec absolute.
     let spec_dir = original.path.parent().unwrap_or(Path::new("."));
     let beside = spec_dir.join(&original.plugin);
@@ -808,73 +793,41 @@ pub fn tuned_spec_text(
         && beside.is_file()
         && written_to.parent() != Some(spec_dir)
         && let Ok(absolute) = beside.canonicalize()
+        && document.contains_key("plugin")
     {
-        let top_level_end = lines
-            .iter()
-            .position(|l| header_of(l).is_some())
-            .unwrap_or(lines.len());
-        if let Some(line) = lines[..top_level_end]
-            .iter_mut()
-            .find(|l| key_of(l).as_deref() == Some("plugin"))
-        {
-            *line = format!("plugin = {}", toml_string(&absolute.display().to_string()));
-        }
+        document["plugin"] = toml_edit::value(absolute.display().to_string());
     }
-    let start = lines
-        .iter()
-        .position(|l| header_of(l).as_deref() == Some("params"));
-    match start {
-        Some(start) => {
-            let end = lines[start + 1..]
-                .iter()
-                .position(|l| header_of(l).is_some() || l.trim().starts_with("[["))
-                .map_or(lines.len(), |p| start + 1 + p);
-            let mut insert_at = lines[start + 1..end]
-                .iter()
-                .rposition(|l| key_of(l).is_some())
-                .map_or(start + 1, |p| start + 2 + p);
-            for (name, value) in params {
-                let line = format!("{name} = {}", toml_string(value));
-                let existing =
-                    (start + 1..end).find(|&i| key_of(&lines[i]).as_deref() == Some(name));
-                match existing {
-                    Some(i) => lines[i] = line,
-                    None => {
-                        lines.insert(insert_at, line);
-                        insert_at += 1;
-                    }
-                }
-            }
-        }
-        None => {
-            lines.push(String::new());
-            lines.push("[params]".into());
-            for (name, value) in params {
-                lines.push(format!("{name} = {}", toml_string(value)));
+    let table = document
+        .entry("params")
+        .or_insert_with(toml_edit::table)
+        .as_table_like_mut()
+        .ok_or_else(|| problem("its `params` is not a table".to_owned()))?;
+    for (name, value) in params {
+        match table.get_mut(name) {
+            Some(item) => *item = toml_edit::value(value.as_str()),
+            None => {
+                table.insert(name, toml_edit::value(value.as_str()));
             }
         }
     }
+    let edited = document.to_string();
     let mut text = String::new();
     for line in comment.lines() {
         text.push_str("# ");
         text.push_str(line);
         text.push('\n');
     }
-    text.push_str(&lines.join("\n"));
+    text.push_str(edited.trim_end());
     text.push('\n');
     let check = PolicySpec::parse(written_to, &text).map_err(|e| problem(e.to_string()))?;
     for (name, value) in params {
         if !check.params.iter().any(|(k, v)| k == name && v == value) {
             return Err(problem(format!(
-                "the written spec does not hold {name} = {value:?} (its [params] table is written in a form this editor does not follow); set it by hand"
+                "the written spec does not hold {name} = {value:?}; set it by hand"
             )));
         }
     }
     Ok(text)
-}
-
-fn toml_string(value: &str) -> String {
-    toml::Value::String(value.to_owned()).to_string()
 }
 
 /// The files of a search: `tune.json`, `report.html` and `<policy>-tuned.toml` (the last

@@ -129,10 +129,23 @@ fn the_tuned_spec_keeps_the_text_and_holds_the_winner() {
     let tuned = PolicySpec::parse(out, &text).unwrap();
     assert_eq!(tuned.params.len(), 2);
 
-    // An inline table is not edited line by line: refused, not written wrong.
+    // An inline table is edited as a table (the TOML is edited, not its lines).
     let inline = "name = \"static\"\nplugin = \"p.wasm\"\nparams = { power_cap_w = \"500\" }\n";
     let spec = PolicySpec::parse(path, inline).unwrap();
-    assert!(tuned_spec_text(&spec, inline, &winner, out, "tuned").is_err());
+    let text = tuned_spec_text(&spec, inline, &winner, out, "tuned").unwrap();
+    let tuned = PolicySpec::parse(out, &text).unwrap();
+    assert_eq!(
+        tuned.params,
+        candidate_spec(&spec, &winner).params,
+        "{text}"
+    );
+    assert!(text.contains("params = {"), "still inline: {text}");
+
+    // A `params` that is not a table is refused, not written wrong.
+    let wrong = "name = \"static\"\nplugin = \"p.wasm\"\nparams = 3\n";
+    if let Ok(spec) = PolicySpec::parse(path, wrong) {
+        assert!(tuned_spec_text(&spec, wrong, &winner, out, "tuned").is_err());
+    }
 }
 
 #[test]
