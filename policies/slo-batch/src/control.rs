@@ -614,9 +614,6 @@ impl GpuControl {
     }
 }
 
-/// The p99 time per token the batch is steered to: `headroom` of the limit, unbounded
-/// without one.
-
 /// The largest batch the line keeps at or under `target_ms`, in 1..=`max`.
 fn batch_for(line: Line, target_ms: f64, max: u32) -> u32 {
     let sequences = line.sequences_for(target_ms).floor();
