@@ -24,6 +24,16 @@ use crate::sim::GpuProfile;
 
 /// The families there are.
 pub const FAMILIES: &[&str] = &["broad"];
+/// The demand shapes a family draws from, equally often.
+pub const DEMAND_SHAPES: [&str; 7] = [
+    "steady",
+    "phased",
+    "bursty",
+    "diurnal",
+    "idle-spikes",
+    "fast-shifts",
+    "overload",
+];
 /// Simulated time of a drawn scenario, seconds.
 pub const FAMILY_DURATION_S: f64 = 1200.0;
 /// Draws of one slot before the family gives up on it (a shape that never fits, say).
@@ -302,18 +312,7 @@ fn objective_words(tpot_ms: Option<f64>, queue_wait_ms: Option<f64>, objective: 
 /// The demand shape and its phases (start, requests/s), levels drawn as shares of
 /// `capacity` requests/s.
 fn draw_demand(rng: &mut Rng, capacity: f64) -> (&'static str, Vec<(f64, f64)>) {
-    let shape = *pick(
-        rng,
-        &[
-            "steady",
-            "phased",
-            "bursty",
-            "diurnal",
-            "idle-spikes",
-            "fast-shifts",
-            "overload",
-        ],
-    );
+    let shape = *pick(rng, &DEMAND_SHAPES);
     // The steady-state capacity is an upper bound: queueing lifts the p99 near it. Shares
     // are of 80 % of it, so that only the overload shape is meant to overload.
     let at = |share: f64| (share * 0.8 * capacity * 100.0).round().max(1.0) / 100.0;
@@ -439,15 +438,7 @@ mod tests {
         for gpu in ["h200", "h100", "a100"] {
             assert!(has(&|d| d.scenario.profile.id == gpu), "no {gpu}");
         }
-        for demand in [
-            "steady",
-            "phased",
-            "bursty",
-            "diurnal",
-            "idle-spikes",
-            "fast-shifts",
-            "overload",
-        ] {
+        for demand in DEMAND_SHAPES {
             assert!(has(&|d| d.demand == demand), "no {demand} demand");
         }
         assert!(has(&|d| d.scenario.workload.model_name == "llama-3.2-1b"));

@@ -120,6 +120,14 @@ pub fn cap_grid(min_w: f64, max_w: f64) -> Vec<f64> {
     caps
 }
 
+/// The simulator's decode model for `scenario`'s GPU, model shape and context.
+fn decode_model(scenario: &EvalScenario) -> DecodeModel {
+    DecodeModel::new(
+        &scenario.profile,
+        &DecodeCost::new(&scenario.workload.model, scenario.workload.context_tokens),
+    )
+}
+
 /// The most requests per second `scenario`'s GPU serves within its TPOT bound (with 10 %
 /// headroom for the p99's jitter), by the decode model in steady state: no cap, no clock
 /// lock, any batch up to the workload's largest. The scale a scenario family draws demand
@@ -127,10 +135,7 @@ pub fn cap_grid(min_w: f64, max_w: f64) -> Vec<f64> {
 pub fn capacity_rps(scenario: &EvalScenario) -> f64 {
     let profile = &scenario.profile;
     let workload = &scenario.workload;
-    let model = DecodeModel::new(
-        profile,
-        &DecodeCost::new(&workload.model, workload.context_tokens),
-    );
+    let model = decode_model(scenario);
     let mem_mhz = f64::from(profile.mem_max_mhz());
     let top_clock = model.sm_grid().first().copied().unwrap_or(0);
     let tpot_limit_s = scenario
@@ -150,10 +155,7 @@ pub fn capacity_rps(scenario: &EvalScenario) -> f64 {
 /// can come, the floor a TPOT bound is drawn above.
 pub fn single_sequence_tpot_ms(scenario: &EvalScenario) -> f64 {
     let profile = &scenario.profile;
-    let model = DecodeModel::new(
-        profile,
-        &DecodeCost::new(&scenario.workload.model, scenario.workload.context_tokens),
-    );
+    let model = decode_model(scenario);
     let top_clock = model.sm_grid().first().copied().unwrap_or(0);
     model
         .steady_state(
@@ -297,10 +299,7 @@ fn most_capable(scenario: &EvalScenario) -> OracleSetting {
 fn score_all(scenario: &EvalScenario, rate: f64, outside_limit_w: Option<f64>) -> Vec<Candidate> {
     let profile = &scenario.profile;
     let workload = &scenario.workload;
-    let model = DecodeModel::new(
-        profile,
-        &DecodeCost::new(&workload.model, workload.context_tokens),
-    );
+    let model = decode_model(scenario);
     let mem_mhz = f64::from(profile.mem_max_mhz());
     let demand_tokens_per_s = rate * f64::from(workload.output_tokens);
     let tpot_limit_s = scenario
