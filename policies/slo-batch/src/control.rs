@@ -265,6 +265,16 @@ impl GpuControl {
             } else {
                 target_ms
             };
+            // A queue that has not drained for two windows at the top clock ends in
+            // requests turned away, which break the objective on every tick: the batch may
+            // then go up to the limit less one standard deviation of the p99's scatter,
+            // breaking it only on the ticks the p99 strays that far.
+            let ceiling_ms = match limits.tpot_p99_ms {
+                Some(limit) if self.backlog_windows >= 2 && self.clock_index == 0 => {
+                    ceiling_ms.max(limit / (1.0 + self.p99_scatter_sq.sqrt()))
+                }
+                _ => ceiling_ms,
+            };
             let mut wanted = batch_for(line, ceiling_ms, self.batch_max);
             // The line through the origin (every point at one batch size, so no slope yet)
             // overstates a larger batch's time many times over where the weights' read

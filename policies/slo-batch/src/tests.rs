@@ -340,3 +340,39 @@ fn a_p99_that_strays_more_than_the_headroom_covers_is_kept_further_under_the_lim
         run.gpu.batch
     );
 }
+
+#[test]
+fn a_backlog_at_the_top_clock_lets_the_batch_past_the_scatter_margin() {
+    // A p99 that strays by 10 % keeps the target 3 standard deviations under the 20 ms
+    // limit (15.4 ms). When the queue has not drained for two windows at the top clock,
+    // requests will be turned away: the batch may go to the limit less one standard
+    // deviation (18.2 ms), some 19 % more sequences.
+    let mut run = Run::new(Knobs::BATCH_SIZE | Knobs::SM_CLOCK, 1e6);
+    let p99 = |sequences: f64| 1.04 * (4.8 + 0.056 * sequences);
+    let decide = |run: &mut Run, backlog_windows: u32| {
+        let gpu = &mut run.policy.gpus[0];
+        gpu.p99_scatter_sq = 0.10 * 0.10;
+        gpu.backlog_windows = backlog_windows;
+        gpu.clock_index = 0;
+        gpu.batch_target = 150;
+        gpu.fit.clear();
+        for sequences in [120, 130, 140, 150] {
+            gpu.fit.add(sequences, p99(f64::from(sequences)));
+        }
+        let mut observation = testing::observation(0, 100);
+        observation.tokens = 10_000;
+        observation.tpot_p99_ms = p99(150.0);
+        observation.active_sequences = 150;
+        observation.queue_depth = 400;
+        observation.in_force.batch_size = 150;
+        observation.in_force.sm_clock_max_mhz = 1980;
+        run.policy.decide(&[observation])[0].batch_size
+    };
+    let held = decide(&mut run, 0).expect("the batch grows");
+    let backlog = decide(&mut run, 2).expect("the batch grows");
+    println!("batch at the margin {held}, with a backlog at the top clock {backlog}");
+    assert!(
+        f64::from(backlog) > 1.1 * f64::from(held),
+        "past the margin: {backlog} (at the margin: {held})"
+    );
+}
