@@ -551,53 +551,42 @@ pub fn objective_check(
     tolerances: &Tolerances,
     alpha: f64,
 ) -> Result<ObjectiveCheck, AbError> {
-    ObjectiveMeans::of(pairs)?; // refuses pairs that are not measurements
-    let other_arm = match arm {
-        Arm::A => Arm::B,
-        Arm::B => Arm::A,
+    // Refuses pairs that are not measurements; its means are what the words quote.
+    let means = ObjectiveMeans::of(pairs)?;
+    let (other_arm, served_means, violation_means) = match arm {
+        Arm::A => (
+            Arm::B,
+            (means.served_a, means.served_b),
+            (means.violations_a, means.violations_b),
+        ),
+        Arm::B => (
+            Arm::A,
+            (means.served_b, means.served_a),
+            (means.violations_b, means.violations_a),
+        ),
     };
     let rate = |e: &ArmEpoch| e.violation_ticks as f64 / e.ticks.max(1) as f64;
-    // (own, other) per pair: served fraction, violation rate.
-    let (mut served, mut violated) = (Vec::new(), Vec::new());
+    // Per pair, how much worse `arm` did: less demand served, more ticks violated.
+    let (mut served_gaps, mut violation_gaps) = (Vec::new(), Vec::new());
     for pair in pairs {
         let (own, other) = match arm {
             Arm::A => (&pair.a, &pair.b),
             Arm::B => (&pair.b, &pair.a),
         };
-        served.push((own.served_fraction, other.served_fraction));
-        violated.push((rate(own), rate(other)));
+        served_gaps.push(other.served_fraction - own.served_fraction);
+        violation_gaps.push(rate(own) - rate(other));
     }
-    let gaps = |values: &[(f64, f64)], worse: fn(f64, f64) -> f64| -> Vec<f64> {
-        values
-            .iter()
-            .map(|&(own, other)| worse(own, other))
-            .collect()
-    };
-    let served_gap = ObjectiveGap::of(
-        &gaps(&served, |own, other| other - own),
-        alpha,
-        tolerances.served_fraction,
-    );
-    let violation_gap = ObjectiveGap::of(
-        &gaps(&violated, |own, other| own - other),
-        alpha,
-        tolerances.violation_rate,
-    );
+    let served_gap = ObjectiveGap::of(&served_gaps, alpha, tolerances.served_fraction);
+    let violation_gap = ObjectiveGap::of(&violation_gaps, alpha, tolerances.violation_rate);
     let compliance = served_gap.compliance().max(violation_gap.compliance());
-    let means = |values: &[(f64, f64)]| {
-        let n = values.len().max(1) as f64;
-        let (own, other) = values
-            .iter()
-            .fold((0.0, 0.0), |(x, y), &(own, other)| (x + own, y + other));
-        (own / n * 100.0, other / n * 100.0)
-    };
     let mut reasons = Vec::new();
-    for (gap, values, what, less_or_more) in [
-        (&served_gap, &served, "served", "less"),
+    for (gap, (own, other), what, unit, less_or_more) in [
+        (&served_gap, served_means, "served", "of demand", "less"),
         (
             &violation_gap,
-            &violated,
+            violation_means,
             "violated the objective on",
+            "of ticks",
             "more",
         ),
     ] {
@@ -606,19 +595,15 @@ pub fn objective_check(
             Compliance::Breaks => "",
             Compliance::Unresolved => ", within the noise",
         };
-        let unit = if less_or_more == "less" {
-            "of demand"
-        } else {
-            "of ticks"
-        };
-        let (own, other) = means(values);
         let bound = gap.low.map_or_else(
             || "no bound from one pair".to_owned(),
             |low| format!("lower bound {:.2}", low * 100.0),
         );
         reasons.push(format!(
-            "{arm} {what} {own:.2} % {unit} against {other_arm}'s {other:.2} % ({:.2} points \
+            "{arm} {what} {:.2} % {unit} against {other_arm}'s {:.2} % ({:.2} points \
              {less_or_more} on average, {bound}, tolerance {:.2}){said}",
+            own * 100.0,
+            other * 100.0,
             gap.mean * 100.0,
             gap.tolerance * 100.0
         ));

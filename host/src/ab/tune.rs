@@ -719,7 +719,7 @@ fn candidate_result(
         violation_rate_reference: outcome.violation_rate_a,
         compliant: check.compliance != Compliance::Breaks,
         compliance: check.compliance,
-        not_compliant_because: check.because.map(|why| why.replacen("b ", "", 1)),
+        not_compliant_because: check.because,
         rank: 0,
         kept: false,
         run_time_s: outcome.run_time_s,

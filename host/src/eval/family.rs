@@ -73,6 +73,14 @@ impl Split {
         }
     }
 
+    /// `tuning` or `held-out`, as the command's folders and tables name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Split::Tuning => "tuning",
+            Split::HeldOut => "held-out",
+        }
+    }
+
     fn tag(self) -> &'static str {
         match self {
             Split::Tuning => "t",

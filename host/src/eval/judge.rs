@@ -185,11 +185,10 @@ pub(super) fn judge(
     let failed = if per_seed.is_empty() {
         None // said by the caller, which knows why no seed ran
     } else {
-        let overload = oracle.iter().any(|phase| !phase.feasible);
         super::objective_breach(
             mean(&violations),
             mean(&shortfalls),
-            overload.then(|| super::oracle::violation_fraction(oracle)),
+            super::oracle::is_overload(oracle).then(|| super::oracle::violation_fraction(oracle)),
         )
     };
     let measured_ratio = median(&ratios);

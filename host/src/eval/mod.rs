@@ -194,6 +194,18 @@ pub fn objective_breach(
     (!reasons.is_empty()).then(|| reasons.join("; "))
 }
 
+/// The failure rule in words, for the terminal and the report.
+pub fn failure_rule_words() -> String {
+    format!(
+        "A scenario fails for a policy that breaks the objective on more than {:.0} % of its \
+         ticks, serves less of the demand than the oracle by more than {:.0} point, or cannot \
+         run it (means over seeds). A failed scenario shows no ratio and counts as 0 in the \
+         median: a ratio bought by breaking the service is not a score.",
+        MAX_VIOLATION_FRACTION * 100.0,
+        SERVED_MARGIN * 100.0
+    )
+}
+
 /// One policy over every scenario: medians of its entries.
 #[derive(Debug, Clone, Serialize)]
 pub struct PolicyResult {
@@ -515,7 +527,7 @@ pub fn evaluate(
                 gpu: s.profile.name.clone(),
                 gpus: s.gpus,
                 duration_s: duration_of(s),
-                overload: oracle.iter().any(|phase| !phase.feasible),
+                overload: oracle::is_overload(&oracle),
                 oracle,
             })
             .collect(),

@@ -168,6 +168,12 @@ pub fn single_sequence_tpot_ms(scenario: &EvalScenario) -> f64 {
         * 1e3
 }
 
+/// Whether some phase is one no setting serves: the scenario is an overload, judged on
+/// served demand first.
+pub fn is_overload(phases: &[PhaseOracle]) -> bool {
+    phases.iter().any(|phase| !phase.feasible)
+}
+
 /// The oracle's share of ticks over the objective, weighted by phase length (from its
 /// verification runs); NaN without phases.
 pub fn violation_fraction(phases: &[PhaseOracle]) -> f64 {

@@ -31,14 +31,7 @@ pub fn eval_report(results: &EvalResults) -> String {
             ]
         })
         .collect();
-    page.paragraph(&format!(
-        "A scenario fails for a policy that breaks the objective on more than {:.0} % of its \
-         ticks, serves less of the demand than the oracle by more than {:.0} point, or cannot \
-         run it (means over seeds). A failed scenario shows no ratio and counts as 0 in the \
-         median: a ratio bought by breaking the service is not a score.",
-        super::MAX_VIOLATION_FRACTION * 100.0,
-        super::SERVED_MARGIN * 100.0
-    ));
+    page.paragraph(&super::failure_rule_words());
     page.table(
         &[
             "policy",

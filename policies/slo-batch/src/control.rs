@@ -173,13 +173,13 @@ impl GpuControl {
     /// more than that margin covers.
     fn target_ms(&self, limits: Limits, config: &Config) -> f64 {
         limits.tpot_p99_ms.map_or(f64::INFINITY, |limit| {
-            (limit * config.headroom).min(self.under_scatter(limit))
+            (limit * config.headroom).min(self.under_scatter(limit, SCATTER_MARGIN))
         })
     }
 
-    /// `limit` less [`SCATTER_MARGIN`] of the p99's learnt scatter.
-    fn under_scatter(&self, limit: f64) -> f64 {
-        limit / (1.0 + SCATTER_MARGIN * self.p99_scatter_sq.sqrt())
+    /// `limit` less `sds` standard deviations of the p99's learnt scatter.
+    fn under_scatter(&self, limit: f64, sds: f64) -> f64 {
+        limit / (1.0 + sds * self.p99_scatter_sq.sqrt())
     }
 
     fn clock(&self) -> Option<u32> {
@@ -259,7 +259,7 @@ impl GpuControl {
                 limits
                     .tpot_p99_ms
                     .map_or(f64::INFINITY, |limit| {
-                        (limit * BURST_HEADROOM).min(self.under_scatter(limit))
+                        (limit * BURST_HEADROOM).min(self.under_scatter(limit, SCATTER_MARGIN))
                     })
                     .max(target_ms)
             } else {
@@ -271,7 +271,7 @@ impl GpuControl {
             // breaking it only on the ticks the p99 strays that far.
             let ceiling_ms = match limits.tpot_p99_ms {
                 Some(limit) if self.backlog_windows >= 2 && self.clock_index == 0 => {
-                    ceiling_ms.max(limit / (1.0 + self.p99_scatter_sq.sqrt()))
+                    ceiling_ms.max(self.under_scatter(limit, 1.0))
                 }
                 _ => ceiling_ms,
             };

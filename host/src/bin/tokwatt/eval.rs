@@ -146,9 +146,9 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
     let mut judged = Vec::new();
     for &split in splits {
         let drawn = family::draw(family, split, args.count, args.family_seed)?;
-        let folder = out.join(split_name(split));
+        let folder = out.join(split.name());
         if let Some(dir) = &args.write_scenarios {
-            let dir = dir.join(split_name(split));
+            let dir = dir.join(split.name());
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             for d in &drawn {
                 let path = dir.join(format!("{}.toml", d.scenario.name));
@@ -160,7 +160,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
             let shapes = drawn.iter().map(|d| d.demand).collect::<Vec<_>>();
             eprintln!(
                 "{} split of family `{family}` (seed {}): {} scenarios ({})",
-                split_name(split),
+                split.name(),
                 args.family_seed,
                 drawn.len(),
                 shapes.join(", ")
@@ -171,20 +171,13 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
         judged.push((split, results));
     }
     for (split, results) in &judged {
-        println!("\n{} split", split_name(*split));
+        println!("\n{} split", split.name());
         print_results(results);
     }
     if let [(_, tuning), (_, held_out)] = judged.as_slice() {
         print_splits(tuning, held_out);
     }
     Ok(())
-}
-
-fn split_name(split: Split) -> &'static str {
-    match split {
-        Split::Tuning => "tuning",
-        Split::HeldOut => "held-out",
-    }
 }
 
 /// The headline of both splits side by side, held-out first: the figure that says how a
@@ -366,11 +359,5 @@ fn print_results(results: &EvalResults) {
         ]);
     }
     println!("{table}");
-    println!(
-        "A scenario fails for a policy that breaks the objective on more than {:.0} % of ticks, \
-         serves {:.0} point less than the oracle, or cannot run it; it shows no ratio and \
-         counts as 0 in the median.",
-        eval::MAX_VIOLATION_FRACTION * 100.0,
-        eval::SERVED_MARGIN * 100.0
-    );
+    println!("{}", eval::failure_rule_words());
 }

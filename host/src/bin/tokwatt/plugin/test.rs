@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 
 use crate::plugin_places::PluginPlaces;
-use tokwatt::eval::{self, EvalRequest, EvalResults, EvalScenario, PhaseOracle};
+use tokwatt::eval::{self, EvalRequest, EvalResults, EvalScenario};
 
 /// The judging scenario used when none is given: one H200, a latency objective, three
 /// demand phases.
@@ -132,12 +132,6 @@ fn minimal_spec(wasm: &Path, dir: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// The oracle's share of ticks over the objective: its phases' verification runs,
-/// weighted by each phase's length.
-fn oracle_violation_fraction(phases: &[PhaseOracle]) -> f64 {
-    eval::oracle::violation_fraction(phases)
-}
-
 fn print_results(results: &EvalResults) -> Result<()> {
     let [policy, baseline] = results.entries.as_slice() else {
         bail!(
@@ -192,7 +186,7 @@ fn print_results(results: &EvalResults) -> Result<()> {
         "1.000".to_owned(),
         format!(
             "{:.2}%",
-            oracle_violation_fraction(&scenario.oracle) * 100.0
+            eval::oracle::violation_fraction(&scenario.oracle) * 100.0
         ),
         format!("{:.1}%", policy.oracle_served_fraction * 100.0),
     ]);
@@ -215,6 +209,7 @@ fn print_results(results: &EvalResults) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokwatt::eval::PhaseOracle;
 
     fn phase(start_s: f64, end_s: f64, violation: f64) -> PhaseOracle {
         PhaseOracle {
@@ -239,8 +234,8 @@ mod tests {
     #[test]
     fn the_oracle_violations_are_weighted_by_phase_length() {
         let phases = [phase(0.0, 300.0, 0.0), phase(300.0, 400.0, 0.04)];
-        assert!((oracle_violation_fraction(&phases) - 0.01).abs() < 1e-12);
-        assert!(oracle_violation_fraction(&[]).is_nan());
+        assert!((eval::oracle::violation_fraction(&phases) - 0.01).abs() < 1e-12);
+        assert!(eval::oracle::violation_fraction(&[]).is_nan());
     }
 
     #[test]
