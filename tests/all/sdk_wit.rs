@@ -98,3 +98,32 @@ fn the_difference_finder_names_the_first_differing_line() {
     assert_eq!(first_differing_line(b"a\nb\nc\n", b"a\nx\nc\n"), 2);
     assert_eq!(first_differing_line(b"a\nb\n", b"a\nb\nc\n"), 3);
 }
+
+/// The 0.1 contract, which the host serves beside the current one for plugins built
+/// against it.
+const FROZEN_0_1_WIT: &str = "wit/0.1/policy.wit";
+/// FNV-1a of the 0.1 contract as it shipped (the file from its `package` line on; the
+/// lines above it say that it is frozen).
+const FROZEN_0_1_FNV: u64 = 0xc648_75f2_5ff7_b2f8;
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[test]
+fn the_0_1_contract_stays_as_it_shipped() {
+    let text = String::from_utf8(read(&repo_root(), FROZEN_0_1_WIT)).expect("UTF-8");
+    let body = text
+        .find("package tokwatt:policy@0.1.0;")
+        .map(|start| &text[start..])
+        .unwrap_or_else(|| panic!("{FROZEN_0_1_WIT} must declare package tokwatt:policy@0.1.0"));
+    assert_eq!(
+        fnv1a(body.as_bytes()),
+        FROZEN_0_1_FNV,
+        "{FROZEN_0_1_WIT} changed: it is the contract plugins built against 0.1 were built \
+         with, and the host generates their bindings from it, so a change breaks them. \
+         Change wit/policy.wit (the current line) instead"
+    );
+}

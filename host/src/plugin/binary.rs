@@ -36,6 +36,7 @@ pub(crate) fn top_level_imports(bytes: &[u8]) -> Result<Vec<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plugin::CONTRACT_VERSION;
 
     #[test]
     fn a_shipped_policy_imports_the_contract_host_and_wasi_only() {
@@ -43,7 +44,9 @@ mod tests {
         let bytes = std::fs::read(&plugin).expect("the shipped static plugin");
         let names = top_level_imports(&bytes).expect("a component");
         assert!(
-            names.iter().any(|name| name == "tokwatt:policy/host@0.1.0"),
+            names
+                .iter()
+                .any(|name| name == &format!("tokwatt:policy/host@{CONTRACT_VERSION}")),
             "{names:?}"
         );
         assert!(

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use super::lines::Line;
 use super::*;
 
 pub(super) fn check_component_header(path: &Path, bytes: &[u8]) -> Result<(), PluginError> {
@@ -52,6 +53,7 @@ pub(super) fn check_guest_signatures(
     name: &str,
     limits: &SandboxLimits,
     guest_export: &str,
+    line: Line,
 ) -> Result<(), String> {
     let mut store = Store::new(engine, HostState::new(name, 0, limits));
     store.limiter(|state| &mut state.limiter);
@@ -74,22 +76,7 @@ pub(super) fn check_guest_signatures(
                     "`{guest_export}` lacks `{function}` (the contract: {function}: {contract})"
                 )
             })?;
-        let checked = match function {
-            "init" => instance
-                .get_typed_func::<(&wit::InitArgs,), (Result<Vec<wit::Settings>, String>,)>(
-                    &mut store, index,
-                )
-                .map(|_| ()),
-            "decide" => instance
-                .get_typed_func::<(&[wit::Observation],), (Vec<wit::Settings>,)>(&mut store, index)
-                .map(|_| ()),
-            "snapshot" => instance
-                .get_typed_func::<(), (wit::State,)>(&mut store, index)
-                .map(|_| ()),
-            _ => instance
-                .get_typed_func::<(&wit::State,), (Result<(), String>,)>(&mut store, index)
-                .map(|_| ()),
-        };
+        let checked = line.check_function(&instance, &mut store, &index, function);
         checked.map_err(|e| {
             format!(
                 "`{function}` of `{guest_export}`: {} (the contract: {function}: {contract})",
@@ -100,13 +87,14 @@ pub(super) fn check_guest_signatures(
     Ok(())
 }
 
-/// Accept `tokwatt:policy/guest@0.1.*`: for 0.x versions the minor is the compatibility
-/// line. Returns the guest interface's export name.
+/// Accept `tokwatt:policy/guest` of a served line (for 0.x versions the minor is the
+/// compatibility line: 0.1.* and 0.2.*). Returns the guest interface's export name and
+/// its line.
 pub(super) fn check_contract_version(
     engine: &Engine,
     path: &Path,
     component: &Component,
-) -> Result<String, PluginError> {
+) -> Result<(String, Line), PluginError> {
     let ty = component.component_type();
     let guest = ty
         .exports(engine)
@@ -123,32 +111,26 @@ pub(super) fn check_contract_version(
         .map(|(_, v)| v)
         .unwrap_or_default()
         .to_owned();
-    if !compatible_version(&version) {
+    let Some(line) = Line::of(&version) else {
         return Err(PluginError::WrongVersion {
             path: path.to_owned(),
             found,
             accepted: accepted_versions(),
         });
-    }
-    Ok(found)
-}
-
-pub(super) fn compatibility_line(version: &str) -> Option<(u64, u64)> {
-    let mut parts = version.split('.').map(|p| p.parse::<u64>().ok());
-    let major = parts.next()??;
-    let minor = parts.next()??;
-    Some(if major == 0 { (0, minor) } else { (major, 0) })
+    };
+    Ok((found, line))
 }
 
 pub(super) fn compatible_version(version: &str) -> bool {
-    compatibility_line(version).is_some()
-        && compatibility_line(version) == compatibility_line(CONTRACT_VERSION)
+    Line::of(version).is_some()
 }
 
+/// The versions this host accepts, newest first: `0.2.* or 0.1.*`.
 pub(super) fn accepted_versions() -> String {
-    match compatibility_line(CONTRACT_VERSION) {
-        Some((0, minor)) => format!("0.{minor}.*"),
-        Some((major, _)) => format!("{major}.*"),
-        None => CONTRACT_VERSION.to_owned(),
-    }
+    let patterns: Vec<&str> = Line::SERVED
+        .iter()
+        .rev()
+        .map(|line| line.pattern())
+        .collect();
+    patterns.join(" or ")
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use wasmtime::component::types::{ComponentFunc, ComponentItem, Type};
 
 use super::contract::{GUEST_FUNCTIONS, accepted_versions, compatible_version};
+use super::lines::Line;
 use super::*;
 use crate::policy::{InitArgs, PolicyEngine as _};
 use crate::types::{ClockEvents, InForce, Observation};
@@ -87,7 +88,7 @@ pub struct ExportEntry {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Inspection {
     pub path: PathBuf,
-    /// The guest interface the component exports (`tokwatt:policy/guest@0.1.0`).
+    /// The guest interface the component exports (`tokwatt:policy/guest@0.2.0`).
     pub guest_interface: Option<String>,
     /// The contract version it was built against, and whether this host serves it.
     pub contract_version: Option<String>,
@@ -299,6 +300,9 @@ fn check_exports(
     report.guest_interface = Some(shown.clone());
     report.contract_version = Some(version.clone());
     report.contract_version_served = compatible_version(&version);
+    // A version not served is reported above; its functions are checked against the
+    // newest line, the one to rebuild against.
+    let line = Line::of(&version).unwrap_or(Line::NEWEST);
     if !report.contract_version_served {
         let version = if version.is_empty() {
             "no version".to_owned()
@@ -331,7 +335,7 @@ fn check_exports(
             None => (None, None),
             Some(ComponentItem::ComponentFunc(func)) => (
                 Some(render_func(func)),
-                typecheck(function, func, &cx).err(),
+                typecheck(line, function, func, &cx).err(),
             ),
             Some(_) => (
                 Some("something other than a function".to_owned()),
@@ -368,16 +372,12 @@ fn check_exports(
 /// The contract's type of each guest function, checked without an instance (the same
 /// check `get_typed_func` makes on a live instance at load).
 fn typecheck(
+    line: Line,
     function: &str,
     func: &ComponentFunc,
     cx: &wasmtime::component::__internal::InstanceType<'_>,
 ) -> Result<(), String> {
-    let checked = match function {
-        "init" => func.typecheck::<(&wit::InitArgs,), (Result<Vec<wit::Settings>, String>,)>(cx),
-        "decide" => func.typecheck::<(&[wit::Observation],), (Vec<wit::Settings>,)>(cx),
-        "snapshot" => func.typecheck::<(), (wit::State,)>(cx),
-        _ => func.typecheck::<(&wit::State,), (Result<(), String>,)>(cx),
-    };
+    let checked = line.typecheck(function, func, cx);
     checked.map_err(|e| error_text(&e))
 }
 
@@ -762,7 +762,7 @@ pub fn compile_ahead(host: &PluginHost, path: &Path) -> Result<CompiledAhead, Co
         })?;
     let seconds = started.elapsed().as_secs_f64();
     let already_cached = cache.hits() > hits_before;
-    let guest_interface = check_contract_version(&host.engine, path, &component)?;
+    let (guest_interface, _line) = check_contract_version(&host.engine, path, &component)?;
     let cache_path = cache.path_for(&bytes);
     if !cache_path.is_file() {
         return Err(CompileAheadError::NotStored {
@@ -886,10 +886,14 @@ mod tests {
     fn the_sandbox_provides_the_contract_and_wasi_0_2_only() {
         assert!(import_verdict("tokwatt:policy/host@0.1.0").is_ok());
         assert!(import_verdict("tokwatt:policy/types@0.1.3").is_ok());
+        assert!(import_verdict("tokwatt:policy/host@0.2.0").is_ok());
         assert!(import_verdict("wasi:io/streams@0.2.6").is_ok());
         assert!(import_verdict("wasi:cli/environment@0.2.0").is_ok());
-        let other_contract = import_verdict("tokwatt:policy/host@0.2.0").expect_err("0.2");
-        assert!(other_contract.contains("0.1.*"), "{other_contract}");
+        let other_contract = import_verdict("tokwatt:policy/host@0.3.0").expect_err("0.3");
+        assert!(
+            other_contract.contains("0.2.* or 0.1.*"),
+            "{other_contract}"
+        );
         let http = import_verdict("wasi:http/outgoing-handler@0.2.0").expect_err("http");
         assert!(
             http.contains("does not provide") && http.contains("build without it"),

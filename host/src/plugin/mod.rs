@@ -1,6 +1,7 @@
 //! The WebAssembly plugin host: the only code that knows wasmtime.
 //!
-//! A policy is a component implementing `tokwatt:policy@0.1.*` (see `wit/policy.wit`).
+//! A policy is a component implementing `tokwatt:policy@0.2.*` (see `wit/policy.wit`) or
+//! the earlier line 0.1 (`wit/0.1/policy.wit`), each served on its own bindings (`lines`).
 //! Loading validates the file, checks the contract version, compiles it (or takes the
 //! compiled form from the on-disk cache) and links it once into an `InstancePre`, so
 //! instantiating a fresh copy after a trap is cheap. Each instance runs sandboxed: a
@@ -11,8 +12,8 @@
 mod binary;
 mod cache;
 mod contract;
-mod convert;
 pub mod inspect;
+mod lines;
 mod sandbox;
 pub(crate) mod text;
 
@@ -22,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store};
 
 pub use cache::ComponentCache;
@@ -32,21 +33,14 @@ pub use text::{PLUGIN_TEXT_MAX_BYTES, sanitize_text};
 use crate::policy::{InitArgs, PolicyEngine, PolicyFailure, PolicyState, stderr_note};
 use crate::types::{Observation, Settings};
 use contract::{check_component_header, check_contract_version, check_guest_signatures};
+use lines::{Guest, Line, PolicyPre};
 use sandbox::{HostState, LimitHit};
-
-mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../wit",
-        world: "policy",
-    });
-}
-
-use bindings::exports::tokwatt::policy::guest as wit_guest;
-use bindings::tokwatt::policy::types as wit;
 
 /// The contract this host implements, and the versions it accepts.
 pub const CONTRACT_PACKAGE: &str = "tokwatt:policy";
-pub const CONTRACT_VERSION: &str = "0.1.0";
+/// The newest contract this host implements; [`served_versions`] lists every line it
+/// accepts.
+pub const CONTRACT_VERSION: &str = "0.2.0";
 const GUEST_INTERFACE: &str = "tokwatt:policy/guest";
 
 /// How often the epoch ticker advances; deadlines are rounded up to it.
@@ -202,8 +196,14 @@ impl PluginHost {
             .map_err(|e| PluginError::Engine(format!("linking WASI: {e:#}")))?;
         sandbox::shadow_monotonic_clock(&mut linker)
             .map_err(|e| PluginError::Engine(format!("linking the virtual clock: {e:#}")))?;
-        bindings::Policy::add_to_linker::<HostState, HasSelf<HostState>>(&mut linker, |s| s)
-            .map_err(|e| PluginError::Engine(format!("linking tokwatt:policy/host: {e:#}")))?;
+        for line in Line::SERVED {
+            line.add_to_linker(&mut linker).map_err(|e| {
+                PluginError::Engine(format!(
+                    "linking tokwatt:policy/host@{}: {e:#}",
+                    line.pattern()
+                ))
+            })?;
+        }
         let cache = config
             .cache_dir
             .as_ref()
@@ -241,7 +241,7 @@ impl PluginHost {
             path: path.to_owned(),
             reason: sanitize_text(&reason, PLUGIN_TEXT_MAX_BYTES),
         })?;
-        let guest_export = check_contract_version(&self.engine, path, &component)?;
+        let (guest_export, line) = check_contract_version(&self.engine, path, &component)?;
         let pre = self
             .linker
             .instantiate_pre(&component)
@@ -249,13 +249,13 @@ impl PluginHost {
                 path: path.to_owned(),
                 reason: error_text(&e),
             })?;
-        check_guest_signatures(&self.engine, &pre, name, &limits, &guest_export).map_err(
+        check_guest_signatures(&self.engine, &pre, name, &limits, &guest_export, line).map_err(
             |reason| PluginError::Contract {
                 path: path.to_owned(),
                 reason,
             },
         )?;
-        let pre = bindings::PolicyPre::new(pre).map_err(|e| PluginError::Contract {
+        let pre = PolicyPre::new(line, pre).map_err(|e| PluginError::Contract {
             path: path.to_owned(),
             reason: error_text(&e),
         })?;
@@ -302,7 +302,7 @@ fn unprovided_before_compiling(names: &[String]) -> Vec<String> {
 /// A compiled, linked policy, ready to instantiate any number of times.
 pub struct LoadedPlugin {
     engine: Engine,
-    pre: bindings::PolicyPre<HostState>,
+    pre: PolicyPre,
     name: String,
     path: PathBuf,
     limits: SandboxLimits,
@@ -322,6 +322,11 @@ impl std::fmt::Debug for LoadedPlugin {
 impl LoadedPlugin {
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The contract line the plugin was built against and is served on (`0.1.*`, `0.2.*`).
+    pub fn contract_line(&self) -> &'static str {
+        self.pre.line().pattern()
     }
 
     /// A fresh sandboxed instance, seeded for exact replay.
@@ -344,7 +349,7 @@ impl LoadedPlugin {
         seed: u64,
         generation: u64,
         console: &GuestConsole,
-    ) -> Result<(Store<HostState>, bindings::Policy), PolicyFailure> {
+    ) -> Result<(Store<HostState>, Guest), PolicyFailure> {
         // Each rebuild gets its own stream so a replay stays exact but a rebuilt
         // instance does not repeat the random numbers that led to its trap.
         let state = HostState::with_console(
@@ -458,7 +463,7 @@ fn plugin_text(text: &str) -> String {
 pub struct WasmPolicy {
     plugin: Arc<LoadedPlugin>,
     store: Store<HostState>,
-    bindings: bindings::Policy,
+    bindings: Guest,
     seed: u64,
     generation: u64,
     logs_dropped_before: u64,
@@ -484,11 +489,11 @@ impl WasmPolicy {
 
     fn call<R>(
         &mut self,
-        f: impl FnOnce(&wit_guest::Guest, &mut Store<HostState>) -> wasmtime::Result<R>,
+        f: impl FnOnce(&Guest, &mut Store<HostState>) -> wasmtime::Result<R>,
     ) -> Result<R, PolicyFailure> {
         self.plugin.arm(&mut self.store)?;
-        let guest = self.bindings.tokwatt_policy_guest();
-        f(guest, &mut self.store).map_err(|e| classify(&self.store, &self.plugin.limits, e))
+        f(&self.bindings, &mut self.store)
+            .map_err(|e| classify(&self.store, &self.plugin.limits, e))
     }
 }
 
@@ -498,11 +503,9 @@ impl PolicyEngine for WasmPolicy {
     }
 
     fn init(&mut self, args: &InitArgs) -> Result<Vec<Settings>, PolicyFailure> {
-        let wit_args = convert::init_args(args);
         self.store.data_mut().set_tick_time(Duration::ZERO);
-        let answer = self.call(|guest, store| guest.call_init(store, &wit_args))?;
-        let settings = answer.map_err(|text| PolicyFailure::Refused(plugin_text(&text)))?;
-        Ok(settings.iter().map(convert::settings_from_wit).collect())
+        let answer = self.call(|guest, store| guest.init(store, args))?;
+        answer.map_err(|text| PolicyFailure::Refused(plugin_text(&text)))
     }
 
     fn decide(
@@ -510,27 +513,16 @@ impl PolicyEngine for WasmPolicy {
         tick_time: Duration,
         observations: &[Observation],
     ) -> Result<Vec<Settings>, PolicyFailure> {
-        let wit_observations: Vec<wit::Observation> =
-            observations.iter().map(convert::observation).collect();
         self.store.data_mut().set_tick_time(tick_time);
-        let answer = self.call(|guest, store| guest.call_decide(store, &wit_observations))?;
-        Ok(answer.iter().map(convert::settings_from_wit).collect())
+        self.call(|guest, store| guest.decide(store, observations))
     }
 
     fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
-        let state = self.call(|guest, store| guest.call_snapshot(store))?;
-        Ok(PolicyState {
-            schema_version: state.schema_version,
-            bytes: state.bytes,
-        })
+        self.call(|guest, store| guest.snapshot(store))
     }
 
     fn restore(&mut self, state: &PolicyState) -> Result<(), PolicyFailure> {
-        let wit_state = wit::State {
-            schema_version: state.schema_version,
-            bytes: state.bytes.clone(),
-        };
-        self.call(|guest, store| guest.call_restore(store, &wit_state))?
+        self.call(|guest, store| guest.restore(store, state))?
             .map_err(|text| PolicyFailure::Refused(plugin_text(&text)))
     }
 
@@ -572,10 +564,12 @@ mod unit_tests {
     fn contract_versions() {
         assert!(compatible_version("0.1.0"));
         assert!(compatible_version("0.1.7"));
-        assert!(!compatible_version("0.2.0"));
+        assert!(compatible_version("0.2.0"));
+        assert!(compatible_version(CONTRACT_VERSION));
+        assert!(!compatible_version("0.3.0"));
         assert!(!compatible_version("1.0.0"));
         assert!(!compatible_version(""));
-        assert_eq!(accepted_versions(), "0.1.*");
+        assert_eq!(accepted_versions(), "0.2.* or 0.1.*");
     }
 
     #[test]

@@ -18,7 +18,6 @@ use wasmtime_wasi::{
     HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView,
 };
 
-use super::bindings::tokwatt::policy::{host, types};
 use super::text::{PLUGIN_TEXT_MAX_BYTES, sanitize_text};
 
 /// A plugin's random streams (see `crate::rng`): the contract's `random` import and WASI's
@@ -737,11 +736,33 @@ impl WasiView for HostState {
     }
 }
 
-impl types::Host for HostState {}
+/// The severity of a guest's log message, whichever contract line it came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum GuestLogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
 
-impl host::Host for HostState {
-    fn log(&mut self, level: types::LogLevel, message: String) {
-        if matches!(level, types::LogLevel::Error) {
+impl GuestLogLevel {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Trace => "trace",
+            Self::Debug => "debug",
+            Self::Info => "info",
+            Self::Warn => "warn",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// The `tokwatt:policy/host` imports, the same on every contract line (each line's
+/// generated trait delegates here).
+impl HostState {
+    pub(super) fn guest_log(&mut self, level: GuestLogLevel, message: String) {
+        if level == GuestLogLevel::Error {
             self.last_error_log = Some(sanitize_text(&message, PLUGIN_TEXT_MAX_BYTES));
         }
         if self.log_budget == 0 {
@@ -750,33 +771,23 @@ impl host::Host for HostState {
         }
         self.log_budget -= 1;
         let message = sanitize_text(&message, PLUGIN_TEXT_MAX_BYTES);
-        self.console.log(log_level_name(level), &message);
+        self.console.log(level.name(), &message);
         let policy = &*self.policy_name;
         match level {
-            types::LogLevel::Trace => tracing::trace!(target: "plugin", policy, "{message}"),
-            types::LogLevel::Debug => tracing::debug!(target: "plugin", policy, "{message}"),
-            types::LogLevel::Info => tracing::info!(target: "plugin", policy, "{message}"),
-            types::LogLevel::Warn => tracing::warn!(target: "plugin", policy, "{message}"),
-            types::LogLevel::Error => tracing::error!(target: "plugin", policy, "{message}"),
+            GuestLogLevel::Trace => tracing::trace!(target: "plugin", policy, "{message}"),
+            GuestLogLevel::Debug => tracing::debug!(target: "plugin", policy, "{message}"),
+            GuestLogLevel::Info => tracing::info!(target: "plugin", policy, "{message}"),
+            GuestLogLevel::Warn => tracing::warn!(target: "plugin", policy, "{message}"),
+            GuestLogLevel::Error => tracing::error!(target: "plugin", policy, "{message}"),
         }
     }
 
-    fn random(&mut self) -> u64 {
+    pub(super) fn guest_random(&mut self) -> u64 {
         self.rng.next_u64()
     }
 
-    fn tick_time_ms(&mut self) -> u64 {
+    pub(super) fn guest_tick_time_ms(&self) -> u64 {
         self.clock.nanos() / 1_000_000
-    }
-}
-
-fn log_level_name(level: types::LogLevel) -> &'static str {
-    match level {
-        types::LogLevel::Trace => "trace",
-        types::LogLevel::Debug => "debug",
-        types::LogLevel::Info => "info",
-        types::LogLevel::Warn => "warn",
-        types::LogLevel::Error => "error",
     }
 }
 

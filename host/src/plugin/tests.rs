@@ -141,7 +141,7 @@ fn other_contract_versions_are_refused_by_name() {
         .expect_err("refused");
     let text = error.to_string();
     assert!(
-        text.contains("tokwatt:policy/guest@1.0.0") && text.contains("0.1.*"),
+        text.contains("tokwatt:policy/guest@1.0.0") && text.contains("0.2.* or 0.1.*"),
         "{text}"
     );
 }
@@ -152,12 +152,11 @@ fn plugins_see_the_runs_clock_and_seeded_random() {
     let limits = SandboxLimits::default();
     let mut a = sandbox::HostState::new("a", 9, &limits);
     let mut b = sandbox::HostState::new("b", 9, &limits);
-    use bindings::tokwatt::policy::host::Host as _;
-    let sa: Vec<u64> = (0..4).map(|_| a.random()).collect();
-    let sb: Vec<u64> = (0..4).map(|_| b.random()).collect();
+    let sa: Vec<u64> = (0..4).map(|_| a.guest_random()).collect();
+    let sb: Vec<u64> = (0..4).map(|_| b.guest_random()).collect();
     assert_eq!(sa, sb);
     a.set_tick_time(Duration::from_millis(12_345));
-    assert_eq!(a.tick_time_ms(), 12_345);
+    assert_eq!(a.guest_tick_time_ms(), 12_345);
 }
 
 fn hostile(host: &PluginHost, mode: &str, limits: SandboxLimits) -> (WasmPolicy, InitArgs) {
@@ -349,5 +348,116 @@ fn wall_time_per_call_varies() {
         times[36],
         times[39],
         times[39] / times[0]
+    );
+}
+
+/// A plugin built against contract 0.1 before 0.2 existed (`tests/fixtures/contract-0.1`,
+/// built by the 0.1 SDK from the shipped policy of that name).
+fn built_0_1(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/contract-0.1")
+        .join(format!("{name}.wasm"))
+}
+
+#[test]
+fn a_plugin_built_against_0_1_keeps_loading_and_running() {
+    let host = PluginHost::new(&HostConfig::default()).expect("host");
+    let loaded = host
+        .load(&built_0_1("static"), "static", SandboxLimits::default())
+        .expect("a 0.1 plugin loads");
+    assert_eq!(loaded.contract_line(), "0.1.*");
+    let mut policy = Arc::new(loaded).instantiate(1).expect("instantiates");
+    let mut init_args = args(2);
+    init_args.params = vec![("power_cap_w".to_owned(), "500".to_owned())];
+    // The 0.2 fields the 0.1 plugin cannot see: set, so converting them away is exercised.
+    init_args.objective.queue_wait_p99_limit_ms = Some(800.0);
+    let first = policy.init(&init_args).expect("init");
+    assert_eq!(first.len(), 2);
+    assert!(
+        first.iter().all(|s| s.power_cap_w == Some(500.0)),
+        "{first:?}"
+    );
+    let mut observation = sample_observation(0, 1);
+    observation.demand = Some(crate::types::DemandWindow {
+        requests_arrived: 7,
+        queue_wait_p99_ms: Some(12.0),
+        ..Default::default()
+    });
+    let answer = policy
+        .decide(
+            Duration::from_secs(1),
+            &[observation, sample_observation(1, 1)],
+        )
+        .expect("decide");
+    assert_eq!(answer.len(), 2);
+
+    // A newly built plugin is on the newest line.
+    let current = host
+        .load(&built("policy_static"), "static", SandboxLimits::default())
+        .expect("loads");
+    assert_eq!(current.contract_line(), "0.2.*");
+}
+
+#[test]
+fn state_hands_over_from_a_0_1_build_to_a_0_2_build() {
+    // An operator's hot swap from last release's hill-climb to this one's: the policy's
+    // own state crosses contract lines unchanged.
+    let host = PluginHost::new(&HostConfig::default()).expect("host");
+    let old_plugin = host
+        .load(
+            &built_0_1("hill-climb"),
+            "hill-climb",
+            SandboxLimits::default(),
+        )
+        .expect("a 0.1 plugin loads");
+    let mut old = Arc::new(old_plugin).instantiate(1).expect("instantiates");
+    let mut init_args = args(1);
+    init_args.knobs = crate::types::Knobs {
+        power_cap: true,
+        ..Default::default()
+    };
+    old.init(&init_args).expect("init");
+    for tick in 0..5 {
+        old.decide(Duration::from_secs(tick), &[sample_observation(0, tick)])
+            .expect("decide");
+    }
+    let state = old.snapshot().expect("snapshot");
+    assert!(!state.bytes.is_empty(), "hill-climb keeps state");
+
+    let mut new = instance(&host, "policy_hill_climb", SandboxLimits::default());
+    new.init(&init_args).expect("init");
+    new.restore(&state)
+        .expect("the 0.2 build takes over the 0.1 build's state");
+    assert_eq!(new.snapshot().expect("snapshot"), state);
+}
+
+#[test]
+fn a_0_2_plugin_sees_the_demand_and_the_queue_wait_bound() {
+    let host = PluginHost::new(&HostConfig::default()).expect("host");
+    let mut policy = instance(&host, "fixture_echo_demand", SandboxLimits::default());
+    let mut init_args = args(2);
+    init_args.objective.queue_wait_p99_limit_ms = Some(750.0);
+    let first = policy.init(&init_args).expect("init");
+    assert_eq!(first[0].power_cap_w, Some(750.0), "the bound arrives");
+
+    let mut serving = sample_observation(0, 1);
+    serving.demand = Some(crate::types::DemandWindow {
+        requests_arrived: 41,
+        requests_completed: 30,
+        requests_turned_away: 3,
+        tokens_demanded: 9000,
+        queue_wait_p99_ms: Some(612.5),
+    });
+    let closed_loop = sample_observation(1, 1);
+    let answer = policy
+        .decide(Duration::from_secs(1), &[serving, closed_loop])
+        .expect("decide");
+    assert_eq!(answer[0].power_cap_w, Some(612.5), "queue wait: {answer:?}");
+    assert_eq!(answer[0].sm_clock_max_mhz, Some(41), "arrived: {answer:?}");
+    assert_eq!(answer[0].batch_size, Some(3), "turned away: {answer:?}");
+    assert_eq!(
+        answer[1],
+        Settings::default(),
+        "no demand known: {answer:?}"
     );
 }

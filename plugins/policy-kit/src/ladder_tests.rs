@@ -65,6 +65,7 @@ fn objective(limit_ms: Option<f64>) -> Objective {
     Objective {
         tpot_p99_limit_ms: limit_ms,
         min_tokens_per_s: None,
+        queue_wait_p99_limit_ms: None,
     }
 }
 
@@ -299,6 +300,7 @@ fn a_throughput_breach_on_a_tick_with_an_unknown_p99_moves_as_one_without_a_limi
     let floor = |limit_ms| Objective {
         tpot_p99_limit_ms: limit_ms,
         min_tokens_per_s: Some(1e12),
+        queue_wait_p99_limit_ms: None,
     };
     let config = LadderConfig::defaults();
     let mut with_limit = search.clone();

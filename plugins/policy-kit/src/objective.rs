@@ -3,7 +3,8 @@
 use tokwatt_policy_sdk::Objective;
 
 /// Checks that the objective's limits, where set, can be met by some setting at all: a
-/// positive, finite p99 time per token and a finite throughput floor of zero or more.
+/// positive, finite p99 time per token, a finite throughput floor of zero or more and a
+/// positive, finite p99 queue wait.
 ///
 /// # Errors
 /// A message naming the offending key and value.
@@ -22,6 +23,13 @@ pub fn check_objective(objective: &Objective) -> Result<(), String> {
             "objective `min_tokens_per_s` = {min_tokens_per_s} must be zero or more"
         ));
     }
+    if let Some(limit_ms) = objective.queue_wait_p99_limit_ms
+        && !(limit_ms.is_finite() && limit_ms > 0.0)
+    {
+        return Err(format!(
+            "objective `queue_wait_p99_limit_ms` = {limit_ms} must be a positive number of ms"
+        ));
+    }
     Ok(())
 }
 
@@ -33,6 +41,7 @@ mod tests {
         Objective {
             tpot_p99_limit_ms,
             min_tokens_per_s,
+            queue_wait_p99_limit_ms: None,
         }
     }
 
@@ -52,6 +61,13 @@ mod tests {
             (
                 objective(None, Some(f64::INFINITY)),
                 "min_tokens_per_s` = inf",
+            ),
+            (
+                Objective {
+                    queue_wait_p99_limit_ms: Some(0.0),
+                    ..objective(None, None)
+                },
+                "queue_wait_p99_limit_ms` = 0",
             ),
         ];
         for (objective, named) in cases {

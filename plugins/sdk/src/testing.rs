@@ -37,6 +37,7 @@ pub fn init_args(devices: Vec<DeviceFacts>, knobs: Knobs) -> InitArgs {
         objective: Objective {
             tpot_p99_limit_ms: None,
             min_tokens_per_s: None,
+            queue_wait_p99_limit_ms: None,
         },
         params: Vec::new(),
         tick_ms: 1000,
@@ -53,7 +54,8 @@ pub fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 }
 
 /// One busy, settled second on GPU `gpu` at tick `tick`: 8865 tokens for 692 J under
-/// a 700 W cap, batch 64, nothing clamped.
+/// a 700 W cap, batch 64, nothing clamped, and no demand known (a closed-loop workload:
+/// set `demand` to test a policy on a serving one).
 pub fn observation(gpu: u32, tick: u64) -> Observation {
     let interval_s = 1.0;
     let tokens = 8865;
@@ -77,6 +79,7 @@ pub fn observation(gpu: u32, tick: u64) -> Observation {
         tpot_p99_ms: 7.9,
         active_sequences: 64,
         queue_depth: 0,
+        demand: None,
         in_force: InForce {
             power_cap_w: 700.0,
             sm_clock_max_mhz: 1980,

@@ -178,6 +178,7 @@ mod tests {
         args.objective = Objective {
             tpot_p99_limit_ms: limit_ms,
             min_tokens_per_s: None,
+            queue_wait_p99_limit_ms: None,
         };
         args.params = testing::params(params);
         DefaultBaseline::init(args).unwrap()

@@ -146,6 +146,7 @@ fn apply(gpu: &mut SimGpu, settings: Settings) {
 const NO_OBJECTIVE: Objective = Objective {
     tpot_p99_limit_ms: None,
     min_tokens_per_s: None,
+    queue_wait_p99_limit_ms: None,
 };
 
 /// With `min_gain` 0.005 and a 10 W smallest step, the search cannot tell caps apart
@@ -204,6 +205,7 @@ fn the_objective_wins_over_efficiency() {
     let objective = Objective {
         tpot_p99_limit_ms: Some(limit_ms),
         min_tokens_per_s: None,
+        queue_wait_p99_limit_ms: None,
     };
     let mut bench = Bench::new(&[450.0], &[], objective, 0.0);
     bench.run(600);
@@ -239,6 +241,7 @@ fn low_throughput_counts_only_while_requests_wait() {
     let objective = Objective {
         tpot_p99_limit_ms: None,
         min_tokens_per_s: Some(10_000.0),
+        queue_wait_p99_limit_ms: None,
     };
     let mut args = testing::init_args(vec![testing::h200(0)], Knobs::POWER_CAP);
     args.objective = objective;
@@ -301,6 +304,7 @@ fn state_hands_over_to_a_new_instance() {
     let objective = Objective {
         tpot_p99_limit_ms: Some(9.0),
         min_tokens_per_s: None,
+        queue_wait_p99_limit_ms: None,
     };
     let mut old = Bench::new(&[450.0, 600.0], &[], objective, 0.01);
     old.run(157);
@@ -380,6 +384,7 @@ fn spec_mistakes_stop_the_policy_from_loading() {
     let negative_limit = Objective {
         tpot_p99_limit_ms: Some(-1.0),
         min_tokens_per_s: None,
+        queue_wait_p99_limit_ms: None,
     };
     let error = init(Knobs::POWER_CAP, 200.0, negative_limit);
     assert!(error.contains("tpot_p99_limit_ms"), "{error}");

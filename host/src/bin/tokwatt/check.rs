@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use crate::plugin_places::PluginPlaces;
 use tokwatt::agent;
 use tokwatt::assembly::{self, BackendRequest, SimTarget, Target};
-use tokwatt::plugin::{CONTRACT_VERSION, ComponentCache, HostConfig, PluginHost};
+use tokwatt::plugin::{ComponentCache, HostConfig, PluginHost};
 use tokwatt::spec::PolicySpec;
 use tokwatt::types::Settings;
 
@@ -48,8 +48,13 @@ pub fn check(args: &CheckArgs) -> Result<()> {
         1,
         tick,
     )?;
+    // Started, so it loads: a second load takes the compiled form from the cache.
+    let contract_line = host
+        .load(&plugin, &spec.name, spec.sandbox)
+        .map(|loaded| loaded.contract_line())
+        .with_context(|| format!("loading {} again to read its contract", plugin.display()))?;
     println!(
-        "ok: {} ({}) loads, implements tokwatt:policy@{CONTRACT_VERSION} and starts; first settings: {}",
+        "ok: {} ({}) loads, implements tokwatt:policy@{contract_line} and starts; first settings: {}",
         spec.name,
         plugin.display(),
         Settings::per_gpu(&first),
