@@ -32,6 +32,14 @@ const SCATTER_WEIGHT: f64 = 0.05;
 /// Without a fitted line, requests waiting and the p99 under this share of the ceiling,
 /// the batch probes a step up (a quarter, at least one sequence).
 const PROBE_BELOW: f64 = 0.8;
+/// The p99 queue wait is kept under this share of its bound: a queue grows by a tick's
+/// arrivals each tick, so the clock answers well before the bound, not at it.
+const QUEUE_WAIT_HEADROOM: f64 = 0.5;
+/// The clock steps down only after a window whose queue waits stayed under this share
+/// of the bound.
+const QUEUE_WAIT_CALM: f64 = 0.25;
+/// The longest a step down waits for the decoding set to settle, seconds.
+const MAX_SETTLE_S: f64 = 120.0;
 
 /// A clock the search stays at or above for a while.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -49,6 +57,8 @@ pub(crate) struct LastDown {
     /// (possible only without a latency limit).
     pub p99_before_ms: Option<f64>,
     pub windows_since: u32,
+    /// Time since the step, settling ticks included.
+    pub seconds_since: f64,
 }
 
 /// Settled, busy ticks at one clock and one batch size.
@@ -66,6 +76,16 @@ pub(crate) struct Window {
     pub queue_max: u32,
     /// The most sequences decoding at the end of a tick.
     pub active_max: u32,
+    /// The longest p99 queue wait a tick reported (0 where none did).
+    pub queue_wait_max_ms: f64,
+    /// Requests turned away over the window.
+    pub turned_away: u64,
+    /// Over the ticks that reported their demand: the sequences decoding (summed) and
+    /// the requests completed, and how many ticks and seconds they span.
+    pub demand_ticks: u32,
+    pub demand_seconds: f64,
+    pub active_sum: f64,
+    pub completed: u64,
 }
 
 impl Window {
@@ -89,11 +109,33 @@ impl Window {
         self.queue_min = self.queue_min.min(queue);
         self.queue_max = self.queue_max.max(queue);
         self.active_max = self.active_max.max(observation.active_sequences);
+        if let Some(demand) = &observation.demand {
+            self.demand_ticks += 1;
+            self.demand_seconds += observation.interval_s.max(0.0);
+            self.active_sum += f64::from(observation.active_sequences);
+            self.completed += demand.requests_completed;
+            self.turned_away += demand.requests_turned_away;
+            if let Some(wait_ms) = demand.queue_wait_p99_ms.filter(|wait| wait.is_finite()) {
+                self.queue_wait_max_ms = self.queue_wait_max_ms.max(wait_ms);
+            }
+        }
     }
 
     /// The mean p99 over the ticks that told one; `None` when none did.
     fn mean_p99_ms(&self) -> Option<f64> {
         (self.p99_ticks > 0).then(|| self.p99_sum_ms / f64::from(self.p99_ticks))
+    }
+
+    /// How long a request spends decoding, by Little's law (sequences decoding over
+    /// requests completed per second); `None` where the demand is not reported or no
+    /// request completed.
+    fn decode_time_s(&self) -> Option<f64> {
+        if self.demand_ticks == 0 || self.completed == 0 || self.demand_seconds <= 0.0 {
+            return None;
+        }
+        let active = self.active_sum / f64::from(self.demand_ticks);
+        let completed_per_s = self.completed as f64 / self.demand_seconds;
+        Some(active / completed_per_s)
     }
 
     fn tokens_per_s(&self) -> f64 {
@@ -135,6 +177,72 @@ pub(crate) struct Limits {
     /// objective): the batch then grows to the largest and only the queue bounds the clock.
     pub tpot_p99_ms: Option<f64>,
     pub min_tokens_per_s: Option<f64>,
+    /// The p99 wait for a batch slot, where the objective bounds it (checked on the
+    /// ticks whose workload reports its demand).
+    pub queue_wait_p99_ms: Option<f64>,
+}
+
+/// How long requests wait for a batch slot, as one tick's demand tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// Under the headroom, or nothing told (a closed-loop workload).
+    Short,
+    /// Over [`QUEUE_WAIT_HEADROOM`] of the bound: answer before it is reached.
+    Long,
+    /// Over the bound, or requests turned away: the objective is broken now.
+    Over,
+}
+
+impl Waiting {
+    fn of(observation: &Observation, limits: Limits) -> Waiting {
+        let Some(demand) = &observation.demand else {
+            return Waiting::Short;
+        };
+        if demand.requests_turned_away > 0 {
+            return Waiting::Over;
+        }
+        let Some(limit) = limits.queue_wait_p99_ms else {
+            return Waiting::Short;
+        };
+        let wait_ms = demand
+            .queue_wait_p99_ms
+            .filter(|wait| wait.is_finite())
+            .unwrap_or(0.0)
+            .max(Self::queued_wait_ms(observation, demand.requests_completed));
+        // Without a latency limit the batch is the largest the workload takes, and the
+        // clock alone is held where it stays partly empty (see `decide_clock`'s fill): a
+        // batch all but full is a rise in demand that will queue behind it at once, so
+        // it is answered before the queue forms. (With 51 s decodes, answering the queue
+        // itself was too late: the requests already seated finish at their own pace.)
+        let batch = observation.in_force.batch_size;
+        let nearly_full = limits.tpot_p99_ms.is_none()
+            && u64::from(observation.active_sequences) * 20 >= u64::from(batch) * 19;
+        if wait_ms > limit {
+            Waiting::Over
+        } else if wait_ms > limit * QUEUE_WAIT_HEADROOM || nearly_full {
+            Waiting::Long
+        } else {
+            Waiting::Short
+        }
+    }
+
+    /// The wait ahead of the last request queued behind a full batch. The reported wait
+    /// counts only requests that got a slot, so it lags: behind a full batch a slot frees
+    /// only as a decoding request finishes, and with 51 s decodes the queue grew for 3
+    /// ticks before the first of it was seated and reported 2 to 6 s. By Little's law the
+    /// queue clears at the rate requests complete; none completing is an unbounded wait.
+    fn queued_wait_ms(observation: &Observation, completed: u64) -> f64 {
+        let full = observation.active_sequences >= observation.in_force.batch_size;
+        if !full || observation.queue_depth == 0 {
+            return 0.0;
+        }
+        let completed_per_s = completed as f64 / observation.interval_s;
+        if completed_per_s.is_finite() && completed_per_s > 0.0 {
+            f64::from(observation.queue_depth) / completed_per_s * 1000.0
+        } else {
+            f64::INFINITY
+        }
+    }
 }
 
 impl GpuControl {
@@ -212,6 +320,16 @@ impl GpuControl {
         limits: Limits,
         config: &Config,
     ) -> Settings {
+        if let Some(down) = &mut self.last_down {
+            down.seconds_since += observation.interval_s.max(0.0);
+        }
+        // A long wait is answered even on a settling tick: the answer only raises the
+        // clock, and a tick later the queue is a tick longer.
+        let waiting = Waiting::of(observation, limits);
+        if waiting != Waiting::Short && self.on_long_wait(observation, waiting, config) {
+            self.window = Window::default();
+            return self.requests(observation);
+        }
         if observation.settling || observation.tokens == 0 {
             return self.requests(observation);
         }
@@ -269,8 +387,10 @@ impl GpuControl {
             // requests turned away, which break the objective on every tick: the batch may
             // then go up to the limit less one standard deviation of the p99's scatter,
             // breaking it only on the ticks the p99 strays that far.
+            // So does a wait near its bound (or demand turned away) at the top clock.
+            let pressed = self.backlog_windows >= 2 || waiting != Waiting::Short;
             let ceiling_ms = match limits.tpot_p99_ms {
-                Some(limit) if self.backlog_windows >= 2 && self.clock_index == 0 => {
+                Some(limit) if pressed && self.clock_index == 0 => {
                     ceiling_ms.max(self.under_scatter(limit, 1.0))
                 }
                 _ => ceiling_ms,
@@ -386,6 +506,49 @@ impl GpuControl {
             self.batch_target,
             self.clock()
         );
+    }
+
+    /// Requests wait near the bound (or are turned away): a faster clock empties the
+    /// queue sooner, and a wait grows by a tick's arrivals each tick, so the answer is
+    /// large: a step down just taken is undone, a wait past half the bound raises the
+    /// clock by half, and one past the bound (or demand turned away) takes the top clock
+    /// at once. (Stepping 5 % every other tick from a clock a quiet phase had lowered to
+    /// 225 MHz left requests waiting past a 640 ms bound for 6 ticks after each rise in
+    /// demand.) Returns whether the clock moved; at the top clock the batch answers
+    /// instead, past its margin (see `observe`).
+    fn on_long_wait(
+        &mut self,
+        observation: &Observation,
+        waiting: Waiting,
+        config: &Config,
+    ) -> bool {
+        if self.clock_index == 0 {
+            return false;
+        }
+        let before = self.clock();
+        let undo = self
+            .last_down
+            .filter(|down| down.windows_since <= BLAME_WINDOWS)
+            .map(|down| down.from_index);
+        let up = match waiting {
+            Waiting::Over => 0,
+            _ => self
+                .index_above(SURGE_STEP_UP)
+                .min(undo.unwrap_or(usize::MAX)),
+        };
+        self.raise_clock_to(up, config);
+        let (wait_ms, turned_away) = observation.demand.as_ref().map_or((None, 0), |demand| {
+            (demand.queue_wait_p99_ms, demand.requests_turned_away)
+        });
+        info!(
+            "gpu {}: requests waited {} ms (p99), {turned_away} turned away, at {:?} MHz; \
+             clock up to {:?} MHz",
+            self.gpu,
+            wait_ms.map_or("unknown".to_string(), |wait| format!("{wait:.0}")),
+            before,
+            self.clock()
+        );
+        true
     }
 
     /// Moves the clock up to ladder `index`, and keeps it a step above the clock that
@@ -507,7 +670,23 @@ impl GpuControl {
         } else {
             window.queue_max == 0
         };
-        if !queue_free {
+        // A slower clock keeps requests waiting longer: only a window whose waits stayed
+        // well under their bound, and that turned none away, lets it step down.
+        let waits_calm = window.turned_away == 0
+            && limits
+                .queue_wait_p99_ms
+                .is_none_or(|limit| window.queue_wait_max_ms <= limit * QUEUE_WAIT_CALM);
+        if !queue_free || !waits_calm {
+            return;
+        }
+        // After a step down, more requests decode at once only as those started at the
+        // old clock finish: the decoding set settles over about one request's decode time
+        // (Little's law). A window judged before that sees the old fill and steps down
+        // again (every 4 ticks, from 720 to 225 MHz in 16 s, with requests taking 25 s to
+        // decode, until the batch filled and requests waited past their bound).
+        if let (Some(down), Some(decode_s)) = (self.last_down, window.decode_time_s())
+            && down.seconds_since < decode_s.min(MAX_SETTLE_S)
+        {
             return;
         }
         // Keeping up with room: the lowest clock predicted to keep p99 under the target.
@@ -569,6 +748,7 @@ impl GpuControl {
                 from_index: self.clock_index,
                 p99_before_ms: mean_p99_ms,
                 windows_since: 0,
+                seconds_since: 0.0,
             });
             self.fit.scale(f64::from(clock) / f64::from(next_mhz));
             self.clock_index = next;
@@ -666,5 +846,151 @@ mod tests {
             (4, 3, 1, 7)
         );
         assert_eq!(window.tokens_per_s(), 1000.0);
+    }
+
+    fn limits(queue_wait_ms: Option<f64>) -> Limits {
+        Limits {
+            tpot_p99_ms: Some(20.0),
+            min_tokens_per_s: None,
+            queue_wait_p99_ms: queue_wait_ms,
+        }
+    }
+
+    /// A busy tick (5 ms p99, queue empty at its end) whose requests waited `wait_ms`.
+    fn waited(wait_ms: Option<f64>, turned_away: u64) -> Observation {
+        let mut observation = tick(5.0, 0);
+        observation.demand = Some(tokwatt_policy_sdk::Demand {
+            requests_arrived: 40,
+            requests_completed: 40,
+            requests_turned_away: turned_away,
+            tokens_demanded: 10_000,
+            queue_wait_p99_ms: wait_ms,
+        });
+        observation
+    }
+
+    /// Clock only, so the batch's own steering stays out of the way.
+    fn clock_control(clock_index: usize) -> (GpuControl, Config) {
+        let config = Config::from_params(&tokwatt_policy_sdk::Params::new(&[])).unwrap();
+        let mut control = GpuControl::new(&testing::h200(0), Knobs::SM_CLOCK, &config).unwrap();
+        control.clock_index = clock_index;
+        (control, config)
+    }
+
+    /// `observation`, with the clock `control` holds in force.
+    fn at(control: &GpuControl, mut observation: Observation) -> Observation {
+        observation.in_force.sm_clock_max_mhz = control.clock().expect("a clock");
+        observation
+    }
+
+    #[test]
+    fn a_queue_wait_past_half_its_bound_raises_the_clock_at_once() {
+        let bound = limits(Some(1000.0));
+        let (mut control, config) = clock_control(20);
+        let slow = control.clocks[20];
+        let calm = control.observe(&at(&control, waited(Some(300.0), 0)), bound, &config);
+        assert_eq!(calm.sm_clock_max_mhz, None, "300 ms of 1000: no move");
+        let long = control.observe(&at(&control, waited(Some(600.0), 0)), bound, &config);
+        let raised = long.sm_clock_max_mhz.expect("the clock moves on the tick");
+        assert!(raised > slow, "{raised} MHz after {slow}");
+
+        // Requests turned away break any objective: the same answer without a bound.
+        let (mut control, config) = clock_control(20);
+        let away = control.observe(&at(&control, waited(None, 3)), limits(None), &config);
+        assert!(
+            away.sm_clock_max_mhz.is_some_and(|mhz| mhz > slow),
+            "{away:?}"
+        );
+        // A workload that reports no demand is left to the windows.
+        let (mut control, config) = clock_control(20);
+        let unknown = control.observe(&at(&control, tick(5.0, 0)), bound, &config);
+        assert_eq!(unknown.sm_clock_max_mhz, None);
+    }
+
+    #[test]
+    fn the_clock_steps_down_only_after_a_window_of_calm_waits() {
+        let steps_down = |wait_ms: f64| {
+            let (mut control, config) = clock_control(0);
+            for _ in 0..config.window_ticks {
+                let observation = at(&control, waited(Some(wait_ms), 0));
+                control.observe(&observation, limits(Some(1000.0)), &config);
+            }
+            control.clock_index > 0
+        };
+        assert!(steps_down(100.0), "waits at a tenth of the bound");
+        assert!(
+            !steps_down(400.0),
+            "waits at 40 % of the bound hold the clock"
+        );
+    }
+
+    #[test]
+    fn a_queue_behind_a_full_batch_counts_before_any_of_it_is_seated() {
+        // No request got a slot, so none reported its wait; 30 wait behind a full batch
+        // that finishes 10 a second: the last of them waits about 3 s.
+        let (mut control, config) = clock_control(20);
+        let mut queued = waited(None, 0);
+        queued.queue_depth = 30;
+        if let Some(demand) = &mut queued.demand {
+            demand.requests_completed = 10;
+        }
+        let answer = control.observe(&at(&control, queued), limits(Some(1000.0)), &config);
+        assert_eq!(
+            answer.sm_clock_max_mhz,
+            Some(control.clocks[0]),
+            "{answer:?}"
+        );
+    }
+
+    #[test]
+    fn without_a_latency_limit_a_nearly_full_batch_raises_the_clock() {
+        let throughput = Limits {
+            tpot_p99_ms: None,
+            ..limits(Some(1000.0))
+        };
+        let (mut control, config) = clock_control(20);
+        let mut filling = waited(Some(0.0), 0);
+        filling.active_sequences = 62; // of 64
+        let answer = control.observe(&at(&control, filling.clone()), throughput, &config);
+        assert!(
+            answer
+                .sm_clock_max_mhz
+                .is_some_and(|mhz| mhz > control.clocks[20] || control.clock_index < 20),
+            "{answer:?}"
+        );
+        // With a latency limit the batch is held at it, and a full one is the point.
+        let (mut control, config) = clock_control(20);
+        let answer = control.observe(&at(&control, filling), limits(Some(1000.0)), &config);
+        assert_eq!(answer.sm_clock_max_mhz, None);
+    }
+
+    #[test]
+    fn a_step_down_waits_for_the_decoding_set_to_settle() {
+        // 64 sequences decoding and `completed` finishing a second: by Little's law each
+        // takes 64 / completed seconds.
+        let steps_in_30_ticks = |completed: u64| {
+            let (mut control, config) = clock_control(0);
+            let mut steps = 0;
+            for _ in 0..30 {
+                let mut observation = waited(Some(10.0), 0);
+                if let Some(demand) = &mut observation.demand {
+                    demand.requests_completed = completed;
+                }
+                let before = control.clock_index;
+                control.observe(&at(&control, observation), limits(Some(1000.0)), &config);
+                steps += usize::from(control.clock_index > before);
+            }
+            steps
+        };
+        assert!(
+            steps_in_30_ticks(40) >= 3,
+            "1.6 s decodes: {}",
+            steps_in_30_ticks(40)
+        );
+        assert_eq!(
+            steps_in_30_ticks(2),
+            1,
+            "32 s decodes: one step, then a wait"
+        );
     }
 }

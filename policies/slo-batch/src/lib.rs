@@ -117,6 +117,7 @@ impl Policy for SloBatch {
         let limits = Limits {
             tpot_p99_ms: args.objective.tpot_p99_limit_ms,
             min_tokens_per_s: args.objective.min_tokens_per_s,
+            queue_wait_p99_ms: args.objective.queue_wait_p99_limit_ms,
         };
         let gpus = args
             .devices
