@@ -34,6 +34,15 @@ pub const DEMAND_SHAPES: [&str; 7] = [
     "fast-shifts",
     "overload",
 ];
+/// The objective kinds a family draws from, equally often: TPOT, queue wait and a
+/// throughput floor, alone and in pairs (a floor only paired: see `draw`).
+pub const OBJECTIVE_KINDS: [&str; 5] = [
+    "tpot",
+    "queue-wait",
+    "tpot+queue-wait",
+    "tpot+floor",
+    "queue-wait+floor",
+];
 /// Simulated time of a drawn scenario, seconds.
 pub const FAMILY_DURATION_S: f64 = 1200.0;
 /// Draws of one slot before the family gives up on it (a shape that never fits, say).
@@ -209,18 +218,11 @@ fn draw_one(name: &str, rng: &mut Rng) -> Result<Drawn, String> {
     }
     let batch_size_max = fits.min(512);
 
-    // The objective, its tightness drawn against this GPU and shape.
-    let kind = *pick(
-        rng,
-        &[
-            "tpot",
-            "tpot",
-            "tpot",
-            "queue-wait",
-            "tpot+queue-wait",
-            "tpot+floor",
-        ],
-    );
+    // The objective, its tightness drawn against this GPU and shape: the kinds
+    // (TPOT, queue wait, throughput floor) alone and in pairs, equally likely. A floor is
+    // checked only while requests wait, so alone it bounds nothing but the turning away
+    // of demand: it comes paired.
+    let kind = *pick(rng, &OBJECTIVE_KINDS);
     let mut workload = String::new();
     let _ = writeln!(workload, "[workload]");
     if let Some(preset) = shape.preset {
@@ -266,7 +268,7 @@ fn draw_one(name: &str, rng: &mut Rng) -> Result<Drawn, String> {
     }
 
     let (demand, phases) = draw_demand(rng, capacity);
-    if kind == "tpot+floor" {
+    if kind.contains("floor") {
         // A throughput floor under the lightest phase's demand: met by serving it.
         let lightest = phases
             .iter()
@@ -460,7 +462,13 @@ mod tests {
             && d.scenario.objective.queue_wait_p99_limit_ms.is_some()));
         assert!(has(&|d| d.scenario.objective.tpot_p99_limit_ms.is_some()
             && d.scenario.objective.queue_wait_p99_limit_ms.is_some()));
-        assert!(has(&|d| d.scenario.objective.min_tokens_per_s.is_some()));
+        assert!(has(&|d| d.scenario.objective.min_tokens_per_s.is_some()
+            && d.scenario.objective.tpot_p99_limit_ms.is_some()));
+        assert!(has(&|d| d.scenario.objective.min_tokens_per_s.is_some()
+            && d.scenario.objective.queue_wait_p99_limit_ms.is_some()));
+        assert!(has(&|d| d.scenario.objective.tpot_p99_limit_ms.is_some()
+            && d.scenario.objective.queue_wait_p99_limit_ms.is_none()
+            && d.scenario.objective.min_tokens_per_s.is_none()));
         for d in &drawn {
             let w = &d.scenario.workload;
             assert!(

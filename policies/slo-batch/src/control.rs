@@ -951,7 +951,7 @@ mod tests {
         let (mut control, config) = clock_control(20);
         let mut filling = waited(Some(0.0), 0);
         filling.active_sequences = 62; // of 64
-        let answer = control.observe(&at(&control, filling.clone()), throughput, &config);
+        let answer = control.observe(&at(&control, filling), throughput, &config);
         assert!(
             answer
                 .sm_clock_max_mhz
