@@ -38,6 +38,13 @@ const QUEUE_WAIT_HEADROOM: f64 = 0.5;
 /// The clock steps down only after a window whose queue waits stayed under this share
 /// of the bound.
 const QUEUE_WAIT_CALM: f64 = 0.25;
+/// Weight of the newest tick in the demand's moving average: arrivals are Poisson, so
+/// one tick's count strays by its square root.
+const DEMAND_WEIGHT: f64 = 0.5;
+/// The demand outgrows the batch when it needs this many times the sequences the batch
+/// holds: a batch full at the latency limit in steady state needs about as many as it
+/// holds, give or take the arrivals' scatter (about ±12 % a tick after averaging).
+const OUTGROWN_MARGIN: f64 = 1.25;
 /// The longest a step down waits for the decoding set to settle, seconds.
 const MAX_SETTLE_S: f64 = 120.0;
 
@@ -163,6 +170,9 @@ pub(crate) struct GpuControl {
     pub backlog_windows: u32,
     /// Whether the queue emptied during the last window.
     pub queue_empties: bool,
+    /// Moving average of the output tokens the arrivals ask for per second, where the
+    /// workload reports its demand.
+    pub demand_tokens_per_s: Option<f64>,
     /// Moving average of the squared relative gap between the p99 and the line's
     /// prediction: how far one tick's p99 strays. Short requests and noisy boards stray
     /// more than the shipped headroom allows for, so the target keeps its margin in these
@@ -194,7 +204,9 @@ enum Waiting {
 }
 
 impl Waiting {
-    fn of(observation: &Observation, limits: Limits) -> Waiting {
+    /// `outgrown`: the demand needs more sequences decoding at once than the batch
+    /// holds (see [`GpuControl::note_demand`]).
+    fn of(observation: &Observation, limits: Limits, outgrown: bool) -> Waiting {
         let Some(demand) = &observation.demand else {
             return Waiting::Short;
         };
@@ -209,17 +221,9 @@ impl Waiting {
             .filter(|wait| wait.is_finite())
             .unwrap_or(0.0)
             .max(Self::queued_wait_ms(observation, demand.requests_completed));
-        // Without a latency limit the batch is the largest the workload takes, and the
-        // clock alone is held where it stays partly empty (see `decide_clock`'s fill): a
-        // batch all but full is a rise in demand that will queue behind it at once, so
-        // it is answered before the queue forms. (With 51 s decodes, answering the queue
-        // itself was too late: the requests already seated finish at their own pace.)
-        let batch = observation.in_force.batch_size;
-        let nearly_full = limits.tpot_p99_ms.is_none()
-            && u64::from(observation.active_sequences) * 20 >= u64::from(batch) * 19;
         if wait_ms > limit {
             Waiting::Over
-        } else if wait_ms > limit * QUEUE_WAIT_HEADROOM || nearly_full {
+        } else if wait_ms > limit * QUEUE_WAIT_HEADROOM || outgrown {
             Waiting::Long
         } else {
             Waiting::Short
@@ -273,6 +277,7 @@ impl GpuControl {
             last_down: None,
             backlog_windows: 0,
             queue_empties: false,
+            demand_tokens_per_s: None,
             p99_scatter_sq: START_SCATTER * START_SCATTER,
         })
     }
@@ -325,7 +330,8 @@ impl GpuControl {
         }
         // A long wait is answered even on a settling tick: the answer only raises the
         // clock, and a tick later the queue is a tick longer.
-        let waiting = Waiting::of(observation, limits);
+        let outgrown = self.note_demand(observation);
+        let waiting = Waiting::of(observation, limits, outgrown);
         if waiting != Waiting::Short && self.on_long_wait(observation, waiting, config) {
             self.window = Window::default();
             return self.requests(observation);
@@ -508,6 +514,35 @@ impl GpuControl {
         );
     }
 
+    /// Takes the tick's demand into its moving average, and says whether it needs more
+    /// sequences decoding at once than the batch holds at this clock. By Little's law
+    /// the sequences needed are the arrivals per second times a request's decode time,
+    /// which is its output tokens over a sequence's tokens per second:
+    /// `active × demanded tokens/s ÷ generated tokens/s`. A burst shows in the arrivals
+    /// at once, long before the batch fills (with 51 s decodes, it filled 15 ticks
+    /// after the burst began, and answering the fill was too late: the requests seated
+    /// finish at their own pace).
+    fn note_demand(&mut self, observation: &Observation) -> bool {
+        let Some(demand) = &observation.demand else {
+            self.demand_tokens_per_s = None;
+            return false;
+        };
+        if observation.interval_s.is_nan() || observation.interval_s <= 0.0 {
+            return false;
+        }
+        let now = demand.tokens_demanded as f64 / observation.interval_s;
+        let average = match self.demand_tokens_per_s {
+            Some(before) => before + DEMAND_WEIGHT * (now - before),
+            None => now,
+        };
+        self.demand_tokens_per_s = Some(average);
+        if observation.settling || observation.tokens_per_s <= 0.0 {
+            return false;
+        }
+        let needed = f64::from(observation.active_sequences) * average / observation.tokens_per_s;
+        needed > OUTGROWN_MARGIN * f64::from(observation.in_force.batch_size)
+    }
+
     /// Requests wait near the bound (or are turned away): a faster clock empties the
     /// queue sooner, and a wait grows by a tick's arrivals each tick, so the answer is
     /// large: a step down just taken is undone, a wait past half the bound raises the
@@ -614,8 +649,13 @@ impl GpuControl {
         // means the GPU is at capacity: with no latency to protect, the queue (and the
         // wait in it, which a throughput objective bounds) is the only guard, and it is
         // kept empty. With a limit, a burst may queue behind a batch held at the limit.
+        // With a queue-wait bound, the waits (and the wait predicted for a queue behind a
+        // full batch) are the guard, answered tick by tick: a queue short enough to keep
+        // them calm is no reason to hold the clock up. (Keeping the queue empty and the
+        // batch a fifth empty held such scenarios at 0.65-0.85 of the oracle.)
         let latency_bound = limits.tpot_p99_ms.is_some();
-        let draining = if latency_bound {
+        let queue_tolerated = latency_bound || limits.queue_wait_p99_ms.is_some();
+        let draining = if queue_tolerated {
             window.queue_min == 0 || window.queue_last < window.queue_first
         } else {
             window.queue_last == 0 || window.queue_last < window.queue_first
@@ -633,7 +673,7 @@ impl GpuControl {
         // With a latency limit, a burst may queue behind the batch for a window and drain
         // in the next: only a second window without draining (or a surge) is a GPU that
         // does not keep up. Without a limit any queue is a wait to bound, at once.
-        let persistent = !latency_bound || surge || self.backlog_windows >= 2;
+        let persistent = !queue_tolerated || surge || self.backlog_windows >= 2;
         if !keeping_up && !persistent {
             return;
         }
@@ -665,7 +705,7 @@ impl GpuControl {
             }
             return;
         }
-        let queue_free = if latency_bound {
+        let queue_free = if queue_tolerated {
             window.queue_last == 0
         } else {
             window.queue_max == 0
@@ -720,9 +760,10 @@ impl GpuControl {
         // would fill the batch, where requests start to queue. This is what holds the
         // clock above the knee when no latency limit does.
         let fill = f64::from(window.active_max.max(1)) / f64::from(self.batch_target.max(1));
-        let by_fill = if latency_bound {
-            // The batch is held at the latency limit: a full one is the point, and a
-            // burst that queues behind it drains (or raises the clock).
+        let by_fill = if queue_tolerated {
+            // The batch is held at the latency limit, or the waits bound the queue: a
+            // full batch is the point, and a burst that queues behind it drains (or
+            // raises the clock).
             0.0
         } else if fill >= BATCH_FILL {
             f64::INFINITY
@@ -863,7 +904,8 @@ mod tests {
             requests_arrived: 40,
             requests_completed: 40,
             requests_turned_away: turned_away,
-            tokens_demanded: 10_000,
+            // What the tick generated: the demand is met, not outgrowing the batch.
+            tokens_demanded: 1000,
             queue_wait_p99_ms: wait_ms,
         });
         observation
@@ -943,28 +985,6 @@ mod tests {
     }
 
     #[test]
-    fn without_a_latency_limit_a_nearly_full_batch_raises_the_clock() {
-        let throughput = Limits {
-            tpot_p99_ms: None,
-            ..limits(Some(1000.0))
-        };
-        let (mut control, config) = clock_control(20);
-        let mut filling = waited(Some(0.0), 0);
-        filling.active_sequences = 62; // of 64
-        let answer = control.observe(&at(&control, filling), throughput, &config);
-        assert!(
-            answer
-                .sm_clock_max_mhz
-                .is_some_and(|mhz| mhz > control.clocks[20] || control.clock_index < 20),
-            "{answer:?}"
-        );
-        // With a latency limit the batch is held at it, and a full one is the point.
-        let (mut control, config) = clock_control(20);
-        let answer = control.observe(&at(&control, filling), limits(Some(1000.0)), &config);
-        assert_eq!(answer.sm_clock_max_mhz, None);
-    }
-
-    #[test]
     fn a_step_down_waits_for_the_decoding_set_to_settle() {
         // 64 sequences decoding and `completed` finishing a second: by Little's law each
         // takes 64 / completed seconds.
@@ -992,5 +1012,24 @@ mod tests {
             1,
             "32 s decodes: one step, then a wait"
         );
+    }
+
+    #[test]
+    fn a_burst_that_outgrows_the_batch_raises_the_clock_before_it_fills() {
+        // Half the batch decoding, nothing queued, waits short: only the arrivals tell
+        // that three times the tokens now arrive that the tick made.
+        let (mut control, config) = clock_control(20);
+        let mut burst = waited(Some(10.0), 0);
+        burst.active_sequences = 32;
+        if let Some(demand) = &mut burst.demand {
+            demand.tokens_demanded = 3000;
+        }
+        let answer = control.observe(&at(&control, burst), limits(Some(1000.0)), &config);
+        assert!(control.clock_index < 20, "{answer:?}");
+        // The same tick with the demand met leaves the clock.
+        let (mut control, config) = clock_control(20);
+        burst.demand = waited(Some(10.0), 0).demand;
+        control.observe(&at(&control, burst), limits(Some(1000.0)), &config);
+        assert_eq!(control.clock_index, 20);
     }
 }
