@@ -627,6 +627,7 @@ fn run_schedule(
     let mut series = Series::default();
     let ticks = duration_s.round() as u64;
     let mut phase_index = None;
+    let mut violations = 0;
     for _ in 0..ticks {
         let t = run.tick() as f64;
         let current = phases.iter().rposition(|p| p.start_s <= t + 1e-9);
@@ -636,7 +637,7 @@ fn run_schedule(
             run.apply(phase.setting);
             phase_index = current;
         }
-        run.advance_ticks(1);
+        violations += run.advance_ticks(1);
         let setting = current
             .and_then(|i| phases.get(i))
             .map_or((0.0, 0, 0), |p| {
@@ -652,6 +653,7 @@ fn run_schedule(
     Ok(Schedule {
         series,
         served_fraction,
+        violation_fraction: violations as f64 / ticks.max(1) as f64,
     })
 }
 

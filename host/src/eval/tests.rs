@@ -90,3 +90,58 @@ fn a_scenario_fails_beyond_one_percent_of_ticks_or_one_point_of_demand() {
         "served demand first"
     );
 }
+
+/// An overload (a 14B-class shape on an H200, the middle phase beyond what any setting
+/// serves) leaves a backlog that the phase after it must work off, whoever holds the
+/// knobs. The oracle's phases, each verified from an empty queue, leave that out; its
+/// schedule run in one piece, as a policy runs, counts it, and the judge allows a policy
+/// that share of ticks over the objective (plus the margin).
+#[test]
+fn an_overloads_backlog_counts_for_the_oracle_too() {
+    let text = r#"
+description = "overload, then a light phase that inherits its backlog"
+gpu = "h200"
+duration_s = 300
+
+[objective]
+queue_wait_p99_limit_ms = 3000
+
+[workload]
+context_tokens = 4096
+output_tokens = 128
+batch_size_max = 120
+queue_max = 2048
+
+[workload.model_shape]
+hidden = 5120
+layers = 48
+heads = 40
+kv_heads = 8
+head_dim = 128
+mlp = 13824
+vocab = 152064
+
+[[workload.phases]]
+start_s = 0
+arrival_rps = 6.8
+
+[[workload.phases]]
+start_s = 100
+arrival_rps = 37.6
+
+[[workload.phases]]
+start_s = 200
+arrival_rps = 9.2
+"#;
+    let scenario =
+        EvalScenario::parse(std::path::Path::new("overload.toml"), text).expect("parses");
+    let phases = oracle::search(&scenario, 300.0, 1).expect("oracle");
+    assert!(oracle::is_overload(&phases), "{phases:?}");
+    let per_phase = oracle::violation_fraction(&phases);
+    let schedule = run_schedule(&scenario, &phases, 300.0, 1).expect("schedule");
+    assert!(
+        schedule.violation_fraction > per_phase + 0.01,
+        "one run {:.3}, phases one by one {per_phase:.3}",
+        schedule.violation_fraction
+    );
+}
