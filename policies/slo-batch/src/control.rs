@@ -45,6 +45,9 @@ const DEMAND_WEIGHT: f64 = 0.5;
 /// holds: a batch full at the latency limit in steady state needs about as many as it
 /// holds, give or take the arrivals' scatter (about ±12 % a tick after averaging).
 const OUTGROWN_MARGIN: f64 = 1.25;
+/// ... and at least this many sequences more: over a batch of 4 at light load, one
+/// arrival of a long request reads as 1.25 batches.
+const OUTGROWN_MIN_SEQUENCES: f64 = 8.0;
 /// The longest a step down waits for the decoding set to settle, seconds.
 const MAX_SETTLE_S: f64 = 120.0;
 
@@ -64,8 +67,6 @@ pub(crate) struct LastDown {
     /// (possible only without a latency limit).
     pub p99_before_ms: Option<f64>,
     pub windows_since: u32,
-    /// Time since the step, settling ticks included.
-    pub seconds_since: f64,
 }
 
 /// Settled, busy ticks at one clock and one batch size.
@@ -173,6 +174,11 @@ pub(crate) struct GpuControl {
     /// Moving average of the output tokens the arrivals ask for per second, where the
     /// workload reports its demand.
     pub demand_tokens_per_s: Option<f64>,
+    /// Time since the clock last moved, settling ticks included.
+    pub since_clock_move_s: f64,
+    /// Moving average of the output tokens a request asks for, where the workload
+    /// reports its demand.
+    pub output_tokens: Option<f64>,
     /// Moving average of the squared relative gap between the p99 and the line's
     /// prediction: how far one tick's p99 strays. Short requests and noisy boards stray
     /// more than the shipped headroom allows for, so the target keeps its margin in these
@@ -205,8 +211,14 @@ enum Waiting {
 
 impl Waiting {
     /// `outgrown`: the demand needs more sequences decoding at once than the batch
-    /// holds (see [`GpuControl::note_demand`]).
-    fn of(observation: &Observation, limits: Limits, outgrown: bool) -> Waiting {
+    /// holds (see [`GpuControl::note_demand`]); `output_tokens`: the requests' mean
+    /// output, where learnt.
+    fn of(
+        observation: &Observation,
+        limits: Limits,
+        outgrown: bool,
+        output_tokens: Option<f64>,
+    ) -> Waiting {
         let Some(demand) = &observation.demand else {
             return Waiting::Short;
         };
@@ -220,7 +232,7 @@ impl Waiting {
             .queue_wait_p99_ms
             .filter(|wait| wait.is_finite())
             .unwrap_or(0.0)
-            .max(Self::queued_wait_ms(observation, demand.requests_completed));
+            .max(Self::queued_wait_ms(observation, output_tokens));
         if wait_ms > limit {
             Waiting::Over
         } else if wait_ms > limit * QUEUE_WAIT_HEADROOM || outgrown {
@@ -233,16 +245,19 @@ impl Waiting {
     /// The wait ahead of the last request queued behind a full batch. The reported wait
     /// counts only requests that got a slot, so it lags: behind a full batch a slot frees
     /// only as a decoding request finishes, and with 51 s decodes the queue grew for 3
-    /// ticks before the first of it was seated and reported 2 to 6 s. By Little's law the
-    /// queue clears at the rate requests complete; none completing is an unbounded wait.
-    fn queued_wait_ms(observation: &Observation, completed: u64) -> f64 {
+    /// ticks before the first of it was seated and reported 2 to 6 s. A slot frees each
+    /// time a sequence ends, which at the tick's generation rate is every `output tokens
+    /// ÷ tokens/s` seconds, so the last of the queue waits that times its place. (The
+    /// tick's own completions, a handful at small batches, read 0 on many ticks: an
+    /// unbounded wait that sent the clock to the top for one queued request.)
+    fn queued_wait_ms(observation: &Observation, output_tokens: Option<f64>) -> f64 {
         let full = observation.active_sequences >= observation.in_force.batch_size;
-        if !full || observation.queue_depth == 0 {
+        let (Some(output_tokens), true) = (output_tokens, full && observation.queue_depth > 0)
+        else {
             return 0.0;
-        }
-        let completed_per_s = completed as f64 / observation.interval_s;
-        if completed_per_s.is_finite() && completed_per_s > 0.0 {
-            f64::from(observation.queue_depth) / completed_per_s * 1000.0
+        };
+        if observation.tokens_per_s > 0.0 {
+            f64::from(observation.queue_depth) * output_tokens / observation.tokens_per_s * 1000.0
         } else {
             f64::INFINITY
         }
@@ -278,6 +293,9 @@ impl GpuControl {
             backlog_windows: 0,
             queue_empties: false,
             demand_tokens_per_s: None,
+            output_tokens: None,
+            // No move yet: nothing to settle.
+            since_clock_move_s: MAX_SETTLE_S,
             p99_scatter_sq: START_SCATTER * START_SCATTER,
         })
     }
@@ -325,13 +343,11 @@ impl GpuControl {
         limits: Limits,
         config: &Config,
     ) -> Settings {
-        if let Some(down) = &mut self.last_down {
-            down.seconds_since += observation.interval_s.max(0.0);
-        }
+        self.since_clock_move_s += observation.interval_s.max(0.0);
         // A long wait is answered even on a settling tick: the answer only raises the
         // clock, and a tick later the queue is a tick longer.
         let outgrown = self.note_demand(observation);
-        let waiting = Waiting::of(observation, limits, outgrown);
+        let waiting = Waiting::of(observation, limits, outgrown, self.output_tokens);
         if waiting != Waiting::Short && self.on_long_wait(observation, waiting, config) {
             self.window = Window::default();
             return self.requests(observation);
@@ -551,11 +567,20 @@ impl GpuControl {
             None => now,
         };
         self.demand_tokens_per_s = Some(average);
+        if demand.requests_arrived > 0 {
+            let output = demand.tokens_demanded as f64 / demand.requests_arrived as f64;
+            self.output_tokens = Some(match self.output_tokens {
+                Some(before) => before + DEMAND_WEIGHT * (output - before),
+                None => output,
+            });
+        }
         if observation.settling || observation.tokens_per_s <= 0.0 {
             return false;
         }
         let needed = f64::from(observation.active_sequences) * average / observation.tokens_per_s;
-        needed > OUTGROWN_MARGIN * f64::from(observation.in_force.batch_size)
+        let batch = f64::from(observation.in_force.batch_size);
+        // A few sequences over a small batch is one request's arrival, not a burst.
+        needed > OUTGROWN_MARGIN * batch && needed - batch >= OUTGROWN_MIN_SEQUENCES
     }
 
     /// Requests wait near the bound (or are turned away): a faster clock empties the
@@ -607,6 +632,7 @@ impl GpuControl {
         let above_failed = self.index_above(config.clock_step_up);
         if index < self.clock_index {
             self.clock_index = index;
+            self.since_clock_move_s = 0.0;
             // Points from the slower clock would hold the batch back: start the line
             // afresh at the new clock (its first point gives the safe fallback).
             self.fit.clear();
@@ -734,13 +760,15 @@ impl GpuControl {
         if !queue_free || !waits_calm {
             return;
         }
-        // After a step down, more requests decode at once only as those started at the
-        // old clock finish: the decoding set settles over about one request's decode time
-        // (Little's law). A window judged before that sees the old fill and steps down
-        // again (every 4 ticks, from 720 to 225 MHz in 16 s, with requests taking 25 s to
-        // decode, until the batch filled and requests waited past their bound).
-        if let (Some(down), Some(decode_s)) = (self.last_down, window.decode_time_s())
-            && down.seconds_since < decode_s.min(MAX_SETTLE_S)
+        // After the clock moves, the sequences decoding at once change only as those
+        // started at the old clock finish: the decoding set settles over about one
+        // request's decode time (Little's law). A window judged before that sees the old
+        // fill and steps down again (every 4 ticks, from 720 to 225 MHz in 16 s, with
+        // requests taking 25 s to decode, until the batch filled and requests waited past
+        // their bound; or, 3 ticks after a burst had raised the clock, back down while
+        // the burst was still filling the batch).
+        if let Some(decode_s) = window.decode_time_s()
+            && self.since_clock_move_s < decode_s.min(MAX_SETTLE_S)
         {
             return;
         }
@@ -804,8 +832,8 @@ impl GpuControl {
                 from_index: self.clock_index,
                 p99_before_ms: mean_p99_ms,
                 windows_since: 0,
-                seconds_since: 0.0,
             });
+            self.since_clock_move_s = 0.0;
             self.fit.scale(f64::from(clock) / f64::from(next_mhz));
             self.clock_index = next;
         }
@@ -983,20 +1011,31 @@ mod tests {
 
     #[test]
     fn a_queue_behind_a_full_batch_counts_before_any_of_it_is_seated() {
-        // No request got a slot, so none reported its wait; 30 wait behind a full batch
-        // that finishes 10 a second: the last of them waits about 3 s.
-        let (mut control, config) = clock_control(20);
-        let mut queued = waited(None, 0);
-        queued.queue_depth = 30;
-        if let Some(demand) = &mut queued.demand {
-            demand.requests_completed = 10;
-        }
-        let answer = control.observe(&at(&control, queued), limits(Some(1000.0)), &config);
-        assert_eq!(
-            answer.sm_clock_max_mhz,
-            Some(control.clocks[0]),
-            "{answer:?}"
+        // No request got a slot, so none reported its wait. Requests ask 25 tokens and
+        // the full batch makes 1000 a second, so a slot frees every 25 ms: the last of
+        // 30 queued waits 750 ms, past half the bound; the last of 60, 1.5 s, past it.
+        let queued = |depth: u32| {
+            let mut observation = waited(None, 0);
+            observation.queue_depth = depth;
+            observation
+        };
+        let (mut control, config) = clock_control(70);
+        control.observe(&at(&control, queued(30)), limits(Some(1000.0)), &config);
+        assert!(control.clock_index < 70, "a step up at 750 ms");
+        assert!(
+            control.clock_index > 0,
+            "not the top: {}",
+            control.clock_index
         );
+        let (mut control, config) = clock_control(70);
+        control.observe(&at(&control, queued(60)), limits(Some(1000.0)), &config);
+        assert_eq!(control.clock_index, 0, "the top at 1.5 s");
+        // The same queue behind a batch with room is seated next step.
+        let (mut control, config) = clock_control(70);
+        let mut room = queued(60);
+        room.active_sequences = 32;
+        control.observe(&at(&control, room), limits(Some(1000.0)), &config);
+        assert_eq!(control.clock_index, 70);
     }
 
     #[test]
