@@ -174,6 +174,8 @@ pub(crate) struct GpuControl {
     /// Moving average of the output tokens the arrivals ask for per second, where the
     /// workload reports its demand.
     pub demand_tokens_per_s: Option<f64>,
+    /// Whether the demand is being served past the latency limit (see `observe`).
+    pub serving_first: bool,
     /// Time since the clock last moved, settling ticks included.
     pub since_clock_move_s: f64,
     /// Moving average of the output tokens a request asks for, where the workload
@@ -294,6 +296,7 @@ impl GpuControl {
             queue_empties: false,
             demand_tokens_per_s: None,
             output_tokens: None,
+            serving_first: false,
             // No move yet: nothing to settle.
             since_clock_move_s: MAX_SETTLE_S,
             p99_scatter_sq: START_SCATTER * START_SCATTER,
@@ -385,7 +388,16 @@ impl GpuControl {
         // of the demand (an overload, judged on demand served). The latency limit then
         // yields to the demand until the waits come back under their bound; a batch held
         // at it turned away 10 % of an overload's demand that a larger one served.
-        let serving_first = waiting == Waiting::Over && self.clock_index == 0;
+        // It holds until the backlog fits in one batch: a latency limit enforced the tick
+        // the turning away stopped cut the batch, and the queue refilled and turned
+        // demand away again (an overload under a TPOT limit alone served 1.8 points
+        // less than the oracle so).
+        if waiting == Waiting::Over && self.clock_index == 0 {
+            self.serving_first = true;
+        } else if observation.queue_depth <= observation.in_force.batch_size {
+            self.serving_first = false;
+        }
+        let serving_first = self.serving_first;
         if let Some(limit_ms) = limits.tpot_p99_ms
             && observation.tpot_p99_ms > limit_ms
             && !serving_first
@@ -1131,5 +1143,45 @@ mod tests {
         };
         assert_eq!(grown(0), None, "no backlog: the line holds the batch");
         assert_eq!(grown(2), Some(80), "a backlog: a quarter more");
+    }
+
+    #[test]
+    fn serving_first_holds_until_the_backlog_fits_in_a_batch() {
+        let config = Config::from_params(&tokwatt_policy_sdk::Params::new(&[])).unwrap();
+        let knobs = Knobs::SM_CLOCK | Knobs::BATCH_SIZE;
+        let mut control = GpuControl::new(&testing::h200(0), knobs, &config).unwrap();
+        // A TPOT limit alone: only demand turned away says the objective is lost.
+        let tpot_only = Limits {
+            queue_wait_p99_ms: None,
+            ..limits(None)
+        };
+        let tick_with = |control: &GpuControl, turned_away: u64, queued: u32| {
+            let mut observation = at(control, waited(None, turned_away));
+            observation.tpot_p99_ms = 25.0;
+            observation.queue_depth = queued;
+            observation.in_force.batch_size = control.batch_target;
+            observation.active_sequences = control.batch_target;
+            observation
+        };
+        let first = tick_with(&control, 5, 2000);
+        control.observe(&first, tpot_only, &config);
+        let grown = control.batch_target;
+        assert!(grown > 64, "turned away: {grown}");
+        // The turning away stops, 1500 still queued: the limit still yields.
+        let next = tick_with(&control, 0, 1500);
+        control.observe(&next, tpot_only, &config);
+        assert!(
+            control.batch_target >= grown,
+            "{} after {grown}",
+            control.batch_target
+        );
+        // The backlog fits in a batch: the limit holds again, and cuts.
+        let drained = tick_with(&control, 0, 10);
+        control.observe(&drained, tpot_only, &config);
+        assert!(
+            control.batch_target < grown,
+            "{} after {grown}",
+            control.batch_target
+        );
     }
 }
