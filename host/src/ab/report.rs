@@ -11,6 +11,7 @@ use std::path::Path;
 
 use super::run::{AbOutcome, EpochRecord, Mode, TickPoint};
 use super::stats::{AbSummary, Arm, Decision};
+use crate::report::chart::Axis;
 use crate::report::{LineChart, Page, RUN_REPORT_FILE, ReportError, Series, escape};
 use crate::types::Objective;
 
@@ -1021,10 +1022,10 @@ impl RowPlot {
             );
             return svg;
         };
-        let axis = NiceAxis::new(min, max);
+        let axis = Axis::padded((min, max));
         let to_x = |v: f64| plot_left + axis.fraction(v) * plot_width;
 
-        for (x, label) in axis.ticks() {
+        for (x, label) in axis.labelled_ticks() {
             let px = to_x(x);
             let _ = write!(
                 svg,
@@ -1113,63 +1114,6 @@ impl RowPlot {
         }
         svg.push_str("</svg>");
         svg
-    }
-}
-
-/// An axis from `lo` to `hi` in steps of 1, 2 or 5 times a power of ten, a little wider
-/// than the data so that no mark sits on the frame.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct NiceAxis {
-    lo: f64,
-    hi: f64,
-    step: f64,
-}
-
-impl NiceAxis {
-    fn new(min: f64, max: f64) -> Self {
-        let span = max - min;
-        let (min, max) = if span > f64::EPSILON * max.abs().max(1.0) {
-            (min - span * 0.05, max + span * 0.05)
-        } else {
-            let half = if min == 0.0 { 1.0 } else { min.abs() * 0.01 };
-            (min - half, max + half)
-        };
-        let raw = (max / 5.0 - min / 5.0).max(f64::MIN_POSITIVE);
-        let magnitude = 10f64.powf(raw.log10().floor());
-        let step = match raw / magnitude {
-            f if f <= 1.0 => 1.0,
-            f if f <= 2.0 => 2.0,
-            f if f <= 5.0 => 5.0,
-            _ => 10.0,
-        } * magnitude;
-        Self {
-            lo: (min / step).floor() * step,
-            hi: (max / step).ceil() * step,
-            step,
-        }
-    }
-
-    fn fraction(&self, value: f64) -> f64 {
-        (value - self.lo) / (self.hi - self.lo)
-    }
-
-    fn ticks(&self) -> Vec<(f64, String)> {
-        let count = ((self.hi - self.lo) / self.step).round().clamp(0.0, 50.0) as usize;
-        let decimals = (-self.step.log10().floor()).clamp(0.0, 9.0) as usize;
-        (0..=count)
-            .map(|i| {
-                let value = self.lo + i as f64 * self.step;
-                let label = format!("{value:.decimals$}");
-                // Never "-0.00".
-                let label =
-                    if label.starts_with('-') && label[1..].chars().all(|c| c == '0' || c == '.') {
-                        label[1..].to_owned()
-                    } else {
-                        label
-                    };
-                (value, label)
-            })
-            .collect()
     }
 }
 
@@ -1635,15 +1579,18 @@ mod tests {
     #[test]
     fn the_reference_line_sits_at_one() {
         let svg = round_field_section("r", &[("x".to_owned(), 1.5, 1.2, 2.0, true)]);
-        let axis = NiceAxis::new(1.0, 2.0);
+        let axis = Axis::padded((1.0, 2.0));
         assert!(axis.lo < 1.0 && axis.hi > 2.0, "{axis:?}");
-        let labels: Vec<String> = axis.ticks().into_iter().map(|t| t.1).collect();
+        let labels: Vec<String> = axis.labelled_ticks().into_iter().map(|t| t.1).collect();
         assert!(labels.contains(&"1.0".to_owned()), "{labels:?}");
         assert!(svg.contains("stroke-dasharray=\"6 4\""));
-        let flat = NiceAxis::new(0.0, 0.0);
+        let flat = Axis::padded((0.0, 0.0));
         assert!(flat.lo < 0.0 && flat.hi > 0.0);
-        let labels: Vec<String> = flat.ticks().into_iter().map(|t| t.1).collect();
-        assert!(labels.contains(&"0.0".to_owned()), "{labels:?}");
-        assert!(!labels.contains(&"-0.0".to_owned()), "{labels:?}");
+        let labels: Vec<String> = flat.labelled_ticks().into_iter().map(|t| t.1).collect();
+        assert!(labels.contains(&"0".to_owned()), "{labels:?}");
+        assert!(
+            !labels.iter().any(|l| l == "-0" || l == "-0.0"),
+            "{labels:?}"
+        );
     }
 }
