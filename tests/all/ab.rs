@@ -56,6 +56,9 @@ fn study(a: PolicySpec, b: PolicySpec, schedule: Schedule) -> Study {
 /// uses short ones: it always runs to the budget.
 #[test]
 fn a_a_comparisons_over_200_seeds_name_a_winner_at_most_5_percent_of_the_time() {
+    if !crate::support::run_slow("the A/A error-rate study (200 comparisons)") {
+        return;
+    }
     let schedule = Schedule {
         cooldown_ticks: 0,
         settle_ticks: 0,
@@ -83,6 +86,9 @@ fn a_a_comparisons_over_200_seeds_name_a_winner_at_most_5_percent_of_the_time() 
 /// cool-down left out, which cost time but add no power.
 #[test]
 fn a_true_3_percent_difference_is_found_with_at_least_90_percent_power() {
+    if !crate::support::run_slow("the A/B power study (200 comparisons)") {
+        return;
+    }
     let schedule = Schedule {
         cooldown_ticks: 0,
         settle_ticks: 0,

@@ -81,6 +81,9 @@ fn assert_three_rows(text: &str, policy: &str) {
 /// WebAssembly and natively, into target/plugin-new-scaffold.
 #[test]
 fn a_scaffolded_policy_builds_passes_its_tests_loads_and_runs() {
+    if !crate::support::run_slow("building a scaffolded Rust policy") {
+        return;
+    }
     let dir = tempdir();
     let scaffold = dir.path().join("demo-policy");
     let output = tokwatt()

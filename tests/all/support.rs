@@ -190,6 +190,21 @@ pub fn required(var: &str) -> bool {
     std::env::var_os(var).is_some_and(|value| !value.is_empty() && value != "0")
 }
 
+/// The variable that runs the slowest end-to-end tests (each a minute or more on two
+/// cores: building every plugin crate natively, building a scaffolded policy, the A/B
+/// error-rate studies); `.ci/run` sets it.
+pub const SLOW_TESTS: &str = "TOKWATT_SLOW_TESTS";
+
+/// Whether a slow test runs: where [`SLOW_TESTS`] is set (by [`required`]'s rule); else
+/// prints why `what` is skipped.
+pub fn run_slow(what: &str) -> bool {
+    if required(SLOW_TESTS) {
+        return true;
+    }
+    println!("skipped: {what} is a slow test (set {SLOW_TESTS}=1 to run it; CI does)");
+    false
+}
+
 /// Skips a test for `reason` (printed), or fails it where [`required`]`(var)`.
 #[track_caller]
 pub fn skip_unless_required(var: &str, reason: &str) {
