@@ -395,10 +395,10 @@ pub fn trace_header() -> Vec<String> {
     let row = TraceRow::new(&TickRecord {
         time_s: 0.0,
         policy: String::new(),
-        observation: crate::bench::sample_observation(0, 0),
+        observation: Observation::nothing(0, 0),
         requested: Settings::default(),
         applied: Settings::default(),
-        in_force_after: crate::bench::sample_observation(0, 0).in_force,
+        in_force_after: InForce::default(),
         fallback: false,
         clamped: false,
         guard: false,

@@ -236,6 +236,38 @@ pub struct Observation {
     pub settling: bool,
 }
 
+impl Observation {
+    /// An interval of nothing on GPU `gpu` at `tick`: no tokens, no energy, an unknown
+    /// latency (NaN), default settings, no demand known. For what needs an observation's
+    /// shape rather than a measurement (the trace's column names).
+    pub fn nothing(gpu: u32, tick: u64) -> Self {
+        Self {
+            gpu,
+            tick,
+            interval_s: 0.0,
+            tokens: 0,
+            energy_j: 0.0,
+            tokens_per_joule: 0.0,
+            tokens_per_s: 0.0,
+            power_avg_w: 0.0,
+            power_peak_w: 0.0,
+            sm_clock_mhz: 0,
+            mem_clock_mhz: 0,
+            temperature_c: 0.0,
+            gpu_util_pct: 0.0,
+            clock_events: ClockEvents::default(),
+            tpot_p50_ms: f64::NAN,
+            tpot_p99_ms: f64::NAN,
+            active_sequences: 0,
+            queue_depth: 0,
+            demand: None,
+            in_force: InForce::default(),
+            last_clamped: false,
+            settling: false,
+        }
+    }
+}
+
 fn nan_if_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(deserializer)?.unwrap_or(f64::NAN))
 }
