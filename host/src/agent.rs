@@ -340,7 +340,10 @@ pub fn run_with_swaps(
             .or_else(ComponentCache::default_dir),
     })?;
     let node = NodeFacts::of(&backends);
-    let node_envelope = request.rules.envelope(&node, request.node_knobs)?;
+    let node_envelope =
+        request
+            .rules
+            .envelope(&node.devices, &node.batch_size_max, request.node_knobs)?;
     let (supervisor, first, envelope) =
         start_policy(&host, spec, &plugin_path, &node, request.seed, tick)?;
     tracing::info!(

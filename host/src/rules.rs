@@ -133,10 +133,11 @@ impl NodeRules {
     /// at start with the reason.
     pub fn envelope(
         &self,
-        node: &crate::agent::NodeFacts,
+        devices: &[crate::types::DeviceInfo],
+        batch_size_max: &[u32],
         knobs: crate::types::Knobs,
     ) -> Result<crate::envelope::Envelope, crate::envelope::EnvelopeError> {
-        crate::envelope::Envelope::new(&node.devices, &node.batch_size_max, &self.guardrails, knobs)
+        crate::envelope::Envelope::new(devices, batch_size_max, &self.guardrails, knobs)
     }
 
     /// The spec's objective and guardrails within the node's: every bound the spec leaves

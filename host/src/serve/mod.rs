@@ -308,7 +308,7 @@ pub fn start(
     let node_knobs = offered.knobs();
     let node_envelope = config
         .rules
-        .envelope(&node, node_knobs)
+        .envelope(&node.devices, &node.batch_size_max, node_knobs)
         .map_err(crate::agent::AgentError::from)?;
     let (supervisor, first, envelope) =
         agent::start_policy(&host, &spec, &plugin_path, &node, config.seed, tick)?;
