@@ -352,19 +352,19 @@ fn wall_time_per_call_varies() {
 }
 
 /// A plugin built against contract 0.1 before 0.2 existed (`tests/fixtures/contract-0.1`,
-/// built by the 0.1 SDK from the shipped policy of that name).
-fn built_0_1(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+/// built by the 0.1 SDK from the shipped policy of that name), loaded.
+fn load_0_1(host: &PluginHost, name: &str) -> LoadedPlugin {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../tests/fixtures/contract-0.1")
-        .join(format!("{name}.wasm"))
+        .join(format!("{name}.wasm"));
+    host.load(&path, name, SandboxLimits::default())
+        .expect("a 0.1 plugin loads")
 }
 
 #[test]
 fn a_plugin_built_against_0_1_keeps_loading_and_running() {
     let host = PluginHost::new(&HostConfig::default()).expect("host");
-    let loaded = host
-        .load(&built_0_1("static"), "static", SandboxLimits::default())
-        .expect("a 0.1 plugin loads");
+    let loaded = load_0_1(&host, "static");
     assert_eq!(loaded.contract_line(), "0.1.*");
     let mut policy = Arc::new(loaded).instantiate(1).expect("instantiates");
     let mut init_args = args(2);
@@ -403,14 +403,9 @@ fn state_hands_over_from_a_0_1_build_to_a_0_2_build() {
     // An operator's hot swap from last release's hill-climb to this one's: the policy's
     // own state crosses contract lines unchanged.
     let host = PluginHost::new(&HostConfig::default()).expect("host");
-    let old_plugin = host
-        .load(
-            &built_0_1("hill-climb"),
-            "hill-climb",
-            SandboxLimits::default(),
-        )
-        .expect("a 0.1 plugin loads");
-    let mut old = Arc::new(old_plugin).instantiate(1).expect("instantiates");
+    let mut old = Arc::new(load_0_1(&host, "hill-climb"))
+        .instantiate(1)
+        .expect("instantiates");
     let mut init_args = args(1);
     init_args.knobs = crate::types::Knobs {
         power_cap: true,

@@ -31,33 +31,16 @@ fn args() -> InitArgs {
 
 fn observation() -> Observation {
     Observation {
-        gpu: 0,
-        tick: 0,
         interval_s: 1.0,
-        tokens: 0,
-        energy_j: 0.0,
-        tokens_per_joule: 0.0,
-        tokens_per_s: 0.0,
-        power_avg_w: 0.0,
-        power_peak_w: 0.0,
-        sm_clock_mhz: 0,
-        mem_clock_mhz: 0,
-        temperature_c: 0.0,
-        gpu_util_pct: 0.0,
-        clock_events: Default::default(),
         tpot_p50_ms: 0.0,
         tpot_p99_ms: 0.0,
-        active_sequences: 0,
-        queue_depth: 0,
-        demand: None,
         in_force: crate::types::InForce {
             power_cap_w: 700.0,
             power_cap_requested_w: 700.0,
             sm_clock_max_mhz: 1980,
             batch_size: 1,
         },
-        last_clamped: false,
-        settling: false,
+        ..Observation::nothing(0, 0)
     }
 }
 
