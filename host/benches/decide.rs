@@ -18,7 +18,7 @@ fn decide_8_gpus(c: &mut Criterion) {
         ),
     };
     let observations: Vec<_> = (0..8)
-        .map(|g| tokwatt::bench::sample_observation(g, 0))
+        .map(|g| tokwatt::types::Observation::typical_h200(g, 0))
         .collect();
     let mut tick = 0;
     c.bench_function("decide/8-gpus/static", |b| {

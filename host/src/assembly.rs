@@ -13,10 +13,10 @@ use crate::clock::{Clock, VirtualClock, WallClock};
 use crate::control::Backends;
 use crate::cuda::{CudaDecode, CudaDecodeConfig, ModelShape};
 use crate::nvml::{NvmlSystem, SamplerConfig};
+use crate::prometheus::{PrometheusConfig, PrometheusTokens};
 use crate::sim::{GpuProfile, Scenario, SimConfig, SimGpu};
 use crate::types::Knobs;
 use crate::workload::Workload;
-use crate::workload::prometheus::{PrometheusConfig, PrometheusTokens};
 
 /// Where a run's GPUs come from.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,43 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::plugin::{HostConfig, PluginHost, SandboxLimits};
 use crate::policy::{BreakerConfig, DeviceFacts, InitArgs, PolicyFailure, Supervisor};
-use crate::types::{ClockEvents, InForce, Knobs, Objective, Observation};
-
-/// A plausible observation of an H200 decoding, for benchmarks.
-pub fn sample_observation(gpu: u32, tick: u64) -> Observation {
-    Observation {
-        gpu,
-        tick,
-        interval_s: 1.0,
-        tokens: 11_876,
-        energy_j: 690.0,
-        tokens_per_joule: 17.2,
-        tokens_per_s: 11_876.0,
-        power_avg_w: 690.0,
-        power_peak_w: 760.0,
-        sm_clock_mhz: 1890,
-        mem_clock_mhz: 3201,
-        temperature_c: 55.0,
-        gpu_util_pct: 100.0,
-        clock_events: ClockEvents {
-            sw_power_cap: true,
-            ..ClockEvents::default()
-        },
-        tpot_p50_ms: 10.8,
-        tpot_p99_ms: 11.2,
-        active_sequences: 128,
-        queue_depth: 40,
-        demand: None,
-        in_force: InForce {
-            power_cap_w: 700.0,
-            power_cap_requested_w: 700.0,
-            sm_clock_max_mhz: 1980,
-            batch_size: 128,
-        },
-        last_clamped: false,
-        settling: false,
-    }
-}
+use crate::types::{Knobs, Objective, Observation};
 
 /// A plausible H200 as a policy is told about it, for benchmarks and tests.
 pub fn sample_facts(gpu: u32) -> DeviceFacts {
@@ -134,7 +98,8 @@ pub fn decide_latencies(
     let started = Instant::now();
     let mut supervisor = supervisor_with(host, plugin, gpus)?;
     let start = started.elapsed();
-    let observations: Vec<Observation> = (0..gpus).map(|g| sample_observation(g, 0)).collect();
+    let observations: Vec<Observation> =
+        (0..gpus).map(|g| Observation::typical_h200(g, 0)).collect();
     // Warm up caches and the instance.
     for tick in 0..1000 {
         supervisor.decide(tick, Duration::ZERO, &observations);

@@ -12,37 +12,28 @@
 //!
 //! See ARCHITECTURE.md for the code map and the invariants.
 
+// The layers below, re-exported under the names the modules here have always used.
+pub use tokwatt_core::{actuator, clock, files, model, quantile, rng, telemetry, types, workload};
+pub use tokwatt_engines::prometheus;
+pub use tokwatt_policy::{envelope, guard, limits, rules, spec, supervisor as policy};
+pub use tokwatt_sim as sim;
+
 pub mod ab;
-pub mod actuator;
 pub mod agent;
 pub mod api;
 pub mod assembly;
 pub mod bench;
 pub mod cli;
-pub mod clock;
 pub mod control;
 pub mod cuda;
-pub mod envelope;
 pub mod eval;
-pub mod files;
 pub mod gpu_tests;
-pub mod guard;
 pub mod metrics;
-pub mod model;
 pub mod nvml;
 pub mod plugin;
-pub mod policy;
-pub mod quantile;
 pub mod recorder;
 pub mod replay;
 pub mod report;
 pub mod restore;
-pub mod rng;
-pub mod rules;
 pub mod serve;
-pub mod sim;
-pub mod spec;
 pub mod swap;
-pub mod telemetry;
-pub mod types;
-pub mod workload;

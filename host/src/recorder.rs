@@ -445,10 +445,10 @@ mod tests {
         let record = TickRecord {
             time_s: 0.0,
             policy: "p".into(),
-            observation: crate::bench::sample_observation(0, 0),
+            observation: crate::types::Observation::typical_h200(0, 0),
             requested: Settings::default(),
             applied: Settings::default(),
-            in_force_after: crate::bench::sample_observation(0, 0).in_force,
+            in_force_after: crate::types::Observation::typical_h200(0, 0).in_force,
             fallback: false,
             clamped: false,
             guard: false,

@@ -762,8 +762,8 @@ mod tests {
 
     #[test]
     fn a_null_number_reads_as_nan_and_a_nan_cap_compares_as_recorded() {
-        let mut observation =
-            serde_json::to_value(crate::bench::sample_observation(0, 1)).expect("serialises");
+        let mut observation = serde_json::to_value(crate::types::Observation::typical_h200(0, 1))
+            .expect("serialises");
         observation["tpot_p99_ms"] = serde_json::Value::Null;
         let line = serde_json::json!({
             "format_version": 1,
@@ -780,7 +780,7 @@ mod tests {
         };
         let observation: Observation = record.observation;
         assert!(observation.tpot_p99_ms.is_nan());
-        let mut expected = crate::bench::sample_observation(0, 1);
+        let mut expected = crate::types::Observation::typical_h200(0, 1);
         expected.tpot_p99_ms = observation.tpot_p99_ms;
         assert_eq!(format!("{observation:?}"), format!("{expected:?}"));
         let decided = Settings {

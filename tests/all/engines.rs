@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use tokwatt::prometheus::{Engine, PrometheusConfig, PrometheusTokens};
 use tokwatt::types::WorkloadWindow;
 use tokwatt::workload::Workload;
-use tokwatt::workload::prometheus::{Engine, PrometheusConfig, PrometheusTokens};
 
 use crate::support::{repo_root, tempdir};
 

@@ -132,7 +132,7 @@ fn the_first_ticks_lines_hold_what_init_asked_for() {
 
 /// A tick record for GPU `gpu` at `tick`, as the loop writes it.
 fn tick_record(gpu: u32, tick: u64) -> tokwatt::recorder::TickRecord {
-    let observation = tokwatt::bench::sample_observation(gpu, tick);
+    let observation = tokwatt::types::Observation::typical_h200(gpu, tick);
     tokwatt::recorder::TickRecord {
         time_s: tick as f64 + 1.0,
         policy: "static".into(),

@@ -27,8 +27,9 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, Store};
 
 pub use cache::ComponentCache;
-pub use sandbox::{GUEST_OUTPUT_TAIL_BYTES, GuestConsole, GuestLog, GuestOutput, SandboxLimits};
+pub use sandbox::{GUEST_OUTPUT_TAIL_BYTES, GuestConsole, GuestLog, GuestOutput};
 pub use text::{PLUGIN_TEXT_MAX_BYTES, sanitize_text};
+pub use tokwatt_policy::limits::{DEADLINE_MARGIN, SandboxLimits};
 
 use crate::policy::{InitArgs, PolicyEngine, PolicyFailure, PolicyState, stderr_note};
 use crate::types::{Observation, Settings};
@@ -45,21 +46,6 @@ const GUEST_INTERFACE: &str = "tokwatt:policy/guest";
 
 /// How often the epoch ticker advances; deadlines are rounded up to it.
 const EPOCH_PERIOD: Duration = Duration::from_millis(2);
-
-/// The epoch deadline interrupts a call at this multiple of the spec's `deadline_ms`.
-///
-/// Fuel is the primary budget: it is deterministic, so a legal policy is never ejected
-/// for the machine's load. The wall-clock deadline is the backstop for what fuel does
-/// not count (time in host calls, a slow machine) and gets a margin, because wall time
-/// per call varies with the machine's load: 40 identical calls of a fixed-work plugin
-/// (`plugin::tests::wall_time_per_call_varies`, debug host, on this 2-core machine while
-/// other builds ran) took min 473 ms, median 938, p90 1461, max 2292 ms, so a policy
-/// using 87 % of its deadline in a quiet run misses it again and again under load. At
-/// 2× a call is stopped only when it takes twice what its author was allowed; a call
-/// that loops is still stopped by fuel first, deterministically. (Under heavier load
-/// than the 2× margin covers, a deadline miss costs one tick, not the policy: it takes
-/// `failures_to_eject` in a row to eject.)
-pub const DEADLINE_MARGIN: u64 = 2;
 
 /// Epochs from arming a call to interrupting it: `deadline_ms` × [`DEADLINE_MARGIN`],
 /// rounded up to the epoch period, plus one period for the phase of the ticker.

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokwatt_policy::limits::SandboxLimits;
 
 use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
@@ -26,31 +27,6 @@ use super::text::{PLUGIN_TEXT_MAX_BYTES, sanitize_text};
 const RANDOM_STREAM_CONTRACT: u64 = 0x706C_7567_0001;
 const RANDOM_STREAM_WASI_SECURE: u64 = 0x706C_7567_0002;
 const RANDOM_STREAM_WASI_INSECURE: u64 = 0x706C_7567_0003;
-
-/// Per-plugin sandbox limits, from the policy spec's `[sandbox]` table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SandboxLimits {
-    /// WebAssembly instructions (roughly) one call may execute.
-    pub fuel_per_call: u64,
-    /// Wall-clock time one call may take.
-    pub deadline_ms: u64,
-    /// Linear memory the instance may hold, all its memories together.
-    pub memory_mib: u64,
-    /// Log messages per call; the rest are dropped and counted.
-    pub log_messages_per_call: u32,
-}
-
-impl Default for SandboxLimits {
-    fn default() -> Self {
-        Self {
-            fuel_per_call: 100_000_000,
-            deadline_ms: 100,
-            memory_mib: 64,
-            log_messages_per_call: 16,
-        }
-    }
-}
 
 /// What an instance may hold besides its linear memories' bytes. A plain Rust
 /// `wasm32-wasip2` policy instantiates 3 core modules (its own and two small shims that
@@ -797,9 +773,10 @@ mod console_tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::bench::{sample_init_args, sample_observation};
+    use crate::bench::sample_init_args;
     use crate::plugin::{HostConfig, PluginHost};
     use crate::policy::{PolicyEngine, PolicyFailure};
+    use crate::types::Observation;
 
     #[test]
     fn a_tail_buffer_keeps_the_newest_bytes_and_counts_the_rest() {
@@ -922,7 +899,7 @@ mod console_tests {
         ];
         policy.init(&args).expect("init");
         policy
-            .decide(Duration::from_secs(1), &[sample_observation(0, 0)])
+            .decide(Duration::from_secs(1), &[Observation::typical_h200(0, 0)])
             .expect_err("a limit stops it")
     }
 
@@ -984,7 +961,7 @@ mod console_tests {
         let mut args = sample_init_args(1);
         args.params = vec![("good_calls".into(), "1".into())];
         policy.init(&args).expect("init");
-        let observations = [sample_observation(0, 0)];
+        let observations = [Observation::typical_h200(0, 0)];
         policy
             .decide(Duration::from_secs(1), &observations)
             .expect("the first call succeeds");
@@ -1031,7 +1008,7 @@ mod console_tests {
         ];
         policy.init(&args).expect("init");
         let failure = policy
-            .decide(Duration::from_secs(1), &[sample_observation(0, 0)])
+            .decide(Duration::from_secs(1), &[Observation::typical_h200(0, 0)])
             .expect_err("traps after the flood");
         let message = failure.to_string();
         assert!(message.contains("bytes before) "), "{message}");

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::bench::{sample_init_args, sample_observation};
+use crate::bench::sample_init_args;
 use crate::policy::{InitArgs, PolicyEngine, PolicyState};
 
 use crate::bench::built_plugin as built;
@@ -51,7 +51,7 @@ fn compiled_components_are_cached_and_a_bad_cache_entry_is_recompiled() {
 #[test]
 fn state_hands_over_between_instances() {
     let host = PluginHost::new(&HostConfig::default()).expect("host");
-    let observations = [sample_observation(0, 0)];
+    let observations = [Observation::typical_h200(0, 0)];
     let mut old = instance(&host, "fixture_stateful", SandboxLimits::default());
     old.init(&args(1)).expect("init");
     for _ in 0..3 {
@@ -79,7 +79,7 @@ fn state_hands_over_between_instances() {
 #[test]
 fn each_limit_is_named() {
     let host = PluginHost::new(&HostConfig::default()).expect("host");
-    let observations = [sample_observation(0, 0)];
+    let observations = [Observation::typical_h200(0, 0)];
 
     let mut looping = instance(&host, "fixture_infinite_loop", SandboxLimits::default());
     looping.init(&args(1)).expect("init");
@@ -170,7 +170,7 @@ fn a_sleeping_plugin_does_not_wait() {
     // `std::thread::sleep` in `decide` and in `init`: fuel and the epoch deadline do
     // not run while a guest waits in a host call, so the clock it sleeps on is virtual.
     let host = PluginHost::new(&HostConfig::default()).expect("host");
-    let observations = [sample_observation(0, 0)];
+    let observations = [Observation::typical_h200(0, 0)];
     // Both loaded (compiled) first, so only the calls are timed. They sleep 60 s and
     // 10 minutes: blocking, these calls would take 11 minutes; they take milliseconds,
     // so the bound below is far from both (a proof of not blocking, not a speed target).
@@ -244,7 +244,7 @@ fn a_normal_policy_fits_the_counts() {
 #[test]
 fn traps_name_their_cause() {
     let host = PluginHost::new(&HostConfig::default()).expect("host");
-    let observations = [sample_observation(0, 0)];
+    let observations = [Observation::typical_h200(0, 0)];
     let (mut panicking, init_args) =
         hostile(&host, "panic-decide-message", SandboxLimits::default());
     panicking.init(&init_args).expect("init");
@@ -332,7 +332,7 @@ fn wall_time_per_call_varies() {
         },
     );
     drain.init(&init_args).expect("init");
-    let observations = [sample_observation(0, 0)];
+    let observations = [Observation::typical_h200(0, 0)];
     let mut times: Vec<f64> = (0..40)
         .map(|_| {
             let started = std::time::Instant::now();
@@ -377,7 +377,7 @@ fn a_plugin_built_against_0_1_keeps_loading_and_running() {
         first.iter().all(|s| s.power_cap_w == Some(500.0)),
         "{first:?}"
     );
-    let mut observation = sample_observation(0, 1);
+    let mut observation = Observation::typical_h200(0, 1);
     observation.demand = Some(crate::types::DemandWindow {
         requests_arrived: 7,
         queue_wait_p99_ms: Some(12.0),
@@ -386,7 +386,7 @@ fn a_plugin_built_against_0_1_keeps_loading_and_running() {
     let answer = policy
         .decide(
             Duration::from_secs(1),
-            &[observation, sample_observation(1, 1)],
+            &[observation, Observation::typical_h200(1, 1)],
         )
         .expect("decide");
     assert_eq!(answer.len(), 2);
@@ -413,8 +413,11 @@ fn state_hands_over_from_a_0_1_build_to_a_0_2_build() {
     };
     old.init(&init_args).expect("init");
     for tick in 0..5 {
-        old.decide(Duration::from_secs(tick), &[sample_observation(0, tick)])
-            .expect("decide");
+        old.decide(
+            Duration::from_secs(tick),
+            &[Observation::typical_h200(0, tick)],
+        )
+        .expect("decide");
     }
     let state = old.snapshot().expect("snapshot");
     assert!(!state.bytes.is_empty(), "hill-climb keeps state");
@@ -435,7 +438,7 @@ fn a_0_2_plugin_sees_the_demand_and_the_queue_wait_bound() {
     let first = policy.init(&init_args).expect("init");
     assert_eq!(first[0].power_cap_w, Some(750.0), "the bound arrives");
 
-    let mut serving = sample_observation(0, 1);
+    let mut serving = Observation::typical_h200(0, 1);
     serving.demand = Some(crate::types::DemandWindow {
         requests_arrived: 41,
         requests_completed: 30,
@@ -443,7 +446,7 @@ fn a_0_2_plugin_sees_the_demand_and_the_queue_wait_bound() {
         tokens_demanded: 9000,
         queue_wait_p99_ms: Some(612.5),
     });
-    let closed_loop = sample_observation(1, 1);
+    let closed_loop = Observation::typical_h200(1, 1);
     let answer = policy
         .decide(Duration::from_secs(1), &[serving, closed_loop])
         .expect("decide");

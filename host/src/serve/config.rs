@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::workload::prometheus::Engine;
+use crate::prometheus::Engine;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

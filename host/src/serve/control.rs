@@ -191,7 +191,7 @@ impl ServeControl {
             status.simulated,
             status.actuator == crate::actuator::DryRun::NAME,
         );
-        if status.workload == crate::workload::prometheus::WORKLOAD_NAME {
+        if status.workload == crate::prometheus::WORKLOAD_NAME {
             metrics = metrics.with_engine_batch();
         }
         metrics.announce(&parts.first.spec.name, &parts.first.version);

@@ -11,9 +11,9 @@ use anyhow::{Context, Result};
 use tokwatt::agent::{self, RunRequest, RunSummary};
 use tokwatt::assembly;
 use tokwatt::control::Progress;
+use tokwatt::prometheus;
 use tokwatt::restore::{SettingsGuard, StateFile};
 use tokwatt::spec::PolicySpec;
-use tokwatt::workload::prometheus;
 
 use crate::plugin_places::PluginPlaces;
 use crate::target::TargetArgs;

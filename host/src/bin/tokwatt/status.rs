@@ -170,7 +170,7 @@ fn render(status: &NodeStatus) -> String {
 /// One GPU's line. A serving engine's batch size is its own: tokwatt neither knows nor
 /// sets it, so it shows as n/a.
 fn gpu_row(gpu: &GpuStatus, workload: &str) -> String {
-    let batch = if workload == tokwatt::workload::prometheus::WORKLOAD_NAME {
+    let batch = if workload == tokwatt::prometheus::WORKLOAD_NAME {
         "n/a".to_owned()
     } else {
         gpu.in_force.batch_size.to_string()
@@ -215,7 +215,7 @@ mod tests {
     #[test]
     fn a_serving_engines_batch_shows_as_not_known() {
         let gpu = GpuStatus::default();
-        let engine = gpu_row(&gpu, tokwatt::workload::prometheus::WORKLOAD_NAME);
+        let engine = gpu_row(&gpu, tokwatt::prometheus::WORKLOAD_NAME);
         let own = gpu_row(&gpu, "cuda-decode");
         assert!(engine.contains("n/a"), "{engine}");
         assert!(!own.contains("n/a"), "{own}");

@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use tokwatt::assembly::{BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource};
+use tokwatt::prometheus::Engine;
 use tokwatt::types::Objective;
-use tokwatt::workload::prometheus::Engine;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum WorkloadKind {

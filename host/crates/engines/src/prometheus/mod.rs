@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::{Workload, WorkloadError};
-use crate::types::WorkloadWindow;
+use tokwatt_core::types::WorkloadWindow;
+use tokwatt_core::workload::{Workload, WorkloadError};
 
 /// A serving engine whose metric names tokwatt knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -199,8 +199,8 @@ impl Workload for PrometheusTokens {
         WORKLOAD_NAME
     }
     /// The engine's token counter says nothing of requests waiting.
-    fn work_waiting(&self) -> crate::workload::WorkWaiting {
-        crate::workload::WorkWaiting::Unknown
+    fn work_waiting(&self) -> tokwatt_core::workload::WorkWaiting {
+        tokwatt_core::workload::WorkWaiting::Unknown
     }
     fn batch_size_max(&self, _gpu: u32) -> u32 {
         1

@@ -10,7 +10,7 @@ use hyper::{Request, header};
 use hyper_util::rt::TokioIo;
 
 use super::{PrometheusConfig, Scrape, parse_exposition};
-use crate::workload::WorkloadError;
+use tokwatt_core::workload::WorkloadError;
 
 /// The largest metrics body read: far above what an engine exposes (vLLM with many
 /// models and engine cores stays under 1 MiB), low enough to bound a wrong endpoint.

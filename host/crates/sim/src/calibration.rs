@@ -24,17 +24,17 @@ const H200_TABLES: [(&str, u32, &str); 3] = [
     (
         "llama-3-8b",
         1024,
-        include_str!("../../profiles/calibration/h200_llama-3-8b_ctx1024.csv"),
+        include_str!("../../../profiles/calibration/h200_llama-3-8b_ctx1024.csv"),
     ),
     (
         "llama-3-8b",
         4096,
-        include_str!("../../profiles/calibration/h200_llama-3-8b_ctx4096.csv"),
+        include_str!("../../../profiles/calibration/h200_llama-3-8b_ctx4096.csv"),
     ),
     (
         "llama-3.2-1b",
         1024,
-        include_str!("../../profiles/calibration/h200_llama-3.2-1b_ctx1024.csv"),
+        include_str!("../../../profiles/calibration/h200_llama-3.2-1b_ctx1024.csv"),
     ),
 ];
 

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use super::model::{ClockLimit, DecodeCost, DecodeModel, FirmwareClock, StepPoint};
 use super::profile::GpuProfile;
 use super::scenario::Scenario;
-use crate::actuator::GpuSettings;
-use crate::rng::Rng;
-use crate::types::{ClockEvents, DemandWindow, TelemetryWindow, WorkloadWindow};
+use tokwatt_core::actuator::GpuSettings;
+use tokwatt_core::rng::Rng;
+use tokwatt_core::types::{ClockEvents, DemandWindow, TelemetryWindow, WorkloadWindow};
 
 /// Substeps per NVML update period.
 const SUBSTEPS_PER_UPDATE: u64 = 4;
@@ -611,7 +611,7 @@ impl GpuSim {
             requests_completed: self.completed - self.workload.start_completed,
             requests_turned_away: self.turned_away - self.workload.start_turned_away,
             tokens_demanded: arrived.saturating_mul(u64::from(self.scenario.output_tokens)),
-            queue_wait_p99_ms: crate::quantile::nearest_rank(&mut waits, 0.99),
+            queue_wait_p99_ms: tokwatt_core::quantile::nearest_rank(&mut waits, 0.99),
         };
         let window = WorkloadWindow {
             tokens: tokens_now - self.workload.start_tokens,

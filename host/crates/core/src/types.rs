@@ -237,6 +237,43 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// A plausible observation of an H200 decoding at batch 128 near its power cap, for
+    /// benchmarks (`tokwatt bench`) and tests.
+    pub fn typical_h200(gpu: u32, tick: u64) -> Self {
+        Self {
+            gpu,
+            tick,
+            interval_s: 1.0,
+            tokens: 11_876,
+            energy_j: 690.0,
+            tokens_per_joule: 17.2,
+            tokens_per_s: 11_876.0,
+            power_avg_w: 690.0,
+            power_peak_w: 760.0,
+            sm_clock_mhz: 1890,
+            mem_clock_mhz: 3201,
+            temperature_c: 55.0,
+            gpu_util_pct: 100.0,
+            clock_events: ClockEvents {
+                sw_power_cap: true,
+                ..ClockEvents::default()
+            },
+            tpot_p50_ms: 10.8,
+            tpot_p99_ms: 11.2,
+            active_sequences: 128,
+            queue_depth: 40,
+            demand: None,
+            in_force: InForce {
+                power_cap_w: 700.0,
+                power_cap_requested_w: 700.0,
+                sm_clock_max_mhz: 1980,
+                batch_size: 128,
+            },
+            last_clamped: false,
+            settling: false,
+        }
+    }
+
     /// An interval of nothing on GPU `gpu` at `tick`: no tokens, no energy, an unknown
     /// latency (NaN), default settings, no demand known. For what needs an observation's
     /// shape rather than a measurement (the trace's column names).
@@ -364,7 +401,7 @@ mod tests {
             tokens: 231,
             interval_s: 1.0,
             queue_depth: 0,
-            ..crate::bench::sample_observation(0, 0)
+            ..Observation::typical_h200(0, 0)
         };
         assert!(objective.violated_by_waiting(&obs, WorkWaiting::Always));
         assert!(
@@ -406,7 +443,7 @@ mod tests {
             tokens: 100,
             tpot_p99_ms: 10.0,
             demand,
-            ..crate::bench::sample_observation(0, 0)
+            ..Observation::typical_h200(0, 0)
         }
     }
 

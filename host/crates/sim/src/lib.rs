@@ -7,7 +7,7 @@
 //! - [`SimGpu`]: `gpus` independent simulated boards sharing one profile and scenario.
 //!
 //! The simulation is lazy: every trait method first catches the simulated boards up to
-//! `clock.now()`. On a [`crate::clock::VirtualClock`] the control loop sleeps to its next
+//! `clock.now()`. On a [`tokwatt_core::clock::VirtualClock`] the control loop sleeps to its next
 //! tick and then reads the windows, which advances the simulation; on a wall clock the same
 //! code simulates in real time. Everything is deterministic given the seed.
 //!
@@ -30,12 +30,12 @@ pub use model::{DecodeCost, DecodeModel, ModelShape};
 pub use profile::GpuProfile;
 pub use scenario::{Phase, Scenario};
 
-use crate::actuator::{Actuator, ActuatorError, Capabilities, GpuSettings};
-use crate::clock::Clock;
-use crate::telemetry::{Telemetry, TelemetryError};
-use crate::types::{DeviceInfo, TelemetryWindow, WorkloadWindow};
-use crate::workload::{Workload, WorkloadError};
 use gpu::GpuSim;
+use tokwatt_core::actuator::{Actuator, ActuatorError, Capabilities, GpuSettings};
+use tokwatt_core::clock::Clock;
+use tokwatt_core::telemetry::{Telemetry, TelemetryError};
+use tokwatt_core::types::{DeviceInfo, TelemetryWindow, WorkloadWindow};
+use tokwatt_core::workload::{Workload, WorkloadError};
 
 /// Most boards one simulation may hold (a node has at most a few dozen).
 const MAX_GPUS: u32 = 1024;
@@ -70,14 +70,14 @@ pub enum SimError {
     },
     /// An unknown model preset or a bad shape (or give the shape in a `[model_shape]` table).
     #[error(transparent)]
-    Model(#[from] crate::model::ModelError),
+    Model(#[from] tokwatt_core::model::ModelError),
     #[error("the simulation needs 1 to {MAX_GPUS} GPUs (got {0})")]
     GpuCount(u32),
     /// The model's weights (or one sequence's KV cache beside them) exceed the profile's memory.
     #[error("GPU profile '{profile}': {source}")]
     Memory {
         profile: String,
-        source: crate::model::MemoryFitError,
+        source: tokwatt_core::model::MemoryFitError,
     },
 }
 
@@ -150,7 +150,7 @@ impl SimGpu {
             origin: format!("'{}' ({})", scenario.description, scenario.model_name),
             problem,
         })?;
-        let fits = crate::model::max_batch_that_fits(
+        let fits = tokwatt_core::model::max_batch_that_fits(
             &scenario.model,
             scenario.context_tokens,
             profile.memory_bytes(),

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::types::{Knobs, Objective, Observation, Settings};
+use tokwatt_core::types::{Knobs, Objective, Observation, Settings};
 
 /// What a policy knows about one managed GPU (guardrails already applied).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -570,21 +570,22 @@ fn check_length(settings: &[Settings], expected: usize) -> Result<(), PolicyFail
     }
 }
 
-/// A native stand-in for a plugin, for tests of the supervisor and the loop.
-#[cfg(test)]
-pub(crate) mod doubles {
+/// A native stand-in for a plugin, for tests of the supervisor and the loop (the loop's
+/// tests in other crates turn on the `test-doubles` feature, as a dev-dependency only).
+#[cfg(any(test, feature = "test-doubles"))]
+pub mod doubles {
     use super::*;
 
     type Decide = dyn FnMut(u64, &[Observation]) -> Result<Vec<Settings>, PolicyFailure> + Send;
 
     /// A policy whose `decide` is a closure of the call number and the observations.
-    pub(crate) struct NativePolicy {
+    pub struct NativePolicy {
         decide: Box<Decide>,
         calls: u64,
     }
 
     impl NativePolicy {
-        pub(crate) fn new(
+        pub fn new(
             decide: impl FnMut(u64, &[Observation]) -> Result<Vec<Settings>, PolicyFailure>
             + Send
             + 'static,
@@ -593,6 +594,14 @@ pub(crate) mod doubles {
                 decide: Box::new(decide),
                 calls: 0,
             }
+        }
+    }
+
+    impl std::fmt::Debug for NativePolicy {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("NativePolicy")
+                .field("calls", &self.calls)
+                .finish_non_exhaustive()
         }
     }
 

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::envelope::Guardrails;
 use crate::guard::GuardConfig;
 use crate::spec::PolicySpec;
-use crate::types::Objective;
+use tokwatt_core::types::Objective;
 
 /// The node's largest power cap raise per tick and GPU when the operator sets none, W.
 ///
@@ -133,9 +133,9 @@ impl NodeRules {
     /// at start with the reason.
     pub fn envelope(
         &self,
-        devices: &[crate::types::DeviceInfo],
+        devices: &[tokwatt_core::types::DeviceInfo],
         batch_size_max: &[u32],
-        knobs: crate::types::Knobs,
+        knobs: tokwatt_core::types::Knobs,
     ) -> Result<crate::envelope::Envelope, crate::envelope::EnvelopeError> {
         crate::envelope::Envelope::new(devices, batch_size_max, &self.guardrails, knobs)
     }
@@ -392,7 +392,7 @@ mod tests {
 
     #[test]
     fn every_shipped_spec_fits_the_default_node() {
-        let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+        let policies = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../policies");
         let mut checked = 0;
         for entry in std::fs::read_dir(&policies).expect("policies folder") {
             let path = entry.expect("entry").path();

@@ -1,6 +1,6 @@
 use super::doubles::NativePolicy;
 use super::*;
-use crate::types::Objective;
+use tokwatt_core::types::Objective;
 
 /// Asks for 500 W, except on the calls listed, which trap.
 fn failing_on(fail_on: Vec<u64>) -> NativePolicy {
@@ -34,7 +34,7 @@ fn observation() -> Observation {
         interval_s: 1.0,
         tpot_p50_ms: 0.0,
         tpot_p99_ms: 0.0,
-        in_force: crate::types::InForce {
+        in_force: tokwatt_core::types::InForce {
             power_cap_w: 700.0,
             power_cap_requested_w: 700.0,
             sm_clock_max_mhz: 1980,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::clock::VirtualClock;
+use tokwatt_core::clock::VirtualClock;
 
 /// A scenario that keeps `batch` sequences decoding: requests far outnumber slots and never finish.
 fn saturated(preset: &str, context: u32, batch: u32) -> Scenario {
@@ -590,9 +590,13 @@ fn serving(rps: f64, batch: u32, queue_max: u32) -> Scenario {
 }
 
 /// Demand summed over 1 s windows from 1 s to `until_s` (the first window read at 1 s).
-fn demand_over(sim: &SimGpu, clock: &VirtualClock, until_s: u32) -> crate::types::DemandWindow {
+fn demand_over(
+    sim: &SimGpu,
+    clock: &VirtualClock,
+    until_s: u32,
+) -> tokwatt_core::types::DemandWindow {
     let mut workload = sim.workload();
-    let mut total = crate::types::DemandWindow::default();
+    let mut total = tokwatt_core::types::DemandWindow::default();
     for tick in 1..=until_s {
         clock.sleep_until(secs(f64::from(tick)));
         let d = workload.read_window(0).unwrap().demand.unwrap();
@@ -693,7 +697,7 @@ fn a_window_with_no_admission_has_no_queue_wait() {
     let mut workload = sim.workload();
     clock.sleep_until(secs(2.0));
     let demand = workload.read_window(0).unwrap().demand.unwrap();
-    assert_eq!(demand, crate::types::DemandWindow::default());
+    assert_eq!(demand, tokwatt_core::types::DemandWindow::default());
     assert_eq!(demand.queue_wait_p99_ms, None);
 }
 
@@ -810,7 +814,7 @@ fn a_fixed_gain_is_honoured_per_board() {
     assert!((watts[1] - 122.0 * 1.04).abs() < 0.5, "{watts:?}");
 
     // One gain for every board, from a profile file.
-    let text = include_str!("../../profiles/h200.toml").replace(
+    let text = include_str!("../../../profiles/h200.toml").replace(
         "gain_error_max = 0.05",
         "gain_error_max = 0.05\ngain = 0.97",
     );
@@ -858,7 +862,7 @@ fn the_batch_is_limited_to_what_fits_the_device_memory() {
     assert_eq!(h200.workload().batch_size_max(0), 512);
     let (h100, _) = sim_with("h100", Scenario::built_in().unwrap(), 1, 1);
     let mut workload = h100.workload();
-    let fits = crate::model::max_batch_that_fits(
+    let fits = tokwatt_core::model::max_batch_that_fits(
         &ModelShape::preset("llama-3-8b").unwrap(),
         1024,
         80_000_000_000,
@@ -904,7 +908,7 @@ fn a_model_whose_weights_do_not_fit_is_refused_naming_both_sizes() {
 #[test]
 fn a_user_profile_for_a_smaller_card_runs_within_its_limits() {
     let profile = GpuProfile::from_toml_str(
-        include_str!("../../profiles/fixtures/l40s-class.toml"),
+        include_str!("../../../profiles/fixtures/l40s-class.toml"),
         "l40s-class.toml",
     )
     .unwrap();

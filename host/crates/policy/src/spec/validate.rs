@@ -74,11 +74,11 @@ pub(super) fn tick_ms(tick: Duration, deadline_ms: u64) -> Result<u32, String> {
     }
     let ms = u32::try_from(tick.as_millis()).unwrap_or(u32::MAX);
     // A call is interrupted only at its deadline times the margin for wall-clock noise.
-    let longest_call_ms = deadline_ms.saturating_mul(crate::plugin::DEADLINE_MARGIN);
+    let longest_call_ms = deadline_ms.saturating_mul(crate::limits::DEADLINE_MARGIN);
     if u64::from(ms) < longest_call_ms {
         return Err(format!(
             "({ms} ms) is shorter than the longest a plugin call may take ({longest_call_ms} ms: sandbox.deadline_ms = {deadline_ms}, times {} for wall-clock noise): a call could outlast its tick; lengthen the tick or shorten the deadline",
-            crate::plugin::DEADLINE_MARGIN
+            crate::limits::DEADLINE_MARGIN
         ));
     }
     Ok(ms)

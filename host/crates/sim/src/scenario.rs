@@ -9,7 +9,7 @@ use super::SimError;
 use super::model::ModelShape;
 
 /// The built-in scenario (also the example file `host/scenarios/phases.toml`).
-const DEFAULT_SCENARIO: &str = include_str!("../../scenarios/phases.toml");
+const DEFAULT_SCENARIO: &str = include_str!("../../../scenarios/phases.toml");
 
 /// A validated scenario.
 #[derive(Debug, Clone, PartialEq)]

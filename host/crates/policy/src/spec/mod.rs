@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::envelope::Guardrails;
-use crate::plugin::SandboxLimits;
-use crate::policy::BreakerConfig;
-use crate::types::{Knobs, Objective};
+use crate::limits::SandboxLimits;
+use crate::supervisor::BreakerConfig;
+use tokwatt_core::types::{Knobs, Objective};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
@@ -114,12 +114,12 @@ pub struct PolicySpec {
 
 impl PolicySpec {
     pub fn load(path: &Path) -> Result<Self, SpecError> {
-        let text = crate::files::read_text_bounded(path, crate::files::MAX_SPEC_BYTES).map_err(
-            |source| SpecError::Read {
-                path: path.to_owned(),
-                source,
-            },
-        )?;
+        let text =
+            tokwatt_core::files::read_text_bounded(path, tokwatt_core::files::MAX_SPEC_BYTES)
+                .map_err(|source| SpecError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?;
         Self::parse(path, &text)
     }
 

@@ -21,7 +21,7 @@
 use super::profile::GpuProfile;
 
 /// The simulator reads the same model shapes as the CUDA workload (`host/models/models.toml`).
-pub use crate::model::ModelShape;
+pub use tokwatt_core::model::ModelShape;
 
 /// What one decode step costs for one model at one context length.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -42,7 +42,7 @@ impl DecodeCost {
         let params = shape.params_read_per_step() as f64;
         Self {
             layers: shape.layers,
-            weight_bytes: params * crate::model::BYTES_PER_PARAM as f64,
+            weight_bytes: params * tokwatt_core::model::BYTES_PER_PARAM as f64,
             kv_bytes_per_sequence: shape.kv_cache_bytes(1, context_tokens) as f64,
             flops_per_token: 2.0 * params + shape.attention_flops_per_token(context_tokens) as f64,
         }
@@ -354,7 +354,7 @@ mod tests {
     #[test]
     fn every_profile_gives_physically_possible_steps() {
         let fixture = GpuProfile::from_toml_str(
-            include_str!("../../profiles/fixtures/l40s-class.toml"),
+            include_str!("../../../profiles/fixtures/l40s-class.toml"),
             "l40s-class.toml",
         )
         .unwrap();
@@ -370,9 +370,12 @@ mod tests {
             for preset in ["llama-3.2-1b", "llama-3-8b"] {
                 let shape = ModelShape::preset(preset).unwrap();
                 for context in [1024, 4096] {
-                    let fits =
-                        crate::model::max_batch_that_fits(&shape, context, profile.memory_bytes())
-                            .unwrap();
+                    let fits = tokwatt_core::model::max_batch_that_fits(
+                        &shape,
+                        context,
+                        profile.memory_bytes(),
+                    )
+                    .unwrap();
                     let cost = DecodeCost::new(&shape, context);
                     let model = DecodeModel::new(profile, &cost);
                     for batch in [1, 8, 64, 256, 512].map(|b: u32| b.min(fits)) {

@@ -4,7 +4,6 @@
 //! (a serving engine's Prometheus counter).
 
 pub mod per_gpu;
-pub mod prometheus;
 
 use crate::types::WorkloadWindow;
 

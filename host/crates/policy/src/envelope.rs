@@ -5,8 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::policy::DeviceFacts;
-use crate::types::{DeviceInfo, InForce, Knobs, Settings};
+use crate::supervisor::DeviceFacts;
+use tokwatt_core::types::{DeviceInfo, InForce, Knobs, Settings};
 
 /// The operator's limits, from the policy spec's `[guardrails]` table. Unset means the
 /// device's own limit.

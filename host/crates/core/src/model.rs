@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 /// The presets shipped with tokwatt, as TOML: one table per model.
-const PRESETS_TOML: &str = include_str!("../models/models.toml");
+const PRESETS_TOML: &str = include_str!("../../../models/models.toml");
 
 /// Bytes per weight, activation and KV-cache element (bf16).
 pub const BYTES_PER_PARAM: u64 = 2;

@@ -18,9 +18,9 @@ const FULL_LOAD_REACH: f64 = 0.9;
 
 /// The built-in profiles: (name, TOML text).
 const BUILT_IN: [(&str, &str); 3] = [
-    ("a100", include_str!("../../profiles/a100.toml")),
-    ("h100", include_str!("../../profiles/h100.toml")),
-    ("h200", include_str!("../../profiles/h200.toml")),
+    ("a100", include_str!("../../../profiles/a100.toml")),
+    ("h100", include_str!("../../../profiles/h100.toml")),
+    ("h200", include_str!("../../../profiles/h200.toml")),
 ];
 
 /// One GPU model: device constraints, the constants of the decode power and step-time model
@@ -90,7 +90,7 @@ pub struct Memory {
     /// Datasheet peak memory bandwidth, TB/s (the denominator of memory utilisation).
     pub peak_bandwidth_tbs: f64,
     /// Device memory, GB (10^9 bytes), as on the datasheet: weights and KV cache must fit
-    /// (see [`crate::model::fit_batch`]).
+    /// (see [`tokwatt_core::model::fit_batch`]).
     pub size_gb: f64,
 }
 
