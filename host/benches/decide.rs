@@ -3,13 +3,12 @@
 //! overhead: conversions, arming fuel and deadline, the call, and the checks.
 //! Run: `cargo bench -p tokwatt --bench decide`. `tokwatt bench decide` prints p50/p99.
 
-use std::path::Path;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn decide_8_gpus(c: &mut Criterion) {
-    let plugin = Path::new(env!("TOKWATT_BUILT_PLUGIN_DIR")).join("policy_static.wasm");
+    let plugin = tokwatt_plugin_artifacts::built_plugin("policy_static");
     let mut supervisor = match tokwatt::bench::supervisor_for(&plugin, 8) {
         Ok(s) => s,
         Err(e) => panic!(

@@ -20,11 +20,6 @@ use crate::spec::PolicySpec;
 use crate::swap::{PreparedPolicy, SwapPort};
 use crate::types::{DeviceInfo, Knobs, Settings};
 
-/// The folder the build put the shipped and fixture plugins in.
-pub fn built_plugin_dir() -> PathBuf {
-    PathBuf::from(env!("TOKWATT_BUILT_PLUGIN_DIR"))
-}
-
 /// Where plugins are looked for, after the spec's own folder: `$TOKWATT_PLUGIN_DIR`,
 /// the folder of the running executable (a deployed bundle), and the build's folder.
 pub fn plugin_search_path(extra: &[PathBuf]) -> Vec<PathBuf> {
@@ -38,7 +33,7 @@ pub fn plugin_search_path(extra: &[PathBuf]) -> Vec<PathBuf> {
     {
         dirs.push(dir);
     }
-    dirs.push(built_plugin_dir());
+    dirs.push(tokwatt_plugin_artifacts::built_plugin_dir());
     dirs
 }
 

@@ -387,7 +387,7 @@ fn assemble_gpu(
         Box::new(DryRun::new(devices.clone(), current))
     } else {
         let why = || {
-            crate::nvml::privileges::Privileges::current()
+            crate::privileges::Privileges::current()
                 .denial()
                 .map_or_else(|| "the driver refused".to_owned(), |d| d.to_string())
         };

@@ -2,55 +2,13 @@
 
 pub mod agent_cpu;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::plugin::{HostConfig, PluginHost, SandboxLimits};
-use crate::policy::{BreakerConfig, DeviceFacts, InitArgs, PolicyFailure, Supervisor};
-use crate::types::{Knobs, Objective, Observation};
-
-/// A plausible H200 as a policy is told about it, for benchmarks and tests.
-pub fn sample_facts(gpu: u32) -> DeviceFacts {
-    DeviceFacts {
-        index: gpu,
-        uuid: format!("SIM-h200-{gpu}"),
-        name: "bench".into(),
-        simulated: true,
-        power_cap_min_w: 200.0,
-        power_cap_max_w: 700.0,
-        power_cap_default_w: 700.0,
-        sm_clocks_mhz: (0..110).map(|i| 1980 - 15 * i).collect(),
-        batch_size_max: 512,
-    }
-}
-
-/// A plugin the build made (`host/build.rs`), for tests: from `$TOKWATT_PLUGIN_DIR` when
-/// it is there, so a test binary also runs from a bundle on another machine
-/// (scripts/gpu-bundle.sh ships the fixtures), else from the build's folder.
-pub fn built_plugin(name: &str) -> PathBuf {
-    let file = format!("{name}.wasm");
-    std::env::var_os("TOKWATT_PLUGIN_DIR")
-        .map(|dir| Path::new(&dir).join(&file))
-        .filter(|path| path.is_file())
-        .unwrap_or_else(|| crate::agent::built_plugin_dir().join(file))
-}
-
-/// What `init` gets for `gpus` sample GPUs with every knob granted.
-pub fn sample_init_args(gpus: u32) -> InitArgs {
-    InitArgs {
-        devices: (0..gpus).map(sample_facts).collect(),
-        knobs: Knobs {
-            power_cap: true,
-            sm_clock: true,
-            batch_size: true,
-        },
-        objective: Objective::default(),
-        params: vec![],
-        tick_ms: 1000,
-        seed: 1,
-    }
-}
+use crate::policy::{BreakerConfig, InitArgs, PolicyFailure, Supervisor};
+use crate::types::Observation;
 
 /// A started supervisor around `plugin` managing `gpus` GPUs (compiled afresh, no cache).
 pub fn supervisor_for(plugin: &Path, gpus: u32) -> Result<Supervisor, String> {
@@ -70,7 +28,7 @@ pub fn supervisor_with(host: &PluginHost, plugin: &Path, gpus: u32) -> Result<Su
         .map_err(|e: PolicyFailure| e.to_string())?;
     Supervisor::start(
         Box::new(engine),
-        sample_init_args(gpus),
+        InitArgs::typical_h200(gpus),
         BreakerConfig::default(),
     )
     .map(|(s, _)| s)

@@ -13,9 +13,13 @@
 //! See ARCHITECTURE.md for the code map and the invariants.
 
 // The layers below, re-exported under the names the modules here have always used.
-pub use tokwatt_core::{actuator, clock, files, model, quantile, rng, telemetry, types, workload};
+pub use tokwatt_core::{
+    actuator, clock, files, model, privileges, quantile, rng, telemetry, types, workload,
+};
 pub use tokwatt_engines::prometheus;
+pub use tokwatt_plugin as plugin;
 pub use tokwatt_policy::{envelope, guard, limits, rules, spec, supervisor as policy};
+pub use tokwatt_report as report;
 pub use tokwatt_sim as sim;
 
 pub mod ab;
@@ -30,10 +34,8 @@ pub mod eval;
 pub mod gpu_tests;
 pub mod metrics;
 pub mod nvml;
-pub mod plugin;
 pub mod recorder;
 pub mod replay;
-pub mod report;
 pub mod restore;
 pub mod serve;
 pub mod swap;

@@ -23,10 +23,10 @@ pub fn repo_root() -> PathBuf {
 }
 
 pub fn built_plugin(name: &str) -> PathBuf {
-    let path = Path::new(env!("TOKWATT_BUILT_PLUGIN_DIR")).join(format!("{name}.wasm"));
+    let path = tokwatt_plugin_artifacts::built_plugin_dir().join(format!("{name}.wasm"));
     assert!(
         path.is_file(),
-        "{} was not built by host/build.rs",
+        "{} was not built by the plugin-artifacts crate's build script",
         path.display()
     );
     path

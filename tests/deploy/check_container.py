@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 
 import deploycheck as dc
 
-# What the builder's `cargo build --release -p tokwatt` leaves in target/ (host/build.rs
+# What the builder's `cargo build --release -p tokwatt` leaves in target/ (host/crates/plugin-artifacts/build.rs
 # puts the plugins in target/plugins whatever the profile), as (pattern, a file here
 # that shows it is really produced, where this checkout has built it).
 BUILD_PRODUCTS = [

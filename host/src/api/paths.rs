@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::nvml::privileges::Privileges;
+use crate::privileges::Privileges;
 
 /// The socket's file name inside its folder.
 const SOCKET_FILE: &str = "tokwatt.sock";

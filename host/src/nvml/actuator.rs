@@ -13,10 +13,10 @@ use nvml_wrapper::enums::device::GpuLockedClocksSetting;
 use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::{Device, Nvml};
 
-use super::privileges::Privileges;
 use super::{ManagedGpu, current_sm_clock};
 use crate::actuator::{Actuator, ActuatorError, Capabilities, GpuSettings};
 use crate::types::DeviceInfo;
+use tokwatt_core::privileges::Privileges;
 
 const POWER_CAP: &str = "the power cap";
 const SM_CLOCK_LOCK: &str = "the SM clock lock";

@@ -10,7 +10,6 @@
 //! position is NVML's index, as `nvidia-smi` shows it.
 
 mod actuator;
-pub mod privileges;
 mod report;
 mod sampler;
 mod telemetry;

@@ -4,8 +4,8 @@ use std::fmt;
 
 use nvml_wrapper::enum_wrappers::device::Clock;
 
-use super::privileges::Privileges;
 use super::{NvmlError, init, managed_gpu};
+use tokwatt_core::privileges::Privileges;
 
 /// A range of supported clocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::RestoreError;
 use super::report::Setting;
 use crate::actuator::GpuSettings;
-use crate::nvml::privileges::Privileges;
+use crate::privileges::Privileges;
 
 /// Version of the state file's layout, in its `format` field; a file with another
 /// version is refused. Every state file tokwatt has written carries the field.

@@ -124,7 +124,7 @@ impl Book {
 
     fn refused(&mut self, why: &str) {
         self.swaps_refused += 1;
-        self.last_failure = Some(crate::plugin::text::sanitize_text(why, FAILURE_TEXT_MAX));
+        self.last_failure = Some(crate::plugin::sanitize_text(why, FAILURE_TEXT_MAX));
     }
 }
 

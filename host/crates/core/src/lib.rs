@@ -6,7 +6,7 @@
 //!   (NVML, the simulator and the CUDA decode implement them in their own crates).
 //! - [`model`]: model shapes as data; [`clock`]: wall and virtual time; [`rng`]: the seeded
 //!   random source runs replay from; [`quantile`], [`files`]: small shared arithmetic and
-//!   bounded reads.
+//!   bounded reads; [`privileges`]: whether this process may change GPU settings.
 //!
 //! Nothing here knows wasmtime, NVML, CUDA or tokio.
 
@@ -14,6 +14,7 @@ pub mod actuator;
 pub mod clock;
 pub mod files;
 pub mod model;
+pub mod privileges;
 pub mod quantile;
 pub mod rng;
 pub mod telemetry;

@@ -34,6 +34,43 @@ pub struct InitArgs {
     pub seed: u64,
 }
 
+impl DeviceFacts {
+    /// A plausible H200 as a policy is told about it (110 SM clocks from 1980 MHz down,
+    /// caps 200 to 700 W, batches to 512), for benchmarks and tests.
+    pub fn typical_h200(gpu: u32) -> Self {
+        Self {
+            index: gpu,
+            uuid: format!("SIM-h200-{gpu}"),
+            name: "bench".into(),
+            simulated: true,
+            power_cap_min_w: 200.0,
+            power_cap_max_w: 700.0,
+            power_cap_default_w: 700.0,
+            sm_clocks_mhz: (0..110).map(|i| 1980 - 15 * i).collect(),
+            batch_size_max: 512,
+        }
+    }
+}
+
+impl InitArgs {
+    /// What `init` gets for `gpus` typical H200s with every knob granted and the default
+    /// objective, for benchmarks and tests.
+    pub fn typical_h200(gpus: u32) -> Self {
+        Self {
+            devices: (0..gpus).map(DeviceFacts::typical_h200).collect(),
+            knobs: Knobs {
+                power_cap: true,
+                sm_clock: true,
+                batch_size: true,
+            },
+            objective: Objective::default(),
+            params: vec![],
+            tick_ms: 1000,
+            seed: 1,
+        }
+    }
+}
+
 /// Opaque policy state, handed to a new version at a swap.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PolicyState {

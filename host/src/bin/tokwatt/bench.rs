@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use crate::plugin_places::PluginPlaces;
-use tokwatt::agent;
 use tokwatt::bench::DecideLatencies;
 use tokwatt::bench::agent_cpu::{
     self, AgentCpuRequest, AgentCpuRun, AgentCpuTarget, CPU_TIME_RESOLUTION,
@@ -464,7 +463,8 @@ fn bench_decide(
     plugin: Option<PathBuf>,
     cache_dir: Option<PathBuf>,
 ) -> Result<()> {
-    let plugin = plugin.unwrap_or_else(|| agent::built_plugin_dir().join("policy_static.wasm"));
+    let plugin = plugin
+        .unwrap_or_else(|| tokwatt_plugin_artifacts::built_plugin_dir().join("policy_static.wasm"));
     let host = PluginHost::new(&HostConfig {
         cache_dir: cache_dir.or_else(ComponentCache::default_dir),
     })?;

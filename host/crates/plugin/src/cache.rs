@@ -74,7 +74,7 @@ fn check_owner_and_mode(
 }
 
 fn effective_uid() -> Option<u32> {
-    crate::nvml::privileges::Privileges::current().effective_uid
+    tokwatt_core::privileges::Privileges::current().effective_uid
 }
 
 /// Feeds `Hash` output into SHA-256, which (unlike `DefaultHasher`) is stable.

@@ -5,7 +5,7 @@
 //! reports (`tokwatt run`, `tokwatt eval`); [`run_report`] turns a run's own files
 //! (`summary.json`, `trace.csv`) into its `report.html`.
 
-pub(crate) mod chart;
+pub mod chart;
 mod heatmap;
 mod page;
 mod run;

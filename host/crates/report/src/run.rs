@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::{Downsampler, LineChart, MAX_BUCKETS, Page, ReportError, Series, format_value};
-use crate::spec::PolicySpec;
-use crate::types::Objective;
+use tokwatt_core::types::Objective;
+use tokwatt_policy::spec::PolicySpec;
 
 /// Ticks in the rolling tokens-per-joule window.
 pub const ROLLING_TICKS: usize = 10;

@@ -155,7 +155,7 @@ fn looks_numeric(cell: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{LineChart, Series};
+    use crate::{LineChart, Series};
 
     #[test]
     fn a_page_is_a_complete_document_with_everything_escaped() {

@@ -31,11 +31,11 @@ pub use sandbox::{GUEST_OUTPUT_TAIL_BYTES, GuestConsole, GuestLog, GuestOutput};
 pub use text::{PLUGIN_TEXT_MAX_BYTES, sanitize_text};
 pub use tokwatt_policy::limits::{DEADLINE_MARGIN, SandboxLimits};
 
-use crate::policy::{InitArgs, PolicyEngine, PolicyFailure, PolicyState, stderr_note};
-use crate::types::{Observation, Settings};
 use contract::{check_component_header, check_contract_version, check_guest_signatures};
 use lines::{Guest, Line, PolicyPre};
 use sandbox::{HostState, LimitHit};
+use tokwatt_core::types::{Observation, Settings};
+use tokwatt_policy::supervisor::{InitArgs, PolicyEngine, PolicyFailure, PolicyState, stderr_note};
 
 /// The contract this host implements, and the versions it accepts.
 pub const CONTRACT_PACKAGE: &str = "tokwatt:policy";
@@ -528,14 +528,14 @@ impl PolicyEngine for WasmPolicy {
     }
 }
 
-/// A component's bytes, read bounded ([`crate::files::MAX_PLUGIN_BYTES`]).
-pub(crate) fn read_component(path: &Path) -> Result<Vec<u8>, PluginError> {
-    crate::files::read_bounded(path, crate::files::MAX_PLUGIN_BYTES).map_err(|source| {
-        PluginError::Read {
+/// A component's bytes, read bounded ([`tokwatt_core::files::MAX_PLUGIN_BYTES`]).
+pub fn read_component(path: &Path) -> Result<Vec<u8>, PluginError> {
+    tokwatt_core::files::read_bounded(path, tokwatt_core::files::MAX_PLUGIN_BYTES).map_err(
+        |source| PluginError::Read {
             path: path.to_owned(),
             source,
-        }
-    })
+        },
+    )
 }
 
 #[cfg(test)]

@@ -17,8 +17,8 @@ use wasmtime::component::types::{ComponentFunc, ComponentItem, Type};
 use super::contract::{GUEST_FUNCTIONS, accepted_versions, compatible_version};
 use super::lines::Line;
 use super::*;
-use crate::policy::{InitArgs, PolicyEngine as _};
-use crate::types::{ClockEvents, InForce, Observation};
+use tokwatt_core::types::{ClockEvents, InForce, Observation};
+use tokwatt_policy::supervisor::{InitArgs, PolicyEngine as _};
 
 /// The WASI 0.2 packages the sandbox links (`wasmtime_wasi::p2::add_to_linker_sync`): a
 /// policy built with Rust's std imports some of them even when it never uses them.
@@ -542,7 +542,11 @@ pub fn sample_ticks(init: &InitArgs, count: usize) -> Vec<(String, Vec<Observati
 }
 
 /// A plausible one-second window of one GPU (H200-like figures scaled to its cap).
-fn sample_observation(device: &crate::policy::DeviceFacts, tick: u64, busy: bool) -> Observation {
+fn sample_observation(
+    device: &tokwatt_policy::supervisor::DeviceFacts,
+    tick: u64,
+    busy: bool,
+) -> Observation {
     let sm_clock_max = device.sm_clocks_mhz.first().copied().unwrap_or(1980);
     let cap = device.power_cap_default_w;
     let batch = device.batch_size_max.min(128);
@@ -696,7 +700,10 @@ pub fn trial(
 }
 
 /// A list of settings is usable when it has one entry per GPU.
-fn settings_verdict(settings: &[crate::types::Settings], gpus: usize) -> Result<String, String> {
+fn settings_verdict(
+    settings: &[tokwatt_core::types::Settings],
+    gpus: usize,
+) -> Result<String, String> {
     if settings.len() != gpus {
         return Err(format!(
             "returned {} settings for {gpus} GPU(s): the contract wants exactly one per GPU, in device order",
@@ -782,7 +789,7 @@ pub fn compile_ahead(host: &PluginHost, path: &Path) -> Result<CompiledAhead, Co
 mod tests {
     use super::*;
 
-    use crate::bench::built_plugin as built;
+    use tokwatt_plugin_artifacts::built_plugin as built;
 
     fn host_with_cache(dir: &Path) -> PluginHost {
         PluginHost::new(&HostConfig {
@@ -846,7 +853,7 @@ mod tests {
     #[test]
     fn a_trial_reports_every_call_and_keeps_going_after_a_trap() {
         let host = PluginHost::new(&HostConfig::default()).expect("host");
-        let init = crate::bench::sample_init_args(2);
+        let init = tokwatt_policy::supervisor::InitArgs::typical_h200(2);
         let inputs = TrialInputs {
             ticks: sample_ticks(&init, 4),
             init,

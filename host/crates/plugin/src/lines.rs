@@ -10,8 +10,8 @@ use wasmtime::Store;
 use wasmtime::component::{HasSelf, Instance, InstancePre, Linker};
 
 use super::sandbox::{GuestLogLevel, HostState};
-use crate::policy::{InitArgs, PolicyState};
-use crate::types::{Observation, Settings};
+use tokwatt_core::types::{Observation, Settings};
+use tokwatt_policy::supervisor::{InitArgs, PolicyState};
 
 /// A contract line (for 0.x versions, the minor), newest last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -184,8 +184,8 @@ macro_rules! contract_line {
             use wasmtime::component::{ComponentExportIndex, Instance};
 
             use super::{GuestLogLevel, HostState};
-            use crate::policy::{InitArgs, PolicyState};
-            use crate::types::{ClockEvents, Knobs, Observation, Settings};
+            use tokwatt_policy::supervisor::{InitArgs, PolicyState};
+            use tokwatt_core::types::{ClockEvents, Knobs, Observation, Settings};
             use self::tokwatt::policy::types as wit;
 
             impl self::tokwatt::policy::types::Host for HostState {}
@@ -404,14 +404,14 @@ macro_rules! contract_line {
 
 // 0.1 as it shipped (`wit/0.1/policy.wit`, frozen): nothing added.
 contract_line!(
-    v0_1, "../wit/0.1",
+    v0_1, "../../../wit/0.1",
     objective: |objective| {},
     observation: |observation| {},
 );
 
 // 0.2 (`wit/policy.wit`): the workload's demand and the queue-wait bound.
 contract_line!(
-    v0_2, "../wit",
+    v0_2, "../../../wit",
     objective: |objective| {
         queue_wait_p99_limit_ms: objective.queue_wait_p99_limit_ms,
     },

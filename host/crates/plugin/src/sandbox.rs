@@ -21,7 +21,7 @@ use wasmtime_wasi::{
 
 use super::text::{PLUGIN_TEXT_MAX_BYTES, sanitize_text};
 
-/// A plugin's random streams (see `crate::rng`): the contract's `random` import and WASI's
+/// A plugin's random streams (see `tokwatt_core::rng`): the contract's `random` import and WASI's
 /// two random interfaces each draw from their own, so a plugin's use of one never shifts
 /// the others, and the simulator's streams (small numbers) are never shared.
 const RANDOM_STREAM_CONTRACT: u64 = 0x706C_7567_0001;
@@ -591,7 +591,7 @@ pub(super) struct HostState {
     wasi: WasiCtx,
     table: ResourceTable,
     pub(super) limiter: InstanceLimiter,
-    rng: crate::rng::Rng,
+    rng: tokwatt_core::rng::Rng,
     clock: TickClock,
     policy_name: Arc<str>,
     log_budget: u32,
@@ -636,8 +636,14 @@ impl HostState {
                 console: console.clone(),
                 stream: Stream::Stderr,
             })
-            .secure_random(crate::rng::Rng::stream(seed, RANDOM_STREAM_WASI_SECURE))
-            .insecure_random(crate::rng::Rng::stream(seed, RANDOM_STREAM_WASI_INSECURE))
+            .secure_random(tokwatt_core::rng::Rng::stream(
+                seed,
+                RANDOM_STREAM_WASI_SECURE,
+            ))
+            .insecure_random(tokwatt_core::rng::Rng::stream(
+                seed,
+                RANDOM_STREAM_WASI_INSECURE,
+            ))
             .insecure_random_seed(u128::from(seed))
             .wall_clock(clock.clone())
             .monotonic_clock(clock.clone())
@@ -652,7 +658,7 @@ impl HostState {
             wasi: builder.build(),
             table,
             limiter: InstanceLimiter::new(limit_bytes),
-            rng: crate::rng::Rng::stream(seed, RANDOM_STREAM_CONTRACT),
+            rng: tokwatt_core::rng::Rng::stream(seed, RANDOM_STREAM_CONTRACT),
             clock,
             policy_name: Arc::from(policy_name),
             log_budget: limits.log_messages_per_call,
@@ -773,10 +779,9 @@ mod console_tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::bench::sample_init_args;
-    use crate::plugin::{HostConfig, PluginHost};
-    use crate::policy::{PolicyEngine, PolicyFailure};
-    use crate::types::Observation;
+    use crate::{HostConfig, PluginHost};
+    use tokwatt_core::types::Observation;
+    use tokwatt_policy::supervisor::{InitArgs, PolicyEngine, PolicyFailure};
 
     #[test]
     fn a_tail_buffer_keeps_the_newest_bytes_and_counts_the_rest() {
@@ -877,12 +882,12 @@ mod console_tests {
         );
     }
 
-    fn stderr_trap() -> Arc<crate::plugin::LoadedPlugin> {
+    fn stderr_trap() -> Arc<crate::LoadedPlugin> {
         stderr_trap_within(SandboxLimits::default())
     }
 
-    fn stderr_trap_within(limits: SandboxLimits) -> Arc<crate::plugin::LoadedPlugin> {
-        let path = crate::bench::built_plugin("fixture_stderr_trap");
+    fn stderr_trap_within(limits: SandboxLimits) -> Arc<crate::LoadedPlugin> {
+        let path = tokwatt_plugin_artifacts::built_plugin("fixture_stderr_trap");
         let host = PluginHost::new(&HostConfig::default()).expect("host");
         Arc::new(host.load(&path, "stderr-trap", limits).expect("loads"))
     }
@@ -892,7 +897,7 @@ mod console_tests {
         let mut policy = stderr_trap_within(limits)
             .instantiate(1)
             .expect("instantiates");
-        let mut args = sample_init_args(1);
+        let mut args = InitArgs::typical_h200(1);
         args.params = vec![
             ("good_calls".into(), "0".into()),
             ("fail_by".into(), fail_by.into()),
@@ -958,7 +963,7 @@ mod console_tests {
     #[test]
     fn a_trap_names_the_traceback_the_guest_wrote_to_stderr() {
         let mut policy = stderr_trap().instantiate(1).expect("instantiates");
-        let mut args = sample_init_args(1);
+        let mut args = InitArgs::typical_h200(1);
         args.params = vec![("good_calls".into(), "1".into())];
         policy.init(&args).expect("init");
         let observations = [Observation::typical_h200(0, 0)];
@@ -1000,7 +1005,7 @@ mod console_tests {
     #[test]
     fn a_stderr_flood_costs_the_host_only_its_bounded_buffer() {
         let mut policy = stderr_trap().instantiate(1).expect("instantiates");
-        let mut args = sample_init_args(1);
+        let mut args = InitArgs::typical_h200(1);
         let flood_bytes = 4 << 20;
         args.params = vec![
             ("good_calls".into(), "0".into()),

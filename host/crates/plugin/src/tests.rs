@@ -1,16 +1,15 @@
-//! The plugin host against real components built by host/build.rs.
+//! The plugin host against real components built by host/crates/plugin-artifacts/build.rs.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::bench::sample_init_args;
-use crate::policy::{InitArgs, PolicyEngine, PolicyState};
+use tokwatt_policy::supervisor::{InitArgs, PolicyEngine, PolicyState};
 
-use crate::bench::built_plugin as built;
+use tokwatt_plugin_artifacts::built_plugin as built;
 
 fn args(gpus: u32) -> InitArgs {
-    sample_init_args(gpus)
+    InitArgs::typical_h200(gpus)
 }
 
 fn instance(host: &PluginHost, name: &str, limits: SandboxLimits) -> WasmPolicy {
@@ -355,7 +354,7 @@ fn wall_time_per_call_varies() {
 /// built by the 0.1 SDK from the shipped policy of that name), loaded.
 fn load_0_1(host: &PluginHost, name: &str) -> LoadedPlugin {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/contract-0.1")
+        .join("../../../tests/fixtures/contract-0.1")
         .join(format!("{name}.wasm"));
     host.load(&path, name, SandboxLimits::default())
         .expect("a 0.1 plugin loads")
@@ -378,7 +377,7 @@ fn a_plugin_built_against_0_1_keeps_loading_and_running() {
         "{first:?}"
     );
     let mut observation = Observation::typical_h200(0, 1);
-    observation.demand = Some(crate::types::DemandWindow {
+    observation.demand = Some(tokwatt_core::types::DemandWindow {
         requests_arrived: 7,
         queue_wait_p99_ms: Some(12.0),
         ..Default::default()
@@ -407,7 +406,7 @@ fn state_hands_over_from_a_0_1_build_to_a_0_2_build() {
         .instantiate(1)
         .expect("instantiates");
     let mut init_args = args(1);
-    init_args.knobs = crate::types::Knobs {
+    init_args.knobs = tokwatt_core::types::Knobs {
         power_cap: true,
         ..Default::default()
     };
@@ -439,7 +438,7 @@ fn a_0_2_plugin_sees_the_demand_and_the_queue_wait_bound() {
     assert_eq!(first[0].power_cap_w, Some(750.0), "the bound arrives");
 
     let mut serving = Observation::typical_h200(0, 1);
-    serving.demand = Some(crate::types::DemandWindow {
+    serving.demand = Some(tokwatt_core::types::DemandWindow {
         requests_arrived: 41,
         requests_completed: 30,
         requests_turned_away: 3,

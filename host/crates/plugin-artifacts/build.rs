@@ -86,9 +86,11 @@ fn build_plugins() -> Result<(), String> {
     let manifest_dir = env::var_os("CARGO_MANIFEST_DIR")
         .map(PathBuf::from)
         .ok_or("CARGO_MANIFEST_DIR is not set: this build script runs under cargo")?;
+    // This crate is `<workspace>/host/crates/plugin-artifacts`.
     let workspace = manifest_dir
-        .parent()
-        .ok_or_else(|| format!("{} has no parent folder", manifest_dir.display()))?
+        .ancestors()
+        .nth(3)
+        .ok_or_else(|| format!("{} is not three folders deep", manifest_dir.display()))?
         .to_path_buf();
     let target_dir = workspace.join("target").join("plugins");
     let built_dir = target_dir.join(PLUGIN_TARGET).join(PLUGIN_PROFILE);

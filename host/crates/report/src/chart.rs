@@ -303,22 +303,22 @@ fn range(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
 /// An axis from `lo` to `hi` in steps of a "nice" size (1, 2 or 5 times a power of ten):
 /// the one axis of every chart tokwatt draws (line charts here, the A/B strip plots).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Axis {
-    pub(crate) lo: f64,
-    pub(crate) hi: f64,
+pub struct Axis {
+    pub lo: f64,
+    pub hi: f64,
     step: f64,
 }
 
 impl Axis {
     /// An axis just covering `(min, max)`; a flat range gets a tenth of its size (one
     /// unit around zero) on each side.
-    pub(crate) fn nice((min, max): (f64, f64)) -> Self {
+    pub fn nice((min, max): (f64, f64)) -> Self {
         Self::spanning(min, max, 0.0, 0.1)
     }
 
     /// An axis a twentieth wider than `(min, max)` on each side, so that no mark sits on
     /// the frame; a flat range gets a hundredth of its size (one unit around zero).
-    pub(crate) fn padded((min, max): (f64, f64)) -> Self {
+    pub fn padded((min, max): (f64, f64)) -> Self {
         Self::spanning(min, max, 0.05, 0.01)
     }
 
@@ -343,12 +343,12 @@ impl Axis {
         }
     }
 
-    pub(crate) fn fraction(&self, value: f64) -> f64 {
+    pub fn fraction(&self, value: f64) -> f64 {
         (value - self.lo) / (self.hi - self.lo)
     }
 
     /// Each tick and its label, the labels sharing one scale suffix (k, M, G).
-    pub(crate) fn labelled_ticks(&self) -> Vec<(f64, String)> {
+    pub fn labelled_ticks(&self) -> Vec<(f64, String)> {
         let count = (self.hi / self.step - self.lo / self.step)
             .round()
             .clamp(0.0, 50.0) as usize;

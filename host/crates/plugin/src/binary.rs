@@ -36,11 +36,11 @@ pub(crate) fn top_level_imports(bytes: &[u8]) -> Result<Vec<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugin::CONTRACT_VERSION;
+    use crate::CONTRACT_VERSION;
 
     #[test]
     fn a_shipped_policy_imports_the_contract_host_and_wasi_only() {
-        let plugin = crate::bench::built_plugin("policy_static");
+        let plugin = tokwatt_plugin_artifacts::built_plugin("policy_static");
         let bytes = std::fs::read(&plugin).expect("the shipped static plugin");
         let names = top_level_imports(&bytes).expect("a component");
         assert!(
