@@ -7,7 +7,8 @@
 #   DIR/gpu-check.sh OUT                 # on the GPU machine; results land in OUT
 #
 # The bundle holds the release `tokwatt` binary, the built policy plugins and specs, the
-# library's test binary (its CUDA and NVML tests run for real where a GPU is present),
+# unit-test binaries of the agent, NVML and CUDA crates (their GPU tests run for real where
+# a GPU is present),
 # and the PyTorch decode reference when ../shared/calibration has it. With LAB=1 it also holds
 # `kernel-lab`, the kernel timings kept out of the product (docs/kernel-experiments.md).
 set -euo pipefail
@@ -16,19 +17,23 @@ dist="${1:-$root/dist}"
 cd "$root"
 
 cargo build --release -p tokwatt
-# The library's unit tests as one executable (cargo prints its path).
-test_bin="$(cargo test --release -p tokwatt --lib --no-run --message-format=json 2>/dev/null \
+# The unit tests of the crates that touch a GPU (NVML, the CUDA decode) and of the agent's
+# library, one executable each, as `name path` lines (cargo prints their paths).
+test_bins="$(cargo test --release -p tokwatt -p tokwatt-nvml -p tokwatt-cuda --lib --no-run \
+  --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["lib"]:
-        print(m["executable"])')"
+        print(m["target"]["name"], m["executable"])')"
 
 rm -rf "$dist"
 mkdir -p "$dist/specs"
 # Stripped: the debug info is most of their size, and the bundle travels.
 strip -o "$dist/tokwatt" target/release/tokwatt
-strip -o "$dist/tokwatt-lib-tests" "$test_bin"
+while read -r name path; do
+  strip -o "$dist/tests-$name" "$path"
+done <<< "$test_bins"
 if [[ "${LAB:-0}" == 1 ]]; then
   cargo build --release -p tokwatt --features lab --bin kernel-lab
   strip -o "$dist/kernel-lab" target/release/kernel-lab

@@ -5,7 +5,7 @@
 #
 #   gpu-check.sh OUT [SECONDS_PER_BATCH] [PARTS]
 #
-# PARTS (comma-separated, default all): tests (the library's tests), bench (tokwatt bench
+# PARTS (comma-separated, default all): tests (the unit tests of the agent, NVML and CUDA crates), bench (tokwatt bench
 # workload beside the PyTorch reference), dryrun (a 60 s dry-run `tokwatt run`), slo (the
 # slo-batch controller against an exhaustive batch sweep under the same objective). The GPU's
 # settings are compared before and after whatever runs. serve: `tokwatt serve` for 2 minutes
@@ -38,7 +38,7 @@ wants() { [[ ",$parts," == *",$1,"* ]]; }
 mkdir -p "$out"
 cd "$here"
 export TOKWATT_PLUGIN_DIR="$here"
-# On the GPU machine a GPU test that would skip fails instead (host/src/gpu_tests.rs).
+# On the GPU machine a GPU test that would skip fails instead (tokwatt-test-support).
 export TOKWATT_REQUIRE_GPU=1
 status=0
 step() { echo; echo "== $*"; }
@@ -56,9 +56,12 @@ step "tokwatt gpus"
 ./tokwatt gpus | tee "$out/gpus.txt" || status=1
 
 if wants tests; then
-  step "library tests (CUDA and NVML tests run for real here)"
-  ./tokwatt-lib-tests --test-threads=1 2>&1 | tail -n 40 | tee "$out/lib-tests.txt"
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  for tests in ./tests-*; do
+    name="${tests#./tests-}"
+    step "unit tests of $name (CUDA and NVML tests run for real here)"
+    "$tests" --test-threads=1 2>&1 | tail -n 40 | tee "$out/lib-tests-$name.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  done
 fi
 
 if wants bench; then

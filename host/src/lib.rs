@@ -16,7 +16,9 @@
 pub use tokwatt_core::{
     actuator, clock, files, model, privileges, quantile, rng, telemetry, types, workload,
 };
+pub use tokwatt_cuda as cuda;
 pub use tokwatt_engines::prometheus;
+pub use tokwatt_nvml as nvml;
 pub use tokwatt_plugin as plugin;
 pub use tokwatt_policy::{envelope, guard, limits, rules, spec, supervisor as policy};
 pub use tokwatt_report as report;
@@ -29,11 +31,8 @@ pub mod assembly;
 pub mod bench;
 pub mod cli;
 pub mod control;
-pub mod cuda;
 pub mod eval;
-pub mod gpu_tests;
 pub mod metrics;
-pub mod nvml;
 pub mod recorder;
 pub mod replay;
 pub mod restore;

@@ -356,7 +356,7 @@ fn a_scaffolded_javascript_policy_passes_its_tests_builds_checks_fine_and_runs()
         if !runs {
             skip_unless_required(
                 REQUIRE,
-                &format!("{program} is not installed ({program} --version failed)"),
+                format!("{program} is not installed ({program} --version failed)"),
             );
             return;
         }
@@ -372,7 +372,7 @@ fn a_scaffolded_javascript_policy_passes_its_tests_builds_checks_fine_and_runs()
     if !install.status.success() {
         skip_unless_required(
             REQUIRE,
-            &format!(
+            format!(
                 "npm ci --offline failed, so npm's cache lacks componentize-js 0.23.0 \
                  (run `npm ci` in examples/js once to fill it):\n{}",
                 stderr(&install)

@@ -183,34 +183,7 @@ pub fn assert_run_sound(r: &RunResult, expected_ticks: u64) {
     }
 }
 
-/// Whether the run requires the tool `var` stands for (a `TOKWATT_REQUIRE_…` variable set
-/// to anything but empty or `0`; `.ci/run` sets them all): a missing tool then fails its
-/// test instead of skipping it. The one reading of every such variable.
-pub fn required(var: &str) -> bool {
-    std::env::var_os(var).is_some_and(|value| !value.is_empty() && value != "0")
-}
-
-/// The variable that runs the slowest end-to-end tests (each a minute or more on two
-/// cores: building every plugin crate natively, building a scaffolded policy, the A/B
-/// error-rate studies); `.ci/run` sets it.
-pub const SLOW_TESTS: &str = "TOKWATT_SLOW_TESTS";
-
-/// Whether a slow test runs: where [`SLOW_TESTS`] is set (by [`required`]'s rule); else
-/// prints why `what` is skipped.
-pub fn run_slow(what: &str) -> bool {
-    if required(SLOW_TESTS) {
-        return true;
-    }
-    println!("skipped: {what} is a slow test (set {SLOW_TESTS}=1 to run it; CI does)");
-    false
-}
-
-/// Skips a test for `reason` (printed), or fails it where [`required`]`(var)`.
-#[track_caller]
-pub fn skip_unless_required(var: &str, reason: &str) {
-    assert!(!required(var), "{var} is set but {reason}");
-    println!("skipped: {reason}");
-}
+pub use tokwatt_test_support::{required, run_slow, skip_unless_required};
 
 /// `tool`'s name when `tool --version` runs, or `None` after printing why the test is
 /// skipped. Where [`required`]`(require)` a missing tool fails the test instead.
@@ -223,6 +196,6 @@ pub fn required_tool(tool: &'static str, require: &str, install: &str) -> Option
     if found {
         return Some(tool);
     }
-    skip_unless_required(require, &format!("{tool} is not installed ({install})"));
+    skip_unless_required(require, format!("{tool} is not installed ({install})"));
     None
 }

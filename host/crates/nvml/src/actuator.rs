@@ -14,9 +14,9 @@ use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::{Device, Nvml};
 
 use super::{ManagedGpu, current_sm_clock};
-use crate::actuator::{Actuator, ActuatorError, Capabilities, GpuSettings};
-use crate::types::DeviceInfo;
+use tokwatt_core::actuator::{Actuator, ActuatorError, Capabilities, GpuSettings};
 use tokwatt_core::privileges::Privileges;
+use tokwatt_core::types::DeviceInfo;
 
 const POWER_CAP: &str = "the power cap";
 const SM_CLOCK_LOCK: &str = "the SM clock lock";
@@ -341,7 +341,7 @@ impl Actuator for NvmlActuator {
 #[allow(clippy::unwrap_used)] // tests may unwrap
 mod tests {
     use super::*;
-    use crate::nvml::tests::nvml_or_skip;
+    use crate::tests::nvml_or_skip;
 
     fn h200() -> DeviceInfo {
         DeviceInfo {

@@ -10,7 +10,7 @@ use super::engine::{Engine, EngineOptions, StepDone};
 use super::error::CudaError;
 use super::plan::MAX_BATCH;
 use super::shape::ModelShape;
-use crate::quantile::nearest_rank;
+use tokwatt_core::quantile::nearest_rank;
 
 /// What to measure.
 #[derive(Debug, Clone, PartialEq)]

@@ -261,13 +261,13 @@ mod tests {
             }
             Err(error) => {
                 assert!(
-                    crate::gpu_tests::no_driver(&error),
+                    error.means_no_driver(),
                     "NVML is installed but failed: {error}"
                 );
                 if let NvmlError::LibraryNotLoaded { .. } = error {
                     assert!(error.to_string().contains("libnvidia-ml.so.1"));
                 }
-                crate::gpu_tests::skip(format_args!("NVML not available: {error}"));
+                tokwatt_test_support::skip_gpu(format_args!("NVML not available: {error}"));
             }
         }
     }

@@ -26,8 +26,8 @@ pub use report::{ClockRange, GpuReport, GpuTable, list_gpus};
 pub use sampler::NvmlWindow;
 pub use telemetry::{NvmlCallCounts, NvmlTelemetry};
 
-use crate::telemetry::TelemetryError;
-use crate::types::DeviceInfo;
+use tokwatt_core::telemetry::TelemetryError;
+use tokwatt_core::types::DeviceInfo;
 
 /// Why NVML could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +72,15 @@ pub enum NvmlError {
     },
     #[error("starting the NVML sampler thread failed: {0}")]
     SamplerThread(#[source] std::io::Error),
+}
+
+impl NvmlError {
+    /// Whether this failure means "no NVIDIA driver here" (no library, or no driver
+    /// running) as opposed to a driver that is present and failing: the first is a reason
+    /// for a GPU test to skip, the second a reason for it to fail.
+    pub fn means_no_driver(&self) -> bool {
+        matches!(self, Self::LibraryNotLoaded { .. } | Self::DriverNotLoaded)
+    }
 }
 
 impl From<NvmlError> for TelemetryError {
@@ -395,12 +404,25 @@ mod tests {
     pub(crate) fn nvml_or_skip() -> Option<NvmlSystem> {
         match NvmlSystem::open(None) {
             Ok(system) => Some(system),
-            Err(error) if crate::gpu_tests::no_driver(&error) => {
-                crate::gpu_tests::skip(format_args!("NVML not available: {error}"));
+            Err(error) if error.means_no_driver() => {
+                tokwatt_test_support::skip_gpu(format_args!("NVML not available: {error}"));
                 None
             }
             Err(error) => panic!("NVML is installed but failed: {error}"),
         }
+    }
+
+    #[test]
+    fn no_driver_is_only_a_missing_driver() {
+        assert!(
+            NvmlError::LibraryNotLoaded {
+                detail: String::new()
+            }
+            .means_no_driver()
+        );
+        assert!(NvmlError::DriverNotLoaded.means_no_driver());
+        assert!(!NvmlError::AccessDenied.means_no_driver());
+        assert!(!NvmlError::NoGpus.means_no_driver());
     }
 
     #[test]
@@ -419,10 +441,10 @@ mod tests {
                 let message = NvmlError::LibraryNotLoaded { detail }.to_string();
                 assert!(message.starts_with("NVML could not be loaded (libnvidia-ml.so.1)"));
                 assert!(message.contains("is the NVIDIA driver installed?"));
-                crate::gpu_tests::skip(format_args!("the GPU checks: {message}"));
+                tokwatt_test_support::skip_gpu(format_args!("the GPU checks: {message}"));
             }
             Err(NvmlError::DriverNotLoaded) => {
-                crate::gpu_tests::skip("NVML loaded but no NVIDIA driver is running");
+                tokwatt_test_support::skip_gpu("NVML loaded but no NVIDIA driver is running");
             }
             Err(other) => panic!("NVML is installed but failed: {other}"),
         }

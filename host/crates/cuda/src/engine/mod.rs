@@ -246,7 +246,7 @@ impl Engine {
     /// Opens GPU `ordinal`, allocates everything for `batch_max` sequences of `context`
     /// positions, and fills weights, cache and first tokens with seeded random values.
     /// `batch_max` is lowered to the largest batch that fits the device's memory (the rule the
-    /// simulator applies too, [`crate::model::max_batch_that_fits`]); [`Engine::batch_max`]
+    /// simulator applies too, [`tokwatt_core::model::max_batch_that_fits`]); [`Engine::batch_max`]
     /// says what was allocated.
     pub fn new(
         shape: &ModelShape,
@@ -259,7 +259,7 @@ impl Engine {
         let gpu = Gpu::open(ordinal)?;
         gpu.bind()?;
         let (_free, total) = gpu.memory()?;
-        let fits = crate::model::max_batch_that_fits(shape, context, total)
+        let fits = tokwatt_core::model::max_batch_that_fits(shape, context, total)
             .map_err(|e| CudaError::Config(e.to_string()))?;
         let batch_max = if batch_max > fits {
             tracing::warn!(

@@ -2,12 +2,10 @@
 //! attention, the output head and greedy argmax.
 
 use super::{Addrs, Engine, MatmulPath, StepVariant};
-use crate::cuda::device::{
-    Arg, AttentionImpl, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, int,
-};
-use crate::cuda::error::CudaError;
-use crate::cuda::plan::{AttentionSplit, GEMV_MAX_BATCH};
-use crate::cuda::shape::{BYTES_PER_ELEMENT, ModelShape};
+use crate::device::{Arg, AttentionImpl, GEMV_ROWS_PER_BLOCK, GEMV_THREADS, GemvMode, Gpu, int};
+use crate::error::CudaError;
+use crate::plan::{AttentionSplit, GEMV_MAX_BATCH};
+use crate::shape::{BYTES_PER_ELEMENT, ModelShape};
 
 impl Engine {
     /// Enqueues one decode step for `batch` sequences on the stream (no graph).

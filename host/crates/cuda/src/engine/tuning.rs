@@ -8,10 +8,10 @@ use cudarc::driver::sys as cu;
 use super::{
     AttentionChoice, Engine, GraphInfo, MatmulChoice, MatmulPath, StepGraph, StepVariant, Tuning,
 };
-use crate::cuda::device::AttentionImpl;
-use crate::cuda::error::CudaError;
-use crate::cuda::plan::{AttentionSplit, GEMV_MAX_BATCH};
-use crate::quantile::nearest_rank;
+use crate::device::AttentionImpl;
+use crate::error::CudaError;
+use crate::plan::{AttentionSplit, GEMV_MAX_BATCH};
+use tokwatt_core::quantile::nearest_rank;
 
 /// Timing of candidate graphs: warm-up replays each, then rounds that visit every candidate in
 /// turn (so a drifting clock or temperature favours none), `TUNE_REPLAYS_PER_ROUND` replays per

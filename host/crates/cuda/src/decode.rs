@@ -8,9 +8,9 @@ use std::thread::JoinHandle;
 use super::engine::{Engine, EngineOptions, StepDone, Tuning};
 use super::error::CudaError;
 use super::shape::ModelShape;
-use crate::quantile::nearest_rank;
-use crate::types::WorkloadWindow;
-use crate::workload::{Workload, WorkloadError};
+use tokwatt_core::quantile::nearest_rank;
+use tokwatt_core::types::WorkloadWindow;
+use tokwatt_core::workload::{Workload, WorkloadError};
 
 /// Step times kept per window for the latency percentiles; steps beyond it still count tokens.
 const MAX_SAMPLES_PER_WINDOW: usize = 1 << 16;
@@ -25,7 +25,7 @@ pub struct CudaDecodeConfig {
     /// KV-cache positions each sequence attends over at every step.
     pub context: u32,
     /// Buffers are allocated once for this many sequences (fewer if the GPU's memory holds
-    /// fewer: see [`crate::model::max_batch_that_fits`]).
+    /// fewer: see [`tokwatt_core::model::max_batch_that_fits`]).
     pub batch_size_max: u32,
     /// Batch size of the first steps.
     pub batch_size: u32,
@@ -206,8 +206,8 @@ impl Workload for CudaDecode {
     }
 
     /// A closed loop: the decode always has its next step to run.
-    fn work_waiting(&self) -> crate::workload::WorkWaiting {
-        crate::workload::WorkWaiting::Always
+    fn work_waiting(&self) -> tokwatt_core::workload::WorkWaiting {
+        tokwatt_core::workload::WorkWaiting::Always
     }
 
     /// The maximum on this workload's GPU; 0 for any other index.

@@ -190,7 +190,7 @@ fn a_model_larger_than_the_gpu_is_refused_with_the_sizes() {
             assert!(message.contains("GB"), "the sizes are named: {message}");
         }
         Err(error) if no_cuda(&error) => {
-            crate::gpu_tests::skip(format_args!("no CUDA driver: {error}"));
+            tokwatt_test_support::skip_gpu(format_args!("no CUDA driver: {error}"));
         }
         Err(error) => panic!("expected the memory rule or out of memory, got {error}"),
         Ok(engine) => {

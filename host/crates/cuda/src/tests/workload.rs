@@ -25,7 +25,7 @@ fn the_workload_decodes_on_its_own_thread_and_follows_the_batch_size() {
     let mut decode = match CudaDecode::new(config) {
         Ok(decode) => decode,
         Err(error) if no_cuda(&error) => {
-            return crate::gpu_tests::skip(format_args!("no CUDA driver: {error}"));
+            return tokwatt_test_support::skip_gpu(format_args!("no CUDA driver: {error}"));
         }
         Err(error) => panic!("{error}"),
     };

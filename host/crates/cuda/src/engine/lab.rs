@@ -6,10 +6,10 @@ use cudarc::driver::sys as cu;
 
 use super::Engine;
 use super::step::GemvCall;
-use crate::cuda::device::{AttentionImpl, GemvMode};
-use crate::cuda::error::CudaError;
-use crate::cuda::plan::{ATTENTION_SCORE_BYTES, AttentionSplit, GEMV_MAX_BATCH, LayerOffsets};
-use crate::cuda::shape::BYTES_PER_ELEMENT;
+use crate::device::{AttentionImpl, GemvMode};
+use crate::error::CudaError;
+use crate::plan::{ATTENTION_SCORE_BYTES, AttentionSplit, GEMV_MAX_BATCH, LayerOffsets};
+use crate::shape::BYTES_PER_ELEMENT;
 
 /// One timed part of a step: its name, time per launch (µs) and the bytes it must read.
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
-//! What the CUDA kernels need of a model shape, beyond what [`crate::model`] checks for every
-//! backend. The shape type itself and its byte arithmetic live in [`crate::model`].
+//! What the CUDA kernels need of a model shape, beyond what [`tokwatt_core::model`] checks for every
+//! backend. The shape type itself and its byte arithmetic live in [`tokwatt_core::model`].
 
-pub use crate::model::{BYTES_PER_PARAM as BYTES_PER_ELEMENT, ModelError, ModelShape};
+pub use tokwatt_core::model::{BYTES_PER_PARAM as BYTES_PER_ELEMENT, ModelError, ModelShape};
 
 /// Head sizes the attention kernel is compiled for.
 pub const SUPPORTED_HEAD_DIMS: [u32; 2] = [64, 128];
@@ -65,7 +65,7 @@ mod tests {
 
     #[test]
     fn every_preset_but_none_of_the_kernels_limits_passes() {
-        for (name, shape) in crate::model::presets().unwrap() {
+        for (name, shape) in tokwatt_core::model::presets().unwrap() {
             check_supported(&shape).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
     }

@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::SamplerConfig;
-use crate::types::{ClockEvents, TelemetryWindow};
+use tokwatt_core::types::{ClockEvents, TelemetryWindow};
 
 /// One reading of one GPU. A value the source could not read is `None`.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

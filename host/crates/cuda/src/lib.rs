@@ -1,7 +1,7 @@
 //! The real token-generating workload: Llama-shaped greedy decoding with random bf16 weights
 //! on one NVIDIA GPU, through cudarc (the only module that knows it).
 //!
-//! - [`shape`]: what the kernels need of a [`crate::model::ModelShape`] (re-exported here);
+//! - [`shape`]: what the kernels need of a [`tokwatt_core::model::ModelShape`] (re-exported here);
 //! - [`engine`]: weights, KV cache and one CUDA graph per batch size; cuBLAS GEMMs or
 //!   hand-written matrix-vector kernels for the projections, NVRTC kernels for RMSNorm, RoPE,
 //!   SiLU·mul, grouped-query decode attention (on CUDA cores, tensor cores, or tensor-core
@@ -11,7 +11,7 @@
 //!   runs where the candidates are within noise). Each layer's RMSNorm weights are folded into
 //!   the projection after them, and on Hopper attention merges its context splits inside a
 //!   thread block cluster;
-//! - [`CudaDecode`]: the engine stepping on a thread of its own, behind [`crate::workload::Workload`];
+//! - [`CudaDecode`]: the engine stepping on a thread of its own, behind [`tokwatt_core::workload::Workload`];
 //! - [`bench_batches`]: tokens/s, step time, watts and tokens per joule per batch size.
 //!
 //! On a machine without the NVIDIA driver every constructor returns

@@ -20,8 +20,8 @@ use nvml_wrapper_sys::bindings::{
 
 use super::sampler::{Due, NvmlWindow, Sample, SampleError, SampleSource, Sampler};
 use super::{ManagedGpu, NvmlError, SamplerConfig, query_error};
-use crate::telemetry::{Telemetry, TelemetryError};
-use crate::types::{ClockEvents, DeviceInfo};
+use tokwatt_core::telemetry::{Telemetry, TelemetryError};
+use tokwatt_core::types::{ClockEvents, DeviceInfo};
 
 /// Telemetry from NVML. A thread of its own reads every GPU at the rates of its
 /// [`SamplerConfig`] (each NVML call costs CPU in the driver and can take milliseconds);
@@ -73,7 +73,10 @@ impl Telemetry for NvmlTelemetry {
         self.devices.clone()
     }
 
-    fn read_window(&mut self, gpu: u32) -> Result<crate::types::TelemetryWindow, TelemetryError> {
+    fn read_window(
+        &mut self,
+        gpu: u32,
+    ) -> Result<tokwatt_core::types::TelemetryWindow, TelemetryError> {
         self.read_window_detailed(gpu).map(|detailed| {
             let mut window = detailed.window;
             window.power_limit_requested_w = detailed.power_limit_requested_w;
@@ -440,7 +443,7 @@ fn milliwatts(value: SampleValue) -> Result<u32, WrapperError> {
 #[allow(clippy::unwrap_used)] // tests may unwrap
 mod tests {
     use super::*;
-    use crate::nvml::tests::nvml_or_skip;
+    use crate::tests::nvml_or_skip;
     use std::time::Duration;
 
     #[test]

@@ -808,7 +808,7 @@ mod tests {
     fn kernels_compile_with_nvrtc_when_it_is_installed() {
         // SAFETY: only tries to dlopen libnvrtc.
         if !unsafe { nvrtc_sys::is_culib_present() } {
-            crate::gpu_tests::skip(
+            tokwatt_test_support::skip_gpu(
                 "NVRTC (libnvrtc.so) not found; put its folder on LD_LIBRARY_PATH to check the kernels compile",
             );
             return;
@@ -842,7 +842,7 @@ mod tests {
     fn a_compile_error_carries_nvrtc_log() {
         // SAFETY: only tries to dlopen libnvrtc.
         if !unsafe { nvrtc_sys::is_culib_present() } {
-            crate::gpu_tests::skip("NVRTC (libnvrtc.so) not found");
+            tokwatt_test_support::skip_gpu("NVRTC (libnvrtc.so) not found");
             return;
         }
         let err = nvrtc_compile(

@@ -214,7 +214,7 @@ fn attention_splits_merge_in_a_cluster_where_the_gpu_has_clusters() {
     let _lock = gpu_lock();
     let Some(gpu) = open_gpu() else { return };
     if !gpu.clusters_supported() {
-        crate::gpu_tests::skip(format_args!("{} has no thread block clusters", gpu.name));
+        tokwatt_test_support::skip_gpu(format_args!("{} has no thread block clusters", gpu.name));
         return;
     }
     // llama-3-8b at batch 1: 16 splits of 64 positions, 8 KV heads, group 4.

@@ -20,8 +20,8 @@ use super::error::CudaError;
 use super::plan::AttentionSplit;
 use super::shape::ModelShape;
 use super::{CudaDecode, CudaDecodeConfig};
-use crate::model::parse_presets;
-use crate::workload::{Workload, WorkloadError};
+use tokwatt_core::model::parse_presets;
+use tokwatt_core::workload::{Workload, WorkloadError};
 
 /// GPU tests run one at a time: they share the device and its memory.
 static GPU_LOCK: Mutex<()> = Mutex::new(());
@@ -46,7 +46,7 @@ fn open_gpu() -> Option<Gpu> {
     match Gpu::open(0) {
         Ok(gpu) => Some(gpu),
         Err(error) if no_cuda(&error) => {
-            crate::gpu_tests::skip(format_args!("no CUDA driver: {error}"));
+            tokwatt_test_support::skip_gpu(format_args!("no CUDA driver: {error}"));
             None
         }
         Err(error) => panic!("{error}"),
@@ -163,7 +163,7 @@ fn engine_or_skip(
     match Engine::new(shape, context, batch_max, 0, options) {
         Ok(engine) => Some(engine),
         Err(error) if no_cuda(&error) => {
-            crate::gpu_tests::skip(format_args!("no CUDA driver: {error}"));
+            tokwatt_test_support::skip_gpu(format_args!("no CUDA driver: {error}"));
             None
         }
         Err(error) => panic!("{error}"),
