@@ -1,0 +1,612 @@
+//! Assembling a run's backends from a plain request: the simulated GPU, or real GPUs
+//! through NVML (with the NVML or dry-run actuator) and a workload (the CUDA decode or an
+//! external serving engine's metrics). Every command and test builds its backends here,
+//! so `run`, `check`, `restore` and the commands still to come (`serve`, `eval`, `ab`)
+//! assemble runs the same way, and knobs are granted in one place ([`grant_knobs`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::control::Backends;
+use tokwatt_core::actuator::{Actuator, DryRun};
+use tokwatt_core::clock::{Clock, VirtualClock, WallClock};
+use tokwatt_core::types::Knobs;
+use tokwatt_core::workload::Workload;
+use tokwatt_cuda::{CudaDecode, CudaDecodeConfig, ModelShape};
+use tokwatt_engines::prometheus::{PrometheusConfig, PrometheusTokens};
+use tokwatt_nvml::{NvmlSystem, SamplerConfig};
+use tokwatt_sim::{GpuProfile, Scenario, SimConfig, SimGpu};
+
+/// Where a run's GPUs come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    /// The simulated GPU.
+    Sim(SimTarget),
+    /// Real GPUs through NVML.
+    Gpu(GpuTarget),
+}
+
+/// A simulated node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimTarget {
+    /// A built-in profile name (`h200`, `h100`, `a100`) or a profile file.
+    pub profile: String,
+    /// A scenario file; the built-in scenario when `None`.
+    pub scenario: Option<PathBuf>,
+    pub gpus: u32,
+    /// Simulate against the wall clock instead of the virtual clock.
+    pub realtime: bool,
+}
+
+impl SimTarget {
+    /// One GPU of a built-in or file profile, the built-in scenario, the virtual clock.
+    pub fn new(profile: impl Into<String>) -> Self {
+        Self {
+            profile: profile.into(),
+            scenario: None,
+            gpus: 1,
+            realtime: false,
+        }
+    }
+}
+
+/// Real GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuTarget {
+    /// NVML indices.
+    pub indices: Vec<u32>,
+    /// Observe only: power-cap and clock decisions are logged, never applied.
+    pub dry_run: bool,
+    pub workload: WorkloadSource,
+    /// The control tick: NVML is sampled at the rates a window of this length needs
+    /// ([`SamplerConfig::for_tick`]).
+    pub tick: Duration,
+}
+
+/// Where a real GPU's tokens come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkloadSource {
+    /// tokwatt's own CUDA decode workload.
+    Cuda {
+        /// A model preset name or a model shape file.
+        model: String,
+        context: u32,
+        batch_size_max: u32,
+    },
+    /// A running serving engine's Prometheus metrics.
+    External {
+        url: String,
+        token_counter: String,
+        /// `None`: the engine's latency is not read; every window's TPOT is unknown
+        /// (`tokwatt run` refuses a spec with a TPOT bound then).
+        tpot_histogram: Option<String>,
+    },
+    /// One source per GPU, in the order of [`GpuTarget::indices`] (each GPU's own
+    /// serving engine); each is `Cuda` or `External`.
+    PerGpu(Vec<WorkloadSource>),
+}
+
+/// Everything needed to assemble backends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendRequest {
+    pub target: Target,
+    /// Seeds the simulator (and, through the run, the policy's random source).
+    pub seed: u64,
+    /// The operator allows only the batch size (running without privileges).
+    pub batch_only: bool,
+}
+
+/// What describes a run besides its totals (part of `summary.json`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RunMeta {
+    /// True when the GPU was the simulator: then every figure is simulator output.
+    pub simulated: bool,
+    /// The simulator's GPU profile as given (`h200`, or a profile file), or the real
+    /// GPU's name.
+    pub gpu_profile: String,
+    /// The GPU's name (the profile's for the simulator).
+    pub gpu_name: String,
+    /// Where the figures come from, in words.
+    pub data_source: String,
+    /// How many GPUs the run managed.
+    pub gpu_count: u32,
+    pub actuator: String,
+    pub workload: String,
+    pub seed: u64,
+}
+
+impl RunMeta {
+    /// Where the figures come from, in one line for a command's final table: a simulated
+    /// run says so in capitals, with its profile and data source.
+    pub fn source_line(&self) -> String {
+        if self.simulated {
+            format!("SIMULATED ({}) — {}", self.gpu_profile, self.data_source)
+        } else {
+            format!("{} (measured)", self.gpu_name)
+        }
+    }
+}
+
+/// Assembled backends, ready for [`crate::run`].
+#[derive(Debug)]
+pub struct Assembled {
+    pub backends: Backends,
+    pub meta: RunMeta,
+    /// The knobs the policy gets: the spec's, intersected with what the backends can do.
+    pub knobs: Knobs,
+    /// Knobs the spec asked for and the policy does not get, with the reason (shown to
+    /// the operator).
+    pub withheld: Vec<Withheld>,
+    /// Whether settings on real hardware may change, so the original settings must be
+    /// saved before the first change and restored after (see [`crate::restore`]).
+    pub changes_hardware: bool,
+    /// The simulator, for runs on it (ground truth for tests and judging).
+    pub sim: Option<SimGpu>,
+    /// What the operator and the backends offer, knob by knob: a policy swapped in later
+    /// gets its spec's knobs intersected with this, as the first one did.
+    pub offered: Offered,
+    /// Knobs this process may not change on the hardware (no privileges), with why: a
+    /// policy asking for one is refused, as the first one would have been.
+    pub not_permitted: Vec<Withheld>,
+}
+
+/// A knob the spec asked for that the run does not grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Withheld {
+    pub knob: &'static str,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Withheld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the {} knob is withheld: {}", self.knob, self.reason)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AssemblyError {
+    #[error(transparent)]
+    Sim(#[from] tokwatt_sim::SimError),
+    #[error(transparent)]
+    Nvml(#[from] tokwatt_nvml::NvmlError),
+    #[error(transparent)]
+    Cuda(#[from] tokwatt_cuda::CudaError),
+    #[error(transparent)]
+    Model(#[from] tokwatt_cuda::ModelError),
+    #[error("reading the GPU settings in force: {0}")]
+    ReadSettings(#[from] tokwatt_core::actuator::ActuatorError),
+    #[error("reading tokens from {url}: {reason}")]
+    External { url: String, reason: String },
+    #[error(
+        "{sources} workload sources for {gpus} GPUs: give one per GPU, in the order of the GPUs"
+    )]
+    SourcesPerGpu { sources: usize, gpus: usize },
+    #[error("no GPU selected: pass at least one NVML index")]
+    NoGpu,
+    #[error(
+        "policy `{policy}` may change {what} on GPU {gpu}, but this process may not ({why}). Run as root or with CAP_SYS_ADMIN, or run observe-only with --dry-run (serve: node.dry_run = true), or let the policy change only the batch size with --batch-only (serve: node.batch_only = true)"
+    )]
+    NotPermitted {
+        policy: String,
+        what: String,
+        gpu: u32,
+        why: String,
+    },
+}
+
+/// What the backends can do, knob by knob, with the reason where they cannot.
+#[derive(Debug, Clone)]
+pub struct Offered {
+    pub power_cap: Result<(), String>,
+    pub sm_clock: Result<(), String>,
+    pub batch_size: Result<(), String>,
+}
+
+impl Offered {
+    /// The knobs the backends offer, whoever asks.
+    pub fn knobs(&self) -> Knobs {
+        Knobs {
+            power_cap: self.power_cap.is_ok(),
+            sm_clock: self.sm_clock.is_ok(),
+            batch_size: self.batch_size.is_ok(),
+        }
+    }
+}
+
+impl Default for Offered {
+    /// Every knob offered.
+    fn default() -> Self {
+        Self {
+            power_cap: Ok(()),
+            sm_clock: Ok(()),
+            batch_size: Ok(()),
+        }
+    }
+}
+
+/// The knobs a policy gets: those its spec asks for and the backends offer. A knob the
+/// spec asks for that the backends do not offer is withheld with its reason.
+pub fn grant_knobs(asked: Knobs, offered: &Offered) -> (Knobs, Vec<Withheld>) {
+    let mut granted = Knobs::default();
+    let mut withheld = Vec::new();
+    let mut grant = |asked: bool, offer: &Result<(), String>, name: &'static str| match offer {
+        Ok(()) => asked,
+        Err(reason) => {
+            if asked {
+                withheld.push(Withheld {
+                    knob: name,
+                    reason: reason.clone(),
+                });
+            }
+            false
+        }
+    };
+    granted.power_cap = grant(asked.power_cap, &offered.power_cap, "power-cap");
+    granted.sm_clock = grant(asked.sm_clock, &offered.sm_clock, "sm-clock");
+    granted.batch_size = grant(asked.batch_size, &offered.batch_size, "batch-size");
+    (granted, withheld)
+}
+
+/// Assemble the backends for `policy` (its name, for messages) asking for `knobs`.
+pub fn assemble(
+    request: &BackendRequest,
+    policy: &str,
+    knobs: Knobs,
+) -> Result<Assembled, AssemblyError> {
+    match &request.target {
+        Target::Sim(sim) => assemble_sim(sim, request, knobs),
+        Target::Gpu(gpu) => assemble_gpu(gpu, request, policy, knobs),
+    }
+}
+
+/// The simulated GPU and the backends of a run on it.
+pub fn simulator(target: &SimTarget, seed: u64) -> Result<(SimGpu, Backends), AssemblyError> {
+    let (profile, scenario) = sim_work(target)?;
+    let config = SimConfig {
+        profile,
+        scenario,
+        gpus: target.gpus,
+        seed,
+        noise_seed: None,
+    };
+    simulator_from(config, target.realtime)
+}
+
+/// `target`'s GPU profile and scenario (the built-in one where it names none), loaded.
+pub fn sim_work(target: &SimTarget) -> Result<(GpuProfile, Scenario), AssemblyError> {
+    let profile = GpuProfile::load(&target.profile)?;
+    let scenario = match &target.scenario {
+        Some(path) => Scenario::load(path)?,
+        None => Scenario::built_in()?,
+    };
+    Ok((profile, scenario))
+}
+
+/// The simulated GPU of an already loaded profile and scenario (the judge builds its
+/// scenarios' profiles itself), and the backends of a run on it.
+pub fn simulator_from(
+    config: SimConfig,
+    realtime: bool,
+) -> Result<(SimGpu, Backends), AssemblyError> {
+    let clock: Arc<dyn Clock> = if realtime {
+        WallClock::new()
+    } else {
+        VirtualClock::new()
+    };
+    let sim = SimGpu::new(config, clock.clone())?;
+    let backends = Backends {
+        telemetry: sim.telemetry(),
+        actuator: sim.actuator(),
+        workload: sim.workload(),
+        clock,
+    };
+    Ok((sim, backends))
+}
+
+fn operator_offer(request: &BackendRequest) -> Offered {
+    let batch_only = || {
+        Err(
+            "the operator allows only the batch size (--batch-only, or serve's node.batch_only)"
+                .to_owned(),
+        )
+    };
+    if request.batch_only {
+        Offered {
+            power_cap: batch_only(),
+            sm_clock: batch_only(),
+            batch_size: Ok(()),
+        }
+    } else {
+        Offered::default()
+    }
+}
+
+fn assemble_sim(
+    target: &SimTarget,
+    request: &BackendRequest,
+    knobs: Knobs,
+) -> Result<Assembled, AssemblyError> {
+    let (sim, backends) = simulator(target, request.seed)?;
+    let (knobs, withheld) = grant_knobs(knobs, &operator_offer(request));
+    let meta = RunMeta {
+        simulated: true,
+        gpu_profile: target.profile.clone(),
+        gpu_name: sim.profile().name.clone(),
+        data_source: format!("simulator output: {}", sim.calibration_note()),
+        gpu_count: target.gpus,
+        actuator: "sim".into(),
+        workload: "sim".into(),
+        seed: request.seed,
+    };
+    Ok(Assembled {
+        backends,
+        meta,
+        knobs,
+        withheld,
+        changes_hardware: false,
+        sim: Some(sim),
+        offered: operator_offer(request),
+        not_permitted: Vec::new(),
+    })
+}
+
+fn assemble_gpu(
+    target: &GpuTarget,
+    request: &BackendRequest,
+    policy: &str,
+    knobs: Knobs,
+) -> Result<Assembled, AssemblyError> {
+    if target.indices.is_empty() {
+        return Err(AssemblyError::NoGpu);
+    }
+    if let WorkloadSource::PerGpu(sources) = &target.workload
+        && sources.len() != target.indices.len()
+    {
+        return Err(AssemblyError::SourcesPerGpu {
+            sources: sources.len(),
+            gpus: target.indices.len(),
+        });
+    }
+    let system = NvmlSystem::open(Some(&target.indices))?;
+    let devices = system.devices();
+    let mut nvml_actuator = system.actuator();
+
+    // What the operator allows, then what the workload can do.
+    let mut offered = operator_offer(request);
+    if target.workload.is_external() {
+        offered.batch_size = Err("the external serving engine sets its own batch size".into());
+    }
+    let (knobs, withheld) = grant_knobs(knobs, &offered);
+
+    let mut not_permitted = Vec::new();
+    let actuator: Box<dyn Actuator> = if target.dry_run {
+        let current = (0..devices.len() as u32)
+            .map(|gpu| nvml_actuator.read(gpu))
+            .collect::<Result<Vec<_>, _>>()?;
+        Box::new(DryRun::new(devices.clone(), current))
+    } else {
+        let why = || {
+            tokwatt_core::privileges::Privileges::current()
+                .denial()
+                .map_or_else(|| "the driver refused".to_owned(), |d| d.to_string())
+        };
+        for device in &devices {
+            let can = nvml_actuator.capabilities(device.index);
+            for (denied, knob) in [(!can.power_cap, "power-cap"), (!can.sm_clock, "sm-clock")] {
+                if denied && !not_permitted.iter().any(|w: &Withheld| w.knob == knob) {
+                    not_permitted.push(Withheld {
+                        knob,
+                        reason: format!("GPU {}: {}", device.index, why()),
+                    });
+                }
+            }
+            // A knob granted but not permitted is explained now, not half-way through the run.
+            let missing: Vec<&str> = [
+                (knobs.power_cap && !can.power_cap, "the power cap"),
+                (knobs.sm_clock && !can.sm_clock, "the SM clock lock"),
+            ]
+            .into_iter()
+            .filter_map(|(missing, what)| missing.then_some(what))
+            .collect();
+            if !missing.is_empty() {
+                return Err(AssemblyError::NotPermitted {
+                    policy: policy.to_owned(),
+                    what: missing.join(" and "),
+                    gpu: device.index,
+                    why: why(),
+                });
+            }
+        }
+        Box::new(nvml_actuator)
+    };
+    let telemetry = system.telemetry(SamplerConfig::for_tick(target.tick))?;
+    let (workload, note) = workload(target)?;
+    let name = devices.first().map_or_else(String::new, |d| d.name.clone());
+    let indices: Vec<String> = target.indices.iter().map(u32::to_string).collect();
+    let meta = RunMeta {
+        simulated: false,
+        gpu_profile: name.clone(),
+        gpu_name: name,
+        data_source: format!(
+            "measured on GPU {} (NVML energy counter, {note})",
+            indices.join(",")
+        ),
+        gpu_count: target.indices.len() as u32,
+        actuator: actuator.name().to_owned(),
+        workload: workload.name().into(),
+        seed: request.seed,
+    };
+    Ok(Assembled {
+        backends: Backends {
+            telemetry: Box::new(telemetry),
+            actuator,
+            workload,
+            clock: WallClock::new(),
+        },
+        meta,
+        knobs,
+        withheld,
+        changes_hardware: !target.dry_run && (knobs.power_cap || knobs.sm_clock),
+        sim: None,
+        offered,
+        not_permitted,
+    })
+}
+
+fn workload(target: &GpuTarget) -> Result<(Box<dyn Workload>, String), AssemblyError> {
+    let sources: Vec<&WorkloadSource> = match &target.workload {
+        WorkloadSource::PerGpu(sources) => sources.iter().collect(),
+        one => vec![one; target.indices.len()],
+    };
+    if let ([source], [nvml_index]) = (&sources[..], &target.indices[..]) {
+        return one_gpu_workload(source, *nvml_index, 0);
+    }
+    // One source per GPU, each answering for its own GPU.
+    let mut per_gpu = Vec::with_capacity(sources.len());
+    let mut notes = Vec::with_capacity(sources.len());
+    for (position, (source, nvml_index)) in sources.iter().zip(&target.indices).enumerate() {
+        let agent_index = position as u32;
+        let (workload, note) = one_gpu_workload(source, *nvml_index, agent_index)?;
+        // A CUDA decode answers to the agent's index; an external source to 0.
+        let inner = if matches!(source, WorkloadSource::Cuda { .. }) {
+            agent_index
+        } else {
+            0
+        };
+        per_gpu.push((workload, inner));
+        notes.push(format!("GPU {nvml_index}: {note}"));
+    }
+    Ok((
+        Box::new(tokwatt_core::workload::per_gpu::PerGpu::new(per_gpu)),
+        notes.join("; "),
+    ))
+}
+
+/// The workload of one GPU (`nvml_index`), answering the loop as GPU `agent_index`.
+fn one_gpu_workload(
+    source: &WorkloadSource,
+    nvml_index: u32,
+    agent_index: u32,
+) -> Result<(Box<dyn Workload>, String), AssemblyError> {
+    match source {
+        WorkloadSource::Cuda {
+            model,
+            context,
+            batch_size_max,
+        } => {
+            let shape = ModelShape::load(model)?;
+            let mut config = CudaDecodeConfig::new(shape, *context, *batch_size_max);
+            config.device = nvml_index;
+            config.gpu_index = agent_index;
+            let workload = CudaDecode::new(config)?;
+            Ok((
+                Box::new(workload),
+                format!("CUDA decode of {model} at context {context}"),
+            ))
+        }
+        WorkloadSource::External {
+            url,
+            token_counter,
+            tpot_histogram,
+        } => {
+            let config = PrometheusConfig {
+                url: url.clone(),
+                token_counter: token_counter.clone(),
+                tpot_histogram: tpot_histogram.clone(),
+                period: Duration::from_secs(1),
+            };
+            let workload =
+                PrometheusTokens::start(config).map_err(|e| AssemblyError::External {
+                    url: url.clone(),
+                    reason: e.to_string(),
+                })?;
+            Ok((Box::new(workload), format!("tokens from {url}")))
+        }
+        WorkloadSource::PerGpu(_) => Err(AssemblyError::SourcesPerGpu {
+            sources: 0,
+            gpus: 1,
+        }),
+    }
+}
+
+impl WorkloadSource {
+    /// Whether the tokens come from a serving engine (which sets its own batch size).
+    pub fn is_external(&self) -> bool {
+        match self {
+            WorkloadSource::Cuda { .. } => false,
+            WorkloadSource::External { .. } => true,
+            WorkloadSource::PerGpu(sources) => sources.iter().any(WorkloadSource::is_external),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Knobs {
+        Knobs {
+            power_cap: true,
+            sm_clock: true,
+            batch_size: true,
+        }
+    }
+
+    #[test]
+    fn knobs_are_the_spec_intersected_with_the_offer() {
+        let offered = Offered {
+            power_cap: Ok(()),
+            sm_clock: Err("not supported".into()),
+            batch_size: Err("external engine".into()),
+        };
+        let (granted, withheld) = grant_knobs(all(), &offered);
+        assert_eq!(
+            granted,
+            Knobs {
+                power_cap: true,
+                ..Knobs::default()
+            }
+        );
+        let names: Vec<_> = withheld.iter().map(|w| w.knob).collect();
+        assert_eq!(names, ["sm-clock", "batch-size"]);
+        // A knob the spec never asked for is neither granted nor reported.
+        let (granted, withheld) = grant_knobs(Knobs::default(), &offered);
+        assert_eq!(granted, Knobs::default());
+        assert!(withheld.is_empty());
+    }
+
+    #[test]
+    fn batch_only_withholds_caps_and_clocks_on_the_simulator_too() {
+        let request = BackendRequest {
+            target: Target::Sim(SimTarget::new("h200")),
+            seed: 1,
+            batch_only: true,
+        };
+        let assembled = assemble(&request, "p", all()).expect("assembles");
+        assert_eq!(
+            assembled.knobs,
+            Knobs {
+                batch_size: true,
+                ..Knobs::default()
+            }
+        );
+        assert_eq!(assembled.withheld.len(), 2);
+        assert!(assembled.meta.simulated && !assembled.changes_hardware);
+    }
+
+    #[test]
+    fn a_missing_profile_file_is_not_called_an_unknown_profile() {
+        let request = BackendRequest {
+            target: Target::Sim(SimTarget::new("nope.toml")),
+            seed: 1,
+            batch_only: false,
+        };
+        let error = assemble(&request, "p", all()).expect_err("no such file");
+        let text = error.to_string();
+        assert!(
+            text.contains("nope.toml") && text.contains("not found"),
+            "{text}"
+        );
+    }
+}

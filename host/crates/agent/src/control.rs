@@ -1,0 +1,996 @@
+//! The control loop: every tick, read each GPU's window, build the observations, ask the
+//! policy (through its supervisor), pass the answer through the envelope, apply what
+//! changes, and record everything. Simulated and real runs share every line of it: only
+//! the backends and the clock differ.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::recorder::{InitRecord, Recorder, RecorderError, TickRecord};
+use crate::swap::{InCharge, SwapCounters, SwapPort, Swapper};
+use tokwatt_core::actuator::{Actuator, ActuatorError};
+use tokwatt_core::clock::Clock;
+use tokwatt_core::telemetry::Telemetry;
+use tokwatt_core::types::{
+    DemandWindow, InForce, Knobs, Objective, Observation, Settings, TelemetryWindow, WorkloadWindow,
+};
+use tokwatt_core::workload::Workload;
+use tokwatt_policy::envelope::{Envelope, Guardrails};
+use tokwatt_policy::guard::{Decider, GuardConfig, GuardCounters, GuardEvent, ObjectiveGuard};
+use tokwatt_policy::supervisor::{DecisionSource, PolicyCounters, Supervisor};
+
+/// The hardware and the clock a run drives. To have changed settings restored, wrap
+/// the actuator in a [`crate::restore::SettingsGuard`]: it saves the originals before the
+/// first change and puts them back when dropped (normal end, interrupt, or panic).
+pub struct Backends {
+    pub telemetry: Box<dyn Telemetry>,
+    pub actuator: Box<dyn Actuator>,
+    pub workload: Box<dyn Workload>,
+    pub clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Backends {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backends")
+            .field("actuator", &self.actuator.name())
+            .field("workload", &self.workload.name())
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    pub duration: Duration,
+    pub tick: Duration,
+    /// The objective in force: the node's, narrowed by the policy's spec
+    /// ([`tokwatt_policy::rules::NodeRules::narrow`]). A swap brings the new spec's.
+    pub objective: Objective,
+    /// The knobs the node's backends offer, whoever owns them: a knob the policy in charge
+    /// does not own is held at the node's baseline (the settings found at the start), and
+    /// the guard's fallback sets them all.
+    pub node_knobs: Knobs,
+    /// The node's guardrails, which bound the host's own moves (the guard's fallback, the
+    /// return of a knob to the baseline) as a policy's envelope bounds the policy's.
+    pub node_guardrails: Guardrails,
+    /// The node's envelope as the caller checked it against the devices
+    /// ([`tokwatt_policy::rules::NodeRules::envelope`], before any setting changed); `None`: the
+    /// loop builds it from `node_guardrails`.
+    pub node_envelope: Option<Envelope>,
+    /// The objective guard ([`tokwatt_policy::guard`]).
+    pub guard: GuardConfig,
+}
+
+impl LoopConfig {
+    /// A loop with the default node rules: every knob offered, the default cap step, the
+    /// guard on.
+    pub fn new(duration: Duration, tick: Duration, objective: Objective) -> Self {
+        let rules = tokwatt_policy::rules::NodeRules::default();
+        Self {
+            duration,
+            tick,
+            objective,
+            node_knobs: Knobs::all(),
+            node_guardrails: rules.guardrails,
+            node_envelope: None,
+            guard: rules.guard,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("reading the workload on GPU {gpu} failed: {reason}")]
+    Workload { gpu: u32, reason: String },
+    #[error(transparent)]
+    Recorder(#[from] RecorderError),
+}
+
+/// Totals for one GPU.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GpuTotals {
+    pub gpu: u32,
+    pub tokens: u64,
+    pub energy_j: f64,
+    pub tokens_per_joule: f64,
+    pub slo_violation_ticks: u64,
+    /// The demand this GPU faced; `None` where the workload does not report demand.
+    pub demand: Option<DemandTotals>,
+    pub final_settings: Option<InForce>,
+}
+
+/// Demand over a run: what arrived, what was served and what was turned away.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct DemandTotals {
+    pub requests_arrived: u64,
+    pub requests_completed: u64,
+    pub requests_turned_away: u64,
+    pub tokens_demanded: u64,
+    pub tokens_served: u64,
+    /// `tokens_served / tokens_demanded`, at most 1 (1 when nothing was asked). Tokens of
+    /// requests still in flight at the end count as served once generated.
+    pub served_fraction: f64,
+    /// Ticks in which a request was turned away (each is an objective violation).
+    pub ticks_turning_away: u64,
+    /// The highest per-tick p99 queue wait, ms (`None` when no request got a slot).
+    pub worst_tick_queue_wait_p99_ms: Option<f64>,
+}
+
+impl DemandTotals {
+    fn add(&mut self, window: &DemandWindow, tokens_served: u64) {
+        let tick = DemandTotals {
+            requests_arrived: window.requests_arrived,
+            requests_completed: window.requests_completed,
+            requests_turned_away: window.requests_turned_away,
+            tokens_demanded: window.tokens_demanded,
+            tokens_served,
+            served_fraction: 0.0,
+            ticks_turning_away: u64::from(window.requests_turned_away > 0),
+            worst_tick_queue_wait_p99_ms: window.queue_wait_p99_ms,
+        };
+        self.sum_counts(&tick);
+        self.ticks_turning_away += tick.ticks_turning_away;
+    }
+
+    /// Fold another GPU's totals into this one (the run-level figure).
+    fn merge(&mut self, other: &DemandTotals) {
+        self.sum_counts(other);
+        self.ticks_turning_away = self.ticks_turning_away.max(other.ticks_turning_away);
+    }
+
+    /// Add `other`'s counts and keep the worse queue wait; the served fraction follows.
+    fn sum_counts(&mut self, other: &DemandTotals) {
+        self.requests_arrived = self.requests_arrived.saturating_add(other.requests_arrived);
+        self.requests_completed = self
+            .requests_completed
+            .saturating_add(other.requests_completed);
+        self.requests_turned_away = self
+            .requests_turned_away
+            .saturating_add(other.requests_turned_away);
+        self.tokens_demanded = self.tokens_demanded.saturating_add(other.tokens_demanded);
+        self.tokens_served = self.tokens_served.saturating_add(other.tokens_served);
+        self.served_fraction = if self.tokens_demanded == 0 {
+            1.0
+        } else {
+            (self.tokens_served as f64 / self.tokens_demanded as f64).min(1.0)
+        };
+        self.worst_tick_queue_wait_p99_ms = match (
+            self.worst_tick_queue_wait_p99_ms,
+            other.worst_tick_queue_wait_p99_ms,
+        ) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
+}
+
+/// What a run did, for `summary.json`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LoopTotals {
+    pub tokens: u64,
+    pub energy_j: f64,
+    pub tokens_per_joule: f64,
+    pub duration_s: f64,
+    pub ticks: u64,
+    pub fallback_ticks: u64,
+    /// Plugin traps (trap, fuel, deadline, memory) over every policy in charge during the
+    /// run, a swapped-out one's included.
+    pub plugin_traps: u64,
+    pub slo_violation_ticks: u64,
+    /// What the objective guard did: take-overs, and the violations charged to the
+    /// policy, to the guard's fallback, or excused (demand beyond the GPU).
+    pub guard: GuardCounters,
+    /// Ticks where tokens flowed under a TPOT bound but no GPU's TPOT was known (an
+    /// external engine's histogram without observations): the bound went unchecked.
+    /// Written only where there were some, so the summary's layout stays as it was for
+    /// every run whose TPOT is always known.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tpot_unknown_ticks: u64,
+    pub clamped_decisions: u64,
+    pub non_finite_values: u64,
+    pub actuator_errors: u64,
+    pub telemetry_errors: u64,
+    pub settings_changes: u64,
+    pub interrupted: bool,
+    /// Every policy's calls and failures over the run: each supervisor's counts while it
+    /// was in charge (and its `init`), summed over swaps and rollbacks.
+    pub policy_counters: PolicyCounters,
+    /// The policy in charge when the run ended (`policy` names the one it started with).
+    pub policy_at_end: String,
+    /// Hot swaps, their state hand-overs and rollbacks.
+    pub swaps: SwapCounters,
+    /// Demand over all GPUs (`ticks_turning_away`: the most of any one GPU); `None` where
+    /// the workload does not report demand.
+    pub demand: Option<DemandTotals>,
+    pub gpus: Vec<GpuTotals>,
+    /// Wall time the loop took, seconds (on a virtual clock, far less than `duration_s`).
+    pub wall_time_s: f64,
+}
+
+/// Progress, reported after every tick.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress<'a> {
+    pub tick: u64,
+    pub ticks: u64,
+    pub time: Duration,
+    pub totals: &'a LoopTotals,
+    pub observations: &'a [Observation],
+    /// The policy in charge after this tick (a swap or a rollback may have changed it).
+    pub policy: &'a str,
+    /// What each GPU's policy asked for this tick, before the envelope (`None` while
+    /// paused: nothing was asked).
+    pub requested: &'a [Settings],
+    /// Wall time of the policy's `decide` this tick (`None`: not called, e.g. paused, or
+    /// a newly swapped-in policy's `init` decided).
+    pub decide_time: Option<Duration>,
+    /// How late the tick started against its schedule (wall clock or virtual clock).
+    pub lateness: Duration,
+    /// The loop holds the settings in force and does not consult the policy.
+    pub paused: bool,
+    /// A swapped-in policy is still on probation.
+    pub on_probation: bool,
+    /// The objective guard's fallback decided this tick, not the policy.
+    pub guard_in_charge: bool,
+    /// Whether the guard acts (else it only counts).
+    pub guard_enabled: bool,
+    /// The objective in force after this tick.
+    pub objective: Objective,
+    /// Operator commands carried out since the start (whoever sent one waits for this).
+    pub commands_taken: u64,
+}
+
+/// An operator's command to a running loop, carried out at the next tick boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoopCommand {
+    /// Hold the settings in force: the loop observes and records, the policy is not asked.
+    Pause,
+    /// Ask the policy again.
+    Resume,
+    /// Put every GPU back to its device defaults (default power cap, no clock lock, the
+    /// batch size the run started with) and pause.
+    RestoreDefaults,
+}
+
+/// The sending half of the loop's command channel.
+pub type CommandSender = std::sync::mpsc::Sender<LoopCommand>;
+
+pub struct ControlLoop {
+    backends: Backends,
+    supervisor: Supervisor,
+    envelope: Envelope,
+    config: LoopConfig,
+    stop: Arc<AtomicBool>,
+    swapper: Swapper,
+    commands: Option<Receiver<LoopCommand>>,
+    commands_taken: u64,
+    paused: bool,
+    /// Each GPU's batch size when the loop started (what "restore defaults" puts back).
+    initial_batch: Vec<u32>,
+    /// The start's `init` settings per GPU, until the first tick's records carry them.
+    init_records: Vec<Option<InitRecord>>,
+    in_force: Vec<InForce>,
+    last_clamped: Vec<bool>,
+    settling: Vec<bool>,
+    last_telemetry: Vec<TelemetryWindow>,
+    totals: LoopTotals,
+    guard: ObjectiveGuard,
+    /// Who decided the last tick (whose settings the next window shows).
+    decided_by: Decider,
+    /// The node's guardrails and knobs, for the host's own moves.
+    node_envelope: Envelope,
+    /// Each GPU's settings at the start: where a knob no policy owns is held.
+    baseline: Vec<InForce>,
+    /// Each GPU's device defaults: the guard's fallback.
+    defaults: Vec<Settings>,
+    /// How the workload knows work is waiting (for a throughput floor).
+    work_waiting: tokwatt_core::workload::WorkWaiting,
+    /// The in-charge supervisor's counters as last added to the run's totals.
+    counters_seen: PolicyCounters,
+}
+
+impl std::fmt::Debug for ControlLoop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlLoop")
+            .field("backends", &self.backends)
+            .field("supervisor", &self.supervisor)
+            .field("in_force", &self.in_force)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlLoop {
+    /// Read the settings in force and apply the policy's first settings (from `init`)
+    /// through the envelope.
+    pub fn new(
+        mut backends: Backends,
+        supervisor: Supervisor,
+        first_settings: &[Settings],
+        envelope: Envelope,
+        config: LoopConfig,
+        stop: Arc<AtomicBool>,
+    ) -> Self {
+        let devices = backends.telemetry.devices();
+        let mut in_force = Vec::with_capacity(devices.len());
+        for device in &devices {
+            let gpu = device.index;
+            let read = backends.actuator.read(gpu);
+            let (cap, requested, sm_max) = match read {
+                Ok(s) => (
+                    s.power_cap_enforced_w,
+                    s.power_cap_w,
+                    s.sm_clock_lock_mhz
+                        .map_or(device.sm_clock_max_mhz(), |(_, hi)| hi),
+                ),
+                Err(e) => {
+                    tracing::warn!(gpu, "cannot read the settings in force: {e}");
+                    let default = device.power_cap_default_w;
+                    (default, default, device.sm_clock_max_mhz())
+                }
+            };
+            in_force.push(InForce {
+                power_cap_w: cap,
+                power_cap_requested_w: requested,
+                sm_clock_max_mhz: sm_max,
+                batch_size: backends.workload.batch_size(gpu),
+            });
+        }
+        let n = devices.len();
+        let initial_batch: Vec<u32> = in_force.iter().map(|f| f.batch_size).collect();
+        let batch_size_max: Vec<u32> = devices
+            .iter()
+            .map(|d| backends.workload.batch_size_max(d.index))
+            .collect();
+        let node_envelope = match config.node_envelope.clone() {
+            Some(checked) => Ok(checked),
+            None => Envelope::new(
+                &devices,
+                &batch_size_max,
+                &config.node_guardrails,
+                config.node_knobs,
+            ),
+        }
+        .unwrap_or_else(|error| {
+            // Callers check the node's guardrails against the devices first
+            // (`NodeRules::check`); were one to slip through, the device's own limits
+            // still bound the host's moves.
+            tracing::error!("the node's guardrails do not fit the devices ({error}); the host's own moves keep to the devices' limits");
+            Envelope::new(&devices, &batch_size_max, &Guardrails::default(), config.node_knobs)
+                .unwrap_or_else(|_| envelope.clone())
+        });
+        let defaults = devices
+            .iter()
+            .zip(&initial_batch)
+            .map(|(d, &batch)| Settings {
+                power_cap_w: Some(d.power_cap_default_w),
+                sm_clock_max_mhz: Some(d.sm_clock_max_mhz()),
+                batch_size: Some(batch),
+            })
+            .collect();
+        let baseline = in_force.clone();
+        let guard = ObjectiveGuard::new(config.guard);
+        let totals = LoopTotals {
+            gpus: devices
+                .iter()
+                .map(|d| GpuTotals {
+                    gpu: d.index,
+                    ..GpuTotals::default()
+                })
+                .collect(),
+            ..LoopTotals::default()
+        };
+        let work_waiting = backends.workload.work_waiting();
+        let mut this = Self {
+            backends,
+            supervisor,
+            envelope,
+            config,
+            stop,
+            swapper: Swapper::new(None),
+            commands: None,
+            commands_taken: 0,
+            paused: false,
+            initial_batch,
+            init_records: vec![None; n],
+            in_force,
+            last_clamped: vec![false; n],
+            settling: vec![false; n],
+            last_telemetry: vec![TelemetryWindow::default(); n],
+            totals,
+            guard,
+            decided_by: Decider::Policy,
+            node_envelope,
+            baseline,
+            defaults,
+            counters_seen: PolicyCounters::default(),
+            work_waiting,
+        };
+        for (gpu, settings) in first_settings.iter().enumerate() {
+            let applied = this
+                .envelope
+                .apply(gpu as u32, settings, &this.in_force[gpu]);
+            this.last_clamped[gpu] = applied.clamped;
+            this.apply(gpu as u32, &applied.settings);
+            if let Some(record) = this.init_records.get_mut(gpu) {
+                *record = Some(InitRecord {
+                    requested: *settings,
+                    applied: applied.settings,
+                    clamped: applied.clamped,
+                });
+            }
+        }
+        // Whatever the first settings did, the first window starts now.
+        for gpu in 0..n as u32 {
+            let _ = this.backends.telemetry.read_window(gpu);
+            let _ = this.backends.workload.read_window(gpu);
+        }
+        this
+    }
+
+    /// Take new policies from `port` at tick boundaries (hot swap, see [`crate::swap`]).
+    /// With the guard on, a swapped-in policy that breaks the objective in probation more
+    /// often than the one it replaced is rolled back.
+    pub fn with_swaps(mut self, port: SwapPort) -> Self {
+        let guard = self.config.guard;
+        self.swapper = Swapper::new(Some(port)).judge_objective(
+            guard
+                .enabled
+                .then_some(u64::from(guard.probation_allowance_ticks)),
+        );
+        self
+    }
+
+    /// Take operator commands from `commands` at tick boundaries.
+    pub fn with_commands(mut self, commands: Receiver<LoopCommand>) -> Self {
+        self.commands = Some(commands);
+        self
+    }
+
+    /// Carry out the commands waiting, in order.
+    fn take_commands(&mut self) {
+        let Some(commands) = &self.commands else {
+            return;
+        };
+        let mut waiting = Vec::new();
+        loop {
+            match commands.try_recv() {
+                Ok(command) => waiting.push(command),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    self.commands = None;
+                    break;
+                }
+            }
+        }
+        for command in waiting {
+            tracing::info!(?command, "operator command");
+            self.commands_taken += 1;
+            match command {
+                LoopCommand::Pause => self.paused = true,
+                LoopCommand::Resume => self.paused = false,
+                LoopCommand::RestoreDefaults => {
+                    self.paused = true;
+                    self.restore_defaults();
+                }
+            }
+        }
+    }
+
+    /// Device defaults on every GPU, straight through the actuator (the envelope limits
+    /// steps a policy takes, not an operator's return to defaults).
+    fn restore_defaults(&mut self) {
+        let devices = self.backends.telemetry.devices();
+        for device in devices {
+            let gpu = device.index;
+            let g = gpu as usize;
+            let Some(batch) = self.initial_batch.get(g).copied() else {
+                continue;
+            };
+            let defaults = Settings {
+                power_cap_w: Some(device.power_cap_default_w),
+                sm_clock_max_mhz: Some(device.sm_clock_max_mhz()),
+                batch_size: (self.in_force[g].batch_size != batch).then_some(batch),
+            };
+            self.apply(gpu, &defaults);
+        }
+    }
+
+    /// Run until the configured duration is over or `stop` is raised (between ticks).
+    pub fn run(
+        mut self,
+        recorder: &mut Recorder,
+        progress: &mut dyn FnMut(Progress<'_>),
+    ) -> Result<(LoopTotals, Backends), ControlError> {
+        let started = Instant::now();
+        let start = self.backends.clock.now();
+        let tick_len = self.config.tick;
+        let ticks = (self.config.duration.as_nanos() / tick_len.as_nanos().max(1)) as u64;
+        let n = self.in_force.len();
+        let mut window_start = start;
+        for tick in 0..ticks {
+            if self.stop.load(Ordering::Relaxed) {
+                self.totals.interrupted = true;
+                break;
+            }
+            // In nanoseconds: `Duration * u32` would stop advancing after 2^32 ticks (497
+            // days of `serve` at a 10 ms tick) and the loop would spin.
+            let offset_ns = tick_len.as_nanos().saturating_mul(u128::from(tick + 1));
+            let deadline =
+                start + Duration::from_nanos(u64::try_from(offset_ns).unwrap_or(u64::MAX));
+            self.backends.clock.sleep_until(deadline);
+            let now = self.backends.clock.now();
+            let lateness = now.saturating_sub(deadline);
+            self.take_commands();
+            let interval = now.saturating_sub(window_start);
+            window_start = now;
+
+            let mut observations = Vec::with_capacity(n);
+            for gpu in 0..n as u32 {
+                let t = self.read_telemetry(gpu);
+                let w = self.backends.workload.read_window(gpu).map_err(|e| {
+                    ControlError::Workload {
+                        gpu,
+                        reason: e.to_string(),
+                    }
+                })?;
+                observations.push(self.observe(gpu, tick, interval, &t, &w));
+            }
+
+            // The window just observed shows the settings of whoever decided the last
+            // tick: the guard charges its violations to them.
+            // Judged by the objective in force over that window (a swap at this boundary
+            // brings the next one).
+            let violations: Vec<bool> = observations
+                .iter()
+                .map(|o| {
+                    self.config
+                        .objective
+                        .violated_by_waiting(o, self.work_waiting)
+                })
+                .collect();
+            let window_violated = violations.contains(&true);
+            let decided_last = self.decided_by;
+            if let Some(GuardEvent::TookOver { ticks }) =
+                self.guard.observe(tick, window_violated, decided_last)
+            {
+                tracing::warn!(
+                    policy = self.supervisor.policy_name(),
+                    tick,
+                    ticks,
+                    "objective guard: the device defaults decide until the policy's back-off ends"
+                );
+            }
+
+            // A policy waiting to take over does so here, at the boundary: its `init`
+            // settings decide this tick, so no tick goes undecided. (A swap that arrives
+            // while the loop is paused is refused.)
+            let mut decide_time = None;
+            let swapped_in = if self.paused {
+                self.swapper.refuse_while_paused(tick);
+                None
+            } else {
+                self.swapper.take_over(
+                    tick,
+                    InCharge {
+                        supervisor: &mut self.supervisor,
+                        envelope: &mut self.envelope,
+                        objective: &mut self.config.objective,
+                    },
+                )
+            };
+            if swapped_in.is_some() {
+                // An operator's new policy gets its own chance: the guard stands down.
+                self.guard.policy_swapped();
+                // Its supervisor counts afresh, its `init` included.
+                self.counters_seen = PolicyCounters::default();
+            }
+            let guard_in_charge = !self.paused && self.guard.in_charge();
+            let decision = match swapped_in {
+                _ if self.paused || guard_in_charge => tokwatt_policy::supervisor::Decision {
+                    settings: vec![Settings::default(); n],
+                    source: DecisionSource::Policy,
+                },
+                Some(first) if first.len() == n => tokwatt_policy::supervisor::Decision {
+                    settings: first,
+                    source: DecisionSource::Policy,
+                },
+                _ => {
+                    let called = Instant::now();
+                    let decision = self.supervisor.decide(tick, now - start, &observations);
+                    decide_time = Some(called.elapsed());
+                    decision
+                }
+            };
+            self.count_policy_calls();
+            // The supervisor's fallback (a failing policy); the guard's ticks are its own.
+            let fallback = !guard_in_charge && !matches!(decision.source, DecisionSource::Policy);
+            let policy_name = self.supervisor.policy_name().to_owned();
+            let mut any_violation = false;
+            let mut any_tpot_unknown = false;
+            for (gpu, obs) in observations.iter().enumerate() {
+                let requested = decision.settings.get(gpu).copied().unwrap_or_default();
+                let mut applied = if guard_in_charge {
+                    tokwatt_policy::envelope::Applied::default()
+                } else {
+                    self.envelope
+                        .apply(gpu as u32, &requested, &self.in_force[gpu])
+                };
+                self.last_clamped[gpu] = applied.clamped;
+                self.totals.clamped_decisions += u64::from(applied.clamped);
+                self.totals.non_finite_values += u64::from(applied.non_finite);
+                let host_moves = if self.paused {
+                    Settings::default()
+                } else {
+                    self.host_moves(gpu as u32, guard_in_charge, obs)
+                };
+                applied.settings = merged(applied.settings, host_moves);
+                self.apply(gpu as u32, &applied.settings);
+
+                let violation = violations[gpu];
+                any_violation |= violation;
+                any_tpot_unknown |= self.config.objective.tpot_unknown(obs);
+                let gpu_totals = &mut self.totals.gpus[gpu];
+                // Saturating: a token source that lies cannot overflow the totals.
+                gpu_totals.tokens = gpu_totals.tokens.saturating_add(obs.tokens);
+                gpu_totals.energy_j += obs.energy_j;
+                gpu_totals.slo_violation_ticks += u64::from(violation);
+                if let Some(window) = &obs.demand {
+                    gpu_totals
+                        .demand
+                        .get_or_insert_with(DemandTotals::default)
+                        .add(window, obs.tokens);
+                }
+                self.totals.tokens = self.totals.tokens.saturating_add(obs.tokens);
+                self.totals.energy_j += obs.energy_j;
+
+                recorder.record(&TickRecord {
+                    time_s: (now - start).as_secs_f64(),
+                    policy: policy_name.clone(),
+                    observation: *obs,
+                    requested,
+                    applied: applied.settings,
+                    in_force_after: self.in_force[gpu],
+                    fallback,
+                    clamped: applied.clamped,
+                    guard: guard_in_charge,
+                    slo_violation: violation,
+                    energy_counter_j: self.last_telemetry[gpu].energy_counter_j,
+                    power_mem_avg_w: self.last_telemetry[gpu].power_mem_avg_w,
+                    init: self.init_records.get_mut(gpu).and_then(Option::take),
+                })?;
+            }
+            recorder.end_tick()?;
+            if !self.paused && !guard_in_charge {
+                let rolled_back = self.swapper.judge(
+                    tick,
+                    fallback,
+                    window_violated && decided_last == Decider::Policy,
+                    InCharge {
+                        supervisor: &mut self.supervisor,
+                        envelope: &mut self.envelope,
+                        objective: &mut self.config.objective,
+                    },
+                );
+                if rolled_back {
+                    self.guard.policy_swapped();
+                    // The one brought back had its counts added while it was in charge.
+                    self.counters_seen = self.supervisor.counters();
+                }
+            }
+            if guard_in_charge {
+                self.guard.count_takeover_tick();
+            }
+            self.decided_by = if self.paused {
+                Decider::Operator
+            } else if guard_in_charge {
+                Decider::Guard
+            } else {
+                Decider::Policy
+            };
+            self.totals.guard = self.guard.counters.clone();
+            self.totals.swaps = self.swapper.counters.clone();
+            self.totals.ticks += 1;
+            self.totals.slo_violation_ticks += u64::from(any_violation);
+            self.totals.tpot_unknown_ticks += u64::from(any_tpot_unknown);
+            self.totals.duration_s = (now - start).as_secs_f64();
+            // Counted here rather than read from the supervisor, which a swap replaces.
+            self.totals.fallback_ticks += u64::from(fallback);
+            // Per tick, for a checkpoint's summary; a new String only when it changed.
+            if self.totals.policy_at_end != self.supervisor.policy_name() {
+                self.totals.policy_at_end = self.supervisor.policy_name().to_owned();
+            }
+            let requested = if self.paused {
+                &[][..]
+            } else {
+                &decision.settings[..]
+            };
+            progress(Progress {
+                tick,
+                ticks,
+                time: now - start,
+                totals: &self.totals,
+                observations: &observations,
+                policy: self.supervisor.policy_name(),
+                requested,
+                decide_time,
+                lateness,
+                paused: self.paused,
+                on_probation: self.swapper.on_probation(),
+                guard_in_charge,
+                guard_enabled: self.config.guard.enabled,
+                objective: self.config.objective,
+                commands_taken: self.commands_taken,
+            });
+        }
+        self.count_policy_calls();
+        self.totals.policy_at_end = self.supervisor.policy_name().to_owned();
+        self.totals.tokens_per_joule = ratio(self.totals.tokens, self.totals.energy_j);
+        for (gpu, totals) in self.totals.gpus.iter_mut().enumerate() {
+            totals.tokens_per_joule = ratio(totals.tokens, totals.energy_j);
+            totals.final_settings = Some(self.in_force[gpu]);
+        }
+        self.totals.demand =
+            self.totals
+                .gpus
+                .iter()
+                .filter_map(|g| g.demand)
+                .reduce(|mut all, one| {
+                    all.merge(&one);
+                    all
+                });
+        self.totals.wall_time_s = started.elapsed().as_secs_f64();
+        Ok((self.totals, self.backends))
+    }
+
+    /// Add what the in-charge supervisor counted since last time to the run's totals:
+    /// every tick, so that the status and /metrics see traps and ejections as they
+    /// happen, and before a rollback replaces it.
+    fn count_policy_calls(&mut self) {
+        let now = self.supervisor.counters();
+        self.totals
+            .policy_counters
+            .add_since(&now, &self.counters_seen);
+        self.totals.plugin_traps = self.totals.policy_counters.plugin_traps();
+        self.counters_seen = now;
+    }
+
+    /// The host's own moves on `gpu` this tick: every knob of the node the policy in
+    /// charge does not own goes back to the node's baseline, and while the guard is in
+    /// charge every knob goes to the device defaults; within the node's guardrails and
+    /// steps, so the host never swings a cap further per tick than a policy may.
+    fn host_moves(&mut self, gpu: u32, guard_in_charge: bool, obs: &Observation) -> Settings {
+        let g = gpu as usize;
+        let node = self.config.node_knobs;
+        let owned = self.envelope.knobs();
+        let moved = if guard_in_charge {
+            node
+        } else {
+            Knobs {
+                power_cap: node.power_cap && !owned.power_cap,
+                sm_clock: node.sm_clock && !owned.sm_clock,
+                batch_size: node.batch_size && !owned.batch_size,
+            }
+        };
+        if !(moved.power_cap || moved.sm_clock || moved.batch_size) {
+            return Settings::default();
+        }
+        let target = if guard_in_charge {
+            let mut defaults = self.defaults.get(g).copied().unwrap_or_default();
+            defaults.batch_size = Some(self.fallback_batch(g, obs));
+            defaults
+        } else {
+            self.baseline
+                .get(g)
+                .map_or_else(Settings::default, |b| Settings {
+                    power_cap_w: Some(b.power_cap_requested_w),
+                    sm_clock_max_mhz: Some(b.sm_clock_max_mhz),
+                    batch_size: Some(b.batch_size),
+                })
+        };
+        let stepped = self
+            .node_envelope
+            .apply(gpu, &only(target, moved), &self.in_force[g])
+            .settings;
+        only(stepped, moved)
+    }
+
+    /// The guard's batch size on GPU `g`: the workload's largest when it takes over, then fitted to the objective's p99 time per token from what the fallback's
+    /// own windows show (the device defaults can break a tight bound at the largest
+    /// batch). Down in proportion to the overshoot, back up toward the start's batch
+    /// while requests wait with room under the bound. No bound: the start's batch.
+    fn fallback_batch(&mut self, g: usize, obs: &Observation) -> u32 {
+        // The workload's largest batch within the node's guardrails: the batch found at
+        // start may be anything (tokwatt's CUDA decode starts at 1, which serves no floor).
+        let start = self.node_envelope.limits(g as u32).map_or_else(
+            || self.initial_batch.get(g).copied().unwrap_or(1),
+            |l| l.batch_size.1,
+        );
+        let current = self.in_force.get(g).map_or(start, |f| f.batch_size);
+        let first_tick = self.decided_by != Decider::Guard;
+        let Some(limit) = self.config.objective.tpot_p99_limit_ms else {
+            return start;
+        };
+        if first_tick {
+            return start;
+        }
+        let tpot = obs.tpot_p99_ms;
+        let waiting = obs.queue_depth > 0
+            || self.work_waiting == tokwatt_core::workload::WorkWaiting::Always
+            || obs.demand.is_some_and(|d| d.requests_turned_away > 0);
+        if obs.tokens > 0 && tpot.is_finite() && tpot > limit {
+            // A decode step's time grows about in proportion to the batch at large
+            // batches: aim 5 % under the bound.
+            let fitted = (f64::from(current) * limit / tpot * 0.95).floor();
+            (fitted as u32).clamp(1, current.max(1))
+        } else if waiting && tpot.is_finite() && tpot < 0.85 * limit && current < start {
+            (current + current.div_ceil(10)).min(start)
+        } else {
+            current
+        }
+    }
+
+    fn read_telemetry(&mut self, gpu: u32) -> TelemetryWindow {
+        match self.backends.telemetry.read_window(gpu) {
+            Ok(window) => {
+                self.last_telemetry[gpu as usize] = window;
+                window
+            }
+            Err(e) => {
+                self.totals.telemetry_errors += 1;
+                tracing::warn!(
+                    gpu,
+                    "telemetry read failed, the tick sees an empty window: {e}"
+                );
+                TelemetryWindow::default()
+            }
+        }
+    }
+
+    fn observe(
+        &mut self,
+        gpu: u32,
+        tick: u64,
+        interval: Duration,
+        t: &TelemetryWindow,
+        w: &WorkloadWindow,
+    ) -> Observation {
+        let g = gpu as usize;
+        let interval_s = interval.as_secs_f64();
+        // The enforced limit comes from the device, not from what was asked (unless the
+        // run is a dry run, whose changes never reach the device).
+        if self.backends.actuator.applies_settings() && t.power_limit_enforced_w > 0.0 {
+            self.in_force[g].power_cap_w = t.power_limit_enforced_w;
+        }
+        let observation = Observation {
+            gpu,
+            tick,
+            interval_s,
+            tokens: w.tokens,
+            energy_j: t.energy_j,
+            tokens_per_joule: ratio(w.tokens, t.energy_j),
+            tokens_per_s: if interval_s > 0.0 {
+                w.tokens as f64 / interval_s
+            } else {
+                0.0
+            },
+            // Over the span between the two energy readings when the backend knows it
+            // (NVML's counter updates every 100 ms, so it differs from the tick).
+            power_avg_w: match (t.interval_s > 0.0, interval_s > 0.0) {
+                (true, _) => t.energy_j / t.interval_s,
+                (false, true) => t.energy_j / interval_s,
+                (false, false) => 0.0,
+            },
+            power_peak_w: t.power_peak_w,
+            sm_clock_mhz: t.sm_clock_mhz,
+            mem_clock_mhz: t.mem_clock_mhz,
+            temperature_c: t.temperature_c,
+            gpu_util_pct: t.gpu_util_pct,
+            clock_events: t.clock_events,
+            tpot_p50_ms: w.tpot_p50_ms,
+            tpot_p99_ms: w.tpot_p99_ms,
+            active_sequences: w.active_sequences,
+            queue_depth: w.queue_depth,
+            demand: w.demand,
+            in_force: self.in_force[g],
+            last_clamped: self.last_clamped[g],
+            settling: self.settling[g],
+        };
+        self.settling[g] = false;
+        observation
+    }
+
+    /// Apply the knobs that change. A failed change is logged and counted, never fatal:
+    /// the setting stays as it was.
+    fn apply(&mut self, gpu: u32, settings: &Settings) {
+        let g = gpu as usize;
+        if let Some(watts) = settings.power_cap_w {
+            match self.backends.actuator.set_power_cap(gpu, watts) {
+                Ok(enforced) => {
+                    self.in_force[g].power_cap_w = enforced;
+                    self.in_force[g].power_cap_requested_w = watts;
+                    self.changed(gpu);
+                }
+                Err(e) => self.actuator_error(gpu, e),
+            }
+        }
+        if let Some(mhz) = settings.sm_clock_max_mhz {
+            let device_max = self
+                .envelope
+                .limits(gpu)
+                .map_or(mhz, |l| l.sm_clock_device_max_mhz);
+            let min = self
+                .envelope
+                .limits(gpu)
+                .and_then(|l| l.sm_clocks_mhz.last().copied())
+                .unwrap_or(mhz)
+                .min(mhz);
+            // The device's top clock means "no lock": release it rather than pin it.
+            let range = (mhz < device_max).then_some((min, mhz));
+            match self.backends.actuator.set_sm_clock_lock(gpu, range) {
+                Ok(()) => {
+                    self.in_force[g].sm_clock_max_mhz = mhz;
+                    self.changed(gpu);
+                }
+                Err(e) => self.actuator_error(gpu, e),
+            }
+        }
+        if let Some(batch) = settings.batch_size {
+            match self.backends.workload.set_batch_size(gpu, batch) {
+                Ok(()) => {
+                    self.in_force[g].batch_size = batch;
+                    self.changed(gpu);
+                }
+                Err(e) => {
+                    self.totals.actuator_errors += 1;
+                    tracing::warn!(gpu, "batch size change failed: {e}");
+                }
+            }
+        }
+    }
+
+    fn changed(&mut self, gpu: u32) {
+        self.settling[gpu as usize] = true;
+        self.totals.settings_changes += 1;
+    }
+
+    fn actuator_error(&mut self, gpu: u32, e: ActuatorError) {
+        self.totals.actuator_errors += 1;
+        tracing::warn!(gpu, "setting change failed, the old setting stays: {e}");
+    }
+}
+
+/// `settings` with only the `knobs` given.
+fn only(settings: Settings, knobs: Knobs) -> Settings {
+    Settings {
+        power_cap_w: settings.power_cap_w.filter(|_| knobs.power_cap),
+        sm_clock_max_mhz: settings.sm_clock_max_mhz.filter(|_| knobs.sm_clock),
+        batch_size: settings.batch_size.filter(|_| knobs.batch_size),
+    }
+}
+
+/// `a`'s knobs, and `b`'s where `a` leaves one unset.
+fn merged(a: Settings, b: Settings) -> Settings {
+    Settings {
+        power_cap_w: a.power_cap_w.or(b.power_cap_w),
+        sm_clock_max_mhz: a.sm_clock_max_mhz.or(b.sm_clock_max_mhz),
+        batch_size: a.batch_size.or(b.batch_size),
+    }
+}
+
+fn ratio(tokens: u64, energy_j: f64) -> f64 {
+    if energy_j > 0.0 {
+        tokens as f64 / energy_j
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,273 @@
+use super::*;
+use crate::recorder::Recorder;
+use tokwatt_core::actuator::DryRun;
+use tokwatt_core::clock::VirtualClock;
+use tokwatt_core::types::Knobs;
+use tokwatt_policy::envelope::Guardrails;
+use tokwatt_policy::supervisor::doubles::NativePolicy;
+use tokwatt_policy::supervisor::{BreakerConfig, InitArgs};
+use tokwatt_sim::{GpuProfile, Scenario, SimConfig, SimGpu};
+
+/// 20 ticks on the simulator, through its own actuator or a dry run, with a policy
+/// that always asks for 650 W. Returns the totals and every observation.
+fn run_fixed_cap(dry_run: bool) -> (LoopTotals, Vec<Observation>) {
+    run_fixed_cap_on(dry_run, Scenario::built_in().expect("scenario"))
+}
+
+fn run_fixed_cap_on(dry_run: bool, scenario: Scenario) -> (LoopTotals, Vec<Observation>) {
+    let clock = VirtualClock::new();
+    let sim = SimGpu::new(
+        SimConfig {
+            profile: GpuProfile::load("h200").expect("profile"),
+            scenario,
+            gpus: 1,
+            seed: 1,
+            noise_seed: None,
+        },
+        clock.clone(),
+    )
+    .expect("sim");
+    let devices = sim.telemetry().devices();
+    let mut real = sim.actuator();
+    let actuator: Box<dyn Actuator> = if dry_run {
+        let current = vec![real.read(0).expect("read")];
+        Box::new(DryRun::new(devices.clone(), current))
+    } else {
+        real
+    };
+    let backends = Backends {
+        telemetry: sim.telemetry(),
+        actuator,
+        workload: sim.workload(),
+        clock,
+    };
+    let knobs = Knobs {
+        power_cap: true,
+        ..Knobs::default()
+    };
+    let envelope =
+        Envelope::new(&devices, &[512], &Guardrails::default(), knobs).expect("envelope");
+    let args = InitArgs {
+        devices: envelope.facts(&devices),
+        knobs,
+        objective: Objective::default(),
+        params: vec![],
+        tick_ms: 1000,
+        seed: 1,
+    };
+    let fixed_cap = NativePolicy::new(|_, observations| {
+        Ok(vec![
+            Settings {
+                power_cap_w: Some(650.0),
+                ..Settings::default()
+            };
+            observations.len()
+        ])
+    });
+    let (supervisor, first) =
+        Supervisor::start(Box::new(fixed_cap), args, BreakerConfig::default()).expect("starts");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut recorder = Recorder::create(dir.path(), false).expect("recorder");
+    let control = ControlLoop::new(
+        backends,
+        supervisor,
+        &first,
+        envelope,
+        LoopConfig::new(
+            Duration::from_secs(20),
+            Duration::from_secs(1),
+            Objective::default(),
+        ),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let mut seen = Vec::new();
+    let (totals, _) = control
+        .run(&mut recorder, &mut |p| {
+            seen.extend_from_slice(p.observations)
+        })
+        .expect("runs");
+    (totals, seen)
+}
+
+#[test]
+fn a_setting_is_applied_once_not_every_tick() {
+    for dry_run in [false, true] {
+        let (totals, seen) = run_fixed_cap(dry_run);
+        assert_eq!(totals.settings_changes, 1, "dry run {dry_run}");
+        assert_eq!(totals.ticks, 20);
+        // From the tick after the change on, the policy sees its cap in force.
+        assert!(
+            seen[1..].iter().all(|o| o.in_force.power_cap_w == 650.0),
+            "dry run {dry_run}: {:?}",
+            seen.iter()
+                .map(|o| o.in_force.power_cap_w)
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+fn a_cap_held_lower_from_outside_is_not_reapplied_every_tick() {
+    // Something outside tokwatt holds the limit at 400 W; the policy asks for 650 W
+    // every tick. The request is applied once; the policy sees the enforced 400 W.
+    let mut scenario = Scenario::built_in().expect("scenario");
+    for phase in &mut scenario.phases {
+        phase.outside_power_limit_w = Some(400.0);
+    }
+    let (totals, seen) = run_fixed_cap_on(false, scenario);
+    assert_eq!(totals.settings_changes, 1);
+    // Tick 1's window follows the change, so it alone settles.
+    assert!(
+        seen[2..].iter().all(|o| !o.settling
+            && o.in_force.power_cap_w == 400.0
+            && o.in_force.power_cap_requested_w == 650.0),
+        "{:?}",
+        seen.iter()
+            .map(|o| (o.settling, o.in_force.power_cap_w))
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn demand_totals_sum_ticks_and_gpus() {
+    use tokwatt_core::types::DemandWindow;
+    let window = |arrived, turned_away, wait| DemandWindow {
+        requests_arrived: arrived,
+        requests_completed: arrived - turned_away,
+        requests_turned_away: turned_away,
+        tokens_demanded: arrived * 10,
+        queue_wait_p99_ms: wait,
+    };
+    let mut gpu0 = DemandTotals::default();
+    gpu0.add(&window(4, 0, Some(5.0)), 40);
+    gpu0.add(&window(6, 2, None), 40);
+    assert_eq!(gpu0.requests_arrived, 10);
+    assert_eq!(gpu0.tokens_served, 80);
+    assert_eq!(gpu0.ticks_turning_away, 1);
+    assert_eq!(gpu0.served_fraction, 0.8);
+    assert_eq!(gpu0.worst_tick_queue_wait_p99_ms, Some(5.0));
+    let mut gpu1 = DemandTotals::default();
+    gpu1.add(&window(10, 1, Some(9.0)), 100);
+    gpu1.add(&window(10, 1, None), 100);
+    let mut node = gpu0;
+    node.merge(&gpu1);
+    assert_eq!(node.requests_arrived, 30);
+    assert_eq!(node.served_fraction, 280.0 / 300.0);
+    // The most of any one GPU, not the sum: ticks are shared by every GPU.
+    assert_eq!(node.ticks_turning_away, 2);
+    assert_eq!(node.worst_tick_queue_wait_p99_ms, Some(9.0));
+}
+
+/// Invariant 9: a policy that does not own the power cap takes over from one that held
+/// it at 650 W; the cap goes back to the node's baseline (the board default it found) at
+/// the switch, and the record of that tick shows the move.
+#[test]
+fn a_knob_the_new_policy_does_not_own_returns_to_the_baseline() {
+    let clock = VirtualClock::new();
+    let sim = SimGpu::new(
+        SimConfig {
+            profile: GpuProfile::load("h200").expect("profile"),
+            scenario: Scenario::built_in().expect("scenario"),
+            gpus: 1,
+            seed: 1,
+            noise_seed: None,
+        },
+        clock.clone(),
+    )
+    .expect("sim");
+    let devices = sim.telemetry().devices();
+    let backends = Backends {
+        telemetry: sim.telemetry(),
+        actuator: sim.actuator(),
+        workload: sim.workload(),
+        clock,
+    };
+    let start = |knobs: Knobs, settings: Settings| {
+        let envelope =
+            Envelope::new(&devices, &[512], &Guardrails::default(), knobs).expect("envelope");
+        let args = InitArgs {
+            devices: envelope.facts(&devices),
+            knobs,
+            objective: Objective::default(),
+            params: vec![],
+            tick_ms: 1000,
+            seed: 1,
+        };
+        let policy =
+            NativePolicy::new(move |_, observations| Ok(vec![settings; observations.len()]));
+        let (supervisor, first) =
+            Supervisor::start(Box::new(policy), args, BreakerConfig::default()).expect("starts");
+        (supervisor, first, envelope)
+    };
+    let (supervisor, first, envelope) = start(
+        Knobs {
+            power_cap: true,
+            ..Knobs::default()
+        },
+        Settings {
+            power_cap_w: Some(650.0),
+            ..Settings::default()
+        },
+    );
+    let (batch_supervisor, batch_first, batch_envelope) = start(
+        Knobs {
+            batch_size: true,
+            ..Knobs::default()
+        },
+        Settings {
+            batch_size: Some(256),
+            ..Settings::default()
+        },
+    );
+    let (sender, port) = crate::swap::swap_channel();
+    let mut next = Some(crate::swap::PreparedPolicy {
+        supervisor: batch_supervisor,
+        first: batch_first,
+        envelope: batch_envelope,
+        objective: Objective::default(),
+        probation_ticks: 3,
+        notify: None,
+        state: crate::swap::StateOnSwap::Fresh,
+        operator_rollback: false,
+    });
+    let control = ControlLoop::new(
+        backends,
+        supervisor,
+        &first,
+        envelope,
+        LoopConfig::new(
+            Duration::from_secs(12),
+            Duration::from_secs(1),
+            Objective::default(),
+        ),
+        Arc::new(AtomicBool::new(false)),
+    )
+    .with_swaps(port);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut recorder = Recorder::create(dir.path(), false).expect("recorder");
+    let mut caps = Vec::new();
+    let (totals, _) = control
+        .run(&mut recorder, &mut |p| {
+            caps.push(p.observations[0].in_force.power_cap_requested_w);
+            if p.tick == 4
+                && let Some(prepared) = next.take()
+            {
+                sender.send(prepared).expect("the loop runs");
+            }
+        })
+        .expect("runs");
+    assert_eq!(totals.swaps.swaps, 1);
+    // The window of tick t shows what tick t-1 set: 650 W from tick 1, the swap at tick 5
+    // puts 700 W back (a raise of 50 W, within the node's 200 W), seen from tick 6 on.
+    assert_eq!(caps[1..6], [650.0; 5], "{caps:?}");
+    assert!(caps[6..].iter().all(|&cap| cap == 700.0), "{caps:?}");
+    let observations =
+        std::fs::read_to_string(dir.path().join("observations.jsonl")).expect("observations");
+    let swap_tick: serde_json::Value = observations
+        .lines()
+        .nth(5)
+        .map(|line| serde_json::from_str(line).expect("json"))
+        .expect("tick 5");
+    assert_eq!(swap_tick["applied"]["power_cap_w"], 700.0, "{swap_tick}");
+    assert_eq!(swap_tick["policy"], "native", "{swap_tick}");
+}

@@ -1,0 +1,419 @@
+//! The node agent: putting a run together (the policy spec, the plugin, the backends, the
+//! envelope and the loop) and running it. The `tokwatt` binary, the daemon, the lab and the
+//! tests all go through here, so what the tests check is what operators run.
+//!
+//! - [`assembly`]: the backends a run asks for (simulator, NVML, CUDA decode, a serving
+//!   engine), assembled behind the boundary traits.
+//! - [`control`]: the control loop, one tick at a time.
+//! - [`swap`]: policies handed to a running loop at a tick boundary.
+//! - [`recorder`]: the run's output files.
+//! - [`restore`]: every changed GPU setting put back, after a crash too.
+
+pub mod assembly;
+pub mod control;
+pub mod recorder;
+pub mod restore;
+pub mod swap;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use serde::Serialize;
+
+pub use crate::assembly::RunMeta;
+use crate::control::{Backends, ControlLoop, LoopConfig, LoopTotals, Progress};
+use crate::recorder::Recorder;
+use crate::swap::{PreparedPolicy, SwapPort};
+use tokwatt_core::types::{DeviceInfo, Knobs, Settings};
+use tokwatt_plugin::{ComponentCache, HostConfig, PluginHost};
+use tokwatt_policy::envelope::Envelope;
+use tokwatt_policy::rules::NodeRules;
+use tokwatt_policy::spec::PolicySpec;
+use tokwatt_policy::supervisor::{InitArgs, Supervisor};
+
+/// Where plugins are looked for, after the spec's own folder: `$TOKWATT_PLUGIN_DIR`,
+/// the folder of the running executable (a deployed bundle), and the build's folder.
+pub fn plugin_search_path(extra: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs = extra.to_vec();
+    if let Some(dir) = std::env::var_os("TOKWATT_PLUGIN_DIR") {
+        dirs.push(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_owned))
+    {
+        dirs.push(dir);
+    }
+    dirs.push(tokwatt_plugin_artifacts::built_plugin_dir());
+    dirs
+}
+
+/// Version of `summary.json`'s layout: raised when a key is renamed or removed.
+pub const SUMMARY_FORMAT_VERSION: u32 = 1;
+
+/// The format versions of a run's output files, recorded in its summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutputFormats {
+    pub trace_csv: u32,
+    pub observations_jsonl: u32,
+}
+
+impl Default for OutputFormats {
+    fn default() -> Self {
+        Self {
+            trace_csv: crate::recorder::TRACE_FORMAT_VERSION,
+            observations_jsonl: crate::recorder::OBSERVATIONS_FORMAT_VERSION,
+        }
+    }
+}
+
+/// `summary.json`. **API boundary**: its keys are a compatibility promise, pinned by
+/// `summary_keys_are_stable` (tests/all); raise [`SUMMARY_FORMAT_VERSION`] to change them.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    pub format_version: u32,
+    pub output_formats: OutputFormats,
+    pub policy: String,
+    pub policy_spec: String,
+    pub plugin: String,
+    pub tick_ms: u32,
+    /// The objective the run was judged by (the spec's, or the judge's scenario's).
+    pub objective: tokwatt_core::types::Objective,
+    #[serde(flatten)]
+    pub meta: RunMeta,
+    #[serde(flatten)]
+    pub totals: LoopTotals,
+}
+
+/// What `run` needs besides the backends.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    pub spec: PolicySpec,
+    pub duration: Duration,
+    /// Overrides the spec's tick.
+    pub tick: Option<Duration>,
+    pub out_dir: PathBuf,
+    pub plugin_dirs: Vec<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+    pub seed: u64,
+    /// Replace the files of an earlier run in `out_dir`.
+    pub overwrite: bool,
+    /// Write the run's files into `out_dir` (`false`: keep only the returned summary, as
+    /// the judge does for its hundreds of runs).
+    pub write_files: bool,
+    /// The node's objective, guardrails and guard, which the spec may only narrow.
+    pub rules: NodeRules,
+    /// Where the rules come from, for the error that refuses a spec loosening them.
+    pub rules_source: String,
+    /// The knobs the node's backends offer ([`crate::assembly::Assembled::offered`]).
+    pub node_knobs: Knobs,
+}
+
+impl RunRequest {
+    /// A request with the default node rules (the default cap step, the guard on) on a
+    /// node offering every knob.
+    pub fn new(spec: PolicySpec, duration: Duration, out_dir: PathBuf) -> Self {
+        Self {
+            spec,
+            duration,
+            tick: None,
+            out_dir,
+            plugin_dirs: Vec::new(),
+            cache_dir: None,
+            seed: 0,
+            overwrite: false,
+            write_files: true,
+            rules: NodeRules::default(),
+            rules_source: "tokwatt's default node rules".into(),
+            node_knobs: Knobs::all(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Spec(#[from] tokwatt_policy::spec::SpecError),
+    #[error(transparent)]
+    Plugin(#[from] tokwatt_plugin::PluginError),
+    #[error("policy `{policy}` failed to start: {failure}")]
+    PolicyStart {
+        policy: String,
+        failure: tokwatt_policy::supervisor::PolicyFailure,
+    },
+    #[error(transparent)]
+    Envelope(#[from] tokwatt_policy::envelope::EnvelopeError),
+    #[error(transparent)]
+    Recorder(#[from] crate::recorder::RecorderError),
+    #[error(transparent)]
+    Control(#[from] crate::control::ControlError),
+    #[error(transparent)]
+    Loosened(Box<tokwatt_policy::rules::Loosened>),
+    #[error(
+        "policy `{policy}`: the objective's throughput floor (min_tokens_per_s = {floor}) cannot be checked on this workload, whose source does not say when requests are waiting (a serving engine's token counter), so an idle GPU would read as a slow one: remove min_tokens_per_s from the spec and the node's [objective], or bound the time per token (tpot_p99_limit_ms) instead"
+    )]
+    ThroughputUnchecked { policy: String, floor: f64 },
+    #[error("the run's duration ({duration:?}) is shorter than one tick ({tick:?})")]
+    TooShort { duration: Duration, tick: Duration },
+}
+
+impl From<Box<tokwatt_policy::rules::Loosened>> for AgentError {
+    fn from(loosened: Box<tokwatt_policy::rules::Loosened>) -> Self {
+        AgentError::Loosened(loosened)
+    }
+}
+
+/// What a policy is started against: the node's GPUs and each one's largest batch size.
+/// Taken from the backends before the loop owns them, so a policy can be started off
+/// the loop (for a hot swap).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeFacts {
+    pub devices: Vec<DeviceInfo>,
+    pub batch_size_max: Vec<u32>,
+    /// How the workload knows work is waiting: a throughput floor needs it.
+    pub work_waiting: tokwatt_core::workload::WorkWaiting,
+}
+
+impl NodeFacts {
+    pub fn of(backends: &Backends) -> Self {
+        let devices = backends.telemetry.devices();
+        let batch_size_max = devices
+            .iter()
+            .map(|d| backends.workload.batch_size_max(d.index))
+            .collect();
+        Self {
+            devices,
+            batch_size_max,
+            work_waiting: backends.workload.work_waiting(),
+        }
+    }
+}
+
+/// Load the spec's plugin and start it on the node's devices. Returns the supervisor,
+/// the policy's first settings and the envelope.
+pub fn start_policy(
+    host: &PluginHost,
+    spec: &PolicySpec,
+    plugin_path: &Path,
+    node: &NodeFacts,
+    seed: u64,
+    tick: Duration,
+) -> Result<(Supervisor, Vec<tokwatt_core::types::Settings>, Envelope), AgentError> {
+    start_policy_inner(host, spec, plugin_path, node, seed, tick, false)
+        .map(|(supervisor, first, envelope, _)| (supervisor, first, envelope))
+}
+
+/// What [`start_policy_watched`] hands back: [`start_policy`]'s supervisor, first
+/// settings and envelope, and the guest's console.
+pub type WatchedStart = (
+    Supervisor,
+    Vec<tokwatt_core::types::Settings>,
+    Envelope,
+    tokwatt_plugin::GuestConsole,
+);
+
+/// [`start_policy`], also handing back the guest's console with its log messages
+/// transcribed into it, for a tool that shows what the guest wrote beside its decisions
+/// (`tokwatt replay`).
+pub fn start_policy_watched(
+    host: &PluginHost,
+    spec: &PolicySpec,
+    plugin_path: &Path,
+    node: &NodeFacts,
+    seed: u64,
+    tick: Duration,
+) -> Result<WatchedStart, AgentError> {
+    start_policy_inner(host, spec, plugin_path, node, seed, tick, true)
+}
+
+/// A live agent never takes the transcript of the guest's logs, so only a watching tool
+/// turns it on (`transcribe_logs`).
+fn start_policy_inner(
+    host: &PluginHost,
+    spec: &PolicySpec,
+    plugin_path: &Path,
+    node: &NodeFacts,
+    seed: u64,
+    tick: Duration,
+    transcribe_logs: bool,
+) -> Result<WatchedStart, AgentError> {
+    // Every named objective is checked, or refused here: never silently off.
+    if let Some(floor) = spec.objective.min_tokens_per_s
+        && floor > 0.0
+        && node.work_waiting == tokwatt_core::workload::WorkWaiting::Unknown
+    {
+        return Err(AgentError::ThroughputUnchecked {
+            policy: spec.name.clone(),
+            floor,
+        });
+    }
+    let envelope = Envelope::new(
+        &node.devices,
+        &node.batch_size_max,
+        &spec.guardrails,
+        spec.knobs,
+    )?;
+    let loaded = Arc::new(host.load(plugin_path, &spec.name, spec.sandbox)?);
+    let engine = loaded
+        .instantiate(seed)
+        .map_err(|failure| AgentError::PolicyStart {
+            policy: spec.name.clone(),
+            failure,
+        })?;
+    let console = engine.console();
+    console.transcribe_logs(transcribe_logs);
+    let args = InitArgs {
+        devices: envelope.facts(&node.devices),
+        knobs: spec.knobs,
+        objective: spec.objective,
+        params: spec.params.clone(),
+        tick_ms: u32::try_from(tick.as_millis()).unwrap_or(u32::MAX),
+        seed,
+    };
+    let (supervisor, first) =
+        Supervisor::start(Box::new(engine), args, spec.breaker).map_err(|failure| {
+            AgentError::PolicyStart {
+                policy: spec.name.clone(),
+                failure,
+            }
+        })?;
+    Ok((supervisor, first, envelope, console))
+}
+
+/// Start a policy off the loop, ready to be sent to it through a
+/// [`crate::swap::SwapSender`] (hot swap). Compiling, instantiating and `init` all
+/// happen here, on the caller's thread.
+pub fn prepare_policy(
+    host: &PluginHost,
+    spec: &PolicySpec,
+    plugin_path: &Path,
+    node: &NodeFacts,
+    seed: u64,
+    tick: Duration,
+) -> Result<PreparedPolicy, AgentError> {
+    let (supervisor, first, envelope) = start_policy(host, spec, plugin_path, node, seed, tick)?;
+    Ok(PreparedPolicy {
+        supervisor,
+        first,
+        envelope,
+        objective: spec.objective,
+        probation_ticks: crate::swap::DEFAULT_PROBATION_TICKS,
+        notify: None,
+        state: crate::swap::StateOnSwap::default(),
+        operator_rollback: false,
+    })
+}
+
+/// Run a policy on `backends` for the requested duration, writing the trace and summary
+/// into `request.out_dir`.
+pub fn run(
+    request: &RunRequest,
+    backends: Backends,
+    meta: RunMeta,
+    stop: Arc<AtomicBool>,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<(RunSummary, Backends), AgentError> {
+    run_with_swaps(request, backends, meta, stop, None, progress)
+}
+
+/// [`run`], taking new policies from `swaps` at tick boundaries (hot swap).
+pub fn run_with_swaps(
+    request: &RunRequest,
+    backends: Backends,
+    meta: RunMeta,
+    stop: Arc<AtomicBool>,
+    swaps: Option<SwapPort>,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<(RunSummary, Backends), AgentError> {
+    // The node's rules first: what the spec narrows is in force, and its `init` is told.
+    let mut spec = request.rules.narrow(&request.spec, &request.rules_source)?;
+    if let Some(tick) = request.tick {
+        spec.override_tick(tick)?;
+    }
+    let spec = &spec;
+    let tick = Duration::from_millis(u64::from(spec.tick_ms));
+    if request.duration < tick {
+        return Err(AgentError::TooShort {
+            duration: request.duration,
+            tick,
+        });
+    }
+    let plugin_path = spec.resolve_plugin(&plugin_search_path(&request.plugin_dirs))?;
+    let host = PluginHost::new(&HostConfig {
+        cache_dir: request
+            .cache_dir
+            .clone()
+            .or_else(ComponentCache::default_dir),
+    })?;
+    let node = NodeFacts::of(&backends);
+    let node_envelope =
+        request
+            .rules
+            .envelope(&node.devices, &node.batch_size_max, request.node_knobs)?;
+    let (supervisor, first, envelope) =
+        start_policy(&host, spec, &plugin_path, &node, request.seed, tick)?;
+    tracing::info!(
+        policy = %spec.name,
+        plugin = %plugin_path.display(),
+        "policy started; first settings: {}",
+        Settings::per_gpu(&first)
+    );
+    let mut recorder = if request.write_files {
+        Recorder::create(&request.out_dir, request.overwrite)?
+    } else {
+        Recorder::discard()
+    };
+    let mut control = ControlLoop::new(
+        backends,
+        supervisor,
+        &first,
+        envelope,
+        LoopConfig {
+            duration: request.duration,
+            tick,
+            objective: spec.objective,
+            node_knobs: request.node_knobs,
+            node_guardrails: request.rules.guardrails,
+            node_envelope: Some(node_envelope),
+            guard: request.rules.guard,
+        },
+        stop,
+    );
+    if let Some(port) = swaps {
+        control = control.with_swaps(port);
+    }
+    let (totals, backends) = control.run(&mut recorder, progress)?;
+    let summary = RunSummary {
+        format_version: SUMMARY_FORMAT_VERSION,
+        output_formats: OutputFormats::default(),
+        policy: spec.name.clone(),
+        policy_spec: spec.path.display().to_string(),
+        plugin: plugin_path.display().to_string(),
+        tick_ms: u32::try_from(tick.as_millis()).unwrap_or(u32::MAX),
+        objective: spec.objective,
+        meta,
+        totals,
+    };
+    recorder.finish(&summary)?;
+    if request.write_files {
+        write_report(&request.out_dir, &spec.objective);
+    }
+    Ok((summary, backends))
+}
+
+/// `report.html` beside the trace. The run's data is already safe on disk, so a report
+/// that fails to render costs a warning, not the run.
+fn write_report(out_dir: &Path, objective: &tokwatt_core::types::Objective) {
+    let path = out_dir.join(tokwatt_report::RUN_REPORT_FILE);
+    let written = tokwatt_report::run_report_with_objective(out_dir, objective)
+        .and_then(|html| tokwatt_report::write_atomically(&path, &html));
+    if let Err(error) = written {
+        tracing::warn!("no report for this run: {error}");
+        // An earlier run's report (under --overwrite) must not pass for this run's.
+        if path.exists() && std::fs::remove_file(&path).is_err() {
+            tracing::warn!("{} is an earlier run's report", path.display());
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! The recorder: every tick of every GPU goes to `trace.csv` (for people and plots) and
+//! `observations.jsonl` (every observation and decision, for deterministic replay), and
+//! the run ends with `summary.json`.
+//!
+//! **API boundary.** These files are read by scripts, plots and (later) `tokwatt replay`:
+//! their layouts are a compatibility promise. Each has a format version
+//! ([`TRACE_FORMAT_VERSION`], [`OBSERVATIONS_FORMAT_VERSION`], and the summary's own
+//! `format_version`), recorded in `summary.json`; a change that renames or removes a
+//! field raises it. The trace's header and the summary's keys are pinned by tests.
+//!
+//! A run of weeks (`tokwatt serve`) bounds its files with a [`Rotation`]: the current
+//! `trace.csv` holds the newest lines, `trace.1.csv` … `trace.<keep>.csv` older ones,
+//! each with its header; `observations.jsonl` likewise. [`Recorder::checkpoint`] keeps
+//! `summary.json` current while the run goes on.
+
+mod output_file;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use tokwatt_core::types::{InForce, Observation, Settings};
+
+use output_file::OutputFile;
+pub use output_file::Rotation;
+
+/// Version of `trace.csv`'s columns.
+pub const TRACE_FORMAT_VERSION: u32 = 1;
+/// Version of the records in `observations.jsonl`.
+pub const OBSERVATIONS_FORMAT_VERSION: u32 = 1;
+
+/// The files a run writes into its output folder (`report.html` is written by
+/// `agent` from the others, after them).
+pub const OUTPUT_FILES: [&str; 4] = [
+    "summary.json",
+    "trace.csv",
+    "observations.jsonl",
+    "report.html",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecorderError {
+    #[error("cannot create the output folder {path}: {source}")]
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the output folder {} already holds a run ({}); choose another folder with --out, or pass --overwrite to replace it", path.display(), file
+    )]
+    Exists { path: PathBuf, file: String },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot rotate {} to {}: {source}", from.display(), to.display())]
+    Rotate {
+        from: PathBuf,
+        to: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("output file rotation: {0}")]
+    Rotation(String),
+}
+
+/// One GPU in one tick: what was seen, asked for and applied.
+#[derive(Debug, Clone, Serialize)]
+pub struct TickRecord {
+    pub time_s: f64,
+    /// The policy in charge (its spec's name): it changes at a hot swap.
+    pub policy: String,
+    pub observation: Observation,
+    /// What the policy returned (or the fallback's "hold").
+    pub requested: Settings,
+    /// What the envelope let through (only the knobs that changed).
+    pub applied: Settings,
+    /// The settings in force after this tick's changes.
+    pub in_force_after: InForce,
+    /// The policy failed and its supervisor's fallback held the settings.
+    pub fallback: bool,
+    pub clamped: bool,
+    /// The objective guard's fallback (the device defaults) decided this tick.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub guard: bool,
+    pub slo_violation: bool,
+    /// Energy counter reading at the end of the window, joules.
+    pub energy_counter_j: f64,
+    /// Averaged memory power, where the GPU reports it.
+    pub power_mem_avg_w: Option<f64>,
+    /// What the policy's `init` asked for before the first tick (the first tick's record
+    /// of each GPU only): a swapped-in policy's `init` is its tick's `requested` instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub init: Option<InitRecord>,
+}
+
+/// The settings a policy's `init` gave for one GPU, and what the envelope let through.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct InitRecord {
+    pub requested: Settings,
+    pub applied: Settings,
+    pub clamped: bool,
+}
+
+/// One line of `observations.jsonl`.
+#[derive(Debug, Serialize)]
+struct ObservationLine<'a> {
+    format_version: u32,
+    #[serde(flatten)]
+    record: &'a TickRecord,
+}
+
+/// One row of `trace.csv`. The field order is the column order.
+#[derive(Debug, Serialize)]
+struct TraceRow {
+    time_s: f64,
+    tick: u64,
+    gpu: u32,
+    policy: String,
+    /// The enforced power limit during the window.
+    power_cap_w: f64,
+    /// The power limit tokwatt had requested during the window.
+    power_cap_requested_w: f64,
+    sm_clock_max_mhz: u32,
+    batch_size: u32,
+    power_avg_w: f64,
+    power_peak_w: f64,
+    energy_j: f64,
+    energy_counter_j: f64,
+    tokens: u64,
+    tokens_per_joule: f64,
+    tokens_per_s: f64,
+    sm_clock_mhz: u32,
+    mem_clock_mhz: u32,
+    temperature_c: f64,
+    gpu_util_pct: f64,
+    tpot_p50_ms: f64,
+    tpot_p99_ms: f64,
+    active_sequences: u32,
+    queue_depth: u32,
+    sw_power_cap: u8,
+    settling: u8,
+    clamped: u8,
+    fallback: u8,
+    slo_violation: u8,
+    /// Empty where the GPU does not report memory power.
+    power_mem_w: Option<f64>,
+    /// Demand in the window; all four empty where the workload does not report demand.
+    requests_arrived: Option<u64>,
+    requests_turned_away: Option<u64>,
+    tokens_demanded: Option<u64>,
+    queue_wait_p99_ms: Option<f64>,
+}
+
+/// `value` rounded to `decimals` places, so the trace stays short to read and to store.
+fn round(value: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (value * scale).round() / scale
+}
+
+impl TraceRow {
+    fn new(r: &TickRecord) -> Self {
+        let o = &r.observation;
+        // The settings in force during the window are the ones the observation reports.
+        Self {
+            time_s: round(r.time_s, 3),
+            tick: o.tick,
+            gpu: o.gpu,
+            policy: r.policy.clone(),
+            power_cap_w: round(o.in_force.power_cap_w, 1),
+            power_cap_requested_w: round(o.in_force.power_cap_requested_w, 1),
+            sm_clock_max_mhz: o.in_force.sm_clock_max_mhz,
+            batch_size: o.in_force.batch_size,
+            power_avg_w: round(o.power_avg_w, 2),
+            power_peak_w: round(o.power_peak_w, 2),
+            energy_j: round(o.energy_j, 4),
+            energy_counter_j: round(r.energy_counter_j, 3),
+            tokens: o.tokens,
+            tokens_per_joule: round(o.tokens_per_joule, 5),
+            tokens_per_s: round(o.tokens_per_s, 2),
+            sm_clock_mhz: o.sm_clock_mhz,
+            mem_clock_mhz: o.mem_clock_mhz,
+            temperature_c: round(o.temperature_c, 1),
+            gpu_util_pct: round(o.gpu_util_pct, 1),
+            tpot_p50_ms: round(o.tpot_p50_ms, 3),
+            tpot_p99_ms: round(o.tpot_p99_ms, 3),
+            active_sequences: o.active_sequences,
+            queue_depth: o.queue_depth,
+            sw_power_cap: u8::from(o.clock_events.sw_power_cap),
+            settling: u8::from(o.settling),
+            clamped: u8::from(r.clamped),
+            fallback: u8::from(r.fallback),
+            slo_violation: u8::from(r.slo_violation),
+            power_mem_w: r.power_mem_avg_w.map(|w| round(w, 2)),
+            requests_arrived: o.demand.map(|d| d.requests_arrived),
+            requests_turned_away: o.demand.map(|d| d.requests_turned_away),
+            tokens_demanded: o.demand.map(|d| d.tokens_demanded),
+            queue_wait_p99_ms: o
+                .demand
+                .and_then(|d| d.queue_wait_p99_ms)
+                .map(|w| round(w, 3)),
+        }
+    }
+}
+
+/// Writes the trace of a run into a folder, or nothing (the judge runs hundreds of runs and
+/// keeps only their totals).
+#[derive(Debug)]
+pub struct Recorder {
+    dir: PathBuf,
+    files: Option<Files>,
+}
+
+#[derive(Debug)]
+struct Files {
+    trace: OutputFile,
+    observations: OutputFile,
+    /// One row's CSV bytes, made before they are written (the buffer is reused).
+    trace_line: Vec<u8>,
+}
+
+const TRACE_FILE: &str = "trace.csv";
+const OBSERVATIONS_FILE: &str = "observations.jsonl";
+const SUMMARY_FILE: &str = "summary.json";
+
+impl Recorder {
+    /// Create the run's files in `dir`. A folder that already holds a run is refused
+    /// unless `overwrite`: a previous run's results are never lost by accident.
+    pub fn create(dir: &Path, overwrite: bool) -> Result<Self, RecorderError> {
+        Self::open(dir, overwrite, None)
+    }
+
+    /// Like [`Recorder::create`], with `trace.csv` and `observations.jsonl` each bounded
+    /// by `rotation` (see [`Rotation`]). Rotated files of an earlier run in `dir` count
+    /// as a run: refused unless `overwrite`, then deleted so the runs do not mix.
+    pub fn create_rotating(
+        dir: &Path,
+        overwrite: bool,
+        rotation: Rotation,
+    ) -> Result<Self, RecorderError> {
+        rotation.validate()?;
+        Self::open(dir, overwrite, Some(rotation))
+    }
+
+    fn open(
+        dir: &Path,
+        overwrite: bool,
+        rotation: Option<Rotation>,
+    ) -> Result<Self, RecorderError> {
+        let mut earlier_rotated = Vec::new();
+        for name in [TRACE_FILE, OBSERVATIONS_FILE] {
+            earlier_rotated.extend(output_file::rotated_files(dir, name)?);
+        }
+        if !overwrite {
+            let earlier = OUTPUT_FILES
+                .iter()
+                .map(|f| dir.join(f))
+                .chain(earlier_rotated.iter().cloned())
+                .find(|path| path.exists());
+            if let Some(path) = earlier {
+                return Err(RecorderError::Exists {
+                    path: dir.to_owned(),
+                    file: path
+                        .file_name()
+                        .map(|name| name.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                });
+            }
+        }
+        std::fs::create_dir_all(dir).map_err(|source| RecorderError::CreateDir {
+            path: dir.to_owned(),
+            source,
+        })?;
+        for path in earlier_rotated {
+            std::fs::remove_file(&path).map_err(|source| RecorderError::Write { path, source })?;
+        }
+        let trace = OutputFile::create(dir, TRACE_FILE, Some(trace_header_line()), rotation)?;
+        let observations = OutputFile::create(dir, OBSERVATIONS_FILE, None, rotation)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            files: Some(Files {
+                trace,
+                observations,
+                trace_line: Vec::new(),
+            }),
+        })
+    }
+
+    /// A recorder that writes nothing, not even a summary.
+    pub fn discard() -> Self {
+        Self {
+            dir: PathBuf::new(),
+            files: None,
+        }
+    }
+
+    /// Whether this recorder writes files.
+    pub fn writes_files(&self) -> bool {
+        self.files.is_some()
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn write_error(&self, name: &str, error: impl Into<std::io::Error>) -> RecorderError {
+        RecorderError::Write {
+            path: self.dir.join(name),
+            source: error.into(),
+        }
+    }
+
+    pub fn record(&mut self, r: &TickRecord) -> Result<(), RecorderError> {
+        let Some(files) = self.files.as_mut() else {
+            return Ok(());
+        };
+        let dir = &self.dir;
+        let error = |name: &str, source: std::io::Error| RecorderError::Write {
+            path: dir.join(name),
+            source,
+        };
+        // Each line is made whole before it is written, so a rotation falls between lines;
+        // the header is not the csv writer's to write: `trace` writes it at each file's start.
+        files.trace_line.clear();
+        let mut row_writer = csv::WriterBuilder::new()
+            .has_headers(false)
+            .buffer_capacity(1024)
+            .from_writer(&mut files.trace_line);
+        row_writer
+            .serialize(TraceRow::new(r))
+            .and_then(|()| Ok(row_writer.flush()?))
+            .map_err(|e| error(TRACE_FILE, e.into()))?;
+        drop(row_writer);
+        files.trace.write_line(&files.trace_line)?;
+        let line = ObservationLine {
+            format_version: OBSERVATIONS_FORMAT_VERSION,
+            record: r,
+        };
+        let mut json = serde_json::to_string(&line)
+            .map_err(|e| error(OBSERVATIONS_FILE, std::io::Error::other(e)))?;
+        json.push('\n');
+        files.observations.write_line(json.as_bytes())
+    }
+
+    /// End a tick: its rows are handed to the operating system, so a crash of the agent
+    /// (`kill -9`) loses at most the tick in flight. Not an fsync: a crash of the machine
+    /// may still lose what the kernel had not written.
+    pub fn end_tick(&mut self) -> Result<(), RecorderError> {
+        let Some(files) = self.files.as_mut() else {
+            return Ok(());
+        };
+        files.trace.flush()?;
+        files.observations.flush()
+    }
+
+    /// Flush the trace and write `summary.json` (atomically: a reader never sees half a
+    /// summary), keeping the recording going: a long run's current summary. The trace
+    /// and observations on disk then reach at least as far as the summary.
+    pub fn checkpoint<S: Serialize>(&mut self, summary: &S) -> Result<(), RecorderError> {
+        let Some(files) = self.files.as_mut() else {
+            return Ok(());
+        };
+        files.trace.flush()?;
+        files.observations.flush()?;
+        let json = serde_json::to_string_pretty(summary)
+            .map_err(|e| self.write_error(SUMMARY_FILE, std::io::Error::other(e)))?;
+        let mut file = tempfile::NamedTempFile::new_in(&self.dir)
+            .map_err(|e| self.write_error(SUMMARY_FILE, e))?;
+        file.write_all((json + "\n").as_bytes())
+            .map_err(|e| self.write_error(SUMMARY_FILE, e))?;
+        file.persist(self.dir.join(SUMMARY_FILE))
+            .map_err(|e| self.write_error(SUMMARY_FILE, e.error))?;
+        Ok(())
+    }
+
+    /// Flush the trace and write `summary.json` (atomically), ending the recording.
+    pub fn finish<S: Serialize>(mut self, summary: &S) -> Result<(), RecorderError> {
+        self.checkpoint(summary)
+    }
+}
+
+/// The first line of every `trace.csv` file, newline included, written as the csv writer
+/// writes a header (the column names need no quoting).
+fn trace_header_line() -> Vec<u8> {
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    // Writing to memory cannot fail.
+    let _ = writer.write_record(trace_header());
+    writer.into_inner().unwrap_or_default()
+}
+
+/// The header of `trace.csv`, as written (for tests and documentation).
+pub fn trace_header() -> Vec<String> {
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    let row = TraceRow::new(&TickRecord {
+        time_s: 0.0,
+        policy: String::new(),
+        observation: Observation::nothing(0, 0),
+        requested: Settings::default(),
+        applied: Settings::default(),
+        in_force_after: InForce::default(),
+        fallback: false,
+        clamped: false,
+        guard: false,
+        slo_violation: false,
+        energy_counter_j: 0.0,
+        power_mem_avg_w: None,
+        init: None,
+    });
+    // Writing to memory cannot fail.
+    let _ = writer.serialize(row);
+    let bytes = writer.into_inner().unwrap_or_default();
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trace_header_is_stable() {
+        // A compatibility promise: change TRACE_FORMAT_VERSION with this list.
+        assert_eq!(TRACE_FORMAT_VERSION, 1);
+        assert_eq!(
+            trace_header().join(","),
+            "time_s,tick,gpu,policy,power_cap_w,power_cap_requested_w,sm_clock_max_mhz,batch_size,\
+             power_avg_w,power_peak_w,energy_j,energy_counter_j,tokens,tokens_per_joule,\
+             tokens_per_s,sm_clock_mhz,mem_clock_mhz,temperature_c,gpu_util_pct,tpot_p50_ms,\
+             tpot_p99_ms,active_sequences,queue_depth,sw_power_cap,settling,clamped,fallback,\
+             slo_violation,power_mem_w,requests_arrived,requests_turned_away,tokens_demanded,\
+             queue_wait_p99_ms"
+        );
+    }
+
+    #[test]
+    fn a_discarding_recorder_writes_nothing() {
+        let mut recorder = Recorder::discard();
+        assert!(!recorder.writes_files());
+        let record = TickRecord {
+            time_s: 0.0,
+            policy: "p".into(),
+            observation: tokwatt_core::types::Observation::typical_h200(0, 0),
+            requested: Settings::default(),
+            applied: Settings::default(),
+            in_force_after: tokwatt_core::types::Observation::typical_h200(0, 0).in_force,
+            fallback: false,
+            clamped: false,
+            guard: false,
+            slo_violation: false,
+            energy_counter_j: 0.0,
+            power_mem_avg_w: None,
+            init: None,
+        };
+        recorder.record(&record).expect("record");
+        recorder.finish(&"summary").expect("finish");
+    }
+
+    #[test]
+    fn an_earlier_run_is_not_overwritten_unless_asked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let recorder = Recorder::create(dir.path(), false).expect("first run");
+        recorder.finish(&"summary").expect("finish");
+        let error = Recorder::create(dir.path(), false).expect_err("second run");
+        assert!(error.to_string().contains("--overwrite"), "{error}");
+        Recorder::create(dir.path(), true).expect("overwrite asked for");
+    }
+}

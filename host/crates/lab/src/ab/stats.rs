@@ -1,0 +1,782 @@
+//! Statistics of an A/B comparison of tokens per joule over paired epochs.
+//!
+//! Each pair holds one epoch of arm A and one of arm B run back to back on the same work, so
+//! slow drifts (temperature, load) cancel within a pair. The statistic per pair is
+//! `d = ln(tpj_b / tpj_a)`: logs make the ratio symmetric (B/A and A/B are mirror images) and
+//! turn a ratio of means into a mean, and the reported ratio B/A is `exp(mean d)`.
+//!
+//! Looking at the data repeatedly and stopping when it looks decided inflates the
+//! false-positive rate, so a [`SequentialPlan`] fixes the looks in advance and spends the
+//! error rate α across them; the parts sum to α, so by the union bound the chance of
+//! declaring a winner when there is none stays at or below α whatever look stops the run.
+
+use serde::{Deserialize, Serialize};
+
+use tokwatt_core::rng::Rng;
+
+/// One arm's measurement over one epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ArmEpoch {
+    pub tokens: u64,
+    /// Energy from the GPU's counter over the epoch's window, in joules.
+    pub energy_j: f64,
+    /// Share of the offered demand served in the epoch, 0 to 1.
+    pub served_fraction: f64,
+    /// Control ticks in the epoch on which the service objective was violated.
+    pub violation_ticks: u64,
+    pub ticks: u64,
+}
+
+/// One epoch of each arm, measured back to back on the same work.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EpochPair {
+    pub a: ArmEpoch,
+    pub b: ArmEpoch,
+}
+
+/// One of the two arms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arm {
+    A,
+    B,
+}
+
+impl std::fmt::Display for Arm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Arm::A => "a",
+            Arm::B => "b",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum AbError {
+    #[error(
+        "pair {pair}, arm {arm}: {what} is {value}, so tokens per joule is not a measurement; \
+         make the epoch long enough for the energy counter and the workload to produce tokens"
+    )]
+    NotAMeasurement {
+        pair: usize,
+        arm: Arm,
+        what: &'static str,
+        value: f64,
+    },
+    #[error(
+        "pair {pair}, arm {arm}: served fraction {value} is outside 0..=1; \
+         it is served demand over offered demand"
+    )]
+    ServedFractionOutOfRange { pair: usize, arm: Arm, value: f64 },
+    #[error(
+        "pair {pair}, arm {arm}: {violation_ticks} violation ticks out of {ticks} ticks; \
+         violations are counted among the epoch's ticks"
+    )]
+    ViolationsExceedTicks {
+        pair: usize,
+        arm: Arm,
+        violation_ticks: u64,
+        ticks: u64,
+    },
+    #[error("look {look} needs {needed} pairs but only {have} were given")]
+    NotEnoughPairs {
+        look: usize,
+        needed: usize,
+        have: usize,
+    },
+    #[error("look {look} does not exist: the plan has {looks} looks (0 to {})", looks.saturating_sub(1))]
+    NoSuchLook { look: usize, looks: usize },
+    #[error("a budget of {budget} pairs is too small: at least 2 pairs are needed for an interval")]
+    BudgetTooSmall { budget: usize },
+    #[error(
+        "a budget of {budget} pairs is more than any comparison needs: give at most {MAX_BUDGET} (the default is {DEFAULT_BUDGET})"
+    )]
+    BudgetTooLarge { budget: usize },
+    #[error("α = {alpha} is not a false-positive rate; use a value between 0 and 1, e.g. 0.05")]
+    BadAlpha { alpha: f64 },
+    #[error("{name} = {value} is not valid; {fix}")]
+    BadSetting {
+        name: &'static str,
+        value: f64,
+        fix: &'static str,
+    },
+}
+
+/// The outcome of a look. The issue's `ab.json` has `a`, `b` or `no-difference`; `continue`
+/// only appears between looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Decision {
+    A,
+    B,
+    NoDifference,
+    Continue,
+}
+
+impl Decision {
+    /// Whether the run stops here.
+    pub fn is_final(self) -> bool {
+        self != Decision::Continue
+    }
+}
+
+/// How much an arm may give up on the objective and still win on tokens per joule.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Tolerances {
+    /// How much lower the winner's mean served fraction may be, as a fraction (0.005 = 0.5
+    /// percentage points).
+    pub served_fraction: f64,
+    /// How much higher the winner's violation ticks per tick may be, as a fraction.
+    pub violation_rate: f64,
+}
+
+impl Default for Tolerances {
+    fn default() -> Self {
+        Self {
+            served_fraction: 0.005,
+            violation_rate: 0.005,
+        }
+    }
+}
+
+/// The result of one look, serialisable as the statistics part of `ab.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AbSummary {
+    /// Pairs used at this look.
+    pub pairs: usize,
+    /// `exp(mean d)`: tokens per joule of B over A.
+    pub ratio_b_over_a: f64,
+    /// The percentile bootstrap interval of the ratio at level `confidence`.
+    pub ci_low: f64,
+    pub ci_high: f64,
+    /// The Student t interval of the ratio at the same level, for comparison.
+    pub t_ci_low: f64,
+    pub t_ci_high: f64,
+    /// The level of the intervals: 1 − the α spent at this look (not the overall 1 − α).
+    pub confidence: f64,
+    pub decision: Decision,
+    /// The look, counted from 1.
+    pub look: usize,
+    pub served_fraction_a: f64,
+    pub served_fraction_b: f64,
+    /// Violation ticks per tick over all pairs used.
+    pub violation_rate_a: f64,
+    pub violation_rate_b: f64,
+    /// Set when an arm won on tokens per joule but broke the objective, and why.
+    pub refused_because: Option<String>,
+    /// The objective rule's reading of the arm that won on tokens per joule, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective: Option<ObjectiveCheck>,
+}
+
+/// The verdict of one look.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub decision: Decision,
+    pub summary: AbSummary,
+}
+
+/// Default pairs budget: looks after 4, 8, 16 and 32 pairs. On the simulator's steady work
+/// a pair's log ratio varies by about 3 % (Poisson arrivals, sensor noise), and a true 3 %
+/// difference is decided with over 90 % power by the last look (`tokwatt bench
+/// ab-error-rates` prints it; `tests/all/ab.rs` holds it).
+pub const DEFAULT_BUDGET: usize = 32;
+/// The default budget on the simulator, where time is cheap (256 pairs of the default
+/// epochs: about 10 simulated hours, a second or two of compute in a release build).
+/// Two cold-start runs of an adaptive policy on the same work differ by up to 10 %
+/// (`hill-climb`, `joint-search`): 32 pairs resolve 3 % for them with under 80 % power,
+/// 128 with 72-79 % for `joint-search` (`docs/measurements/sim-2026-12-03-ab-table/`),
+/// 256 with more (`tokwatt bench ab-table`).
+pub const DEFAULT_SIM_BUDGET: usize = 256;
+/// The most pairs a comparison may budget: 100 000 pairs of one-minute epochs is most of a
+/// year; more is a typo, and would only allocate.
+pub const MAX_BUDGET: usize = 100_000;
+/// The default false-positive rate. The looks' union bound is nearly tight here (the last
+/// look gets most of α), so the rate is close to α itself: on the simulator, 1000 A/A
+/// comparisons at α = 0.05 named a winner 5.4 % of the time. Over 128 pairs of the
+/// adaptive policies' trajectories it ran a little above α (3.6 % at 0.03, 2.8 % at 0.02,
+/// 1600 comparisons each), and one policy-scenario cell of 200 seeds at a true 3 % reads
+/// above 5 % one time in ten; 0.02 keeps every cell under 5 % with room for that noise,
+/// at little cost in power.
+pub const DEFAULT_ALPHA: f64 = 0.02;
+pub const DEFAULT_BOOTSTRAP_RESAMPLES: usize = 4000;
+/// Exponent ρ of the spending rule α·t^ρ: 3 is close to O'Brien-Fleming, spending little
+/// early (when a few pairs can look decided by chance) and most at the last look.
+pub const DEFAULT_SPENDING_EXPONENT: f64 = 3.0;
+
+/// Looks, α spending and the objective rule, fixed before the first pair is measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequentialPlan {
+    /// Pairs at each look, increasing; the last is the budget.
+    looks: Vec<usize>,
+    /// α spent at each look; sums to α.
+    alpha_at_look: Vec<f64>,
+    pub resamples: usize,
+    pub seed: u64,
+    pub tolerances: Tolerances,
+}
+
+impl SequentialPlan {
+    /// Looks after 4, 8, 16, … pairs up to `budget` (always a look at the budget), with α
+    /// spent by the default rule.
+    pub fn new(budget: usize, alpha: f64, seed: u64) -> Result<Self, AbError> {
+        Self::with_spending(budget, alpha, DEFAULT_SPENDING_EXPONENT, seed)
+    }
+
+    /// As [`SequentialPlan::new`] with the spending rule α·(t_k^ρ − t_{k−1}^ρ), t_k = pairs at
+    /// look k / budget.
+    pub fn with_spending(
+        budget: usize,
+        alpha: f64,
+        exponent: f64,
+        seed: u64,
+    ) -> Result<Self, AbError> {
+        if budget < 2 {
+            return Err(AbError::BudgetTooSmall { budget });
+        }
+        if budget > MAX_BUDGET {
+            return Err(AbError::BudgetTooLarge { budget });
+        }
+        if !(alpha > 0.0 && alpha < 1.0) {
+            return Err(AbError::BadAlpha { alpha });
+        }
+        if !(exponent.is_finite() && exponent > 0.0) {
+            return Err(AbError::BadSetting {
+                name: "spending exponent",
+                value: exponent,
+                fix: "use a positive number (1 spends evenly, 3 is O'Brien-Fleming-like)",
+            });
+        }
+        let mut looks = Vec::new();
+        let mut pairs = 4;
+        while pairs < budget {
+            looks.push(pairs);
+            pairs *= 2;
+        }
+        looks.push(budget);
+        let spent = |pairs: usize| alpha * (pairs as f64 / budget as f64).powf(exponent);
+        let mut alpha_at_look = Vec::with_capacity(looks.len());
+        let mut before = 0.0;
+        for (index, &pairs) in looks.iter().enumerate() {
+            // The last look takes exactly what is left, so the parts sum to α despite rounding.
+            let cumulative = if index + 1 == looks.len() {
+                alpha
+            } else {
+                spent(pairs)
+            };
+            alpha_at_look.push(cumulative - before);
+            before = cumulative;
+        }
+        Ok(Self {
+            looks,
+            alpha_at_look,
+            resamples: DEFAULT_BOOTSTRAP_RESAMPLES,
+            seed,
+            tolerances: Tolerances::default(),
+        })
+    }
+
+    /// A fixed-size comparison: one look, after `pairs` pairs, spending all of α there
+    /// (a grid's measurement of each point, a study's fixed budget).
+    pub fn single_look(pairs: usize, alpha: f64, seed: u64) -> Result<Self, AbError> {
+        let mut plan = Self::new(pairs, alpha, seed)?;
+        plan.looks = vec![pairs];
+        plan.alpha_at_look = vec![alpha];
+        Ok(plan)
+    }
+
+    /// Pairs needed at each look.
+    pub fn looks(&self) -> &[usize] {
+        &self.looks
+    }
+
+    /// α spent at each look.
+    pub fn alpha_at_look(&self) -> &[f64] {
+        &self.alpha_at_look
+    }
+
+    pub fn budget(&self) -> usize {
+        self.looks.last().copied().unwrap_or(0)
+    }
+
+    /// Decide at look `look` (from 0) on the first `looks()[look]` pairs.
+    ///
+    /// A winner is declared only when both the bootstrap and the t interval at level 1 − α_k
+    /// exclude 1: the t interval is exact for normal noise and keeps small looks honest (a
+    /// percentile bootstrap of 4 pairs is far too narrow), the bootstrap guards against
+    /// skewed noise. Requiring both can only lower the false-positive rate.
+    pub fn look(&self, pairs: &[EpochPair], look: usize) -> Result<Verdict, AbError> {
+        let (&needed, &alpha) = self
+            .looks
+            .get(look)
+            .zip(self.alpha_at_look.get(look))
+            .ok_or(AbError::NoSuchLook {
+                look,
+                looks: self.looks.len(),
+            })?;
+        if pairs.len() < needed {
+            return Err(AbError::NotEnoughPairs {
+                look,
+                needed,
+                have: pairs.len(),
+            });
+        }
+        let used = &pairs[..needed];
+        let log_ratios = log_ratios(used)?;
+        let means = ObjectiveMeans::of(used)?;
+
+        let mean = mean(&log_ratios);
+        let mut rng = Rng::stream(self.seed, look as u64);
+        let (boot_low, boot_high) =
+            bootstrap_interval(&log_ratios, alpha, self.resamples, &mut rng);
+        let (t_low, t_high) = t_interval(&log_ratios, alpha);
+        // Both exclude 1 exactly when their hull does.
+        let low = boot_low.min(t_low);
+        let high = boot_high.max(t_high);
+
+        let is_last = look + 1 == self.looks.len();
+        let tpj_winner = if low > 0.0 {
+            Some(Arm::B)
+        } else if high < 0.0 {
+            Some(Arm::A)
+        } else {
+            None
+        };
+        let objective = match tpj_winner {
+            Some(winner) => Some(objective_check(
+                used,
+                winner,
+                &self.tolerances,
+                self.alpha_at_look.iter().sum(),
+            )?),
+            None => None,
+        };
+        let (decision, refused_because) = match (tpj_winner, &objective) {
+            (Some(winner), Some(check)) => match check.compliance {
+                // A refused winner is final: more pairs would not make it keep the objective.
+                Compliance::Breaks => (
+                    Decision::NoDifference,
+                    Some(format!(
+                        "{winner} has more tokens per joule but does not win: {}",
+                        check
+                            .because
+                            .as_deref()
+                            .unwrap_or("it breaks the objective")
+                    )),
+                ),
+                // Within the noise: more pairs tell, while the budget lasts.
+                Compliance::Unresolved if !is_last => (Decision::Continue, None),
+                _ if winner == Arm::B => (Decision::B, None),
+                _ => (Decision::A, None),
+            },
+            _ if is_last => (Decision::NoDifference, None),
+            _ => (Decision::Continue, None),
+        };
+        let summary = AbSummary {
+            pairs: needed,
+            ratio_b_over_a: mean.exp(),
+            ci_low: boot_low.exp(),
+            ci_high: boot_high.exp(),
+            t_ci_low: t_low.exp(),
+            t_ci_high: t_high.exp(),
+            confidence: 1.0 - alpha,
+            decision,
+            look: look + 1,
+            served_fraction_a: means.served_a,
+            served_fraction_b: means.served_b,
+            violation_rate_a: means.violations_a,
+            violation_rate_b: means.violations_b,
+            refused_because,
+            objective,
+        };
+        Ok(Verdict { decision, summary })
+    }
+}
+
+/// `ln(tpj_b / tpj_a)` per pair, refusing pairs that are not measurements.
+pub fn log_ratios(pairs: &[EpochPair]) -> Result<Vec<f64>, AbError> {
+    pairs
+        .iter()
+        .enumerate()
+        .map(|(index, pair)| {
+            let tpj_a = tokens_per_joule(index, Arm::A, &pair.a)?;
+            let tpj_b = tokens_per_joule(index, Arm::B, &pair.b)?;
+            Ok((tpj_b / tpj_a).ln())
+        })
+        .collect()
+}
+
+fn tokens_per_joule(pair: usize, arm: Arm, epoch: &ArmEpoch) -> Result<f64, AbError> {
+    if !(epoch.energy_j.is_finite() && epoch.energy_j > 0.0) {
+        return Err(AbError::NotAMeasurement {
+            pair,
+            arm,
+            what: "energy (J)",
+            value: epoch.energy_j,
+        });
+    }
+    if epoch.tokens == 0 {
+        return Err(AbError::NotAMeasurement {
+            pair,
+            arm,
+            what: "tokens",
+            value: 0.0,
+        });
+    }
+    Ok(epoch.tokens as f64 / epoch.energy_j)
+}
+
+/// Each arm's served fraction (mean over pairs) and violation ticks per tick.
+struct ObjectiveMeans {
+    served_a: f64,
+    served_b: f64,
+    violations_a: f64,
+    violations_b: f64,
+}
+
+impl ObjectiveMeans {
+    fn of(pairs: &[EpochPair]) -> Result<Self, AbError> {
+        let mut served = [0.0, 0.0];
+        let mut violation_ticks = [0u64, 0];
+        let mut ticks = [0u64, 0];
+        for (index, pair) in pairs.iter().enumerate() {
+            for (slot, arm, epoch) in [(0, Arm::A, &pair.a), (1, Arm::B, &pair.b)] {
+                if !(0.0..=1.0).contains(&epoch.served_fraction) {
+                    return Err(AbError::ServedFractionOutOfRange {
+                        pair: index,
+                        arm,
+                        value: epoch.served_fraction,
+                    });
+                }
+                if epoch.violation_ticks > epoch.ticks {
+                    return Err(AbError::ViolationsExceedTicks {
+                        pair: index,
+                        arm,
+                        violation_ticks: epoch.violation_ticks,
+                        ticks: epoch.ticks,
+                    });
+                }
+                if epoch.ticks == 0 {
+                    return Err(AbError::NotAMeasurement {
+                        pair: index,
+                        arm,
+                        what: "ticks",
+                        value: 0.0,
+                    });
+                }
+                served[slot] += epoch.served_fraction;
+                violation_ticks[slot] += epoch.violation_ticks;
+                ticks[slot] += epoch.ticks;
+            }
+        }
+        let count = pairs.len().max(1) as f64;
+        let rate = |slot: usize| violation_ticks[slot] as f64 / ticks[slot].max(1) as f64;
+        Ok(Self {
+            served_a: served[0] / count,
+            served_b: served[1] / count,
+            violations_a: rate(0),
+            violations_b: rate(1),
+        })
+    }
+}
+
+/// How far a candidate arm falls behind the other on one part of the objective, over the
+/// pairs: each pair's gap (candidate worse is positive), their mean and a one-sided lower
+/// confidence bound. Fractions: 0.01 is one percentage point.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ObjectiveGap {
+    pub mean: f64,
+    /// The Student t lower bound of the mean gap at level 1 − α; none below two pairs.
+    pub low: Option<f64>,
+    pub tolerance: f64,
+}
+
+impl ObjectiveGap {
+    fn of(gaps: &[f64], alpha: f64, tolerance: f64) -> Self {
+        // The two-sided interval at 1 − 2α has the one-sided bound at 1 − α as its low end.
+        let (low, _) = t_interval(gaps, (2.0 * alpha).min(0.999));
+        Self {
+            mean: mean(gaps),
+            low: low.is_finite().then_some(low),
+            tolerance,
+        }
+    }
+
+    fn compliance(&self) -> Compliance {
+        if self.mean <= self.tolerance {
+            Compliance::Keeps
+        } else if self.low.is_some_and(|low| low > 0.0) {
+            Compliance::Breaks
+        } else {
+            Compliance::Unresolved
+        }
+    }
+}
+
+/// Whether a candidate keeps the objective as well as the other arm, within the
+/// tolerances. Two runs of an adaptive policy differ in violations and served demand as
+/// much as in tokens per joule, so the rule reads the pairs' gaps with their noise: an arm
+/// breaks the objective when it gives up more than the tolerance on average *and* the
+/// pairs show it worse at all (the gap's lower bound above 0); a mean beyond the
+/// tolerance that the noise can explain is unresolved. `tokwatt ab` and `tokwatt tune`
+/// both judge by this rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Compliance {
+    Keeps,
+    /// Beyond the tolerance on average, within the noise: more pairs would tell.
+    Unresolved,
+    Breaks,
+}
+
+/// The [`Compliance`] of one arm against the other, with the gaps it rests on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ObjectiveCheck {
+    /// The arm judged.
+    pub arm: Arm,
+    /// How much less demand it served (other's served fraction − its own).
+    pub served: ObjectiveGap,
+    /// How many more of its ticks violated the objective (its rate − the other's).
+    pub violations: ObjectiveGap,
+    pub compliance: Compliance,
+    /// In words, where it does not keep the objective.
+    pub because: Option<String>,
+}
+
+/// Judges `arm` against the other arm over `pairs` at false-positive rate `alpha` (see
+/// [`Compliance`]).
+pub fn objective_check(
+    pairs: &[EpochPair],
+    arm: Arm,
+    tolerances: &Tolerances,
+    alpha: f64,
+) -> Result<ObjectiveCheck, AbError> {
+    // Refuses pairs that are not measurements; its means are what the words quote.
+    let means = ObjectiveMeans::of(pairs)?;
+    let (other_arm, served_means, violation_means) = match arm {
+        Arm::A => (
+            Arm::B,
+            (means.served_a, means.served_b),
+            (means.violations_a, means.violations_b),
+        ),
+        Arm::B => (
+            Arm::A,
+            (means.served_b, means.served_a),
+            (means.violations_b, means.violations_a),
+        ),
+    };
+    let rate = |e: &ArmEpoch| e.violation_ticks as f64 / e.ticks.max(1) as f64;
+    // Per pair, how much worse `arm` did: less demand served, more ticks violated.
+    let (mut served_gaps, mut violation_gaps) = (Vec::new(), Vec::new());
+    for pair in pairs {
+        let (own, other) = match arm {
+            Arm::A => (&pair.a, &pair.b),
+            Arm::B => (&pair.b, &pair.a),
+        };
+        served_gaps.push(other.served_fraction - own.served_fraction);
+        violation_gaps.push(rate(own) - rate(other));
+    }
+    let served_gap = ObjectiveGap::of(&served_gaps, alpha, tolerances.served_fraction);
+    let violation_gap = ObjectiveGap::of(&violation_gaps, alpha, tolerances.violation_rate);
+    let compliance = served_gap.compliance().max(violation_gap.compliance());
+    let mut reasons = Vec::new();
+    for (gap, (own, other), what, unit, less_or_more) in [
+        (&served_gap, served_means, "served", "of demand", "less"),
+        (
+            &violation_gap,
+            violation_means,
+            "violated the objective on",
+            "of ticks",
+            "more",
+        ),
+    ] {
+        let said = match gap.compliance() {
+            Compliance::Keeps => continue,
+            Compliance::Breaks => "",
+            Compliance::Unresolved => ", within the noise",
+        };
+        let bound = gap.low.map_or_else(
+            || "no bound from one pair".to_owned(),
+            |low| format!("lower bound {:.2}", low * 100.0),
+        );
+        reasons.push(format!(
+            "{arm} {what} {:.2} % {unit} against {other_arm}'s {:.2} % ({:.2} points \
+             {less_or_more} on average, {bound}, tolerance {:.2}){said}",
+            own * 100.0,
+            other * 100.0,
+            gap.mean * 100.0,
+            gap.tolerance * 100.0
+        ));
+    }
+    Ok(ObjectiveCheck {
+        arm,
+        served: served_gap,
+        violations: violation_gap,
+        compliance,
+        because: (!reasons.is_empty()).then(|| reasons.join("; ")),
+    })
+}
+
+pub(super) fn mean(values: &[f64]) -> f64 {
+    values.iter().sum::<f64>() / values.len().max(1) as f64
+}
+
+/// The sample standard deviation (n − 1 in the denominator); NaN below two values.
+pub(super) fn sample_sd(values: &[f64]) -> f64 {
+    let n = values.len();
+    if n < 2 {
+        return f64::NAN;
+    }
+    let m = mean(values);
+    (values.iter().map(|v| (v - m).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+}
+
+/// Percentile bootstrap interval of the mean of `values` at level 1 − α: resample the pairs
+/// with replacement, take the α/2 and 1 − α/2 quantiles of the resampled means. Pairs are the
+/// resampling unit because the two epochs of a pair share their conditions.
+pub fn bootstrap_interval(
+    values: &[f64],
+    alpha: f64,
+    resamples: usize,
+    rng: &mut Rng,
+) -> (f64, f64) {
+    let n = values.len();
+    if n == 0 || resamples == 0 {
+        return (f64::NEG_INFINITY, f64::INFINITY);
+    }
+    let mut means: Vec<f64> = (0..resamples)
+        .map(|_| {
+            let sum: f64 = (0..n)
+                .map(|_| {
+                    // Multiply-shift: an index in 0..n without modulo bias worth the name.
+                    let index = ((rng.next_u64() as u128 * n as u128) >> 64) as usize;
+                    values[index]
+                })
+                .sum();
+            sum / n as f64
+        })
+        .collect();
+    means.sort_by(f64::total_cmp);
+    let last = resamples - 1;
+    let low_index = ((alpha / 2.0) * resamples as f64).floor() as usize;
+    let high_index = last.saturating_sub(low_index);
+    (means[low_index.min(last)], means[high_index])
+}
+
+/// Student t interval of the mean of `values` at level 1 − α (infinite with fewer than 2).
+pub fn t_interval(values: &[f64], alpha: f64) -> (f64, f64) {
+    let n = values.len();
+    if n < 2 {
+        return (f64::NEG_INFINITY, f64::INFINITY);
+    }
+    let m = mean(values);
+    let standard_error = sample_sd(values) / (n as f64).sqrt();
+    let half_width = student_t_upper_quantile(alpha / 2.0, (n - 1) as f64) * standard_error;
+    (m - half_width, m + half_width)
+}
+
+/// The t with `P(T > t) = tail` for Student's t with `df` degrees of freedom, by bisection on
+/// the upper tail itself (not 1 − tail, which loses the digits of the tiny α of early looks).
+pub fn student_t_upper_quantile(tail: f64, df: f64) -> f64 {
+    if tail >= 0.5 {
+        return 0.0;
+    }
+    let mut high = 1.0;
+    while student_t_upper_tail(high, df) > tail && high < 1e12 {
+        high *= 2.0;
+    }
+    let mut low = 0.0;
+    for _ in 0..200 {
+        let middle = 0.5 * (low + high);
+        if student_t_upper_tail(middle, df) > tail {
+            low = middle;
+        } else {
+            high = middle;
+        }
+    }
+    0.5 * (low + high)
+}
+
+/// `P(T > t)` for t ≥ 0: half the regularised incomplete beta I_x(df/2, 1/2), x = df/(df+t²).
+pub fn student_t_upper_tail(t: f64, df: f64) -> f64 {
+    let x = df / (df + t * t);
+    0.5 * regularized_incomplete_beta(df / 2.0, 0.5, x)
+}
+
+/// I_x(a, b) by its continued fraction (modified Lentz), using the symmetry relation where
+/// the fraction converges slowly.
+fn regularized_incomplete_beta(a: f64, b: f64, x: f64) -> f64 {
+    if x <= 0.0 {
+        return 0.0;
+    }
+    if x >= 1.0 {
+        return 1.0;
+    }
+    let log_front = ln_gamma(a + b) - ln_gamma(a) - ln_gamma(b) + a * x.ln() + b * (1.0 - x).ln();
+    if x < (a + 1.0) / (a + b + 2.0) {
+        log_front.exp() * beta_continued_fraction(a, b, x) / a
+    } else {
+        1.0 - log_front.exp() * beta_continued_fraction(b, a, 1.0 - x) / b
+    }
+}
+
+fn beta_continued_fraction(a: f64, b: f64, x: f64) -> f64 {
+    const TINY: f64 = 1e-300;
+    let mut c = 1.0;
+    let mut d = 1.0 - (a + b) * x / (a + 1.0);
+    if d.abs() < TINY {
+        d = TINY;
+    }
+    d = 1.0 / d;
+    let mut h = d;
+    for m in 1..500 {
+        let m = m as f64;
+        let even = m * (b - m) * x / ((a + 2.0 * m - 1.0) * (a + 2.0 * m));
+        for coefficient in [
+            even,
+            -(a + m) * (a + b + m) * x / ((a + 2.0 * m) * (a + 2.0 * m + 1.0)),
+        ] {
+            d = 1.0 + coefficient * d;
+            if d.abs() < TINY {
+                d = TINY;
+            }
+            c = 1.0 + coefficient / c;
+            if c.abs() < TINY {
+                c = TINY;
+            }
+            d = 1.0 / d;
+            h *= d * c;
+        }
+        if (d * c - 1.0).abs() < 1e-15 {
+            break;
+        }
+    }
+    h
+}
+
+/// ln Γ(x) for x > 0 (Lanczos, g = 7, nine terms; about 15 digits).
+fn ln_gamma(x: f64) -> f64 {
+    const COEFFICIENTS: [f64; 9] = [
+        0.999_999_999_999_809_9,
+        676.520_368_121_885_1,
+        -1_259.139_216_722_402_8,
+        771.323_428_777_653_1,
+        -176.615_029_162_140_6,
+        12.507_343_278_686_905,
+        -0.138_571_095_265_720_12,
+        9.984_369_578_019_572e-6,
+        1.505_632_735_149_311_6e-7,
+    ];
+    if x < 0.5 {
+        // Reflection keeps the series in its accurate range.
+        let pi = std::f64::consts::PI;
+        return (pi / (pi * x).sin()).ln() - ln_gamma(1.0 - x);
+    }
+    let x = x - 1.0;
+    let mut sum = COEFFICIENTS[0];
+    for (index, coefficient) in COEFFICIENTS.iter().enumerate().skip(1) {
+        sum += coefficient / (x + index as f64);
+    }
+    let t = x + 7.5;
+    0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + sum.ln()
+}

@@ -1,0 +1,266 @@
+//! The judge's figures: seeds' medians and ranges, the per-tick series of true tokens and
+//! energy, ticks to a fraction of the oracle, and one entry from a policy's runs.
+
+use serde::Serialize;
+
+use super::{EvalEntry, EvalScenario, HOLD_S, PhaseOracle, TRAILING_WINDOW_S};
+use tokwatt_agent::RunSummary;
+use tokwatt_policy::spec::PolicySpec;
+use tokwatt_sim::SimGpu;
+
+/// Median and range over seeds.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    pub fn of(values: &[f64]) -> Spread {
+        let mut sorted: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
+        sorted.sort_by(f64::total_cmp);
+        Spread {
+            median: median_sorted(&sorted),
+            min: sorted.first().copied().unwrap_or(f64::NAN),
+            max: sorted.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+fn median_sorted(sorted: &[f64]) -> f64 {
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// The median of `values`, ignoring NaN (NaN when nothing is left).
+pub fn median(values: &[f64]) -> f64 {
+    Spread::of(values).median
+}
+
+/// Per tick, summed over GPUs: time and the cumulative true tokens and energy.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Series {
+    pub time_s: Vec<f64>,
+    pub tokens: Vec<f64>,
+    pub energy_j: Vec<f64>,
+    /// Settings in force on GPU 0 at each tick (cap W, SM clock max MHz, batch).
+    pub settings: Vec<(f64, u32, u32)>,
+}
+
+impl Series {
+    pub(super) fn push(&mut self, time_s: f64, sim: &SimGpu, gpus: u32, settings: (f64, u32, u32)) {
+        let (mut tokens, mut energy) = (0.0, 0.0);
+        for gpu in 0..gpus {
+            if let Some(truth) = sim.truth(gpu) {
+                tokens += truth.tokens;
+                energy += truth.energy_j;
+            }
+        }
+        self.time_s.push(time_s);
+        self.tokens.push(tokens);
+        self.energy_j.push(energy);
+        self.settings.push(settings);
+    }
+
+    fn totals(&self) -> (f64, f64) {
+        (
+            self.tokens.last().copied().unwrap_or(0.0),
+            self.energy_j.last().copied().unwrap_or(0.0),
+        )
+    }
+
+    /// Tokens per joule over `(t - window, t]` at each tick (NaN before a full window).
+    pub fn trailing_tokens_per_joule(&self, window_s: f64) -> Vec<(f64, f64)> {
+        let mut start = 0;
+        let mut out = Vec::with_capacity(self.time_s.len());
+        for (i, &t) in self.time_s.iter().enumerate() {
+            while start < i && self.time_s[start] < t - window_s - 1e-9 {
+                start += 1;
+            }
+            let value = if t - self.time_s[start] + 1e-9 < window_s || start == i {
+                f64::NAN
+            } else {
+                let energy = self.energy_j[i] - self.energy_j[start];
+                let tokens = self.tokens[i] - self.tokens[start];
+                if energy > 0.0 {
+                    tokens / energy
+                } else {
+                    f64::NAN
+                }
+            };
+            out.push((t, value));
+        }
+        out
+    }
+
+    /// The trailing tokens per joule at time `t` (the latest tick at or before it).
+    fn trailing_at(trailing: &[(f64, f64)], t: f64) -> f64 {
+        let index = trailing.partition_point(|&(time, _)| time <= t + 1e-9);
+        index
+            .checked_sub(1)
+            .and_then(|i| trailing.get(i))
+            .map_or(f64::NAN, |&(_, v)| v)
+    }
+}
+
+/// What one run of a policy gave.
+pub(super) struct RunOutcome {
+    pub(super) summary: RunSummary,
+    pub(super) series: Series,
+}
+
+/// The oracle's schedule on one seed: each phase's settings from its first second.
+pub(super) struct Schedule {
+    pub(super) series: Series,
+    pub(super) served_fraction: f64,
+    /// The share of ticks over the objective, in this one run of the schedule (a backlog
+    /// left by an overload phase carried into the next, as in the policy's run).
+    pub(super) violation_fraction: f64,
+}
+
+/// The entry of one policy on one scenario from its runs and the oracle's, seed by seed.
+pub(super) fn judge(
+    spec: &PolicySpec,
+    scenario: &EvalScenario,
+    oracle: &[PhaseOracle],
+    per_seed: &[(u64, &RunOutcome, &Schedule)],
+) -> EvalEntry {
+    let tick_s = f64::from(spec.tick_ms) / 1e3;
+    let mut tpj = Vec::new();
+    let mut oracle_tpj = Vec::new();
+    let mut ratios = Vec::new();
+    let mut to_95 = Vec::new();
+    let mut to_98 = Vec::new();
+    let mut violations = Vec::new();
+    let mut served = Vec::new();
+    let mut oracle_served = Vec::new();
+    let mut oracle_violations = Vec::new();
+    let mut changes = Vec::new();
+    let mut fallbacks = Vec::new();
+    for (_, run, schedule) in per_seed {
+        let (tokens, energy) = run.series.totals();
+        let (oracle_tokens, oracle_energy) = schedule.series.totals();
+        let policy_tpj = if energy > 0.0 { tokens / energy } else { 0.0 };
+        let best_tpj = if oracle_energy > 0.0 {
+            oracle_tokens / oracle_energy
+        } else {
+            f64::NAN
+        };
+        let served_fraction = run.summary.totals.demand.map_or(1.0, |d| d.served_fraction);
+        let shortfall = if schedule.served_fraction > 0.0 {
+            (served_fraction / schedule.served_fraction).min(1.0)
+        } else {
+            1.0
+        };
+        tpj.push(policy_tpj);
+        oracle_tpj.push(best_tpj);
+        ratios.push(policy_tpj / best_tpj * shortfall);
+        let ticks = run.summary.totals.ticks.max(1) as f64;
+        violations.push(run.summary.totals.slo_violation_ticks as f64 / ticks);
+        served.push(served_fraction);
+        oracle_served.push(schedule.served_fraction);
+        oracle_violations.push(schedule.violation_fraction);
+        changes.push(run.summary.totals.settings_changes as f64);
+        fallbacks.push(run.summary.totals.fallback_ticks as f64);
+        let phases: Vec<(f64, f64)> = oracle.iter().map(|p| (p.start_s, p.end_s)).collect();
+        to_95.push(time_to_fraction(&run.series, &schedule.series, &phases, 0.95) / tick_s);
+        to_98.push(time_to_fraction(&run.series, &schedule.series, &phases, 0.98) / tick_s);
+    }
+    // A seed where no phase reached it counts as slower than any that did.
+    let reached = |values: &[f64]| {
+        let never_as_slowest: Vec<f64> = values
+            .iter()
+            .map(|&v| if v.is_nan() { f64::INFINITY } else { v })
+            .collect();
+        let m = median(&never_as_slowest);
+        m.is_finite().then_some(m)
+    };
+    // The objective is judged on the mean over seeds: one bad seed is not hidden by the
+    // median of the others.
+    let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
+    let shortfalls: Vec<f64> = oracle_served
+        .iter()
+        .zip(&served)
+        .map(|(oracle, policy)| oracle - policy)
+        .collect();
+    let failed = if per_seed.is_empty() {
+        None // said by the caller, which knows why no seed ran
+    } else {
+        super::objective_breach(
+            mean(&violations),
+            mean(&shortfalls),
+            // On an overload, the oracle's schedule as one run through the same seeds, as
+            // the policy ran: its phases verified one by one each start with an empty
+            // queue, and leave out what the backlog an overload phase leaves costs in
+            // the phase after it, for any policy.
+            super::oracle::is_overload(oracle).then(|| mean(&oracle_violations)),
+        )
+    };
+    let measured_ratio = median(&ratios);
+    EvalEntry {
+        policy: spec.name.clone(),
+        scenario: scenario.name.clone(),
+        seeds: per_seed.iter().map(|(seed, _, _)| *seed).collect(),
+        tokens_per_joule: Spread::of(&tpj),
+        oracle_tokens_per_joule: median(&oracle_tpj),
+        ratio: (failed.is_none() && measured_ratio.is_finite()).then_some(measured_ratio),
+        measured_ratio: measured_ratio.is_finite().then_some(measured_ratio),
+        failed,
+        ticks_to_95: reached(&to_95),
+        ticks_to_98: reached(&to_98),
+        slo_violation_fraction: median(&violations),
+        served_fraction: median(&served),
+        oracle_served_fraction: median(&oracle_served),
+        setting_changes: median(&changes),
+        fallback_ticks: median(&fallbacks),
+        failure: None,
+    }
+}
+
+/// Mean over phases of the seconds from each phase's start until the policy's trailing
+/// tokens per joule reaches `fraction` of the oracle's and holds it for [`HOLD_S`]; a
+/// phase where it never does counts as its full length. NaN when no phase reached it.
+pub fn time_to_fraction(
+    policy: &Series,
+    oracle: &Series,
+    phases: &[(f64, f64)],
+    fraction: f64,
+) -> f64 {
+    let ours = policy.trailing_tokens_per_joule(TRAILING_WINDOW_S);
+    let best = oracle.trailing_tokens_per_joule(TRAILING_WINDOW_S);
+    let meets = |t: f64| {
+        let (a, b) = (Series::trailing_at(&ours, t), Series::trailing_at(&best, t));
+        a.is_finite() && b.is_finite() && a >= fraction * b
+    };
+    let mut total = 0.0;
+    let mut any = false;
+    for &(start, end) in phases {
+        // The first full window inside the phase ends a trailing window after its start.
+        let reached = ours
+            .iter()
+            .map(|&(t, _)| t)
+            .filter(|&t| t >= start + TRAILING_WINDOW_S - 1e-9 && t + HOLD_S <= end + 1e-9)
+            .find(|&t| {
+                ours.iter()
+                    .map(|&(u, _)| u)
+                    .filter(|&u| u >= t && u <= t + HOLD_S)
+                    .all(meets)
+            });
+        match reached {
+            Some(t) => {
+                any = true;
+                total += t - start;
+            }
+            None => total += end - start,
+        }
+    }
+    if any && !phases.is_empty() {
+        total / phases.len() as f64
+    } else {
+        f64::NAN
+    }
+}

@@ -1,0 +1,731 @@
+//! The judge: every policy on every judging scenario on the simulator, over several seeds,
+//! against the oracle (the best settings per demand phase, see [`oracle`]).
+//!
+//! Policies are judged on the simulator's **true** tokens and energy (no sensor gain error,
+//! no update quantisation): the sensors' noise is what the policy has to cope with, not
+//! what it is scored by. Every figure is simulator output.
+//!
+//! Per policy, scenario and seed the judge runs the policy through the same agent code as
+//! `tokwatt run` (plugin, envelope, control loop), with the scenario's objective replacing
+//! the spec's own, and the oracle's schedule on the same seed (the same arrivals). From
+//! the two it takes:
+//!
+//! - `ratio`: the policy's tokens per joule over the oracle's, times the share of the
+//!   oracle's served demand the policy served (a policy that serves less has the
+//!   shortfall counted against it, at most 1);
+//! - `ticks_to_95` / `ticks_to_98`: per demand phase, the ticks from the phase's start
+//!   until the policy's tokens per joule over the trailing [`TRAILING_WINDOW_S`] first
+//!   reaches that fraction of the oracle's over the same seconds and holds it for
+//!   [`HOLD_S`]; a phase where it never does counts as its full length; the mean over
+//!   phases;
+//! - `slo_violation_fraction`, `served_fraction` and `setting_changes` from the run's
+//!   summary.
+//!
+//! Seeds run in parallel on the cores there are; the figures are medians over seeds.
+
+pub mod family;
+mod judge;
+pub mod oracle;
+mod report;
+pub mod scenario;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use judge::{RunOutcome, Schedule, judge};
+pub use judge::{Series, Spread, median, time_to_fraction};
+pub use oracle::{OracleSetting, PhaseOracle};
+pub use report::eval_report;
+pub use scenario::{EvalScenario, ScenarioError};
+use tokwatt_agent::assembly::{AssemblyError, RunMeta};
+use tokwatt_agent::{AgentError, RunRequest};
+use tokwatt_core::clock::VirtualClock;
+use tokwatt_policy::spec::{PolicySpec, SpecError};
+use tokwatt_sim::{SimConfig, SimError, SimGpu};
+
+/// Version of `eval.json`'s layout.
+pub const EVAL_FORMAT_VERSION: u32 = 2;
+/// The span over which tokens per joule is compared with the oracle's, seconds.
+pub const TRAILING_WINDOW_S: f64 = 30.0;
+/// How long a fraction must hold to count as reached, seconds.
+pub const HOLD_S: f64 = 10.0;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    #[error(transparent)]
+    Scenario(#[from] ScenarioError),
+    #[error("policy spec {}: {source}", path.display())]
+    Spec { path: PathBuf, source: SpecError },
+    #[error("scenario `{scenario}`: {source}")]
+    Sim { scenario: String, source: SimError },
+    #[error("scenario `{scenario}`: {source}")]
+    Assembly {
+        scenario: String,
+        source: AssemblyError,
+    },
+    #[error("policy `{policy}` on scenario `{scenario}` (seed {seed}): {source}")]
+    Run {
+        policy: String,
+        scenario: String,
+        seed: u64,
+        source: Box<AgentError>,
+    },
+    #[error("give at least one policy spec and one scenario")]
+    Nothing,
+    #[error("--duration {duration_s} s: a judging run lasts 10 s to a week (604800 s)")]
+    Duration { duration_s: f64 },
+    #[error("the judge was interrupted")]
+    Interrupted,
+}
+
+/// What to judge.
+#[derive(Debug, Clone)]
+pub struct EvalRequest {
+    pub policies: Vec<PathBuf>,
+    pub scenarios: Vec<EvalScenario>,
+    /// Seeds 1..=seeds.
+    pub seeds: u64,
+    /// Overrides every scenario's own duration.
+    pub duration_s: Option<f64>,
+    /// Parallel runs (at least 1).
+    pub threads: usize,
+    pub plugin_dirs: Vec<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Progress, reported as each piece finishes.
+#[derive(Debug, Clone)]
+pub enum EvalProgress {
+    Oracle {
+        scenario: String,
+        done: usize,
+        of: usize,
+    },
+    Run {
+        policy: String,
+        scenario: String,
+        seed: u64,
+        /// Tokens per joule, or why the run failed.
+        outcome: Result<f64, String>,
+        done: usize,
+        of: usize,
+    },
+}
+
+/// One policy on one scenario. **API boundary**: `eval.json`'s entries.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalEntry {
+    pub policy: String,
+    pub scenario: String,
+    pub seeds: Vec<u64>,
+    pub tokens_per_joule: Spread,
+    pub oracle_tokens_per_joule: f64,
+    /// The judged ratio: `measured_ratio` where the policy kept the objective, none where
+    /// the scenario counts as failed for it (`failed`), whatever it measured.
+    pub ratio: Option<f64>,
+    /// Median over seeds of the policy's tokens per joule over the oracle's (same seed),
+    /// times its served share of the oracle's served demand (at most 1); none without a
+    /// run.
+    pub measured_ratio: Option<f64>,
+    /// Why the scenario counts as failed for the policy: it broke the objective on more
+    /// than [`MAX_VIOLATION_FRACTION`] of ticks or served less than the oracle by more
+    /// than [`SERVED_MARGIN`] (means over seeds), or it could not run.
+    pub failed: Option<String>,
+    /// `None` when no phase of any seed reached it.
+    pub ticks_to_95: Option<f64>,
+    pub ticks_to_98: Option<f64>,
+    pub slo_violation_fraction: f64,
+    pub served_fraction: f64,
+    pub oracle_served_fraction: f64,
+    pub setting_changes: f64,
+    /// Ticks the policy was not in charge (trap, deadline, ejection).
+    pub fallback_ticks: f64,
+    /// Why a seed's run did not happen (the policy refused the scenario, say): the
+    /// figures then cover the other seeds only, or none.
+    pub failure: Option<String>,
+}
+
+/// A scenario fails for a policy that breaks the objective on more than this share of
+/// its ticks (mean over seeds): a ratio bought by breaking the service is not a score.
+pub const MAX_VIOLATION_FRACTION: f64 = 0.01;
+/// A scenario fails for a policy that serves less of the demand than the oracle by more
+/// than this (a fraction of the demand, mean over seeds).
+pub const SERVED_MARGIN: f64 = 0.01;
+
+/// Why a policy fails a scenario on the objective, if it does: `violation_fraction` of its
+/// ticks broke the objective, and it served `served_shortfall` less of the demand than
+/// the oracle (both means over seeds). `overload_oracle_violations`: on an overload
+/// scenario (a phase nothing serves), the oracle's own share of ticks over the objective,
+/// which a policy may match plus [`MAX_VIOLATION_FRACTION`]: there the judge asks for the
+/// demand served first.
+pub fn objective_breach(
+    violation_fraction: f64,
+    served_shortfall: f64,
+    overload_oracle_violations: Option<f64>,
+) -> Option<String> {
+    let mut reasons = Vec::new();
+    let allowed = MAX_VIOLATION_FRACTION + overload_oracle_violations.unwrap_or(0.0);
+    if violation_fraction > allowed {
+        reasons.push(match overload_oracle_violations {
+            None => format!(
+                "broke the objective on {:.2} % of ticks (more than {:.0} %)",
+                violation_fraction * 100.0,
+                MAX_VIOLATION_FRACTION * 100.0
+            ),
+            Some(oracle) => format!(
+                "broke the objective on {:.2} % of ticks (an overload: more than the oracle's {:.2} % + {:.0} points)",
+                violation_fraction * 100.0,
+                oracle * 100.0,
+                MAX_VIOLATION_FRACTION * 100.0
+            ),
+        });
+    }
+    if served_shortfall > SERVED_MARGIN {
+        reasons.push(format!(
+            "served {:.2} points less of the demand than the oracle (more than {:.0})",
+            served_shortfall * 100.0,
+            SERVED_MARGIN * 100.0
+        ));
+    }
+    (!reasons.is_empty()).then(|| reasons.join("; "))
+}
+
+/// The failure rule in words, for the terminal and the report.
+pub fn failure_rule_words() -> String {
+    format!(
+        "A scenario fails for a policy that breaks the objective on more than {:.0} % of its \
+         ticks, serves less of the demand than the oracle by more than {:.0} point, or cannot \
+         run it (means over seeds). A failed scenario shows no ratio and counts as 0 in the \
+         median: a ratio bought by breaking the service is not a score.",
+        MAX_VIOLATION_FRACTION * 100.0,
+        SERVED_MARGIN * 100.0
+    )
+}
+
+/// One policy over every scenario: medians of its entries.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyResult {
+    pub policy: String,
+    /// Median over scenarios of the judged ratio, a failed scenario counting as 0: the
+    /// headline, beside `failed` and the worst scenario.
+    pub ratio: f64,
+    /// Scenarios that count as failed (see [`EvalEntry::failed`]).
+    pub failed: usize,
+    /// The scenario with the lowest judged ratio (a failed one first) and that ratio
+    /// (none where it failed).
+    pub worst_scenario: Option<String>,
+    pub worst_ratio: Option<f64>,
+    pub ticks_to_95: Option<f64>,
+    pub ticks_to_98: Option<f64>,
+    pub slo_violation_fraction: f64,
+    pub served_fraction: f64,
+    /// The oracle's served fraction, median over the same scenarios.
+    pub oracle_served_fraction: f64,
+    /// The scenarios that count as failed, with why.
+    pub failed_scenarios: Vec<String>,
+}
+
+impl PolicyResult {
+    fn of(policy: &str, entries: &[EvalEntry]) -> Self {
+        let mine: Vec<&EvalEntry> = entries.iter().filter(|e| e.policy == policy).collect();
+        let pick =
+            |f: &dyn Fn(&EvalEntry) -> f64| median(&mine.iter().map(|e| f(e)).collect::<Vec<_>>());
+        // A scenario that never reached the fraction counts as slower than any that did
+        // (failed runs are left out), so the median is `None` when most never did.
+        let reached = |f: &dyn Fn(&EvalEntry) -> Option<f64>| {
+            let m = pick(&|e| {
+                if e.failure.is_some() && e.seeds.is_empty() {
+                    f64::NAN
+                } else {
+                    f(e).unwrap_or(f64::INFINITY)
+                }
+            });
+            m.is_finite().then_some(m)
+        };
+        // A failed scenario scores 0, below any it passed.
+        let judged = |e: &EvalEntry| e.ratio.unwrap_or(0.0);
+        let worst = mine.iter().min_by(|x, y| judged(x).total_cmp(&judged(y)));
+        Self {
+            policy: policy.to_owned(),
+            ratio: median(&mine.iter().map(|e| judged(e)).collect::<Vec<_>>()),
+            failed: mine.iter().filter(|e| e.failed.is_some()).count(),
+            worst_scenario: worst.map(|e| e.scenario.clone()),
+            worst_ratio: worst.and_then(|e| e.ratio),
+            ticks_to_95: reached(&|e| e.ticks_to_95),
+            ticks_to_98: reached(&|e| e.ticks_to_98),
+            slo_violation_fraction: pick(&|e| e.slo_violation_fraction),
+            served_fraction: pick(&|e| e.served_fraction),
+            oracle_served_fraction: pick(&|e| e.oracle_served_fraction),
+            failed_scenarios: mine
+                .iter()
+                .filter_map(|e| {
+                    e.failed
+                        .as_ref()
+                        .map(|why| format!("{} ({why})", e.scenario))
+                })
+                .collect(),
+        }
+    }
+}
+
+impl EvalEntry {
+    /// The judged ratio in three places, or `FAILED` where the scenario failed.
+    pub fn ratio_text(&self) -> String {
+        match (self.ratio, &self.failed) {
+            (Some(ratio), _) => format!("{ratio:.3}"),
+            (None, Some(_)) => "FAILED".to_owned(),
+            (None, None) => "—".to_owned(),
+        }
+    }
+}
+
+impl PolicyResult {
+    /// The worst scenario and its judged ratio (`FAILED` where it failed).
+    pub fn worst_text(&self) -> String {
+        match (&self.worst_scenario, self.worst_ratio) {
+            (Some(scenario), Some(ratio)) => format!("{scenario} {ratio:.3}"),
+            (Some(scenario), None) => format!("{scenario} FAILED"),
+            (None, _) => "—".to_owned(),
+        }
+    }
+}
+
+/// `value` with `decimals` places, or "never".
+pub fn fmt_option(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "never".to_owned(), |v| format!("{v:.decimals$}"))
+}
+
+/// A scenario as judged: its oracle.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioResult {
+    pub name: String,
+    pub description: String,
+    pub gpu: String,
+    pub gpus: u32,
+    pub duration_s: f64,
+    /// A phase no setting serves: the oracle's violations are allowed, served demand
+    /// judged first.
+    pub overload: bool,
+    pub oracle: Vec<PhaseOracle>,
+}
+
+/// Everything the judge found. **API boundary**: `eval.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalResults {
+    pub format_version: u32,
+    pub data_source: String,
+    pub seeds: Vec<u64>,
+    pub trailing_window_s: f64,
+    pub hold_s: f64,
+    pub scenarios: Vec<ScenarioResult>,
+    pub entries: Vec<EvalEntry>,
+    /// Per policy, the median over scenarios of its entries.
+    pub policies: Vec<PolicyResult>,
+    /// Wall time of the whole evaluation, seconds.
+    pub wall_time_s: f64,
+    /// Series of the first seed, for the report (not written to `eval.json`).
+    #[serde(skip)]
+    pub first_seed_series: Vec<SeriesOf>,
+}
+
+/// The first seed's series of one policy (or the oracle) on one scenario.
+#[derive(Debug, Clone)]
+pub struct SeriesOf {
+    /// A policy's name, or `oracle`.
+    pub who: String,
+    pub scenario: String,
+    pub series: Series,
+}
+
+/// Judge every policy on every scenario.
+pub fn evaluate(
+    request: &EvalRequest,
+    stop: Arc<AtomicBool>,
+    progress: &mut dyn FnMut(EvalProgress),
+) -> Result<EvalResults, EvalError> {
+    let started = Instant::now();
+    if request.policies.is_empty() || request.scenarios.is_empty() {
+        return Err(EvalError::Nothing);
+    }
+    if let Some(duration_s) = request.duration_s
+        && !scenario::duration_in_range(duration_s)
+    {
+        return Err(EvalError::Duration { duration_s });
+    }
+    let specs: Vec<PolicySpec> = request
+        .policies
+        .iter()
+        .map(|path| {
+            PolicySpec::load(path).map_err(|source| EvalError::Spec {
+                path: path.clone(),
+                source,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let seeds: Vec<u64> = (1..=request.seeds.max(1)).collect();
+    let threads = request.threads.max(1);
+    let duration_of = |s: &EvalScenario| request.duration_s.unwrap_or(s.duration_s);
+
+    // The oracle of each scenario (its search uses the first seed), then its schedule run
+    // on every seed: one job each.
+    let oracle_jobs: Vec<usize> = (0..request.scenarios.len()).collect();
+    let oracles = parallel(
+        &oracle_jobs,
+        threads,
+        &stop,
+        |&i| {
+            let scenario = &request.scenarios[i];
+            oracle::search(scenario, duration_of(scenario), seeds[0]).map_err(|source| {
+                EvalError::Sim {
+                    scenario: scenario.name.clone(),
+                    source,
+                }
+            })
+        },
+        &mut |i, _| {
+            progress(EvalProgress::Oracle {
+                scenario: request.scenarios[oracle_jobs[i]].name.clone(),
+                done: i + 1,
+                of: oracle_jobs.len(),
+            })
+        },
+    )?;
+    let mut schedule_jobs: Vec<(usize, u64)> = Vec::new();
+    for s in 0..request.scenarios.len() {
+        schedule_jobs.extend(seeds.iter().map(|&seed| (s, seed)));
+    }
+    let schedules = parallel(
+        &schedule_jobs,
+        threads,
+        &stop,
+        |&(s, seed)| {
+            let scenario = &request.scenarios[s];
+            run_schedule(scenario, &oracles[s], duration_of(scenario), seed)
+        },
+        &mut |_, _| {},
+    )?;
+
+    let mut run_jobs: Vec<(usize, usize, u64)> = Vec::new();
+    for p in 0..specs.len() {
+        for s in 0..request.scenarios.len() {
+            run_jobs.extend(seeds.iter().map(|&seed| (p, s, seed)));
+        }
+    }
+    let done = AtomicUsize::new(0);
+    let runs = parallel(
+        &run_jobs,
+        threads,
+        &stop,
+        |&(p, s, seed)| {
+            let scenario = &request.scenarios[s];
+            // A policy that cannot run on a scenario (it refuses the objective, say) is
+            // an entry with its reason, not the end of the evaluation.
+            Ok(run_policy(
+                request,
+                &specs[p],
+                scenario,
+                duration_of(scenario),
+                seed,
+                &stop,
+            )
+            .map_err(|error| error.to_string()))
+        },
+        &mut |i, outcome: &Result<RunOutcome, String>| {
+            let (p, s, seed) = run_jobs[i];
+            progress(EvalProgress::Run {
+                policy: specs[p].name.clone(),
+                scenario: request.scenarios[s].name.clone(),
+                seed,
+                outcome: outcome
+                    .as_ref()
+                    .map(|o| o.summary.totals.tokens_per_joule)
+                    .map_err(Clone::clone),
+                done: done.fetch_add(1, Ordering::Relaxed) + 1,
+                of: run_jobs.len(),
+            })
+        },
+    )?;
+
+    let mut entries = Vec::new();
+    let mut first_seed_series = Vec::new();
+    for (s, scenario) in request.scenarios.iter().enumerate() {
+        let schedule_of = |seed: u64| {
+            schedule_jobs
+                .iter()
+                .position(|&job| job == (s, seed))
+                .map(|i| &schedules[i])
+        };
+        if let Some(oracle) = schedule_of(seeds[0]) {
+            first_seed_series.push(SeriesOf {
+                who: "oracle".into(),
+                scenario: scenario.name.clone(),
+                series: oracle.series.clone(),
+            });
+        }
+        for (p, spec) in specs.iter().enumerate() {
+            let mut per_seed = Vec::new();
+            let mut failure = None;
+            for &seed in &seeds {
+                let Some(run_index) = run_jobs.iter().position(|&job| job == (p, s, seed)) else {
+                    continue;
+                };
+                let Some(schedule) = schedule_of(seed) else {
+                    continue;
+                };
+                match &runs[run_index] {
+                    Ok(run) => per_seed.push((seed, run, schedule)),
+                    Err(reason) => {
+                        failure.get_or_insert_with(|| format!("seed {seed}: {reason}"));
+                    }
+                }
+            }
+            if let Some((_, first, _)) = per_seed.first() {
+                first_seed_series.push(SeriesOf {
+                    who: spec.name.clone(),
+                    scenario: scenario.name.clone(),
+                    series: first.series.clone(),
+                });
+            }
+            let mut entry = judge(spec, scenario, &oracles[s], &per_seed);
+            if per_seed.is_empty() {
+                // Refusing a scenario is no way out of it: it counts as failed.
+                entry.failed = Some(format!(
+                    "could not run: {}",
+                    failure.as_deref().unwrap_or("no seed ran")
+                ));
+            }
+            entry.failure = failure;
+            entries.push(entry);
+        }
+    }
+    let profiles: std::collections::BTreeSet<String> = request
+        .scenarios
+        .iter()
+        .map(|s| s.profile.name.clone())
+        .collect();
+    let data_source = format!(
+        "simulator output, judged on the simulator's true energy (simulated {})",
+        profiles.into_iter().collect::<Vec<_>>().join(", ")
+    );
+    Ok(EvalResults {
+        format_version: EVAL_FORMAT_VERSION,
+        data_source,
+        seeds,
+        trailing_window_s: TRAILING_WINDOW_S,
+        hold_s: HOLD_S,
+        scenarios: request
+            .scenarios
+            .iter()
+            .zip(oracles)
+            .map(|(s, oracle)| ScenarioResult {
+                name: s.name.clone(),
+                description: s.description.clone(),
+                gpu: s.profile.name.clone(),
+                gpus: s.gpus,
+                duration_s: duration_of(s),
+                overload: oracle::is_overload(&oracle),
+                oracle,
+            })
+            .collect(),
+        policies: specs
+            .iter()
+            .map(|spec| PolicyResult::of(&spec.name, &entries))
+            .collect(),
+        entries,
+        wall_time_s: started.elapsed().as_secs_f64(),
+        first_seed_series,
+    })
+}
+
+/// Run `work` on every job on `threads` threads; `done` is told of each result (by job
+/// index) on the caller's thread as it comes. The first error stops the rest.
+fn parallel<J: Sync, T: Send>(
+    jobs: &[J],
+    threads: usize,
+    stop: &AtomicBool,
+    work: impl Fn(&J) -> Result<T, EvalError> + Sync,
+    done: &mut dyn FnMut(usize, &T),
+) -> Result<Vec<T>, EvalError> {
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let (sender, receiver) = mpsc::channel();
+    let mut results: Vec<Option<T>> = std::iter::repeat_with(|| None).take(jobs.len()).collect();
+    let mut first_error = None;
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(jobs.len()) {
+            let sender = sender.clone();
+            let (next, failed, work) = (&next, &failed, &work);
+            scope.spawn(move || {
+                loop {
+                    if failed.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(job) = jobs.get(i) else { break };
+                    let result = work(job);
+                    if result.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    if sender.send((i, result)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(sender);
+        for (i, result) in receiver {
+            match result {
+                Ok(value) => {
+                    done(i, &value);
+                    results[i] = Some(value);
+                }
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+    });
+    if let Some(error) = first_error {
+        return Err(error);
+    }
+    if stop.load(Ordering::Relaxed) {
+        return Err(EvalError::Interrupted);
+    }
+    results
+        .into_iter()
+        .map(|r| r.ok_or(EvalError::Interrupted))
+        .collect()
+}
+
+fn run_schedule(
+    scenario: &EvalScenario,
+    phases: &[PhaseOracle],
+    duration_s: f64,
+    seed: u64,
+) -> Result<Schedule, EvalError> {
+    let sim_error = |source| EvalError::Sim {
+        scenario: scenario.name.clone(),
+        source,
+    };
+    let clock = VirtualClock::new();
+    let sim = SimGpu::new(
+        SimConfig {
+            profile: scenario.profile.clone(),
+            scenario: scenario.workload.clone(),
+            gpus: scenario.gpus,
+            seed,
+            noise_seed: None,
+        },
+        clock.clone(),
+    )
+    .map_err(sim_error)?;
+    let mut run = oracle::FixedRun::new(&sim, clock, &scenario.objective);
+    let mut series = Series::default();
+    let ticks = duration_s.round() as u64;
+    let mut phase_index = None;
+    let mut violations = 0;
+    for _ in 0..ticks {
+        let t = run.tick() as f64;
+        let current = phases.iter().rposition(|p| p.start_s <= t + 1e-9);
+        if current != phase_index
+            && let Some(phase) = current.and_then(|i| phases.get(i))
+        {
+            run.apply(phase.setting);
+            phase_index = current;
+        }
+        violations += run.advance_ticks(1);
+        let setting = current
+            .and_then(|i| phases.get(i))
+            .map_or((0.0, 0, 0), |p| {
+                (
+                    p.setting.power_cap_w,
+                    p.setting.sm_clock_max_mhz,
+                    p.setting.batch_size,
+                )
+            });
+        series.push(run.tick() as f64, &sim, scenario.gpus, setting);
+    }
+    let served_fraction = run.served_fraction();
+    Ok(Schedule {
+        series,
+        served_fraction,
+        violation_fraction: violations as f64 / ticks.max(1) as f64,
+    })
+}
+
+fn run_policy(
+    request: &EvalRequest,
+    spec: &PolicySpec,
+    scenario: &EvalScenario,
+    duration_s: f64,
+    seed: u64,
+    stop: &Arc<AtomicBool>,
+) -> Result<RunOutcome, EvalError> {
+    let mut spec = spec.clone();
+    spec.objective = scenario.objective;
+    let (sim, backends) = tokwatt_agent::assembly::simulator_from(
+        SimConfig {
+            profile: scenario.profile.clone(),
+            scenario: scenario.workload.clone(),
+            gpus: scenario.gpus,
+            seed,
+            noise_seed: None,
+        },
+        false,
+    )
+    .map_err(|source| EvalError::Assembly {
+        scenario: scenario.name.clone(),
+        source,
+    })?;
+    let meta = RunMeta {
+        simulated: true,
+        gpu_profile: scenario.profile.id.clone(),
+        gpu_name: scenario.profile.name.clone(),
+        data_source: format!("simulator output: {}", sim.calibration_note()),
+        gpu_count: scenario.gpus,
+        actuator: "sim".into(),
+        workload: "sim".into(),
+        seed,
+    };
+    let run_request = RunRequest {
+        spec: spec.clone(),
+        duration: Duration::from_secs_f64(duration_s),
+        tick: None,
+        out_dir: PathBuf::new(),
+        plugin_dirs: request.plugin_dirs.clone(),
+        cache_dir: request.cache_dir.clone(),
+        seed,
+        overwrite: false,
+        write_files: false,
+        rules: tokwatt_policy::rules::NodeRules::judging(),
+        rules_source: "the judge's rules".into(),
+        node_knobs: tokwatt_core::types::Knobs::all(),
+    };
+    let mut series = Series::default();
+    let gpus = scenario.gpus;
+    let (summary, _backends) =
+        tokwatt_agent::run(&run_request, backends, meta, Arc::clone(stop), &mut |p| {
+            let settings = p.observations.first().map_or((0.0, 0, 0), |o| {
+                (
+                    o.in_force.power_cap_w,
+                    o.in_force.sm_clock_max_mhz,
+                    o.in_force.batch_size,
+                )
+            });
+            series.push(p.time.as_secs_f64(), &sim, gpus, settings);
+        })
+        .map_err(|source| EvalError::Run {
+            policy: spec.name.clone(),
+            scenario: scenario.name.clone(),
+            seed,
+            source: Box::new(source),
+        })?;
+    Ok(RunOutcome { summary, series })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,526 @@
+//! The oracle: for each demand phase of a scenario, the best power cap × SM clock × batch
+//! size that honours the objective and serves the demand, found on the same simulator the
+//! policies are judged on. For judging only: it sees the phase's arrival rate in advance.
+//!
+//! The search has two stages, so it stays exhaustive yet fast:
+//!
+//! 1. **Every** cap (25 W steps over the device range), supported SM clock and batch size
+//!    of the grid is scored with the simulator's own decode model in steady state: the
+//!    fewest active sequences whose throughput meets the demand (Little's law), the step
+//!    time they take (the TPOT) and the power they draw. Settings that cannot serve the
+//!    demand or break the TPOT bound are dropped; the rest are ranked by tokens per joule.
+//! 2. The best-ranked distinct operating points are **simulated** for the phase at fixed
+//!    settings (arrivals, queueing, step jitter, the firmware's clock control), judged on
+//!    the simulator's true energy, and the best one that keeps the objective on ≥ 99 % of
+//!    its ticks and turns nothing away wins.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::scenario::EvalScenario;
+use tokwatt_core::actuator::Actuator;
+use tokwatt_core::clock::{Clock, VirtualClock};
+use tokwatt_core::telemetry::Telemetry;
+use tokwatt_core::workload::Workload;
+use tokwatt_sim::{DecodeCost, DecodeModel, Phase, SimConfig, SimError, SimGpu};
+
+/// Power cap grid step, watts (Zeus profiles limits in the same steps).
+const CAP_STEP_W: f64 = 25.0;
+/// Operating points simulated per round, and rounds before giving up on the ranking.
+const VERIFY_PER_ROUND: usize = 6;
+const VERIFY_ROUNDS: usize = 4;
+/// A verification run: settle, then measure (or the phase's own length, if shorter).
+const VERIFY_SETTLE_S: f64 = 20.0;
+const VERIFY_MEASURE_S: f64 = 90.0;
+/// Ticks of a verification run that may break the objective.
+const VERIFY_VIOLATION_ALLOWANCE: f64 = 0.01;
+
+/// Settings for one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct OracleSetting {
+    pub power_cap_w: f64,
+    /// The SM clock lock's upper bound (the highest supported clock: no lock).
+    pub sm_clock_max_mhz: u32,
+    pub batch_size: u32,
+}
+
+/// The oracle's choice for one demand phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseOracle {
+    pub start_s: f64,
+    pub end_s: f64,
+    pub arrival_rps: f64,
+    pub setting: OracleSetting,
+    /// The decode model's steady-state estimate.
+    pub predicted_tokens_per_joule: f64,
+    pub predicted_tpot_ms: f64,
+    /// Measured on a simulated run of the phase at these settings (true energy).
+    pub simulated_tokens_per_joule: f64,
+    pub simulated_violation_fraction: f64,
+    /// False when no setting served the demand within the objective; the setting is then
+    /// the one that came closest.
+    pub feasible: bool,
+    pub settings_scored: usize,
+    pub settings_simulated: usize,
+}
+
+/// One candidate of stage 1.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    setting: OracleSetting,
+    tokens_per_joule: f64,
+    tpot_s: f64,
+    /// The operating point (firmware clock, active sequences): candidates sharing it are
+    /// the same point, and only the first is simulated.
+    point: (u32, u32),
+}
+
+/// What a verification run measured.
+#[derive(Debug, Clone, Copy)]
+struct Verified {
+    tokens_per_joule: f64,
+    violation_fraction: f64,
+    turned_away: u64,
+}
+
+impl Verified {
+    fn feasible(&self) -> bool {
+        self.turned_away == 0 && self.violation_fraction <= VERIFY_VIOLATION_ALLOWANCE
+    }
+}
+
+/// Batch sizes of the grid: every size up to 16, then steps of ~12 %, and the maximum.
+pub fn batch_grid(max: u32) -> Vec<u32> {
+    let mut sizes: Vec<u32> = (1..=16.min(max)).collect();
+    let mut b = 16.0_f64;
+    loop {
+        b = (b * 1.125).ceil();
+        let size = b as u32;
+        if size >= max {
+            break;
+        }
+        sizes.push(size);
+    }
+    sizes.push(max);
+    sizes.dedup();
+    sizes
+}
+
+/// The cap grid: the device range in 25 W steps from the maximum down, and the minimum.
+pub fn cap_grid(min_w: f64, max_w: f64) -> Vec<f64> {
+    let mut caps = Vec::new();
+    let mut cap = max_w;
+    while cap > min_w + 1e-9 {
+        caps.push(cap);
+        cap -= CAP_STEP_W;
+    }
+    caps.push(min_w);
+    caps
+}
+
+/// The simulator's decode model for `scenario`'s GPU, model shape and context.
+fn decode_model(scenario: &EvalScenario) -> DecodeModel {
+    DecodeModel::new(
+        &scenario.profile,
+        &DecodeCost::new(&scenario.workload.model, scenario.workload.context_tokens),
+    )
+}
+
+/// The most requests per second `scenario`'s GPU serves within its TPOT bound (with 10 %
+/// headroom for the p99's jitter), by the decode model in steady state: no cap, no clock
+/// lock, any batch up to the workload's largest. The scale a scenario family draws demand
+/// on; the oracle's search, not this, says whether a drawn phase is feasible.
+pub fn capacity_rps(scenario: &EvalScenario) -> f64 {
+    let profile = &scenario.profile;
+    let workload = &scenario.workload;
+    let model = decode_model(scenario);
+    let mem_mhz = f64::from(profile.mem_max_mhz());
+    let top_clock = model.sm_grid().first().copied().unwrap_or(0);
+    let tpot_limit_s = scenario
+        .objective
+        .tpot_p99_limit_ms
+        .map_or(f64::INFINITY, |ms| 0.9 * ms * 1e-3);
+    batch_grid(workload.batch_size_max)
+        .into_iter()
+        .map(|batch| model.steady_state(batch, profile.power_cap.max_w, top_clock, mem_mhz))
+        .filter(|state| state.step_s <= tpot_limit_s)
+        .map(|state| state.tokens_per_s)
+        .fold(0.0, f64::max)
+        / f64::from(workload.output_tokens.max(1))
+}
+
+/// The step time of one sequence alone at the top clock and no cap: the fastest a token
+/// can come, the floor a TPOT bound is drawn above.
+pub fn single_sequence_tpot_ms(scenario: &EvalScenario) -> f64 {
+    let profile = &scenario.profile;
+    let model = decode_model(scenario);
+    let top_clock = model.sm_grid().first().copied().unwrap_or(0);
+    model
+        .steady_state(
+            1,
+            profile.power_cap.max_w,
+            top_clock,
+            f64::from(profile.mem_max_mhz()),
+        )
+        .step_s
+        * 1e3
+}
+
+/// Whether some phase is one no setting serves: the scenario is an overload, judged on
+/// served demand first.
+pub fn is_overload(phases: &[PhaseOracle]) -> bool {
+    phases.iter().any(|phase| !phase.feasible)
+}
+
+/// The oracle's share of ticks over the objective, weighted by phase length (from its
+/// verification runs); NaN without phases.
+pub fn violation_fraction(phases: &[PhaseOracle]) -> f64 {
+    let total: f64 = phases.iter().map(|p| p.end_s - p.start_s).sum();
+    if total <= 0.0 {
+        return f64::NAN;
+    }
+    phases
+        .iter()
+        .map(|p| p.simulated_violation_fraction * (p.end_s - p.start_s))
+        .sum::<f64>()
+        / total
+}
+
+/// The oracle of every phase of `scenario` over its first `duration_s` seconds.
+pub fn search(
+    scenario: &EvalScenario,
+    duration_s: f64,
+    seed: u64,
+) -> Result<Vec<PhaseOracle>, SimError> {
+    scenario
+        .phase_spans(duration_s)
+        .into_iter()
+        .enumerate()
+        .map(|(index, (start_s, end_s, rate))| {
+            let outside = scenario
+                .workload
+                .phases
+                .get(index)
+                .and_then(|p| p.outside_power_limit_w);
+            search_phase(scenario, start_s, end_s, rate, outside, seed)
+        })
+        .collect()
+}
+
+fn search_phase(
+    scenario: &EvalScenario,
+    start_s: f64,
+    end_s: f64,
+    rate: f64,
+    outside_limit_w: Option<f64>,
+    seed: u64,
+) -> Result<PhaseOracle, SimError> {
+    let candidates = score_all(scenario, rate, outside_limit_w);
+    let settings_scored = candidates.len();
+    let mut distinct = Vec::new();
+    for candidate in candidates.iter().filter(|c| c.tpot_s.is_finite()) {
+        if !distinct
+            .iter()
+            .any(|d: &Candidate| d.point == candidate.point)
+        {
+            distinct.push(*candidate);
+        }
+    }
+    let measure_s = (end_s - start_s).min(VERIFY_MEASURE_S);
+    let mut simulated = 0;
+    let mut closest: Option<(Candidate, Verified)> = None;
+    let mut best: Option<(Candidate, Verified)> = None;
+    for round in distinct.chunks(VERIFY_PER_ROUND).take(VERIFY_ROUNDS) {
+        for candidate in round {
+            let verified = simulate(
+                scenario,
+                rate,
+                outside_limit_w,
+                candidate.setting,
+                measure_s,
+                seed,
+            )?;
+            simulated += 1;
+            if verified.feasible() {
+                if best.is_none_or(|(_, b)| verified.tokens_per_joule > b.tokens_per_joule) {
+                    best = Some((*candidate, verified));
+                }
+            } else if closest.is_none_or(|(_, c)| {
+                (verified.turned_away, verified.violation_fraction)
+                    < (c.turned_away, c.violation_fraction)
+            }) {
+                closest = Some((*candidate, verified));
+            }
+        }
+        if best.is_some() {
+            break;
+        }
+    }
+    let feasible = best.is_some();
+    let (candidate, verified) = match best.or(closest) {
+        Some(found) => found,
+        // Nothing serves the demand at any setting: the most capable one (no cap, no
+        // lock, the largest batch) comes closest.
+        None => {
+            let setting = most_capable(scenario);
+            let verified = simulate(scenario, rate, outside_limit_w, setting, measure_s, seed)?;
+            simulated += 1;
+            (
+                Candidate {
+                    setting,
+                    tokens_per_joule: f64::NAN,
+                    tpot_s: f64::NAN,
+                    point: (0, 0),
+                },
+                verified,
+            )
+        }
+    };
+    Ok(PhaseOracle {
+        start_s,
+        end_s,
+        arrival_rps: rate,
+        setting: candidate.setting,
+        predicted_tokens_per_joule: candidate.tokens_per_joule,
+        predicted_tpot_ms: candidate.tpot_s * 1e3,
+        simulated_tokens_per_joule: verified.tokens_per_joule,
+        simulated_violation_fraction: verified.violation_fraction,
+        feasible,
+        settings_scored,
+        settings_simulated: simulated,
+    })
+}
+
+fn most_capable(scenario: &EvalScenario) -> OracleSetting {
+    OracleSetting {
+        power_cap_w: scenario.profile.power_cap.max_w,
+        sm_clock_max_mhz: scenario.profile.sm_max_mhz(),
+        batch_size: scenario.workload.batch_size_max,
+    }
+}
+
+/// Stage 1: every setting of the grid in steady state, feasible ones ranked best first.
+fn score_all(scenario: &EvalScenario, rate: f64, outside_limit_w: Option<f64>) -> Vec<Candidate> {
+    let profile = &scenario.profile;
+    let workload = &scenario.workload;
+    let model = decode_model(scenario);
+    let mem_mhz = f64::from(profile.mem_max_mhz());
+    let demand_tokens_per_s = rate * f64::from(workload.output_tokens);
+    let tpot_limit_s = scenario
+        .objective
+        .tpot_p99_limit_ms
+        .map_or(f64::INFINITY, |ms| ms * 1e-3);
+    let caps = cap_grid(profile.power_cap.min_w, profile.power_cap.max_w);
+    let batches = batch_grid(workload.batch_size_max);
+    let clocks = model.sm_grid().to_vec();
+    let mut candidates = Vec::new();
+    for &cap in &caps {
+        let enforced = outside_limit_w.map_or(cap, |outside| cap.min(outside));
+        for &clock in &clocks {
+            for &batch in &batches {
+                let setting = OracleSetting {
+                    power_cap_w: cap,
+                    sm_clock_max_mhz: clock,
+                    batch_size: batch,
+                };
+                let state = |n: u32| model.steady_state(n, enforced, clock, mem_mhz);
+                if state(batch).tokens_per_s < demand_tokens_per_s {
+                    continue; // cannot keep up: the queue would grow until requests are turned away
+                }
+                // The fewest active sequences that keep up (throughput grows with them).
+                let (mut lo, mut hi) = (1, batch);
+                while lo < hi {
+                    let mid = lo + (hi - lo) / 2;
+                    if state(mid).tokens_per_s >= demand_tokens_per_s {
+                        hi = mid;
+                    } else {
+                        lo = mid + 1;
+                    }
+                }
+                let at = state(lo);
+                if at.step_s > tpot_limit_s {
+                    continue;
+                }
+                let served = demand_tokens_per_s.min(at.tokens_per_s);
+                candidates.push(Candidate {
+                    setting,
+                    tokens_per_joule: served / at.power_w,
+                    tpot_s: at.step_s,
+                    point: (at.sm_mhz, lo),
+                });
+            }
+        }
+    }
+    // Best first; among equals, the highest cap, clock and batch (the least constraining).
+    candidates.sort_by(|a, b| {
+        b.tokens_per_joule
+            .total_cmp(&a.tokens_per_joule)
+            .then(b.setting.power_cap_w.total_cmp(&a.setting.power_cap_w))
+            .then(b.setting.sm_clock_max_mhz.cmp(&a.setting.sm_clock_max_mhz))
+            .then(b.setting.batch_size.cmp(&a.setting.batch_size))
+    });
+    candidates
+}
+
+/// A single-phase copy of the scenario's workload at `rate`.
+fn phase_workload(
+    scenario: &EvalScenario,
+    rate: f64,
+    outside_limit_w: Option<f64>,
+) -> tokwatt_sim::Scenario {
+    let mut workload = scenario.workload.clone();
+    workload.phases = vec![Phase {
+        start_s: 0.0,
+        arrival_rps: rate,
+        outside_power_limit_w: outside_limit_w,
+    }];
+    workload
+}
+
+/// Stage 2: one GPU at fixed settings for one phase, on the simulator's truth.
+fn simulate(
+    scenario: &EvalScenario,
+    rate: f64,
+    outside_limit_w: Option<f64>,
+    setting: OracleSetting,
+    measure_s: f64,
+    seed: u64,
+) -> Result<Verified, SimError> {
+    let clock = VirtualClock::new();
+    let sim = SimGpu::new(
+        SimConfig {
+            profile: scenario.profile.clone(),
+            scenario: phase_workload(scenario, rate, outside_limit_w),
+            gpus: 1,
+            seed,
+            noise_seed: None,
+        },
+        clock.clone(),
+    )?;
+    let mut run = FixedRun::new(&sim, clock, &scenario.objective);
+    run.apply(setting);
+    run.advance_ticks(VERIFY_SETTLE_S.round() as u64);
+    let before = sim.truth(0);
+    let ticks = measure_s.round().max(1.0) as u64;
+    let violations = run.advance_ticks(ticks);
+    let after = sim.truth(0);
+    let (tokens, energy, turned_away) = match (before, after) {
+        (Some(b), Some(a)) => (
+            a.tokens - b.tokens,
+            a.energy_j - b.energy_j,
+            a.requests_turned_away - b.requests_turned_away,
+        ),
+        _ => (0.0, 0.0, 0),
+    };
+    Ok(Verified {
+        tokens_per_joule: if energy > 0.0 { tokens / energy } else { 0.0 },
+        violation_fraction: violations as f64 / ticks as f64,
+        turned_away,
+    })
+}
+
+/// Drives simulated GPUs at fixed settings in one-second ticks, checking the objective on
+/// every tick's window as the control loop does.
+pub(super) struct FixedRun<'a> {
+    sim: &'a SimGpu,
+    clock: Arc<VirtualClock>,
+    telemetry: Box<dyn Telemetry>,
+    actuator: Box<dyn Actuator>,
+    workload: Box<dyn Workload>,
+    objective: tokwatt_core::types::Objective,
+    gpus: u32,
+    tick: u64,
+    tokens_served: u64,
+    tokens_demanded: u64,
+}
+
+impl<'a> FixedRun<'a> {
+    pub(super) fn new(
+        sim: &'a SimGpu,
+        clock: Arc<VirtualClock>,
+        objective: &tokwatt_core::types::Objective,
+    ) -> Self {
+        Self {
+            sim,
+            clock,
+            telemetry: sim.telemetry(),
+            actuator: sim.actuator(),
+            workload: sim.workload(),
+            objective: *objective,
+            gpus: u32::try_from(sim.telemetry().devices().len()).unwrap_or(0),
+            tick: 0,
+            tokens_served: 0,
+            tokens_demanded: 0,
+        }
+    }
+
+    /// The same settings on every GPU. A setting the device refuses is left as it was:
+    /// the grids only hold supported values.
+    pub(super) fn apply(&mut self, setting: OracleSetting) {
+        let supported = self.sim.profile().sm_clocks_mhz();
+        let lowest = supported.last().copied().unwrap_or(0);
+        let highest = supported.first().copied().unwrap_or(0);
+        let lock =
+            (setting.sm_clock_max_mhz < highest).then_some((lowest, setting.sm_clock_max_mhz));
+        for gpu in 0..self.gpus {
+            let _ = self.actuator.set_power_cap(gpu, setting.power_cap_w);
+            let _ = self.actuator.set_sm_clock_lock(gpu, lock);
+            let _ = self.workload.set_batch_size(gpu, setting.batch_size);
+        }
+    }
+
+    /// Run `ticks` one-second ticks; returns how many broke the objective on any GPU.
+    pub(super) fn advance_ticks(&mut self, ticks: u64) -> u64 {
+        let mut violations = 0;
+        for _ in 0..ticks {
+            self.tick += 1;
+            self.clock.sleep_until(Duration::from_secs(self.tick));
+            let mut broken = false;
+            for gpu in 0..self.gpus {
+                // Reading the windows also resets them for the next tick.
+                let _ = self.telemetry.read_window(gpu);
+                if let Ok(window) = self.workload.read_window(gpu) {
+                    broken |= self.objective.violated_by_window(&window, 1.0);
+                    self.tokens_served += window.tokens;
+                    self.tokens_demanded += window.demand.map_or(0, |d| d.tokens_demanded);
+                }
+            }
+            violations += u64::from(broken);
+        }
+        violations
+    }
+
+    pub(super) fn tick(&self) -> u64 {
+        self.tick
+    }
+
+    /// Tokens served over tokens demanded so far (at most 1; 1 when nothing was asked).
+    pub(super) fn served_fraction(&self) -> f64 {
+        if self.tokens_demanded == 0 {
+            1.0
+        } else {
+            (self.tokens_served as f64 / self.tokens_demanded as f64).min(1.0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grids_cover_the_ranges() {
+        let batches = batch_grid(512);
+        assert_eq!(&batches[..3], &[1, 2, 3]);
+        assert_eq!(batches.last(), Some(&512));
+        assert!(batches.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(batch_grid(4), vec![1, 2, 3, 4]);
+        let caps = cap_grid(200.0, 700.0);
+        assert_eq!(caps.first(), Some(&700.0));
+        assert_eq!(caps.last(), Some(&200.0));
+        assert_eq!(caps.len(), 21);
+        assert_eq!(cap_grid(150.0, 400.0).len(), 11);
+    }
+}

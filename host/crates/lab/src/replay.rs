@@ -1,0 +1,803 @@
+//! `tokwatt replay`: a recorded run's observations fed to a policy, tick by tick, with
+//! its decisions beside the ones the run recorded, and what the guest logged and wrote
+//! to its standard output and error.
+//!
+//! The policy is started as the run started its own: the run's seed and tick, the device
+//! facts of the run's GPUs, the spec's knobs as the simulator grants them, and a
+//! [`Supervisor`] (so a trap is decided by the fallback, the instance rebuilt and a
+//! failing policy ejected, tick for tick as in the run). Each tick gets the recorded
+//! observations and the recorded tick time, so a deterministic policy (every shipped one:
+//! its random source and clocks are the run's) decides exactly what it decided in the
+//! run, and the same replay prints the same bytes every time.
+//!
+//! A run does not record its devices' facts (power-cap range, supported clocks, largest
+//! batch), which `init` needs: for a simulated run they are taken from the simulator
+//! profile that `summary.json` names, with the built-in scenario; for a run on real GPUs
+//! from a profile the caller names.
+
+use std::fmt::Write as _;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
+use tokwatt_agent::recorder::OBSERVATIONS_FORMAT_VERSION;
+use tokwatt_agent::{self as agent, NodeFacts};
+use tokwatt_core::types::{Observation, Settings};
+use tokwatt_plugin::{ComponentCache, GuestConsole, GuestOutput, HostConfig, PluginHost};
+use tokwatt_policy::spec::PolicySpec;
+use tokwatt_policy::supervisor::{DecisionSource, Supervisor};
+
+/// Version of the replay's JSON output (`--json`).
+pub const REPLAY_FORMAT_VERSION: u32 = 1;
+
+const SUMMARY_FILE: &str = "summary.json";
+const OBSERVATIONS_FILE: &str = "observations.jsonl";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(
+        "{} is not a run's output folder: it has no summary.json; give the folder a run wrote (`tokwatt run --out DIR`, or `tokwatt serve`'s output folder)",
+        dir.display()
+    )]
+    NotARun { dir: PathBuf },
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{} is damaged at line {line}: {reason}; replay a run whose files are complete",
+        path.display()
+    )]
+    Damaged {
+        path: PathBuf,
+        line: u64,
+        reason: String,
+    },
+    #[error(
+        "{} is in {what} format version {found}, and this tokwatt reads version {supported}: replay it with the tokwatt version that recorded it, or record the run again with this one",
+        path.display()
+    )]
+    ForeignVersion {
+        path: PathBuf,
+        what: &'static str,
+        found: u64,
+        supported: u32,
+    },
+    #[error(
+        "the run was on real GPUs ({gpu_name}), and a run does not record the device facts (power-cap range, clocks, largest batch) that a policy's init needs: pass --sim PROFILE (h200, h100, a100 or a profile file) to take them from the simulator's profile of that GPU"
+    )]
+    NoDeviceFacts { gpu_name: String },
+    #[error(
+        "the run managed {recorded} GPUs, and the device facts taken from `{profile}` describe {facts}"
+    )]
+    DeviceCount {
+        profile: String,
+        recorded: u32,
+        facts: usize,
+    },
+    #[error(
+        "{} has {found} observations at tick {tick}, one per GPU of the run's {expected}: the file is damaged",
+        path.display()
+    )]
+    TickIncomplete {
+        path: PathBuf,
+        tick: u64,
+        found: usize,
+        expected: usize,
+    },
+    #[error("the run recorded no tick in {range}{}", recorded.map_or_else(|| " (it recorded none at all)".to_owned(), |(a, b)| format!(" (it recorded ticks {a}..{b})")))]
+    NoTicks {
+        range: TickRange,
+        recorded: Option<(u64, u64)>,
+    },
+    #[error("{0}")]
+    BadRange(String),
+    #[error("assembling the simulator for the run's device facts: {0}")]
+    Assembly(#[from] assembly::AssemblyError),
+    #[error(transparent)]
+    Agent(#[from] agent::AgentError),
+}
+
+/// Ticks to show, both ends included; open ends reach the run's first or last tick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct TickRange {
+    pub first: Option<u64>,
+    pub last: Option<u64>,
+}
+
+impl TickRange {
+    /// `A..B` (both included), `A..` or `..B`.
+    pub fn parse(text: &str) -> Result<Self, ReplayError> {
+        let bad = |why: &str| {
+            ReplayError::BadRange(format!(
+                "--ticks `{text}` {why}: write A..B (ticks A to B, both included), A.. or ..B"
+            ))
+        };
+        let (first, last) = text
+            .trim()
+            .split_once("..")
+            .ok_or_else(|| bad("has no `..`"))?;
+        let end = |part: &str| -> Result<Option<u64>, ReplayError> {
+            let part = part.trim();
+            if part.is_empty() {
+                return Ok(None);
+            }
+            part.parse()
+                .map(Some)
+                .map_err(|_| bad(&format!("has `{part}`, which is not a tick number")))
+        };
+        let range = TickRange {
+            first: end(first)?,
+            last: end(last)?,
+        };
+        if let (Some(a), Some(b)) = (range.first, range.last)
+            && a > b
+        {
+            return Err(bad("ends before it starts"));
+        }
+        Ok(range)
+    }
+
+    fn contains(&self, tick: u64) -> bool {
+        self.first.is_none_or(|a| tick >= a) && self.last.is_none_or(|b| tick <= b)
+    }
+
+    fn past(&self, tick: u64) -> bool {
+        self.last.is_some_and(|b| tick > b)
+    }
+}
+
+impl std::fmt::Display for TickRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let end = |e: Option<u64>| e.map(|t| t.to_string()).unwrap_or_default();
+        write!(f, "{}..{}", end(self.first), end(self.last))
+    }
+}
+
+/// What to replay.
+#[derive(Debug, Clone)]
+pub struct ReplayRequest {
+    pub run_dir: PathBuf,
+    pub spec: PolicySpec,
+    pub ticks: TickRange,
+    /// The simulator profile whose device facts `init` gets; `None`: the run's own (a
+    /// simulated run only).
+    pub sim_profile: Option<String>,
+    pub plugin_dirs: Vec<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// The replay: `--json` prints it as it is. **API boundary** once scripts read it: its
+/// keys are versioned by [`REPLAY_FORMAT_VERSION`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayReport {
+    pub format_version: u32,
+    pub run_dir: String,
+    /// The replayed policy (its spec's name) and plugin.
+    pub policy: String,
+    pub plugin: String,
+    /// The policy the run started with.
+    pub recorded_policy: String,
+    pub seed: u64,
+    pub tick_ms: u32,
+    /// Where the device facts `init` got come from, in words.
+    pub device_facts: String,
+    pub ticks_shown: TickRange,
+    /// Things that make the replay differ from the run for reasons other than the
+    /// policy, in words.
+    pub notes: Vec<String>,
+    pub init: InitReplay,
+    pub ticks: Vec<TickReplay>,
+    pub totals: ReplayTotals,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InitReplay {
+    /// `init`'s first settings, one per GPU.
+    pub settings: Vec<Settings>,
+    pub output: GuestOutput,
+}
+
+/// One tick: what the replayed policy decided, what the run recorded.
+#[derive(Debug, Clone, Serialize)]
+pub struct TickReplay {
+    pub tick: u64,
+    pub time_s: f64,
+    /// One per GPU; all "leave unchanged" when the fallback decided.
+    pub decided: Vec<Settings>,
+    /// `policy`, `fallback` or `ejected`.
+    pub source: &'static str,
+    /// Why the fallback decided (a failure names the end of the guest's stderr).
+    pub failure: Option<String>,
+    /// What the run's policy (or its fallback) asked for.
+    pub recorded: Vec<Settings>,
+    pub recorded_policy: String,
+    pub recorded_fallback: bool,
+    /// The decisions equal the recorded ones on every GPU.
+    pub same: bool,
+    /// What the guest logged and wrote during this tick.
+    pub output: GuestOutput,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReplayTotals {
+    /// Ticks fed to the policy (those before the range too: a policy's state needs them).
+    pub ticks_fed: u64,
+    pub ticks_shown: u64,
+    pub same: u64,
+    pub different: u64,
+    pub fallback: u64,
+}
+
+/// The parts of `summary.json` a replay needs (its versions are checked before).
+#[derive(Debug, Deserialize)]
+struct RecordedSummary {
+    policy: String,
+    tick_ms: u32,
+    simulated: bool,
+    gpu_profile: String,
+    gpu_name: String,
+    gpu_count: u32,
+    seed: u64,
+}
+
+/// One line of `observations.jsonl` (`recorder::TickRecord`; its version is checked
+/// before).
+#[derive(Debug, Deserialize)]
+struct RecordedLine {
+    time_s: f64,
+    policy: String,
+    observation: Observation,
+    requested: Settings,
+    fallback: bool,
+}
+
+/// One recorded tick: every GPU's line.
+struct RecordedTick {
+    tick: u64,
+    time_s: f64,
+    policy: String,
+    fallback: bool,
+    observations: Vec<Observation>,
+    requested: Vec<Settings>,
+}
+
+/// Replay `request.run_dir` with `request.spec`'s policy.
+pub fn replay(request: &ReplayRequest) -> Result<ReplayReport, ReplayError> {
+    let dir = &request.run_dir;
+    let summary = read_summary(dir)?;
+    let (node, knobs, device_facts) = node_facts(request, &summary)?;
+    if node.devices.len() != summary.gpu_count as usize {
+        return Err(ReplayError::DeviceCount {
+            profile: request
+                .sim_profile
+                .clone()
+                .unwrap_or(summary.gpu_profile.clone()),
+            recorded: summary.gpu_count,
+            facts: node.devices.len(),
+        });
+    }
+    let mut spec = request.spec.clone();
+    spec.knobs = knobs;
+    let plugin_path = spec
+        .resolve_plugin(&agent::plugin_search_path(&request.plugin_dirs))
+        .map_err(agent::AgentError::from)?;
+    let host = PluginHost::new(&HostConfig {
+        cache_dir: request
+            .cache_dir
+            .clone()
+            .or_else(ComponentCache::default_dir),
+    })
+    .map_err(agent::AgentError::from)?;
+    let (mut supervisor, first, console) = start(&host, &spec, &plugin_path, &node, &summary)?;
+
+    let mut notes = Vec::new();
+    if spec.name != summary.policy {
+        notes.push(format!(
+            "the run's policy was `{}`; this replay runs `{}`, so different decisions are expected",
+            summary.policy, spec.name
+        ));
+    }
+    if spec.tick_ms != summary.tick_ms {
+        notes.push(format!(
+            "the spec's tick is {} ms; the policy gets the run's, {} ms",
+            spec.tick_ms, summary.tick_ms
+        ));
+    }
+    let mut report = ReplayReport {
+        format_version: REPLAY_FORMAT_VERSION,
+        run_dir: dir.display().to_string(),
+        policy: spec.name.clone(),
+        plugin: plugin_path.display().to_string(),
+        recorded_policy: summary.policy.clone(),
+        seed: summary.seed,
+        tick_ms: summary.tick_ms,
+        device_facts,
+        ticks_shown: request.ticks,
+        notes,
+        init: InitReplay {
+            settings: first,
+            output: console.take(),
+        },
+        ticks: Vec::new(),
+        totals: ReplayTotals::default(),
+    };
+
+    let mut recorded_span: Option<(u64, u64)> = None;
+    for_each_recorded_tick(dir, node.devices.len(), &mut |recorded| {
+        let span = recorded_span.get_or_insert((recorded.tick, recorded.tick));
+        span.1 = recorded.tick;
+        if request.ticks.past(recorded.tick) {
+            return Ok(false);
+        }
+        let tick_time = tick_time(recorded.time_s);
+        let decision = supervisor.decide(recorded.tick, tick_time, &recorded.observations);
+        report.totals.ticks_fed += 1;
+        let output = console.take();
+        if !request.ticks.contains(recorded.tick) {
+            return Ok(true);
+        }
+        let (source, failure) = match &decision.source {
+            DecisionSource::Policy => ("policy", None),
+            DecisionSource::Fallback(failure) => ("fallback", Some(failure.to_string())),
+            DecisionSource::Ejected { until_tick } => (
+                "ejected",
+                Some(format!(
+                    "the policy is ejected until tick {until_tick}; the fallback holds the settings"
+                )),
+            ),
+        };
+        let same = decision.settings.len() == recorded.requested.len()
+            && decision
+                .settings
+                .iter()
+                .zip(&recorded.requested)
+                .all(|(decided, recorded)| as_recorded(decided) == *recorded);
+        report.totals.ticks_shown += 1;
+        report.totals.same += u64::from(same);
+        report.totals.different += u64::from(!same);
+        report.totals.fallback += u64::from(source != "policy");
+        report.ticks.push(TickReplay {
+            tick: recorded.tick,
+            time_s: recorded.time_s,
+            decided: decision.settings,
+            source,
+            failure,
+            recorded: recorded.requested,
+            recorded_policy: recorded.policy,
+            recorded_fallback: recorded.fallback,
+            same,
+            output,
+        });
+        Ok(true)
+    })?;
+    if report.ticks.is_empty() {
+        return Err(ReplayError::NoTicks {
+            range: request.ticks,
+            recorded: recorded_span,
+        });
+    }
+    if let Some((first, _)) = recorded_span
+        && first > 0
+    {
+        report.notes.push(format!(
+            "the run's files start at tick {first} (older ticks were rotated away): the policy did not see the ticks before, so its decisions may differ from the run's"
+        ));
+    }
+    Ok(report)
+}
+
+/// The recorded tick time: the run's clock at the tick, in whole nanoseconds.
+fn tick_time(time_s: f64) -> Duration {
+    if time_s.is_finite() && time_s >= 0.0 {
+        Duration::from_nanos((time_s * 1e9).round() as u64)
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// A decision as the recorder writes it: JSON has no NaN or infinity, so a non-finite
+/// power cap (which the envelope drops) was recorded as "leave unchanged".
+fn as_recorded(settings: &Settings) -> Settings {
+    Settings {
+        power_cap_w: settings.power_cap_w.filter(|w| w.is_finite()),
+        ..*settings
+    }
+}
+
+/// The policy started as `agent::start_policy` starts it, keeping its console (what the
+/// guest writes, and a transcript of its log messages) for the report.
+fn start(
+    host: &PluginHost,
+    spec: &PolicySpec,
+    plugin_path: &Path,
+    node: &NodeFacts,
+    summary: &RecordedSummary,
+) -> Result<(Supervisor, Vec<Settings>, GuestConsole), ReplayError> {
+    let tick = Duration::from_millis(u64::from(summary.tick_ms));
+    let (supervisor, first, _, console) =
+        agent::start_policy_watched(host, spec, plugin_path, node, summary.seed, tick)?;
+    Ok((supervisor, first, console))
+}
+
+/// The run's devices and the knobs the simulator grants the spec, and where they came
+/// from in words.
+fn node_facts(
+    request: &ReplayRequest,
+    summary: &RecordedSummary,
+) -> Result<(NodeFacts, tokwatt_core::types::Knobs, String), ReplayError> {
+    let (profile, words) = match (&request.sim_profile, summary.simulated) {
+        (Some(profile), _) => (
+            profile.clone(),
+            format!("the simulator profile `{profile}` (--sim)"),
+        ),
+        (None, true) => (
+            summary.gpu_profile.clone(),
+            format!(
+                "the simulator profile `{}` named in summary.json, with the built-in scenario (a run does not record its device facts)",
+                summary.gpu_profile
+            ),
+        ),
+        (None, false) => {
+            return Err(ReplayError::NoDeviceFacts {
+                gpu_name: summary.gpu_name.clone(),
+            });
+        }
+    };
+    let backend_request = BackendRequest {
+        target: Target::Sim(SimTarget {
+            gpus: summary.gpu_count,
+            ..SimTarget::new(profile)
+        }),
+        seed: summary.seed,
+        batch_only: false,
+    };
+    let assembled = assembly::assemble(&backend_request, &request.spec.name, request.spec.knobs)?;
+    Ok((NodeFacts::of(&assembled.backends), assembled.knobs, words))
+}
+
+fn read_summary(dir: &Path) -> Result<RecordedSummary, ReplayError> {
+    let path = dir.join(SUMMARY_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ReplayError::NotARun {
+                dir: dir.to_owned(),
+            });
+        }
+        Err(source) => return Err(ReplayError::Read { path, source }),
+    };
+    // The version first, so a foreign summary is named as such, not as damaged.
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|error| ReplayError::Damaged {
+            path: path.clone(),
+            line: error.line() as u64,
+            reason: error.to_string(),
+        })?;
+    let version = |value: Option<&serde_json::Value>| value.and_then(serde_json::Value::as_u64);
+    match version(value.get("format_version")) {
+        Some(found) if found == u64::from(agent::SUMMARY_FORMAT_VERSION) => {}
+        Some(found) => {
+            return Err(ReplayError::ForeignVersion {
+                path,
+                what: "summary.json",
+                found,
+                supported: agent::SUMMARY_FORMAT_VERSION,
+            });
+        }
+        None => {
+            return Err(ReplayError::Damaged {
+                path,
+                line: 1,
+                reason: "it has no numeric format_version".into(),
+            });
+        }
+    }
+    if let Some(found) = version(
+        value
+            .get("output_formats")
+            .and_then(|formats| formats.get("observations_jsonl")),
+    ) && found != u64::from(OBSERVATIONS_FORMAT_VERSION)
+    {
+        return Err(ReplayError::ForeignVersion {
+            path: dir.join(OBSERVATIONS_FILE),
+            what: "observations.jsonl",
+            found,
+            supported: OBSERVATIONS_FORMAT_VERSION,
+        });
+    }
+    let summary: RecordedSummary =
+        serde_json::from_value(value).map_err(|error| ReplayError::Damaged {
+            path: path.clone(),
+            line: 1,
+            reason: error.to_string(),
+        })?;
+    Ok(summary)
+}
+
+/// The observation files oldest first: `observations.N.jsonl` … `observations.1.jsonl`
+/// (a rotating run's older ones, see `recorder::Rotation`), then `observations.jsonl`.
+fn observation_files(dir: &Path) -> Result<Vec<PathBuf>, ReplayError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| ReplayError::Read {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let mut rotated: Vec<(u64, PathBuf)> = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(n) = name
+            .strip_prefix("observations.")
+            .and_then(|rest| rest.strip_suffix(".jsonl"))
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            rotated.push((n, entry.path()));
+        }
+    }
+    rotated.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
+    let mut files: Vec<PathBuf> = rotated.into_iter().map(|(_, path)| path).collect();
+    files.push(dir.join(OBSERVATIONS_FILE));
+    Ok(files)
+}
+
+/// Calls `each` with every recorded tick in order, until it returns `false`.
+fn for_each_recorded_tick(
+    dir: &Path,
+    gpus: usize,
+    each: &mut dyn FnMut(RecordedTick) -> Result<bool, ReplayError>,
+) -> Result<(), ReplayError> {
+    let mut pending: Option<(RecordedTick, PathBuf)> = None;
+    let complete = |tick: RecordedTick, path: &Path| -> Result<RecordedTick, ReplayError> {
+        if tick.observations.len() == gpus {
+            Ok(tick)
+        } else {
+            Err(ReplayError::TickIncomplete {
+                path: path.to_owned(),
+                tick: tick.tick,
+                found: tick.observations.len(),
+                expected: gpus,
+            })
+        }
+    };
+    for path in observation_files(dir)? {
+        let file = std::fs::File::open(&path).map_err(|source| ReplayError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        for (index, line) in std::io::BufReader::new(file).lines().enumerate() {
+            let line_number = index as u64 + 1;
+            let line = line.map_err(|source| ReplayError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let record = parse_line(&path, line_number, &line)?;
+            let tick = record.observation.tick;
+            if let Some((current, _)) = &mut pending
+                && current.tick == tick
+            {
+                current.observations.push(record.observation);
+                current.requested.push(record.requested);
+                continue;
+            }
+            if let Some((done, done_path)) = pending.take()
+                && !each(complete(done, &done_path)?)?
+            {
+                return Ok(());
+            }
+            pending = Some((
+                RecordedTick {
+                    tick,
+                    time_s: record.time_s,
+                    policy: record.policy,
+                    fallback: record.fallback,
+                    observations: vec![record.observation],
+                    requested: vec![record.requested],
+                },
+                path.clone(),
+            ));
+        }
+    }
+    if let Some((done, done_path)) = pending {
+        each(complete(done, &done_path)?)?;
+    }
+    Ok(())
+}
+
+fn parse_line(path: &Path, line: u64, text: &str) -> Result<RecordedLine, ReplayError> {
+    let damaged = |reason: String| ReplayError::Damaged {
+        path: path.to_owned(),
+        line,
+        reason,
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|error| damaged(error.to_string()))?;
+    match value
+        .get("format_version")
+        .and_then(serde_json::Value::as_u64)
+    {
+        Some(found) if found == u64::from(OBSERVATIONS_FORMAT_VERSION) => {}
+        Some(found) => {
+            return Err(ReplayError::ForeignVersion {
+                path: path.to_owned(),
+                what: "observations.jsonl",
+                found,
+                supported: OBSERVATIONS_FORMAT_VERSION,
+            });
+        }
+        None => return Err(damaged("the record has no numeric format_version".into())),
+    }
+    serde_json::from_value(value).map_err(|error| damaged(error.to_string()))
+}
+
+/// The replay as text for a person: a line per GPU per tick, the replayed decision
+/// beside the recorded one, what the guest wrote under it. Only the run's data and the
+/// policy's answers go in (no times of this machine), so the same replay prints the same
+/// bytes.
+pub fn render_text(report: &ReplayReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "replay of {}: policy `{}` ({}), seed {}, tick {} ms; the run started with `{}`",
+        report.run_dir,
+        report.policy,
+        report.plugin,
+        report.seed,
+        report.tick_ms,
+        report.recorded_policy
+    );
+    let _ = writeln!(out, "device facts: {}", report.device_facts);
+    for note in &report.notes {
+        let _ = writeln!(out, "note: {note}");
+    }
+    let _ = writeln!(out, "init: {}", settings_list(&report.init.settings));
+    render_output(&mut out, &report.init.output);
+    for tick in &report.ticks {
+        let mark = if tick.same { "same" } else { "DIFFERS" };
+        let _ = writeln!(out, "tick {} (t={} s): {mark}", tick.tick, tick.time_s);
+        for (gpu, decided) in tick.decided.iter().enumerate() {
+            let recorded = tick
+                .recorded
+                .get(gpu)
+                .map_or_else(|| "-".to_owned(), settings_text);
+            let _ = writeln!(
+                out,
+                "  gpu{gpu}  replay {:<34} run {recorded}{}",
+                settings_text(decided),
+                if tick.recorded_fallback {
+                    " (fallback)"
+                } else {
+                    ""
+                }
+            );
+        }
+        if let Some(failure) = &tick.failure {
+            let _ = writeln!(out, "  {}: {failure}", tick.source);
+        }
+        if tick.recorded_policy != report.policy {
+            let _ = writeln!(out, "  (the run's policy here: `{}`)", tick.recorded_policy);
+        }
+        render_output(&mut out, &tick.output);
+    }
+    let t = &report.totals;
+    let _ = writeln!(
+        out,
+        "{} ticks shown ({} fed): {} same as the run, {} different, {} decided by the fallback",
+        t.ticks_shown, t.ticks_fed, t.same, t.different, t.fallback
+    );
+    out
+}
+
+fn render_output(out: &mut String, output: &GuestOutput) {
+    for log in &output.logs {
+        let _ = writeln!(out, "    log {}: {}", log.level, log.message);
+    }
+    if output.logs_lost > 0 {
+        let _ = writeln!(out, "    log: {} more messages not kept", output.logs_lost);
+    }
+    for (name, lines, lost) in [
+        ("stdout", &output.stdout, output.stdout_bytes_lost),
+        ("stderr", &output.stderr, output.stderr_bytes_lost),
+    ] {
+        if lost > 0 {
+            let _ = writeln!(out, "    {name}| … ({lost} bytes before not kept)");
+        }
+        for line in lines {
+            let _ = writeln!(out, "    {name}| {line}");
+        }
+    }
+}
+
+fn settings_list(settings: &[Settings]) -> String {
+    settings
+        .iter()
+        .enumerate()
+        .map(|(gpu, s)| format!("gpu{gpu} {}", settings_text(s)))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// `cap 350 W, clock 1500 MHz, batch 256`; `-` for a knob left unchanged.
+fn settings_text(settings: &Settings) -> String {
+    let cap = settings
+        .power_cap_w
+        .map_or_else(|| "-".to_owned(), |w| format!("{w} W"));
+    let clock = settings
+        .sm_clock_max_mhz
+        .map_or_else(|| "-".to_owned(), |mhz| format!("{mhz} MHz"));
+    let batch = settings
+        .batch_size
+        .map_or_else(|| "-".to_owned(), |b| b.to_string());
+    format!("cap {cap}, clock {clock}, batch {batch}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_ranges_parse_with_open_ends_and_refuse_nonsense() {
+        assert_eq!(
+            TickRange::parse("3..7").expect("parses"),
+            TickRange {
+                first: Some(3),
+                last: Some(7)
+            }
+        );
+        let open = TickRange::parse("5..").expect("parses");
+        assert!(open.contains(5) && open.contains(1 << 40) && !open.contains(4));
+        let to = TickRange::parse("..2").expect("parses");
+        assert!(to.contains(0) && to.contains(2) && !to.contains(3) && to.past(3));
+        for bad in ["7..3", "3", "a..b", "1..2x"] {
+            let error = TickRange::parse(bad).expect_err(bad).to_string();
+            assert!(error.contains("write A..B"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_null_number_reads_as_nan_and_a_nan_cap_compares_as_recorded() {
+        let mut observation =
+            serde_json::to_value(tokwatt_core::types::Observation::typical_h200(0, 1))
+                .expect("serialises");
+        observation["tpot_p99_ms"] = serde_json::Value::Null;
+        let line = serde_json::json!({
+            "format_version": 1,
+            "time_s": 2.0,
+            "policy": "p",
+            "observation": observation,
+            "requested": {"power_cap_w": null, "sm_clock_max_mhz": null, "batch_size": 8},
+            "fallback": false,
+        })
+        .to_string();
+        let record = match parse_line(Path::new("o.jsonl"), 1, &line) {
+            Ok(record) => record,
+            Err(error) => panic!("{error}"),
+        };
+        let observation: Observation = record.observation;
+        assert!(observation.tpot_p99_ms.is_nan());
+        let mut expected = tokwatt_core::types::Observation::typical_h200(0, 1);
+        expected.tpot_p99_ms = observation.tpot_p99_ms;
+        assert_eq!(format!("{observation:?}"), format!("{expected:?}"));
+        let decided = Settings {
+            power_cap_w: Some(f64::NAN),
+            sm_clock_max_mhz: None,
+            batch_size: Some(8),
+        };
+        assert_eq!(as_recorded(&decided), record.requested);
+
+        let foreign = line.replacen("\"format_version\":1", "\"format_version\":2", 1);
+        assert_ne!(foreign, line);
+        let error = match parse_line(Path::new("o.jsonl"), 1, &foreign) {
+            Ok(_) => panic!("a foreign version is read"),
+            Err(error) => error.to_string(),
+        };
+        assert!(error.contains("format version 2"), "{error}");
+        assert!(error.contains("reads version 1"), "{error}");
+    }
+}

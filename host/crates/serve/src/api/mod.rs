@@ -1,0 +1,196 @@
+//! The control API's contract: what a running agent (`tokwatt serve`) answers, whatever
+//! carries the request (a Unix socket, loopback HTTP with a bearer token). The server and
+//! the CLI client live beside this file; `crate::serve` implements [`Control`].
+//!
+//! **API boundary**: the JSON of [`NodeStatus`] and of the request bodies is what
+//! operators' scripts read; [`API_VERSION`] is raised when a key is renamed or removed.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use tokwatt_core::types::{ClockEvents, InForce};
+
+/// Version of the API's JSON.
+pub const API_VERSION: u32 = 1;
+
+/// What `GET /v1/status` answers.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct NodeStatus {
+    pub api_version: u32,
+    /// The tokwatt version serving.
+    pub agent_version: String,
+    /// True when the GPUs are the simulator: every figure is simulator output.
+    pub simulated: bool,
+    /// Where the figures come from, in words.
+    pub data_source: String,
+    pub actuator: String,
+    pub workload: String,
+    /// Ticks since the agent started.
+    pub ticks: u64,
+    pub uptime_s: f64,
+    /// The loop holds the settings in force and does not ask the policy.
+    pub paused: bool,
+    /// How late ticks started against their schedule, p99 over the last
+    /// [`crate::serve::LATENESS_WINDOW`] ticks, ms (`None` before the first tick).
+    #[serde(default)]
+    pub tick_lateness_p99_ms: Option<f64>,
+    pub policy: PolicyStatus,
+    pub gpus: Vec<GpuStatus>,
+    pub failures: Failures,
+    /// The objective in force and what the objective guard did.
+    #[serde(default)]
+    pub guard: GuardStatus,
+}
+
+/// The node's objective in force and its guard, as of the last tick.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct GuardStatus {
+    /// The objective in force: the node's, narrowed by the policy's spec.
+    pub objective: tokwatt_core::types::Objective,
+    /// Whether the guard acts (`[guard] enabled`); off, it only counts.
+    pub enabled: bool,
+    /// The guard's fallback (the device defaults) decides instead of the policy.
+    pub in_charge: bool,
+    /// Ticks, node-wide, in which any GPU's window broke the objective under the policy's
+    /// own settings (of `window_ticks` recent ticks, the guard takes over at
+    /// `max_violation_ticks`).
+    pub policy_violation_ticks: u64,
+    pub takeovers: u64,
+    /// Take-overs whose fallback broke the objective as well (demand beyond the GPUs).
+    pub unservable_takeovers: u64,
+    pub takeover_ticks: u64,
+    /// Swapped-in policies rolled back for breaking the objective in probation.
+    pub objective_rollbacks: u64,
+}
+
+/// The policy in charge.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PolicyStatus {
+    pub name: String,
+    /// The plugin's content version: the first 12 hex digits of its SHA-256.
+    pub version: String,
+    pub spec: PathBuf,
+    pub plugin: PathBuf,
+    /// Ticks since it took charge.
+    pub ticks_in_charge: u64,
+    /// Still on probation after a swap (a failure brings the previous policy back).
+    pub on_probation: bool,
+    /// The policy a rollback would bring back, if any.
+    pub previous: Option<String>,
+    pub swaps: u64,
+    pub rollbacks: u64,
+    /// Earlier policies brought back by the operator (`tokwatt policy rollback`), not
+    /// counted in `swaps`.
+    #[serde(default)]
+    pub operator_rollbacks: u64,
+    pub state_carried: u64,
+    pub started_fresh: u64,
+}
+
+/// One GPU, as of the last tick.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct GpuStatus {
+    pub gpu: u32,
+    pub name: String,
+    pub uuid: String,
+    /// The settings in force after the last tick. Where the workload is a serving engine
+    /// (`NodeStatus::workload` = `prometheus`), `batch_size` is a placeholder: the batch is
+    /// the engine's, which tokwatt neither reads nor sets.
+    pub in_force: InForce,
+    /// Tokens per joule over the last tick (`None` before the first).
+    pub last_tokens_per_joule: Option<f64>,
+    pub last_power_w: Option<f64>,
+    pub last_tokens_per_s: Option<f64>,
+    /// The last tick's p99 time per output token, ms (`None`: unknown).
+    pub last_tpot_p99_ms: Option<f64>,
+    pub temperature_c: Option<f64>,
+    pub clock_events: ClockEvents,
+    pub tokens: u64,
+    pub energy_j: f64,
+    pub tokens_per_joule: f64,
+    pub slo_violation_ticks: u64,
+}
+
+/// What went wrong since the agent started, counted.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Failures {
+    pub fallback_ticks: u64,
+    pub plugin_traps: u64,
+    pub ejections: u64,
+    pub actuator_errors: u64,
+    pub telemetry_errors: u64,
+    pub slo_violation_ticks: u64,
+    pub tpot_unknown_ticks: u64,
+    /// Swaps refused (bad spec, plugin that would not start) since the agent started.
+    pub swaps_refused: u64,
+    /// The last failure an operator should read, in words (bounded, escaped).
+    pub last: Option<String>,
+}
+
+/// `POST /v1/policy/swap`'s body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SwapRequest {
+    /// The policy spec (TOML) on the agent's machine.
+    pub spec: PathBuf,
+    /// The component, overriding the spec's `plugin` (optional).
+    #[serde(default)]
+    pub plugin: Option<PathBuf>,
+}
+
+/// What an action answers once carried out.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ActionOutcome {
+    /// What happened, in words.
+    pub message: String,
+    /// The tick at which it took effect.
+    pub tick: u64,
+    /// The policy in charge afterwards.
+    pub policy: String,
+    /// For a swap: whether the new policy took the old one's state.
+    #[serde(default)]
+    pub state_carried: Option<bool>,
+}
+
+/// Why a request changed nothing. Each maps to one HTTP status.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum ControlError {
+    /// The request itself is wrong (HTTP 400): names the problem and the fix.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The request is fine but cannot be carried out now (HTTP 409), e.g. no previous
+    /// policy to roll back to.
+    #[error("{0}")]
+    Conflict(String),
+    /// The agent is stopping or the loop has ended (HTTP 503).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// What a running agent does for its API. Every method returns only once the action has
+/// taken effect at a tick boundary (or failed, changing nothing).
+pub trait Control: Send + Sync + 'static {
+    fn status(&self) -> NodeStatus;
+    /// The Prometheus text exposition of the agent's metrics.
+    fn metrics(&self) -> String;
+    fn swap(&self, request: &SwapRequest) -> Result<ActionOutcome, ControlError>;
+    fn rollback(&self) -> Result<ActionOutcome, ControlError>;
+    fn pause(&self) -> Result<ActionOutcome, ControlError>;
+    fn resume(&self) -> Result<ActionOutcome, ControlError>;
+    /// Device defaults on every GPU, then paused.
+    fn restore_defaults(&self) -> Result<ActionOutcome, ControlError>;
+}
+
+mod accept;
+mod auth;
+pub mod client;
+pub mod load;
+mod paths;
+mod routes;
+mod server;
+
+pub use client::{ApiClient, ClientError};
+pub use paths::{NoDefaultSocket, default_socket_path};
+pub use routes::{ENDPOINTS, MAX_BODY_BYTES};
+pub use server::{ApiConfig, ApiError, ApiServer};

@@ -1,0 +1,931 @@
+//! Prometheus `/metrics` for the agent: a registry of its own (`prometheus-client`),
+//! updated once per control tick from [`Progress`] and encoded in the text format.
+//!
+//! The loop's [`LoopTotals`] are run totals; they become counter increments here by
+//! keeping the last value seen. Energy, tokens and objective violations are labelled with
+//! the policy whose settings were in force during the window they measure (the one that
+//! decided the previous tick), so a swap starts the new policy's series with the first
+//! window it chose the settings for. What Progress does not carry per tick is said where
+//! it is read.
+//!
+//! The text is the classic Prometheus exposition (`text/plain; version=0.0.4`, see
+//! [`CONTENT_TYPE`]): a counter family is named with its `_total` suffix, as `promtool
+//! check metrics` and Prometheus's classic parser want. prometheus-client's own counters
+//! name the family without it (OpenMetrics), which promtool reports as samples with no
+//! HELP; [`TotalCounter`] keeps the sample names and fixes the family's.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use prometheus_client::encoding::{
+    EncodeGaugeValue, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+    MetricEncoder,
+};
+use prometheus_client::metrics::counter::{Atomic, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::Registry;
+
+use tokwatt_agent::control::Progress;
+use tokwatt_core::types::{ClockEvents, DeviceInfo, Observation};
+
+/// The HTTP `Content-Type` of [`AgentMetrics::encode`]'s text.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Upper bounds of `tokwatt_policy_decide_duration_seconds`: a wasm `decide` takes tens
+/// of microseconds; the epoch deadline stops one long before a second.
+const DECIDE_BUCKETS_S: [f64; 16] = [
+    10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1,
+    0.25, 0.5, 1.0,
+];
+
+/// Upper bounds of `tokwatt_tick_lateness_seconds`: from a scheduler's jitter to a loop
+/// that fell whole ticks behind.
+const LATENESS_BUCKETS_S: [f64; 22] = [
+    1e-6, 2.5e-6, 5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
+    25e-3, 50e-3, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Clock-event reasons, by their label value.
+const CLOCK_EVENT_REASONS: [&str; 6] = [
+    "gpu_idle",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sw_thermal",
+    "hw_thermal",
+    "clock_setting",
+];
+
+fn clock_event_active(events: &ClockEvents, reason: &str) -> bool {
+    match reason {
+        "gpu_idle" => events.gpu_idle,
+        "sw_power_cap" => events.sw_power_cap,
+        "hw_slowdown" => events.hw_slowdown,
+        "sw_thermal" => events.sw_thermal,
+        "hw_thermal" => events.hw_thermal,
+        "clock_setting" => events.clock_setting,
+        _ => false,
+    }
+}
+
+const MHZ_TO_HZ: f64 = 1e6;
+
+type GaugeF64 = Gauge<f64, AtomicU64>;
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// A counter whose family is named with `_total`, as the classic text format wants (see
+/// the module docs). Its sample has the same name as a prometheus-client counter's.
+#[derive(Debug, Default)]
+struct TotalCounter<N, A = AtomicU64>(Counter<N, A>);
+
+// By hand: the derive would ask for `A: Clone`, and a clone shares the count anyway.
+impl<N, A> Clone for TotalCounter<N, A> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<N, A: Atomic<N>> TotalCounter<N, A> {
+    fn inc_by(&self, amount: N) {
+        self.0.inc_by(amount);
+    }
+
+    #[cfg(test)]
+    fn get(&self) -> N {
+        self.0.get()
+    }
+}
+
+impl<N, A> TypedMetric for TotalCounter<N, A> {
+    const TYPE: MetricType = MetricType::Counter;
+}
+
+impl<N: EncodeGaugeValue, A: Atomic<N>> EncodeMetric for TotalCounter<N, A> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        // A plain sample line (no suffix added): the family's name already ends in _total.
+        encoder.encode_gauge(&self.0.get())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+/// A label value escaped for the text format (prometheus-client writes label values as
+/// given; a policy's name comes from an operator's spec and may hold `"` or `\`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct LabelText(String);
+
+impl LabelText {
+    fn new(raw: &str) -> Self {
+        let mut escaped = String::with_capacity(raw.len());
+        for c in raw.chars() {
+            match c {
+                '\\' => escaped.push_str("\\\\"),
+                '"' => escaped.push_str("\\\""),
+                '\n' => escaped.push_str("\\n"),
+                c => escaped.push(c),
+            }
+        }
+        Self(escaped)
+    }
+}
+
+impl EncodeLabelValue for LabelText {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct GpuLabels {
+    gpu: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct GpuReasonLabels {
+    gpu: String,
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct GpuPolicyLabels {
+    gpu: String,
+    policy: LabelText,
+    version: LabelText,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
+struct PolicyLabels {
+    policy: LabelText,
+    version: LabelText,
+}
+
+impl PolicyLabels {
+    fn new(policy: &str, version: &str) -> Self {
+        Self {
+            policy: LabelText::new(policy),
+            version: LabelText::new(version),
+        }
+    }
+
+    fn on_gpu(&self, gpu: &str) -> GpuPolicyLabels {
+        GpuPolicyLabels {
+            gpu: gpu.to_owned(),
+            policy: self.policy.clone(),
+            version: self.version.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct AgentInfoLabels {
+    version: &'static str,
+    simulated: &'static str,
+    dry_run: &'static str,
+}
+
+/// Per-GPU series.
+#[derive(Debug, Default)]
+struct GpuFamilies {
+    power_watts: Family<GpuLabels, GaugeF64>,
+    tokens_per_joule: Family<GpuLabels, GaugeF64>,
+    tokens_per_second: Family<GpuLabels, GaugeF64>,
+    power_cap_requested_watts: Family<GpuLabels, GaugeF64>,
+    power_cap_enforced_watts: Family<GpuLabels, GaugeF64>,
+    sm_clock_max_requested_hertz: Family<GpuLabels, GaugeF64>,
+    sm_clock_hertz: Family<GpuLabels, GaugeF64>,
+    memory_clock_hertz: Family<GpuLabels, GaugeF64>,
+    batch_size: Family<GpuLabels, GaugeF64>,
+    temperature_celsius: Family<GpuLabels, GaugeF64>,
+    tpot_p99_seconds: Family<GpuLabels, GaugeF64>,
+    tpot_unknown_ticks: Family<GpuLabels, TotalCounter<u64>>,
+    clock_event_active: Family<GpuReasonLabels, GaugeF64>,
+    clock_event_ticks: Family<GpuReasonLabels, TotalCounter<u64>>,
+    energy_joules: Family<GpuPolicyLabels, TotalCounter<f64>>,
+    tokens: Family<GpuPolicyLabels, TotalCounter<u64>>,
+    slo_violation_ticks: Family<GpuPolicyLabels, TotalCounter<u64>>,
+}
+
+/// Per-policy series.
+#[derive(Debug)]
+struct PolicyFamilies {
+    decide_duration_seconds: HistogramFamily<PolicyLabels>,
+    traps: Family<PolicyLabels, TotalCounter<u64>>,
+    fallback_ticks: Family<PolicyLabels, TotalCounter<u64>>,
+    ejections: Family<PolicyLabels, TotalCounter<u64>>,
+    swaps: Family<PolicyLabels, TotalCounter<u64>>,
+    rollbacks: Family<PolicyLabels, TotalCounter<u64>>,
+    objective_rollbacks: Family<PolicyLabels, TotalCounter<u64>>,
+    guard_takeovers: Family<PolicyLabels, TotalCounter<u64>>,
+    guard_takeover_ticks: Family<PolicyLabels, TotalCounter<u64>>,
+    swaps_refused: TotalCounter<u64>,
+    info: Family<PolicyLabels, GaugeF64>,
+    on_probation: Family<PolicyLabels, GaugeF64>,
+}
+
+/// Agent-wide series.
+#[derive(Debug)]
+struct AgentFamilies {
+    tick_lateness_seconds: Histogram,
+    ticks: TotalCounter<u64>,
+    /// Node-wide, without a policy label: present at zero from the start, so
+    /// `increase()` counts every swap (a per-policy series first seen above zero loses
+    /// what it held then).
+    swaps: TotalCounter<u64>,
+    rollbacks: TotalCounter<u64>,
+    operator_rollbacks: TotalCounter<u64>,
+    actuator_errors: TotalCounter<u64>,
+    telemetry_errors: TotalCounter<u64>,
+    paused: GaugeF64,
+    guard_in_charge: GaugeF64,
+}
+
+/// The last run totals seen, to turn them into increments.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The policy in charge after the last tick observed.
+    in_charge: Option<PolicyLabels>,
+    /// The policy that decided the last tick observed (the failing one where it was
+    /// rolled back): its settings are in force during the next window.
+    last_decided_by: Option<PolicyLabels>,
+    /// Run-wide plugin traps and ejections (over every policy that was in charge).
+    traps: u64,
+    ejections: u64,
+    ticks: u64,
+    fallback_ticks: u64,
+    swaps: u64,
+    rollbacks: u64,
+    operator_rollbacks: u64,
+    objective_rollbacks: u64,
+    guard_takeovers: u64,
+    guard_takeover_ticks: u64,
+    actuator_errors: u64,
+    telemetry_errors: u64,
+    /// Per GPU index.
+    slo_violation_ticks: BTreeMap<u32, u64>,
+}
+
+/// How much a run total grew since it was last seen. A total below the last one is a new
+/// run's (the loop's totals never decrease within a run): all of it is new.
+fn advance(last: &mut u64, now: u64) -> u64 {
+    let grown = if now >= *last { now - *last } else { now };
+    *last = now;
+    grown
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The GPUs' labels, for the series a policy announced before it takes over.
+    gpus: Vec<String>,
+    /// The batch size belongs to a serving engine, which tokwatt neither reads nor sets:
+    /// the batch gauge stays absent rather than showing the workload's placeholder.
+    engine_batch: bool,
+    registry: Registry,
+    gpu: GpuFamilies,
+    policy: PolicyFamilies,
+    agent: AgentFamilies,
+    seen: Seen,
+}
+
+/// The agent's Prometheus metrics. Shared between the loop (which calls
+/// [`AgentMetrics::observe`] after every tick) and the HTTP handler (which calls
+/// [`AgentMetrics::encode`]); a scrape sees one tick's update whole.
+#[derive(Debug)]
+pub struct AgentMetrics {
+    inner: Mutex<Inner>,
+}
+
+impl AgentMetrics {
+    /// Metrics for an agent driving `devices`; `simulated` labels every figure as the
+    /// simulator's (`tokwatt_info{simulated="true"}`), `dry_run` says that no setting is
+    /// changed, so the cap and clock gauges show what the dry run pretends is set
+    /// (`tokwatt_info{dry_run="true"}`).
+    pub fn new(devices: &[DeviceInfo], simulated: bool, dry_run: bool) -> Self {
+        let mut registry = Registry::default();
+        let gpu = GpuFamilies::default();
+        let policy = PolicyFamilies {
+            decide_duration_seconds: Family::new_with_constructor(|| {
+                Histogram::new(DECIDE_BUCKETS_S)
+            }),
+            traps: Family::default(),
+            fallback_ticks: Family::default(),
+            ejections: Family::default(),
+            swaps: Family::default(),
+            rollbacks: Family::default(),
+            objective_rollbacks: Family::default(),
+            guard_takeovers: Family::default(),
+            guard_takeover_ticks: Family::default(),
+            swaps_refused: TotalCounter::default(),
+            info: Family::default(),
+            on_probation: Family::default(),
+        };
+        let agent = AgentFamilies {
+            tick_lateness_seconds: Histogram::new(LATENESS_BUCKETS_S),
+            ticks: TotalCounter::default(),
+            swaps: TotalCounter::default(),
+            rollbacks: TotalCounter::default(),
+            operator_rollbacks: TotalCounter::default(),
+            actuator_errors: TotalCounter::default(),
+            telemetry_errors: TotalCounter::default(),
+            paused: GaugeF64::default(),
+            guard_in_charge: GaugeF64::default(),
+        };
+        register_gpu(&mut registry, &gpu);
+        register_policy(&mut registry, &policy);
+        register_agent(&mut registry, &agent, simulated, dry_run);
+        // Counters start at zero for every GPU, so a rate over the first scrapes is defined.
+        for device in devices {
+            let gpu_label = device.index.to_string();
+            gpu.tpot_unknown_ticks
+                .get_or_create(&GpuLabels {
+                    gpu: gpu_label.clone(),
+                })
+                .inc_by(0);
+            for reason in CLOCK_EVENT_REASONS {
+                gpu.clock_event_ticks
+                    .get_or_create(&GpuReasonLabels {
+                        gpu: gpu_label.clone(),
+                        reason,
+                    })
+                    .inc_by(0);
+            }
+        }
+        Self {
+            inner: Mutex::new(Inner {
+                gpus: devices.iter().map(|d| d.index.to_string()).collect(),
+                engine_batch: false,
+                registry,
+                gpu,
+                policy,
+                agent,
+                seen: Seen::default(),
+            }),
+        }
+    }
+
+    /// Called by the serve loop after every tick. `policy_version` is the plugin's
+    /// content version (12 hex digits) of the policy in charge.
+    /// The GPUs' batch size belongs to their serving engines: `tokwatt_gpu_batch_size`
+    /// stays absent (tokwatt neither knows nor sets it).
+    pub fn with_engine_batch(self) -> Self {
+        self.lock().engine_batch = true;
+        self
+    }
+
+    pub fn observe(&self, progress: &Progress<'_>, policy_version: &str) {
+        self.lock().observe(progress, policy_version);
+    }
+
+    /// Make a policy's series exist at zero before it takes over (its counters per
+    /// policy, and its energy, tokens and violations on every GPU), so that
+    /// `increase()` over a scrape that spans its first ticks counts them whole: a series
+    /// that first appears above zero loses what it held when first seen.
+    pub fn announce(&self, policy: &str, version: &str) {
+        let inner = self.lock();
+        let labels = PolicyLabels::new(policy, version);
+        inner.policy.touch(&labels);
+        for gpu in &inner.gpus {
+            let by_policy = labels.on_gpu(gpu);
+            inner
+                .gpu
+                .energy_joules
+                .get_or_create(&by_policy)
+                .inc_by(0.0);
+            inner.gpu.tokens.get_or_create(&by_policy).inc_by(0);
+            inner
+                .gpu
+                .slo_violation_ticks
+                .get_or_create(&by_policy)
+                .inc_by(0);
+        }
+    }
+
+    /// Count a refused swap (bad spec or plugin): the loop never sees those.
+    pub fn swap_refused(&self) {
+        self.lock().policy.swaps_refused.inc_by(1);
+    }
+
+    /// The text exposition ([`CONTENT_TYPE`]), ending with `# EOF`.
+    pub fn encode(&self) -> String {
+        let inner = self.lock();
+        let mut text = String::new();
+        // Writing into a String cannot fail, and these metrics' encoders only write; an
+        // error would leave the text without its `# EOF`, which a scraper reports.
+        if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &inner.registry) {
+            tracing::error!("encoding the metrics failed: {error}");
+        }
+        text
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic elsewhere while holding the lock leaves counters that are still counts.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Inner {
+    fn observe(&mut self, progress: &Progress<'_>, policy_version: &str) {
+        let totals = progress.totals;
+        let in_charge = PolicyLabels::new(progress.policy, policy_version);
+        let before = self.seen.in_charge.clone();
+        let swapped = advance(&mut self.seen.swaps, totals.swaps.swaps);
+        let rolled_back = advance(&mut self.seen.rollbacks, totals.swaps.rollbacks);
+        // An operator's rollback takes over as a swap does (its policy's `init` decides).
+        let brought_back = advance(
+            &mut self.seen.operator_rollbacks,
+            totals.swaps.operator_rollbacks,
+        );
+        // A rollback happens after the failing policy decided, so the one in charge now
+        // is the one that came back; the failing one was in charge after the last tick.
+        // (A swap and a rollback in the same tick leave the failing one unnamed.)
+        let decided_by = match &before {
+            Some(failed) if rolled_back > 0 && swapped + brought_back == 0 => failed.clone(),
+            _ => in_charge.clone(),
+        };
+        // The window this tick measured ran on the settings of the last tick's decision
+        // (on the first tick, the first policy's `init`).
+        let window_policy = self
+            .seen
+            .last_decided_by
+            .replace(decided_by.clone())
+            .unwrap_or_else(|| in_charge.clone());
+
+        if before.as_ref() != Some(&in_charge) {
+            if let Some(before) = &before {
+                self.policy.info.get_or_create(before).set(0.0);
+                self.policy.on_probation.get_or_create(before).set(0.0);
+            }
+            self.policy.touch(&in_charge);
+        }
+        self.policy.info.get_or_create(&in_charge).set(1.0);
+        self.policy
+            .on_probation
+            .get_or_create(&in_charge)
+            .set(if progress.on_probation { 1.0 } else { 0.0 });
+
+        // Traps and ejections are run-wide totals; this tick's happened in the call of
+        // the policy that decided it (the failing one, where it was rolled back).
+        let traps = advance(&mut self.seen.traps, totals.plugin_traps);
+        let ejections = advance(&mut self.seen.ejections, totals.policy_counters.ejections);
+        self.policy.traps.get_or_create(&decided_by).inc_by(traps);
+        self.policy
+            .ejections
+            .get_or_create(&decided_by)
+            .inc_by(ejections);
+        self.policy.swaps.get_or_create(&in_charge).inc_by(swapped);
+        self.policy
+            .rollbacks
+            .get_or_create(&decided_by)
+            .inc_by(rolled_back);
+        let objective_rollbacks = advance(
+            &mut self.seen.objective_rollbacks,
+            totals.swaps.objective_rollbacks,
+        );
+        self.policy
+            .objective_rollbacks
+            .get_or_create(&decided_by)
+            .inc_by(objective_rollbacks);
+        // The guard takes over from the policy whose settings broke the objective: the
+        // one that decided the window before.
+        let takeovers = advance(&mut self.seen.guard_takeovers, totals.guard.takeovers);
+        self.policy
+            .guard_takeovers
+            .get_or_create(&window_policy)
+            .inc_by(takeovers);
+        let takeover_ticks = advance(
+            &mut self.seen.guard_takeover_ticks,
+            totals.guard.takeover_ticks,
+        );
+        self.policy
+            .guard_takeover_ticks
+            .get_or_create(&in_charge)
+            .inc_by(takeover_ticks);
+        self.agent
+            .guard_in_charge
+            .set(if progress.guard_in_charge { 1.0 } else { 0.0 });
+        let fallbacks = advance(&mut self.seen.fallback_ticks, totals.fallback_ticks);
+        self.policy
+            .fallback_ticks
+            .get_or_create(&decided_by)
+            .inc_by(fallbacks);
+        if let Some(took) = progress.decide_time {
+            self.policy
+                .decide_duration_seconds
+                .get_or_create(&decided_by)
+                .observe(took.as_secs_f64());
+        }
+
+        let ticks = advance(&mut self.seen.ticks, totals.ticks);
+        self.agent.ticks.inc_by(ticks);
+        self.agent.swaps.inc_by(swapped);
+        self.agent.rollbacks.inc_by(rolled_back);
+        self.agent.operator_rollbacks.inc_by(brought_back);
+        self.agent.actuator_errors.inc_by(advance(
+            &mut self.seen.actuator_errors,
+            totals.actuator_errors,
+        ));
+        let telemetry_errors = advance(&mut self.seen.telemetry_errors, totals.telemetry_errors);
+        self.agent.telemetry_errors.inc_by(telemetry_errors);
+        self.agent
+            .tick_lateness_seconds
+            .observe(progress.lateness.as_secs_f64());
+        self.agent
+            .paused
+            .set(if progress.paused { 1.0 } else { 0.0 });
+
+        for observation in progress.observations {
+            let slo_total = totals
+                .gpus
+                .iter()
+                .find(|g| g.gpu == observation.gpu)
+                .map(|g| g.slo_violation_ticks);
+            // The loop substitutes an empty window for a failed telemetry read; its zeros
+            // are no reading, so those series are left out for the tick (the failure is
+            // counted in tokwatt_telemetry_errors_total).
+            let telemetry_missing = telemetry_errors > 0 && is_empty_telemetry(observation);
+            self.observe_gpu(observation, &window_policy, slo_total, telemetry_missing);
+        }
+        self.seen.in_charge = Some(in_charge);
+    }
+
+    fn observe_gpu(
+        &mut self,
+        obs: &Observation,
+        window_policy: &PolicyLabels,
+        slo_total: Option<u64>,
+        telemetry_missing: bool,
+    ) {
+        let gpu = obs.gpu.to_string();
+        let labels = GpuLabels { gpu: gpu.clone() };
+        let families = &self.gpu;
+        let set = |family: &Family<GpuLabels, GaugeF64>, value: f64| {
+            family.get_or_create(&labels).set(value);
+        };
+        let unset = |family: &Family<GpuLabels, GaugeF64>| {
+            family.remove(&labels);
+        };
+
+        // The settings in force during the window.
+        set(
+            &families.power_cap_requested_watts,
+            obs.in_force.power_cap_requested_w,
+        );
+        set(&families.power_cap_enforced_watts, obs.in_force.power_cap_w);
+        set(
+            &families.sm_clock_max_requested_hertz,
+            f64::from(obs.in_force.sm_clock_max_mhz) * MHZ_TO_HZ,
+        );
+        if !self.engine_batch {
+            set(&families.batch_size, f64::from(obs.in_force.batch_size));
+        }
+        set(&families.tokens_per_second, obs.tokens_per_s);
+
+        if telemetry_missing {
+            for family in [
+                &families.power_watts,
+                &families.tokens_per_joule,
+                &families.sm_clock_hertz,
+                &families.memory_clock_hertz,
+                &families.temperature_celsius,
+            ] {
+                unset(family);
+            }
+            for reason in CLOCK_EVENT_REASONS {
+                families.clock_event_active.remove(&GpuReasonLabels {
+                    gpu: gpu.clone(),
+                    reason,
+                });
+            }
+        } else {
+            set(&families.power_watts, obs.power_avg_w);
+            // No energy measured, no ratio (the loop's ratio reads 0 there).
+            if obs.energy_j > 0.0 && obs.tokens_per_joule.is_finite() {
+                set(&families.tokens_per_joule, obs.tokens_per_joule);
+            } else {
+                unset(&families.tokens_per_joule);
+            }
+            set(
+                &families.sm_clock_hertz,
+                f64::from(obs.sm_clock_mhz) * MHZ_TO_HZ,
+            );
+            set(
+                &families.memory_clock_hertz,
+                f64::from(obs.mem_clock_mhz) * MHZ_TO_HZ,
+            );
+            set(&families.temperature_celsius, obs.temperature_c);
+            for reason in CLOCK_EVENT_REASONS {
+                let labels = GpuReasonLabels {
+                    gpu: gpu.clone(),
+                    reason,
+                };
+                let active = clock_event_active(&obs.clock_events, reason);
+                families
+                    .clock_event_active
+                    .get_or_create(&labels)
+                    .set(if active { 1.0 } else { 0.0 });
+                families
+                    .clock_event_ticks
+                    .get_or_create(&labels)
+                    .inc_by(u64::from(active));
+            }
+        }
+
+        // TPOT is a measurement only where tokens flowed; NaN there is an engine's
+        // histogram without observations: no series, a counted tick.
+        if obs.tokens > 0 && obs.tpot_p99_ms.is_finite() {
+            set(&families.tpot_p99_seconds, obs.tpot_p99_ms / 1e3);
+        } else {
+            unset(&families.tpot_p99_seconds);
+            if obs.tokens > 0 {
+                families.tpot_unknown_ticks.get_or_create(&labels).inc_by(1);
+            }
+        }
+
+        let by_policy = window_policy.on_gpu(&gpu);
+        if obs.energy_j.is_finite() && obs.energy_j >= 0.0 {
+            families
+                .energy_joules
+                .get_or_create(&by_policy)
+                .inc_by(obs.energy_j);
+        } else {
+            tracing::warn!(
+                gpu = obs.gpu,
+                energy_j = obs.energy_j,
+                "a window's energy is not a count of joules; left out of tokwatt_gpu_energy_joules_total"
+            );
+        }
+        families.tokens.get_or_create(&by_policy).inc_by(obs.tokens);
+        let violations = match slo_total {
+            Some(total) => advance(
+                self.seen.slo_violation_ticks.entry(obs.gpu).or_default(),
+                total,
+            ),
+            None => 0,
+        };
+        families
+            .slo_violation_ticks
+            .get_or_create(&by_policy)
+            .inc_by(violations);
+    }
+}
+
+impl PolicyFamilies {
+    /// Every counter of a policy, at zero, from the tick it is first seen.
+    fn touch(&self, policy: &PolicyLabels) {
+        for family in [
+            &self.traps,
+            &self.fallback_ticks,
+            &self.ejections,
+            &self.swaps,
+            &self.rollbacks,
+            &self.objective_rollbacks,
+            &self.guard_takeovers,
+            &self.guard_takeover_ticks,
+        ] {
+            family.get_or_create(policy).inc_by(0);
+        }
+    }
+}
+
+/// The window the loop substitutes when a telemetry read failed.
+fn is_empty_telemetry(obs: &Observation) -> bool {
+    obs.energy_j == 0.0
+        && obs.sm_clock_mhz == 0
+        && obs.mem_clock_mhz == 0
+        && obs.temperature_c == 0.0
+        && obs.power_peak_w == 0.0
+}
+
+/// Where the per-GPU figures come from, for HELP texts.
+const FROM_TELEMETRY: &str = "NVML on a GPU, the simulator where tokwatt_info says simulated";
+
+fn register_gpu(registry: &mut Registry, families: &GpuFamilies) {
+    let gauges: [(&str, String, &Family<GpuLabels, GaugeF64>); 11] = [
+        (
+            "tokwatt_gpu_power_watts",
+            format!("Average power over the last control window, watts: energy counter difference over the window ({FROM_TELEMETRY})"),
+            &families.power_watts,
+        ),
+        (
+            "tokwatt_gpu_tokens_per_joule",
+            format!("Tokens per joule over the last control window: the workload's tokens over the energy counter difference ({FROM_TELEMETRY}); absent when no energy was measured"),
+            &families.tokens_per_joule,
+        ),
+        (
+            "tokwatt_gpu_tokens_per_second",
+            "Tokens per second over the last control window, from the workload (the decode workload, a serving engine's metrics or the simulator)".to_owned(),
+            &families.tokens_per_second,
+        ),
+        (
+            "tokwatt_gpu_power_cap_requested_watts",
+            "Power cap tokwatt last requested of the GPU, watts (the device's own setting before the first change), in force during the last window".to_owned(),
+            &families.power_cap_requested_watts,
+        ),
+        (
+            "tokwatt_gpu_power_cap_enforced_watts",
+            format!("Power cap the GPU enforced during the last window, watts ({FROM_TELEMETRY}); below the request when something outside tokwatt holds it lower. In a dry run (tokwatt_info dry_run=\"true\"), the cap the dry run pretends is set: the GPU's own is unchanged"),
+            &families.power_cap_enforced_watts,
+        ),
+        (
+            "tokwatt_gpu_sm_clock_max_requested_hertz",
+            "Upper bound of the SM clock lock in force during the last window, hertz (the highest supported clock when unlocked)".to_owned(),
+            &families.sm_clock_max_requested_hertz,
+        ),
+        (
+            "tokwatt_gpu_sm_clock_hertz",
+            format!("Measured SM clock, median of the last window's samples, hertz ({FROM_TELEMETRY})"),
+            &families.sm_clock_hertz,
+        ),
+        (
+            "tokwatt_gpu_memory_clock_hertz",
+            format!("Measured memory clock in the last window, hertz ({FROM_TELEMETRY})"),
+            &families.memory_clock_hertz,
+        ),
+        (
+            "tokwatt_gpu_batch_size",
+            "Batch size in force during the last window, sequences (as the workload reports it)".to_owned(),
+            &families.batch_size,
+        ),
+        (
+            "tokwatt_gpu_temperature_celsius",
+            format!("GPU temperature at the end of the last window, degrees Celsius ({FROM_TELEMETRY})"),
+            &families.temperature_celsius,
+        ),
+        (
+            "tokwatt_gpu_tpot_p99_seconds",
+            "99th percentile time per output token in the last window, seconds, from the workload; absent where no tokens flowed or the source had no TPOT observation (counted in tokwatt_gpu_tpot_unknown_ticks_total)".to_owned(),
+            &families.tpot_p99_seconds,
+        ),
+    ];
+    for (name, help, family) in gauges {
+        registry.register(name, help, family.clone());
+    }
+    registry.register(
+        "tokwatt_gpu_tpot_unknown_ticks_total",
+        "Ticks in which tokens flowed but the workload's TPOT p99 was unknown (a serving engine's histogram without observations in the window)",
+        families.tpot_unknown_ticks.clone(),
+    );
+    registry.register(
+        "tokwatt_gpu_clock_event_active",
+        format!(
+            "1 when the clock-event reason was active in the last window, else 0 ({FROM_TELEMETRY})"
+        ),
+        families.clock_event_active.clone(),
+    );
+    registry.register(
+        "tokwatt_gpu_clock_event_ticks_total",
+        format!("Ticks in which the clock-event reason was active ({FROM_TELEMETRY})"),
+        families.clock_event_ticks.clone(),
+    );
+    registry.register(
+        "tokwatt_gpu_energy_joules_total",
+        format!("Energy the GPU used, joules, from the energy counter over each window ({FROM_TELEMETRY}), by the policy whose settings were in force"),
+        families.energy_joules.clone(),
+    );
+    registry.register(
+        "tokwatt_gpu_tokens_total",
+        "Tokens the workload generated on the GPU, by the policy whose settings were in force",
+        families.tokens.clone(),
+    );
+    registry.register(
+        "tokwatt_gpu_slo_violation_ticks_total",
+        "Ticks whose window broke the objective of the policy spec in charge (TPOT, throughput, queue wait, demand turned away), by the policy whose settings were in force",
+        families.slo_violation_ticks.clone(),
+    );
+}
+
+fn register_policy(registry: &mut Registry, families: &PolicyFamilies) {
+    registry.register(
+        "tokwatt_policy_decide_duration_seconds",
+        "Wall time of the policy's decide call, seconds (the wasm call with its sandbox checks), by the policy that decided",
+        families.decide_duration_seconds.clone(),
+    );
+    registry.register(
+        "tokwatt_policy_traps_total",
+        "Failures that trapped the policy's instance (trap, fuel, deadline, memory limit), by the policy in charge",
+        families.traps.clone(),
+    );
+    registry.register(
+        "tokwatt_policy_fallback_ticks_total",
+        "Ticks decided by the safe fallback (it holds the settings) because the policy failed or is ejected, by the policy that failed",
+        families.fallback_ticks.clone(),
+    );
+    registry.register(
+        "tokwatt_policy_ejections_total",
+        "Times the circuit breaker ejected the policy after consecutive failures",
+        families.ejections.clone(),
+    );
+    registry.register(
+        "tokwatt_policy_swaps_total",
+        "Hot swaps, by the policy swapped in",
+        families.swaps.clone(),
+    );
+    registry.register(
+        "tokwatt_policy_rollbacks_total",
+        "Swapped-in policies that failed in probation and gave way to the previous one, by the policy rolled back",
+        families.rollbacks.clone(),
+    );
+    registry.register(
+        "tokwatt_policy_objective_rollbacks_total",
+        "Swapped-in policies rolled back for breaking the node's objective in probation more often than the policy they replaced, by the policy rolled back",
+        families.objective_rollbacks.clone(),
+    );
+    registry.register(
+        "tokwatt_guard_takeovers_total",
+        "Times the objective guard took the node over because the policy's settings broke the objective on too many recent ticks, by that policy",
+        families.guard_takeovers.clone(),
+    );
+    registry.register(
+        "tokwatt_guard_takeover_ticks_total",
+        "Ticks decided by the objective guard's fallback (the device defaults) instead of the policy, by the policy in charge",
+        families.guard_takeover_ticks.clone(),
+    );
+    registry.register(
+        "tokwatt_policy_swaps_refused_total",
+        "Swap requests refused before reaching the loop (a bad spec or plugin); nothing changed",
+        families.swaps_refused.clone(),
+    );
+    registry.register(
+        "tokwatt_policy_info",
+        "1 for the policy in charge, 0 for one that was; version is the plugin's content version",
+        families.info.clone(),
+    );
+    registry.register(
+        "tokwatt_policy_on_probation",
+        "1 while the policy swapped in is on probation (a failure brings the previous one back), else 0",
+        families.on_probation.clone(),
+    );
+}
+
+fn register_agent(
+    registry: &mut Registry,
+    families: &AgentFamilies,
+    simulated: bool,
+    dry_run: bool,
+) {
+    registry.register(
+        "tokwatt_tick_lateness_seconds",
+        "How late each control tick started against its schedule, seconds (the virtual clock's in a simulated run)",
+        families.tick_lateness_seconds.clone(),
+    );
+    registry.register(
+        "tokwatt_ticks_total",
+        "Control ticks run",
+        families.ticks.clone(),
+    );
+    registry.register(
+        "tokwatt_swaps_total",
+        "Hot swaps on the node, whichever policy (exact under increase(): present at zero from the start)",
+        families.swaps.clone(),
+    );
+    registry.register(
+        "tokwatt_rollbacks_total",
+        "Rollbacks on the node (a failure or the objective in probation), whichever policy",
+        families.rollbacks.clone(),
+    );
+    registry.register(
+        "tokwatt_operator_rollbacks_total",
+        "Earlier policies brought back by the operator (tokwatt policy rollback), whichever policy; not counted in tokwatt_swaps_total",
+        families.operator_rollbacks.clone(),
+    );
+    registry.register(
+        "tokwatt_actuator_errors_total",
+        "Setting changes (power cap, clock lock, batch size) that failed; the old setting stayed",
+        families.actuator_errors.clone(),
+    );
+    registry.register(
+        "tokwatt_telemetry_errors_total",
+        "Telemetry reads that failed; that GPU's telemetry series are absent for the tick",
+        families.telemetry_errors.clone(),
+    );
+    registry.register(
+        "tokwatt_paused",
+        "1 while an operator holds the settings (the policy is not asked), else 0",
+        families.paused.clone(),
+    );
+    registry.register(
+        "tokwatt_guard_in_charge",
+        "1 while the objective guard's fallback (the device defaults) decides instead of the policy, else 0",
+        families.guard_in_charge.clone(),
+    );
+    let info: Family<AgentInfoLabels, GaugeF64> = Family::default();
+    info.get_or_create(&AgentInfoLabels {
+        version: env!("CARGO_PKG_VERSION"),
+        simulated: if simulated { "true" } else { "false" },
+        dry_run: if dry_run { "true" } else { "false" },
+    })
+    .set(1.0);
+    registry.register(
+        "tokwatt_info",
+        "1, labelled with the agent's version, whether its GPUs are simulated (then every figure here is simulator output, never a GPU's), and whether it is a dry run (then no GPU setting is changed, and the power cap and SM clock gauges show what the dry run pretends is set)",
+        info,
+    );
+}
+
+#[cfg(test)]
+mod tests;

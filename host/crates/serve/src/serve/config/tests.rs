@@ -1,0 +1,275 @@
+use super::*;
+
+fn parse(text: &str) -> Result<ServeConfig, ConfigError> {
+    ServeConfig::parse(Path::new("/etc/tokwatt/serve.toml"), text)
+}
+
+fn error(text: &str) -> String {
+    parse(text).expect_err("the config is refused").to_string()
+}
+
+const SIM: &str = r#"
+[policy]
+spec = "policies/slo-batch.toml"
+
+[node]
+backend = "sim"
+sim_gpus = 8
+tick = "100ms"
+"#;
+
+#[test]
+fn a_simulated_node_needs_only_a_policy_and_a_backend() {
+    let config = parse(SIM).expect("valid");
+    assert_eq!(
+        config.backend,
+        NodeBackend::Sim {
+            profile: "h200".into(),
+            gpus: 8,
+            scenario: None,
+            realtime: true
+        }
+    );
+    assert_eq!(config.workload, ServeWorkload::Sim);
+    assert_eq!(config.tick, Some(Duration::from_millis(100)));
+    // Relative to the config's folder.
+    assert_eq!(
+        config.policy_spec,
+        PathBuf::from("/etc/tokwatt/policies/slo-batch.toml")
+    );
+    assert_eq!(
+        config.probation_ticks,
+        tokwatt_agent::swap::DEFAULT_PROBATION_TICKS
+    );
+    assert!(config.http.is_none() && config.metrics_listen.is_none());
+}
+
+#[test]
+fn real_gpus_with_one_engine_each() {
+    let config = parse(
+        r#"
+[policy]
+spec = "/p/slo.toml"
+probation_ticks = 5
+
+[node]
+gpus = [0, 1]
+dry_run = true
+
+[workload]
+source = "external"
+[[workload.engine]]
+gpu = 0
+url = "http://127.0.0.1:8000/metrics"
+[[workload.engine]]
+gpu = 1
+url = "http://[::1]:8001/metrics"
+engine = "sglang"
+
+[api]
+http = "127.0.0.1:9400"
+token_file = "token"
+
+[metrics]
+listen = "0.0.0.0:9401"
+
+[output]
+max_file_mib = 8
+keep_files = 2
+"#,
+    )
+    .expect("valid");
+    assert_eq!(
+        config.backend,
+        NodeBackend::Nvml {
+            gpus: Some(vec![0, 1])
+        }
+    );
+    let ServeWorkload::External(engines) = &config.workload else {
+        panic!("external: {:?}", config.workload)
+    };
+    assert_eq!(engines[1].engine, Engine::Sglang);
+    assert_eq!(engines[1].token_counter, "sglang:generation_tokens_total");
+    assert_eq!(config.token_file, Some(PathBuf::from("/etc/tokwatt/token")));
+    assert_eq!(config.max_file_bytes, 8 * 1024 * 1024);
+    assert_eq!((config.keep_files, config.probation_ticks), (2, 5));
+    assert!(config.dry_run);
+}
+
+#[test]
+fn an_unknown_key_is_refused_with_its_line() {
+    let text = format!("{SIM}sim_gpu = 2\n");
+    let message = error(&text);
+    assert!(
+        message.contains("sim_gpu") && message.contains("line 9"),
+        "{message}"
+    );
+}
+
+#[test]
+fn bad_values_name_the_key_its_line_and_the_fix() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        (
+            "backend = \"sim\"",
+            "backend = \"gpu\"",
+            &["node.backend", ":6", "\"nvml\""],
+        ),
+        (
+            "tick = \"100ms\"",
+            "tick = \"fast\"",
+            &["node.tick", ":8", "\"500ms\""],
+        ),
+        (
+            "tick = \"100ms\"",
+            "tick = \"1ms\"",
+            &["node.tick", "between"],
+        ),
+        (
+            "sim_gpus = 8",
+            "sim_gpus = 0",
+            &["node.sim_gpus", ":7", "between 1 and 64"],
+        ),
+    ];
+    for (from, to, wanted) in cases {
+        let message = error(&SIM.replace(from, to));
+        for piece in *wanted {
+            assert!(message.contains(piece), "{to}: `{piece}` not in {message}");
+        }
+    }
+}
+
+#[test]
+fn the_http_api_is_loopback_only_and_needs_a_token() {
+    let message = error(&format!(
+        "{SIM}[api]\nhttp = \"0.0.0.0:9400\"\ntoken_file = \"t\"\n"
+    ));
+    assert!(
+        message.contains("loopback") && message.contains("api.http"),
+        "{message}"
+    );
+    let message = error(&format!("{SIM}[api]\nhttp = \"127.0.0.1:9400\"\n"));
+    assert!(
+        message.contains("api.token_file") && message.contains("600"),
+        "{message}"
+    );
+    let message = error(&format!(
+        "{SIM}[api]\nhttp = \"localhost\"\ntoken_file = \"t\"\n"
+    ));
+    assert!(message.contains("127.0.0.1:9400"), "{message}");
+}
+
+#[test]
+fn engines_must_cover_exactly_the_managed_gpus() {
+    let base = r#"
+[policy]
+spec = "/p.toml"
+[node]
+gpus = [0, 1]
+[workload]
+source = "external"
+[[workload.engine]]
+gpu = 0
+url = "http://127.0.0.1:8000/metrics"
+"#;
+    let message = error(base);
+    assert!(
+        message.contains("GPU 1") && message.contains("workload.engine"),
+        "{message}"
+    );
+    let message = error(&format!(
+        "{base}[[workload.engine]]\ngpu = 3\nurl = \"http://h:1/metrics\"\n"
+    ));
+    assert!(message.contains("not among node.gpus"), "{message}");
+    let message = error(&format!(
+        "{base}[[workload.engine]]\ngpu = 0\nurl = \"http://h:1/metrics\"\n"
+    ));
+    assert!(message.contains("two engines"), "{message}");
+    let message = error(&base.replace("http://127.0.0.1:8000/metrics", "127.0.0.1:8000"));
+    assert!(message.contains("http://HOST:PORT/metrics"), "{message}");
+    let message = error(&format!(
+        "{}[[workload.engine]]\ngpu = 1\nurl = \"http://h:1/metrics\"\nengine = \"ollama\"\n",
+        base
+    ));
+    assert!(
+        message.contains("workload.engine.engine") && message.contains("vllm"),
+        "{message}"
+    );
+}
+
+#[test]
+fn keys_of_the_other_backend_are_refused() {
+    let message =
+        error("[policy]\nspec = \"/p\"\n[node]\nsim_gpus = 2\n[workload]\nsource = \"cuda\"\n");
+    assert!(
+        message.contains("node.sim_gpus") && message.contains("\"sim\""),
+        "{message}"
+    );
+    let message = error(&format!("{SIM}dry_run = true\n"));
+    assert!(message.contains("node.dry_run"), "{message}");
+    let message = error("[policy]\nspec = \"/p\"\n[node]\ngpus = \"all\"\n");
+    assert!(
+        message.contains("workload.source") && message.contains("external"),
+        "{message}"
+    );
+    let message =
+        error("[policy]\nspec = \"/p\"\n[node]\ngpus = \"some\"\n[workload]\nsource = \"cuda\"\n");
+    assert!(
+        message.contains("node.gpus") && message.contains("[0, 1]"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_missing_policy_table_is_a_parse_error_naming_it() {
+    let message = error("[node]\nbackend = \"sim\"\n");
+    assert!(message.contains("policy"), "{message}");
+}
+
+#[test]
+fn the_nodes_objective_guardrails_and_guard_are_read_and_checked() {
+    let config = parse(SIM).expect("valid");
+    assert_eq!(
+        config.rules.objective,
+        tokwatt_core::types::Objective::default()
+    );
+    assert_eq!(
+        config.rules.guardrails.max_power_cap_raise_w,
+        Some(tokwatt_policy::rules::DEFAULT_MAX_POWER_CAP_RAISE_W),
+        "a raise limit by default"
+    );
+    assert!(config.rules.guard.enabled, "the guard is on by default");
+
+    let config = parse(&format!(
+        "{SIM}\n[objective]\ntpot_p99_limit_ms = 40.0\n[guardrails]\npower_cap_max_w = 600.0\nmax_power_cap_raise_w = 100.0\n[guard]\nwindow_ticks = 30\nmax_violation_ticks = 6\n"
+    ))
+    .expect("valid");
+    assert_eq!(config.rules.objective.tpot_p99_limit_ms, Some(40.0));
+    assert_eq!(config.rules.guardrails.power_cap_max_w, Some(600.0));
+    assert_eq!(config.rules.guardrails.max_power_cap_raise_w, Some(100.0));
+    assert_eq!(
+        (
+            config.rules.guard.window_ticks,
+            config.rules.guard.max_violation_ticks
+        ),
+        (30, 6)
+    );
+
+    for (extra, key) in [
+        (
+            "[objective]\ntpot_p99_limit_ms = -1.0\n",
+            "objective.tpot_p99_limit_ms",
+        ),
+        ("[objective]\nlatency = 3.0\n", "latency"),
+        (
+            "[guardrails]\npower_cap_min_w = 600.0\npower_cap_max_w = 300.0\n",
+            "guardrails.power_cap_min_w",
+        ),
+        (
+            "[guard]\nwindow_ticks = 10\nmax_violation_ticks = 11\n",
+            "max_violation_ticks",
+        ),
+    ] {
+        let message = error(&format!("{SIM}\n{extra}"));
+        assert!(message.contains(key), "{extra}: {message}");
+    }
+}
