@@ -294,6 +294,27 @@ pub struct ControlLoop {
     work_waiting: tokwatt_core::workload::WorkWaiting,
     /// The in-charge supervisor's counters as last added to the run's totals.
     counters_seen: PolicyCounters,
+    /// Where the run is in its schedule: fixed when the first tick starts.
+    schedule: Option<Schedule>,
+    /// The last tick's observations, one per GPU.
+    observations: Vec<Observation>,
+    /// What the policy asked for at the last tick, one per GPU (empty while paused).
+    requested: Vec<Settings>,
+}
+
+/// A run's schedule: tick `k` (from 0) is due at `start + (k + 1) × tick`.
+#[derive(Debug, Clone, Copy)]
+struct Schedule {
+    /// Wall time at the first tick's start, for the run's wall time.
+    started: Instant,
+    /// The run's clock at the first tick's start.
+    start: Duration,
+    /// Ticks in the configured duration.
+    ticks: u64,
+    /// The tick the next call of [`ControlLoop::tick`] runs.
+    next_tick: u64,
+    /// Where the window the next tick observes began.
+    window_start: Duration,
 }
 
 impl std::fmt::Debug for ControlLoop {
@@ -411,6 +432,9 @@ impl ControlLoop {
             defaults,
             counters_seen: PolicyCounters::default(),
             work_waiting,
+            schedule: None,
+            observations: Vec::with_capacity(n),
+            requested: Vec::with_capacity(n),
         };
         for (gpu, settings) in first_settings.iter().enumerate() {
             let applied = this
@@ -502,233 +526,271 @@ impl ControlLoop {
         }
     }
 
-    /// Run until the configured duration is over or `stop` is raised (between ticks).
+    /// Run until the configured duration is over or `stop` is raised (between ticks),
+    /// telling `progress` after every tick: [`Self::tick`] until it says the run is over,
+    /// then [`Self::finish`].
     pub fn run(
         mut self,
         recorder: &mut Recorder,
         progress: &mut dyn FnMut(Progress<'_>),
     ) -> Result<(LoopTotals, Backends), ControlError> {
-        let started = Instant::now();
-        let start = self.backends.clock.now();
-        let tick_len = self.config.tick;
-        let ticks = (self.config.duration.as_nanos() / tick_len.as_nanos().max(1)) as u64;
-        let n = self.in_force.len();
-        let mut window_start = start;
-        for tick in 0..ticks {
-            if self.stop.load(Ordering::Relaxed) {
-                self.totals.interrupted = true;
-                break;
-            }
-            // In nanoseconds: `Duration * u32` would stop advancing after 2^32 ticks (497
-            // days of `serve` at a 10 ms tick) and the loop would spin.
-            let offset_ns = tick_len.as_nanos().saturating_mul(u128::from(tick + 1));
-            let deadline =
-                start + Duration::from_nanos(u64::try_from(offset_ns).unwrap_or(u64::MAX));
-            self.backends.clock.sleep_until(deadline);
-            let now = self.backends.clock.now();
-            let lateness = now.saturating_sub(deadline);
-            self.take_commands();
-            let interval = now.saturating_sub(window_start);
-            window_start = now;
+        while let Some(tick) = self.tick(recorder)? {
+            progress(tick);
+        }
+        Ok(self.finish())
+    }
 
-            let mut observations = Vec::with_capacity(n);
-            for gpu in 0..n as u32 {
-                let t = self.read_telemetry(gpu);
-                let w = self.backends.workload.read_window(gpu).map_err(|e| {
-                    ControlError::Workload {
+    /// One control tick: wait until it is due, observe every GPU over the window since
+    /// the last one, take operator commands and a waiting swap, ask the policy (or the
+    /// guard's fallback), put the answer through the envelope, apply it and record it.
+    /// `None` once the configured duration is over or `stop` was raised; the first call
+    /// fixes the schedule. What it returns borrows the loop until the next call.
+    pub fn tick(&mut self, recorder: &mut Recorder) -> Result<Option<Progress<'_>>, ControlError> {
+        let tick_len = self.config.tick;
+        let schedule = *self.schedule.get_or_insert_with(|| {
+            let start = self.backends.clock.now();
+            Schedule {
+                started: Instant::now(),
+                start,
+                ticks: (self.config.duration.as_nanos() / tick_len.as_nanos().max(1)) as u64,
+                next_tick: 0,
+                window_start: start,
+            }
+        });
+        let Schedule {
+            start,
+            ticks,
+            next_tick: tick,
+            window_start,
+            ..
+        } = schedule;
+        if tick >= ticks {
+            return Ok(None);
+        }
+        if self.stop.load(Ordering::Relaxed) {
+            self.totals.interrupted = true;
+            return Ok(None);
+        }
+        let n = self.in_force.len();
+        // In nanoseconds: `Duration * u32` would stop advancing after 2^32 ticks (497
+        // days of `serve` at a 10 ms tick) and the loop would spin.
+        let offset_ns = tick_len.as_nanos().saturating_mul(u128::from(tick + 1));
+        let deadline = start + Duration::from_nanos(u64::try_from(offset_ns).unwrap_or(u64::MAX));
+        self.backends.clock.sleep_until(deadline);
+        let now = self.backends.clock.now();
+        let lateness = now.saturating_sub(deadline);
+        self.take_commands();
+        let interval = now.saturating_sub(window_start);
+        if let Some(schedule) = &mut self.schedule {
+            schedule.next_tick = tick + 1;
+            schedule.window_start = now;
+        }
+
+        let mut observations = Vec::with_capacity(n);
+        for gpu in 0..n as u32 {
+            let t = self.read_telemetry(gpu);
+            let w =
+                self.backends
+                    .workload
+                    .read_window(gpu)
+                    .map_err(|e| ControlError::Workload {
                         gpu,
                         reason: e.to_string(),
-                    }
-                })?;
-                observations.push(self.observe(gpu, tick, interval, &t, &w));
-            }
+                    })?;
+            observations.push(self.observe(gpu, tick, interval, &t, &w));
+        }
 
-            // The window just observed shows the settings of whoever decided the last
-            // tick: the guard charges its violations to them.
-            // Judged by the objective in force over that window (a swap at this boundary
-            // brings the next one).
-            let violations: Vec<bool> = observations
-                .iter()
-                .map(|o| {
-                    self.config
-                        .objective
-                        .violated_by_waiting(o, self.work_waiting)
-                })
-                .collect();
-            let window_violated = violations.contains(&true);
-            let decided_last = self.decided_by;
-            if let Some(GuardEvent::TookOver { ticks }) =
-                self.guard.observe(tick, window_violated, decided_last)
-            {
-                tracing::warn!(
-                    policy = self.supervisor.policy_name(),
-                    tick,
-                    ticks,
-                    "objective guard: the device defaults decide until the policy's back-off ends"
-                );
-            }
-
-            // A policy waiting to take over does so here, at the boundary: its `init`
-            // settings decide this tick, so no tick goes undecided. (A swap that arrives
-            // while the loop is paused is refused.)
-            let mut decide_time = None;
-            let swapped_in = if self.paused {
-                self.swapper.refuse_while_paused(tick);
-                None
-            } else {
-                self.swapper.take_over(
-                    tick,
-                    InCharge {
-                        supervisor: &mut self.supervisor,
-                        envelope: &mut self.envelope,
-                        objective: &mut self.config.objective,
-                    },
-                )
-            };
-            if swapped_in.is_some() {
-                // An operator's new policy gets its own chance: the guard stands down.
-                self.guard.policy_swapped();
-                // Its supervisor counts afresh, its `init` included.
-                self.counters_seen = PolicyCounters::default();
-            }
-            let guard_in_charge = !self.paused && self.guard.in_charge();
-            let decision = match swapped_in {
-                _ if self.paused || guard_in_charge => tokwatt_policy::supervisor::Decision {
-                    settings: vec![Settings::default(); n],
-                    source: DecisionSource::Policy,
-                },
-                Some(first) if first.len() == n => tokwatt_policy::supervisor::Decision {
-                    settings: first,
-                    source: DecisionSource::Policy,
-                },
-                _ => {
-                    let called = Instant::now();
-                    let decision = self.supervisor.decide(tick, now - start, &observations);
-                    decide_time = Some(called.elapsed());
-                    decision
-                }
-            };
-            self.count_policy_calls();
-            // The supervisor's fallback (a failing policy); the guard's ticks are its own.
-            let fallback = !guard_in_charge && !matches!(decision.source, DecisionSource::Policy);
-            let policy_name = self.supervisor.policy_name().to_owned();
-            let mut any_violation = false;
-            let mut any_tpot_unknown = false;
-            for (gpu, obs) in observations.iter().enumerate() {
-                let requested = decision.settings.get(gpu).copied().unwrap_or_default();
-                let mut applied = if guard_in_charge {
-                    tokwatt_policy::envelope::Applied::default()
-                } else {
-                    self.envelope
-                        .apply(gpu as u32, &requested, &self.in_force[gpu])
-                };
-                self.last_clamped[gpu] = applied.clamped;
-                self.totals.clamped_decisions += u64::from(applied.clamped);
-                self.totals.non_finite_values += u64::from(applied.non_finite);
-                let host_moves = if self.paused {
-                    Settings::default()
-                } else {
-                    self.host_moves(gpu as u32, guard_in_charge, obs)
-                };
-                applied.settings = merged(applied.settings, host_moves);
-                self.apply(gpu as u32, &applied.settings);
-
-                let violation = violations[gpu];
-                any_violation |= violation;
-                any_tpot_unknown |= self.config.objective.tpot_unknown(obs);
-                let gpu_totals = &mut self.totals.gpus[gpu];
-                // Saturating: a token source that lies cannot overflow the totals.
-                gpu_totals.tokens = gpu_totals.tokens.saturating_add(obs.tokens);
-                gpu_totals.energy_j += obs.energy_j;
-                gpu_totals.slo_violation_ticks += u64::from(violation);
-                if let Some(window) = &obs.demand {
-                    gpu_totals
-                        .demand
-                        .get_or_insert_with(DemandTotals::default)
-                        .add(window, obs.tokens);
-                }
-                self.totals.tokens = self.totals.tokens.saturating_add(obs.tokens);
-                self.totals.energy_j += obs.energy_j;
-
-                recorder.record(&TickRecord {
-                    time_s: (now - start).as_secs_f64(),
-                    policy: policy_name.clone(),
-                    observation: *obs,
-                    requested,
-                    applied: applied.settings,
-                    in_force_after: self.in_force[gpu],
-                    fallback,
-                    clamped: applied.clamped,
-                    guard: guard_in_charge,
-                    slo_violation: violation,
-                    energy_counter_j: self.last_telemetry[gpu].energy_counter_j,
-                    power_mem_avg_w: self.last_telemetry[gpu].power_mem_avg_w,
-                    init: self.init_records.get_mut(gpu).and_then(Option::take),
-                })?;
-            }
-            recorder.end_tick()?;
-            if !self.paused && !guard_in_charge {
-                let rolled_back = self.swapper.judge(
-                    tick,
-                    fallback,
-                    window_violated && decided_last == Decider::Policy,
-                    InCharge {
-                        supervisor: &mut self.supervisor,
-                        envelope: &mut self.envelope,
-                        objective: &mut self.config.objective,
-                    },
-                );
-                if rolled_back {
-                    self.guard.policy_swapped();
-                    // The one brought back had its counts added while it was in charge.
-                    self.counters_seen = self.supervisor.counters();
-                }
-            }
-            if guard_in_charge {
-                self.guard.count_takeover_tick();
-            }
-            self.decided_by = if self.paused {
-                Decider::Operator
-            } else if guard_in_charge {
-                Decider::Guard
-            } else {
-                Decider::Policy
-            };
-            self.totals.guard = self.guard.counters.clone();
-            self.totals.swaps = self.swapper.counters.clone();
-            self.totals.ticks += 1;
-            self.totals.slo_violation_ticks += u64::from(any_violation);
-            self.totals.tpot_unknown_ticks += u64::from(any_tpot_unknown);
-            self.totals.duration_s = (now - start).as_secs_f64();
-            // Counted here rather than read from the supervisor, which a swap replaces.
-            self.totals.fallback_ticks += u64::from(fallback);
-            // Per tick, for a checkpoint's summary; a new String only when it changed.
-            if self.totals.policy_at_end != self.supervisor.policy_name() {
-                self.totals.policy_at_end = self.supervisor.policy_name().to_owned();
-            }
-            let requested = if self.paused {
-                &[][..]
-            } else {
-                &decision.settings[..]
-            };
-            progress(Progress {
+        // The window just observed shows the settings of whoever decided the last
+        // tick: the guard charges its violations to them.
+        // Judged by the objective in force over that window (a swap at this boundary
+        // brings the next one).
+        let violations: Vec<bool> = observations
+            .iter()
+            .map(|o| {
+                self.config
+                    .objective
+                    .violated_by_waiting(o, self.work_waiting)
+            })
+            .collect();
+        let window_violated = violations.contains(&true);
+        let decided_last = self.decided_by;
+        if let Some(GuardEvent::TookOver { ticks }) =
+            self.guard.observe(tick, window_violated, decided_last)
+        {
+            tracing::warn!(
+                policy = self.supervisor.policy_name(),
                 tick,
                 ticks,
-                time: now - start,
-                totals: &self.totals,
-                observations: &observations,
-                policy: self.supervisor.policy_name(),
-                requested,
-                decide_time,
-                lateness,
-                paused: self.paused,
-                on_probation: self.swapper.on_probation(),
-                guard_in_charge,
-                guard_enabled: self.config.guard.enabled,
-                objective: self.config.objective,
-                commands_taken: self.commands_taken,
-            });
+                "objective guard: the device defaults decide until the policy's back-off ends"
+            );
         }
+
+        // A policy waiting to take over does so here, at the boundary: its `init`
+        // settings decide this tick, so no tick goes undecided. (A swap that arrives
+        // while the loop is paused is refused.)
+        let mut decide_time = None;
+        let swapped_in = if self.paused {
+            self.swapper.refuse_while_paused(tick);
+            None
+        } else {
+            self.swapper.take_over(
+                tick,
+                InCharge {
+                    supervisor: &mut self.supervisor,
+                    envelope: &mut self.envelope,
+                    objective: &mut self.config.objective,
+                },
+            )
+        };
+        if swapped_in.is_some() {
+            // An operator's new policy gets its own chance: the guard stands down.
+            self.guard.policy_swapped();
+            // Its supervisor counts afresh, its `init` included.
+            self.counters_seen = PolicyCounters::default();
+        }
+        let guard_in_charge = !self.paused && self.guard.in_charge();
+        let decision = match swapped_in {
+            _ if self.paused || guard_in_charge => tokwatt_policy::supervisor::Decision {
+                settings: vec![Settings::default(); n],
+                source: DecisionSource::Policy,
+            },
+            Some(first) if first.len() == n => tokwatt_policy::supervisor::Decision {
+                settings: first,
+                source: DecisionSource::Policy,
+            },
+            _ => {
+                let called = Instant::now();
+                let decision = self.supervisor.decide(tick, now - start, &observations);
+                decide_time = Some(called.elapsed());
+                decision
+            }
+        };
+        self.count_policy_calls();
+        // The supervisor's fallback (a failing policy); the guard's ticks are its own.
+        let fallback = !guard_in_charge && !matches!(decision.source, DecisionSource::Policy);
+        let policy_name = self.supervisor.policy_name().to_owned();
+        let mut any_violation = false;
+        let mut any_tpot_unknown = false;
+        for (gpu, obs) in observations.iter().enumerate() {
+            let requested = decision.settings.get(gpu).copied().unwrap_or_default();
+            let mut applied = if guard_in_charge {
+                tokwatt_policy::envelope::Applied::default()
+            } else {
+                self.envelope
+                    .apply(gpu as u32, &requested, &self.in_force[gpu])
+            };
+            self.last_clamped[gpu] = applied.clamped;
+            self.totals.clamped_decisions += u64::from(applied.clamped);
+            self.totals.non_finite_values += u64::from(applied.non_finite);
+            let host_moves = if self.paused {
+                Settings::default()
+            } else {
+                self.host_moves(gpu as u32, guard_in_charge, obs)
+            };
+            applied.settings = merged(applied.settings, host_moves);
+            self.apply(gpu as u32, &applied.settings);
+
+            let violation = violations[gpu];
+            any_violation |= violation;
+            any_tpot_unknown |= self.config.objective.tpot_unknown(obs);
+            let gpu_totals = &mut self.totals.gpus[gpu];
+            // Saturating: a token source that lies cannot overflow the totals.
+            gpu_totals.tokens = gpu_totals.tokens.saturating_add(obs.tokens);
+            gpu_totals.energy_j += obs.energy_j;
+            gpu_totals.slo_violation_ticks += u64::from(violation);
+            if let Some(window) = &obs.demand {
+                gpu_totals
+                    .demand
+                    .get_or_insert_with(DemandTotals::default)
+                    .add(window, obs.tokens);
+            }
+            self.totals.tokens = self.totals.tokens.saturating_add(obs.tokens);
+            self.totals.energy_j += obs.energy_j;
+
+            recorder.record(&TickRecord {
+                time_s: (now - start).as_secs_f64(),
+                policy: policy_name.clone(),
+                observation: *obs,
+                requested,
+                applied: applied.settings,
+                in_force_after: self.in_force[gpu],
+                fallback,
+                clamped: applied.clamped,
+                guard: guard_in_charge,
+                slo_violation: violation,
+                energy_counter_j: self.last_telemetry[gpu].energy_counter_j,
+                power_mem_avg_w: self.last_telemetry[gpu].power_mem_avg_w,
+                init: self.init_records.get_mut(gpu).and_then(Option::take),
+            })?;
+        }
+        recorder.end_tick()?;
+        if !self.paused && !guard_in_charge {
+            let rolled_back = self.swapper.judge(
+                tick,
+                fallback,
+                window_violated && decided_last == Decider::Policy,
+                InCharge {
+                    supervisor: &mut self.supervisor,
+                    envelope: &mut self.envelope,
+                    objective: &mut self.config.objective,
+                },
+            );
+            if rolled_back {
+                self.guard.policy_swapped();
+                // The one brought back had its counts added while it was in charge.
+                self.counters_seen = self.supervisor.counters();
+            }
+        }
+        if guard_in_charge {
+            self.guard.count_takeover_tick();
+        }
+        self.decided_by = if self.paused {
+            Decider::Operator
+        } else if guard_in_charge {
+            Decider::Guard
+        } else {
+            Decider::Policy
+        };
+        self.totals.guard = self.guard.counters.clone();
+        self.totals.swaps = self.swapper.counters.clone();
+        self.totals.ticks += 1;
+        self.totals.slo_violation_ticks += u64::from(any_violation);
+        self.totals.tpot_unknown_ticks += u64::from(any_tpot_unknown);
+        self.totals.duration_s = (now - start).as_secs_f64();
+        // Counted here rather than read from the supervisor, which a swap replaces.
+        self.totals.fallback_ticks += u64::from(fallback);
+        // Per tick, for a checkpoint's summary; a new String only when it changed.
+        if self.totals.policy_at_end != self.supervisor.policy_name() {
+            self.totals.policy_at_end = self.supervisor.policy_name().to_owned();
+        }
+        self.requested = if self.paused {
+            Vec::new()
+        } else {
+            decision.settings
+        };
+        self.observations = observations;
+        Ok(Some(Progress {
+            tick,
+            ticks,
+            time: now - start,
+            totals: &self.totals,
+            observations: &self.observations,
+            policy: self.supervisor.policy_name(),
+            requested: &self.requested,
+            decide_time,
+            lateness,
+            paused: self.paused,
+            on_probation: self.swapper.on_probation(),
+            guard_in_charge,
+            guard_enabled: self.config.guard.enabled,
+            objective: self.config.objective,
+            commands_taken: self.commands_taken,
+        }))
+    }
+
+    /// The run's totals and its backends once it is over (dropping the backends puts
+    /// every changed setting back).
+    pub fn finish(mut self) -> (LoopTotals, Backends) {
         self.count_policy_calls();
         self.totals.policy_at_end = self.supervisor.policy_name().to_owned();
         self.totals.tokens_per_joule = ratio(self.totals.tokens, self.totals.energy_j);
@@ -745,8 +807,10 @@ impl ControlLoop {
                     all.merge(&one);
                     all
                 });
-        self.totals.wall_time_s = started.elapsed().as_secs_f64();
-        Ok((self.totals, self.backends))
+        self.totals.wall_time_s = self
+            .schedule
+            .map_or(0.0, |schedule| schedule.started.elapsed().as_secs_f64());
+        (self.totals, self.backends)
     }
 
     /// Add what the in-charge supervisor counted since last time to the run's totals:

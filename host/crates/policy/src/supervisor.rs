@@ -607,68 +607,11 @@ fn check_length(settings: &[Settings], expected: usize) -> Result<(), PolicyFail
     }
 }
 
-/// A native stand-in for a plugin, for tests of the supervisor and the loop (the loop's
-/// tests in other crates turn on the `test-doubles` feature, as a dev-dependency only).
-#[cfg(any(test, feature = "test-doubles"))]
-pub mod doubles {
-    use super::*;
-
-    type Decide = dyn FnMut(u64, &[Observation]) -> Result<Vec<Settings>, PolicyFailure> + Send;
-
-    /// A policy whose `decide` is a closure of the call number and the observations.
-    pub struct NativePolicy {
-        decide: Box<Decide>,
-        calls: u64,
-    }
-
-    impl NativePolicy {
-        pub fn new(
-            decide: impl FnMut(u64, &[Observation]) -> Result<Vec<Settings>, PolicyFailure>
-            + Send
-            + 'static,
-        ) -> Self {
-            Self {
-                decide: Box::new(decide),
-                calls: 0,
-            }
-        }
-    }
-
-    impl std::fmt::Debug for NativePolicy {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.debug_struct("NativePolicy")
-                .field("calls", &self.calls)
-                .finish_non_exhaustive()
-        }
-    }
-
-    impl PolicyEngine for NativePolicy {
-        fn name(&self) -> &str {
-            "native"
-        }
-        fn init(&mut self, args: &InitArgs) -> Result<Vec<Settings>, PolicyFailure> {
-            Ok(vec![Settings::default(); args.devices.len()])
-        }
-        fn decide(
-            &mut self,
-            _tick_time: Duration,
-            observations: &[Observation],
-        ) -> Result<Vec<Settings>, PolicyFailure> {
-            let call = self.calls;
-            self.calls += 1;
-            (self.decide)(call, observations)
-        }
-        fn snapshot(&mut self) -> Result<PolicyState, PolicyFailure> {
-            Ok(PolicyState::default())
-        }
-        fn restore(&mut self, _state: &PolicyState) -> Result<(), PolicyFailure> {
-            Ok(())
-        }
-        fn rebuild(&mut self) -> Result<(), PolicyFailure> {
-            Ok(())
-        }
-    }
-}
+/// A native stand-in for a plugin: the test-support crate's own file, compiled here too
+/// for this crate's tests (which cannot use that crate: it depends on this one).
+#[cfg(test)]
+#[path = "../../test-support/src/native_policy.rs"]
+pub(crate) mod doubles;
 
 #[cfg(test)]
 mod tests;

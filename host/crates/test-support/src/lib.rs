@@ -4,9 +4,16 @@
 //! `TOKWATT_REQUIRE_GPU` on the GPU machine); there a skip is a failure, so a test never
 //! passes silently on the machine meant to run it.
 //!
-//! A dev-dependency only: no product crate links it.
+//! A dev-dependency only: no product crate links it. It also holds [`NativePolicy`], a
+//! policy whose `decide` is a closure, for the control loop's tests.
 
 use std::fmt::Display;
+
+mod native_policy;
+pub use native_policy::NativePolicy;
+
+// `crate::supervisor` in `native_policy.rs`, which the policy crate also compiles as its own.
+use tokwatt_policy::supervisor;
 
 /// The variable that turns every GPU-test skip into a failure.
 pub const REQUIRE_GPU_VAR: &str = "TOKWATT_REQUIRE_GPU";

@@ -4,9 +4,9 @@ use tokwatt_core::actuator::DryRun;
 use tokwatt_core::clock::VirtualClock;
 use tokwatt_core::types::Knobs;
 use tokwatt_policy::envelope::Guardrails;
-use tokwatt_policy::supervisor::doubles::NativePolicy;
 use tokwatt_policy::supervisor::{BreakerConfig, InitArgs};
 use tokwatt_sim::{GpuProfile, Scenario, SimConfig, SimGpu};
+use tokwatt_test_support::NativePolicy;
 
 /// 20 ticks on the simulator, through its own actuator or a dry run, with a policy
 /// that always asks for 650 W. Returns the totals and every observation.
@@ -15,6 +15,24 @@ fn run_fixed_cap(dry_run: bool) -> (LoopTotals, Vec<Observation>) {
 }
 
 fn run_fixed_cap_on(dry_run: bool, scenario: Scenario) -> (LoopTotals, Vec<Observation>) {
+    let (control, mut recorder, _dir) =
+        fixed_cap_loop(dry_run, scenario, Arc::new(AtomicBool::new(false)));
+    let mut seen = Vec::new();
+    let (totals, _) = control
+        .run(&mut recorder, &mut |p| {
+            seen.extend_from_slice(p.observations)
+        })
+        .expect("runs");
+    (totals, seen)
+}
+
+/// A 20-tick loop on the simulator with a policy that always asks for 650 W, its
+/// recorder, and the folder the recorder writes to.
+fn fixed_cap_loop(
+    dry_run: bool,
+    scenario: Scenario,
+    stop: Arc<AtomicBool>,
+) -> (ControlLoop, Recorder, tempfile::TempDir) {
     let clock = VirtualClock::new();
     let sim = SimGpu::new(
         SimConfig {
@@ -67,7 +85,7 @@ fn run_fixed_cap_on(dry_run: bool, scenario: Scenario) -> (LoopTotals, Vec<Obser
     let (supervisor, first) =
         Supervisor::start(Box::new(fixed_cap), args, BreakerConfig::default()).expect("starts");
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut recorder = Recorder::create(dir.path(), false).expect("recorder");
+    let recorder = Recorder::create(dir.path(), false).expect("recorder");
     let control = ControlLoop::new(
         backends,
         supervisor,
@@ -78,15 +96,43 @@ fn run_fixed_cap_on(dry_run: bool, scenario: Scenario) -> (LoopTotals, Vec<Obser
             Duration::from_secs(1),
             Objective::default(),
         ),
-        Arc::new(AtomicBool::new(false)),
+        stop,
     );
-    let mut seen = Vec::new();
-    let (totals, _) = control
-        .run(&mut recorder, &mut |p| {
-            seen.extend_from_slice(p.observations)
-        })
-        .expect("runs");
-    (totals, seen)
+    (control, recorder, dir)
+}
+
+#[test]
+fn the_loop_steps_one_tick_per_call_until_its_duration_or_a_stop() {
+    // To the end of its duration: 20 ticks, then nothing more however often it is asked.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (mut control, mut recorder, _dir) =
+        fixed_cap_loop(false, Scenario::built_in().expect("scenario"), stop);
+    for expected in 0..20 {
+        let progress = control.tick(&mut recorder).expect("ticks").expect("a tick");
+        assert_eq!((progress.tick, progress.ticks), (expected, 20));
+        assert_eq!(progress.time, Duration::from_secs(expected + 1));
+        assert_eq!(progress.observations.len(), 1);
+        assert_eq!(progress.requested.len(), 1);
+        assert_eq!(progress.totals.ticks, expected + 1);
+    }
+    assert!(control.tick(&mut recorder).expect("over").is_none());
+    assert!(control.tick(&mut recorder).expect("still over").is_none());
+    let (totals, _) = control.finish();
+    assert_eq!(totals.ticks, 20);
+    assert!(!totals.interrupted);
+
+    // A stop raised between ticks ends the run at the next call, marked interrupted.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (mut control, mut recorder, _dir) =
+        fixed_cap_loop(false, Scenario::built_in().expect("scenario"), stop.clone());
+    for _ in 0..5 {
+        control.tick(&mut recorder).expect("ticks").expect("a tick");
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(control.tick(&mut recorder).expect("stopped").is_none());
+    let (totals, _) = control.finish();
+    assert_eq!(totals.ticks, 5);
+    assert!(totals.interrupted);
 }
 
 #[test]

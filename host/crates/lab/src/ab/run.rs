@@ -866,12 +866,19 @@ fn drive_group(
         finished: false,
     };
     let mut recorder = Recorder::discard();
-    let result = control.run(&mut recorder, &mut |p| {
-        if stop.load(Ordering::Relaxed) {
-            loop_stop.store(true, Ordering::Relaxed);
+    let mut control = control;
+    let result = loop {
+        match control.tick(&mut recorder) {
+            Ok(Some(p)) => {
+                if stop.load(Ordering::Relaxed) {
+                    loop_stop.store(true, Ordering::Relaxed);
+                }
+                driver.on_tick(&p, on_epoch);
+            }
+            Ok(None) => break Ok(control.finish()),
+            Err(error) => break Err(error),
         }
-        driver.on_tick(&p, on_epoch);
-    });
+    };
     let (totals, _backends) = result.map_err(|e| AbRunError::Loop {
         group,
         reason: e.to_string(),

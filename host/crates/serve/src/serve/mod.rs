@@ -410,13 +410,20 @@ pub fn start(
             move || {
                 // A weeks-long run keeps a current summary.json (rewritten atomically).
                 let mut last_summary = std::time::Instant::now();
-                let result = control_loop.run(&mut recorder, &mut |progress| {
-                    control.observe(&progress);
-                    if last_summary.elapsed() >= summary_every {
-                        last_summary = std::time::Instant::now();
-                        write_summary(&summary_path, &summary_of(progress.totals.clone()));
+                let mut control_loop = control_loop;
+                let result = loop {
+                    match control_loop.tick(&mut recorder) {
+                        Ok(Some(progress)) => {
+                            control.observe(&progress);
+                            if last_summary.elapsed() >= summary_every {
+                                last_summary = std::time::Instant::now();
+                                write_summary(&summary_path, &summary_of(progress.totals.clone()));
+                            }
+                        }
+                        Ok(None) => break Ok(control_loop.finish()),
+                        Err(error) => break Err(error),
                     }
-                });
+                };
                 let outcome = match result {
                     Ok((totals, backends)) => {
                         let summary = summary_of(totals);
