@@ -7,6 +7,7 @@ mod support;
 mod ab;
 mod api;
 mod bad_input;
+mod book;
 mod deploy;
 mod engines;
 mod eval;

@@ -107,7 +107,7 @@
 //!
 //! # More
 //!
-//! The plugin author's guide, `docs/plugin-authors.md` in the tokwatt repository,
+//! The plugin author's guide, `docs/book/src/policies/contract.md` in the tokwatt repository,
 //! describes the contract field by field with units, the sandbox's limits and what
 //! exceeding each costs, and the tools (`tokwatt plugin new`, `plugin check`,
 //! `plugin test`, `replay`, `ab`) with a worked example. The contract itself is

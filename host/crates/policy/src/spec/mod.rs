@@ -52,7 +52,7 @@ impl SpecError {
     pub fn without_contents(&self) -> String {
         match self {
             SpecError::Parse { path, .. } => format!(
-                "policy spec {} is not a valid policy spec (TOML with the keys of docs/plugin-authors.md); run `tokwatt check --policy {}` on the node for where and why",
+                "policy spec {} is not a valid policy spec (TOML with the keys of docs/book/src/policies/contract.md); run `tokwatt check --policy {}` on the node for where and why",
                 path.display(),
                 path.display()
             ),
