@@ -1,0 +1,240 @@
+//! What the loop does to one GPU besides asking the policy: read its window and build its
+//! observation, make the host's own moves (knobs no policy owns held at the node's
+//! baseline, the guard's fallback), and apply settings through the actuator and the
+//! workload, counting what changed and what failed.
+
+use std::time::Duration;
+
+use super::{ControlLoop, ratio};
+use tokwatt_core::actuator::ActuatorError;
+use tokwatt_core::types::{Knobs, Observation, Settings, TelemetryWindow, WorkloadWindow};
+use tokwatt_policy::guard::Decider;
+
+impl ControlLoop {
+    /// The host's own moves on `gpu` this tick: every knob of the node the policy in
+    /// charge does not own goes back to the node's baseline, and while the guard is in
+    /// charge every knob goes to the device defaults; within the node's guardrails and
+    /// steps, so the host never swings a cap further per tick than a policy may.
+    pub(super) fn host_moves(
+        &mut self,
+        gpu: u32,
+        guard_in_charge: bool,
+        obs: &Observation,
+    ) -> Settings {
+        let g = gpu as usize;
+        let node = self.config.node_knobs;
+        let owned = self.envelope.knobs();
+        let moved = if guard_in_charge {
+            node
+        } else {
+            Knobs {
+                power_cap: node.power_cap && !owned.power_cap,
+                sm_clock: node.sm_clock && !owned.sm_clock,
+                batch_size: node.batch_size && !owned.batch_size,
+            }
+        };
+        if !(moved.power_cap || moved.sm_clock || moved.batch_size) {
+            return Settings::default();
+        }
+        let target = if guard_in_charge {
+            let mut defaults = self.defaults.get(g).copied().unwrap_or_default();
+            defaults.batch_size = Some(self.fallback_batch(g, obs));
+            defaults
+        } else {
+            self.baseline
+                .get(g)
+                .map_or_else(Settings::default, |b| Settings {
+                    power_cap_w: Some(b.power_cap_requested_w),
+                    sm_clock_max_mhz: Some(b.sm_clock_max_mhz),
+                    batch_size: Some(b.batch_size),
+                })
+        };
+        let stepped = self
+            .node_envelope
+            .apply(gpu, &only(target, moved), &self.in_force[g])
+            .settings;
+        only(stepped, moved)
+    }
+
+    /// The guard's batch size on GPU `g`: the workload's largest when it takes over, then fitted to the objective's p99 time per token from what the fallback's
+    /// own windows show (the device defaults can break a tight bound at the largest
+    /// batch). Down in proportion to the overshoot, back up toward the start's batch
+    /// while requests wait with room under the bound. No bound: the start's batch.
+    pub(super) fn fallback_batch(&mut self, g: usize, obs: &Observation) -> u32 {
+        // The workload's largest batch within the node's guardrails: the batch found at
+        // start may be anything (tokwatt's CUDA decode starts at 1, which serves no floor).
+        let start = self.node_envelope.limits(g as u32).map_or_else(
+            || self.initial_batch.get(g).copied().unwrap_or(1),
+            |l| l.batch_size.1,
+        );
+        let current = self.in_force.get(g).map_or(start, |f| f.batch_size);
+        let first_tick = self.decided_by != Decider::Guard;
+        let Some(limit) = self.config.objective.tpot_p99_limit_ms else {
+            return start;
+        };
+        if first_tick {
+            return start;
+        }
+        let tpot = obs.tpot_p99_ms;
+        let waiting = obs.queue_depth > 0
+            || self.work_waiting == tokwatt_core::workload::WorkWaiting::Always
+            || obs.demand.is_some_and(|d| d.requests_turned_away > 0);
+        if obs.tokens > 0 && tpot.is_finite() && tpot > limit {
+            // A decode step's time grows about in proportion to the batch at large
+            // batches: aim 5 % under the bound.
+            let fitted = (f64::from(current) * limit / tpot * 0.95).floor();
+            (fitted as u32).clamp(1, current.max(1))
+        } else if waiting && tpot.is_finite() && tpot < 0.85 * limit && current < start {
+            (current + current.div_ceil(10)).min(start)
+        } else {
+            current
+        }
+    }
+
+    pub(super) fn read_telemetry(&mut self, gpu: u32) -> TelemetryWindow {
+        match self.backends.telemetry.read_window(gpu) {
+            Ok(window) => {
+                self.last_telemetry[gpu as usize] = window;
+                window
+            }
+            Err(e) => {
+                self.totals.telemetry_errors += 1;
+                tracing::warn!(
+                    gpu,
+                    "telemetry read failed, the tick sees an empty window: {e}"
+                );
+                TelemetryWindow::default()
+            }
+        }
+    }
+
+    pub(super) fn observe(
+        &mut self,
+        gpu: u32,
+        tick: u64,
+        interval: Duration,
+        t: &TelemetryWindow,
+        w: &WorkloadWindow,
+    ) -> Observation {
+        let g = gpu as usize;
+        let interval_s = interval.as_secs_f64();
+        // The enforced limit comes from the device, not from what was asked (unless the
+        // run is a dry run, whose changes never reach the device).
+        if self.backends.actuator.applies_settings() && t.power_limit_enforced_w > 0.0 {
+            self.in_force[g].power_cap_w = t.power_limit_enforced_w;
+        }
+        let observation = Observation {
+            gpu,
+            tick,
+            interval_s,
+            tokens: w.tokens,
+            energy_j: t.energy_j,
+            tokens_per_joule: ratio(w.tokens, t.energy_j),
+            tokens_per_s: if interval_s > 0.0 {
+                w.tokens as f64 / interval_s
+            } else {
+                0.0
+            },
+            // Over the span between the two energy readings when the backend knows it
+            // (NVML's counter updates every 100 ms, so it differs from the tick).
+            power_avg_w: match (t.interval_s > 0.0, interval_s > 0.0) {
+                (true, _) => t.energy_j / t.interval_s,
+                (false, true) => t.energy_j / interval_s,
+                (false, false) => 0.0,
+            },
+            power_peak_w: t.power_peak_w,
+            sm_clock_mhz: t.sm_clock_mhz,
+            mem_clock_mhz: t.mem_clock_mhz,
+            temperature_c: t.temperature_c,
+            gpu_util_pct: t.gpu_util_pct,
+            clock_events: t.clock_events,
+            tpot_p50_ms: w.tpot_p50_ms,
+            tpot_p99_ms: w.tpot_p99_ms,
+            active_sequences: w.active_sequences,
+            queue_depth: w.queue_depth,
+            demand: w.demand,
+            in_force: self.in_force[g],
+            last_clamped: self.last_clamped[g],
+            settling: self.settling[g],
+        };
+        self.settling[g] = false;
+        observation
+    }
+
+    /// Apply the knobs that change. A failed change is logged and counted, never fatal:
+    /// the setting stays as it was.
+    pub(super) fn apply(&mut self, gpu: u32, settings: &Settings) {
+        let g = gpu as usize;
+        if let Some(watts) = settings.power_cap_w {
+            match self.backends.actuator.set_power_cap(gpu, watts) {
+                Ok(enforced) => {
+                    self.in_force[g].power_cap_w = enforced;
+                    self.in_force[g].power_cap_requested_w = watts;
+                    self.changed(gpu);
+                }
+                Err(e) => self.actuator_error(gpu, e),
+            }
+        }
+        if let Some(mhz) = settings.sm_clock_max_mhz {
+            let device_max = self
+                .envelope
+                .limits(gpu)
+                .map_or(mhz, |l| l.sm_clock_device_max_mhz);
+            let min = self
+                .envelope
+                .limits(gpu)
+                .and_then(|l| l.sm_clocks_mhz.last().copied())
+                .unwrap_or(mhz)
+                .min(mhz);
+            // The device's top clock means "no lock": release it rather than pin it.
+            let range = (mhz < device_max).then_some((min, mhz));
+            match self.backends.actuator.set_sm_clock_lock(gpu, range) {
+                Ok(()) => {
+                    self.in_force[g].sm_clock_max_mhz = mhz;
+                    self.changed(gpu);
+                }
+                Err(e) => self.actuator_error(gpu, e),
+            }
+        }
+        if let Some(batch) = settings.batch_size {
+            match self.backends.workload.set_batch_size(gpu, batch) {
+                Ok(()) => {
+                    self.in_force[g].batch_size = batch;
+                    self.changed(gpu);
+                }
+                Err(e) => {
+                    self.totals.actuator_errors += 1;
+                    tracing::warn!(gpu, "batch size change failed: {e}");
+                }
+            }
+        }
+    }
+
+    pub(super) fn changed(&mut self, gpu: u32) {
+        self.settling[gpu as usize] = true;
+        self.totals.settings_changes += 1;
+    }
+
+    pub(super) fn actuator_error(&mut self, gpu: u32, e: ActuatorError) {
+        self.totals.actuator_errors += 1;
+        tracing::warn!(gpu, "setting change failed, the old setting stays: {e}");
+    }
+}
+
+/// `settings` with only the `knobs` given.
+pub(super) fn only(settings: Settings, knobs: Knobs) -> Settings {
+    Settings {
+        power_cap_w: settings.power_cap_w.filter(|_| knobs.power_cap),
+        sm_clock_max_mhz: settings.sm_clock_max_mhz.filter(|_| knobs.sm_clock),
+        batch_size: settings.batch_size.filter(|_| knobs.batch_size),
+    }
+}
+
+/// `a`'s knobs, and `b`'s where `a` leaves one unset.
+pub(super) fn merged(a: Settings, b: Settings) -> Settings {
+    Settings {
+        power_cap_w: a.power_cap_w.or(b.power_cap_w),
+        sm_clock_max_mhz: a.sm_clock_max_mhz.or(b.sm_clock_max_mhz),
+        batch_size: a.batch_size.or(b.batch_size),
+    }
+}

@@ -1,0 +1,134 @@
+//! What a run adds up: per GPU and over the node, the tokens, energy, violations, demand,
+//! and the counts of every kind of failure and intervention. `summary.json` is these.
+
+use serde::Serialize;
+
+use crate::swap::SwapCounters;
+use tokwatt_core::types::{DemandWindow, InForce};
+use tokwatt_policy::guard::GuardCounters;
+use tokwatt_policy::supervisor::PolicyCounters;
+
+/// Totals for one GPU.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GpuTotals {
+    pub gpu: u32,
+    pub tokens: u64,
+    pub energy_j: f64,
+    pub tokens_per_joule: f64,
+    pub slo_violation_ticks: u64,
+    /// The demand this GPU faced; `None` where the workload does not report demand.
+    pub demand: Option<DemandTotals>,
+    pub final_settings: Option<InForce>,
+}
+
+/// Demand over a run: what arrived, what was served and what was turned away.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct DemandTotals {
+    pub requests_arrived: u64,
+    pub requests_completed: u64,
+    pub requests_turned_away: u64,
+    pub tokens_demanded: u64,
+    pub tokens_served: u64,
+    /// `tokens_served / tokens_demanded`, at most 1 (1 when nothing was asked). Tokens of
+    /// requests still in flight at the end count as served once generated.
+    pub served_fraction: f64,
+    /// Ticks in which a request was turned away (each is an objective violation).
+    pub ticks_turning_away: u64,
+    /// The highest per-tick p99 queue wait, ms (`None` when no request got a slot).
+    pub worst_tick_queue_wait_p99_ms: Option<f64>,
+}
+
+impl DemandTotals {
+    pub(super) fn add(&mut self, window: &DemandWindow, tokens_served: u64) {
+        let tick = DemandTotals {
+            requests_arrived: window.requests_arrived,
+            requests_completed: window.requests_completed,
+            requests_turned_away: window.requests_turned_away,
+            tokens_demanded: window.tokens_demanded,
+            tokens_served,
+            served_fraction: 0.0,
+            ticks_turning_away: u64::from(window.requests_turned_away > 0),
+            worst_tick_queue_wait_p99_ms: window.queue_wait_p99_ms,
+        };
+        self.sum_counts(&tick);
+        self.ticks_turning_away += tick.ticks_turning_away;
+    }
+
+    /// Fold another GPU's totals into this one (the run-level figure).
+    pub(super) fn merge(&mut self, other: &DemandTotals) {
+        self.sum_counts(other);
+        self.ticks_turning_away = self.ticks_turning_away.max(other.ticks_turning_away);
+    }
+
+    /// Add `other`'s counts and keep the worse queue wait; the served fraction follows.
+    pub(super) fn sum_counts(&mut self, other: &DemandTotals) {
+        self.requests_arrived = self.requests_arrived.saturating_add(other.requests_arrived);
+        self.requests_completed = self
+            .requests_completed
+            .saturating_add(other.requests_completed);
+        self.requests_turned_away = self
+            .requests_turned_away
+            .saturating_add(other.requests_turned_away);
+        self.tokens_demanded = self.tokens_demanded.saturating_add(other.tokens_demanded);
+        self.tokens_served = self.tokens_served.saturating_add(other.tokens_served);
+        self.served_fraction = if self.tokens_demanded == 0 {
+            1.0
+        } else {
+            (self.tokens_served as f64 / self.tokens_demanded as f64).min(1.0)
+        };
+        self.worst_tick_queue_wait_p99_ms = match (
+            self.worst_tick_queue_wait_p99_ms,
+            other.worst_tick_queue_wait_p99_ms,
+        ) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+fn is_zero(count: &u64) -> bool {
+    *count == 0
+}
+
+/// What a run did, for `summary.json`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LoopTotals {
+    pub tokens: u64,
+    pub energy_j: f64,
+    pub tokens_per_joule: f64,
+    pub duration_s: f64,
+    pub ticks: u64,
+    pub fallback_ticks: u64,
+    /// Plugin traps (trap, fuel, deadline, memory) over every policy in charge during the
+    /// run, a swapped-out one's included.
+    pub plugin_traps: u64,
+    pub slo_violation_ticks: u64,
+    /// What the objective guard did: take-overs, and the violations charged to the
+    /// policy, to the guard's fallback, or excused (demand beyond the GPU).
+    pub guard: GuardCounters,
+    /// Ticks where tokens flowed under a TPOT bound but no GPU's TPOT was known (an
+    /// external engine's histogram without observations): the bound went unchecked.
+    /// Written only where there were some, so the summary's layout stays as it was for
+    /// every run whose TPOT is always known.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tpot_unknown_ticks: u64,
+    pub clamped_decisions: u64,
+    pub non_finite_values: u64,
+    pub actuator_errors: u64,
+    pub telemetry_errors: u64,
+    pub settings_changes: u64,
+    pub interrupted: bool,
+    /// Every policy's calls and failures over the run: each supervisor's counts while it
+    /// was in charge (and its `init`), summed over swaps and rollbacks.
+    pub policy_counters: PolicyCounters,
+    /// The policy in charge when the run ended (`policy` names the one it started with).
+    pub policy_at_end: String,
+    /// Hot swaps, their state hand-overs and rollbacks.
+    pub swaps: SwapCounters,
+    /// Demand over all GPUs (`ticks_turning_away`: the most of any one GPU); `None` where
+    /// the workload does not report demand.
+    pub demand: Option<DemandTotals>,
+    pub gpus: Vec<GpuTotals>,
+    /// Wall time the loop took, seconds (on a virtual clock, far less than `duration_s`).
+    pub wall_time_s: f64,
+}
