@@ -1,6 +1,9 @@
 use std::time::Duration;
 
 use super::*;
+use prometheus_client::metrics::counter::Atomic;
+use prometheus_client::metrics::family::Family;
+use std::sync::atomic::AtomicU64;
 use tokwatt_agent::control::{GpuTotals, LoopTotals};
 use tokwatt_core::types::{InForce, Settings};
 
