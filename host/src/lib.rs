@@ -19,6 +19,7 @@ pub use tokwatt_bench as bench;
 pub use tokwatt_core::{
     actuator, clock, files, model, privileges, quantile, rng, telemetry, types, workload,
 };
+#[cfg(feature = "cuda")]
 pub use tokwatt_cuda as cuda;
 pub use tokwatt_engines::prometheus;
 pub use tokwatt_lab::{ab, eval, replay};

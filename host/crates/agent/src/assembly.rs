@@ -13,6 +13,7 @@ use tokwatt_core::actuator::{Actuator, DryRun};
 use tokwatt_core::clock::{Clock, VirtualClock, WallClock};
 use tokwatt_core::types::Knobs;
 use tokwatt_core::workload::Workload;
+#[cfg(feature = "cuda")]
 use tokwatt_cuda::{CudaDecode, CudaDecodeConfig, ModelShape};
 use tokwatt_engines::prometheus::{PrometheusConfig, PrometheusTokens};
 use tokwatt_nvml::{NvmlSystem, SamplerConfig};
@@ -170,10 +171,16 @@ pub enum AssemblyError {
     Sim(#[from] tokwatt_sim::SimError),
     #[error(transparent)]
     Nvml(#[from] tokwatt_nvml::NvmlError),
+    #[cfg(feature = "cuda")]
     #[error(transparent)]
     Cuda(#[from] tokwatt_cuda::CudaError),
+    #[cfg(feature = "cuda")]
     #[error(transparent)]
     Model(#[from] tokwatt_cuda::ModelError),
+    #[error(
+        "this tokwatt was built without its CUDA decode workload (the `cuda` feature): rebuild with `cargo build -p tokwatt --features cuda` (on by default), or take tokens from a serving engine (`--engine`) or the simulator"
+    )]
+    NoCuda,
     #[error("reading the GPU settings in force: {0}")]
     ReadSettings(#[from] tokwatt_core::actuator::ActuatorError),
     #[error("reading tokens from {url}: {reason}")]
@@ -490,6 +497,12 @@ fn one_gpu_workload(
     agent_index: u32,
 ) -> Result<(Box<dyn Workload>, String), AssemblyError> {
     match source {
+        #[cfg(not(feature = "cuda"))]
+        WorkloadSource::Cuda { .. } => {
+            let _ = (nvml_index, agent_index);
+            Err(AssemblyError::NoCuda)
+        }
+        #[cfg(feature = "cuda")]
         WorkloadSource::Cuda {
             model,
             context,
@@ -544,6 +557,24 @@ impl WorkloadSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Built without the `cuda` feature (`cargo test -p tokwatt-agent` alone; the binary
+    /// turns it on), a CUDA workload is refused with the fix, not a link error.
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn a_cuda_workload_without_the_feature_is_refused_with_the_fix() {
+        let source = WorkloadSource::Cuda {
+            model: "llama-3-8b".into(),
+            context: 1024,
+            batch_size_max: 64,
+        };
+        let error = one_gpu_workload(&source, 0, 0)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(error.contains("`cuda` feature"), "{error}");
+        assert!(error.contains("--features cuda"), "{error}");
+    }
 
     fn all() -> Knobs {
         Knobs {

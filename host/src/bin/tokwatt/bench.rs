@@ -11,7 +11,7 @@ use tokwatt::bench::DecideLatencies;
 use tokwatt::bench::agent_cpu::{
     self, AgentCpuRequest, AgentCpuRun, AgentCpuTarget, CPU_TIME_RESOLUTION,
 };
-use tokwatt::nvml::{NvmlSystem, SamplerConfig};
+use tokwatt::nvml::SamplerConfig;
 use tokwatt::plugin::{ComponentCache, HostConfig, PluginHost};
 use tokwatt::spec::PolicySpec;
 
@@ -412,6 +412,21 @@ fn agent_cpu_table(rows: &[(&AgentCpuTarget, Vec<AgentCpuRun>)], simulated: bool
     table.to_string()
 }
 
+#[cfg(not(feature = "cuda"))]
+fn bench_workload(
+    _gpu: u32,
+    _model: &str,
+    _context: u32,
+    _batches: Vec<u32>,
+    _seconds: f64,
+    _json: Option<PathBuf>,
+) -> Result<()> {
+    anyhow::bail!(
+        "this tokwatt was built without its CUDA decode workload (the `cuda` feature): rebuild with `cargo build -p tokwatt --features cuda` (on by default)"
+    )
+}
+
+#[cfg(feature = "cuda")]
 fn bench_workload(
     gpu: u32,
     model: &str,
@@ -420,7 +435,7 @@ fn bench_workload(
     seconds: f64,
     json: Option<PathBuf>,
 ) -> Result<()> {
-    let system = NvmlSystem::open(Some(&[gpu]))?;
+    let system = tokwatt::nvml::NvmlSystem::open(Some(&[gpu]))?;
     // The freshest energy counter for per-batch measurements: every 100 ms, as NVML
     // refreshes it (a cost the agent does not pay; this is a measurement).
     let mut telemetry = system
