@@ -3,6 +3,25 @@
 
 use crate::support::*;
 
+/// The recorder's one reader of `summary.json` reads back everything the run wrote: the
+/// typed summary, written again, is the file's JSON key for key and value for value.
+#[test]
+fn the_summary_reads_back_exactly_what_the_run_wrote() {
+    let dir = tempdir();
+    let spec = repo_root().join("policies/slo-batch.toml");
+    let out = dir.path().join("run");
+    let r = run_sim(&spec, "20s", &out, &["--gpus", "2"]);
+    let summary = tokwatt::agent::read_summary(&out).expect("the run's summary reads");
+    assert_eq!(summary.meta.gpu_count, 2);
+    assert!(summary.meta.simulated);
+    assert_eq!(summary.totals.gpus.len(), 2);
+    let again = serde_json::to_value(&summary).expect("serialises");
+    assert_eq!(
+        again, r.summary,
+        "a key or value did not survive the round trip"
+    );
+}
+
 #[test]
 fn summary_keys_are_stable() {
     let dir = tempdir();

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use crate::assembly::RunMeta;
 use crate::control::{Backends, ControlLoop, LoopConfig, LoopTotals, Progress};
@@ -54,7 +54,7 @@ pub fn plugin_search_path(extra: &[PathBuf]) -> Vec<PathBuf> {
 pub const SUMMARY_FORMAT_VERSION: u32 = 1;
 
 /// The format versions of a run's output files, recorded in its summary.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OutputFormats {
     pub trace_csv: u32,
     pub observations_jsonl: u32,
@@ -71,20 +71,101 @@ impl Default for OutputFormats {
 
 /// `summary.json`. **API boundary**: its keys are a compatibility promise, pinned by
 /// `summary_keys_are_stable` (tests/all); raise [`SUMMARY_FORMAT_VERSION`] to change them.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunSummary {
     pub format_version: u32,
+    /// Absent in the earliest summaries of format 1: read as this build's versions.
+    #[serde(default)]
     pub output_formats: OutputFormats,
     pub policy: String,
     pub policy_spec: String,
     pub plugin: String,
     pub tick_ms: u32,
     /// The objective the run was judged by (the spec's, or the judge's scenario's).
+    /// Absent in summaries written before it was recorded: read as no bound.
+    #[serde(default)]
     pub objective: tokwatt_core::types::Objective,
     #[serde(flatten)]
     pub meta: RunMeta,
     #[serde(flatten)]
     pub totals: LoopTotals,
+}
+
+/// Why a run's `summary.json` could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SummaryError {
+    #[error(
+        "{} is not a run's output folder: it has no summary.json; give the folder a run wrote (`tokwatt run --out DIR`, or `tokwatt serve`'s output folder)",
+        dir.display()
+    )]
+    NotARun { dir: PathBuf },
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is damaged (line {line}): {reason}", path.display())]
+    Damaged {
+        path: PathBuf,
+        line: u64,
+        reason: String,
+    },
+    #[error(
+        "{} is in summary.json format version {found}, and this tokwatt reads version {supported}: read it with the tokwatt version that recorded it",
+        path.display()
+    )]
+    ForeignVersion {
+        path: PathBuf,
+        found: u64,
+        supported: u32,
+    },
+}
+
+/// The `summary.json` of the run in `dir`, as [`RunSummary`]: the one reader of the file
+/// the recorder writes. Its version is checked first, so a foreign summary is named as
+/// such, not as damaged.
+pub fn read_summary(dir: &Path) -> Result<RunSummary, SummaryError> {
+    let path = dir.join(crate::recorder::SUMMARY_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Err(SummaryError::NotARun {
+                dir: dir.to_owned(),
+            });
+        }
+        Err(source) => return Err(SummaryError::Read { path, source }),
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|error| SummaryError::Damaged {
+            path: path.clone(),
+            line: error.line() as u64,
+            reason: error.to_string(),
+        })?;
+    match value
+        .get("format_version")
+        .and_then(serde_json::Value::as_u64)
+    {
+        Some(found) if found == u64::from(SUMMARY_FORMAT_VERSION) => {}
+        Some(found) => {
+            return Err(SummaryError::ForeignVersion {
+                path,
+                found,
+                supported: SUMMARY_FORMAT_VERSION,
+            });
+        }
+        None => {
+            return Err(SummaryError::Damaged {
+                path,
+                line: 1,
+                reason: "it has no numeric format_version".into(),
+            });
+        }
+    }
+    serde_json::from_value(value).map_err(|error| SummaryError::Damaged {
+        path,
+        line: 1,
+        reason: error.to_string(),
+    })
 }
 
 /// What `run` needs besides the backends.

@@ -222,7 +222,7 @@ struct Files {
 
 const TRACE_FILE: &str = "trace.csv";
 const OBSERVATIONS_FILE: &str = "observations.jsonl";
-const SUMMARY_FILE: &str = "summary.json";
+pub const SUMMARY_FILE: &str = "summary.json";
 
 impl Recorder {
     /// Create the run's files in `dir`. A folder that already holds a run is refused

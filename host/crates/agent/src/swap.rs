@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use tokwatt_core::types::{Objective, Settings};
 use tokwatt_policy::envelope::Envelope;
@@ -88,7 +88,7 @@ pub fn swap_channel() -> (SwapSender, SwapPort) {
 }
 
 /// What swaps did, for the summary.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SwapCounters {
     /// New policies that took over (an operator's rollback not included).
     pub swaps: u64,

@@ -305,7 +305,9 @@ impl Observation {
     }
 }
 
-fn nan_if_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+/// Reads a number written by serde_json, where a NaN or infinity becomes `null`, back as
+/// NaN (for `#[serde(deserialize_with)]` on `f64` fields that may be NaN).
+pub fn nan_if_null<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
     Ok(Option::<f64>::deserialize(deserializer)?.unwrap_or(f64::NAN))
 }
 

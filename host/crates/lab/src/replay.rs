@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
 use tokwatt_agent::recorder::OBSERVATIONS_FORMAT_VERSION;
-use tokwatt_agent::{self as agent, NodeFacts};
+use tokwatt_agent::{self as agent, NodeFacts, RunSummary, SummaryError};
 use tokwatt_core::types::{Observation, Settings};
 use tokwatt_plugin::{ComponentCache, GuestConsole, GuestOutput, HostConfig, PluginHost};
 use tokwatt_policy::spec::PolicySpec;
@@ -33,7 +33,6 @@ use tokwatt_policy::supervisor::{DecisionSource, Supervisor};
 /// Version of the replay's JSON output (`--json`).
 pub const REPLAY_FORMAT_VERSION: u32 = 1;
 
-const SUMMARY_FILE: &str = "summary.json";
 const OBSERVATIONS_FILE: &str = "observations.jsonl";
 
 #[derive(Debug, thiserror::Error)]
@@ -233,18 +232,6 @@ pub struct ReplayTotals {
     pub fallback: u64,
 }
 
-/// The parts of `summary.json` a replay needs (its versions are checked before).
-#[derive(Debug, Deserialize)]
-struct RecordedSummary {
-    policy: String,
-    tick_ms: u32,
-    simulated: bool,
-    gpu_profile: String,
-    gpu_name: String,
-    gpu_count: u32,
-    seed: u64,
-}
-
 /// One line of `observations.jsonl` (`recorder::TickRecord`; its version is checked
 /// before).
 #[derive(Debug, Deserialize)]
@@ -271,13 +258,13 @@ pub fn replay(request: &ReplayRequest) -> Result<ReplayReport, ReplayError> {
     let dir = &request.run_dir;
     let summary = read_summary(dir)?;
     let (node, knobs, device_facts) = node_facts(request, &summary)?;
-    if node.devices.len() != summary.gpu_count as usize {
+    if node.devices.len() != summary.meta.gpu_count as usize {
         return Err(ReplayError::DeviceCount {
             profile: request
                 .sim_profile
                 .clone()
-                .unwrap_or(summary.gpu_profile.clone()),
-            recorded: summary.gpu_count,
+                .unwrap_or(summary.meta.gpu_profile.clone()),
+            recorded: summary.meta.gpu_count,
             facts: node.devices.len(),
         });
     }
@@ -314,7 +301,7 @@ pub fn replay(request: &ReplayRequest) -> Result<ReplayReport, ReplayError> {
         policy: spec.name.clone(),
         plugin: plugin_path.display().to_string(),
         recorded_policy: summary.policy.clone(),
-        seed: summary.seed,
+        seed: summary.meta.seed,
         tick_ms: summary.tick_ms,
         device_facts,
         ticks_shown: request.ticks,
@@ -416,11 +403,11 @@ fn start(
     spec: &PolicySpec,
     plugin_path: &Path,
     node: &NodeFacts,
-    summary: &RecordedSummary,
+    summary: &RunSummary,
 ) -> Result<(Supervisor, Vec<Settings>, GuestConsole), ReplayError> {
     let tick = Duration::from_millis(u64::from(summary.tick_ms));
     let (supervisor, first, _, console) =
-        agent::start_policy_watched(host, spec, plugin_path, node, summary.seed, tick)?;
+        agent::start_policy_watched(host, spec, plugin_path, node, summary.meta.seed, tick)?;
     Ok((supervisor, first, console))
 }
 
@@ -428,95 +415,72 @@ fn start(
 /// from in words.
 fn node_facts(
     request: &ReplayRequest,
-    summary: &RecordedSummary,
+    summary: &RunSummary,
 ) -> Result<(NodeFacts, tokwatt_core::types::Knobs, String), ReplayError> {
-    let (profile, words) = match (&request.sim_profile, summary.simulated) {
+    let (profile, words) = match (&request.sim_profile, summary.meta.simulated) {
         (Some(profile), _) => (
             profile.clone(),
             format!("the simulator profile `{profile}` (--sim)"),
         ),
         (None, true) => (
-            summary.gpu_profile.clone(),
+            summary.meta.gpu_profile.clone(),
             format!(
                 "the simulator profile `{}` named in summary.json, with the built-in scenario (a run does not record its device facts)",
-                summary.gpu_profile
+                summary.meta.gpu_profile
             ),
         ),
         (None, false) => {
             return Err(ReplayError::NoDeviceFacts {
-                gpu_name: summary.gpu_name.clone(),
+                gpu_name: summary.meta.gpu_name.clone(),
             });
         }
     };
     let backend_request = BackendRequest {
         target: Target::Sim(SimTarget {
-            gpus: summary.gpu_count,
+            gpus: summary.meta.gpu_count,
             ..SimTarget::new(profile)
         }),
-        seed: summary.seed,
+        seed: summary.meta.seed,
         batch_only: false,
     };
     let assembled = assembly::assemble(&backend_request, &request.spec.name, request.spec.knobs)?;
     Ok((NodeFacts::of(&assembled.backends), assembled.knobs, words))
 }
 
-fn read_summary(dir: &Path) -> Result<RecordedSummary, ReplayError> {
-    let path = dir.join(SUMMARY_FILE);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ReplayError::NotARun {
-                dir: dir.to_owned(),
-            });
-        }
-        Err(source) => return Err(ReplayError::Read { path, source }),
-    };
-    // The version first, so a foreign summary is named as such, not as damaged.
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|error| ReplayError::Damaged {
-            path: path.clone(),
-            line: error.line() as u64,
-            reason: error.to_string(),
-        })?;
-    let version = |value: Option<&serde_json::Value>| value.and_then(serde_json::Value::as_u64);
-    match version(value.get("format_version")) {
-        Some(found) if found == u64::from(agent::SUMMARY_FORMAT_VERSION) => {}
-        Some(found) => {
-            return Err(ReplayError::ForeignVersion {
-                path,
-                what: "summary.json",
-                found,
-                supported: agent::SUMMARY_FORMAT_VERSION,
-            });
-        }
-        None => {
-            return Err(ReplayError::Damaged {
-                path,
-                line: 1,
-                reason: "it has no numeric format_version".into(),
-            });
-        }
-    }
-    if let Some(found) = version(
-        value
-            .get("output_formats")
-            .and_then(|formats| formats.get("observations_jsonl")),
-    ) && found != u64::from(OBSERVATIONS_FORMAT_VERSION)
-    {
+/// The run's summary through the recorder's one reader, and its observations' version
+/// checked against this replay's.
+fn read_summary(dir: &Path) -> Result<RunSummary, ReplayError> {
+    let summary = agent::read_summary(dir)?;
+    let found = summary.output_formats.observations_jsonl;
+    if found != OBSERVATIONS_FORMAT_VERSION {
         return Err(ReplayError::ForeignVersion {
             path: dir.join(OBSERVATIONS_FILE),
             what: "observations.jsonl",
-            found,
+            found: u64::from(found),
             supported: OBSERVATIONS_FORMAT_VERSION,
         });
     }
-    let summary: RecordedSummary =
-        serde_json::from_value(value).map_err(|error| ReplayError::Damaged {
-            path: path.clone(),
-            line: 1,
-            reason: error.to_string(),
-        })?;
     Ok(summary)
+}
+
+impl From<SummaryError> for ReplayError {
+    fn from(error: SummaryError) -> Self {
+        match error {
+            SummaryError::NotARun { dir } => Self::NotARun { dir },
+            SummaryError::Read { path, source } => Self::Read { path, source },
+            SummaryError::Damaged { path, line, reason } => Self::Damaged { path, line, reason },
+            SummaryError::ForeignVersion {
+                path,
+                found,
+                supported,
+            } => Self::ForeignVersion {
+                path,
+                what: "summary.json",
+                found,
+                supported,
+            },
+        }
+    }
 }
 
 /// The observation files oldest first: `observations.N.jsonl` … `observations.1.jsonl`

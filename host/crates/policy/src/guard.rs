@@ -113,7 +113,7 @@ impl GuardConfig {
 }
 
 /// What the guard did, for `summary.json`, the status and the metrics.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuardCounters {
     /// Times the guard took the node over from the policy.
     pub takeovers: u64,

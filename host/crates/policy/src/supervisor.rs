@@ -265,7 +265,7 @@ pub enum DecisionSource {
 }
 
 /// Failure counts over a run.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PolicyCounters {
     pub calls: u64,
     pub fallback_ticks: u64,

@@ -1,7 +1,7 @@
 //! What a run adds up: per GPU and over the node, the tokens, energy, violations, demand,
 //! and the counts of every kind of failure and intervention. `summary.json` is these.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::swap::SwapCounters;
 use tokwatt_core::types::{DemandWindow, InForce};
@@ -9,11 +9,13 @@ use tokwatt_policy::guard::GuardCounters;
 use tokwatt_policy::supervisor::PolicyCounters;
 
 /// Totals for one GPU.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct GpuTotals {
     pub gpu: u32,
     pub tokens: u64,
+    #[serde(deserialize_with = "tokwatt_core::types::nan_if_null")]
     pub energy_j: f64,
+    #[serde(deserialize_with = "tokwatt_core::types::nan_if_null")]
     pub tokens_per_joule: f64,
     pub slo_violation_ticks: u64,
     /// The demand this GPU faced; `None` where the workload does not report demand.
@@ -22,7 +24,7 @@ pub struct GpuTotals {
 }
 
 /// Demand over a run: what arrived, what was served and what was turned away.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct DemandTotals {
     pub requests_arrived: u64,
     pub requests_completed: u64,
@@ -31,6 +33,7 @@ pub struct DemandTotals {
     pub tokens_served: u64,
     /// `tokens_served / tokens_demanded`, at most 1 (1 when nothing was asked). Tokens of
     /// requests still in flight at the end count as served once generated.
+    #[serde(deserialize_with = "tokwatt_core::types::nan_if_null")]
     pub served_fraction: f64,
     /// Ticks in which a request was turned away (each is an objective violation).
     pub ticks_turning_away: u64,
@@ -91,11 +94,14 @@ fn is_zero(count: &u64) -> bool {
 }
 
 /// What a run did, for `summary.json`.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LoopTotals {
     pub tokens: u64,
+    #[serde(deserialize_with = "tokwatt_core::types::nan_if_null")]
     pub energy_j: f64,
+    #[serde(deserialize_with = "tokwatt_core::types::nan_if_null")]
     pub tokens_per_joule: f64,
+    #[serde(deserialize_with = "tokwatt_core::types::nan_if_null")]
     pub duration_s: f64,
     pub ticks: u64,
     pub fallback_ticks: u64,
@@ -110,7 +116,7 @@ pub struct LoopTotals {
     /// external engine's histogram without observations): the bound went unchecked.
     /// Written only where there were some, so the summary's layout stays as it was for
     /// every run whose TPOT is always known.
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(skip_serializing_if = "is_zero", default)]
     pub tpot_unknown_ticks: u64,
     pub clamped_decisions: u64,
     pub non_finite_values: u64,
@@ -130,5 +136,6 @@ pub struct LoopTotals {
     pub demand: Option<DemandTotals>,
     pub gpus: Vec<GpuTotals>,
     /// Wall time the loop took, seconds (on a virtual clock, far less than `duration_s`).
+    #[serde(deserialize_with = "tokwatt_core::types::nan_if_null")]
     pub wall_time_s: f64,
 }
