@@ -15,25 +15,26 @@
 //! profile that `summary.json` names, with the built-in scenario; for a run on real GPUs
 //! from a profile the caller names.
 
-use std::fmt::Write as _;
-use std::io::BufRead;
+mod recorded;
+mod render;
+
+use recorded::*;
+pub use render::render_text;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
-use tokwatt_agent::recorder::OBSERVATIONS_FORMAT_VERSION;
-use tokwatt_agent::{self as agent, NodeFacts, RunSummary, SummaryError};
-use tokwatt_core::types::{Observation, Settings};
+use tokwatt_agent::{self as agent, NodeFacts, RunSummary};
+use tokwatt_core::types::Settings;
 use tokwatt_plugin::{ComponentCache, GuestConsole, GuestOutput, HostConfig, PluginHost};
 use tokwatt_policy::spec::PolicySpec;
 use tokwatt_policy::supervisor::{DecisionSource, Supervisor};
 
 /// Version of the replay's JSON output (`--json`).
 pub const REPLAY_FORMAT_VERSION: u32 = 1;
-
-const OBSERVATIONS_FILE: &str = "observations.jsonl";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
@@ -232,27 +233,6 @@ pub struct ReplayTotals {
     pub fallback: u64,
 }
 
-/// One line of `observations.jsonl` (`recorder::TickRecord`; its version is checked
-/// before).
-#[derive(Debug, Deserialize)]
-struct RecordedLine {
-    time_s: f64,
-    policy: String,
-    observation: Observation,
-    requested: Settings,
-    fallback: bool,
-}
-
-/// One recorded tick: every GPU's line.
-struct RecordedTick {
-    tick: u64,
-    time_s: f64,
-    policy: String,
-    fallback: bool,
-    observations: Vec<Observation>,
-    requested: Vec<Settings>,
-}
-
 /// Replay `request.run_dir` with `request.spec`'s policy.
 pub fn replay(request: &ReplayRequest) -> Result<ReplayReport, ReplayError> {
     let dir = &request.run_dir;
@@ -447,263 +427,10 @@ fn node_facts(
     Ok((NodeFacts::of(&assembled.backends), assembled.knobs, words))
 }
 
-/// The run's summary through the recorder's one reader, and its observations' version
-/// checked against this replay's.
-fn read_summary(dir: &Path) -> Result<RunSummary, ReplayError> {
-    let summary = agent::read_summary(dir)?;
-    let found = summary.output_formats.observations_jsonl;
-    if found != OBSERVATIONS_FORMAT_VERSION {
-        return Err(ReplayError::ForeignVersion {
-            path: dir.join(OBSERVATIONS_FILE),
-            what: "observations.jsonl",
-            found: u64::from(found),
-            supported: OBSERVATIONS_FORMAT_VERSION,
-        });
-    }
-    Ok(summary)
-}
-
-impl From<SummaryError> for ReplayError {
-    fn from(error: SummaryError) -> Self {
-        match error {
-            SummaryError::NotARun { dir } => Self::NotARun { dir },
-            SummaryError::Read { path, source } => Self::Read { path, source },
-            SummaryError::Damaged { path, line, reason } => Self::Damaged { path, line, reason },
-            SummaryError::ForeignVersion {
-                path,
-                found,
-                supported,
-            } => Self::ForeignVersion {
-                path,
-                what: "summary.json",
-                found,
-                supported,
-            },
-        }
-    }
-}
-
-/// The observation files oldest first: `observations.N.jsonl` … `observations.1.jsonl`
-/// (a rotating run's older ones, see `recorder::Rotation`), then `observations.jsonl`.
-fn observation_files(dir: &Path) -> Result<Vec<PathBuf>, ReplayError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| ReplayError::Read {
-        path: dir.to_owned(),
-        source,
-    })?;
-    let mut rotated: Vec<(u64, PathBuf)> = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if let Some(n) = name
-            .strip_prefix("observations.")
-            .and_then(|rest| rest.strip_suffix(".jsonl"))
-            .and_then(|n| n.parse::<u64>().ok())
-        {
-            rotated.push((n, entry.path()));
-        }
-    }
-    rotated.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
-    let mut files: Vec<PathBuf> = rotated.into_iter().map(|(_, path)| path).collect();
-    files.push(dir.join(OBSERVATIONS_FILE));
-    Ok(files)
-}
-
-/// Calls `each` with every recorded tick in order, until it returns `false`.
-fn for_each_recorded_tick(
-    dir: &Path,
-    gpus: usize,
-    each: &mut dyn FnMut(RecordedTick) -> Result<bool, ReplayError>,
-) -> Result<(), ReplayError> {
-    let mut pending: Option<(RecordedTick, PathBuf)> = None;
-    let complete = |tick: RecordedTick, path: &Path| -> Result<RecordedTick, ReplayError> {
-        if tick.observations.len() == gpus {
-            Ok(tick)
-        } else {
-            Err(ReplayError::TickIncomplete {
-                path: path.to_owned(),
-                tick: tick.tick,
-                found: tick.observations.len(),
-                expected: gpus,
-            })
-        }
-    };
-    for path in observation_files(dir)? {
-        let file = std::fs::File::open(&path).map_err(|source| ReplayError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        for (index, line) in std::io::BufReader::new(file).lines().enumerate() {
-            let line_number = index as u64 + 1;
-            let line = line.map_err(|source| ReplayError::Read {
-                path: path.clone(),
-                source,
-            })?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let record = parse_line(&path, line_number, &line)?;
-            let tick = record.observation.tick;
-            if let Some((current, _)) = &mut pending
-                && current.tick == tick
-            {
-                current.observations.push(record.observation);
-                current.requested.push(record.requested);
-                continue;
-            }
-            if let Some((done, done_path)) = pending.take()
-                && !each(complete(done, &done_path)?)?
-            {
-                return Ok(());
-            }
-            pending = Some((
-                RecordedTick {
-                    tick,
-                    time_s: record.time_s,
-                    policy: record.policy,
-                    fallback: record.fallback,
-                    observations: vec![record.observation],
-                    requested: vec![record.requested],
-                },
-                path.clone(),
-            ));
-        }
-    }
-    if let Some((done, done_path)) = pending {
-        each(complete(done, &done_path)?)?;
-    }
-    Ok(())
-}
-
-fn parse_line(path: &Path, line: u64, text: &str) -> Result<RecordedLine, ReplayError> {
-    let damaged = |reason: String| ReplayError::Damaged {
-        path: path.to_owned(),
-        line,
-        reason,
-    };
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|error| damaged(error.to_string()))?;
-    match value
-        .get("format_version")
-        .and_then(serde_json::Value::as_u64)
-    {
-        Some(found) if found == u64::from(OBSERVATIONS_FORMAT_VERSION) => {}
-        Some(found) => {
-            return Err(ReplayError::ForeignVersion {
-                path: path.to_owned(),
-                what: "observations.jsonl",
-                found,
-                supported: OBSERVATIONS_FORMAT_VERSION,
-            });
-        }
-        None => return Err(damaged("the record has no numeric format_version".into())),
-    }
-    serde_json::from_value(value).map_err(|error| damaged(error.to_string()))
-}
-
-/// The replay as text for a person: a line per GPU per tick, the replayed decision
-/// beside the recorded one, what the guest wrote under it. Only the run's data and the
-/// policy's answers go in (no times of this machine), so the same replay prints the same
-/// bytes.
-pub fn render_text(report: &ReplayReport) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "replay of {}: policy `{}` ({}), seed {}, tick {} ms; the run started with `{}`",
-        report.run_dir,
-        report.policy,
-        report.plugin,
-        report.seed,
-        report.tick_ms,
-        report.recorded_policy
-    );
-    let _ = writeln!(out, "device facts: {}", report.device_facts);
-    for note in &report.notes {
-        let _ = writeln!(out, "note: {note}");
-    }
-    let _ = writeln!(out, "init: {}", settings_list(&report.init.settings));
-    render_output(&mut out, &report.init.output);
-    for tick in &report.ticks {
-        let mark = if tick.same { "same" } else { "DIFFERS" };
-        let _ = writeln!(out, "tick {} (t={} s): {mark}", tick.tick, tick.time_s);
-        for (gpu, decided) in tick.decided.iter().enumerate() {
-            let recorded = tick
-                .recorded
-                .get(gpu)
-                .map_or_else(|| "-".to_owned(), settings_text);
-            let _ = writeln!(
-                out,
-                "  gpu{gpu}  replay {:<34} run {recorded}{}",
-                settings_text(decided),
-                if tick.recorded_fallback {
-                    " (fallback)"
-                } else {
-                    ""
-                }
-            );
-        }
-        if let Some(failure) = &tick.failure {
-            let _ = writeln!(out, "  {}: {failure}", tick.source);
-        }
-        if tick.recorded_policy != report.policy {
-            let _ = writeln!(out, "  (the run's policy here: `{}`)", tick.recorded_policy);
-        }
-        render_output(&mut out, &tick.output);
-    }
-    let t = &report.totals;
-    let _ = writeln!(
-        out,
-        "{} ticks shown ({} fed): {} same as the run, {} different, {} decided by the fallback",
-        t.ticks_shown, t.ticks_fed, t.same, t.different, t.fallback
-    );
-    out
-}
-
-fn render_output(out: &mut String, output: &GuestOutput) {
-    for log in &output.logs {
-        let _ = writeln!(out, "    log {}: {}", log.level, log.message);
-    }
-    if output.logs_lost > 0 {
-        let _ = writeln!(out, "    log: {} more messages not kept", output.logs_lost);
-    }
-    for (name, lines, lost) in [
-        ("stdout", &output.stdout, output.stdout_bytes_lost),
-        ("stderr", &output.stderr, output.stderr_bytes_lost),
-    ] {
-        if lost > 0 {
-            let _ = writeln!(out, "    {name}| … ({lost} bytes before not kept)");
-        }
-        for line in lines {
-            let _ = writeln!(out, "    {name}| {line}");
-        }
-    }
-}
-
-fn settings_list(settings: &[Settings]) -> String {
-    settings
-        .iter()
-        .enumerate()
-        .map(|(gpu, s)| format!("gpu{gpu} {}", settings_text(s)))
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// `cap 350 W, clock 1500 MHz, batch 256`; `-` for a knob left unchanged.
-fn settings_text(settings: &Settings) -> String {
-    let cap = settings
-        .power_cap_w
-        .map_or_else(|| "-".to_owned(), |w| format!("{w} W"));
-    let clock = settings
-        .sm_clock_max_mhz
-        .map_or_else(|| "-".to_owned(), |mhz| format!("{mhz} MHz"));
-    let batch = settings
-        .batch_size
-        .map_or_else(|| "-".to_owned(), |b| b.to_string());
-    format!("cap {cap}, clock {clock}, batch {batch}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokwatt_core::types::Observation;
 
     #[test]
     fn tick_ranges_parse_with_open_ends_and_refuse_nonsense() {
