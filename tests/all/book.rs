@@ -11,7 +11,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::support::{repo_root, run_sim, skip_unless_required, tempdir, tokwatt};
+use crate::support::{repo_root, required_tool, run_sim, tempdir, tokwatt};
 
 const BLESS: &str = "TOKWATT_BLESS";
 
@@ -383,19 +383,15 @@ fn every_page_and_link_of_the_book_exists() {
 
 #[test]
 fn the_book_builds_with_mdbook() {
-    let found = std::process::Command::new("mdbook")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        skip_unless_required(
-            "TOKWATT_REQUIRE_MDBOOK",
-            "mdbook is not installed (cargo install mdbook, or apt install mdbook)",
-        );
+    let Some(mdbook) = required_tool(
+        "mdbook",
+        "TOKWATT_REQUIRE_MDBOOK",
+        "cargo install --locked --no-default-features mdbook",
+    ) else {
         return;
-    }
+    };
     let dir = tempdir();
-    let output = std::process::Command::new("mdbook")
+    let output = std::process::Command::new(mdbook)
         .arg("build")
         .arg(repo_root().join("docs/book"))
         .arg("--dest-dir")
