@@ -26,7 +26,13 @@ pub use tokwatt_lab::{ab, eval, replay};
 pub use tokwatt_nvml as nvml;
 pub use tokwatt_plugin as plugin;
 pub use tokwatt_policy::{envelope, guard, limits, rules, spec, supervisor as policy};
-pub use tokwatt_report as report;
+/// The drawing library, and a run's own report (the agent's: it reads the recorder's files).
+pub mod report {
+    pub use tokwatt_agent::run_report::{
+        ROLLING_TICKS, RunReportError, run_report, run_report_with_objective,
+    };
+    pub use tokwatt_report::*;
+}
 pub use tokwatt_serve::{api, metrics, serve};
 pub use tokwatt_sim as sim;
 

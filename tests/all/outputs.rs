@@ -206,6 +206,33 @@ fn rotation_chain(
     chain
 }
 
+/// A summary as the loop writes it, for a recording made tick by tick in a test.
+fn recorded_summary(duration_s: f64) -> tokwatt::agent::RunSummary {
+    tokwatt::agent::RunSummary {
+        format_version: tokwatt::agent::SUMMARY_FORMAT_VERSION,
+        output_formats: tokwatt::agent::OutputFormats::default(),
+        policy: "static".into(),
+        policy_spec: "policies/static.toml".into(),
+        plugin: "static.wasm".into(),
+        tick_ms: 1000,
+        objective: Some(tokwatt::types::Objective::default()),
+        meta: tokwatt::agent::RunMeta {
+            simulated: true,
+            gpu_profile: "h200".into(),
+            gpu_name: "NVIDIA H200".into(),
+            data_source: "simulator".into(),
+            gpu_count: 2,
+            actuator: "sim".into(),
+            workload: "sim".into(),
+            seed: 1,
+        },
+        totals: tokwatt::control::LoopTotals {
+            duration_s,
+            ..Default::default()
+        },
+    }
+}
+
 #[test]
 fn rotated_outputs_stay_bounded_each_file_reads_on_its_own_and_no_tick_is_lost() {
     use tokwatt::recorder::{Recorder, Rotation};
@@ -224,7 +251,7 @@ fn rotated_outputs_stay_bounded_each_file_reads_on_its_own_and_no_tick_is_lost()
         }
     }
     recorder
-        .finish(&serde_json::json!({"policy": "static", "tick_ms": 1000, "duration_s": ticks}))
+        .finish(&recorded_summary(ticks as f64))
         .expect("finish");
 
     // The trace: every file within the bound, each with the header, and the ticks one

@@ -13,6 +13,7 @@ pub mod assembly;
 pub mod control;
 pub mod recorder;
 pub mod restore;
+pub mod run_report;
 pub mod swap;
 
 use std::path::{Path, PathBuf};
@@ -82,9 +83,9 @@ pub struct RunSummary {
     pub plugin: String,
     pub tick_ms: u32,
     /// The objective the run was judged by (the spec's, or the judge's scenario's).
-    /// Absent in summaries written before it was recorded: read as no bound.
+    /// Always written; `None` only when reading a summary from before it was recorded.
     #[serde(default)]
-    pub objective: tokwatt_core::types::Objective,
+    pub objective: Option<tokwatt_core::types::Objective>,
     #[serde(flatten)]
     pub meta: RunMeta,
     #[serde(flatten)]
@@ -473,7 +474,7 @@ pub fn run_with_swaps(
         policy_spec: spec.path.display().to_string(),
         plugin: plugin_path.display().to_string(),
         tick_ms: u32::try_from(tick.as_millis()).unwrap_or(u32::MAX),
-        objective: spec.objective,
+        objective: Some(spec.objective),
         meta,
         totals,
     };
@@ -488,8 +489,9 @@ pub fn run_with_swaps(
 /// that fails to render costs a warning, not the run.
 fn write_report(out_dir: &Path, objective: &tokwatt_core::types::Objective) {
     let path = out_dir.join(tokwatt_report::RUN_REPORT_FILE);
-    let written = tokwatt_report::run_report_with_objective(out_dir, objective)
-        .and_then(|html| tokwatt_report::write_atomically(&path, &html));
+    let written = run_report::run_report_with_objective(out_dir, objective).and_then(|html| {
+        tokwatt_report::write_atomically(&path, &html).map_err(run_report::RunReportError::from)
+    });
     if let Err(error) = written {
         tracing::warn!("no report for this run: {error}");
         // An earlier run's report (under --overwrite) must not pass for this run's.

@@ -14,6 +14,7 @@
 //! `summary.json` current while the run goes on.
 
 mod output_file;
+mod trace;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -24,6 +25,8 @@ use tokwatt_core::types::{InForce, Observation, Settings};
 
 use output_file::OutputFile;
 pub use output_file::Rotation;
+use trace::trace_header_line;
+pub use trace::{TraceError, TraceReader, TraceRow, trace_header};
 
 /// Version of `trace.csv`'s columns.
 pub const TRACE_FORMAT_VERSION: u32 = 1;
@@ -111,99 +114,6 @@ struct ObservationLine<'a> {
     record: &'a TickRecord,
 }
 
-/// One row of `trace.csv`. The field order is the column order.
-#[derive(Debug, Serialize)]
-struct TraceRow {
-    time_s: f64,
-    tick: u64,
-    gpu: u32,
-    policy: String,
-    /// The enforced power limit during the window.
-    power_cap_w: f64,
-    /// The power limit tokwatt had requested during the window.
-    power_cap_requested_w: f64,
-    sm_clock_max_mhz: u32,
-    batch_size: u32,
-    power_avg_w: f64,
-    power_peak_w: f64,
-    energy_j: f64,
-    energy_counter_j: f64,
-    tokens: u64,
-    tokens_per_joule: f64,
-    tokens_per_s: f64,
-    sm_clock_mhz: u32,
-    mem_clock_mhz: u32,
-    temperature_c: f64,
-    gpu_util_pct: f64,
-    tpot_p50_ms: f64,
-    tpot_p99_ms: f64,
-    active_sequences: u32,
-    queue_depth: u32,
-    sw_power_cap: u8,
-    settling: u8,
-    clamped: u8,
-    fallback: u8,
-    slo_violation: u8,
-    /// Empty where the GPU does not report memory power.
-    power_mem_w: Option<f64>,
-    /// Demand in the window; all four empty where the workload does not report demand.
-    requests_arrived: Option<u64>,
-    requests_turned_away: Option<u64>,
-    tokens_demanded: Option<u64>,
-    queue_wait_p99_ms: Option<f64>,
-}
-
-/// `value` rounded to `decimals` places, so the trace stays short to read and to store.
-fn round(value: f64, decimals: i32) -> f64 {
-    let scale = 10f64.powi(decimals);
-    (value * scale).round() / scale
-}
-
-impl TraceRow {
-    fn new(r: &TickRecord) -> Self {
-        let o = &r.observation;
-        // The settings in force during the window are the ones the observation reports.
-        Self {
-            time_s: round(r.time_s, 3),
-            tick: o.tick,
-            gpu: o.gpu,
-            policy: r.policy.clone(),
-            power_cap_w: round(o.in_force.power_cap_w, 1),
-            power_cap_requested_w: round(o.in_force.power_cap_requested_w, 1),
-            sm_clock_max_mhz: o.in_force.sm_clock_max_mhz,
-            batch_size: o.in_force.batch_size,
-            power_avg_w: round(o.power_avg_w, 2),
-            power_peak_w: round(o.power_peak_w, 2),
-            energy_j: round(o.energy_j, 4),
-            energy_counter_j: round(r.energy_counter_j, 3),
-            tokens: o.tokens,
-            tokens_per_joule: round(o.tokens_per_joule, 5),
-            tokens_per_s: round(o.tokens_per_s, 2),
-            sm_clock_mhz: o.sm_clock_mhz,
-            mem_clock_mhz: o.mem_clock_mhz,
-            temperature_c: round(o.temperature_c, 1),
-            gpu_util_pct: round(o.gpu_util_pct, 1),
-            tpot_p50_ms: round(o.tpot_p50_ms, 3),
-            tpot_p99_ms: round(o.tpot_p99_ms, 3),
-            active_sequences: o.active_sequences,
-            queue_depth: o.queue_depth,
-            sw_power_cap: u8::from(o.clock_events.sw_power_cap),
-            settling: u8::from(o.settling),
-            clamped: u8::from(r.clamped),
-            fallback: u8::from(r.fallback),
-            slo_violation: u8::from(r.slo_violation),
-            power_mem_w: r.power_mem_avg_w.map(|w| round(w, 2)),
-            requests_arrived: o.demand.map(|d| d.requests_arrived),
-            requests_turned_away: o.demand.map(|d| d.requests_turned_away),
-            tokens_demanded: o.demand.map(|d| d.tokens_demanded),
-            queue_wait_p99_ms: o
-                .demand
-                .and_then(|d| d.queue_wait_p99_ms)
-                .map(|w| round(w, 3)),
-        }
-    }
-}
-
 /// Writes the trace of a run into a folder, or nothing (the judge runs hundreds of runs and
 /// keeps only their totals).
 #[derive(Debug)]
@@ -220,7 +130,7 @@ struct Files {
     trace_line: Vec<u8>,
 }
 
-const TRACE_FILE: &str = "trace.csv";
+pub const TRACE_FILE: &str = "trace.csv";
 const OBSERVATIONS_FILE: &str = "observations.jsonl";
 pub const SUMMARY_FILE: &str = "summary.json";
 
@@ -378,45 +288,6 @@ impl Recorder {
     pub fn finish<S: Serialize>(mut self, summary: &S) -> Result<(), RecorderError> {
         self.checkpoint(summary)
     }
-}
-
-/// The first line of every `trace.csv` file, newline included, written as the csv writer
-/// writes a header (the column names need no quoting).
-fn trace_header_line() -> Vec<u8> {
-    let mut writer = csv::Writer::from_writer(Vec::new());
-    // Writing to memory cannot fail.
-    let _ = writer.write_record(trace_header());
-    writer.into_inner().unwrap_or_default()
-}
-
-/// The header of `trace.csv`, as written (for tests and documentation).
-pub fn trace_header() -> Vec<String> {
-    let mut writer = csv::Writer::from_writer(Vec::new());
-    let row = TraceRow::new(&TickRecord {
-        time_s: 0.0,
-        policy: String::new(),
-        observation: Observation::nothing(0, 0),
-        requested: Settings::default(),
-        applied: Settings::default(),
-        in_force_after: InForce::default(),
-        fallback: false,
-        clamped: false,
-        guard: false,
-        slo_violation: false,
-        energy_counter_j: 0.0,
-        power_mem_avg_w: None,
-        init: None,
-    });
-    // Writing to memory cannot fail.
-    let _ = writer.serialize(row);
-    let bytes = writer.into_inner().unwrap_or_default();
-    String::from_utf8_lossy(&bytes)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split(',')
-        .map(str::to_owned)
-        .collect()
 }
 
 #[cfg(test)]

@@ -2,13 +2,12 @@
 //! fetched from anywhere.
 //!
 //! The building blocks ([`LineChart`], [`HeatMap`], [`Page`]) are for every command that
-//! reports (`tokwatt run`, `tokwatt eval`); [`run_report`] turns a run's own files
-//! (`summary.json`, `trace.csv`) into its `report.html`.
+//! reports (`tokwatt run`, `tokwatt eval`, `tokwatt ab`); a run's own report, which reads
+//! the recorder's files, is the agent's (`tokwatt_agent::run_report`).
 
 pub mod chart;
 mod heatmap;
 mod page;
-mod run;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -16,34 +15,12 @@ use std::path::{Path, PathBuf};
 pub use chart::{Downsampler, LineChart, MAX_BUCKETS, Series, downsample};
 pub use heatmap::HeatMap;
 pub use page::Page;
-pub use run::{ROLLING_TICKS, run_report, run_report_with_objective};
 
 /// The report's file name in a run's folder.
 pub const RUN_REPORT_FILE: &str = "report.html";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path} is not valid JSON: {source}")]
-    Json {
-        path: PathBuf,
-        source: serde_json::Error,
-    },
-    #[error("cannot read {path}: {source}")]
-    Csv { path: PathBuf, source: csv::Error },
-    #[error("{path} has no `{column}` column")]
-    MissingColumn { path: PathBuf, column: &'static str },
-    #[error("{path}, line {line}: `{column}` is `{value}`, not a number")]
-    BadValue {
-        path: PathBuf,
-        line: u64,
-        column: &'static str,
-        value: String,
-    },
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -98,7 +75,7 @@ fn format_number(value: f64, decimals: usize) -> String {
 
 /// A value for a reader: whole numbers from 1000 up, else four significant digits,
 /// without trailing zeros.
-fn format_value(value: f64) -> String {
+pub fn format_value(value: f64) -> String {
     if !value.is_finite() {
         return "n/a".to_owned();
     }

@@ -400,7 +400,7 @@ pub fn start(
                     policy_spec: spec_path.clone(),
                     plugin: plugin.clone(),
                     tick_ms: u32::try_from(tick.as_millis()).unwrap_or(u32::MAX),
-                    objective,
+                    objective: Some(objective),
                     meta: meta.clone(),
                     totals,
                 }

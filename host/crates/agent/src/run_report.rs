@@ -1,28 +1,39 @@
-//! The report of one run, built from the run's own files: `summary.json` for the
-//! headline figures and `trace.csv` for the charts, read one row at a time so that a
-//! week-long trace needs no more memory than a minute of it.
+//! The report of one run, built from the run's own files through their one reader each:
+//! [`read_summary`] for the headline figures and [`TraceReader`] for the charts, a row at
+//! a time, so that a week-long trace needs no more memory than a minute of it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
-use super::{Downsampler, LineChart, MAX_BUCKETS, Page, ReportError, Series, format_value};
+use crate::control::GpuTotals;
+use crate::recorder::{TRACE_FILE, TraceError, TraceReader, TraceRow};
+use crate::{RunSummary, SummaryError, read_summary};
 use tokwatt_core::types::Objective;
 use tokwatt_policy::spec::PolicySpec;
+use tokwatt_report::{
+    Downsampler, LineChart, MAX_BUCKETS, Page, ReportError, Series, format_value,
+};
 
 /// Ticks in the rolling tokens-per-joule window.
 pub const ROLLING_TICKS: usize = 10;
 
+/// Why a run's report could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum RunReportError {
+    #[error(transparent)]
+    Summary(#[from] SummaryError),
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    #[error(transparent)]
+    Write(#[from] ReportError),
+}
+
 /// The report of the run in `run_dir`, with the objective `summary.json` records; a
 /// summary from before it recorded one takes it from the run's policy spec file as that
 /// file is now (the page says so), or leaves it out where the file cannot be read.
-pub fn run_report(run_dir: &Path) -> Result<String, ReportError> {
+pub fn run_report(run_dir: &Path) -> Result<String, RunReportError> {
     let summary = read_summary(run_dir)?;
-    let objective = match summary
-        .get("objective")
-        .and_then(|o| serde_json::from_value::<Objective>(o.clone()).ok())
-    {
+    let objective = match summary.objective {
         Some(objective) => ObjectiveSource::Run(objective),
         None => objective_from_spec(&summary),
     };
@@ -33,7 +44,7 @@ pub fn run_report(run_dir: &Path) -> Result<String, ReportError> {
 pub fn run_report_with_objective(
     run_dir: &Path,
     objective: &Objective,
-) -> Result<String, ReportError> {
+) -> Result<String, RunReportError> {
     let summary = read_summary(run_dir)?;
     render(run_dir, &summary, &ObjectiveSource::Run(*objective))
 }
@@ -53,27 +64,19 @@ impl ObjectiveSource {
     }
 }
 
-fn objective_from_spec(summary: &Value) -> ObjectiveSource {
-    let Some(path) = summary.get("policy_spec").and_then(Value::as_str) else {
+fn objective_from_spec(summary: &RunSummary) -> ObjectiveSource {
+    if summary.policy_spec.is_empty() {
         return ObjectiveSource::Unknown("summary.json names no policy spec".to_owned());
-    };
-    match PolicySpec::load(Path::new(path)) {
-        Ok(spec) => ObjectiveSource::SpecFile(PathBuf::from(path), spec.objective),
+    }
+    let path = Path::new(&summary.policy_spec);
+    match PolicySpec::load(path) {
+        Ok(spec) => ObjectiveSource::SpecFile(path.to_owned(), spec.objective),
         Err(error) => ObjectiveSource::Unknown(error.to_string()),
     }
 }
 
-fn read_summary(run_dir: &Path) -> Result<Value, ReportError> {
-    let path = run_dir.join("summary.json");
-    let text = std::fs::read_to_string(&path).map_err(|source| ReportError::Read {
-        path: path.clone(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|source| ReportError::Json { path, source })
-}
-
-/// The trace columns the charts use, in this order; each may be absent from a trace
-/// (written by another version, or empty where the workload does not report it).
+/// The trace columns the charts use, in this order (the demand columns are empty where
+/// the workload does not report demand).
 const COLUMNS: [&str; 14] = [
     "power_avg_w",
     "power_peak_w",
@@ -191,112 +194,47 @@ struct Trace {
     policies: Vec<String>,
 }
 
-fn column_index(
-    headers: &csv::StringRecord,
-    path: &Path,
-    column: &'static str,
-) -> Result<usize, ReportError> {
-    headers
-        .iter()
-        .position(|h| h == column)
-        .ok_or_else(|| ReportError::MissingColumn {
-            path: path.to_owned(),
-            column,
-        })
-}
-
-fn open_trace(path: &Path) -> Result<(csv::Reader<std::fs::File>, csv::StringRecord), ReportError> {
-    let csv_error = |source| ReportError::Csv {
-        path: path.to_owned(),
-        source,
-    };
-    let mut reader = csv::Reader::from_path(path).map_err(csv_error)?;
-    let headers = reader.headers().map_err(csv_error)?.clone();
-    Ok((reader, headers))
-}
-
-fn parse_number(
-    record: &csv::StringRecord,
-    index: usize,
-    path: &Path,
-    column: &'static str,
-) -> Result<Option<f64>, ReportError> {
-    let text = record.get(index).unwrap_or("").trim();
-    if text.is_empty() {
-        return Ok(None);
-    }
-    text.parse().map(Some).map_err(|_| ReportError::BadValue {
-        path: path.to_owned(),
-        line: record.position().map_or(0, csv::Position::line),
-        column,
-        value: text.chars().take(40).collect(),
-    })
+/// A row's values in [`COLUMNS`]' order.
+fn chart_values(row: &TraceRow) -> [Option<f64>; COLUMNS.len()] {
+    let whole = |v: u64| Some(v as f64);
+    [
+        Some(row.power_avg_w),
+        Some(row.power_peak_w),
+        Some(row.power_cap_w),
+        Some(row.power_cap_requested_w),
+        Some(f64::from(row.sm_clock_max_mhz)),
+        Some(f64::from(row.sm_clock_mhz)),
+        Some(f64::from(row.batch_size)),
+        whole(row.tokens),
+        Some(row.energy_j),
+        Some(row.tpot_p50_ms),
+        Some(row.tpot_p99_ms),
+        row.requests_arrived.and_then(whole),
+        row.requests_turned_away.and_then(whole),
+        row.queue_wait_p99_ms,
+    ]
 }
 
 /// The latest `time_s` in the trace, for a summary that does not give the duration.
-fn last_time(path: &Path) -> Result<f64, ReportError> {
-    let (mut reader, headers) = open_trace(path)?;
-    let time = column_index(&headers, path, "time_s")?;
+fn last_time(path: &Path) -> Result<f64, TraceError> {
     let mut last = 0.0f64;
-    for record in reader.records() {
-        let record = record.map_err(|source| ReportError::Csv {
-            path: path.to_owned(),
-            source,
-        })?;
-        if let Some(t) = parse_number(&record, time, path, "time_s")? {
-            last = last.max(t);
-        }
+    for row in TraceReader::open(path)? {
+        last = last.max(row?.time_s);
     }
     Ok(last)
 }
 
-fn read_trace(path: &Path, x_range: (f64, f64)) -> Result<Trace, ReportError> {
-    let (mut reader, headers) = open_trace(path)?;
-    let time = column_index(&headers, path, "time_s")?;
-    let gpu = column_index(&headers, path, "gpu")?;
-    let policy = headers.iter().position(|h| h == "policy");
-    let indices: Vec<Option<usize>> = COLUMNS
-        .iter()
-        .map(|c| headers.iter().position(|h| h == *c))
-        .collect();
+fn read_trace(path: &Path, x_range: (f64, f64)) -> Result<Trace, TraceError> {
     let mut gpus: BTreeMap<u32, GpuLines> = BTreeMap::new();
     let mut policies: Vec<String> = Vec::new();
-    let mut record = csv::StringRecord::new();
-    loop {
-        match reader.read_record(&mut record) {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(source) => {
-                return Err(ReportError::Csv {
-                    path: path.to_owned(),
-                    source,
-                });
-            }
+    for row in TraceReader::open(path)? {
+        let row = row?;
+        if !policies.contains(&row.policy) {
+            policies.push(row.policy.clone());
         }
-        let Some(time_s) = parse_number(&record, time, path, "time_s")? else {
-            continue;
-        };
-        let gpu_text = record.get(gpu).unwrap_or("").trim();
-        let gpu_id: u32 = gpu_text.parse().map_err(|_| ReportError::BadValue {
-            path: path.to_owned(),
-            line: record.position().map_or(0, csv::Position::line),
-            column: "gpu",
-            value: gpu_text.chars().take(40).collect(),
-        })?;
-        let mut values = [None; COLUMNS.len()];
-        for (slot, (index, column)) in values.iter_mut().zip(indices.iter().zip(COLUMNS)) {
-            if let Some(index) = index {
-                *slot = parse_number(&record, *index, path, column)?;
-            }
-        }
-        if let Some(name) = policy.and_then(|i| record.get(i))
-            && !policies.iter().any(|p| p == name)
-        {
-            policies.push(name.to_owned());
-        }
-        gpus.entry(gpu_id)
+        gpus.entry(row.gpu)
             .or_insert_with(|| GpuLines::new(x_range))
-            .push(time_s, &values);
+            .push(row.time_s, &chart_values(&row));
     }
     Ok(Trace {
         gpus: gpus.into_iter().map(|(g, l)| (g, l.finish())).collect(),
@@ -315,53 +253,41 @@ fn time_unit(duration_s: f64) -> (f64, &'static str) {
     }
 }
 
-fn text<'a>(summary: &'a Value, key: &str) -> Option<&'a str> {
-    summary.get(key).and_then(Value::as_str)
-}
-
-fn number(summary: &Value, key: &str) -> Option<f64> {
-    summary.get(key).and_then(Value::as_f64)
-}
-
-fn or_not_recorded(value: Option<String>) -> String {
-    value.unwrap_or_else(|| "not recorded".to_owned())
-}
-
 fn render(
     run_dir: &Path,
-    summary: &Value,
+    summary: &RunSummary,
     objective: &ObjectiveSource,
-) -> Result<String, ReportError> {
-    let trace_path = run_dir.join("trace.csv");
-    let duration_s = match number(summary, "duration_s").filter(|d| d.is_finite() && *d > 0.0) {
-        Some(d) => d,
-        None => last_time(&trace_path)?,
+) -> Result<String, RunReportError> {
+    let trace_path = run_dir.join(TRACE_FILE);
+    let totals = &summary.totals;
+    // A run stopped before its first tick records no duration; the trace gives the axis.
+    let duration_s = if totals.duration_s.is_finite() && totals.duration_s > 0.0 {
+        totals.duration_s
+    } else {
+        last_time(&trace_path)?
     };
     let trace = read_trace(&trace_path, (0.0, duration_s))?;
-    let policy = text(summary, "policy").unwrap_or("unnamed policy");
-    let mut page = Page::new(&format!("tokwatt run report: {policy}"));
+    let mut page = Page::new(&format!("tokwatt run report: {}", summary.policy));
 
     page.notice(&data_source_line(summary));
     page.heading("Summary");
     page.table(&["", "value"], &headline_rows(summary, &trace, duration_s));
     page.paragraph(&objective_line(objective));
-    if let Some(gpus) = summary.get("gpus").and_then(Value::as_array) {
-        page.table(
-            &[
-                "GPU",
-                "tokens",
-                "energy (J)",
-                "tokens per joule",
-                "SLO violation ticks",
-                "final power cap (W)",
-                "final SM clock limit (MHz)",
-                "final batch size",
-            ],
-            &gpus.iter().map(gpu_row).collect::<Vec<_>>(),
-        );
-    }
+    page.table(
+        &[
+            "GPU",
+            "tokens",
+            "energy (J)",
+            "tokens per joule",
+            "SLO violation ticks",
+            "final power cap (W)",
+            "final SM clock limit (MHz)",
+            "final batch size",
+        ],
+        &totals.gpus.iter().map(gpu_row).collect::<Vec<_>>(),
+    );
 
-    let tick_s = number(summary, "tick_ms").map(|ms| ms / 1000.0);
+    let tick_s = f64::from(summary.tick_ms) / 1000.0;
     let (scale, unit) = time_unit(duration_s);
     let x_label = format!("time since the start ({unit})");
     let objective = objective.objective();
@@ -369,14 +295,15 @@ fn render(
         page.heading(&format!("GPU {gpu}"));
         page.paragraph(&format!(
             "{} ticks. Settings are those in force during each tick; tokens per joule is \
-             the tokens over the energy of the last {ROLLING_TICKS} ticks{}.",
+             the tokens over the energy of the last {ROLLING_TICKS} ticks ({} s).",
             lines.rows,
-            tick_s.map_or(String::new(), |t| format!(
-                " ({} s)",
-                format_value(t * ROLLING_TICKS as f64)
-            )),
+            format_value(tick_s * ROLLING_TICKS as f64)
         ));
-        let gpu_tpj = gpu_tokens_per_joule(summary, *gpu);
+        let gpu_tpj = totals
+            .gpus
+            .iter()
+            .find(|g| g.gpu == *gpu)
+            .map(|g| g.tokens_per_joule);
         for chart in gpu_charts(*gpu, lines, objective, gpu_tpj, duration_s, tick_s) {
             let chart = LineChart {
                 x_label: x_label.clone(),
@@ -406,33 +333,24 @@ fn render(
     Ok(page.finish())
 }
 
-fn data_source_line(summary: &Value) -> String {
-    let source = text(summary, "data_source").unwrap_or("no data source recorded");
-    match summary.get("simulated").and_then(Value::as_bool) {
-        Some(true) => format!(
+fn data_source_line(summary: &RunSummary) -> String {
+    let source = &summary.meta.data_source;
+    if summary.meta.simulated {
+        format!(
             "Simulator output: every figure in this report comes from the simulator, not \
              from a GPU measurement. Data source: {source}."
-        ),
-        Some(false) => format!("Measured on real GPUs. Data source: {source}."),
-        None => format!(
-            "summary.json does not say whether this run was simulated. Data source: {source}."
-        ),
+        )
+    } else {
+        format!("Measured on real GPUs. Data source: {source}.")
     }
 }
 
-fn headline_rows(summary: &Value, trace: &Trace, duration_s: f64) -> Vec<Vec<String>> {
+fn headline_rows(summary: &RunSummary, trace: &Trace, duration_s: f64) -> Vec<Vec<String>> {
     let row = |key: &str, value: String| vec![key.to_owned(), value];
-    let count = |key: &str| number(summary, key).map(|v| format!("{v:.0}"));
-    let ticks = number(summary, "ticks");
+    let totals = &summary.totals;
     let mut rows = vec![
-        row(
-            "policy",
-            or_not_recorded(text(summary, "policy").map(str::to_owned)),
-        ),
-        row(
-            "policy spec",
-            or_not_recorded(text(summary, "policy_spec").map(str::to_owned)),
-        ),
+        row("policy", summary.policy.clone()),
+        row("policy spec", summary.policy_spec.clone()),
     ];
     if trace.policies.len() > 1 {
         rows.push(row(
@@ -440,57 +358,51 @@ fn headline_rows(summary: &Value, trace: &Trace, duration_s: f64) -> Vec<Vec<Str
             trace.policies.join(", "),
         ));
     }
-    let simulated = if summary.get("simulated").and_then(Value::as_bool) == Some(true) {
+    let simulated = if summary.meta.simulated {
         " (simulated)"
     } else {
         ""
     };
-    let gpus = match (number(summary, "gpu_count"), text(summary, "gpu_name")) {
-        (Some(n), Some(name)) => Some(format!("{n:.0} × {name}{simulated}")),
-        (None, Some(name)) => Some(format!("{name}{simulated}")),
-        (Some(n), None) => Some(format!("{n:.0}")),
-        (None, None) => None,
-    };
     rows.extend([
-        row("GPUs", or_not_recorded(gpus)),
+        row(
+            "GPUs",
+            format!(
+                "{} × {}{simulated}",
+                summary.meta.gpu_count, summary.meta.gpu_name
+            ),
+        ),
         row(
             "tokens per joule",
-            or_not_recorded(number(summary, "tokens_per_joule").map(|v| format!("{v:.4}"))),
+            format_fixed(totals.tokens_per_joule, 4),
         ),
-        row("tokens", or_not_recorded(count("tokens"))),
+        row("tokens", totals.tokens.to_string()),
         row(
             "energy",
-            or_not_recorded(
-                number(summary, "energy_j")
-                    .map(|j| format!("{j:.0} J ({} kWh)", format_value(j / 3.6e6))),
+            format!(
+                "{} J ({} kWh)",
+                format_fixed(totals.energy_j, 0),
+                format_value(totals.energy_j / 3.6e6)
             ),
         ),
         row(
             "duration",
-            format!(
-                "{} s{}",
-                format_value(duration_s),
-                ticks.map_or(String::new(), |t| format!(" in {t:.0} ticks"))
-            ),
+            format!("{} s in {} ticks", format_value(duration_s), totals.ticks),
         ),
         row(
             "SLO violation ticks",
-            or_not_recorded(count("slo_violation_ticks")),
+            totals.slo_violation_ticks.to_string(),
         ),
     ]);
-    if let Some(demand) = summary.get("demand").filter(|d| d.is_object()) {
+    if let Some(demand) = &totals.demand {
         rows.push(row(
             "served fraction",
-            or_not_recorded(
-                number(demand, "served_fraction").map(|f| format!("{}%", format_value(f * 100.0))),
-            ),
+            format!("{}%", format_value(demand.served_fraction * 100.0)),
         ));
         rows.push(row(
             "requests arrived / turned away",
             format!(
                 "{} / {}",
-                or_not_recorded(number(demand, "requests_arrived").map(|v| format!("{v:.0}"))),
-                or_not_recorded(number(demand, "requests_turned_away").map(|v| format!("{v:.0}")))
+                demand.requests_arrived, demand.requests_turned_away
             ),
         ));
     }
@@ -498,17 +410,25 @@ fn headline_rows(summary: &Value, trace: &Trace, duration_s: f64) -> Vec<Vec<Str
         "fallback ticks",
         format!(
             "{} (plugin traps {})",
-            or_not_recorded(count("fallback_ticks")),
-            or_not_recorded(count("plugin_traps"))
+            totals.fallback_ticks, totals.plugin_traps
         ),
     ));
-    if summary.get("interrupted").and_then(Value::as_bool) == Some(true) {
+    if totals.interrupted {
         rows.push(row(
             "interrupted",
             "yes: the run was stopped early".to_owned(),
         ));
     }
     rows
+}
+
+/// `value` with `decimals` places, or "n/a" where it is not a number (no tokens, no energy).
+fn format_fixed(value: f64, decimals: usize) -> String {
+    if value.is_finite() {
+        format!("{value:.decimals$}")
+    } else {
+        "n/a".to_owned()
+    }
 }
 
 fn objective_line(source: &ObjectiveSource) -> String {
@@ -546,35 +466,20 @@ fn objective_line(source: &ObjectiveSource) -> String {
     }
 }
 
-fn gpu_row(gpu: &Value) -> Vec<String> {
-    let final_setting = |key: &str| {
-        gpu.get("final_settings")
-            .and_then(|f| f.get(key))
-            .and_then(Value::as_f64)
-            .map_or_else(|| "n/a".to_owned(), |v| format!("{v:.0}"))
-    };
-    let value = |key: &str, decimals: usize| {
-        number(gpu, key).map_or_else(|| "n/a".to_owned(), |v| format!("{v:.decimals$}"))
-    };
+fn gpu_row(gpu: &GpuTotals) -> Vec<String> {
+    let final_setting =
+        |value: Option<f64>| value.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.0}"));
+    let settings = gpu.final_settings.as_ref();
     vec![
-        value("gpu", 0),
-        value("tokens", 0),
-        value("energy_j", 0),
-        value("tokens_per_joule", 4),
-        value("slo_violation_ticks", 0),
-        final_setting("power_cap_w"),
-        final_setting("sm_clock_max_mhz"),
-        final_setting("batch_size"),
+        gpu.gpu.to_string(),
+        gpu.tokens.to_string(),
+        format_fixed(gpu.energy_j, 0),
+        format_fixed(gpu.tokens_per_joule, 4),
+        gpu.slo_violation_ticks.to_string(),
+        final_setting(settings.map(|s| s.power_cap_w)),
+        final_setting(settings.map(|s| f64::from(s.sm_clock_max_mhz))),
+        final_setting(settings.map(|s| f64::from(s.batch_size))),
     ]
-}
-
-fn gpu_tokens_per_joule(summary: &Value, gpu: u32) -> Option<f64> {
-    summary
-        .get("gpus")?
-        .as_array()?
-        .iter()
-        .find(|g| g.get("gpu").and_then(Value::as_u64) == Some(u64::from(gpu)))
-        .and_then(|g| number(g, "tokens_per_joule"))
 }
 
 /// The panels of one GPU, x in seconds.
@@ -584,7 +489,7 @@ fn gpu_charts(
     objective: Option<&Objective>,
     gpu_tokens_per_joule: Option<f64>,
     duration_s: f64,
-    tick_s: Option<f64>,
+    tick_s: f64,
 ) -> Vec<LineChart> {
     let line = |name: &str, index: usize| Series::new(name, lines.lines[index].clone());
     let level = |name: &str, y: f64| Series::dashed(name, vec![(0.0, y), (duration_s, y)]);
@@ -614,10 +519,7 @@ fn gpu_charts(
     if let Some(limit) = objective.and_then(|o| o.tpot_p99_limit_ms) {
         tpot.push(level("p99 limit (objective)", limit));
     }
-    let window = tick_s.map_or_else(
-        || "per tick".to_owned(),
-        |t| format!("per tick ({} s)", format_value(t)),
-    );
+    let window = format!("per tick ({} s)", format_value(tick_s));
     let mut charts = vec![
         chart("power and the power cap in force", "W", power),
         chart(
@@ -660,38 +562,85 @@ fn gpu_charts(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::assembly::RunMeta;
+    use crate::control::LoopTotals;
+    use crate::recorder::{Recorder, TickRecord};
+    use crate::{OutputFormats, SUMMARY_FORMAT_VERSION};
+    use tokwatt_core::types::{Observation, Settings};
 
-    const HEADER: &str = "time_s,tick,gpu,policy,power_cap_w,power_cap_requested_w,\
-                          sm_clock_max_mhz,batch_size,power_avg_w,power_peak_w,energy_j,\
-                          tokens,tpot_p50_ms,tpot_p99_ms";
+    fn summary(simulated: bool, duration_s: f64) -> RunSummary {
+        RunSummary {
+            format_version: SUMMARY_FORMAT_VERSION,
+            output_formats: OutputFormats::default(),
+            policy: "p".into(),
+            policy_spec: String::new(),
+            plugin: "p.wasm".into(),
+            tick_ms: 1000,
+            objective: Some(Objective::default()),
+            meta: RunMeta {
+                simulated,
+                gpu_profile: "h200".into(),
+                gpu_name: "NVIDIA H200".into(),
+                data_source: if simulated {
+                    "simulator".into()
+                } else {
+                    "NVML on GPU-abc".into()
+                },
+                gpu_count: 1,
+                actuator: "dry-run".into(),
+                workload: "sim".into(),
+                seed: 1,
+            },
+            totals: LoopTotals {
+                duration_s,
+                ticks: 40,
+                slo_violation_ticks: 2,
+                tokens_per_joule: 3.0,
+                gpus: vec![GpuTotals {
+                    tokens_per_joule: 3.0,
+                    ..GpuTotals::default()
+                }],
+                ..LoopTotals::default()
+            },
+        }
+    }
 
-    fn run_folder(summary: &str, trace: &str) -> tempfile::TempDir {
+    /// A run folder written by the recorder: `ticks` ticks of GPU 0, 4 tokens per joule
+    /// until tick 20 and 2 after, the enforced cap held below the requested one.
+    fn run_folder(summary: &RunSummary, ticks: u64) -> tempfile::TempDir {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join("summary.json"), summary).expect("summary");
-        std::fs::write(dir.path().join("trace.csv"), trace).expect("trace");
+        let mut recorder = Recorder::create(dir.path(), true).expect("recorder");
+        for tick in 0..ticks {
+            let mut observation = Observation::typical_h200(0, tick);
+            observation.energy_j = 500.0;
+            observation.tokens = if tick < 20 { 2000 } else { 1000 };
+            observation.in_force.power_cap_w = 400.0;
+            observation.in_force.power_cap_requested_w = 450.0;
+            recorder
+                .record(&TickRecord {
+                    time_s: (tick + 1) as f64,
+                    policy: "p".into(),
+                    in_force_after: observation.in_force,
+                    observation,
+                    requested: Settings::default(),
+                    applied: Settings::default(),
+                    fallback: false,
+                    clamped: false,
+                    guard: false,
+                    slo_violation: false,
+                    energy_counter_j: 0.0,
+                    power_mem_avg_w: None,
+                    init: None,
+                })
+                .expect("record");
+        }
+        recorder.finish(summary).expect("finish");
         dir
     }
 
-    fn trace(rows: u32) -> String {
-        let mut text = format!("{HEADER}\n");
-        for tick in 0..rows {
-            // 4 tokens per joule until tick 20, then 2; the cap held below the request.
-            let tokens = if tick < 20 { 2000 } else { 1000 };
-            text.push_str(&format!(
-                "{}.0,{tick},0,p,400.0,450.0,1980,64,480.5,600.0,500.0,{tokens},10.0,20.0\n",
-                tick + 1
-            ));
-        }
-        text
-    }
-
     #[test]
-    fn a_measured_run_without_demand_columns_gets_the_panels_it_has_data_for() {
-        let summary = r#"{"policy":"p","simulated":false,"data_source":"NVML on GPU-abc",
-            "duration_s":40.0,"tick_ms":1000,"tokens_per_joule":3.0,"tokens":60000,
-            "energy_j":20000.0,"ticks":40,"slo_violation_ticks":2,"fallback_ticks":0,
-            "plugin_traps":0,"gpus":[{"gpu":0,"tokens_per_joule":3.0}]}"#;
-        let dir = run_folder(summary, &trace(40));
+    fn a_measured_run_without_demand_gets_the_panels_it_has_data_for() {
+        let dir = run_folder(&summary(false, 40.0), 40);
         let objective = Objective {
             tpot_p99_limit_ms: Some(25.0),
             ..Objective::default()
@@ -704,18 +653,23 @@ mod tests {
         // The enforced cap differs from the requested one, so both are drawn.
         assert!(html.contains(">power cap (requested)</text>"));
         assert!(html.contains("<td>SLO violation ticks</td><td>2</td>"));
+        assert!(!html.contains("served fraction"), "no demand in the run");
+    }
+
+    #[test]
+    fn a_simulated_run_says_so_first() {
+        let dir = run_folder(&summary(true, 40.0), 3);
+        let html = run_report(dir.path()).expect("report");
         assert!(
-            !html.contains("served fraction"),
-            "no demand in the summary"
+            html.contains("Simulator output: every figure in this report comes from the simulator")
         );
+        assert!(html.contains("1 × NVIDIA H200 (simulated)"));
     }
 
     #[test]
     fn the_rolling_efficiency_is_tokens_over_energy_of_the_window() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("trace.csv");
-        std::fs::write(&path, trace(40)).expect("trace");
-        let trace = read_trace(&path, (0.0, 40.0)).expect("read");
+        let dir = run_folder(&summary(true, 40.0), 40);
+        let trace = read_trace(&dir.path().join(TRACE_FILE), (0.0, 40.0)).expect("read");
         let rolling = &trace.gpus[&0].lines[ROLLING];
         let at = |t: f64| {
             rolling
@@ -732,47 +686,107 @@ mod tests {
     }
 
     #[test]
-    fn a_bad_value_is_named_with_its_line_and_column() {
-        let mut text = trace(3);
-        text.push_str("4.0,3,0,p,400.0,450.0,1980,64,oops,600.0,500.0,10,10.0,20.0\n");
-        let dir = run_folder(r#"{"duration_s":4.0}"#, &text);
-        let error = run_report(dir.path()).expect_err("bad value");
-        let message = error.to_string();
+    fn a_bad_trace_value_is_named_with_its_line_and_column() {
+        let dir = run_folder(&summary(true, 4.0), 3);
+        let path = dir.path().join(TRACE_FILE);
+        let text = std::fs::read_to_string(&path).expect("trace");
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        let column = lines[0]
+            .split(',')
+            .position(|c| c == "power_avg_w")
+            .expect("column");
+        let mut fields: Vec<&str> = lines[3].split(',').collect();
+        fields[column] = "oops";
+        lines[3] = fields.join(",");
+        std::fs::write(&path, lines.join("\n") + "\n").expect("rewrite");
+        let message = run_report(dir.path()).expect_err("bad value").to_string();
         assert!(
-            message.contains("line 5") && message.contains("power_avg_w"),
+            message.contains("line 4") && message.contains("`power_avg_w` is `oops`"),
             "{message}"
         );
-        assert!(message.contains("oops"), "{message}");
     }
 
     #[test]
     fn missing_files_and_columns_are_named() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let error = run_report(dir.path()).expect_err("no summary");
-        assert!(error.to_string().contains("summary.json"), "{error}");
-        let dir = run_folder("{}", "tick,gpu\n0,0\n");
+        let empty = tempfile::tempdir().expect("tempdir");
+        let error = run_report(empty.path()).expect_err("no summary");
+        assert!(error.to_string().contains("has no summary.json"), "{error}");
+        let dir = run_folder(&summary(true, 4.0), 1);
+        std::fs::write(dir.path().join(TRACE_FILE), "tick,gpu\n0,0\n").expect("trace");
         let error = run_report(dir.path()).expect_err("no time column");
         assert!(error.to_string().contains("`time_s`"), "{error}");
-        let dir = run_folder("not json", "");
+        std::fs::write(dir.path().join("summary.json"), "not json").expect("summary");
         assert!(matches!(
             run_report(dir.path()),
-            Err(ReportError::Json { .. })
+            Err(RunReportError::Summary(SummaryError::Damaged { .. }))
         ));
     }
 
     #[test]
+    fn a_trace_without_the_optional_columns_reads_them_as_absent() {
+        let dir = run_folder(&summary(true, 4.0), 2);
+        let path = dir.path().join(TRACE_FILE);
+        let text = std::fs::read_to_string(&path).expect("trace");
+        let header: Vec<&str> = text.lines().next().expect("header").split(',').collect();
+        let keep: Vec<usize> = (0..header.len())
+            .filter(|&i| {
+                !["power_mem_w", "requests_arrived", "queue_wait_p99_ms"].contains(&header[i])
+            })
+            .collect();
+        let cut: Vec<String> = text
+            .lines()
+            .map(|line| {
+                let fields: Vec<&str> = line.split(',').collect();
+                keep.iter()
+                    .map(|&i| fields[i])
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect();
+        std::fs::write(&path, cut.join("\n") + "\n").expect("rewrite");
+        let rows: Vec<TraceRow> = TraceReader::open(&path)
+            .expect("open")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].requests_arrived, None);
+        assert_eq!(rows[0].power_mem_w, None);
+    }
+
+    #[test]
     fn without_a_duration_the_trace_gives_the_time_axis() {
-        let dir = run_folder(r#"{"policy":"p"}"#, &trace(5));
+        let dir = run_folder(&summary(true, f64::NAN), 5);
         let html = run_report(dir.path()).expect("report");
-        assert!(html.contains("does not say whether this run was simulated"));
-        assert!(html.contains("Objective: not known"), "no spec named");
         assert_eq!(html.matches("<svg").count(), 5);
-        assert!(html.contains("time since the start (s)"));
+        assert!(html.contains("5 s in 40 ticks"), "duration from the trace");
+    }
+
+    #[test]
+    fn a_summary_without_an_objective_takes_the_spec_files_or_says_it_is_unknown() {
+        let mut old = summary(true, 4.0);
+        old.objective = None;
+        let dir = run_folder(&old, 2);
+        let html = run_report(dir.path()).expect("report");
+        assert!(html.contains("Objective: not known"), "no spec named");
+        let spec = dir.path().join("p.toml");
+        std::fs::write(
+            &spec,
+            "name = \"p\"\nplugin = \"p.wasm\"\n[objective]\ntpot_p99_limit_ms = 30.0\n",
+        )
+        .expect("spec");
+        old.policy_spec = spec.display().to_string();
+        let dir = run_folder(&old, 2);
+        let html = run_report(dir.path()).expect("report");
+        assert!(
+            html.contains("TPOT p99 at most 30 ms"),
+            "objective from the spec"
+        );
+        assert!(html.contains("as it is now"));
     }
 
     #[test]
     fn an_empty_trace_makes_a_report_that_says_so() {
-        let dir = run_folder(r#"{"policy":"p","duration_s":0.0}"#, &format!("{HEADER}\n"));
+        let dir = run_folder(&summary(true, 0.0), 0);
         let html = run_report(dir.path()).expect("report");
         assert!(html.contains("The trace has no rows"));
         assert!(!html.contains("<svg"));
