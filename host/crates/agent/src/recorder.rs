@@ -13,16 +13,19 @@
 //! each with its header; `observations.jsonl` likewise. [`Recorder::checkpoint`] keeps
 //! `summary.json` current while the run goes on.
 
+mod observations;
 mod output_file;
 mod trace;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use tokwatt_core::types::{InForce, Observation, Settings};
 
+use observations::ObservationLine;
+pub use observations::{ObservationError, ObservationReader, RecordedLine, observation_files};
 use output_file::OutputFile;
 pub use output_file::Rotation;
 use trace::trace_header_line;
@@ -68,8 +71,10 @@ pub enum RecorderError {
     Rotation(String),
 }
 
-/// One GPU in one tick: what was seen, asked for and applied.
-#[derive(Debug, Clone, Serialize)]
+/// One GPU in one tick: what was seen, asked for and applied. One line of
+/// `observations.jsonl`, written by [`Recorder::record`] and read back by
+/// [`ObservationReader`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TickRecord {
     pub time_s: f64,
     /// The policy in charge (its spec's name): it changes at a hot swap.
@@ -85,7 +90,7 @@ pub struct TickRecord {
     pub fallback: bool,
     pub clamped: bool,
     /// The objective guard's fallback (the device defaults) decided this tick.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub guard: bool,
     pub slo_violation: bool,
     /// Energy counter reading at the end of the window, joules.
@@ -99,19 +104,11 @@ pub struct TickRecord {
 }
 
 /// The settings a policy's `init` gave for one GPU, and what the envelope let through.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct InitRecord {
     pub requested: Settings,
     pub applied: Settings,
     pub clamped: bool,
-}
-
-/// One line of `observations.jsonl`.
-#[derive(Debug, Serialize)]
-struct ObservationLine<'a> {
-    format_version: u32,
-    #[serde(flatten)]
-    record: &'a TickRecord,
 }
 
 /// Writes the trace of a run into a folder, or nothing (the judge runs hundreds of runs and
@@ -131,7 +128,7 @@ struct Files {
 }
 
 pub const TRACE_FILE: &str = "trace.csv";
-const OBSERVATIONS_FILE: &str = "observations.jsonl";
+pub const OBSERVATIONS_FILE: &str = "observations.jsonl";
 pub const SUMMARY_FILE: &str = "summary.json";
 
 impl Recorder {

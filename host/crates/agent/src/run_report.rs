@@ -371,10 +371,7 @@ fn headline_rows(summary: &RunSummary, trace: &Trace, duration_s: f64) -> Vec<Ve
                 summary.meta.gpu_count, summary.meta.gpu_name
             ),
         ),
-        row(
-            "tokens per joule",
-            format_fixed(totals.tokens_per_joule, 4),
-        ),
+        row("tokens per joule", format_fixed(totals.tokens_per_joule, 4)),
         row("tokens", totals.tokens.to_string()),
         row(
             "energy",

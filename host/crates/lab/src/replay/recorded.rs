@@ -1,29 +1,16 @@
 //! Reading the run back: its summary through the recorder's reader, and its
-//! `observations.jsonl` files (rotated ones oldest first) one recorded tick at a time.
+//! `observations.jsonl` through the recorder's reader, grouped into recorded ticks.
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
-use tokwatt_agent::recorder::OBSERVATIONS_FORMAT_VERSION;
+use tokwatt_agent::recorder::{
+    OBSERVATIONS_FILE, OBSERVATIONS_FORMAT_VERSION, ObservationError, ObservationReader,
+    RecordedLine,
+};
 use tokwatt_agent::{self as agent, RunSummary, SummaryError};
 use tokwatt_core::types::{Observation, Settings};
 
 use super::*;
-
-pub(super) const OBSERVATIONS_FILE: &str = "observations.jsonl";
-
-/// One line of `observations.jsonl` (`recorder::TickRecord`; its version is checked
-/// before).
-#[derive(Debug, Deserialize)]
-pub(super) struct RecordedLine {
-    pub(super) time_s: f64,
-    pub(super) policy: String,
-    pub(super) observation: Observation,
-    pub(super) requested: Settings,
-    pub(super) fallback: bool,
-}
 
 /// One recorded tick: every GPU's line.
 pub(super) struct RecordedTick {
@@ -71,29 +58,25 @@ impl From<SummaryError> for ReplayError {
     }
 }
 
-/// The observation files oldest first: `observations.N.jsonl` … `observations.1.jsonl`
-/// (a rotating run's older ones, see `recorder::Rotation`), then `observations.jsonl`.
-pub(super) fn observation_files(dir: &Path) -> Result<Vec<PathBuf>, ReplayError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| ReplayError::Read {
-        path: dir.to_owned(),
-        source,
-    })?;
-    let mut rotated: Vec<(u64, PathBuf)> = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if let Some(n) = name
-            .strip_prefix("observations.")
-            .and_then(|rest| rest.strip_suffix(".jsonl"))
-            .and_then(|n| n.parse::<u64>().ok())
-        {
-            rotated.push((n, entry.path()));
+impl From<ObservationError> for ReplayError {
+    fn from(error: ObservationError) -> Self {
+        match error {
+            ObservationError::Read { path, source } => Self::Read { path, source },
+            ObservationError::Damaged { path, line, reason } => {
+                Self::Damaged { path, line, reason }
+            }
+            ObservationError::ForeignVersion {
+                path,
+                found,
+                supported,
+            } => Self::ForeignVersion {
+                path,
+                what: "observations.jsonl",
+                found,
+                supported,
+            },
         }
     }
-    rotated.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
-    let mut files: Vec<PathBuf> = rotated.into_iter().map(|(_, path)| path).collect();
-    files.push(dir.join(OBSERVATIONS_FILE));
-    Ok(files)
 }
 
 /// Calls `each` with every recorded tick in order, until it returns `false`.
@@ -115,75 +98,35 @@ pub(super) fn for_each_recorded_tick(
             })
         }
     };
-    for path in observation_files(dir)? {
-        let file = std::fs::File::open(&path).map_err(|source| ReplayError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        for (index, line) in std::io::BufReader::new(file).lines().enumerate() {
-            let line_number = index as u64 + 1;
-            let line = line.map_err(|source| ReplayError::Read {
-                path: path.clone(),
-                source,
-            })?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let record = parse_line(&path, line_number, &line)?;
-            let tick = record.observation.tick;
-            if let Some((current, _)) = &mut pending
-                && current.tick == tick
-            {
-                current.observations.push(record.observation);
-                current.requested.push(record.requested);
-                continue;
-            }
-            if let Some((done, done_path)) = pending.take()
-                && !each(complete(done, &done_path)?)?
-            {
-                return Ok(());
-            }
-            pending = Some((
-                RecordedTick {
-                    tick,
-                    time_s: record.time_s,
-                    policy: record.policy,
-                    fallback: record.fallback,
-                    observations: vec![record.observation],
-                    requested: vec![record.requested],
-                },
-                path.clone(),
-            ));
+    for line in ObservationReader::open(dir)? {
+        let RecordedLine { path, record, .. } = line?;
+        let tick = record.observation.tick;
+        if let Some((current, _)) = &mut pending
+            && current.tick == tick
+        {
+            current.observations.push(record.observation);
+            current.requested.push(record.requested);
+            continue;
         }
+        if let Some((done, done_path)) = pending.take()
+            && !each(complete(done, &done_path)?)?
+        {
+            return Ok(());
+        }
+        pending = Some((
+            RecordedTick {
+                tick,
+                time_s: record.time_s,
+                policy: record.policy,
+                fallback: record.fallback,
+                observations: vec![record.observation],
+                requested: vec![record.requested],
+            },
+            path,
+        ));
     }
     if let Some((done, done_path)) = pending {
         each(complete(done, &done_path)?)?;
     }
     Ok(())
-}
-
-pub(super) fn parse_line(path: &Path, line: u64, text: &str) -> Result<RecordedLine, ReplayError> {
-    let damaged = |reason: String| ReplayError::Damaged {
-        path: path.to_owned(),
-        line,
-        reason,
-    };
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|error| damaged(error.to_string()))?;
-    match value
-        .get("format_version")
-        .and_then(serde_json::Value::as_u64)
-    {
-        Some(found) if found == u64::from(OBSERVATIONS_FORMAT_VERSION) => {}
-        Some(found) => {
-            return Err(ReplayError::ForeignVersion {
-                path: path.to_owned(),
-                what: "observations.jsonl",
-                found,
-                supported: OBSERVATIONS_FORMAT_VERSION,
-            });
-        }
-        None => return Err(damaged("the record has no numeric format_version".into())),
-    }
-    serde_json::from_value(value).map_err(|error| damaged(error.to_string()))
 }
