@@ -26,7 +26,11 @@ use prometheus_client::registry::Registry;
 use tokwatt_agent::control::Progress;
 use tokwatt_core::types::{ClockEvents, DeviceInfo, Observation};
 
-use registry::*;
+use registry::{
+    AgentFamilies, CLOCK_EVENT_REASONS, DECIDE_BUCKETS_S, GaugeF64, GpuFamilies, GpuLabels,
+    GpuReasonLabels, LATENESS_BUCKETS_S, PolicyFamilies, PolicyLabels, TotalCounter,
+    register_agent, register_gpu, register_policy,
+};
 
 /// The HTTP `Content-Type` of [`AgentMetrics::encode`]'s text.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

@@ -18,7 +18,7 @@
 mod recorded;
 mod render;
 
-use recorded::*;
+use recorded::{for_each_recorded_tick, read_summary};
 pub use render::render_text;
 
 use std::path::{Path, PathBuf};

@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::*;
+use crate::contract::{check_component_header, check_contract_version};
+use crate::{PLUGIN_TEXT_MAX_BYTES, PluginError, PluginHost, sanitize_text};
 
 /// Why a component could not be compiled ahead of time.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +49,7 @@ pub fn compile_ahead(host: &PluginHost, path: &Path) -> Result<CompiledAhead, Co
         .map_err(|why| CompileAheadError::Untrusted {
             why: why.to_string(),
         })?;
-    let bytes = super::read_component(path)?;
+    let bytes = crate::read_component(path)?;
     check_component_header(path, &bytes)?;
     let hits_before = cache.hits();
     let started = std::time::Instant::now();

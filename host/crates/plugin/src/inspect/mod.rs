@@ -12,7 +12,7 @@ mod ahead;
 mod trial;
 
 pub use ahead::{CompileAheadError, CompiledAhead, compile_ahead};
-pub use trial::*;
+pub use trial::{CallOutcome, TrialInputs, sample_ticks, trial};
 
 use std::path::{Path, PathBuf};
 
@@ -20,7 +20,14 @@ use wasmtime::component::types::{ComponentFunc, ComponentItem, Type};
 
 use crate::contract::{GUEST_FUNCTIONS, accepted_versions, compatible_version};
 use crate::lines::Line;
-use crate::*;
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+use crate::contract::check_component_header;
+use crate::{
+    CONTRACT_PACKAGE, CONTRACT_VERSION, GUEST_INTERFACE, PLUGIN_TEXT_MAX_BYTES, PluginError,
+    PluginHost, binary, error_text, sanitize_text, unprovided_before_compiling,
+};
 
 /// The WASI 0.2 packages the sandbox links (`wasmtime_wasi::p2::add_to_linker_sync`): a
 /// policy built with Rust's std imports some of them even when it never uses them.
@@ -463,6 +470,7 @@ fn render_type(ty: &Type, depth: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{HostConfig, SandboxLimits};
 
     use tokwatt_plugin_artifacts::built_plugin as built;
 

@@ -5,9 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::*;
+use crate::{PluginError, PluginHost, SandboxLimits, WasmPolicy};
 use tokwatt_core::types::{ClockEvents, InForce, Observation};
 use tokwatt_policy::supervisor::{InitArgs, PolicyEngine as _};
+use tokwatt_policy::supervisor::{PolicyFailure, stderr_note};
 
 /// One call of the trial and what became of it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

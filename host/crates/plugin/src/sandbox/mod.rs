@@ -8,10 +8,12 @@ mod clock;
 mod console;
 mod limits;
 
-pub(crate) use clock::*;
-pub(crate) use console::*;
+#[cfg(test)]
+use clock::VirtualMonotonicClock;
+pub(crate) use clock::{TickClock, shadow_monotonic_clock};
+pub(crate) use console::{ConsoleStream, Stream};
 pub use console::{GUEST_OUTPUT_TAIL_BYTES, GuestConsole, GuestLog, GuestOutput};
-pub(crate) use limits::*;
+pub(crate) use limits::{InstanceLimiter, LimitHit, MAX_HOST_RESOURCES, MAX_TABLE_ELEMENTS};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -221,6 +223,7 @@ mod console_tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use super::console::{FAILURE_TAIL_BYTES, TailBuffer};
     use super::*;
     use crate::{HostConfig, PluginHost};
     use tokwatt_core::types::Observation;

@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use super::registry::GpuPolicyLabels;
 use super::*;
 use prometheus_client::metrics::counter::Atomic;
 use prometheus_client::metrics::family::Family;

@@ -21,7 +21,10 @@ mod driver;
 mod outcome;
 
 use driver::{Arms, Flow, drive_group};
-pub use outcome::*;
+pub use outcome::{
+    AB_FORMAT_VERSION, AbOutcome, AbProgress, AbRequest, AbRunError, ArmInfo, EpochRecord,
+    Estimand, EstimandInfo, MIN_MEASURED_WINDOW, Mode, Schedule, Spread, TickPoint,
+};
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Condvar, Mutex};
