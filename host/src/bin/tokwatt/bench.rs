@@ -20,11 +20,11 @@ pub enum BenchCommand {
     /// How often `tokwatt ab` is wrong, on the simulator where the truth is known: an A/A
     /// study (the false-positive rate) and a study of a known difference in tokens per
     /// joule (the power), each a whole A/B per seed on the virtual clock. Simulator output.
-    AbErrorRates(crate::ab::ErrorRatesArgs),
+    AbErrorRates(crate::ab_studies::ErrorRatesArgs),
     /// The error rates of `tokwatt ab` for what users compare: for each policy on each
     /// scenario, the A/A false-positive rate and the power against a known true difference
     /// laid on one arm, over many seeds, with what a comparison costs. Simulator output.
-    AbTable(crate::ab::AbTableArgs),
+    AbTable(crate::ab_studies::AbTableArgs),
     /// The CUDA decode workload on a real GPU: tokens/s, step time, watts (NVML energy
     /// counter) and tokens per joule per batch size. Changes no GPU setting.
     Workload {
@@ -142,8 +142,8 @@ pub enum BenchCommand {
 
 pub fn bench(what: BenchCommand) -> Result<()> {
     match what {
-        BenchCommand::AbErrorRates(args) => crate::ab::error_rates(&args),
-        BenchCommand::AbTable(args) => crate::ab::ab_table(&args),
+        BenchCommand::AbErrorRates(args) => crate::ab_studies::error_rates(&args),
+        BenchCommand::AbTable(args) => crate::ab_studies::ab_table(&args),
         BenchCommand::ServeApi {
             duration,
             rate,

@@ -3,6 +3,7 @@
 //! (`tokwatt::assembly`), so every command and test builds them the same way.
 
 mod ab;
+mod ab_studies;
 mod bench;
 mod bench_serve;
 mod check;
