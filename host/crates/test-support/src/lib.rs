@@ -5,11 +5,14 @@
 //! passes silently on the machine meant to run it.
 //!
 //! A dev-dependency only: no product crate links it. It also holds [`NativePolicy`], a
-//! policy whose `decide` is a closure, for the control loop's tests.
+//! policy whose `decide` is a closure, for the control loop's tests, and [`EtcdCluster`],
+//! a real etcd cluster on loopback for the fleet's.
 
 use std::fmt::Display;
 
+pub mod etcd;
 mod native_policy;
+pub use etcd::{EtcdCluster, REQUIRE_ETCD_VAR};
 pub use native_policy::NativePolicy;
 
 // `crate::supervisor` in `native_policy.rs`, which the policy crate also compiles as its own.

@@ -1,0 +1,280 @@
+//! The fleet in etcd. Under `/tokwatt/fleet/<domain>/`:
+//!
+//! - `budget`: the domain's [`DomainBudget`] (JSON), written by the operator;
+//! - `leader`: the coordinator's name, bound to its lease, created only where absent;
+//!   its create revision is the fencing token of every grant write;
+//! - `nodes/<node>`: the node's [`NodeReport`], bound to the node's lease;
+//! - `grants/<node>`: the node's [`Grant`], bound to the node's lease too, so a lapsed
+//!   node's record and grant go together, in one step of etcd's log.
+//!
+//! A domain is read whole in one transaction: every key at one revision.
+
+mod client;
+
+use std::time::Duration;
+
+pub use client::{Compare, EtcdClient, KeyValue, Op, Txn, TxnOutcome};
+
+use crate::budget::{DomainBudget, valid_name};
+use crate::store::{
+    DomainView, FleetStore, Grant, GrantWrite, Leadership, NodeRecord, NodeReport, NodeSession,
+    NodeView, StoreError,
+};
+
+/// Where every domain lives.
+pub const ROOT: &str = "/tokwatt/fleet/";
+
+/// The fleet's keys in one etcd cluster.
+#[derive(Debug)]
+pub struct EtcdFleet {
+    client: EtcdClient,
+}
+
+fn domain_prefix(domain: &str) -> String {
+    format!("{ROOT}{domain}/")
+}
+
+fn budget_key(domain: &str) -> String {
+    format!("{ROOT}{domain}/budget")
+}
+
+fn leader_key(domain: &str) -> String {
+    format!("{ROOT}{domain}/leader")
+}
+
+fn node_key(domain: &str, node: &str) -> String {
+    format!("{ROOT}{domain}/nodes/{node}")
+}
+
+fn grant_key(domain: &str, node: &str) -> String {
+    format!("{ROOT}{domain}/grants/{node}")
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), StoreError> {
+    if valid_name(name) {
+        Ok(())
+    } else {
+        Err(StoreError::Config(format!(
+            "the {what} name `{name}` cannot be a key: use letters, digits, `-`, `_` and `.`"
+        )))
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(kv: &KeyValue) -> Result<T, StoreError> {
+    serde_json::from_slice(&kv.value).map_err(|e| StoreError::Damaged {
+        what: kv.key.clone(),
+        why: e.to_string(),
+    })
+}
+
+fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|e| StoreError::Protocol(format!("cannot encode: {e}")))
+}
+
+impl EtcdFleet {
+    /// The fleet on the etcd cluster at `endpoints` (`http://HOST:PORT` each), each
+    /// request given `timeout`.
+    pub fn connect(endpoints: &[String], timeout: Duration) -> Result<Self, StoreError> {
+        Ok(Self {
+            client: EtcdClient::new(endpoints, timeout)?,
+        })
+    }
+
+    pub fn client(&self) -> &EtcdClient {
+        &self.client
+    }
+}
+
+impl FleetStore for EtcdFleet {
+    fn put_budget(&self, budget: &DomainBudget) -> Result<(), StoreError> {
+        budget
+            .check()
+            .map_err(|e| StoreError::Config(format!("budget of `{}`: {e}", budget.domain)))?;
+        self.client
+            .put(&budget_key(&budget.domain), &encode(budget)?, 0)
+    }
+
+    fn read_domain(&self, domain: &str) -> Result<Option<DomainView>, StoreError> {
+        check_name("domain", domain)?;
+        let prefix = domain_prefix(domain);
+        let outcome = self.client.txn(&Txn {
+            compare: Vec::new(),
+            success: vec![Op::ListPrefix {
+                prefix: prefix.clone(),
+            }],
+            failure: Vec::new(),
+        })?;
+        let keys = outcome.lists.into_iter().next().unwrap_or_default();
+        let mut budget = None;
+        let mut records: Vec<(String, NodeRecord)> = Vec::new();
+        let mut grants: Vec<(String, i64, Grant)> = Vec::new();
+        for kv in &keys {
+            let rest = &kv.key[prefix.len()..];
+            if rest == "budget" {
+                budget = Some(decode::<DomainBudget>(kv)?);
+            } else if let Some(node) = rest.strip_prefix("nodes/") {
+                records.push((
+                    node.to_owned(),
+                    NodeRecord {
+                        lease: kv.lease,
+                        report: decode(kv)?,
+                    },
+                ));
+            } else if let Some(node) = rest.strip_prefix("grants/") {
+                grants.push((node.to_owned(), kv.lease, decode(kv)?));
+            }
+        }
+        let Some(budget) = budget else {
+            return Ok(None);
+        };
+        let mut names: Vec<String> = budget.nodes.iter().map(|n| n.node.clone()).collect();
+        for (node, _) in &records {
+            if !names.contains(node) {
+                names.push(node.clone());
+            }
+        }
+        let nodes = names
+            .into_iter()
+            .map(|node| {
+                let record = records.iter().find(|(n, _)| *n == node).map(|(_, r)| *r);
+                // A grant counts only under the lease the node lives under now: one left
+                // from an earlier lease (a restart within the TTL) is not the node's.
+                let grant = record.and_then(|r| {
+                    grants
+                        .iter()
+                        .find(|(n, lease, _)| *n == node && *lease == r.lease)
+                        .map(|(_, _, g)| *g)
+                });
+                NodeView {
+                    node,
+                    record,
+                    grant,
+                }
+            })
+            .collect();
+        Ok(Some(DomainView {
+            revision: outcome.revision,
+            budget,
+            nodes,
+        }))
+    }
+
+    fn campaign(
+        &self,
+        domain: &str,
+        candidate: &str,
+        ttl: Duration,
+    ) -> Result<Option<Leadership>, StoreError> {
+        check_name("domain", domain)?;
+        let (lease, ttl) = self.client.grant_lease(ttl)?;
+        let key = leader_key(domain);
+        let outcome = self.client.txn(&Txn {
+            compare: vec![Compare::CreateRevision(key.clone(), 0)],
+            success: vec![Op::Put {
+                key,
+                value: candidate.as_bytes().to_vec(),
+                lease,
+            }],
+            failure: Vec::new(),
+        });
+        match outcome {
+            Ok(outcome) if outcome.succeeded => Ok(Some(Leadership {
+                domain: domain.to_owned(),
+                candidate: candidate.to_owned(),
+                lease,
+                // The put is the transaction's one write: the key's create revision.
+                fence: outcome.revision,
+                ttl,
+            })),
+            other => {
+                // Another leads (or the attempt failed): the lease is not needed.
+                let _ = self.client.revoke(lease);
+                other.map(|_| None)
+            }
+        }
+    }
+
+    fn renew_leadership(&self, leadership: &Leadership) -> Result<bool, StoreError> {
+        Ok(self.client.keep_alive(leadership.lease)?.is_some())
+    }
+
+    fn resign(&self, leadership: &Leadership) -> Result<(), StoreError> {
+        self.client.revoke(leadership.lease)
+    }
+
+    fn write_grants(
+        &self,
+        leadership: &Leadership,
+        grants: &[GrantWrite<'_>],
+    ) -> Result<bool, StoreError> {
+        let success = grants
+            .iter()
+            .map(|g| {
+                check_name("node", g.node)?;
+                Ok(Op::Put {
+                    key: grant_key(&leadership.domain, g.node),
+                    value: encode(&g.grant)?,
+                    lease: g.lease,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let outcome = self.client.txn(&Txn {
+            compare: vec![Compare::CreateRevision(
+                leader_key(&leadership.domain),
+                leadership.fence,
+            )],
+            success,
+            failure: Vec::new(),
+        })?;
+        Ok(outcome.succeeded)
+    }
+
+    fn join(
+        &self,
+        domain: &str,
+        node: &str,
+        ttl: Duration,
+        report: &NodeReport,
+    ) -> Result<NodeSession, StoreError> {
+        check_name("domain", domain)?;
+        check_name("node", node)?;
+        let (lease, ttl) = self.client.grant_lease(ttl)?;
+        let session = NodeSession {
+            domain: domain.to_owned(),
+            node: node.to_owned(),
+            lease,
+            ttl,
+        };
+        if let Err(error) = self.report(&session, report) {
+            let _ = self.client.revoke(lease);
+            return Err(error);
+        }
+        Ok(session)
+    }
+
+    fn renew(&self, session: &NodeSession) -> Result<Option<Duration>, StoreError> {
+        self.client.keep_alive(session.lease)
+    }
+
+    fn report(&self, session: &NodeSession, report: &NodeReport) -> Result<(), StoreError> {
+        self.client.put(
+            &node_key(&session.domain, &session.node),
+            &encode(report)?,
+            session.lease,
+        )
+    }
+
+    fn grant(&self, session: &NodeSession) -> Result<Option<Grant>, StoreError> {
+        match self
+            .client
+            .get(&grant_key(&session.domain, &session.node))?
+        {
+            Some(kv) if kv.lease == session.lease => decode(&kv).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn leave(&self, session: &NodeSession) -> Result<(), StoreError> {
+        self.client.revoke(session.lease)
+    }
+}

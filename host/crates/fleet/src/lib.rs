@@ -1,0 +1,21 @@
+//! A power budget across nodes. A domain (a rack, a row) has a budget in watts; a
+//! coordinator, elected through the coordination store, keeps a [`ledger`] of the watts
+//! each node may have in force and writes grants; each node's agent enforces its grant
+//! as a sum over its GPUs and holds its reserve on its own whenever it cannot hear the
+//! coordinator. The invariant: the sum of the caps in force never passes the budget,
+//! whatever fails.
+//!
+//! The coordination store is an engine operators already run, used through its own
+//! guarantees: etcd's leases and transactions ([`etcd`]), behind [`store::FleetStore`].
+
+pub mod budget;
+pub mod etcd;
+pub mod ledger;
+pub mod store;
+
+pub use budget::{BudgetError, DomainBudget, NodeBudget};
+pub use ledger::{Ledger, PlannedGrant};
+pub use store::{
+    DomainView, FleetStore, Grant, GrantWrite, Leadership, NodeRecord, NodeReport, NodeSession,
+    NodeView, StoreError,
+};

@@ -1,0 +1,165 @@
+//! The coordination store: what the coordinator and the nodes keep in the engine the
+//! operator runs, and the few operations the fleet needs of it. etcd is the one backend
+//! ([`crate::etcd::EtcdFleet`]); the trait is this small so that a Kubernetes backend
+//! (a Lease per node and per coordinator, the domain as a custom resource updated with
+//! `resourceVersion` preconditions) can follow once it can be tested against a real API
+//! server.
+//!
+//! Every guarantee comes from the engine: leadership is a key bound to the leader's
+//! lease and created only where absent; every grant is written in a transaction fenced
+//! on that key, so a deposed leader's writes fail; a node's record and its grant are
+//! bound to the node's lease, so both vanish together, atomically, when it lapses.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::budget::DomainBudget;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    Config(String),
+    #[error("no etcd member answered: {0}")]
+    Unavailable(String),
+    #[error("etcd refused the request (code {code}): {message}")]
+    Etcd { code: i32, message: String },
+    #[error("{0}")]
+    Protocol(String),
+    #[error("{what} in the store is damaged: {why}")]
+    Damaged { what: String, why: String },
+}
+
+/// What the coordinator grants one node: the most its GPUs' power caps may sum to.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Grant {
+    /// Rises with every grant written to the node; a node acknowledges by generation.
+    pub generation: u64,
+    pub watts: f64,
+    /// The most the node may have in force while this grant is unacknowledged: the
+    /// highest of the grants since its last acknowledgement (a node may have read and
+    /// applied any of them). Freed only by an acknowledgement.
+    pub ceiling_w: f64,
+}
+
+/// What a node reports, under its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// The generation of the last grant the node enforced and read back.
+    pub acked_generation: u64,
+    /// The sum of its GPUs' power caps in force, read back from NVML.
+    pub caps_in_force_w: f64,
+    /// What its GPUs drew over the last report period (average power).
+    pub draw_w: f64,
+    /// Tokens per second over the last report period.
+    pub tokens_per_s: f64,
+    /// Whether the node's work asked for more than it served (it would use more watts).
+    pub wants_more: bool,
+}
+
+/// A node's record as the coordinator reads it: the report and the lease it lives under.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NodeRecord {
+    pub lease: i64,
+    pub report: NodeReport,
+}
+
+/// One node's entry in a consistent read of the domain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeView {
+    pub node: String,
+    /// `None`: no live lease (never joined, left, or lapsed): the node holds its reserve.
+    pub record: Option<NodeRecord>,
+    /// The grant bound to the node's current lease, if any.
+    pub grant: Option<Grant>,
+}
+
+/// The domain at one revision: its budget, each node's record and grant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DomainView {
+    pub revision: i64,
+    pub budget: DomainBudget,
+    /// Every node the budget names, in its order, and any other node that registered.
+    pub nodes: Vec<NodeView>,
+}
+
+/// A coordinator's leadership of one domain: its lease, and the revision that created
+/// the leader key (the fencing token every grant write compares).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leadership {
+    pub domain: String,
+    pub candidate: String,
+    pub lease: i64,
+    pub fence: i64,
+    pub ttl: Duration,
+}
+
+/// A node's membership: its lease, renewed by the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSession {
+    pub domain: String,
+    pub node: String,
+    pub lease: i64,
+    pub ttl: Duration,
+}
+
+/// A grant to write: to `node`, bound to the lease its record lives under.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GrantWrite<'a> {
+    pub node: &'a str,
+    pub lease: i64,
+    pub grant: Grant,
+}
+
+/// What the fleet keeps in the coordination store.
+pub trait FleetStore: Send + Sync + std::fmt::Debug {
+    /// Sets a domain's budget (the operator's act). Checked before it is written.
+    fn put_budget(&self, budget: &DomainBudget) -> Result<(), StoreError>;
+
+    /// The domain's budget, each node's record and its grant, all at one revision.
+    fn read_domain(&self, domain: &str) -> Result<Option<DomainView>, StoreError>;
+
+    /// Become the domain's coordinator if none is: `None` where another holds it.
+    fn campaign(
+        &self,
+        domain: &str,
+        candidate: &str,
+        ttl: Duration,
+    ) -> Result<Option<Leadership>, StoreError>;
+
+    /// Renews the leadership's lease: `false` once it has lapsed (another may lead).
+    fn renew_leadership(&self, leadership: &Leadership) -> Result<bool, StoreError>;
+
+    /// Gives the leadership up at once (a clean stop).
+    fn resign(&self, leadership: &Leadership) -> Result<(), StoreError>;
+
+    /// Writes grants in one transaction, only while `leadership` still holds the leader
+    /// key: `false` (nothing written) where it does not.
+    fn write_grants(
+        &self,
+        leadership: &Leadership,
+        grants: &[GrantWrite<'_>],
+    ) -> Result<bool, StoreError>;
+
+    /// Joins the domain: a lease of `ttl` and the node's first report under it.
+    fn join(
+        &self,
+        domain: &str,
+        node: &str,
+        ttl: Duration,
+        report: &NodeReport,
+    ) -> Result<NodeSession, StoreError>;
+
+    /// Renews the node's lease: the TTL left, or `None` once it has lapsed (the node's
+    /// record and grant are gone; it must hold its reserve and join again).
+    fn renew(&self, session: &NodeSession) -> Result<Option<Duration>, StoreError>;
+
+    /// Rewrites the node's report under its lease.
+    fn report(&self, session: &NodeSession, report: &NodeReport) -> Result<(), StoreError>;
+
+    /// The grant bound to this session's lease, if the coordinator has written one.
+    fn grant(&self, session: &NodeSession) -> Result<Option<Grant>, StoreError>;
+
+    /// Leaves the domain at once: the lease revoked, record and grant gone.
+    fn leave(&self, session: &NodeSession) -> Result<(), StoreError>;
+}

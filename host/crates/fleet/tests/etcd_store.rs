@@ -1,0 +1,241 @@
+//! The fleet's store on a real etcd cluster (three members on loopback): leadership,
+//! fencing, leases and the keys bound to them, a member killed.
+
+use std::time::{Duration, Instant};
+
+use tokwatt_fleet::etcd::EtcdFleet;
+use tokwatt_fleet::{DomainBudget, FleetStore, Grant, GrantWrite, NodeBudget, NodeReport};
+use tokwatt_test_support::EtcdCluster;
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+fn budget(domain: &str) -> DomainBudget {
+    DomainBudget {
+        domain: domain.into(),
+        budget_w: 10_000.0,
+        uncontrolled_w: 500.0,
+        nodes: ["a", "b"]
+            .iter()
+            .map(|n| NodeBudget {
+                node: (*n).into(),
+                reserve_w: 1000.0,
+                max_w: 5600.0,
+                priority: 0,
+            })
+            .collect(),
+    }
+}
+
+fn report(caps_in_force_w: f64) -> NodeReport {
+    NodeReport {
+        acked_generation: 0,
+        caps_in_force_w,
+        draw_w: caps_in_force_w * 0.9,
+        tokens_per_s: 1000.0,
+        wants_more: true,
+    }
+}
+
+fn grant(generation: u64, watts: f64) -> Grant {
+    Grant {
+        generation,
+        watts,
+        ceiling_w: watts,
+    }
+}
+
+/// Waits until `done`, at most `patience`.
+fn eventually(patience: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < patience {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+#[test]
+fn leadership_is_exclusive_and_a_deposed_leader_cannot_write() {
+    let Some(cluster) = EtcdCluster::start(3) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
+    store.put_budget(&budget("rack-1")).expect("budget");
+    let node = store
+        .join("rack-1", "a", Duration::from_secs(30), &report(1000.0))
+        .expect("joins");
+
+    let first = store
+        .campaign("rack-1", "coordinator-1", Duration::from_secs(30))
+        .expect("campaign")
+        .expect("the first candidate leads");
+    assert!(
+        store
+            .campaign("rack-1", "coordinator-2", Duration::from_secs(30))
+            .expect("campaign")
+            .is_none(),
+        "a second candidate does not lead while the first does"
+    );
+    let write = [GrantWrite {
+        node: "a",
+        lease: node.lease,
+        grant: grant(1, 3000.0),
+    }];
+    assert!(store.write_grants(&first, &write).expect("write"));
+    assert_eq!(store.grant(&node).expect("read"), Some(grant(1, 3000.0)));
+
+    // The first leader's lease goes (a crash, or a cut-off coordinator whose lease
+    // lapsed): another takes over, and the old one's writes are refused.
+    store.resign(&first).expect("resign");
+    let second = store
+        .campaign("rack-1", "coordinator-2", Duration::from_secs(30))
+        .expect("campaign")
+        .expect("the second candidate leads now");
+    assert!(second.fence > first.fence);
+    let stale = [GrantWrite {
+        node: "a",
+        lease: node.lease,
+        grant: grant(2, 5600.0),
+    }];
+    assert!(
+        !store.write_grants(&first, &stale).expect("fenced"),
+        "a deposed leader's grant is refused"
+    );
+    assert_eq!(store.grant(&node).expect("read"), Some(grant(1, 3000.0)));
+    assert!(!store.renew_leadership(&first).expect("renew"));
+    assert!(store.renew_leadership(&second).expect("renew"));
+}
+
+#[test]
+fn a_lapsed_node_loses_its_record_and_its_grant_together() {
+    let Some(cluster) = EtcdCluster::start(3) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
+    store.put_budget(&budget("rack-2")).expect("budget");
+    let leader = store
+        .campaign("rack-2", "c", Duration::from_secs(30))
+        .expect("campaign")
+        .expect("leads");
+    let node = store
+        .join("rack-2", "a", Duration::from_secs(2), &report(1000.0))
+        .expect("joins");
+    assert!(
+        store
+            .write_grants(
+                &leader,
+                &[GrantWrite {
+                    node: "a",
+                    lease: node.lease,
+                    grant: grant(1, 4000.0)
+                }]
+            )
+            .expect("write")
+    );
+    let view = store
+        .read_domain("rack-2")
+        .expect("read")
+        .expect("a budget");
+    let a = view.nodes.iter().find(|n| n.node == "a").expect("node a");
+    assert_eq!(a.grant, Some(grant(1, 4000.0)));
+    assert!(
+        view.nodes
+            .iter()
+            .any(|n| n.node == "b" && n.record.is_none())
+    );
+
+    // The node stops renewing: within the TTL (and etcd's check interval) both go.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let view = store.read_domain("rack-2").expect("read").expect("budget");
+            let a = view.nodes.iter().find(|n| n.node == "a").expect("node a");
+            a.record.is_none() && a.grant.is_none()
+        }),
+        "the lapsed node's keys are gone"
+    );
+    assert_eq!(
+        store.renew(&node).expect("renew"),
+        None,
+        "the lease is gone"
+    );
+    assert_eq!(store.grant(&node).expect("read"), None);
+}
+
+#[test]
+fn a_grant_under_an_earlier_lease_is_not_the_rejoined_nodes() {
+    let Some(cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
+    store.put_budget(&budget("rack-3")).expect("budget");
+    let leader = store
+        .campaign("rack-3", "c", Duration::from_secs(30))
+        .expect("campaign")
+        .expect("leads");
+    let before = store
+        .join("rack-3", "a", Duration::from_secs(30), &report(1000.0))
+        .expect("joins");
+    let write = [GrantWrite {
+        node: "a",
+        lease: before.lease,
+        grant: grant(1, 5000.0),
+    }];
+    assert!(store.write_grants(&leader, &write).expect("write"));
+    // The agent restarts (kill -9) and joins again before its old lease has lapsed.
+    let after = store
+        .join("rack-3", "a", Duration::from_secs(30), &report(1000.0))
+        .expect("rejoins");
+    assert_eq!(store.grant(&after).expect("read"), None);
+    let view = store.read_domain("rack-3").expect("read").expect("budget");
+    let a = view.nodes.iter().find(|n| n.node == "a").expect("node a");
+    assert_eq!(a.record.map(|r| r.lease), Some(after.lease));
+    assert_eq!(
+        a.grant, None,
+        "the old lease's grant is not counted as the node's"
+    );
+}
+
+#[test]
+fn the_store_answers_through_a_killed_member() {
+    let Some(mut cluster) = EtcdCluster::start(3) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
+    store.put_budget(&budget("rack-4")).expect("budget");
+    let leader = store
+        .campaign("rack-4", "c", Duration::from_secs(30))
+        .expect("campaign")
+        .expect("leads");
+    for member in 0..3 {
+        cluster.kill(member);
+        // Two of three keep a quorum: every operation still succeeds (after an election
+        // where the killed member led).
+        assert!(
+            eventually(Duration::from_secs(10), || store
+                .renew_leadership(&leader)
+                .unwrap_or(false)),
+            "renewal with member {member} down"
+        );
+        let view = store.read_domain("rack-4").expect("read").expect("budget");
+        assert_eq!(view.budget, budget("rack-4"));
+        cluster.restart(member);
+    }
+}
+
+#[test]
+fn a_budget_that_breaks_a_rule_is_refused_before_it_is_written() {
+    let Some(cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
+    let mut bad = budget("rack-5");
+    bad.uncontrolled_w = 9000.0;
+    let error = store
+        .put_budget(&bad)
+        .expect_err("reserves exceed")
+        .to_string();
+    assert!(error.contains("every node cut off at once"), "{error}");
+    assert!(store.read_domain("rack-5").expect("read").is_none());
+}
