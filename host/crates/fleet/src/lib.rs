@@ -8,13 +8,19 @@
 //! The coordination store is an engine operators already run, used through its own
 //! guarantees: etcd's leases and transactions ([`etcd`]), behind [`store::FleetStore`].
 
+pub mod allocator;
 pub mod budget;
+pub mod coordinator;
 pub mod etcd;
 pub mod ledger;
+pub mod node;
 pub mod store;
 
+pub use allocator::{Allocation, Allocator, MarginalAllocator};
 pub use budget::{BudgetError, DomainBudget, NodeBudget};
+pub use coordinator::{Coordinator, CoordinatorConfig, Round};
 pub use ledger::{Ledger, PlannedGrant};
+pub use node::{Allowance, LinkState, NodeConfig, NodeLink};
 pub use store::{
     DomainView, FleetStore, Grant, GrantWrite, Leadership, NodeRecord, NodeReport, NodeSession,
     NodeView, StoreError,

@@ -239,3 +239,86 @@ fn a_budget_that_breaks_a_rule_is_refused_before_it_is_written() {
     assert!(error.contains("every node cut off at once"), "{error}");
     assert!(store.read_domain("rack-5").expect("read").is_none());
 }
+
+#[test]
+fn a_cut_off_node_drops_to_its_reserve_before_its_lease_can_lapse() {
+    use tokwatt_fleet::{Allowance, NodeConfig, NodeLink};
+    let Some(cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
+    store.put_budget(&budget("rack-6")).expect("budget");
+    let leader = store
+        .campaign("rack-6", "c", Duration::from_secs(30))
+        .expect("campaign")
+        .expect("leads");
+    let mut link = NodeLink::new(NodeConfig {
+        domain: "rack-6".into(),
+        node: "a".into(),
+        reserve_w: 1000.0,
+        ttl: Duration::from_secs(3),
+        margin: Duration::from_secs(1),
+    });
+    let in_force = report(1000.0);
+    link.exchange(&store, &in_force);
+    let session = link.session().cloned().expect("joined");
+    assert_eq!(link.allowance(Instant::now()), Allowance::Reserve(1000.0));
+    let write = [GrantWrite {
+        node: "a",
+        lease: session.lease,
+        grant: grant(1, 4000.0),
+    }];
+    assert!(store.write_grants(&leader, &write).expect("write"));
+    link.exchange(&store, &in_force);
+    assert_eq!(
+        link.allowance(Instant::now()),
+        Allowance::Granted(grant(1, 4000.0))
+    );
+
+    // The node is cut off from etcd: its own client reaches no member. It keeps the
+    // grant until its deadline, then holds its reserve; the coordinator, still
+    // connected, sees the node's record go only after that.
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let cut_off = EtcdFleet::connect(&[dead], Duration::from_millis(200)).expect("client");
+    let start = Instant::now();
+    let mut dropped = None;
+    let mut lapsed = None;
+    while start.elapsed() < Duration::from_secs(15) && lapsed.is_none() {
+        link.exchange(&cut_off, &in_force);
+        let now = Instant::now();
+        if dropped.is_none() && link.allowance(now) == Allowance::Reserve(1000.0) {
+            dropped = Some(now);
+        }
+        let view = store.read_domain("rack-6").expect("read").expect("budget");
+        if view
+            .nodes
+            .iter()
+            .any(|n| n.node == "a" && n.record.is_none())
+        {
+            lapsed = Some(Instant::now());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (dropped, lapsed) = (
+        dropped.expect("the node dropped"),
+        lapsed.expect("the lease lapsed"),
+    );
+    assert!(
+        dropped < lapsed,
+        "the node held its grant until {:?}, after its lease lapsed at {:?}",
+        dropped - start,
+        lapsed - start
+    );
+    // Back in touch: the lease is gone, so it joins again, at its reserve, no grant.
+    link.exchange(&store, &in_force);
+    link.exchange(&store, &in_force);
+    assert_eq!(link.allowance(Instant::now()), Allowance::Reserve(1000.0));
+    assert_ne!(link.session().map(|s| s.lease), Some(session.lease));
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}

@@ -1,0 +1,236 @@
+//! A node's side: its membership in the domain, and what it may hold. The node renews its
+//! lease every period and drops to its reserve **on its own clock** when it has not
+//! renewed for the lease's TTL less a margin, so it is at its reserve before etcd can
+//! expire the lease and the coordinator can give its watts away.
+//!
+//! Why the node's clock suffices: the drop deadline is counted from when the node *sent*
+//! its last successful renewal, which is before etcd received it, and etcd's expiry is
+//! counted from its receipt (and only extended by an etcd leader change). Only the two
+//! clocks' rates enter, never their offsets; the margin covers rate drift, one control
+//! tick, and the time to apply a cut.
+
+use std::time::{Duration, Instant};
+
+use crate::store::{FleetStore, Grant, NodeReport, NodeSession, StoreError};
+
+/// Caps read back this close above a grant acknowledge it: NVML reports milliwatts,
+/// and a board rounds a requested limit to its own step.
+pub const ACK_TOLERANCE_W: f64 = 0.5;
+
+/// How a node takes part.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeConfig {
+    pub domain: String,
+    pub node: String,
+    /// What the node holds when it hears no coordinator (the domain's budget may lower
+    /// it: the lower of the two is held).
+    pub reserve_w: f64,
+    /// The lease's time to live.
+    pub ttl: Duration,
+    /// How long before the lease could lapse the node drops to its reserve.
+    pub margin: Duration,
+}
+
+impl NodeConfig {
+    /// The margin must leave time to renew: at least a second of the TTL after it.
+    pub fn check(&self) -> Result<(), String> {
+        if self.ttl < Duration::from_secs(2) {
+            return Err(format!(
+                "the lease TTL ({:?}) is under 2 s: etcd grants whole seconds, and a node must renew well within it",
+                self.ttl
+            ));
+        }
+        if self.margin.is_zero() || self.margin + Duration::from_secs(1) > self.ttl {
+            return Err(format!(
+                "the margin ({:?}) must be above zero and at least a second under the TTL ({:?})",
+                self.margin, self.ttl
+            ));
+        }
+        if !(self.reserve_w.is_finite() && self.reserve_w > 0.0) {
+            return Err(format!(
+                "the reserve ({} W) must be a positive number of watts",
+                self.reserve_w
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the node may hold now: the sum its GPUs' power caps must stay within.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Allowance {
+    /// No live grant: the reserve.
+    Reserve(f64),
+    /// The coordinator's grant, within the lease's deadline.
+    Granted(Grant),
+}
+
+impl Allowance {
+    pub fn watts(&self) -> f64 {
+        match self {
+            Self::Reserve(w) => *w,
+            Self::Granted(g) => g.watts,
+        }
+    }
+}
+
+/// Why the node holds its reserve, for its metrics and logs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LinkState {
+    /// Joined, renewing, no grant yet or a grant in force.
+    Live,
+    /// Not joined (the store did not answer, or the lease lapsed): joining again.
+    Apart(String),
+}
+
+/// The node's link to the domain.
+#[derive(Debug)]
+pub struct NodeLink {
+    config: NodeConfig,
+    session: Option<NodeSession>,
+    /// Until when the lease is surely live, by this node's clock.
+    deadline: Option<Instant>,
+    grant: Option<Grant>,
+    /// The generation of the last grant the node enforced and read back.
+    acked_generation: u64,
+    state: LinkState,
+}
+
+impl NodeLink {
+    pub fn new(config: NodeConfig) -> Self {
+        Self {
+            config,
+            session: None,
+            deadline: None,
+            grant: None,
+            acked_generation: 0,
+            state: LinkState::Apart("not joined yet".into()),
+        }
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    pub fn state(&self) -> &LinkState {
+        &self.state
+    }
+
+    pub fn session(&self) -> Option<&NodeSession> {
+        self.session.as_ref()
+    }
+
+    /// What the node may hold at `now`: the grant while the lease is surely live, else
+    /// the reserve. Cheap: call it every control tick.
+    pub fn allowance(&self, now: Instant) -> Allowance {
+        match (self.grant, self.deadline) {
+            (Some(grant), Some(deadline)) if now < deadline => {
+                Allowance::Granted(Grant {
+                    // Never below the reserve: a grant under it would be a coordinator's
+                    // mistake, and the reserve is budgeted anyway.
+                    watts: grant.watts.max(self.config.reserve_w),
+                    ..grant
+                })
+            }
+            _ => Allowance::Reserve(self.config.reserve_w),
+        }
+    }
+
+    /// One exchange with the store (every period, off the control loop's thread):
+    /// join where apart, else renew, then read the grant. `report` is what the node
+    /// has in force now. Errors leave the allowance to the deadline.
+    pub fn exchange(&mut self, store: &dyn FleetStore, report: &NodeReport) {
+        let sent = Instant::now();
+        let Some(session) = self.session.clone() else {
+            match store.join(
+                &self.config.domain,
+                &self.config.node,
+                self.config.ttl,
+                report,
+            ) {
+                Ok(session) => {
+                    self.deadline = Some(sent + session.ttl.saturating_sub(self.config.margin));
+                    self.session = Some(session);
+                    self.grant = None;
+                    self.acked_generation = 0;
+                    self.state = LinkState::Live;
+                }
+                Err(error) => self.apart(format!("cannot join: {error}")),
+            }
+            return;
+        };
+        match store.renew(&session) {
+            Ok(Some(ttl)) => {
+                self.deadline = Some(sent + ttl.saturating_sub(self.config.margin));
+            }
+            Ok(None) => {
+                // The lease lapsed: the record and grant are gone; join again next time.
+                self.session = None;
+                self.deadline = None;
+                self.grant = None;
+                self.apart("the lease lapsed".into());
+                return;
+            }
+            Err(error) => {
+                self.apart(format!("cannot renew: {error}"));
+                return;
+            }
+        }
+        let read = store
+            .grant(&session)
+            .and_then(|grant| store.report(&session, report).map(|()| grant));
+        match read {
+            Ok(grant) => {
+                self.grant = grant;
+                self.state = LinkState::Live;
+            }
+            Err(error) => self.apart(format!("cannot read the grant: {error}")),
+        }
+    }
+
+    /// The report of what the node holds: `caps_in_force_w` is the sum of its GPUs'
+    /// caps read back after enforcing `allowance`; a grant is acknowledged only once the
+    /// caps read back are within it.
+    pub fn report(
+        &mut self,
+        allowance: &Allowance,
+        caps_in_force_w: f64,
+        draw_w: f64,
+        tokens_per_s: f64,
+        wants_more: bool,
+    ) -> NodeReport {
+        if let Allowance::Granted(grant) = allowance
+            && caps_in_force_w <= grant.watts + ACK_TOLERANCE_W
+        {
+            self.acked_generation = self.acked_generation.max(grant.generation);
+        }
+        NodeReport {
+            acked_generation: self.acked_generation,
+            caps_in_force_w,
+            draw_w,
+            tokens_per_s,
+            wants_more,
+        }
+    }
+
+    fn apart(&mut self, why: String) {
+        if self.state != LinkState::Apart(why.clone()) {
+            tracing::warn!(
+                domain = %self.config.domain,
+                node = %self.config.node,
+                "fleet: {why}; holding the grant until the lease could lapse, then the reserve"
+            );
+        }
+        self.state = LinkState::Apart(why);
+    }
+
+    /// Leaves the domain (a clean stop, after the node cut to its reserve).
+    pub fn leave(&mut self, store: &dyn FleetStore) -> Result<(), StoreError> {
+        self.deadline = None;
+        self.grant = None;
+        match self.session.take() {
+            Some(session) => store.leave(&session),
+            None => Ok(()),
+        }
+    }
+}
