@@ -24,9 +24,11 @@ use tokwatt_policy::envelope::{Envelope, Guardrails};
 use tokwatt_policy::guard::{Decider, GuardConfig, GuardEvent, ObjectiveGuard};
 use tokwatt_policy::supervisor::{DecisionSource, PolicyCounters, Supervisor};
 
+mod allowance;
 mod moves;
 mod totals;
 
+pub use allowance::PowerAllowance;
 use moves::merged;
 pub use totals::{DemandTotals, GpuTotals, LoopTotals};
 
@@ -70,6 +72,9 @@ pub struct LoopConfig {
     pub node_envelope: Option<Envelope>,
     /// The objective guard ([`tokwatt_policy::guard`]).
     pub guard: GuardConfig,
+    /// A ceiling on the sum of the node's power caps (a fleet's grant or reserve): every
+    /// tick's caps are fitted within it, from the first settings on.
+    pub power_allowance: Option<Arc<dyn PowerAllowance>>,
 }
 
 impl LoopConfig {
@@ -85,6 +90,7 @@ impl LoopConfig {
             node_guardrails: rules.guardrails,
             node_envelope: None,
             guard: rules.guard,
+            power_allowance: None,
         }
     }
 }
@@ -182,6 +188,9 @@ pub struct ControlLoop {
     observations: Vec<Observation>,
     /// What the policy asked for at the last tick, one per GPU (empty while paused).
     requested: Vec<Settings>,
+    /// The ceiling on the sum of the node's caps (fleet mode), and each GPU's lowest cap.
+    allowance: Option<Arc<dyn PowerAllowance>>,
+    cap_min: Vec<f64>,
 }
 
 /// A run's schedule: tick `k` (from 0) is due at `start + (k + 1) × tick`.
@@ -290,6 +299,7 @@ impl ControlLoop {
             ..LoopTotals::default()
         };
         let work_waiting = backends.workload.work_waiting();
+        let cap_min = devices.iter().map(|d| d.power_cap_min_w).collect();
         let mut this = Self {
             backends,
             supervisor,
@@ -317,13 +327,16 @@ impl ControlLoop {
             schedule: None,
             observations: Vec::with_capacity(n),
             requested: Vec::with_capacity(n),
+            allowance: None,
+            cap_min,
         };
+        let mut first: Vec<Settings> = Vec::with_capacity(n);
         for (gpu, settings) in first_settings.iter().enumerate() {
             let applied = this
                 .envelope
                 .apply(gpu as u32, settings, &this.in_force[gpu]);
             this.last_clamped[gpu] = applied.clamped;
-            this.apply(gpu as u32, &applied.settings);
+            first.push(applied.settings);
             if let Some(record) = this.init_records.get_mut(gpu) {
                 *record = Some(InitRecord {
                     requested: *settings,
@@ -332,6 +345,11 @@ impl ControlLoop {
                 });
             }
         }
+        // Every GPU gets settings (none where `init` gave fewer), so the caps in force at
+        // the start are fitted within the allowance too.
+        first.resize(n, Settings::default());
+        this.allowance = this.config.power_allowance.clone();
+        this.apply_all(&mut first);
         // Whatever the first settings did, the first window starts now.
         for gpu in 0..n as u32 {
             let _ = this.backends.telemetry.read_window(gpu);
@@ -391,21 +409,25 @@ impl ControlLoop {
 
     /// Device defaults on every GPU, straight through the actuator (the envelope limits
     /// steps a policy takes, not an operator's return to defaults).
+    /// (Within the power allowance, where there is one: in fleet mode the defaults are
+    /// fitted within the node's grant or reserve.)
     fn restore_defaults(&mut self) {
         let devices = self.backends.telemetry.devices();
+        let mut settings = vec![Settings::default(); self.in_force.len()];
         for device in devices {
-            let gpu = device.index;
-            let g = gpu as usize;
-            let Some(batch) = self.initial_batch.get(g).copied() else {
+            let g = device.index as usize;
+            let (Some(batch), Some(slot)) =
+                (self.initial_batch.get(g).copied(), settings.get_mut(g))
+            else {
                 continue;
             };
-            let defaults = Settings {
+            *slot = Settings {
                 power_cap_w: Some(device.power_cap_default_w),
                 sm_clock_max_mhz: Some(device.sm_clock_max_mhz()),
                 batch_size: (self.in_force[g].batch_size != batch).then_some(batch),
             };
-            self.apply(gpu, &defaults);
         }
+        self.apply_all(&mut settings);
     }
 
     /// Run until the configured duration is over or `stop` is raised (between ticks),
@@ -553,6 +575,10 @@ impl ControlLoop {
         let policy_name = self.supervisor.policy_name().to_owned();
         let mut any_violation = false;
         let mut any_tpot_unknown = false;
+        // First every GPU's settings, then all applied at once (the caps fitted within
+        // the node's allowance, falling ones first), then each GPU's record.
+        let mut clamped = Vec::with_capacity(n);
+        let mut settings = Vec::with_capacity(n);
         for (gpu, obs) in observations.iter().enumerate() {
             let requested = decision.settings.get(gpu).copied().unwrap_or_default();
             let mut applied = if guard_in_charge {
@@ -570,7 +596,12 @@ impl ControlLoop {
                 self.host_moves(gpu as u32, guard_in_charge, obs)
             };
             applied.settings = merged(applied.settings, host_moves);
-            self.apply(gpu as u32, &applied.settings);
+            clamped.push(applied.clamped);
+            settings.push(applied.settings);
+        }
+        self.apply_all(&mut settings);
+        for (gpu, obs) in observations.iter().enumerate() {
+            let requested = decision.settings.get(gpu).copied().unwrap_or_default();
 
             let violation = violations[gpu];
             any_violation |= violation;
@@ -594,10 +625,10 @@ impl ControlLoop {
                 policy: policy_name.clone(),
                 observation: *obs,
                 requested,
-                applied: applied.settings,
+                applied: settings[gpu],
                 in_force_after: self.in_force[gpu],
                 fallback,
-                clamped: applied.clamped,
+                clamped: clamped[gpu],
                 guard: guard_in_charge,
                 slo_violation: violation,
                 energy_counter_j: self.last_telemetry[gpu].energy_counter_j,

@@ -460,6 +460,7 @@ pub fn run_with_swaps(
             node_guardrails: request.rules.guardrails,
             node_envelope: Some(node_envelope),
             guard: request.rules.guard,
+            power_allowance: None,
         },
         stop,
     );

@@ -317,3 +317,180 @@ fn a_knob_the_new_policy_does_not_own_returns_to_the_baseline() {
     assert_eq!(swap_tick["applied"]["power_cap_w"], 700.0, "{swap_tick}");
     assert_eq!(swap_tick["policy"], "native", "{swap_tick}");
 }
+
+/// An allowance the test moves between ticks.
+#[derive(Debug)]
+struct MovingAllowance(std::sync::Mutex<f64>);
+
+impl PowerAllowance for MovingAllowance {
+    fn watts(&self) -> f64 {
+        *self.0.lock().expect("lock")
+    }
+}
+
+/// An actuator that checks, at every cap it sets, that no raise takes the node's sum of
+/// caps past the allowance in force.
+struct SumCheckingActuator {
+    inner: Box<dyn Actuator>,
+    caps: Vec<f64>,
+    allowance: Arc<MovingAllowance>,
+    raises_past_it: Arc<std::sync::Mutex<Vec<(f64, f64)>>>,
+}
+
+impl Actuator for SumCheckingActuator {
+    fn name(&self) -> &'static str {
+        "sum-checking"
+    }
+    fn devices(&self) -> Vec<tokwatt_core::types::DeviceInfo> {
+        self.inner.devices()
+    }
+    fn capabilities(&self, gpu: u32) -> tokwatt_core::actuator::Capabilities {
+        self.inner.capabilities(gpu)
+    }
+    fn read(
+        &mut self,
+        gpu: u32,
+    ) -> Result<tokwatt_core::actuator::GpuSettings, tokwatt_core::actuator::ActuatorError> {
+        self.inner.read(gpu)
+    }
+    fn set_power_cap(
+        &mut self,
+        gpu: u32,
+        watts: f64,
+    ) -> Result<f64, tokwatt_core::actuator::ActuatorError> {
+        let enforced = self.inner.set_power_cap(gpu, watts)?;
+        let before: f64 = self.caps.iter().sum();
+        self.caps[gpu as usize] = watts;
+        let after: f64 = self.caps.iter().sum();
+        let allowed = self.allowance.watts();
+        if after > before && after > allowed + 1e-9 {
+            self.raises_past_it
+                .lock()
+                .expect("lock")
+                .push((after, allowed));
+        }
+        Ok(enforced)
+    }
+    fn set_sm_clock_lock(
+        &mut self,
+        gpu: u32,
+        range: Option<(u32, u32)>,
+    ) -> Result<(), tokwatt_core::actuator::ActuatorError> {
+        self.inner.set_sm_clock_lock(gpu, range)
+    }
+    fn set_mem_clock_lock(
+        &mut self,
+        gpu: u32,
+        range: Option<(u32, u32)>,
+    ) -> Result<(), tokwatt_core::actuator::ActuatorError> {
+        self.inner.set_mem_clock_lock(gpu, range)
+    }
+}
+
+#[test]
+fn the_nodes_caps_stay_within_its_allowance_from_the_first_settings_on() {
+    const GPUS: usize = 4;
+    let clock = VirtualClock::new();
+    let sim = SimGpu::new(
+        SimConfig {
+            profile: GpuProfile::load("h200").expect("profile"),
+            scenario: Scenario::built_in().expect("scenario"),
+            gpus: GPUS as u32,
+            seed: 1,
+            noise_seed: None,
+        },
+        clock.clone(),
+    )
+    .expect("sim");
+    let devices = sim.telemetry().devices();
+    let mut real = sim.actuator();
+    let caps: Vec<f64> = (0..GPUS as u32)
+        .map(|g| real.read(g).expect("read").power_cap_w)
+        .collect();
+    let allowance = Arc::new(MovingAllowance(std::sync::Mutex::new(2000.0)));
+    let raises_past_it = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let backends = Backends {
+        telemetry: sim.telemetry(),
+        actuator: Box::new(SumCheckingActuator {
+            inner: real,
+            caps,
+            allowance: allowance.clone(),
+            raises_past_it: raises_past_it.clone(),
+        }),
+        workload: sim.workload(),
+        clock,
+    };
+    let knobs = Knobs {
+        power_cap: true,
+        ..Knobs::default()
+    };
+    let envelope =
+        Envelope::new(&devices, &[512; GPUS], &Guardrails::default(), knobs).expect("envelope");
+    let args = InitArgs {
+        devices: envelope.facts(&devices),
+        knobs,
+        objective: Objective::default(),
+        params: vec![],
+        tick_ms: 1000,
+        seed: 1,
+    };
+    // A policy that wants every GPU at its most, some ticks, and lower on others.
+    let greedy = NativePolicy::new(|tick, observations| {
+        Ok(observations
+            .iter()
+            .enumerate()
+            .map(|(g, _)| Settings {
+                power_cap_w: Some(if (tick + g as u64).is_multiple_of(3) {
+                    400.0
+                } else {
+                    700.0
+                }),
+                ..Settings::default()
+            })
+            .collect())
+    });
+    let (supervisor, first) =
+        Supervisor::start(Box::new(greedy), args, BreakerConfig::default()).expect("starts");
+    let mut config = LoopConfig::new(
+        Duration::from_secs(40),
+        Duration::from_secs(1),
+        Objective::default(),
+    );
+    config.power_allowance = Some(allowance.clone());
+    let control = ControlLoop::new(
+        backends,
+        supervisor,
+        &first,
+        envelope,
+        config,
+        Arc::new(AtomicBool::new(false)),
+    );
+    let started: f64 = control
+        .in_force
+        .iter()
+        .map(|f| f.power_cap_requested_w)
+        .sum();
+    assert!(started <= 2000.0 + 1e-9, "the first settings: {started} W");
+    let mut recorder = Recorder::discard();
+    let mut control = control;
+    let steps = [2000.0, 1200.0, 2600.0, 900.0, 2200.0];
+    for tick in 0..40 {
+        *allowance.0.lock().expect("lock") = steps[tick / 8];
+        control.tick(&mut recorder).expect("tick").expect("a tick");
+        let after: f64 = control
+            .in_force
+            .iter()
+            .map(|f| f.power_cap_requested_w)
+            .sum();
+        assert!(
+            after <= steps[tick / 8] + 1e-9,
+            "tick {tick}: {after} W over {} W",
+            steps[tick / 8]
+        );
+    }
+    let (totals, _) = control.finish();
+    assert!(totals.allowance_cut_ticks > 0);
+    assert_eq!(totals.allowance_unmet_ticks, 0);
+    let raises = raises_past_it.lock().expect("lock");
+    assert!(raises.is_empty(), "raises past the allowance: {raises:?}");
+}

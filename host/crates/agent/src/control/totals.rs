@@ -119,6 +119,13 @@ pub struct LoopTotals {
     #[serde(skip_serializing_if = "is_zero", default)]
     pub tpot_unknown_ticks: u64,
     pub clamped_decisions: u64,
+    /// Ticks where the node's power allowance (a fleet's grant or reserve) lowered the
+    /// caps; and where even every GPU at its minimum cap passed it. Written only where
+    /// there were some, so a run without an allowance keeps the summary's layout.
+    #[serde(skip_serializing_if = "is_zero", default)]
+    pub allowance_cut_ticks: u64,
+    #[serde(skip_serializing_if = "is_zero", default)]
+    pub allowance_unmet_ticks: u64,
     pub non_finite_values: u64,
     pub actuator_errors: u64,
     pub telemetry_errors: u64,

@@ -370,6 +370,7 @@ pub fn start(
             node_guardrails: config.rules.guardrails,
             node_envelope: Some(node_envelope),
             guard: config.rules.guard,
+            power_allowance: None,
         },
         Arc::clone(&stop),
     )

@@ -433,6 +433,7 @@ pub(super) fn drive_group(
                     batch_size: a.batch_size || b.batch_size,
                 },
                 guard: tokwatt_policy::rules::NodeRules::judging().guard,
+                power_allowance: None,
                 ..LoopConfig::new(duration, arms.tick, arms.spec(first_arm).objective)
             }
         },
