@@ -29,6 +29,7 @@ mod moves;
 mod totals;
 
 pub use allowance::PowerAllowance;
+pub(crate) use allowance::fit_caps;
 use moves::merged;
 pub use totals::{DemandTotals, GpuTotals, LoopTotals};
 
@@ -111,6 +112,9 @@ pub struct Progress<'a> {
     pub time: Duration,
     pub totals: &'a LoopTotals,
     pub observations: &'a [Observation],
+    /// Each GPU's settings in force after this tick's changes (the observations show
+    /// the window before them); power caps as read back from the device.
+    pub in_force: &'a [InForce],
     /// The policy in charge after this tick (a swap or a rollback may have changed it).
     pub policy: &'a str,
     /// What each GPU's policy asked for this tick, before the envelope (`None` while
@@ -688,6 +692,7 @@ impl ControlLoop {
             time: now - start,
             totals: &self.totals,
             observations: &self.observations,
+            in_force: &self.in_force,
             policy: self.supervisor.policy_name(),
             requested: &self.requested,
             decide_time,

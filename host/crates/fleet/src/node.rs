@@ -74,6 +74,38 @@ impl Allowance {
     }
 }
 
+/// The grant and until when it holds: what the control loop reads every tick, while the
+/// link talks to the store on a thread of its own.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AllowanceSnapshot {
+    grant: Option<Grant>,
+    deadline: Option<Instant>,
+    reserve_w: f64,
+}
+
+impl AllowanceSnapshot {
+    /// Nothing heard yet: the reserve.
+    pub fn reserve(reserve_w: f64) -> Self {
+        Self {
+            grant: None,
+            deadline: None,
+            reserve_w,
+        }
+    }
+
+    pub fn allowance(&self, now: Instant) -> Allowance {
+        match (self.grant, self.deadline) {
+            (Some(grant), Some(deadline)) if now < deadline => Allowance::Granted(Grant {
+                // Never below the reserve: a grant under it would be a coordinator's
+                // mistake, and the reserve is budgeted anyway.
+                watts: grant.watts.max(self.reserve_w),
+                ..grant
+            }),
+            _ => Allowance::Reserve(self.reserve_w),
+        }
+    }
+}
+
 /// Why the node holds its reserve, for its metrics and logs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LinkState {
@@ -123,16 +155,15 @@ impl NodeLink {
     /// What the node may hold at `now`: the grant while the lease is surely live, else
     /// the reserve. Cheap: call it every control tick.
     pub fn allowance(&self, now: Instant) -> Allowance {
-        match (self.grant, self.deadline) {
-            (Some(grant), Some(deadline)) if now < deadline => {
-                Allowance::Granted(Grant {
-                    // Never below the reserve: a grant under it would be a coordinator's
-                    // mistake, and the reserve is budgeted anyway.
-                    watts: grant.watts.max(self.config.reserve_w),
-                    ..grant
-                })
-            }
-            _ => Allowance::Reserve(self.config.reserve_w),
+        self.snapshot().allowance(now)
+    }
+
+    /// What [`Self::allowance`] needs, to hand to the thread that enforces it.
+    pub fn snapshot(&self) -> AllowanceSnapshot {
+        AllowanceSnapshot {
+            grant: self.grant,
+            deadline: self.deadline,
+            reserve_w: self.config.reserve_w,
         }
     }
 

@@ -24,12 +24,27 @@ pub struct OriginalSettings {
     state: StateFile,
     /// The originals, once saved.
     saved: Option<Vec<SavedGpu>>,
+    /// A ceiling on the sum of the power caps put back (a fleet node's reserve).
+    power_ceiling_w: Option<f64>,
 }
 
 impl OriginalSettings {
     /// Touches neither the GPUs nor the state file.
     pub fn new(state: StateFile) -> Self {
-        Self { state, saved: None }
+        Self {
+            state,
+            saved: None,
+            power_ceiling_w: None,
+        }
+    }
+
+    /// Whatever ends the run (a stop, a crash and `tokwatt restore`, the next start), the
+    /// power caps put back sum to at most `watts`: the originals, lowered toward each
+    /// GPU's minimum as the control loop fits them. A fleet node's reserve: a node never
+    /// stops or restores at its board defaults, which would pass the domain's budget.
+    pub fn with_power_ceiling(mut self, watts: f64) -> Self {
+        self.power_ceiling_w = Some(watts);
+        self
     }
 
     pub fn state_file(&self) -> &StateFile {
@@ -72,6 +87,10 @@ impl OriginalSettings {
                     .map_err(|source| RestoreError::ReadOriginal { gpu, source })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let saved = match self.power_ceiling_w {
+            Some(ceiling) => within_ceiling(saved, &actuator.devices(), ceiling),
+            None => saved,
+        };
         self.state.save(&saved)?;
         tracing::info!(path = %self.state.path().display(), "original GPU settings saved");
         self.saved = Some(saved);
@@ -132,6 +151,31 @@ impl OriginalSettings {
 /// Wrap the run's actuator in it and change settings only through it: the first setter
 /// call saves the originals (see [`OriginalSettings::save_before_change`]), then changes.
 /// If saving fails, nothing is changed.
+/// The saved settings with their power caps fitted within `ceiling_w` and marked changed,
+/// so that every restore puts the fitted caps back whether or not the run changed them.
+fn within_ceiling(
+    mut saved: Vec<SavedGpu>,
+    devices: &[tokwatt_core::types::DeviceInfo],
+    ceiling_w: f64,
+) -> Vec<SavedGpu> {
+    let caps: Vec<f64> = saved.iter().map(|s| s.original.power_cap_w).collect();
+    let min: Vec<f64> = saved
+        .iter()
+        .map(|s| {
+            devices
+                .get(s.index as usize)
+                .map_or(s.original.power_cap_w, |d| d.power_cap_min_w)
+        })
+        .collect();
+    let fit = crate::control::fit_caps(&caps, &min, ceiling_w);
+    for (gpu, cap) in saved.iter_mut().zip(fit.caps) {
+        gpu.original.power_cap_w = cap;
+        gpu.original.power_cap_enforced_w = gpu.original.power_cap_enforced_w.min(cap);
+        gpu.changed.power_cap = true;
+    }
+    saved
+}
+
 pub struct SettingsGuard {
     originals: OriginalSettings,
     actuator: Box<dyn Actuator>,
@@ -153,6 +197,12 @@ impl SettingsGuard {
             originals: OriginalSettings::new(state),
             actuator,
         }
+    }
+
+    /// See [`OriginalSettings::with_power_ceiling`].
+    pub fn with_power_ceiling(mut self, watts: f64) -> Self {
+        self.originals.power_ceiling_w = Some(watts);
+        self
     }
 
     /// Save the original settings now rather than at the first change.
@@ -259,6 +309,32 @@ mod tests {
         FakeActuator, Hardware, device, files_in, saved, state_in, stock,
     };
     use tokwatt_core::actuator::DryRun;
+
+    #[test]
+    fn a_fleet_nodes_guard_restores_its_caps_within_the_reserve_whatever_it_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let hardware = Hardware::new(2);
+        let actuator = FakeActuator::new(&hardware, &["GPU-a", "GPU-b"]);
+        // Two 700 W boards, a 1000 W reserve: each goes back to 500 W, not to 700 W.
+        let mut guard =
+            SettingsGuard::new(state_in(&dir), Box::new(actuator)).with_power_ceiling(1000.0);
+        guard.arm().unwrap();
+        let on_disk = state_in(&dir).load().unwrap().unwrap();
+        let caps: Vec<f64> = on_disk.iter().map(|g| g.original.power_cap_w).collect();
+        assert_eq!(
+            caps,
+            [500.0, 500.0],
+            "what a crash's `tokwatt restore` puts back"
+        );
+        // Only a clock lock changes: the caps go to the reserve anyway.
+        guard.set_sm_clock_lock(1, Some((1200, 1500))).unwrap();
+        drop(guard);
+        assert_eq!(
+            hardware.get(0).power_cap_w + hardware.get(1).power_cap_w,
+            1000.0
+        );
+        assert_eq!(hardware.get(1).sm_clock_lock_mhz, stock().sm_clock_lock_mhz);
+    }
 
     #[test]
     fn guard_saves_before_the_first_change_and_restores_on_drop() {

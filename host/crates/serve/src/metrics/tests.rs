@@ -106,6 +106,7 @@ impl Tick {
                 time: Duration::from_secs(self.totals.ticks),
                 totals: &self.totals,
                 observations: &self.observations,
+                in_force: &[],
                 policy: self.policy,
                 requested: &requested,
                 decide_time: self.decide_time,

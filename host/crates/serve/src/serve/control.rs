@@ -632,6 +632,7 @@ mod tests {
             time: Duration::from_secs(tick),
             totals: &totals,
             observations: &[],
+            in_force: &[],
             policy: "",
             requested: &[],
             decide_time: None,
