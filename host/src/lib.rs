@@ -22,6 +22,7 @@ pub use tokwatt_core::{
 #[cfg(feature = "cuda")]
 pub use tokwatt_cuda as cuda;
 pub use tokwatt_engines::prometheus;
+pub use tokwatt_fleet as fleet;
 pub use tokwatt_lab::{ab, eval, replay};
 pub use tokwatt_nvml as nvml;
 pub use tokwatt_plugin as plugin;

@@ -182,6 +182,7 @@ fn the_serve_toml_reference_is_current() {
         "metrics",
         "output",
         "state",
+        "fleet",
     ];
     for table in tables {
         let text = format!(

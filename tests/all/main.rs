@@ -11,6 +11,7 @@ mod book;
 mod deploy;
 mod engines;
 mod eval;
+mod fleet;
 mod guard;
 mod guest_lang;
 mod hostile;

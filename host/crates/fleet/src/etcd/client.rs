@@ -83,6 +83,20 @@ pub struct TxnOutcome {
     pub lists: Vec<Vec<KeyValue>>,
 }
 
+/// `host:port` of an etcd client URL, or why it is not one.
+pub fn check_endpoint(url: &str) -> Result<String, String> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| {
+        format!(
+            "etcd endpoint `{url}` is not plain http://HOST:PORT (TLS to etcd is not built yet: put the agents and etcd on a private network, or front etcd with a local TLS proxy)"
+        )
+    })?;
+    let authority = rest.trim_end_matches('/');
+    if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
+        return Err(format!("etcd endpoint `{url}` is not http://HOST:PORT"));
+    }
+    Ok(authority.to_owned())
+}
+
 /// A client of one etcd cluster through its JSON gateway.
 #[derive(Debug)]
 pub struct EtcdClient {
@@ -105,20 +119,7 @@ impl EtcdClient {
         }
         let endpoints = endpoints
             .iter()
-            .map(|url| {
-                let rest = url.strip_prefix("http://").ok_or_else(|| {
-                    StoreError::Config(format!(
-                        "etcd endpoint `{url}` is not plain http://HOST:PORT (TLS to etcd is not built yet: put the agent and etcd on a private network, or front etcd with a local TLS proxy)"
-                    ))
-                })?;
-                let authority = rest.trim_end_matches('/');
-                if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
-                    return Err(StoreError::Config(format!(
-                        "etcd endpoint `{url}` is not http://HOST:PORT"
-                    )));
-                }
-                Ok(authority.to_owned())
-            })
+            .map(|url| check_endpoint(url).map_err(StoreError::Config))
             .collect::<Result<Vec<_>, _>>()?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()

@@ -13,7 +13,7 @@ mod client;
 
 use std::time::Duration;
 
-pub use client::{Compare, EtcdClient, KeyValue, Op, Txn, TxnOutcome};
+pub use client::{Compare, EtcdClient, KeyValue, Op, Txn, TxnOutcome, check_endpoint};
 
 use crate::budget::{DomainBudget, valid_name};
 use crate::store::{

@@ -74,6 +74,18 @@ pub struct EngineEndpoint {
     pub tpot_histogram: Option<String>,
 }
 
+/// `[fleet]`, checked: the coordination store, and how this node takes part.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FleetConfig {
+    /// etcd's client URLs.
+    pub endpoints: Vec<String>,
+    pub link: tokwatt_fleet::NodeConfig,
+    /// How often the node renews its lease, reports and reads its grant.
+    pub report_every: Duration,
+    /// Each request's deadline.
+    pub timeout: Duration,
+}
+
 /// The checked configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServeConfig {
@@ -104,6 +116,8 @@ pub struct ServeConfig {
     /// How often summary.json is rewritten during the run.
     pub summary_every: Duration,
     pub state_file: Option<PathBuf>,
+    /// The node's place in a power domain (`[fleet]`), if it has one.
+    pub fleet: Option<FleetConfig>,
     /// The node's objective, guardrails and guard (`[objective]`, `[guardrails]`,
     /// `[guard]`): every policy spec may only narrow them.
     pub rules: tokwatt_policy::rules::NodeRules,

@@ -14,6 +14,7 @@
 pub mod bench;
 pub mod config;
 mod control;
+mod fleet;
 mod live;
 mod watch;
 
@@ -79,6 +80,8 @@ pub enum ServeError {
     Loop(String),
     #[error("stopped (SIGINT or SIGTERM) while starting, before any policy setting was applied")]
     StoppedStarting,
+    #[error("fleet: {0}")]
+    Fleet(String),
 }
 
 /// What a started agent is, for the operator's first lines.
@@ -100,6 +103,8 @@ pub struct Agent {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<RunSummary, ServeError>>>,
     watcher: Option<watch::Watcher>,
+    /// The node's link to its power domain (`[fleet]`), stopped after the loop.
+    fleet: Option<fleet::FleetThread>,
     pub info: ServeInfo,
 }
 
@@ -126,10 +131,15 @@ impl Agent {
             .thread
             .take()
             .ok_or_else(|| ServeError::Loop("already joined".into()))?;
-        match thread.join() {
+        let result = match thread.join() {
             Ok(result) => result,
             Err(panic) => Err(ServeError::Loop(panic_text(&panic))),
+        };
+        // The loop has put the node at its reserve: now leave the domain.
+        if let Some(fleet) = self.fleet.take() {
+            fleet.stop();
         }
+        result
     }
 }
 
@@ -140,6 +150,7 @@ impl Drop for Agent {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        drop(self.fleet.take());
     }
 }
 
@@ -291,8 +302,30 @@ pub fn start(
         (_, Some(path)) => Some(path.clone()),
         (false, None) => Some(StateFile::default_path()),
     };
+    // In a power domain the node starts, stops and restores at its reserve: the guard
+    // puts the caps back within it, never at the board defaults.
+    let fleet_node = config.fleet.as_ref().map(fleet::FleetNode::new);
+    if let Some(fleet) = &config.fleet {
+        let devices = backends.telemetry.devices();
+        let floor: f64 = devices.iter().map(|d| d.power_cap_min_w).sum();
+        if fleet.link.reserve_w < floor {
+            return Err(ServeError::Fleet(format!(
+                "the reserve ({} W, fleet.reserve_w) is below the sum of this node's {} GPUs' lowest power caps ({floor} W): the node could not hold it; raise the reserve in serve.toml and in the domain's budget",
+                fleet.link.reserve_w,
+                devices.len()
+            )));
+        }
+        if config.dry_run {
+            tracing::warn!(
+                "fleet: a dry run changes no setting, so the grant is not enforced on the GPUs; the caps reported are the ones tokwatt would set"
+            );
+        }
+    }
     if let Some(path) = &state_file {
         let mut guard = SettingsGuard::new(StateFile::new(path.clone()), backends.actuator);
+        if let Some(fleet) = &config.fleet {
+            guard = guard.with_power_ceiling(fleet.link.reserve_w);
+        }
         guard.arm()?;
         backends.actuator = Box::new(guard);
     }
@@ -370,7 +403,9 @@ pub fn start(
             node_guardrails: config.rules.guardrails,
             node_envelope: Some(node_envelope),
             guard: config.rules.guard,
-            power_allowance: None,
+            power_allowance: fleet_node.as_ref().map(|f| {
+                Arc::clone(&f.allowance) as Arc<dyn tokwatt_agent::control::PowerAllowance>
+            }),
         },
         Arc::clone(&stop),
     )
@@ -390,6 +425,7 @@ pub fn start(
         .name("tokwatt-control-loop".into())
         .spawn({
             let control = Arc::clone(&control);
+            let fleet_node = fleet_node.clone();
             let summary_of = {
                 let spec_name = spec.name.clone();
                 let spec_path = spec.path.display().to_string();
@@ -416,6 +452,9 @@ pub fn start(
                     match control_loop.tick(&mut recorder) {
                         Ok(Some(progress)) => {
                             control.observe(&progress);
+                            if let Some(fleet) = &fleet_node {
+                                fleet.observe(&progress);
+                            }
                             if last_summary.elapsed() >= summary_every {
                                 last_summary = std::time::Instant::now();
                                 write_summary(&summary_path, &summary_of(progress.totals.clone()));
@@ -442,6 +481,21 @@ pub fn start(
             }
         })
         .map_err(ServeError::Thread)?;
+    let fleet = match (&config.fleet, fleet_node) {
+        (Some(fleet_config), Some(node)) => {
+            match fleet::FleetThread::start(fleet_config.clone(), node) {
+                Ok(thread) => Some(thread),
+                Err(error) => {
+                    stop.store(true, Ordering::Relaxed);
+                    if thread.join().is_err() {
+                        tracing::error!("the control loop panicked while stopping");
+                    }
+                    return Err(ServeError::Fleet(error.to_string()));
+                }
+            }
+        }
+        _ => None,
+    };
     let watcher = match (&config.watch, watch_baseline) {
         (Some(folder), Some(baseline)) => {
             match watch::Watcher::start(
@@ -469,6 +523,7 @@ pub fn start(
         stop,
         thread: Some(thread),
         watcher,
+        fleet,
         info,
     })
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokwatt_engines::prometheus::Engine;
 use toml::Spanned;
 
-use super::raw::{RawConfig, RawGpus, RawWorkload};
-use super::{EngineEndpoint, NodeBackend, ServeConfig, ServeWorkload};
+use super::raw::{RawConfig, RawFleet, RawGpus, RawWorkload};
+use super::{EngineEndpoint, FleetConfig, NodeBackend, ServeConfig, ServeWorkload};
 
 /// A bad value: its key, where it is written, and what would be right.
 pub(super) struct Problem {
@@ -331,6 +331,7 @@ pub(super) fn check(raw: RawConfig, base: &Path, _path: &Path) -> Result<ServeCo
         keep_files,
         summary_every,
         state_file: raw.state.file.as_deref().map(resolve),
+        fleet: raw.fleet.map(check_fleet).transpose()?,
         rules,
     })
 }
@@ -530,4 +531,97 @@ fn check_workload(raw: RawWorkload, backend: &NodeBackend) -> Result<ServeWorklo
             ))
         }
     }
+}
+
+/// `[fleet]`: every value checked by key. The node's name defaults to the host's.
+fn check_fleet(raw: RawFleet) -> Result<FleetConfig, Problem> {
+    let endpoints = raw.etcd.get_ref();
+    if endpoints.is_empty() {
+        return Err(problem(
+            "fleet.etcd",
+            &raw.etcd,
+            "is empty: list the etcd cluster's client URLs, like [\"http://10.0.0.1:2379\"]",
+        ));
+    }
+    for url in endpoints {
+        tokwatt_fleet::etcd::check_endpoint(url)
+            .map_err(|why| problem("fleet.etcd", &raw.etcd, why))?;
+    }
+    let name = |key: &'static str, value: &Spanned<String>| {
+        if tokwatt_fleet::budget::valid_name(value.get_ref()) {
+            Ok(value.get_ref().clone())
+        } else {
+            Err(problem(
+                key,
+                value,
+                format!(
+                    "= \"{}\" cannot be a key: use letters, digits, `-`, `_` and `.`",
+                    value.get_ref()
+                ),
+            ))
+        }
+    };
+    let domain = name("fleet.domain", &raw.domain)?;
+    let node = match &raw.node {
+        Some(node) => name("fleet.node", node)?,
+        None => {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_default();
+            if !tokwatt_fleet::budget::valid_name(&host) {
+                return Err(missing(
+                    "fleet.node",
+                    format!(
+                        "is not set and the host name `{host}` cannot be a node name: set fleet.node to the name the domain's budget gives this node"
+                    ),
+                ));
+            }
+            host
+        }
+    };
+    let reserve_w = *raw.reserve_w.get_ref();
+    let optional = |key: &'static str, value: &Option<Spanned<String>>, default: Duration| {
+        value.as_ref().map_or(Ok(default), |v| duration(key, v))
+    };
+    let ttl = optional("fleet.lease_ttl", &raw.lease_ttl, Duration::from_secs(10))?;
+    let margin = optional("fleet.margin", &raw.margin, Duration::from_secs(3))?;
+    let report_every = optional(
+        "fleet.report_every",
+        &raw.report_every,
+        Duration::from_secs(1),
+    )?;
+    let timeout = optional("fleet.timeout", &raw.timeout, Duration::from_secs(1))?;
+    let link = tokwatt_fleet::NodeConfig {
+        domain,
+        node,
+        reserve_w,
+        ttl,
+        margin,
+    };
+    if let Err(why) = link.check() {
+        let (key, value) = if why.contains("reserve") {
+            ("fleet.reserve_w", None)
+        } else {
+            ("fleet.lease_ttl", raw.lease_ttl.as_ref())
+        };
+        return Err(match value {
+            Some(value) => problem(key, value, why),
+            None => missing(key, why),
+        });
+    }
+    // Several renewals within the margin: one slow answer is not a lapse.
+    if report_every.is_zero() || report_every * 2 > margin || timeout > margin {
+        return Err(missing(
+            "fleet.report_every",
+            format!(
+                "({report_every:?}, each request given {timeout:?}) must fit twice within the margin ({margin:?}): a node renews several times before it could drop to its reserve"
+            ),
+        ));
+    }
+    Ok(FleetConfig {
+        endpoints: endpoints.clone(),
+        link,
+        report_every,
+        timeout,
+    })
 }

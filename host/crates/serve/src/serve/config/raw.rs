@@ -26,6 +26,21 @@ pub(super) struct RawConfig {
     pub(super) guardrails: tokwatt_policy::envelope::Guardrails,
     #[serde(default)]
     pub(super) guard: tokwatt_policy::guard::GuardConfig,
+    pub(super) fleet: Option<RawFleet>,
+}
+
+/// `[fleet]`: the node's place in a power domain.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFleet {
+    pub(super) etcd: Spanned<Vec<String>>,
+    pub(super) domain: Spanned<String>,
+    pub(super) node: Option<Spanned<String>>,
+    pub(super) reserve_w: Spanned<f64>,
+    pub(super) lease_ttl: Option<Spanned<String>>,
+    pub(super) margin: Option<Spanned<String>>,
+    pub(super) report_every: Option<Spanned<String>>,
+    pub(super) timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

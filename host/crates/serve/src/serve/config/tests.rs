@@ -273,3 +273,41 @@ fn the_nodes_objective_guardrails_and_guard_are_read_and_checked() {
         assert!(message.contains(key), "{extra}: {message}");
     }
 }
+
+#[test]
+fn a_fleet_section_takes_its_defaults_and_names_each_bad_value() {
+    let fleet = |extra: &str| {
+        format!(
+            "{SIM}\n[fleet]\netcd = [\"http://10.0.0.1:2379\"]\ndomain = \"rack-12\"\nnode = \"gpu-07\"\nreserve_w = 2400\n{extra}"
+        )
+    };
+    let config = parse(&fleet("")).expect("valid");
+    let f = config.fleet.expect("a fleet");
+    assert_eq!(f.endpoints, ["http://10.0.0.1:2379"]);
+    assert_eq!(f.link.node, "gpu-07");
+    assert_eq!(f.link.reserve_w, 2400.0);
+    assert_eq!(f.link.ttl, Duration::from_secs(10));
+    assert_eq!(f.link.margin, Duration::from_secs(3));
+    assert_eq!(f.report_every, Duration::from_secs(1));
+    assert!(parse(SIM).expect("valid").fleet.is_none());
+
+    let text = fleet("").replace("http://10.0.0.1:2379", "https://10.0.0.1:2379");
+    let message = error(&text);
+    assert!(
+        message.contains("fleet.etcd") && message.contains("TLS"),
+        "{message}"
+    );
+    let message = error(&fleet("").replace("rack-12", "rack/12"));
+    assert!(message.contains("fleet.domain"), "{message}");
+    let message = error(&fleet("").replace("reserve_w = 2400", "reserve_w = 0"));
+    assert!(message.contains("fleet.reserve_w"), "{message}");
+    let message = error(&fleet("margin = \"10s\"\n"));
+    assert!(message.contains("margin"), "{message}");
+    let message = error(&fleet("report_every = \"2s\"\n"));
+    assert!(message.contains("fleet.report_every"), "{message}");
+    let message = error(&fleet("lease = \"10s\"\n"));
+    assert!(
+        message.contains("lease"),
+        "unknown keys are refused: {message}"
+    );
+}

@@ -1,0 +1,191 @@
+//! `tokwatt serve` in a power domain (`[fleet]` in serve.toml): a thread of its own talks
+//! to the coordination store (join, renew, report, read the grant), and the control loop
+//! reads the node's allowance at every tick, without waiting on the network, and fits the
+//! caps of all the node's GPUs within it (see `tokwatt_agent::control::PowerAllowance`).
+//!
+//! The node starts at its reserve (nothing heard yet), holds its grant while its lease is
+//! surely live, drops to its reserve on its own clock when it is not, and stops and
+//! restores at its reserve (the settings guard's ceiling).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokwatt_agent::control::{PowerAllowance, Progress};
+use tokwatt_fleet::etcd::EtcdFleet;
+use tokwatt_fleet::{AllowanceSnapshot, FleetStore, NodeLink};
+
+use super::config::FleetConfig;
+
+/// What the loop reads every tick: the fleet thread's latest snapshot.
+#[derive(Debug)]
+pub(super) struct SharedAllowance {
+    snapshot: Mutex<AllowanceSnapshot>,
+}
+
+impl SharedAllowance {
+    fn new(reserve_w: f64) -> Self {
+        Self {
+            snapshot: Mutex::new(AllowanceSnapshot::reserve(reserve_w)),
+        }
+    }
+
+    fn publish(&self, snapshot: AllowanceSnapshot) {
+        *self.snapshot.lock().unwrap_or_else(PoisonError::into_inner) = snapshot;
+    }
+
+    fn snapshot(&self) -> AllowanceSnapshot {
+        *self.snapshot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl PowerAllowance for SharedAllowance {
+    fn watts(&self) -> f64 {
+        self.snapshot().allowance(Instant::now()).watts()
+    }
+}
+
+/// The figures a node reports, as of the loop's last tick.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(super) struct Figures {
+    /// The GPUs' caps in force after the tick, read back from the device.
+    pub caps_in_force_w: f64,
+    pub draw_w: f64,
+    pub tokens_per_s: f64,
+    /// The allowance lowered what the GPUs were asked to hold: the node would use more.
+    pub wants_more: bool,
+    /// Ticks the loop has reported (0: none yet).
+    pub ticks: u64,
+}
+
+/// The node's side, shared by the loop (allowance, figures) and the fleet thread.
+#[derive(Debug)]
+pub(super) struct FleetNode {
+    pub allowance: Arc<SharedAllowance>,
+    figures: Mutex<Figures>,
+    allowance_cuts_seen: Mutex<u64>,
+}
+
+impl FleetNode {
+    pub(super) fn new(config: &FleetConfig) -> Arc<Self> {
+        Arc::new(Self {
+            allowance: Arc::new(SharedAllowance::new(config.link.reserve_w)),
+            figures: Mutex::new(Figures::default()),
+            allowance_cuts_seen: Mutex::new(0),
+        })
+    }
+
+    /// After each tick, on the loop's thread.
+    pub(super) fn observe(&self, progress: &Progress<'_>) {
+        let cuts = progress.totals.allowance_cut_ticks;
+        let wants_more = {
+            let mut seen = self
+                .allowance_cuts_seen
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let cut_now = cuts > *seen;
+            *seen = cuts;
+            cut_now
+        };
+        let figures = Figures {
+            caps_in_force_w: progress.in_force.iter().map(|f| f.power_cap_w).sum(),
+            draw_w: progress.observations.iter().map(|o| o.power_avg_w).sum(),
+            tokens_per_s: progress.observations.iter().map(|o| o.tokens_per_s).sum(),
+            wants_more,
+            ticks: progress.tick + 1,
+        };
+        *self.figures.lock().unwrap_or_else(PoisonError::into_inner) = figures;
+    }
+
+    fn figures(&self) -> Figures {
+        *self.figures.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The thread that talks to the store.
+#[derive(Debug)]
+pub(super) struct FleetThread {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl FleetThread {
+    pub(super) fn start(
+        config: FleetConfig,
+        node: Arc<FleetNode>,
+    ) -> Result<Self, tokwatt_fleet::StoreError> {
+        let store = EtcdFleet::connect(&config.endpoints, config.timeout)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = std::thread::Builder::new()
+            .name("tokwatt-fleet".into())
+            .spawn({
+                let stop = Arc::clone(&stop);
+                move || run(&store, &config, &node, &stop)
+            })
+            .map_err(|e| {
+                tokwatt_fleet::StoreError::Config(format!("cannot start the fleet thread: {e}"))
+            })?;
+        Ok(Self {
+            stop,
+            handle: Some(handle),
+        })
+    }
+
+    /// Leaves the domain (after the loop has stopped, at the reserve) and ends the thread.
+    pub(super) fn stop(mut self) {
+        self.end();
+    }
+
+    fn end(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(handle) = self.handle.take()
+            && handle.join().is_err()
+        {
+            tracing::error!("the fleet thread panicked");
+        }
+    }
+}
+
+impl Drop for FleetThread {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+fn run(store: &dyn FleetStore, config: &FleetConfig, node: &FleetNode, stop: &AtomicBool) {
+    let mut link = NodeLink::new(config.link.clone());
+    tracing::info!(
+        domain = %config.link.domain,
+        node = %config.link.node,
+        reserve_w = config.link.reserve_w,
+        "fleet: joining the power domain; holding the reserve until granted"
+    );
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        let figures = node.figures();
+        if figures.ticks > 0 {
+            let allowance = link.allowance(Instant::now());
+            let report = link.report(
+                &allowance,
+                figures.caps_in_force_w,
+                figures.draw_w,
+                figures.tokens_per_s,
+                figures.wants_more,
+            );
+            link.exchange(store, &report);
+            node.allowance.publish(link.snapshot());
+        }
+        // Short sleeps: a stop is taken within 50 ms.
+        while !stop.load(Ordering::Relaxed) && started.elapsed() < config.report_every {
+            std::thread::sleep(Duration::from_millis(50).min(config.report_every));
+        }
+    }
+    // The loop has stopped and put the node at its reserve: leave at once, so the
+    // coordinator frees the grant now rather than when the lease lapses.
+    node.allowance
+        .publish(AllowanceSnapshot::reserve(config.link.reserve_w));
+    if let Err(error) = link.leave(store) {
+        tracing::warn!("fleet: leaving the domain: {error}; the lease lapses on its own");
+    }
+}

@@ -1,0 +1,159 @@
+//! `tokwatt serve` in a power domain, on a real etcd: the node holds its reserve until a
+//! coordinator grants it more, holds the grant, and drops back to its reserve on its own
+//! when etcd goes away; the caps of its GPUs, summed, never pass what it may hold.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokwatt::api::Control;
+use tokwatt::fleet::etcd::EtcdFleet;
+use tokwatt::fleet::{
+    Coordinator, CoordinatorConfig, DomainBudget, FleetStore, MarginalAllocator, NodeBudget,
+};
+use tokwatt::serve::{self, ServeConfig};
+use tokwatt_test_support::EtcdCluster;
+
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A static policy that asks every GPU for 700 W, and a four-GPU simulated node in the
+/// domain `rack-s` as `n1` with a 1 kW reserve.
+fn node_config(dir: &Path, endpoints: &[String]) -> ServeConfig {
+    let spec = dir.join("greedy.toml");
+    std::fs::write(
+        &spec,
+        "name = \"greedy\"\nplugin = \"policy_static.wasm\"\nknobs = [\"power-cap\"]\ntick_ms = 100\n[sandbox]\ndeadline_ms = 20\n[params]\npower_cap_w = \"700\"\n",
+    )
+    .expect("spec");
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache");
+    let etcd: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
+    let text = format!(
+        "[policy]\nspec = \"{}\"\ncache_dir = \"{}\"\n[node]\nbackend = \"sim\"\nsim_gpus = 4\n[output]\ndir = \"{}\"\n\
+         [fleet]\netcd = [{}]\ndomain = \"rack-s\"\nnode = \"n1\"\nreserve_w = 1000\nlease_ttl = \"4s\"\nmargin = \"2s\"\nreport_every = \"200ms\"\ntimeout = \"300ms\"\n",
+        spec.display(),
+        cache.display(),
+        dir.join("out").display(),
+        etcd.join(", ")
+    );
+    let path = dir.join("serve.toml");
+    std::fs::write(&path, text).expect("config");
+    ServeConfig::load(&path).expect("the test's config is valid")
+}
+
+#[test]
+fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off() {
+    let Some(mut cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let store =
+        Arc::new(EtcdFleet::connect(&cluster.endpoints(), Duration::from_secs(1)).expect("client"));
+    store
+        .put_budget(&DomainBudget {
+            domain: "rack-s".into(),
+            budget_w: 2400.0,
+            uncontrolled_w: 0.0,
+            nodes: vec![NodeBudget {
+                node: "n1".into(),
+                reserve_w: 1000.0,
+                max_w: 2800.0,
+                priority: 0,
+            }],
+        })
+        .expect("budget");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = node_config(dir.path(), &cluster.endpoints());
+    let agent = serve::start(&config, Arc::new(AtomicBool::new(false)), None).expect("starts");
+    let control = agent.control();
+    let caps = || -> f64 {
+        control
+            .status()
+            .gpus
+            .iter()
+            .map(|g| g.in_force.power_cap_w)
+            .sum()
+    };
+
+    // Every tick's caps, sampled, against what the node may hold at that moment.
+    let ceiling = Arc::new(Mutex::new(1000.0_f64));
+    let over = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (control, ceiling, over, done) =
+            (agent.control(), ceiling.clone(), over.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                let total: f64 = control
+                    .status()
+                    .gpus
+                    .iter()
+                    .map(|g| g.in_force.power_cap_w)
+                    .sum();
+                let allowed = *ceiling.lock().expect("lock");
+                if total > allowed + 1e-6 {
+                    over.lock().expect("lock").push((total, allowed));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+
+    // No coordinator yet: the node holds its reserve from its first tick.
+    wait_for("ticks", Duration::from_secs(20), || {
+        control.status().ticks >= 5
+    });
+    assert!(caps() <= 1000.0 + 1e-6, "{} W before any grant", caps());
+
+    // A coordinator grants the domain's budget to its one node.
+    *ceiling.lock().expect("lock") = 2400.0;
+    let stop_coordinator = Arc::new(AtomicBool::new(false));
+    let coordinator = {
+        let (store, stop) = (store.clone(), stop_coordinator.clone());
+        std::thread::spawn(move || {
+            let mut coordinator = Coordinator::new(
+                CoordinatorConfig {
+                    domain: "rack-s".into(),
+                    name: "c".into(),
+                    ttl: Duration::from_secs(3),
+                },
+                Box::new(MarginalAllocator::default()),
+            );
+            while !stop.load(Ordering::Relaxed) {
+                let _ = coordinator.round(store.as_ref());
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    wait_for("the grant in force", Duration::from_secs(30), || {
+        caps() > 2300.0
+    });
+
+    // etcd goes away: the node cannot renew and drops to its reserve on its own, before
+    // its lease could lapse (4 s, less a 2 s margin).
+    stop_coordinator.store(true, Ordering::Relaxed);
+    coordinator.join().expect("coordinator");
+    let cut_off = Instant::now();
+    cluster.kill(0);
+    wait_for("the reserve", Duration::from_secs(10), || {
+        caps() <= 1000.0 + 1e-6
+    });
+    let dropped_after = cut_off.elapsed();
+    *ceiling.lock().expect("lock") = 1000.0;
+    std::thread::sleep(Duration::from_millis(500));
+    done.store(true, Ordering::Relaxed);
+    sampler.join().expect("sampler");
+    agent.stop();
+    agent.join().expect("the agent stops");
+    let over = over.lock().expect("lock");
+    assert!(over.is_empty(), "caps over what the node held: {over:?}");
+    assert!(
+        dropped_after < Duration::from_secs(4),
+        "dropped {dropped_after:?} after etcd went away: the lease could have lapsed first"
+    );
+}
