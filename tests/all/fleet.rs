@@ -157,3 +157,120 @@ fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off(
         "dropped {dropped_after:?} after etcd went away: the lease could have lapsed first"
     );
 }
+
+#[test]
+fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped() {
+    use crate::support::tokwatt;
+    let Some(cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let endpoint = cluster.endpoints()[0].clone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("rack.toml");
+
+    // A budget whose reserves pass it is refused, naming the rule; nothing is written.
+    std::fs::write(
+        &file,
+        "domain = \"rack-c\"\nbudget_w = 1500\n[[nodes]]\nnode = \"a\"\nreserve_w = 1000\nmax_w = 2800\n[[nodes]]\nnode = \"b\"\nreserve_w = 1000\nmax_w = 2800\n",
+    )
+    .expect("file");
+    let out = tokwatt()
+        .args(["fleet", "budget", "--etcd", &endpoint, "--file"])
+        .arg(&file)
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("every node cut off at once"), "{stderr}");
+    let out = tokwatt()
+        .args(["fleet", "show", "--etcd", &endpoint, "--domain", "rack-c"])
+        .output()
+        .expect("runs");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tokwatt fleet budget"));
+
+    std::fs::write(
+        &file,
+        std::fs::read_to_string(&file)
+            .expect("file")
+            .replace("budget_w = 1500", "budget_w = 4000"),
+    )
+    .expect("file");
+    let out = tokwatt()
+        .args(["fleet", "budget", "--etcd", &endpoint, "--file"])
+        .arg(&file)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A node joins; a coordinator replica grants it watts; stopped, it resigns at once.
+    let store = EtcdFleet::connect(std::slice::from_ref(&endpoint), Duration::from_secs(1))
+        .expect("client");
+    let node = store
+        .join(
+            "rack-c",
+            "a",
+            Duration::from_secs(30),
+            &tokwatt::fleet::NodeReport {
+                acked_generation: 0,
+                caps_in_force_w: 1000.0,
+                draw_w: 900.0,
+                tokens_per_s: 5000.0,
+                wants_more: true,
+            },
+        )
+        .expect("joins");
+    let mut coordinator = tokwatt()
+        .args([
+            "fleet",
+            "coordinate",
+            "--etcd",
+            &endpoint,
+            "--domain",
+            "rack-c",
+            "--name",
+            "c1",
+            "--ttl",
+            "5s",
+            "--period",
+            "200ms",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starts");
+    wait_for("a grant", Duration::from_secs(20), || {
+        store.grant(&node).ok().flatten().is_some()
+    });
+    let grant = store.grant(&node).expect("read").expect("a grant");
+    // Node b holds its reserve: a is granted the rest of the budget, and no more.
+    assert!(
+        grant.watts <= 3000.0 + 1e-6 && grant.watts > 1000.0,
+        "{grant:?}"
+    );
+    let show = tokwatt()
+        .args(["fleet", "show", "--etcd", &endpoint, "--domain", "rack-c"])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        show.status.success() && text.contains("none (at its reserve)"),
+        "{text}"
+    );
+    assert!(text.contains("of 4000 W available"), "{text}");
+
+    // SIGTERM: the replica resigns, and another can lead at once, well inside the TTL.
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &coordinator.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exit = coordinator.wait().expect("exits");
+    assert!(exit.success(), "{exit:?}");
+    let next = store
+        .campaign("rack-c", "c2", Duration::from_secs(5))
+        .expect("campaign");
+    assert!(next.is_some(), "the stopped replica resigned");
+}

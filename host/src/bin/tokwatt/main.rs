@@ -8,6 +8,7 @@ mod bench;
 mod bench_serve;
 mod check;
 mod eval;
+mod fleet;
 mod gpus;
 mod node_rules;
 mod plugin;
@@ -85,6 +86,12 @@ enum Command {
         #[command(subcommand)]
         what: plugin::PluginCommand,
     },
+    /// A power budget across nodes on etcd: set a domain's budget, show its ledger, run a
+    /// coordinator replica.
+    Fleet {
+        #[command(subcommand)]
+        what: fleet::FleetCommand,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -111,6 +118,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => status::status(&args),
         Command::Policy { what } => policy::policy(&what),
         Command::Plugin { what } => plugin::plugin(what),
+        Command::Fleet { what } => fleet::fleet(&what),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -132,6 +140,8 @@ impl Command {
             | Command::Report(_)
             | Command::Status(_)
             | Command::Plugin { .. } => true,
+            // Writes budgets and grants: it keeps Rust's default on a closed pipe.
+            Command::Fleet { .. } => false,
             Command::Run(_)
             | Command::Ab(_)
             | Command::Tune(_)

@@ -1,0 +1,246 @@
+//! `tokwatt fleet`: a power budget across nodes, on etcd. `budget` sets a domain's
+//! budget from a file, `show` prints the ledger as the coordinator reads it, `coordinate`
+//! runs one coordinator replica (run two or more: the store elects the leader).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use tokwatt::fleet::etcd::EtcdFleet;
+use tokwatt::fleet::{
+    Coordinator, CoordinatorConfig, DomainBudget, FleetStore, Ledger, MarginalAllocator, Round,
+};
+
+#[derive(Debug, clap::Subcommand)]
+pub enum FleetCommand {
+    /// Set a domain's budget from a TOML file (domain, budget_w, uncontrolled_w, and a
+    /// [[nodes]] table per node: node, reserve_w, max_w, priority). Checked before it is written.
+    Budget(BudgetArgs),
+    /// The domain's ledger as the coordinator reads it: each node's lease, grant, reported
+    /// caps and the watts charged to it, and the headroom.
+    Show(ShowArgs),
+    /// Run a coordinator replica for a domain until SIGINT or SIGTERM (then it resigns, so
+    /// another replica takes over at once).
+    Coordinate(CoordinateArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EtcdArgs {
+    /// An etcd client URL (http://HOST:PORT); repeat for each member.
+    #[arg(long = "etcd", required = true)]
+    endpoints: Vec<String>,
+    /// Each request's deadline.
+    #[arg(long, default_value = "2s", value_parser = tokwatt::cli::parse_duration)]
+    timeout: Duration,
+}
+
+impl EtcdArgs {
+    fn connect(&self) -> Result<EtcdFleet> {
+        EtcdFleet::connect(&self.endpoints, self.timeout).context("the etcd endpoints (--etcd)")
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BudgetArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    /// The budget file.
+    #[arg(long)]
+    file: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    #[arg(long)]
+    domain: String,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CoordinateArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    #[arg(long)]
+    domain: String,
+    /// This replica's name (default: the host name and process id).
+    #[arg(long)]
+    name: Option<String>,
+    /// The leadership lease: how long a dead leader holds the domain before another
+    /// replica takes over.
+    #[arg(long, default_value = "10s", value_parser = tokwatt::cli::parse_duration)]
+    ttl: Duration,
+    /// How often the leader reads the domain and writes grants.
+    #[arg(long, default_value = "1s", value_parser = tokwatt::cli::parse_duration)]
+    period: Duration,
+}
+
+pub fn fleet(command: &FleetCommand) -> Result<()> {
+    match command {
+        FleetCommand::Budget(args) => budget(args),
+        FleetCommand::Show(args) => show(args),
+        FleetCommand::Coordinate(args) => coordinate(args),
+    }
+}
+
+fn budget(args: &BudgetArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read the budget file {}", args.file.display()))?;
+    let budget: DomainBudget = toml::from_str(&text)
+        .with_context(|| format!("{} is not a domain budget", args.file.display()))?;
+    budget
+        .check()
+        .with_context(|| format!("the budget in {}", args.file.display()))?;
+    args.etcd.connect()?.put_budget(&budget)?;
+    println!(
+        "domain {}: {} W, {} W uncontrolled, {} nodes, reserves {} W",
+        budget.domain,
+        budget.budget_w,
+        budget.uncontrolled_w,
+        budget.nodes.len(),
+        budget.reserves_w()
+    );
+    Ok(())
+}
+
+fn show(args: &ShowArgs) -> Result<()> {
+    let store = args.etcd.connect()?;
+    let Some(view) = store.read_domain(&args.domain)? else {
+        bail!(
+            "domain `{}` has no budget in etcd: set one with `tokwatt fleet budget --file FILE`",
+            args.domain
+        );
+    };
+    let ledger = Ledger::from_view(view);
+    let mut table = comfy_table::Table::new();
+    table
+        .load_preset(comfy_table::presets::NOTHING)
+        .set_header([
+            "node",
+            "lease",
+            "grant (W)",
+            "acknowledged",
+            "caps in force (W)",
+            "draw (W)",
+            "charged (W)",
+            "reserve (W)",
+        ]);
+    for entry in &ledger.entries {
+        let report = entry.record.map(|r| r.report);
+        table.add_row([
+            entry.node().to_owned(),
+            entry.record.map_or_else(
+                || "none (at its reserve)".to_owned(),
+                |r| format!("{:x}", r.lease),
+            ),
+            entry.grant.map_or_else(
+                || "-".to_owned(),
+                |g| format!("{:.0} (#{})", g.watts, g.generation),
+            ),
+            match (entry.grant, report) {
+                (Some(g), Some(r)) if r.acked_generation >= g.generation => "yes".to_owned(),
+                (Some(g), Some(_)) => format!("no (ceiling {:.0} W)", g.ceiling_w),
+                _ => "-".to_owned(),
+            },
+            report.map_or_else(|| "-".to_owned(), |r| format!("{:.0}", r.caps_in_force_w)),
+            report.map_or_else(|| "-".to_owned(), |r| format!("{:.0}", r.draw_w)),
+            format!("{:.0}", entry.charged_w),
+            format!("{:.0}", entry.budget.reserve_w),
+        ]);
+    }
+    println!("{table}");
+    for (node, watts) in &ledger.unbudgeted {
+        println!("node {node} is not in the budget and holds {watts:.0} W outside the plan");
+    }
+    println!(
+        "domain {}: {:.0} W charged of {:.0} W available ({:.0} W budget, {:.0} W uncontrolled); headroom {:.0} W; revision {}",
+        ledger.budget.domain,
+        ledger.charged_w(),
+        ledger.budget.available_w(),
+        ledger.budget.budget_w,
+        ledger.budget.uncontrolled_w,
+        ledger.headroom_w(),
+        ledger.revision
+    );
+    Ok(())
+}
+
+fn coordinate(args: &CoordinateArgs) -> Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    let store = args.etcd.connect()?;
+    let name = match &args.name {
+        Some(name) => name.clone(),
+        None => format!(
+            "{}-{}",
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "coordinator".into()),
+            std::process::id()
+        ),
+    };
+    if args.ttl < Duration::from_secs(2) || args.period * 2 > args.ttl {
+        bail!(
+            "--period ({:?}) must fit twice in --ttl ({:?}), and --ttl be at least 2s: the leader renews its lease every period",
+            args.period,
+            args.ttl
+        );
+    }
+    let mut coordinator = Coordinator::new(
+        CoordinatorConfig {
+            domain: args.domain.clone(),
+            name: name.clone(),
+            ttl: args.ttl,
+        },
+        Box::new(MarginalAllocator::default()),
+    );
+    eprintln!("coordinator {name} for domain {}: campaigning", args.domain);
+    let mut was_leader = false;
+    while !stop.load(Ordering::Relaxed) {
+        let started = Instant::now();
+        match coordinator.round(&store) {
+            Ok(Round::Leader {
+                took_over,
+                charged_w,
+                available_w,
+                grants_written,
+                live_nodes,
+                ..
+            }) => {
+                if took_over {
+                    eprintln!("coordinator {name}: leading domain {}", args.domain);
+                }
+                was_leader = true;
+                tracing::info!(
+                    charged_w,
+                    available_w,
+                    grants_written,
+                    live_nodes,
+                    "fleet: round"
+                );
+            }
+            Ok(Round::Follower) => {
+                if was_leader {
+                    eprintln!("coordinator {name}: no longer leading; campaigning");
+                    was_leader = false;
+                }
+            }
+            // The store answers again later: a round is only tried again.
+            Err(error) => tracing::warn!("fleet: round failed: {error}"),
+        }
+        while !stop.load(Ordering::Relaxed) && started.elapsed() < args.period {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    coordinator
+        .resign(&store)
+        .context("resigning the leadership (it lapses with its lease anyway)")?;
+    eprintln!("coordinator {name}: stopped");
+    Ok(())
+}
