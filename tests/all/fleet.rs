@@ -133,6 +133,20 @@ fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off(
     wait_for("the grant in force", Duration::from_secs(30), || {
         caps() > 2300.0
     });
+    let gauge = |name: &str| -> f64 {
+        control
+            .metrics()
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")).map(str::to_owned))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    wait_for("the grant in /metrics", Duration::from_secs(10), || {
+        gauge("tokwatt_fleet_granted") == 1.0
+    });
+    assert_eq!(gauge("tokwatt_fleet_allowance_watts"), 2400.0);
+    assert_eq!(gauge("tokwatt_fleet_lease_live"), 1.0);
+    assert_eq!(gauge("tokwatt_fleet_joins_total"), 1.0);
 
     // etcd goes away: the node cannot renew and drops to its reserve on its own, before
     // its lease could lapse (4 s, less a 2 s margin).
@@ -144,6 +158,11 @@ fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off(
         caps() <= 1000.0 + 1e-6
     });
     let dropped_after = cut_off.elapsed();
+    wait_for("the reserve in /metrics", Duration::from_secs(10), || {
+        gauge("tokwatt_fleet_granted") == 0.0
+    });
+    assert_eq!(gauge("tokwatt_fleet_allowance_watts"), 1000.0);
+    assert!(gauge("tokwatt_fleet_store_errors_total") >= 1.0);
     *ceiling.lock().expect("lock") = 1000.0;
     std::thread::sleep(Duration::from_millis(500));
     done.store(true, Ordering::Relaxed);

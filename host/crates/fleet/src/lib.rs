@@ -20,7 +20,7 @@ pub use allocator::{Allocation, Allocator, MarginalAllocator};
 pub use budget::{BudgetError, DomainBudget, NodeBudget};
 pub use coordinator::{Coordinator, CoordinatorConfig, Round};
 pub use ledger::{Ledger, PlannedGrant};
-pub use node::{Allowance, AllowanceSnapshot, LinkState, NodeConfig, NodeLink};
+pub use node::{Allowance, AllowanceSnapshot, LinkCounts, LinkState, NodeConfig, NodeLink};
 pub use store::{
     DomainView, FleetStore, Grant, GrantWrite, Leadership, NodeRecord, NodeReport, NodeSession,
     NodeView, StoreError,

@@ -126,6 +126,18 @@ pub struct NodeLink {
     /// The generation of the last grant the node enforced and read back.
     acked_generation: u64,
     state: LinkState,
+    counts: LinkCounts,
+}
+
+/// What the link has been through, for the node's metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkCounts {
+    /// Requests to the store that failed (no member answered, or one refused).
+    pub store_errors: u64,
+    /// Leases found lapsed (the node was apart longer than its TTL).
+    pub lapses: u64,
+    /// Joins, the first included.
+    pub joins: u64,
 }
 
 impl NodeLink {
@@ -137,6 +149,7 @@ impl NodeLink {
             grant: None,
             acked_generation: 0,
             state: LinkState::Apart("not joined yet".into()),
+            counts: LinkCounts::default(),
         }
     }
 
@@ -146,6 +159,10 @@ impl NodeLink {
 
     pub fn state(&self) -> &LinkState {
         &self.state
+    }
+
+    pub fn counts(&self) -> LinkCounts {
+        self.counts
     }
 
     pub fn session(&self) -> Option<&NodeSession> {
@@ -185,8 +202,12 @@ impl NodeLink {
                     self.grant = None;
                     self.acked_generation = 0;
                     self.state = LinkState::Live;
+                    self.counts.joins += 1;
                 }
-                Err(error) => self.apart(format!("cannot join: {error}")),
+                Err(error) => {
+                    self.counts.store_errors += 1;
+                    self.apart(format!("cannot join: {error}"));
+                }
             }
             return;
         };
@@ -199,10 +220,12 @@ impl NodeLink {
                 self.session = None;
                 self.deadline = None;
                 self.grant = None;
+                self.counts.lapses += 1;
                 self.apart("the lease lapsed".into());
                 return;
             }
             Err(error) => {
+                self.counts.store_errors += 1;
                 self.apart(format!("cannot renew: {error}"));
                 return;
             }
@@ -215,7 +238,10 @@ impl NodeLink {
                 self.grant = grant;
                 self.state = LinkState::Live;
             }
-            Err(error) => self.apart(format!("cannot read the grant: {error}")),
+            Err(error) => {
+                self.counts.store_errors += 1;
+                self.apart(format!("cannot read the grant: {error}"));
+            }
         }
     }
 

@@ -94,6 +94,39 @@ struct Inner {
     policy: PolicyFamilies,
     agent: AgentFamilies,
     seen: Seen,
+    /// A node in a power domain (`[fleet]`): its allowance, grant, lease and store.
+    fleet: Option<FleetFamilies>,
+}
+
+/// The fleet's series (registered only in fleet mode).
+#[derive(Debug, Default)]
+struct FleetFamilies {
+    allowance_watts: GaugeF64,
+    caps_in_force_watts: GaugeF64,
+    granted: GaugeF64,
+    lease_live: GaugeF64,
+    store_errors: TotalCounter<u64>,
+    lease_lapses: TotalCounter<u64>,
+    joins: TotalCounter<u64>,
+    /// The link's counts as last added.
+    seen: (u64, u64, u64),
+}
+
+/// What a fleet node's link reports to its metrics, once per exchange.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FleetReading {
+    /// What the node may hold now (its grant, or its reserve).
+    pub allowance_w: f64,
+    /// The caps in force, summed, as last reported.
+    pub caps_in_force_w: f64,
+    /// Whether a grant is in force (else the reserve).
+    pub granted: bool,
+    /// Whether the node's lease is live.
+    pub lease_live: bool,
+    /// Cumulative: failed store requests, lapsed leases, joins.
+    pub store_errors: u64,
+    pub lease_lapses: u64,
+    pub joins: u64,
 }
 
 /// The agent's Prometheus metrics. Shared between the loop (which calls
@@ -168,6 +201,7 @@ impl AgentMetrics {
                 policy,
                 agent,
                 seen: Seen::default(),
+                fleet: None,
             }),
         }
     }
@@ -179,6 +213,76 @@ impl AgentMetrics {
     pub fn with_engine_batch(self) -> Self {
         self.lock().engine_batch = true;
         self
+    }
+
+    /// The fleet's series (`tokwatt_fleet_*`), for a node in a power domain.
+    pub fn with_fleet(self) -> Self {
+        {
+            let mut inner = self.lock();
+            let fleet = FleetFamilies::default();
+            let registry = &mut inner.registry;
+            registry.register(
+                "tokwatt_fleet_allowance_watts",
+                "What the node's GPUs' power caps may sum to now: the coordinator's grant while the node's lease is surely live, else its reserve",
+                fleet.allowance_watts.clone(),
+            );
+            registry.register(
+                "tokwatt_fleet_caps_in_force_watts",
+                "The node's GPUs' power caps in force, summed, read back from the devices, as last reported to the coordinator",
+                fleet.caps_in_force_watts.clone(),
+            );
+            registry.register(
+                "tokwatt_fleet_granted",
+                "1 while a coordinator's grant is in force, 0 while the node holds its reserve",
+                fleet.granted.clone(),
+            );
+            registry.register(
+                "tokwatt_fleet_lease_live",
+                "1 while the node's lease in the coordination store is live by the node's last exchange",
+                fleet.lease_live.clone(),
+            );
+            registry.register(
+                "tokwatt_fleet_store_errors_total",
+                "Requests to the coordination store that failed (no member answered, or one refused)",
+                fleet.store_errors.clone(),
+            );
+            registry.register(
+                "tokwatt_fleet_lease_lapses_total",
+                "Times the node found its lease lapsed (apart from the store longer than its TTL) and joined again",
+                fleet.lease_lapses.clone(),
+            );
+            registry.register(
+                "tokwatt_fleet_joins_total",
+                "Times the node joined its power domain, the first included",
+                fleet.joins.clone(),
+            );
+            inner.fleet = Some(fleet);
+        }
+        self
+    }
+
+    /// The fleet link's state after an exchange (nothing where [`Self::with_fleet`] was
+    /// not called).
+    pub fn observe_fleet(&self, reading: &FleetReading) {
+        let mut inner = self.lock();
+        let Some(fleet) = inner.fleet.as_mut() else {
+            return;
+        };
+        fleet.allowance_watts.set(reading.allowance_w);
+        fleet.caps_in_force_watts.set(reading.caps_in_force_w);
+        fleet.granted.set(f64::from(u8::from(reading.granted)));
+        fleet
+            .lease_live
+            .set(f64::from(u8::from(reading.lease_live)));
+        let (errors, lapses, joins) = fleet.seen;
+        fleet
+            .store_errors
+            .inc_by(reading.store_errors.saturating_sub(errors));
+        fleet
+            .lease_lapses
+            .inc_by(reading.lease_lapses.saturating_sub(lapses));
+        fleet.joins.inc_by(reading.joins.saturating_sub(joins));
+        fleet.seen = (reading.store_errors, reading.lease_lapses, reading.joins);
     }
 
     pub fn observe(&self, progress: &Progress<'_>, policy_version: &str) {

@@ -521,11 +521,20 @@ fn the_deployment_list_of_metric_names_is_the_exposition() {
 
     // Every family with at least one sample: a GPU that ran a tick under a policy, a
     // refused swap, and the batch gauge the agent's own workload reports.
-    let metrics = AgentMetrics::new(&[device(0)], true, false);
+    let metrics = AgentMetrics::new(&[device(0)], true, false).with_fleet();
     let mut tick = Tick::first("a");
     tick.next(observation(0, 0, 100, 400.0));
     tick.feed(&metrics, "aaaaaaaaaaaa");
     metrics.swap_refused();
+    metrics.observe_fleet(&crate::metrics::FleetReading {
+        allowance_w: 2400.0,
+        caps_in_force_w: 2400.0,
+        granted: true,
+        lease_live: true,
+        store_errors: 1,
+        lease_lapses: 0,
+        joins: 1,
+    });
     let exposed = exposed_families(&metrics.encode());
     let unlabelled: Vec<&str> = exposed
         .iter()

@@ -147,6 +147,8 @@ pub(super) struct Parts {
     pub rules: tokwatt_policy::rules::NodeRules,
     /// Where they come from (the serve config), for the refusal of a spec loosening them.
     pub rules_source: String,
+    /// The node is in a power domain: /metrics carries the fleet's series.
+    pub fleet: bool,
 }
 
 /// The running agent, as the API sees it.
@@ -184,6 +186,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl ServeControl {
+    /// The fleet link's state after an exchange, for /metrics.
+    pub(super) fn observe_fleet(&self, reading: &crate::metrics::FleetReading) {
+        self.metrics.observe_fleet(reading);
+    }
+
     pub(super) fn new(parts: Parts) -> Self {
         let status = parts.live.status();
         let mut metrics = AgentMetrics::new(
@@ -193,6 +200,9 @@ impl ServeControl {
         );
         if status.workload == tokwatt_engines::prometheus::WORKLOAD_NAME {
             metrics = metrics.with_engine_batch();
+        }
+        if parts.fleet {
+            metrics = metrics.with_fleet();
         }
         metrics.announce(&parts.first.spec.name, &parts.first.version);
         // Before the first tick, the status already names the policy.

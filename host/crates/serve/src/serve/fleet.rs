@@ -14,9 +14,11 @@ use std::time::{Duration, Instant};
 
 use tokwatt_agent::control::{PowerAllowance, Progress};
 use tokwatt_fleet::etcd::EtcdFleet;
-use tokwatt_fleet::{AllowanceSnapshot, FleetStore, NodeLink};
+use tokwatt_fleet::{Allowance, AllowanceSnapshot, FleetStore, LinkState, NodeLink};
 
 use super::config::FleetConfig;
+use super::control::ServeControl;
+use crate::metrics::FleetReading;
 
 /// What the loop reads every tick: the fleet thread's latest snapshot.
 #[derive(Debug)]
@@ -114,6 +116,7 @@ impl FleetThread {
     pub(super) fn start(
         config: FleetConfig,
         node: Arc<FleetNode>,
+        control: Arc<ServeControl>,
     ) -> Result<Self, tokwatt_fleet::StoreError> {
         let store = EtcdFleet::connect(&config.endpoints, config.timeout)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -121,7 +124,7 @@ impl FleetThread {
             .name("tokwatt-fleet".into())
             .spawn({
                 let stop = Arc::clone(&stop);
-                move || run(&store, &config, &node, &stop)
+                move || run(&store, &config, &node, &control, &stop)
             })
             .map_err(|e| {
                 tokwatt_fleet::StoreError::Config(format!("cannot start the fleet thread: {e}"))
@@ -153,7 +156,13 @@ impl Drop for FleetThread {
     }
 }
 
-fn run(store: &dyn FleetStore, config: &FleetConfig, node: &FleetNode, stop: &AtomicBool) {
+fn run(
+    store: &dyn FleetStore,
+    config: &FleetConfig,
+    node: &FleetNode,
+    control: &ServeControl,
+    stop: &AtomicBool,
+) {
     let mut link = NodeLink::new(config.link.clone());
     tracing::info!(
         domain = %config.link.domain,
@@ -175,6 +184,17 @@ fn run(store: &dyn FleetStore, config: &FleetConfig, node: &FleetNode, stop: &At
             );
             link.exchange(store, &report);
             node.allowance.publish(link.snapshot());
+            let now = link.allowance(Instant::now());
+            let counts = link.counts();
+            control.observe_fleet(&FleetReading {
+                allowance_w: now.watts(),
+                caps_in_force_w: figures.caps_in_force_w,
+                granted: matches!(now, Allowance::Granted(_)),
+                lease_live: *link.state() == LinkState::Live,
+                store_errors: counts.store_errors,
+                lease_lapses: counts.lapses,
+                joins: counts.joins,
+            });
         }
         // Short sleeps: a stop is taken within 50 ms.
         while !stop.load(Ordering::Relaxed) && started.elapsed() < config.report_every {

@@ -387,6 +387,7 @@ pub fn start(
         },
         rules: config.rules,
         rules_source,
+        fleet: config.fleet.is_some(),
     }));
 
     let objective = spec.objective;
@@ -483,7 +484,7 @@ pub fn start(
         .map_err(ServeError::Thread)?;
     let fleet = match (&config.fleet, fleet_node) {
         (Some(fleet_config), Some(node)) => {
-            match fleet::FleetThread::start(fleet_config.clone(), node) {
+            match fleet::FleetThread::start(fleet_config.clone(), node, Arc::clone(&control)) {
                 Ok(thread) => Some(thread),
                 Err(error) => {
                     stop.store(true, Ordering::Relaxed);
