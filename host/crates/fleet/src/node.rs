@@ -127,6 +127,8 @@ pub struct NodeLink {
     acked_generation: u64,
     state: LinkState,
     counts: LinkCounts,
+    /// The reserve held: the configured one, or the budget's where that is lower.
+    reserve_w: f64,
 }
 
 /// What the link has been through, for the node's metrics.
@@ -143,6 +145,7 @@ pub struct LinkCounts {
 impl NodeLink {
     pub fn new(config: NodeConfig) -> Self {
         Self {
+            reserve_w: config.reserve_w,
             config,
             session: None,
             deadline: None,
@@ -155,6 +158,11 @@ impl NodeLink {
 
     pub fn config(&self) -> &NodeConfig {
         &self.config
+    }
+
+    /// The reserve the node holds (the budget's where lower than the configured one).
+    pub fn reserve_w(&self) -> f64 {
+        self.reserve_w
     }
 
     pub fn state(&self) -> &LinkState {
@@ -180,7 +188,7 @@ impl NodeLink {
         AllowanceSnapshot {
             grant: self.grant,
             deadline: self.deadline,
-            reserve_w: self.config.reserve_w,
+            reserve_w: self.reserve_w,
         }
     }
 
@@ -190,6 +198,44 @@ impl NodeLink {
     pub fn exchange(&mut self, store: &dyn FleetStore, report: &NodeReport) {
         let sent = Instant::now();
         let Some(session) = self.session.clone() else {
+            // The domain's budget names this node and its reserve: a node it does not name
+            // holds watts outside the plan, and a reserve above the budget's could pass
+            // the budget while the node is cut off. The lower of the two is held.
+            match store.read_domain(&self.config.domain) {
+                Ok(Some(view)) => match view.budget.node(&self.config.node) {
+                    Some(named) => {
+                        if named.reserve_w < self.reserve_w {
+                            tracing::warn!(
+                                node = %self.config.node,
+                                "fleet: the domain's budget gives this node a reserve of {} W, below fleet.reserve_w ({} W): holding {} W",
+                                named.reserve_w,
+                                self.reserve_w,
+                                named.reserve_w
+                            );
+                            self.reserve_w = named.reserve_w;
+                        }
+                    }
+                    None => {
+                        self.apart(format!(
+                            "domain `{}`'s budget does not name node `{}`: add it (tokwatt fleet budget), or set fleet.node to the name it has there",
+                            self.config.domain, self.config.node
+                        ));
+                        return;
+                    }
+                },
+                Ok(None) => {
+                    self.apart(format!(
+                        "domain `{}` has no budget yet (tokwatt fleet budget)",
+                        self.config.domain
+                    ));
+                    return;
+                }
+                Err(error) => {
+                    self.counts.store_errors += 1;
+                    self.apart(format!("cannot read the domain's budget: {error}"));
+                    return;
+                }
+            }
             match store.join(
                 &self.config.domain,
                 &self.config.node,

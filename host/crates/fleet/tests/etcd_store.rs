@@ -322,3 +322,35 @@ fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("a free port")
 }
+
+#[test]
+fn a_node_joins_only_where_the_budget_names_it_and_holds_the_lower_reserve() {
+    use tokwatt_fleet::{Allowance, LinkState, NodeConfig, NodeLink};
+    let Some(cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
+    let config = |node: &str, reserve_w: f64| NodeConfig {
+        domain: "rack-7".into(),
+        node: node.into(),
+        reserve_w,
+        ttl: Duration::from_secs(10),
+        margin: Duration::from_secs(3),
+    };
+    // No budget yet: the node does not join, and holds its configured reserve.
+    let mut stranger = NodeLink::new(config("z", 1500.0));
+    stranger.exchange(&store, &report(1000.0));
+    assert!(stranger.session().is_none());
+    store.put_budget(&budget("rack-7")).expect("budget");
+    stranger.exchange(&store, &report(1000.0));
+    match stranger.state() {
+        LinkState::Apart(why) => assert!(why.contains("does not name node `z`"), "{why}"),
+        LinkState::Live => panic!("a node the budget does not name joined"),
+    }
+    // Named, with a configured reserve above the budget's 1000 W: it holds 1000 W.
+    let mut named = NodeLink::new(config("a", 1500.0));
+    assert_eq!(named.allowance(Instant::now()), Allowance::Reserve(1500.0));
+    named.exchange(&store, &report(1000.0));
+    assert!(named.session().is_some());
+    assert_eq!(named.allowance(Instant::now()), Allowance::Reserve(1000.0));
+}

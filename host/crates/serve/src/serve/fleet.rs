@@ -204,7 +204,7 @@ fn run(
     // The loop has stopped and put the node at its reserve: leave at once, so the
     // coordinator frees the grant now rather than when the lease lapses.
     node.allowance
-        .publish(AllowanceSnapshot::reserve(config.link.reserve_w));
+        .publish(AllowanceSnapshot::reserve(link.reserve_w()));
     if let Err(error) = link.leave(store) {
         tracing::warn!("fleet: leaving the domain: {error}; the lease lapses on its own");
     }
