@@ -5,6 +5,9 @@
 //!
 //! The drawings are in [`plots`]; [`round_field_section`] draws one round of `tokwatt
 //! tune` with the same code.
+//!
+//! Just over 600 lines on purpose: what is left here is the page and the words on it
+//! (the verdict, the plan, each table's rows), which read best beside each other.
 
 use std::path::Path;
 
