@@ -13,15 +13,7 @@ use tokwatt::fleet::{
     Coordinator, CoordinatorConfig, DomainBudget, FleetStore, MarginalAllocator, NodeBudget,
 };
 use tokwatt::serve::{self, ServeConfig};
-use tokwatt_test_support::EtcdCluster;
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use tokwatt_test_support::{EtcdCluster, wait_for};
 
 /// A static policy that asks every GPU for 700 W, and a four-GPU simulated node in the
 /// domain `rack-s` as `n1` with a 1 kW reserve.

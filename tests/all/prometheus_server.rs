@@ -4,10 +4,10 @@
 //! as 100.06 before). Skipped with its reason where `prometheus` is missing, unless
 //! TOKWATT_REQUIRE_PROMETHEUS=1 (set by .ci/run).
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tokwatt_test_support::free_port;
 
 use crate::support::*;
 
@@ -27,13 +27,6 @@ fn prometheus() -> Option<&'static str> {
         "TOKWATT_REQUIRE_PROMETHEUS",
         "Debian: apt-get install prometheus",
     )
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// The value of `query` (a single-element vector or a scalar), from Prometheus's HTTP API.

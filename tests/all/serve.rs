@@ -5,12 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokwatt::api::{Control, ControlError, SwapRequest};
 use tokwatt::serve::{self, ServeConfig};
 
 use crate::support::*;
+use tokwatt_test_support::wait_for;
 
 /// Short enough for hundreds of ticks in seconds; the fixtures' 5 ms deadline (10 ms with
 /// the wall-clock margin) fits in it.
@@ -41,14 +42,6 @@ fn config_with(dir: &Path, spec: &Path, policy_keys: &str, extra: &str) -> Serve
 /// A `[state]` table naming `path` as the state file (a simulated node keeps one only then).
 fn state_table(path: &Path) -> String {
     format!("\n[state]\nfile = \"{}\"\n", path.display())
-}
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 #[test]

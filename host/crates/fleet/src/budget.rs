@@ -72,6 +72,14 @@ pub fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
+/// This host's name (the default name of a node and of a coordinator replica), or an
+/// empty string where it cannot be read.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default()
+}
+
 impl DomainBudget {
     /// Every rule a budget must keep; the first one broken.
     pub fn check(&self) -> Result<(), BudgetError> {

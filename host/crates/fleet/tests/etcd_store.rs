@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use tokwatt_fleet::etcd::EtcdFleet;
 use tokwatt_fleet::{DomainBudget, FleetStore, Grant, GrantWrite, NodeBudget, NodeReport};
-use tokwatt_test_support::EtcdCluster;
+use tokwatt_test_support::{EtcdCluster, eventually, free_port};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -42,18 +42,6 @@ fn grant(generation: u64, watts: f64) -> Grant {
         watts,
         ceiling_w: watts,
     }
-}
-
-/// Waits until `done`, at most `patience`.
-fn eventually(patience: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < patience {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
 }
 
 #[test]
@@ -314,13 +302,6 @@ fn a_cut_off_node_drops_to_its_reserve_before_its_lease_can_lapse() {
     link.exchange(&store, &in_force);
     assert_eq!(link.allowance(Instant::now()), Allowance::Reserve(1000.0));
     assert_ne!(link.session().map(|s| s.lease), Some(session.lease));
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 #[test]

@@ -11,19 +11,7 @@ use tokwatt_fleet::{
     Coordinator, CoordinatorConfig, DomainBudget, FleetStore, MarginalAllocator, NodeBudget,
     NodeConfig, NodeLink, Round,
 };
-use tokwatt_test_support::EtcdCluster;
-
-/// Waits until `done`, at most `patience`.
-fn eventually(patience: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < patience {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
-}
+use tokwatt_test_support::{EtcdCluster, eventually};
 
 const NODES: usize = 4;
 

@@ -2,12 +2,12 @@
 //! member, each with its own data folder, all killed when the cluster is dropped.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::skip_unless_required;
+use crate::{free_port, skip_unless_required};
 
 /// The variable that makes a missing etcd a test failure.
 pub const REQUIRE_ETCD_VAR: &str = "TOKWATT_REQUIRE_ETCD";
@@ -25,14 +25,6 @@ struct Member {
     client_port: u16,
     peer_port: u16,
     process: Option<Child>,
-}
-
-/// A free loopback port (free when asked: the member binds it a moment later).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 impl EtcdCluster {

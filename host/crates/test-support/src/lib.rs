@@ -26,6 +26,40 @@ pub const REQUIRE_GPU_VAR: &str = "TOKWATT_REQUIRE_GPU";
 /// error-rate studies); `.ci/run` sets it.
 pub const SLOW_TESTS: &str = "TOKWATT_SLOW_TESTS";
 
+/// A free loopback port (free when asked: whoever binds it does so a moment later).
+///
+/// # Panics
+///
+/// Where no loopback port can be bound.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Whether `done` holds within `patience`, asking every 10 ms.
+pub fn eventually(patience: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < patience {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    done()
+}
+
+/// Waits until `done` holds, at most `patience`.
+///
+/// # Panics
+///
+/// When `patience` passes first, naming `what` was waited for.
+#[track_caller]
+pub fn wait_for(what: &str, patience: std::time::Duration, done: impl FnMut() -> bool) {
+    assert!(eventually(patience, done), "timed out waiting for {what}");
+}
+
 /// Whether the run requires what `var` stands for (`var` set to anything but empty or
 /// `0`): a missing tool or GPU then fails its test instead of skipping it. The one
 /// reading of every such variable.

@@ -177,13 +177,15 @@ fn coordinate(args: &CoordinateArgs) -> Result<()> {
     let store = args.etcd.connect()?;
     let name = match &args.name {
         Some(name) => name.clone(),
-        None => format!(
-            "{}-{}",
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_owned())
-                .unwrap_or_else(|_| "coordinator".into()),
-            std::process::id()
-        ),
+        None => {
+            let host = tokwatt::fleet::budget::host_name();
+            let host = if host.is_empty() {
+                "coordinator".into()
+            } else {
+                host
+            };
+            format!("{host}-{}", std::process::id())
+        }
     };
     if args.ttl < Duration::from_secs(2) || args.period * 2 > args.ttl {
         bail!(

@@ -565,9 +565,7 @@ fn check_fleet(raw: RawFleet) -> Result<FleetConfig, Problem> {
     let node = match &raw.node {
         Some(node) => name("fleet.node", node)?,
         None => {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_owned())
-                .unwrap_or_default();
+            let host = tokwatt_fleet::budget::host_name();
             if !tokwatt_fleet::budget::valid_name(&host) {
                 return Err(missing(
                     "fleet.node",
