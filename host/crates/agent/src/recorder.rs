@@ -103,6 +103,28 @@ pub struct TickRecord {
     pub init: Option<InitRecord>,
 }
 
+impl TickRecord {
+    /// A tick where the policy asked for nothing and nothing changed: the settings in
+    /// force stay the ones `observation` shows. What a test or a header starts from.
+    pub fn unchanged(time_s: f64, policy: &str, observation: Observation) -> Self {
+        Self {
+            time_s,
+            policy: policy.to_owned(),
+            in_force_after: observation.in_force,
+            observation,
+            requested: Settings::default(),
+            applied: Settings::default(),
+            fallback: false,
+            clamped: false,
+            guard: false,
+            slo_violation: false,
+            energy_counter_j: 0.0,
+            power_mem_avg_w: None,
+            init: None,
+        }
+    }
+}
+
 /// The settings a policy's `init` gave for one GPU, and what the envelope let through.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct InitRecord {
@@ -310,21 +332,11 @@ mod tests {
     fn a_discarding_recorder_writes_nothing() {
         let mut recorder = Recorder::discard();
         assert!(!recorder.writes_files());
-        let record = TickRecord {
-            time_s: 0.0,
-            policy: "p".into(),
-            observation: tokwatt_core::types::Observation::typical_h200(0, 0),
-            requested: Settings::default(),
-            applied: Settings::default(),
-            in_force_after: tokwatt_core::types::Observation::typical_h200(0, 0).in_force,
-            fallback: false,
-            clamped: false,
-            guard: false,
-            slo_violation: false,
-            energy_counter_j: 0.0,
-            power_mem_avg_w: None,
-            init: None,
-        };
+        let record = TickRecord::unchanged(
+            0.0,
+            "p",
+            tokwatt_core::types::Observation::typical_h200(0, 0),
+        );
         recorder.record(&record).expect("record");
         recorder.finish(&"summary").expect("finish");
     }

@@ -563,7 +563,7 @@ mod tests {
     use crate::control::LoopTotals;
     use crate::recorder::{Recorder, TickRecord};
     use crate::{OutputFormats, SUMMARY_FORMAT_VERSION};
-    use tokwatt_core::types::{Observation, Settings};
+    use tokwatt_core::types::Observation;
 
     fn summary(simulated: bool, duration_s: f64) -> RunSummary {
         RunSummary {
@@ -614,21 +614,7 @@ mod tests {
             observation.in_force.power_cap_w = 400.0;
             observation.in_force.power_cap_requested_w = 450.0;
             recorder
-                .record(&TickRecord {
-                    time_s: (tick + 1) as f64,
-                    policy: "p".into(),
-                    in_force_after: observation.in_force,
-                    observation,
-                    requested: Settings::default(),
-                    applied: Settings::default(),
-                    fallback: false,
-                    clamped: false,
-                    guard: false,
-                    slo_violation: false,
-                    energy_counter_j: 0.0,
-                    power_mem_avg_w: None,
-                    init: None,
-                })
+                .record(&TickRecord::unchanged((tick + 1) as f64, "p", observation))
                 .expect("record");
         }
         recorder.finish(summary).expect("finish");

@@ -195,25 +195,15 @@ mod tests {
     use tokwatt_core::types::{Observation, Settings};
 
     fn record(tick: u64) -> TickRecord {
-        let observation = Observation::typical_h200(0, tick);
         TickRecord {
-            time_s: (tick + 1) as f64,
-            policy: "p".into(),
-            in_force_after: observation.in_force,
-            observation,
             requested: Settings {
                 power_cap_w: Some(f64::NAN),
                 sm_clock_max_mhz: None,
                 batch_size: Some(8),
             },
-            applied: Settings::default(),
-            fallback: false,
-            clamped: false,
             guard: tick == 1,
-            slo_violation: false,
             energy_counter_j: 1.5,
-            power_mem_avg_w: None,
-            init: None,
+            ..TickRecord::unchanged((tick + 1) as f64, "p", Observation::typical_h200(0, tick))
         }
     }
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::TickRecord;
-use tokwatt_core::types::{InForce, Observation, Settings};
+use tokwatt_core::types::Observation;
 
 /// Why `trace.csv` could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -134,21 +134,7 @@ pub(super) fn trace_header_line() -> Vec<u8> {
 /// The header of `trace.csv`, as written (for tests and documentation).
 pub fn trace_header() -> Vec<String> {
     let mut writer = csv::Writer::from_writer(Vec::new());
-    let row = TraceRow::new(&TickRecord {
-        time_s: 0.0,
-        policy: String::new(),
-        observation: Observation::nothing(0, 0),
-        requested: Settings::default(),
-        applied: Settings::default(),
-        in_force_after: InForce::default(),
-        fallback: false,
-        clamped: false,
-        guard: false,
-        slo_violation: false,
-        energy_counter_j: 0.0,
-        power_mem_avg_w: None,
-        init: None,
-    });
+    let row = TraceRow::new(&TickRecord::unchanged(0.0, "", Observation::nothing(0, 0)));
     // Writing to memory cannot fail.
     let _ = writer.serialize(row);
     let bytes = writer.into_inner().unwrap_or_default();

@@ -464,19 +464,8 @@ mod tests {
         let mut recorder = Recorder::create(dir.path(), false).expect("recorder");
         recorder
             .record(&TickRecord {
-                time_s: 2.0,
-                policy: "p".into(),
-                in_force_after: observation.in_force,
-                observation,
                 requested: decided,
-                applied: Settings::default(),
-                fallback: false,
-                clamped: false,
-                guard: false,
-                slo_violation: false,
-                energy_counter_j: 0.0,
-                power_mem_avg_w: None,
-                init: None,
+                ..TickRecord::unchanged(2.0, "p", observation)
             })
             .expect("record");
         recorder.finish(&"summary").expect("finish");
