@@ -55,7 +55,8 @@ pub(super) struct Figures {
     pub caps_in_force_w: f64,
     pub draw_w: f64,
     pub tokens_per_s: f64,
-    /// The allowance lowered what the GPUs were asked to hold: the node would use more.
+    /// The allowance lowered what the GPUs were asked to hold and a GPU is held by its
+    /// power cap: the node would use more.
     pub wants_more: bool,
     /// Ticks the loop has reported (0: none yet).
     pub ticks: u64,
@@ -88,7 +89,9 @@ impl FleetNode {
                 .unwrap_or_else(PoisonError::into_inner);
             let cut_now = cuts > *seen;
             *seen = cuts;
-            cut_now
+            // A cut that binds nowhere buys nothing back: more watts help only where a
+            // GPU is held by its power cap (or draws next to it).
+            cut_now && progress.observations.iter().any(power_bound)
         };
         let figures = Figures {
             caps_in_force_w: progress.in_force.iter().map(|f| f.power_cap_w).sum(),
@@ -103,6 +106,12 @@ impl FleetNode {
     fn figures(&self) -> Figures {
         *self.figures.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// A GPU whose clock its power cap holds down, or that draws within 10 % of its cap.
+fn power_bound(observation: &tokwatt_core::types::Observation) -> bool {
+    observation.clock_events.sw_power_cap
+        || observation.power_avg_w >= 0.9 * observation.in_force.power_cap_w
 }
 
 /// The thread that talks to the store.
@@ -207,5 +216,31 @@ fn run(
         .publish(AllowanceSnapshot::reserve(link.reserve_w()));
     if let Err(error) = link.leave(store) {
         tracing::warn!("fleet: leaving the domain: {error}; the lease lapses on its own");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokwatt_core::types::{ClockEvents, Observation};
+
+    use super::power_bound;
+
+    #[test]
+    fn only_a_gpu_its_cap_holds_down_asks_for_more_watts() {
+        let held = Observation::typical_h200(0, 1);
+        assert!(power_bound(&held));
+        // Light load under a 700 W cap: a higher cap would buy nothing.
+        let light = Observation {
+            power_avg_w: 320.0,
+            clock_events: ClockEvents::default(),
+            ..held
+        };
+        assert!(!power_bound(&light));
+        // Drawing next to the cap counts even where the event was not reported.
+        let close = Observation {
+            power_avg_w: 650.0,
+            ..light
+        };
+        assert!(power_bound(&close));
     }
 }
