@@ -285,6 +285,18 @@ impl AgentMetrics {
         fleet.seen = (reading.store_errors, reading.lease_lapses, reading.joins);
     }
 
+    /// What the node may hold as of now, after every tick: the allowance falls to the
+    /// reserve on the node's own clock, and the gauge must not wait for an exchange
+    /// with a store that a partition holds up for seconds.
+    pub fn observe_allowance(&self, allowance_w: f64, granted: bool) {
+        let mut inner = self.lock();
+        let Some(fleet) = inner.fleet.as_mut() else {
+            return;
+        };
+        fleet.allowance_watts.set(allowance_w);
+        fleet.granted.set(f64::from(u8::from(granted)));
+    }
+
     pub fn observe(&self, progress: &Progress<'_>, policy_version: &str) {
         self.lock().observe(progress, policy_version);
     }

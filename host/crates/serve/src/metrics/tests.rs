@@ -584,3 +584,30 @@ fn an_announced_policy_has_its_counters_at_zero_before_its_first_tick() {
         assert_eq!(sample(&text, series), Some(0.0), "{series} in\n{text}");
     }
 }
+
+#[test]
+fn the_allowance_gauge_follows_every_tick_not_only_the_stores_answers() {
+    let metrics = AgentMetrics::new(&[device(0)], true, false).with_fleet();
+    metrics.observe_fleet(&crate::metrics::FleetReading {
+        allowance_w: 2400.0,
+        caps_in_force_w: 2400.0,
+        granted: true,
+        lease_live: true,
+        store_errors: 0,
+        lease_lapses: 0,
+        joins: 1,
+    });
+    // Cut off: the exchange hangs on its timeouts while the lease runs out on the
+    // node's clock; the tick's reading lowers the gauge meanwhile.
+    metrics.observe_allowance(1000.0, false);
+    let text = metrics.encode();
+    assert_eq!(sample(&text, "tokwatt_fleet_allowance_watts"), Some(1000.0));
+    assert_eq!(sample(&text, "tokwatt_fleet_granted"), Some(0.0));
+    // A node outside a domain has no fleet series to set.
+    let alone = AgentMetrics::new(&[device(0)], true, false);
+    alone.observe_allowance(1000.0, false);
+    assert_eq!(
+        sample(&alone.encode(), "tokwatt_fleet_allowance_watts"),
+        None
+    );
+}

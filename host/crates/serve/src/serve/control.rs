@@ -191,6 +191,13 @@ impl ServeControl {
         self.metrics.observe_fleet(reading);
     }
 
+    pub(super) fn observe_allowance(&self, allowance: tokwatt_fleet::Allowance) {
+        self.metrics.observe_allowance(
+            allowance.watts(),
+            matches!(allowance, tokwatt_fleet::Allowance::Granted(_)),
+        );
+    }
+
     pub(super) fn new(parts: Parts) -> Self {
         let status = parts.live.status();
         let mut metrics = AgentMetrics::new(

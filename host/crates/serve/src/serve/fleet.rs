@@ -42,9 +42,16 @@ impl SharedAllowance {
     }
 }
 
+impl SharedAllowance {
+    /// What the node may hold at this instant.
+    pub(super) fn now(&self) -> Allowance {
+        self.snapshot().allowance(Instant::now())
+    }
+}
+
 impl PowerAllowance for SharedAllowance {
     fn watts(&self) -> f64 {
-        self.snapshot().allowance(Instant::now()).watts()
+        self.now().watts()
     }
 }
 

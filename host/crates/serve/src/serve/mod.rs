@@ -455,6 +455,7 @@ pub fn start(
                             control.observe(&progress);
                             if let Some(fleet) = &fleet_node {
                                 fleet.observe(&progress);
+                                control.observe_allowance(fleet.allowance.now());
                             }
                             if last_summary.elapsed() >= summary_every {
                                 last_summary = std::time::Instant::now();
