@@ -20,6 +20,8 @@ use crate::budget::DomainBudget;
 pub enum StoreError {
     #[error("{0}")]
     Config(String),
+    #[error(transparent)]
+    Tls(#[from] crate::etcd::TlsError),
     #[error("no etcd member answered: {0}")]
     Unavailable(String),
     #[error("etcd refused the request (code {code}): {message}")]

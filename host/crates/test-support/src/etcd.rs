@@ -1,5 +1,7 @@
 //! A real etcd cluster on loopback for tests: Debian's `etcd-server`, one process per
-//! member, each with its own data folder, all killed when the cluster is dropped.
+//! member, each with its own data folder, all killed when the cluster is dropped. Its
+//! client URLs are plain http, or https with a [`ServerTls`] (peers talk plain on
+//! loopback either way); each member's health is read on a plain metrics port of its own.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -17,6 +19,29 @@ pub const REQUIRE_ETCD_VAR: &str = "TOKWATT_REQUIRE_ETCD";
 pub struct EtcdCluster {
     dir: PathBuf,
     members: Vec<Member>,
+    tls: Option<ServerTls>,
+}
+
+/// TLS on the members' client URLs.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server certificate (`--cert-file`) and its key (`--key-file`).
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// Where set, a client must present a certificate signed by this CA
+    /// (`--client-cert-auth --trusted-ca-file`).
+    pub client_ca: Option<PathBuf>,
+}
+
+impl ServerTls {
+    /// The server certificate of `pki`, with client certificates required or not.
+    pub fn from_pki(pki: &crate::TestPki, require_client_cert: bool) -> Self {
+        Self {
+            cert_file: pki.server_cert.clone(),
+            key_file: pki.server_key.clone(),
+            client_ca: require_client_cert.then(|| pki.ca.clone()),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -24,6 +49,8 @@ struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Plain http `/health` (`--listen-metrics-urls`), whatever the client URLs speak.
+    metrics_port: u16,
     process: Option<Child>,
 }
 
@@ -32,6 +59,17 @@ impl EtcdCluster {
     /// where etcd is not installed and [`REQUIRE_ETCD_VAR`] is not set.
     #[track_caller]
     pub fn start(members: usize) -> Option<Self> {
+        Self::start_with(members, None)
+    }
+
+    /// `members` members whose client URLs are https with `tls`; skipped as [`Self::start`].
+    #[track_caller]
+    pub fn start_tls(members: usize, tls: ServerTls) -> Option<Self> {
+        Self::start_with(members, Some(tls))
+    }
+
+    #[track_caller]
+    fn start_with(members: usize, tls: Option<ServerTls>) -> Option<Self> {
         let found = Command::new("etcd")
             .arg("--version")
             .output()
@@ -54,10 +92,11 @@ impl EtcdCluster {
                 name: format!("m{i}"),
                 client_port: free_port(),
                 peer_port: free_port(),
+                metrics_port: free_port(),
                 process: None,
             })
             .collect();
-        let mut cluster = Self { dir, members };
+        let mut cluster = Self { dir, members, tls };
         for i in 0..cluster.members.len() {
             cluster.spawn(i, "new");
         }
@@ -80,10 +119,26 @@ impl EtcdCluster {
         let data = self.dir.join(&self.members[i].name);
         let log = std::fs::File::create(self.dir.join(format!("{}.log", self.members[i].name)))
             .expect("the member's log");
+        let scheme = self.scheme();
+        let mut command = Command::new("etcd");
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.cert_file)
+                .arg("--key-file")
+                .arg(&tls.key_file);
+            if let Some(ca) = &tls.client_ca {
+                command
+                    .arg("--client-cert-auth")
+                    .arg("--trusted-ca-file")
+                    .arg(ca);
+            }
+        }
         let member = &mut self.members[i];
-        let client = format!("http://127.0.0.1:{}", member.client_port);
+        let client = format!("{scheme}://127.0.0.1:{}", member.client_port);
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
-        let child = Command::new("etcd")
+        let metrics = format!("http://127.0.0.1:{}", member.metrics_port);
+        let child = command
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(&data)
@@ -91,6 +146,7 @@ impl EtcdCluster {
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--listen-metrics-urls", &metrics])
             .args(["--initial-cluster", &initial])
             .args(["--initial-cluster-state", state])
             .args(["--initial-cluster-token", "tokwatt-test"])
@@ -106,7 +162,7 @@ impl EtcdCluster {
 
     fn wait_healthy(&self, i: usize, patience: Duration) {
         let start = Instant::now();
-        let port = self.members[i].client_port;
+        let port = self.members[i].metrics_port;
         while start.elapsed() < patience {
             if health(port) {
                 return;
@@ -119,11 +175,16 @@ impl EtcdCluster {
         panic!("etcd member {i} is not healthy after {patience:?}; its log ends:\n{tail}");
     }
 
-    /// Every member's client URL (`http://127.0.0.1:PORT`), killed ones included.
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+
+    /// Every member's client URL (`http://127.0.0.1:PORT`, or `https://` with TLS),
+    /// killed ones included.
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| format!("{}://127.0.0.1:{}", self.scheme(), m.client_port))
             .collect()
     }
 

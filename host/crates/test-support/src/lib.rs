@@ -5,15 +5,18 @@
 //! passes silently on the machine meant to run it.
 //!
 //! A dev-dependency only: no product crate links it. It also holds [`NativePolicy`], a
-//! policy whose `decide` is a closure, for the control loop's tests, and [`EtcdCluster`],
-//! a real etcd cluster on loopback for the fleet's.
+//! policy whose `decide` is a closure, for the control loop's tests, [`EtcdCluster`],
+//! a real etcd cluster on loopback for the fleet's (over TLS too), and [`TestPki`], the
+//! certificates for that, made with openssl.
 
 use std::fmt::Display;
 
 pub mod etcd;
 mod native_policy;
-pub use etcd::{EtcdCluster, REQUIRE_ETCD_VAR};
+mod pki;
+pub use etcd::{EtcdCluster, REQUIRE_ETCD_VAR, ServerTls};
 pub use native_policy::NativePolicy;
+pub use pki::TestPki;
 
 // `crate::supervisor` in `native_policy.rs`, which the policy crate also compiles as its own.
 use tokwatt_policy::supervisor;

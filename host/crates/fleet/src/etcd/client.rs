@@ -1,7 +1,7 @@
 //! etcd's v3 API through its JSON gateway (`/v3/kv/range`, `/v3/kv/txn`,
-//! `/v3/lease/grant`, …), spoken with hyper's HTTP/1.1 client: the same operations and
-//! guarantees as its gRPC API (linearizable reads, transactions, leases), without a
-//! protobuf toolchain in the build. Keys and values travel in base64, 64-bit numbers as
+//! `/v3/lease/grant`, …), spoken with hyper's HTTP/1.1 client, over plain TCP or over
+//! TLS (rustls, [`super::tls`]): the same operations and guarantees as its gRPC API
+//! (linearizable reads, transactions, leases), without a protobuf toolchain in the build. Keys and values travel in base64, 64-bit numbers as
 //! JSON strings, and fields equal to zero are left out; all three are handled here and
 //! nowhere else.
 //!
@@ -21,6 +21,9 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use tokio_rustls::rustls::pki_types::ServerName;
+
+use super::tls::{self, EtcdTls};
 use crate::store::StoreError;
 
 /// The largest answer read: a domain's whole ledger is a few hundred small keys.
@@ -83,25 +86,78 @@ pub struct TxnOutcome {
     pub lists: Vec<Vec<KeyValue>>,
 }
 
-/// `host:port` of an etcd client URL, or why it is not one.
-pub fn check_endpoint(url: &str) -> Result<String, String> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| {
-        format!(
-            "etcd endpoint `{url}` is not plain http://HOST:PORT (TLS to etcd is not built yet: put the agents and etcd on a private network, or front etcd with a local TLS proxy)"
-        )
-    })?;
+/// One member's client URL, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `https://`: spoken over TLS.
+    pub tls: bool,
+    /// `host:port`: where to connect, and the request's `Host`.
+    pub authority: String,
+    /// The host alone (an IPv6 address without its brackets): the name etcd's server
+    /// certificate must carry.
+    pub host: String,
+}
+
+/// An etcd client URL (`http://HOST:PORT` or `https://HOST:PORT`), or why it is not one.
+pub fn check_endpoint(url: &str) -> Result<Endpoint, String> {
+    let (tls, rest) = if let Some(rest) = url.strip_prefix("http://") {
+        (false, rest)
+    } else if let Some(rest) = url.strip_prefix("https://") {
+        (true, rest)
+    } else {
+        return Err(format!(
+            "etcd endpoint `{url}` is not http://HOST:PORT or https://HOST:PORT (etcd's --advertise-client-urls)"
+        ));
+    };
     let authority = rest.trim_end_matches('/');
-    if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
-        return Err(format!("etcd endpoint `{url}` is not http://HOST:PORT"));
+    let host = authority
+        .rsplit_once(':')
+        .filter(|(host, port)| {
+            !host.is_empty() && !authority.contains('/') && port.parse::<u16>().is_ok()
+        })
+        .map(|(host, _)| host.trim_start_matches('[').trim_end_matches(']'))
+        .filter(|host| !host.is_empty())
+        .ok_or_else(|| {
+            let scheme = if tls { "https" } else { "http" };
+            format!("etcd endpoint `{url}` is not {scheme}://HOST:PORT")
+        })?;
+    Ok(Endpoint {
+        tls,
+        authority: authority.to_owned(),
+        host: host.to_owned(),
+    })
+}
+
+/// The cluster's client URLs, each checked, and all of one scheme: a cluster is spoken to
+/// over TLS or not at all, never half.
+pub fn check_endpoints(urls: &[String]) -> Result<Vec<Endpoint>, String> {
+    if urls.is_empty() {
+        return Err(
+            "no etcd endpoint given: name the cluster's client URLs (http://HOST:2379, or https:// with TLS)"
+                .into(),
+        );
     }
-    Ok(authority.to_owned())
+    let endpoints = urls
+        .iter()
+        .map(|url| check_endpoint(url))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(other) = endpoints.iter().position(|e| e.tls != endpoints[0].tls) {
+        return Err(format!(
+            "etcd endpoints `{}` and `{}` mix http:// and https://: a cluster is spoken to over TLS or not; write every member's URL with the scheme its --advertise-client-urls has",
+            urls[0], urls[other]
+        ));
+    }
+    Ok(endpoints)
 }
 
 /// A client of one etcd cluster through its JSON gateway.
 #[derive(Debug)]
 pub struct EtcdClient {
-    /// `host:port` of each member's client URL.
-    endpoints: Vec<String>,
+    endpoints: Vec<Endpoint>,
+    /// Every endpoint's `host:port` (what [`Self::endpoints`] lists).
+    authorities: Vec<String>,
+    /// The TLS setup and each endpoint's server name, for https endpoints.
+    tls: Option<(EtcdTls, Vec<ServerName<'static>>)>,
     /// The member that answered last: tried first.
     preferred: AtomicUsize,
     timeout: Duration,
@@ -112,15 +168,46 @@ impl EtcdClient {
     /// A client of the members at `endpoints` (`http://HOST:PORT`, as etcd's
     /// `--advertise-client-urls` writes them), each request given `timeout`.
     pub fn new(endpoints: &[String], timeout: Duration) -> Result<Self, StoreError> {
-        if endpoints.is_empty() {
-            return Err(StoreError::Config(
-                "no etcd endpoint given: name the cluster's client URLs (http://HOST:2379)".into(),
-            ));
-        }
-        let endpoints = endpoints
-            .iter()
-            .map(|url| check_endpoint(url).map_err(StoreError::Config))
-            .collect::<Result<Vec<_>, _>>()?;
+        Self::with_tls(endpoints, None, timeout)
+    }
+
+    /// A client of the members at `endpoints`: `https://` ones need `tls` (the CA, and a
+    /// client certificate where etcd asks for one), `http://` ones refuse it.
+    pub fn with_tls(
+        endpoints: &[String],
+        tls: Option<&EtcdTls>,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let checked = check_endpoints(endpoints).map_err(StoreError::Config)?;
+        let tls = match (checked[0].tls, tls) {
+            (true, None) => {
+                return Err(StoreError::Config(format!(
+                    "etcd endpoint `{}` is https:// but no CA is given: name the CA that signed etcd's server certificate (fleet.ca_file in serve.toml, --etcd-ca on the command line)",
+                    endpoints[0]
+                )));
+            }
+            (false, Some(_)) => {
+                return Err(StoreError::Config(format!(
+                    "TLS files are given but etcd endpoint `{}` is plain http://: write the https:// URLs etcd serves TLS on, or leave the TLS files out",
+                    endpoints[0]
+                )));
+            }
+            (false, None) => None,
+            (true, Some(tls)) => {
+                let names = checked
+                    .iter()
+                    .map(|e| {
+                        ServerName::try_from(e.host.clone()).map_err(|_| {
+                            StoreError::Config(format!(
+                                "etcd endpoint host `{}` is neither a DNS name nor an IP address, so no certificate can name it",
+                                e.host
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Some((tls.clone(), names))
+            }
+        };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .enable_time()
@@ -129,15 +216,23 @@ impl EtcdClient {
                 StoreError::Config(format!("cannot start the etcd client's runtime: {e}"))
             })?;
         Ok(Self {
-            endpoints,
+            authorities: checked.iter().map(|e| e.authority.clone()).collect(),
+            endpoints: checked,
+            tls,
             preferred: AtomicUsize::new(0),
             timeout,
             runtime,
         })
     }
 
+    /// Whether the client speaks TLS to the members.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Every member's `host:port`.
     pub fn endpoints(&self) -> &[String] {
-        &self.endpoints
+        &self.authorities
     }
 
     /// The key, read linearizably.
@@ -250,9 +345,13 @@ impl EtcdClient {
         let mut unreachable = Vec::new();
         for offset in 0..self.endpoints.len() {
             let index = (first + offset) % self.endpoints.len();
-            let endpoint = &self.endpoints[index];
+            let endpoint = &self.endpoints[index].authority;
+            let tls = self
+                .tls
+                .as_ref()
+                .map(|(tls, names)| (tls.connector(), names[index].clone()));
             let answer = self.runtime.block_on(async {
-                tokio::time::timeout(self.timeout, post(endpoint, path, body.clone())).await
+                tokio::time::timeout(self.timeout, post(endpoint, tls, path, body.clone())).await
             });
             match answer {
                 Ok(Ok((status, bytes))) => {
@@ -269,13 +368,82 @@ impl EtcdClient {
     }
 }
 
-async fn post(endpoint: &str, path: &str, body: Vec<u8>) -> Result<(u16, Bytes), String> {
+async fn post(
+    endpoint: &str,
+    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
+    path: &str,
+    body: Vec<u8>,
+) -> Result<(u16, Bytes), String> {
     let stream = tokio::net::TcpStream::connect(endpoint)
         .await
         .map_err(|e| format!("cannot connect: {e}"))?;
+    match tls {
+        None => exchange(stream, endpoint, path, body)
+            .await
+            .map_err(|why| {
+                // A TLS member closes a plain request without a word.
+                if why.contains("closed before message completed") {
+                    format!(
+                        "{why} (if the member serves TLS, its client URL is https:// and a CA is needed)"
+                    )
+                } else {
+                    why
+                }
+            }),
+        Some((connector, name)) => {
+            let stream = connector
+                .connect(name, stream)
+                .await
+                .map_err(|e| {
+                    let what = format!("TLS handshake failed: {e}");
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        format!(
+                            "{what} (the member closed the connection: it does not speak TLS on this port; is its client URL http:// rather than https://?)"
+                        )
+                    } else {
+                        with_hint(&what, &e)
+                    }
+                })?;
+            exchange(stream, endpoint, path, body).await
+        }
+    }
+}
+
+/// `what`, and what to do about it where the error is one an operator's TLS setup causes.
+fn with_hint(what: &str, error: &(dyn std::error::Error + 'static)) -> String {
+    match tls::hint(error) {
+        Some(hint) => format!("{what} ({hint})"),
+        None => what.to_owned(),
+    }
+}
+
+/// An error and every cause under it, one after the other (hyper's own text leaves them out).
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        next = cause.source();
+    }
+    text
+}
+
+/// One request on a connection of its own (plain or TLS).
+async fn exchange<S>(
+    stream: S,
+    endpoint: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> Result<(u16, Bytes), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| format!("cannot talk HTTP/1.1: {e}"))?;
+        .map_err(|e| with_hint(&format!("cannot talk HTTP/1.1: {}", chain(&e)), &e))?;
     // The connection lives as long as the request: dropping the set aborts it.
     let mut connection_task = tokio::task::JoinSet::new();
     connection_task.spawn(connection);
@@ -288,7 +456,9 @@ async fn post(endpoint: &str, path: &str, body: Vec<u8>) -> Result<(u16, Bytes),
     let response = sender
         .send_request(request)
         .await
-        .map_err(|e| format!("no HTTP answer: {e}"))?;
+        // A TLS 1.3 server refuses a client certificate only after the handshake: its
+        // alert arrives here.
+        .map_err(|e| with_hint(&format!("no HTTP answer: {}", chain(&e)), &e))?;
     let status = response.status().as_u16();
     let bytes = Limited::new(response.into_body(), MAX_BODY_BYTES)
         .collect()
@@ -549,8 +719,15 @@ mod tests {
     }
 
     #[test]
-    fn an_endpoint_must_be_plain_http_host_and_port() {
-        for bad in ["https://h:2379", "h:2379", "http://h", "http://h:1/x"] {
+    fn an_endpoint_is_http_or_https_host_and_port() {
+        for bad in [
+            "h:2379",
+            "ftp://h:2379",
+            "http://h",
+            "http://h:1/x",
+            "https://:1",
+            "http://h:x",
+        ] {
             let error = EtcdClient::new(&[bad.to_owned()], Duration::from_secs(1)).expect_err(bad);
             assert!(error.to_string().contains(bad), "{error}");
         }
@@ -559,5 +736,21 @@ mod tests {
             Duration::from_secs(1),
         )
         .expect("good");
+        let v6 = check_endpoint("https://[::1]:2379").expect("IPv6");
+        assert_eq!(
+            (v6.tls, v6.authority.as_str(), v6.host.as_str()),
+            (true, "[::1]:2379", "::1")
+        );
+    }
+
+    #[test]
+    fn https_needs_a_ca_and_a_cluster_is_one_scheme() {
+        let error = EtcdClient::new(&["https://h:2379".to_owned()], Duration::from_secs(1))
+            .expect_err("no CA");
+        assert!(error.to_string().contains("no CA is given"), "{error}");
+        let mixed = ["http://a:2379".to_owned(), "https://b:2379".to_owned()];
+        let error = check_endpoints(&mixed).expect_err("mixed");
+        assert!(error.contains("mix http:// and https://"), "{error}");
+        assert!(check_endpoints(&[]).is_err());
     }
 }

@@ -10,10 +10,14 @@
 //! A domain is read whole in one transaction: every key at one revision.
 
 mod client;
+mod tls;
 
 use std::time::Duration;
 
-pub use client::{Compare, EtcdClient, KeyValue, Op, Txn, TxnOutcome, check_endpoint};
+pub use client::{
+    Compare, Endpoint, EtcdClient, KeyValue, Op, Txn, TxnOutcome, check_endpoint, check_endpoints,
+};
+pub use tls::{ClientFiles, EtcdTls, TlsError, TlsFile, TlsFiles};
 
 use crate::budget::{DomainBudget, valid_name};
 use crate::store::{
@@ -75,8 +79,18 @@ impl EtcdFleet {
     /// The fleet on the etcd cluster at `endpoints` (`http://HOST:PORT` each), each
     /// request given `timeout`.
     pub fn connect(endpoints: &[String], timeout: Duration) -> Result<Self, StoreError> {
+        Self::connect_with(endpoints, None, timeout)
+    }
+
+    /// The fleet on the etcd cluster at `endpoints`: `https://HOST:PORT` ones spoken to
+    /// over `tls`, `http://` ones (with `tls` `None`) in plain.
+    pub fn connect_with(
+        endpoints: &[String],
+        tls: Option<&EtcdTls>,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
         Ok(Self {
-            client: EtcdClient::new(endpoints, timeout)?,
+            client: EtcdClient::with_tls(endpoints, tls, timeout)?,
         })
     }
 
