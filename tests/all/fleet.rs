@@ -285,3 +285,68 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
         .expect("campaign");
     assert!(next.is_some(), "the stopped replica resigned");
 }
+
+#[test]
+fn the_fleet_commands_speak_tls_to_an_etcd_that_requires_client_certificates() {
+    use crate::support::tokwatt;
+    let Some(pki) = tokwatt_test_support::TestPki::generate() else {
+        return;
+    };
+    let Some(cluster) =
+        EtcdCluster::start_tls(1, tokwatt_test_support::ServerTls::from_pki(&pki, true))
+    else {
+        return;
+    };
+    let endpoint = cluster.endpoints()[0].clone();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("rack.toml");
+    std::fs::write(
+        &file,
+        "domain = \"rack-t\"\nbudget_w = 4000\n[[nodes]]\nnode = \"a\"\nreserve_w = 1000\nmax_w = 2800\n",
+    )
+    .expect("file");
+    let tls = |with_client: bool| {
+        let mut args = vec!["--etcd".into(), endpoint.clone(), "--etcd-ca".into()];
+        args.push(pki.ca.display().to_string());
+        if with_client {
+            args.push("--etcd-cert".into());
+            args.push(pki.client_cert.display().to_string());
+            args.push("--etcd-key".into());
+            args.push(pki.client_key.display().to_string());
+        }
+        args
+    };
+    let out = tokwatt()
+        .args(["fleet", "budget", "--file"])
+        .arg(&file)
+        .args(tls(true))
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = tokwatt()
+        .args(["fleet", "show", "--domain", "rack-t"])
+        .args(tls(true))
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("of 4000 W available"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Without a client certificate etcd refuses, and the error says what to set.
+    let out = tokwatt()
+        .args(["fleet", "show", "--domain", "rack-t"])
+        .args(tls(false))
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("--etcd-cert and --etcd-key"),
+        "{stderr}"
+    );
+}

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use tokwatt::fleet::etcd::EtcdFleet;
+use tokwatt::fleet::etcd::{ClientFiles, EtcdFleet, EtcdTls, TlsError, TlsFile, TlsFiles};
 use tokwatt::fleet::{
     Coordinator, CoordinatorConfig, DomainBudget, FleetStore, Ledger, MarginalAllocator, Round,
 };
@@ -29,17 +29,53 @@ pub enum FleetCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct EtcdArgs {
-    /// An etcd client URL (http://HOST:PORT); repeat for each member.
+    /// An etcd client URL (http://HOST:PORT, or https://HOST:PORT with --etcd-ca); repeat
+    /// for each member.
     #[arg(long = "etcd", required = true)]
     endpoints: Vec<String>,
     /// Each request's deadline.
     #[arg(long, default_value = "2s", value_parser = tokwatt::cli::parse_duration)]
     timeout: Duration,
+    /// The CA that signed etcd's server certificate (PEM): needed for https:// endpoints.
+    #[arg(long, value_name = "FILE")]
+    etcd_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for an etcd started with --client-cert-auth.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_ca", "etcd_key"])]
+    etcd_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
 }
 
 impl EtcdArgs {
     fn connect(&self) -> Result<EtcdFleet> {
-        EtcdFleet::connect(&self.endpoints, self.timeout).context("the etcd endpoints (--etcd)")
+        let tls = match &self.etcd_ca {
+            None => None,
+            Some(ca) => {
+                let files = TlsFiles {
+                    ca_file: ca.clone(),
+                    client: match (&self.etcd_cert, &self.etcd_key) {
+                        (Some(cert), Some(key)) => Some(ClientFiles {
+                            cert_file: cert.clone(),
+                            key_file: key.clone(),
+                        }),
+                        // clap requires both or neither.
+                        _ => None,
+                    },
+                };
+                let flag = |error: &TlsError| match error.file() {
+                    Some(TlsFile::Cert) => "--etcd-cert",
+                    Some(TlsFile::Key) => "--etcd-key",
+                    Some(TlsFile::Ca) | None => "--etcd-ca",
+                };
+                Some(EtcdTls::load(&files).map_err(|error| {
+                    let flag = flag(&error);
+                    anyhow::Error::new(error).context(format!("the TLS file of {flag}"))
+                })?)
+            }
+        };
+        EtcdFleet::connect_with(&self.endpoints, tls.as_ref(), self.timeout)
+            .context("the etcd endpoints (--etcd, --etcd-ca)")
     }
 }
 

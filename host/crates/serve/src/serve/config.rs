@@ -79,6 +79,9 @@ pub struct EngineEndpoint {
 pub struct FleetConfig {
     /// etcd's client URLs.
     pub endpoints: Vec<String>,
+    /// The TLS files for https:// endpoints (read and checked when the config loads, and
+    /// read again when the fleet thread starts).
+    pub tls: Option<tokwatt_fleet::etcd::TlsFiles>,
     pub link: tokwatt_fleet::NodeConfig,
     /// How often the node renews its lease, reports and reads its grant.
     pub report_every: Duration,

@@ -134,7 +134,14 @@ impl FleetThread {
         node: Arc<FleetNode>,
         control: Arc<ServeControl>,
     ) -> Result<Self, tokwatt_fleet::StoreError> {
-        let store = EtcdFleet::connect(&config.endpoints, config.timeout)?;
+        // Read again: the files were checked when the config loaded, and may have been
+        // renewed since.
+        let tls = config
+            .tls
+            .as_ref()
+            .map(tokwatt_fleet::etcd::EtcdTls::load)
+            .transpose()?;
+        let store = EtcdFleet::connect_with(&config.endpoints, tls.as_ref(), config.timeout)?;
         let stop = Arc::new(AtomicBool::new(false));
         let handle = std::thread::Builder::new()
             .name("tokwatt-fleet".into())

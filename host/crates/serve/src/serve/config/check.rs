@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokwatt_engines::prometheus::Engine;
 use toml::Spanned;
@@ -331,7 +331,10 @@ pub(super) fn check(raw: RawConfig, base: &Path, _path: &Path) -> Result<ServeCo
         keep_files,
         summary_every,
         state_file: raw.state.file.as_deref().map(resolve),
-        fleet: raw.fleet.map(check_fleet).transpose()?,
+        fleet: raw
+            .fleet
+            .map(|fleet| check_fleet(fleet, &resolve))
+            .transpose()?,
         rules,
     })
 }
@@ -533,8 +536,9 @@ fn check_workload(raw: RawWorkload, backend: &NodeBackend) -> Result<ServeWorklo
     }
 }
 
-/// `[fleet]`: every value checked by key. The node's name defaults to the host's.
-fn check_fleet(raw: RawFleet) -> Result<FleetConfig, Problem> {
+/// `[fleet]`: every value checked by key. The node's name defaults to the host's; TLS
+/// file paths are relative to the config's folder.
+fn check_fleet(raw: RawFleet, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<FleetConfig, Problem> {
     let endpoints = raw.etcd.get_ref();
     if endpoints.is_empty() {
         return Err(problem(
@@ -543,10 +547,9 @@ fn check_fleet(raw: RawFleet) -> Result<FleetConfig, Problem> {
             "is empty: list the etcd cluster's client URLs, like [\"http://10.0.0.1:2379\"]",
         ));
     }
-    for url in endpoints {
-        tokwatt_fleet::etcd::check_endpoint(url)
-            .map_err(|why| problem("fleet.etcd", &raw.etcd, why))?;
-    }
+    let checked = tokwatt_fleet::etcd::check_endpoints(endpoints)
+        .map_err(|why| problem("fleet.etcd", &raw.etcd, why))?;
+    let tls = check_fleet_tls(&raw, checked[0].tls, resolve)?;
     let name = |key: &'static str, value: &Spanned<String>| {
         if tokwatt_fleet::budget::valid_name(value.get_ref()) {
             Ok(value.get_ref().clone())
@@ -618,8 +621,87 @@ fn check_fleet(raw: RawFleet) -> Result<FleetConfig, Problem> {
     }
     Ok(FleetConfig {
         endpoints: endpoints.clone(),
+        tls,
         link,
         report_every,
         timeout,
     })
+}
+
+/// `fleet.ca_file`, `cert_file` and `key_file`: set together with https:// endpoints
+/// (the CA always, the certificate and key both or neither), and each file read and
+/// checked now, so a wrong one is named at load rather than at the first connection.
+fn check_fleet_tls(
+    raw: &RawFleet,
+    https: bool,
+    resolve: &dyn Fn(&Path) -> PathBuf,
+) -> Result<Option<tokwatt_fleet::etcd::TlsFiles>, Problem> {
+    use tokwatt_fleet::etcd::{ClientFiles, EtcdTls, TlsFile, TlsFiles};
+    let set = [
+        ("fleet.ca_file", &raw.ca_file),
+        ("fleet.cert_file", &raw.cert_file),
+        ("fleet.key_file", &raw.key_file),
+    ];
+    let Some(ca) = &raw.ca_file else {
+        if https {
+            return Err(problem(
+                "fleet.etcd",
+                &raw.etcd,
+                "is https:// but fleet.ca_file is not set: name the PEM file of the CA that signed etcd's server certificate (and fleet.cert_file, fleet.key_file where etcd runs with --client-cert-auth)",
+            ));
+        }
+        if let Some((key, Some(value))) = set.iter().find(|(_, v)| v.is_some()) {
+            return Err(problem(
+                key,
+                value,
+                "is set without fleet.ca_file: TLS to etcd needs the CA that signed its server certificate, and https:// endpoints",
+            ));
+        }
+        return Ok(None);
+    };
+    if !https {
+        return Err(problem(
+            "fleet.ca_file",
+            ca,
+            "is set but fleet.etcd's endpoints are http://: write the https:// URLs etcd serves TLS on, or leave the TLS keys out",
+        ));
+    }
+    let client = match (&raw.cert_file, &raw.key_file) {
+        (Some(cert), Some(key)) => Some(ClientFiles {
+            cert_file: resolve(cert.get_ref()),
+            key_file: resolve(key.get_ref()),
+        }),
+        (None, None) => None,
+        (Some(cert), None) => {
+            return Err(problem(
+                "fleet.cert_file",
+                cert,
+                "is set without fleet.key_file: a client certificate needs its key; set both or neither",
+            ));
+        }
+        (None, Some(key)) => {
+            return Err(problem(
+                "fleet.key_file",
+                key,
+                "is set without fleet.cert_file: a client key needs its certificate; set both or neither",
+            ));
+        }
+    };
+    let files = TlsFiles {
+        ca_file: resolve(ca.get_ref()),
+        client,
+    };
+    if let Err(error) = EtcdTls::load(&files) {
+        let (key, value) = match error.file() {
+            Some(TlsFile::Cert) => ("fleet.cert_file", raw.cert_file.as_ref()),
+            Some(TlsFile::Key) => ("fleet.key_file", raw.key_file.as_ref()),
+            Some(TlsFile::Ca) | None => ("fleet.ca_file", Some(ca)),
+        };
+        let text = format!("names a file that cannot be used: {error}");
+        return Err(match value {
+            Some(value) => problem(key, value, text),
+            None => missing(key, text),
+        });
+    }
+    Ok(Some(files))
 }

@@ -41,6 +41,11 @@ pub(super) struct RawFleet {
     pub(super) margin: Option<Spanned<String>>,
     pub(super) report_every: Option<Spanned<String>>,
     pub(super) timeout: Option<Spanned<String>>,
+    /// TLS to etcd (https:// endpoints): the CA that signed etcd's server certificate,
+    /// and a client certificate and key where etcd requires one.
+    pub(super) ca_file: Option<Spanned<PathBuf>>,
+    pub(super) cert_file: Option<Spanned<PathBuf>>,
+    pub(super) key_file: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -291,10 +291,10 @@ fn a_fleet_section_takes_its_defaults_and_names_each_bad_value() {
     assert_eq!(f.report_every, Duration::from_secs(1));
     assert!(parse(SIM).expect("valid").fleet.is_none());
 
-    let text = fleet("").replace("http://10.0.0.1:2379", "https://10.0.0.1:2379");
+    let text = fleet("").replace("http://10.0.0.1:2379", "10.0.0.1:2379");
     let message = error(&text);
     assert!(
-        message.contains("fleet.etcd") && message.contains("TLS"),
+        message.contains("fleet.etcd") && message.contains("https://HOST:PORT"),
         "{message}"
     );
     let message = error(&fleet("").replace("rack-12", "rack/12"));
@@ -309,5 +309,114 @@ fn a_fleet_section_takes_its_defaults_and_names_each_bad_value() {
     assert!(
         message.contains("lease"),
         "unknown keys are refused: {message}"
+    );
+}
+
+/// `[fleet]` with `etcd` and the TLS keys of `tls` (`key = 'value'` lines).
+fn fleet_over(etcd: &str, tls: &str) -> String {
+    format!(
+        "{SIM}\n[fleet]\netcd = [{etcd}]\ndomain = \"rack-12\"\nnode = \"gpu-07\"\nreserve_w = 2400\n{tls}"
+    )
+}
+
+#[test]
+fn fleet_tls_keys_go_with_https_and_name_a_bad_file() {
+    let https = "\"https://10.0.0.1:2379\", \"https://10.0.0.2:2379\"";
+    // Relative to the config's folder, and read at load: a missing file is named.
+    let message = error(&fleet_over(https, "ca_file = \"etcd/ca.pem\"\n"));
+    assert!(
+        message.contains("fleet.ca_file")
+            && message.contains("/etc/tokwatt/etcd/ca.pem")
+            && message.contains("name an existing PEM file"),
+        "{message}"
+    );
+    let message = error(&fleet_over(
+        "\"http://10.0.0.1:2379\", \"https://10.0.0.2:2379\"",
+        "",
+    ));
+    assert!(
+        message.contains("fleet.etcd") && message.contains("mix http:// and https://"),
+        "{message}"
+    );
+    let message = error(&fleet_over(https, ""));
+    assert!(
+        message.contains("fleet.etcd") && message.contains("fleet.ca_file is not set"),
+        "{message}"
+    );
+    let message = error(&fleet_over(
+        "\"http://10.0.0.1:2379\"",
+        "ca_file = \"/etc/tokwatt/etcd/ca.pem\"\n",
+    ));
+    assert!(
+        message.contains("fleet.ca_file") && message.contains("are http://"),
+        "{message}"
+    );
+    let message = error(&fleet_over(
+        "\"http://10.0.0.1:2379\"",
+        "cert_file = \"/etc/tokwatt/etcd/client.pem\"\n",
+    ));
+    assert!(
+        message.contains("fleet.cert_file") && message.contains("without fleet.ca_file"),
+        "{message}"
+    );
+
+    let Some(pki) = tokwatt_test_support::TestPki::generate() else {
+        return;
+    };
+    let path = |p: &Path| p.display().to_string();
+    let client = format!(
+        "cert_file = '{}'\nkey_file = '{}'\n",
+        path(&pki.client_cert),
+        path(&pki.client_key)
+    );
+    let ca = format!("ca_file = '{}'\n", path(&pki.ca));
+    let config = parse(&fleet_over(https, &format!("{ca}{client}"))).expect("valid");
+    let tls = config.fleet.expect("a fleet").tls.expect("TLS");
+    assert_eq!(tls.ca_file, pki.ca);
+    let client_files = tls.client.expect("a client certificate");
+    assert_eq!(
+        (client_files.cert_file, client_files.key_file),
+        (pki.client_cert.clone(), pki.client_key.clone())
+    );
+    let config = parse(&fleet_over(https, &ca)).expect("a CA alone is valid");
+    assert!(
+        config
+            .fleet
+            .expect("a fleet")
+            .tls
+            .expect("TLS")
+            .client
+            .is_none()
+    );
+
+    let message = error(&fleet_over(
+        https,
+        &format!("{ca}cert_file = '{}'\n", path(&pki.client_cert)),
+    ));
+    assert!(
+        message.contains("fleet.cert_file") && message.contains("without fleet.key_file"),
+        "{message}"
+    );
+    // The key of another certificate: named by the key's key.
+    let message = error(&fleet_over(
+        https,
+        &format!(
+            "{ca}cert_file = '{}'\nkey_file = '{}'\n",
+            path(&pki.client_cert),
+            path(&pki.server_key)
+        ),
+    ));
+    assert!(
+        message.contains("fleet.key_file") && message.contains("does not fit"),
+        "{message}"
+    );
+    // A key where the CA belongs.
+    let message = error(&fleet_over(
+        https,
+        &format!("ca_file = '{}'\n{client}", path(&pki.client_key)),
+    ));
+    assert!(
+        message.contains("fleet.ca_file") && message.contains("holds no certificate"),
+        "{message}"
     );
 }
