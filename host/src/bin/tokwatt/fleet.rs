@@ -86,6 +86,10 @@ pub struct BudgetArgs {
     /// The budget file.
     #[arg(long)]
     file: PathBuf,
+    /// Only parse and check the file (the rules a budget must keep), without contacting
+    /// etcd: for CI, or before a change is applied.
+    #[arg(long, conflicts_with_all = ["endpoints", "etcd_ca", "etcd_cert", "etcd_key"])]
+    check: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -130,8 +134,7 @@ fn budget(args: &BudgetArgs) -> Result<()> {
     budget
         .check()
         .with_context(|| format!("the budget in {}", args.file.display()))?;
-    args.etcd.connect()?.put_budget(&budget)?;
-    println!(
+    let summary = format!(
         "domain {}: {} W, {} W uncontrolled, {} nodes, reserves {} W",
         budget.domain,
         budget.budget_w,
@@ -139,6 +142,12 @@ fn budget(args: &BudgetArgs) -> Result<()> {
         budget.nodes.len(),
         budget.reserves_w()
     );
+    if args.check {
+        println!("{summary} (checked, not written)");
+        return Ok(());
+    }
+    args.etcd.connect()?.put_budget(&budget)?;
+    println!("{summary}");
     Ok(())
 }
 
