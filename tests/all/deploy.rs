@@ -146,6 +146,46 @@ fn systemd_checker_rejects_an_unknown_restore_flag_and_key() {
 }
 
 #[test]
+fn coordinator_unit_is_valid_unprivileged_and_calls_real_flags() {
+    assert_accepted(
+        "check_systemd.py",
+        &[
+            &deploy_file("systemd/tokwatt-coordinator.service"),
+            Path::new("--role"),
+            Path::new("coordinator"),
+        ],
+    );
+}
+
+#[test]
+fn coordinator_unit_checker_rejects_a_capability_and_an_unknown_nested_flag() {
+    let dir = tempdir();
+    let role = [Path::new("--role"), Path::new("coordinator")];
+    let unit = broken_copy(
+        dir.path(),
+        "systemd/tokwatt-coordinator.service",
+        "CapabilityBoundingSet=\n",
+        "CapabilityBoundingSet=CAP_SYS_ADMIN\n",
+    );
+    assert_rejected(
+        "check_systemd.py",
+        &[&unit, role[0], role[1]],
+        "the coordinator needs no capabilities",
+    );
+    let unit = broken_copy(
+        dir.path(),
+        "systemd/tokwatt-coordinator.service",
+        "--period 1s",
+        "--perio 1s",
+    );
+    assert_rejected(
+        "check_systemd.py",
+        &[&unit, role[0], role[1]],
+        "`tokwatt fleet coordinate` has no flag --perio",
+    );
+}
+
+#[test]
 fn containerfile_builds_what_it_copies() {
     assert_accepted(
         "check_container.py",
@@ -208,6 +248,97 @@ fn kubernetes_checker_rejects_privileges_in_the_observe_only_variant_and_bad_yam
         "check_kubernetes.py",
         &[&file, variant[0], variant[1]],
         "not YAML",
+    );
+}
+
+#[test]
+fn kubernetes_fleet_coordinator_and_etcd_are_valid_and_unprivileged() {
+    let etcd = deploy_file("kubernetes/etcd-statefulset.yaml");
+    assert_accepted(
+        "check_kubernetes.py",
+        &[
+            &deploy_file("kubernetes/fleet-coordinator.yaml"),
+            Path::new("--variant"),
+            Path::new("coordinator"),
+            Path::new("--etcd-manifest"),
+            &etcd,
+        ],
+    );
+    assert_accepted(
+        "check_kubernetes.py",
+        &[&etcd, Path::new("--variant"), Path::new("etcd")],
+    );
+}
+
+#[test]
+fn kubernetes_checker_rejects_a_privileged_coordinator_and_an_etcd_scaled_alone() {
+    let dir = tempdir();
+    let file = broken_copy(
+        dir.path(),
+        "kubernetes/fleet-coordinator.yaml",
+        "drop: [\"ALL\"]\n",
+        "drop: [\"ALL\"]\n              add: [\"NET_ADMIN\"]\n",
+    );
+    assert_rejected(
+        "check_kubernetes.py",
+        &[&file, Path::new("--variant"), Path::new("coordinator")],
+        "adds no capability",
+    );
+    let file = broken_copy(
+        dir.path(),
+        "kubernetes/fleet-coordinator.yaml",
+        "replicas: 2",
+        "replicas: 1",
+    );
+    assert_rejected(
+        "check_kubernetes.py",
+        &[&file, Path::new("--variant"), Path::new("coordinator")],
+        "must run 2 or more replicas",
+    );
+    // Five members, but --initial-cluster still names three.
+    let file = broken_copy(
+        dir.path(),
+        "kubernetes/etcd-statefulset.yaml",
+        "replicas: 3",
+        "replicas: 5",
+    );
+    assert_rejected(
+        "check_kubernetes.py",
+        &[&file, Path::new("--variant"), Path::new("etcd")],
+        "--initial-cluster must list the 5 members",
+    );
+}
+
+#[test]
+fn the_example_budget_passes_its_own_check() {
+    let out = crate::support::tokwatt()
+        .args(["fleet", "budget", "--check", "--file"])
+        .arg(deploy_file("fleet/budget.toml"))
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "deploy/fleet/budget.toml is refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("checked, not written"));
+    // Reserves that pass the budget are refused without contacting etcd.
+    let dir = tempdir();
+    let file = broken_copy(
+        dir.path(),
+        "fleet/budget.toml",
+        "budget_w = 48000",
+        "budget_w = 20000",
+    );
+    let out = crate::support::tokwatt()
+        .args(["fleet", "budget", "--check", "--file"])
+        .arg(&file)
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("every node cut off at once"),
+        "{stderr}"
     );
 }
 

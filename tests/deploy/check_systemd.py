@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
-"""Checks deploy/systemd/tokwatt.service: the keys the agent needs (restore after every
-stop, socket and state folders, the NVIDIA devices, CAP_SYS_ADMIN and nothing more),
-its tokwatt command lines against the built binary, its paths against the config, and
-`systemd-analyze verify` (run on a copy whose /usr/bin/tokwatt is the built binary, so
-that the executable check means something; any warning about the unit fails).
+"""Checks a systemd unit of tokwatt's, by its role.
 
-usage: check_systemd.py [UNIT] [--config SERVE_TOML] [--tokwatt BIN] [--pending SUB]
+- agent (deploy/systemd/tokwatt.service): the keys the agent needs (restore after every
+  stop, socket and state folders, the NVIDIA devices, CAP_SYS_ADMIN and nothing more),
+  its paths against the config;
+- coordinator (deploy/systemd/tokwatt-coordinator.service): `tokwatt fleet coordinate`
+  with no privilege at all (no capability, no device, not root), network only, SIGTERM
+  to stop (it resigns), and its etcd TLS files from /etc/tokwatt/etcd/.
+
+Both: the tokwatt command lines against the built binary's --help (nested subcommands
+too), and `systemd-analyze verify` (run on a copy whose /usr/bin/tokwatt is the built
+binary, so that the executable check means something; any warning about the unit fails).
+
+usage: check_systemd.py [UNIT] [--role agent|coordinator] [--config SERVE_TOML] [--tokwatt BIN] [--pending SUB]
 """
 
 import argparse
@@ -65,23 +72,17 @@ def one(report, sections, section, key):
     return found[-1] if found else None
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("unit", nargs="?", default=str(dc.REPO / "deploy/systemd/tokwatt.service"))
-    parser.add_argument("--config", default=str(dc.REPO / "deploy/serve.toml"))
-    dc.common_arguments(parser)
-    args = parser.parse_args()
-    report = dc.Report("systemd")
-    unit = Path(args.unit)
-    try:
-        sections = parse_unit(unit)
-    except (ValueError, OSError) as error:
-        report.fail(str(error))
-        report.finish()
-    config = tomllib.loads(Path(args.config).read_text())
+def exec_argv(report, key, line):
+    """The argv of an Exec*= line (prefixes stripped), or None where it does not run the
+    installed binary."""
+    argv = shlex.split(line.lstrip("-@:+!"))
+    if report.check(argv and argv[0] == INSTALLED_BINARY, f"{key}={line}: expected {INSTALLED_BINARY}"):
+        return argv
+    return None
 
-    for section in ("Unit", "Service", "Install"):
-        report.check(section in sections, f"{unit}: no [{section}] section")
+
+def check_agent(report, sections, args):
+    config = tomllib.loads(Path(args.config).read_text())
     service = "Service"
     report.check(
         one(report, sections, service, "Type") in ("simple", "exec"),
@@ -102,14 +103,6 @@ def main():
     report.check(
         one(report, sections, service, "CapabilityBoundingSet") == "CAP_SYS_ADMIN",
         "CapabilityBoundingSet=CAP_SYS_ADMIN: NVML's setters need it and nothing else",
-    )
-    report.check(one(report, sections, service, "NoNewPrivileges") == "yes", "NoNewPrivileges=yes")
-    report.check(
-        one(report, sections, service, "ProtectSystem") == "strict", "ProtectSystem=strict"
-    )
-    report.check(
-        one(report, sections, service, "ProtectHome") in ("yes", "read-only", "tmpfs"),
-        "ProtectHome= must hide or protect /home",
     )
     report.check(
         values(sections, service, "PrivateDevices") in ([], ["no"], ["false"]),
@@ -156,11 +149,8 @@ def main():
     )
     for key, lines in (("ExecStart", exec_start), ("ExecStopPost", stop_post)):
         for line in lines:
-            argv = shlex.split(line.lstrip("-@:+!"))
-            if not report.check(
-                argv and argv[0] == INSTALLED_BINARY,
-                f"{key}={line}: expected {INSTALLED_BINARY}",
-            ):
+            argv = exec_argv(report, key, line)
+            if argv is None:
                 continue
             dc.check_tokwatt_command(report, f"{key}=", argv[1:], args.tokwatt, args.pending)
             if argv[1:2] == ["restore"]:
@@ -174,6 +164,121 @@ def main():
                 report.check(
                     "--config" in argv, f"{key}= must pass --config /etc/tokwatt/serve.toml"
                 )
+
+
+ETCD_TLS_FOLDER = "/etc/tokwatt/etcd/"
+NETWORK_FAMILIES = {"AF_UNIX", "AF_INET", "AF_INET6"}
+
+
+def check_coordinator(report, sections, args):
+    service = "Service"
+    report.check(
+        one(report, sections, service, "Type") in ("simple", "exec"),
+        "Type= must be simple or exec: the coordinator does not notify systemd",
+    )
+    report.check(
+        one(report, sections, service, "Restart") in ("always", "on-failure"),
+        "Restart=always (or on-failure): a replica that stops comes back",
+    )
+    report.check(
+        values(sections, service, "KillSignal") in ([], ["SIGTERM"]),
+        "KillSignal= must stay SIGTERM: on it the replica resigns, so another leads at once",
+    )
+    # No privilege: not root, no capability, no device.
+    user = values(sections, service, "User")
+    report.check(
+        values(sections, service, "DynamicUser") == ["yes"] or (user and user[-1] not in ("root", "0")),
+        "DynamicUser=yes (or User= a user other than root): the coordinator needs no privilege",
+    )
+    report.check(
+        values(sections, service, "CapabilityBoundingSet") == [""],
+        "CapabilityBoundingSet= must be set once, empty: the coordinator needs no capabilities",
+    )
+    report.check(
+        all(v == "" for v in values(sections, service, "AmbientCapabilities")),
+        "AmbientCapabilities= must be empty: the coordinator needs no capabilities",
+    )
+    report.check(
+        values(sections, service, "PrivateDevices") == ["yes"],
+        "PrivateDevices=yes: the coordinator opens no device",
+    )
+    report.check(
+        not values(sections, service, "DeviceAllow"),
+        "no DeviceAllow=: the coordinator opens no device",
+    )
+    families = set(" ".join(values(sections, service, "RestrictAddressFamilies")).split())
+    report.check(
+        families and families <= NETWORK_FAMILIES,
+        f"RestrictAddressFamilies= must allow the network only ({' '.join(sorted(NETWORK_FAMILIES))}), found {sorted(families)}",
+    )
+    report.check(
+        not values(sections, service, "ExecStopPost"),
+        "no ExecStopPost=: the coordinator holds no GPU setting to restore",
+    )
+
+    # Its TLS files: systemd's credentials loaded from /etc/tokwatt/etcd/, or files there.
+    credentials = {}
+    for value in values(sections, service, "LoadCredential"):
+        name, _, source = value.partition(":")
+        credentials[name] = source
+        report.check(
+            source.startswith(ETCD_TLS_FOLDER),
+            f"LoadCredential={value}: the etcd TLS files live in {ETCD_TLS_FOLDER}",
+        )
+
+    def tls_file(path):
+        for prefix in ("${CREDENTIALS_DIRECTORY}/", "$CREDENTIALS_DIRECTORY/", "%d/"):
+            if path.startswith(prefix):
+                name = path[len(prefix):]
+                if name not in credentials:
+                    return f"no LoadCredential={name}:… gives it"
+                return None
+        if not path.startswith(ETCD_TLS_FOLDER):
+            return f"not in {ETCD_TLS_FOLDER} (nor a credential from there)"
+        return None
+
+    exec_start = values(sections, service, "ExecStart")
+    if not report.check(len(exec_start) == 1, "ExecStart= must be set once"):
+        return
+    argv = exec_argv(report, "ExecStart", exec_start[0])
+    if argv is None:
+        return
+    path = dc.check_tokwatt_command(report, "ExecStart=", argv[1:], args.tokwatt, args.pending)
+    if path is not None:
+        report.check(path == dc.COORDINATOR, f"ExecStart= must run `tokwatt fleet coordinate`, not `tokwatt {' '.join(path)}`")
+    dc.check_coordinator_command(report, "ExecStart=", argv[1:], tls_file)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("unit", nargs="?", default=str(dc.REPO / "deploy/systemd/tokwatt.service"))
+    parser.add_argument("--role", choices=["agent", "coordinator"], default="agent")
+    parser.add_argument("--config", default=str(dc.REPO / "deploy/serve.toml"))
+    dc.common_arguments(parser)
+    args = parser.parse_args()
+    report = dc.Report(f"systemd {args.role}")
+    unit = Path(args.unit)
+    try:
+        sections = parse_unit(unit)
+    except (ValueError, OSError) as error:
+        report.fail(str(error))
+        report.finish()
+
+    for section in ("Unit", "Service", "Install"):
+        report.check(section in sections, f"{unit}: no [{section}] section")
+    service = "Service"
+    report.check(one(report, sections, service, "NoNewPrivileges") == "yes", "NoNewPrivileges=yes")
+    report.check(
+        one(report, sections, service, "ProtectSystem") == "strict", "ProtectSystem=strict"
+    )
+    report.check(
+        one(report, sections, service, "ProtectHome") in ("yes", "read-only", "tmpfs"),
+        "ProtectHome= must hide or protect /home",
+    )
+    if args.role == "agent":
+        check_agent(report, sections, args)
+    else:
+        check_coordinator(report, sections, args)
 
     analyze = dc.tool("systemd-analyze", report, "systemd-analyze verify")
     if analyze and args.tokwatt:

@@ -195,47 +195,116 @@ def _subcommands(help_text):
 
 
 def check_tokwatt_command(report, where, argv, binary, pending):
-    """`argv` (after the program) names a real subcommand and only its real flags, as the
-    built binary's --help lists them. A subcommand in `pending` (being written) may be
-    missing, with a note; once the binary has it, it is checked and must leave `pending`."""
+    """`argv` (after the program) names a real subcommand, at every level (`fleet
+    coordinate`), and only the flags the innermost one has, as the built binary's --help
+    lists them. A subcommand in `pending` (being written; its full path, like `fleet
+    coordinate`) may be missing, with a note; once the binary has it, it is checked and
+    must leave `pending`. Returns the subcommand's path (a list), or None where it was not
+    checked."""
     if binary is None:
         report.skip(f"{where}: no tokwatt binary given (--tokwatt), flags not checked")
-        return
+        return None
     if not argv:
         report.fail(f"{where}: no tokwatt subcommand given")
-        return
-    subcommand = argv[0]
-    code, top = _help(binary, [])
-    known = _subcommands(top)
-    if subcommand not in known:
-        if subcommand in pending:
-            print(
-                f"note {report.name}: {where}: `tokwatt {subcommand}` is not in this binary "
-                f"yet (pending); its flags are not checked"
-            )
-        else:
-            report.fail(
-                f"{where}: `tokwatt {subcommand}` is not a tokwatt subcommand "
-                f"(it has: {', '.join(sorted(known))})"
-            )
-        return
+        return None
+    path = []
+    rest = list(argv)
+    code, text = _help(binary, [])
+    known = _subcommands(text)
+    # Down the subcommands while the next word is one: the rest are its flags and values.
+    while rest and not rest[0].startswith("-") and (known or not path):
+        name = " ".join(path + [rest[0]])
+        if rest[0] not in known:
+            if name in pending:
+                print(
+                    f"note {report.name}: {where}: `tokwatt {name}` is not in this binary "
+                    f"yet (pending); its flags are not checked"
+                )
+            else:
+                parent = f"`tokwatt {' '.join(path)}`" if path else "tokwatt"
+                report.fail(
+                    f"{where}: `tokwatt {name}` is not a tokwatt subcommand "
+                    f"({parent} has: {', '.join(sorted(known))})"
+                )
+            return None
+        path.append(rest.pop(0))
+        code, text = _help(binary, path)
+        if not report.check(
+            code == 0, f"{where}: `tokwatt {' '.join(path)} --help` failed: {text}"
+        ):
+            return None
+        known = _subcommands(text)
+    name = " ".join(path)
     report.check(
-        subcommand not in pending,
-        f"{where}: `tokwatt {subcommand}` exists now: take it out of the pending list "
+        name not in pending and path[0] not in pending,
+        f"{where}: `tokwatt {name}` exists now: take it out of the pending list "
         f"(PENDING_SUBCOMMANDS in tests/all/deploy.rs) so its flags are checked",
     )
-    code, text = _help(binary, [subcommand])
-    if not report.check(code == 0, f"{where}: `tokwatt {subcommand} --help` failed: {text}"):
-        return
-    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text))
-    for arg in argv[1:]:
+    if known:
+        report.fail(
+            f"{where}: `tokwatt {name}` needs a subcommand (it has: {', '.join(sorted(known))})"
+        )
+        return None
+    # The options the help lists, each at the start of its line (a flag named in another
+    # one's description, like etcd's --client-cert-auth, is not one of tokwatt's).
+    flags = set(re.findall(r"^\s+(?:-[A-Za-z], )?(--[a-z][a-z0-9-]*)", text, re.M))
+    for arg in rest:
         if arg.startswith("--"):
             flag = arg.split("=", 1)[0]
             report.check(
                 flag in flags,
-                f"{where}: `tokwatt {subcommand}` has no flag {flag} "
+                f"{where}: `tokwatt {name}` has no flag {flag} "
                 f"(it has: {', '.join(sorted(flags))})",
             )
+    return path
+
+
+def flag_values(argv, flag):
+    """Every value given to `flag` in `argv` (`--flag VALUE` or `--flag=VALUE`)."""
+    found = []
+    for index, arg in enumerate(argv):
+        if arg == flag and index + 1 < len(argv):
+            found.append(argv[index + 1])
+        elif arg.startswith(flag + "="):
+            found.append(arg.split("=", 1)[1])
+    return found
+
+
+COORDINATOR = ["fleet", "coordinate"]
+
+
+def check_coordinator_command(report, where, argv, files_under):
+    """A `tokwatt fleet coordinate` command line: a domain, etcd endpoints of one scheme,
+    https ones with a CA, a client certificate with its key, and every TLS file under one
+    of `files_under` (a folder, or a function from a path to a problem or None)."""
+    if not report.check(
+        argv[:2] == COORDINATOR, f"{where}: expected `tokwatt fleet coordinate`, got {argv[:2]}"
+    ):
+        return
+    report.check(len(flag_values(argv, "--domain")) == 1, f"{where}: --domain must be given once")
+    endpoints = flag_values(argv, "--etcd")
+    report.check(endpoints, f"{where}: --etcd must name etcd's client URLs")
+    schemes = {url.split("://", 1)[0] for url in endpoints}
+    report.check(
+        schemes <= {"http", "https"} and len(schemes) <= 1,
+        f"{where}: --etcd URLs must be all http:// or all https:// (found {sorted(schemes)})",
+    )
+    tls = {flag: flag_values(argv, flag) for flag in ("--etcd-ca", "--etcd-cert", "--etcd-key")}
+    if "https" in schemes:
+        report.check(tls["--etcd-ca"], f"{where}: https:// endpoints need --etcd-ca (the CA of etcd's certificate)")
+    else:
+        report.check(
+            not any(tls.values()),
+            f"{where}: TLS flags with http:// endpoints: use https:// or drop them",
+        )
+    report.check(
+        bool(tls["--etcd-cert"]) == bool(tls["--etcd-key"]),
+        f"{where}: --etcd-cert and --etcd-key go together",
+    )
+    for flag, values in tls.items():
+        for value in values:
+            problem = files_under(value)
+            report.check(problem is None, f"{where}: {flag} {value}: {problem}")
 
 
 def common_arguments(parser):
