@@ -18,6 +18,11 @@ use tokwatt_test_support::{EtcdCluster, wait_for};
 /// A static policy that asks every GPU for 700 W, and a four-GPU simulated node in the
 /// domain `rack-s` as `n1` with a 1 kW reserve.
 fn node_config(dir: &Path, endpoints: &[String]) -> ServeConfig {
+    node_config_with(dir, endpoints, "")
+}
+
+/// [`node_config`], with `extra` lines in its `[fleet]` table.
+fn node_config_with(dir: &Path, endpoints: &[String], extra: &str) -> ServeConfig {
     let spec = dir.join("greedy.toml");
     std::fs::write(
         &spec,
@@ -28,11 +33,12 @@ fn node_config(dir: &Path, endpoints: &[String]) -> ServeConfig {
     let etcd: Vec<String> = endpoints.iter().map(|e| format!("\"{e}\"")).collect();
     let text = format!(
         "[policy]\nspec = \"{}\"\ncache_dir = \"{}\"\n[node]\nbackend = \"sim\"\nsim_gpus = 4\n[output]\ndir = \"{}\"\n\
-         [fleet]\netcd = [{}]\ndomain = \"rack-s\"\nnode = \"n1\"\nreserve_w = 1000\nlease_ttl = \"4s\"\nmargin = \"2s\"\nreport_every = \"200ms\"\ntimeout = \"300ms\"\n",
+         [fleet]\netcd = [{}]\ndomain = \"rack-s\"\nnode = \"n1\"\nreserve_w = 1000\nlease_ttl = \"4s\"\nmargin = \"2s\"\nreport_every = \"200ms\"\ntimeout = \"300ms\"\n{}",
         spec.display(),
         cache.display(),
         dir.join("out").display(),
-        etcd.join(", ")
+        etcd.join(", "),
+        extra
     );
     let path = dir.join("serve.toml");
     std::fs::write(&path, text).expect("config");
@@ -349,4 +355,63 @@ fn the_fleet_commands_speak_tls_to_an_etcd_that_requires_client_certificates() {
         !out.status.success() && stderr.contains("--etcd-cert and --etcd-key"),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_served_node_joins_over_tls_with_its_client_certificate() {
+    let Some(pki) = tokwatt_test_support::TestPki::generate() else {
+        return;
+    };
+    let Some(cluster) =
+        EtcdCluster::start_tls(1, tokwatt_test_support::ServerTls::from_pki(&pki, true))
+    else {
+        return;
+    };
+    let tls = tokwatt::fleet::etcd::EtcdTls::load(&tokwatt::fleet::etcd::TlsFiles {
+        ca_file: pki.ca.clone(),
+        client: Some(tokwatt::fleet::etcd::ClientFiles {
+            cert_file: pki.client_cert.clone(),
+            key_file: pki.client_key.clone(),
+        }),
+    })
+    .expect("the TLS files load");
+    let store = EtcdFleet::connect_with(&cluster.endpoints(), Some(&tls), Duration::from_secs(1))
+        .expect("client");
+    store
+        .put_budget(&DomainBudget {
+            domain: "rack-s".into(),
+            budget_w: 2400.0,
+            uncontrolled_w: 0.0,
+            nodes: vec![NodeBudget {
+                node: "n1".into(),
+                reserve_w: 1000.0,
+                max_w: 2800.0,
+                priority: 0,
+            }],
+        })
+        .expect("budget");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = node_config_with(
+        dir.path(),
+        &cluster.endpoints(),
+        &format!(
+            "ca_file = '{}'\ncert_file = '{}'\nkey_file = '{}'\n",
+            pki.ca.display(),
+            pki.client_cert.display(),
+            pki.client_key.display()
+        ),
+    );
+    let agent = serve::start(&config, Arc::new(AtomicBool::new(false)), None).expect("starts");
+    wait_for("the node's record in etcd", Duration::from_secs(30), || {
+        store
+            .read_domain("rack-s")
+            .ok()
+            .flatten()
+            .is_some_and(|view| view.nodes.iter().any(|n| n.record.is_some()))
+    });
+    agent.stop();
+    agent.join().expect("the agent stops");
+    // Stopped, it left: its record went with its lease.
+    let view = store.read_domain("rack-s").expect("read").expect("budget");
+    assert!(view.nodes.iter().all(|n| n.record.is_none()), "{view:?}");
 }
