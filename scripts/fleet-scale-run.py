@@ -1,22 +1,44 @@
 #!/usr/bin/env python3
-"""The fleet on one machine, with faults: a 3-member etcd cluster on loopback, two
-`tokwatt fleet coordinate` replicas and N real `tokwatt serve` agents on the simulator
-(8 GPUs each by default), each asking every GPU for its largest cap. Every second the
-sum of every agent's power caps in force (scraped from its /metrics) is checked against
-the domain's budget. Faults on a schedule: the leading coordinator killed, an etcd
-member killed and restarted, an agent killed with SIGKILL and restarted, the budget
-lowered. Every figure is simulator output.
+"""The fleet on one machine: a 3-member etcd cluster on loopback, two `tokwatt fleet
+coordinate` replicas and N real `tokwatt serve` agents on the simulator (8 GPUs each by
+default), each node with its own demand (heavy, light, rising, falling load). Every
+figure it prints is simulator output.
+
+It runs up to four arms, one after another, on the same nodes, demand and seeds:
+
+  faults  the fleet under faults on a schedule, checked every second: the sum of every
+          agent's power caps in force (read from its /metrics over its API socket, which
+          a network partition does not cut) against the budget in force. Faults: the
+          leading coordinator killed, an etcd member killed and restarted, a node cut
+          off from etcd (its own network namespace, the link taken down), the leading
+          coordinator cut off, a node whose link flaps, an agent killed with SIGKILL and
+          restarted, nodes whose clocks run fast and slow (libfaketime), a slow-clock
+          node cut off, and the budget lowered.
+  fleet   the fleet without faults: the `cap-search` policy on every node, under the
+          allowance the coordinators grant.
+  static  an equal static split: every GPU capped at its share of the budget.
+  local   each node left to its local policy (`cap-search`) within its equal share.
+
+The last three are compared on fleet tokens per joule and on served demand (tokens
+served over tokens asked for), over the same window of every node's run.
 
     python3 scripts/fleet-scale-run.py --nodes 125            # issue 31's run
     python3 scripts/fleet-scale-run.py --nodes 4 --duration 90   # a quick one
 
 Needs etcd (Debian's etcd-server) and a built tokwatt (cargo build --release -p tokwatt).
-A killed agent is counted at its reserve: on a real node the systemd unit's ExecStopPost
-(`tokwatt restore`) puts its GPUs back there, and its simulated GPUs vanish with it here.
-Exits non-zero if any second's caps passed the budget in force.
+The partitions need root and `ip` (iproute2); the skewed clocks need libfaketime (Debian's
+faketime). Without them those faults are skipped with the reason (or the run fails where
+--require-all is given). A killed or restarting agent is counted at its reserve: on a
+real node the unit's ExecStopPost (`tokwatt restore`) and the next start put its GPUs
+there. Exits non-zero if any second's caps passed the budget in force.
 """
 
 import argparse
+import base64
+import concurrent.futures
+import csv
+import glob
+import http.client
 import json
 import os
 import shutil
@@ -29,6 +51,9 @@ import time
 import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+DOMAIN = "row-1"
+BRIDGE_IP = "10.77.0.1"
 
 
 def free_port():
@@ -37,20 +62,107 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_http(url, patience=30.0):
+def wait_for(check, what, patience=30.0):
     end = time.time() + patience
     while time.time() < end:
         try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                return r.read().decode()
+            if check():
+                return
         except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not answer within {patience} s")
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{what} within {patience:.0f} s: no")
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def get_unix(path, url, timeout=0.8):
+    conn = UnixHTTPConnection(path, timeout)
+    try:
+        conn.request("GET", url)
+        response = conn.getresponse()
+        if response.status != 200:
+            raise OSError(f"{url}: HTTP {response.status}")
+        return response.read().decode()
+    finally:
+        conn.close()
+
+
+class Network:
+    """A bridge and one network namespace per process that may be cut off. etcd listens
+    on the bridge's address as well as on loopback."""
+
+    def __init__(self, tag):
+        self.bridge = f"twb{tag}"[:15]
+        self.names = {}
+        self.up = False
+
+    @staticmethod
+    def available():
+        if os.geteuid() != 0:
+            return "not root"
+        if not shutil.which("ip"):
+            return "`ip` (iproute2) is not installed"
+        probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            return f"`ip netns` fails: {probe.stderr.strip()}"
+        return None
+
+    def start(self):
+        self.run("ip", "link", "add", self.bridge, "type", "bridge")
+        self.up = True
+        self.run("ip", "addr", "add", f"{BRIDGE_IP}/16", "dev", self.bridge)
+        self.run("ip", "link", "set", self.bridge, "up")
+
+    def add(self, who):
+        """A namespace for `who`; returns the command prefix that runs a process in it."""
+        k = len(self.names)
+        ns, host_end, ns_end = f"{self.bridge}-{k}", f"{self.bridge}h{k}"[:15], f"{self.bridge}n{k}"[:15]
+        address = f"10.77.{1 + k // 250}.{2 + k % 250}"
+        self.run("ip", "netns", "add", ns)
+        self.run("ip", "link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+        self.run("ip", "link", "set", ns_end, "netns", ns)
+        self.run("ip", "link", "set", host_end, "master", self.bridge)
+        self.run("ip", "link", "set", host_end, "up")
+        self.run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{address}/16", "dev", ns_end)
+        self.run("ip", "netns", "exec", ns, "ip", "link", "set", ns_end, "up")
+        self.run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        self.names[who] = (ns, host_end)
+        return ["ip", "netns", "exec", ns]
+
+    def cut(self, who):
+        self.run("ip", "link", "set", self.names[who][1], "down")
+
+    def heal(self, who):
+        self.run("ip", "link", "set", self.names[who][1], "up")
+
+    def stop(self):
+        for ns, host_end in self.names.values():
+            subprocess.run(["ip", "link", "del", host_end], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.names = {}
+        if self.up:
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+            self.up = False
+
+    @staticmethod
+    def run(*cmd):
+        subprocess.run(cmd, check=True, capture_output=True)
 
 
 class Etcd:
-    def __init__(self, root, members=3):
+    def __init__(self, root, bridged, members=3):
         self.root = root
+        self.bridged = bridged
         self.members = [
             {"name": f"m{i}", "client": free_port(), "peer": free_port(), "proc": None}
             for i in range(members)
@@ -59,15 +171,19 @@ class Etcd:
         for i in range(members):
             self.start(i, "new")
         for m in self.members:
-            wait_http(f"http://127.0.0.1:{m['client']}/health")
+            wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{m['client']}/health", timeout=1),
+                     f"etcd {m['name']} healthy")
 
     def start(self, i, state):
         m = self.members[i]
-        client, peer = f"http://127.0.0.1:{m['client']}", f"http://127.0.0.1:{m['peer']}"
+        listen = [f"http://127.0.0.1:{m['client']}"]
+        if self.bridged:
+            listen.append(f"http://{BRIDGE_IP}:{m['client']}")
+        peer = f"http://127.0.0.1:{m['peer']}"
         log = open(os.path.join(self.root, f"{m['name']}.log"), "a")
         m["proc"] = subprocess.Popen(
             ["etcd", "--name", m["name"], "--data-dir", os.path.join(self.root, m["name"]),
-             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-client-urls", ",".join(listen), "--advertise-client-urls", listen[0],
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", self.initial, "--initial-cluster-state", state,
              "--heartbeat-interval", "100", "--election-timeout", "1000"],
@@ -80,188 +196,527 @@ class Etcd:
     def restart(self, i):
         self.start(i, "existing")
 
-    def endpoints(self):
-        return [f"http://127.0.0.1:{m['client']}" for m in self.members]
+    def endpoints(self, host="127.0.0.1"):
+        return [f"http://{host}:{m['client']}" for m in self.members]
+
+    def get(self, key):
+        """A key's value through etcd's JSON gateway, from the first member that answers."""
+        body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+        for endpoint in self.endpoints():
+            try:
+                request = urllib.request.Request(f"{endpoint}/v3/kv/range", data=body)
+                with urllib.request.urlopen(request, timeout=0.5) as r:
+                    kvs = json.loads(r.read()).get("kvs", [])
+                    return base64.b64decode(kvs[0]["value"]).decode() if kvs else None
+            except OSError:
+                continue
+        return None
 
     def stop(self):
         for m in self.members:
             if m["proc"] and m["proc"].poll() is None:
                 m["proc"].kill()
+                m["proc"].wait()
+
+
+# Demand per GPU, requests a second of 256 tokens (llama-3-8b on a simulated H200 serves
+# ~66 a second at 700 W, batch 512). Heavy load needs more than the equal share of the
+# budget; light load less.
+HEAVY_RPS, LIGHT_RPS = 52.0, 12.0
+
+
+def demand_kind(i):
+    return ["heavy", "heavy", "light", "light", "heavy", "light", "light", "heavy", "rising", "falling"][i % 10]
+
+
+def scenario_text(kind, shift_s):
+    phases = {
+        "heavy": [(0, HEAVY_RPS)],
+        "light": [(0, LIGHT_RPS)],
+        "rising": [(0, LIGHT_RPS), (shift_s, HEAVY_RPS)],
+        "falling": [(0, HEAVY_RPS), (shift_s, LIGHT_RPS)],
+    }[kind]
+    text = (f'description = "{kind} load"\nmodel = "llama-3-8b"\ncontext_tokens = 1024\n'
+            'output_tokens = 256\nbatch_size_max = 512\ninitial_batch_size = 512\nqueue_max = 2048\n')
+    for start, rps in phases:
+        text += f"[[phases]]\nstart_s = {start}\narrival_rps = {rps}\n"
+    return text
+
+
+class Arm:
+    """One run of N agents (and, in fleet mode, etcd and two coordinators)."""
+
+    def __init__(self, args, binary, name, root, network):
+        self.args, self.binary, self.name = args, binary, name
+        self.root = os.path.join(root, name)
+        os.makedirs(self.root)
+        self.network = network
+        self.fleet = name in ("faults", "fleet")
+        self.procs = []
+        self.agents = {}
+        self.coordinators = {}
+        self.names = [f"node-{i:03d}" for i in range(args.nodes)]
+        self.share = args.share_w * args.gpus
+        self.reserve = args.reserve_w * args.gpus
+        self.budget = self.share * args.nodes
+        self.budget_now = self.budget
+        self.etcd = None
+        self.skewed = {}
+        self.cache = os.path.join(root, "plugin-cache")
+
+    # --- processes
+
+    def prefix(self, who):
+        if self.network and who in self.network.names:
+            return ["ip", "netns", "exec", self.network.names[who][0]]
+        return []
+
+    def endpoints_for(self, who):
+        host = BRIDGE_IP if self.network and who in self.network.names else "127.0.0.1"
+        return self.etcd.endpoints(host)
+
+    def write_budget(self, watts):
+        path = os.path.join(self.root, "budget.toml")
+        with open(path, "w") as f:
+            f.write(f'domain = "{DOMAIN}"\nbudget_w = {watts}\n')
+            for n in self.names:
+                f.write(f'[[nodes]]\nnode = "{n}"\nreserve_w = {self.reserve}\nmax_w = {700.0 * self.args.gpus}\n')
+        subprocess.run([self.binary, "fleet", "budget", *sum((["--etcd", e] for e in self.etcd.endpoints()), []),
+                        "--file", path], check=True, stdout=subprocess.DEVNULL)
+        self.budget_now = watts
+
+    def start_coordinator(self, name):
+        flags = sum((["--etcd", e] for e in self.endpoints_for(name)), [])
+        p = subprocess.Popen([*self.prefix(name), self.binary, "fleet", "coordinate", *flags, "--domain", DOMAIN,
+                              "--name", name, "--ttl", "5s", "--period", "1s"],
+                             stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.root, f"{name}.log"), "a"))
+        self.coordinators[name] = p
+        self.procs.append(p)
+
+    def leader(self):
+        return self.etcd.get(f"/tokwatt/fleet/{DOMAIN}/leader")
+
+    def start_agent(self, n):
+        d = os.path.join(self.root, n)
+        os.makedirs(d, exist_ok=True)
+        i = self.names.index(n)
+        scenario = os.path.join(d, "scenario.toml")
+        with open(scenario, "w") as f:
+            f.write(scenario_text(demand_kind(i), self.args.shift))
+        policy = "static.toml" if self.name == "static" else "cap-search.toml"
+        spec = os.path.join(self.root, policy)
+        text = (f'[policy]\nspec = "{spec}"\ncache_dir = "{self.cache}"\nseed = {1000 + i}\n'
+                f'[node]\nbackend = "sim"\nsim_gpus = {self.args.gpus}\nsim_scenario = "{scenario}"\n'
+                f'[api]\nsocket = "{d}/api.sock"\n[output]\ndir = "{d}/out"\n')
+        if self.name == "local":
+            text += f"[guardrails]\npower_cap_max_w = {self.args.share_w}\n"
+        if self.fleet:
+            text += (f'[fleet]\netcd = {json.dumps(self.endpoints_for(n))}\ndomain = "{DOMAIN}"\nnode = "{n}"\n'
+                     f'reserve_w = {self.reserve}\nlease_ttl = "10s"\nmargin = "3s"\n')
+        cfg = os.path.join(d, "serve.toml")
+        with open(cfg, "w") as f:
+            f.write(text)
+        env = dict(os.environ)
+        if n in self.skewed:
+            env.update(LD_PRELOAD=FAKETIME_LIB, FAKETIME=self.skewed[n], FAKETIME_NO_CACHE="1")
+        p = subprocess.Popen([*self.prefix(n), self.binary, "serve", "--config", cfg, "--quiet"],
+                             stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "serve.log"), "a"), env=env)
+        self.agents[n] = {"proc": p, "socket": os.path.join(d, "api.sock"), "dir": d}
+        self.procs.append(p)
+
+    def metrics(self, n):
+        return get_unix(self.agents[n]["socket"], "/metrics")
+
+    def caps_of(self, n):
+        """(caps in force, state) of one node: a dead or starting agent at its reserve."""
+        a = self.agents[n]
+        if a["proc"].poll() is not None:
+            return self.reserve, "dead"
+        try:
+            text = self.metrics(n)
+        except OSError:
+            return (self.reserve, "starting") if not a.get("seen") else (None, "unreachable")
+        total, seen = 0.0, False
+        for line in text.splitlines():
+            if line.startswith("tokwatt_gpu_power_cap_requested_watts{"):
+                total += float(line.rsplit(" ", 1)[1])
+                seen = True
+        if not seen:
+            return self.reserve, "starting"
+        a["seen"] = True
+        return total, "live"
+
+    def gauge(self, n, name):
+        try:
+            for line in self.metrics(n).splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split(" ")[1])
+        except OSError:
+            pass
+        return None
+
+    def start(self):
+        with open(os.path.join(self.root, "static.toml"), "w") as f:
+            f.write(f'name = "static"\nplugin = "policy_static.wasm"\nknobs = ["power-cap"]\ntick_ms = 1000\n'
+                    f'[params]\npower_cap_w = "{self.args.share_w}"\n')
+        with open(os.path.join(REPO, "policies", "cap-search.toml")) as f:
+            spec = f.read()
+        if self.name == "local":
+            # A policy may only narrow the node's rules: its own ceiling comes down too.
+            spec = spec.replace("power_cap_max_w = 700.0", f"power_cap_max_w = {self.args.share_w}")
+        with open(os.path.join(self.root, "cap-search.toml"), "w") as f:
+            f.write(spec)
+        if self.fleet:
+            self.etcd = Etcd(self.root, bridged=self.network is not None)
+            if self.network and self.name == "faults":
+                for who in ("c1", "c2", *self.fault_nodes()):
+                    self.network.add(who)
+            if self.name == "faults" and self.args.skew:
+                slow, fast = self.skew_nodes()
+                self.skewed = {slow: "-2h x0.97", fast: "+3h x1.03"}
+            self.write_budget(self.budget)
+            self.start_coordinator("c1")
+            wait_for(lambda: self.leader() == "c1", "coordinator c1 leading", 30)
+            self.start_coordinator("c2")
+        # One agent first compiles the policies into the shared cache; the rest load it.
+        first = self.names[0]
+        self.start_agent(first)
+        wait_for(lambda: self.caps_of(first)[1] == "live", f"{first} serving", 120)
+        for n in self.names[1:]:
+            self.start_agent(n)
+        for n in self.names:
+            wait_for(lambda: self.caps_of(n)[1] == "live", f"{n} serving", 180)
+
+    def fault_nodes(self):
+        """cut off, flapping, slow clock (also cut off), fast clock."""
+        k = len(self.names)
+        return [self.names[i % k] for i in (1, 2, 3)] if k >= 4 else self.names[1:]
+
+    def skew_nodes(self):
+        k = len(self.names)
+        return self.names[3 % k], self.names[4 % k]
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if self.etcd:
+            self.etcd.stop()
+
+    # --- measurements
+
+    def sample(self, pool):
+        caps = list(pool.map(self.caps_of, self.names))
+        known = [c for c, _ in caps if c is not None]
+        return sum(known), sum(1 for c, _ in caps if c is None)
+
+    def totals(self, start_s, end_s, exclude=()):
+        """Tokens, energy and tokens asked for over [start_s, end_s) of every node's own run
+        (its trace), the nodes in `exclude` left out."""
+        tokens = energy = demanded = turned_away = 0.0
+        per_kind = {}
+        for i, n in enumerate(self.names):
+            if n in exclude:
+                continue
+            node = [0.0, 0.0, 0.0]
+            for path in sorted(glob.glob(os.path.join(self.agents[n]["dir"], "out", "*", "trace*.csv"))):
+                with open(path) as f:
+                    for row in csv.DictReader(f):
+                        t = float(row["time_s"])
+                        if start_s <= t < end_s:
+                            node[0] += float(row["tokens"])
+                            node[1] += float(row["energy_j"])
+                            node[2] += float(row["tokens_demanded"] or 0)
+                            turned_away += float(row["requests_turned_away"] or 0)
+            tokens, energy, demanded = tokens + node[0], energy + node[1], demanded + node[2]
+            k = per_kind.setdefault(demand_kind(i), [0.0, 0.0, 0.0])
+            for j in range(3):
+                k[j] += node[j]
+        return {
+            "tokens": tokens, "energy_j": energy, "tokens_demanded": demanded,
+            "requests_turned_away": turned_away,
+            "tokens_per_joule": tokens / energy if energy else None,
+            "served_fraction": tokens / demanded if demanded else None,
+            "per_demand": {kind: {"tokens_per_joule": v[0] / v[1] if v[1] else None,
+                                  "served_fraction": v[0] / v[2] if v[2] else None}
+                           for kind, v in sorted(per_kind.items())},
+        }
+
+
+def run_faults(arm, args):
+    """The fleet under faults; returns (result, seconds over the budget)."""
+    d = args.duration
+    net = arm.network
+    cut, flapping, slow = arm.fault_nodes() if net else (None, None, None)
+    # Not one of the nodes cut off, flapping or skewed (1-4).
+    killed = arm.names[len(arm.names) // 2 if len(arm.names) >= 10 else 0]
+    events, reactions, over, samples = [], {}, [], []
+    state = {"lowered_at": None, "killed_leader": None, "cut_leader": None}
+
+    def kill_leader():
+        leader = arm.leader()
+        state["killed_leader"] = (leader, time.time())
+        if leader in arm.coordinators:
+            arm.coordinators[leader].kill()
+        return f"kill -9 the leading coordinator ({leader})"
+
+    def restart_killed_leader():
+        name = state["killed_leader"][0]
+        if name:
+            arm.start_coordinator(name)
+        return f"restart coordinator {name}"
+
+    def cut_leader():
+        leader = arm.leader()
+        state["cut_leader"] = (leader, time.time())
+        net.cut(leader)
+        return f"cut the leading coordinator ({leader}) off"
+
+    def heal_leader():
+        net.heal(state["cut_leader"][0])
+        return f"heal coordinator {state['cut_leader'][0]}"
+
+    def cut_node(n):
+        net.cut(n)
+        state[f"cut:{n}"] = time.time()
+        return f"cut {n} off from etcd"
+
+    def heal_node(n):
+        net.heal(n)
+        state[f"healed:{n}"] = time.time()
+        return f"heal {n}"
+
+    def flap(n, until):
+        def act():
+            t = time.time() - t0
+            if t < until:
+                down = int(t / 1.5) % 2 == 0
+                (net.cut if down else net.heal)(n)
+                schedule.append((t + 1.5, None, act))
+                schedule.sort(key=lambda e: e[0])
+            else:
+                net.heal(n)
+        return act
+
+    def lower():
+        arm.write_budget(arm.budget * 0.85)
+        state["lowered_at"] = time.time() - t0
+        return f"lower the budget to {arm.budget_now:.0f} W"
+
+    schedule = [
+        (0.12 * d, "kill", kill_leader),
+        (0.20 * d, "restart", restart_killed_leader),
+        (0.25 * d, "etcd", lambda: (arm.etcd.kill(0), "kill etcd member m0")[1]),
+        (0.40 * d, "etcd", lambda: (arm.etcd.restart(0), "restart etcd member m0")[1]),
+        (0.45 * d, "agent", lambda: (arm.agents[killed]["proc"].kill(), f"kill -9 agent {killed}")[1]),
+        (0.55 * d, "agent", lambda: (arm.start_agent(killed), f"restart agent {killed}")[1]),
+        (0.72 * d, "lower", lower),
+    ]
+    if net:
+        schedule += [
+            (0.15 * d, "cut", lambda: cut_node(cut)),
+            (0.15 * d + 25, "heal", lambda: heal_node(cut)),
+            (0.32 * d, "cut-leader", cut_leader),
+            (0.32 * d + 20, "heal-leader", heal_leader),
+            (0.48 * d, "flap", lambda: (flap(flapping, 0.48 * d + 20)(), f"{flapping}'s link flaps (1.5 s down, 1.5 s up) for 20 s")[1]),
+        ]
+        if args.skew:
+            schedule += [
+                (0.60 * d, "cut", lambda: cut_node(slow) + " (its clock runs 3 % slow)"),
+                (0.60 * d + 20, "heal", lambda: heal_node(slow)),
+            ]
+    schedule.sort(key=lambda e: e[0])
+    t0 = time.time()
+    last_leader = arm.leader()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        while time.time() - t0 < d:
+            second = time.time() - t0
+            while schedule and second >= schedule[0][0]:
+                _, kind, act = schedule.pop(0)
+                what = act()
+                if what:
+                    events.append((round(second, 1), what))
+                    print(f"[faults {second:6.1f} s] {what}", flush=True)
+            total, missing = arm.sample(pool)
+            leader = arm.leader()
+            if leader and leader != last_leader:
+                for key in ("killed_leader", "cut_leader"):
+                    if state[key] and state[key][0] == last_leader and f"takeover:{key}" not in reactions:
+                        reactions[f"takeover:{key}"] = round(time.time() - state[key][1], 1)
+                last_leader = leader
+            for n in (cut, slow):
+                if n and f"cut:{n}" in state and f"reserve:{n}" not in reactions:
+                    allowance = arm.gauge(n, "tokwatt_fleet_allowance_watts")
+                    if allowance is not None and allowance <= arm.reserve + 0.5:
+                        reactions[f"reserve:{n}"] = round(time.time() - state[f"cut:{n}"], 1)
+                if n and f"cut:{n}" in state and f"expired:{n}" not in reactions:
+                    if arm.etcd.get(f"/tokwatt/fleet/{DOMAIN}/nodes/{n}") is None:
+                        reactions[f"expired:{n}"] = round(time.time() - state[f"cut:{n}"], 1)
+                if n and f"healed:{n}" in state and f"rejoin:{n}" not in reactions:
+                    if arm.gauge(n, "tokwatt_fleet_granted") == 1.0:
+                        reactions[f"rejoin:{n}"] = round(time.time() - state[f"healed:{n}"], 1)
+            limit = arm.budget_now
+            sample = {"t": round(second, 2), "caps_w": total, "budget_w": limit, "unreadable": missing}
+            samples.append(sample)
+            lowered = state["lowered_at"]
+            # Until the cuts after a lowering land, the budget before it bounds the sum.
+            if total > arm.budget + 1e-6 or (lowered is not None and second - lowered > 10 and total > limit + 1e-6):
+                over.append(sample)
+            time.sleep(max(0.0, 1.0 - (time.time() - t0 - second)))
+    lowered = state["lowered_at"]
+    settled = None
+    if lowered is not None:
+        after = [s for s in samples if s["t"] >= lowered]
+        last_over = max((s["t"] for s in after if s["caps_w"] > arm.budget_now + 1e-6), default=lowered)
+        settled = round(last_over - lowered, 1)
+    peak = max(samples, key=lambda s: s["caps_w"] / s["budget_w"])
+    result = {
+        "budget_w": arm.budget, "lowered_budget_w": arm.budget_now, "reserve_w": arm.reserve,
+        "seconds_sampled": len(samples), "seconds_over_budget": len(over),
+        "seconds_with_unreadable_nodes": sum(1 for s in samples if s["unreadable"]),
+        "peak_caps_w": peak["caps_w"], "peak_at_s": peak["t"],
+        "within_lowered_budget_after_s": settled,
+        "reactions_s": reactions, "events": events,
+        "skewed_clocks": arm.skewed,
+    }
+    with open(os.path.join(arm.root, "samples.json"), "w") as f:
+        json.dump(samples, f)
+    return result, over
+
+
+def run_steady(arm, args):
+    """An arm without faults: run, then sum every node's window."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        t0 = time.time()
+        over = 0
+        while time.time() - t0 < args.duration:
+            second = time.time() - t0
+            total, _ = arm.sample(pool)
+            if arm.fleet and total > arm.budget + 1e-6:
+                over += 1
+            time.sleep(max(0.0, 1.0 - (time.time() - t0 - second)))
+    return over
+
+
+def faults_table(f):
+    budget, lowered = f["budget_w"], f["lowered_budget_w"]
+    r = f["reactions_s"]
+    rows = [
+        ("seconds sampled / over the budget in force", f"{f['seconds_sampled']} / {f['seconds_over_budget']}"),
+        ("seconds with a node unreadable", f"{f['seconds_with_unreadable_nodes']}"),
+        ("peak of the summed caps", f"{f['peak_caps_w']:.0f} W of {budget:.0f} W ({f['peak_caps_w'] / budget * 100:.1f} %)"),
+        (f"within the lowered budget ({lowered:.0f} W) after", f"{f['within_lowered_budget_after_s']} s"),
+    ]
+    labels = {"takeover:killed_leader": "other coordinator leads after the leader's kill -9",
+              "takeover:cut_leader": "other coordinator leads after the leader is cut off",
+              "reserve": "cut-off node at its reserve, on its own clock, after",
+              "expired": "cut-off node's lease gone from etcd after",
+              "rejoin": "healed node granted again after"}
+    for key, value in sorted(r.items()):
+        kind, _, node = key.partition(":")
+        label = labels.get(key) or f"{labels.get(kind, kind)} ({node})"
+        rows.append((label, f"{value} s"))
+    lines = ["| faults run (simulator) | |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
+    lines += ["", "Events: " + "; ".join(f"{t} s {what}" for t, what in f["events"])]
+    return "\n".join(lines)
+
+
+def table(results, args):
+    lines = [f"Simulator output: {args.nodes} nodes x {args.gpus} simulated H200, budget "
+             f"{args.share_w:.0f} W a GPU on average, reserve {args.reserve_w:.0f} W a GPU, "
+             f"window {args.warmup:.0f}-{args.duration:.0f} s of every node's run.", "",
+             "| arm | tokens/J | served demand | requests turned away | vs static tokens/J | vs static served |",
+             "|---|---|---|---|---|---|"]
+    base = results.get("static")
+    for name in ("fleet", "static", "local"):
+        r = results.get(name)
+        if not r:
+            continue
+        t = r["totals"]
+        rel = lambda k: f"{(t[k] / base['totals'][k] - 1) * 100:+.1f} %" if base and t[k] and base["totals"][k] else "-"
+        lines.append(f"| {name} | {t['tokens_per_joule']:.2f} | {t['served_fraction'] * 100:.1f} % | "
+                     f"{t['requests_turned_away']:.0f} | {rel('tokens_per_joule')} | {rel('served_fraction')} |")
+    return "\n".join(lines)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=125)
     ap.add_argument("--gpus", type=int, default=8)
-    ap.add_argument("--duration", type=float, default=180.0, help="seconds")
+    ap.add_argument("--duration", type=float, default=180.0, help="seconds each arm runs")
+    ap.add_argument("--warmup", type=float, default=30.0, help="seconds of each node's run left out of the comparison")
+    ap.add_argument("--shift", type=float, default=90.0, help="when rising and falling nodes change load (s)")
+    ap.add_argument("--share-w", type=float, default=450.0, help="the budget's watts a GPU on average")
+    ap.add_argument("--reserve-w", type=float, default=300.0, help="each node's reserve, watts a GPU")
+    ap.add_argument("--arms", default="faults,fleet,static,local")
+    ap.add_argument("--no-skew", dest="skew", action="store_false", help="no skewed clocks")
+    ap.add_argument("--require-all", action="store_true", help="fail rather than skip a fault this machine cannot run")
     ap.add_argument("--tokwatt", default=None, help="the binary (default: target/release, else target/debug)")
     ap.add_argument("--out", default=None, help="where the table and samples go (default: a temporary folder)")
     args = ap.parse_args()
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = set(arms) - {"faults", "fleet", "static", "local"}
+    if unknown:
+        raise SystemExit(f"unknown arm(s) {sorted(unknown)}: choose from faults, fleet, static, local")
     binary = args.tokwatt or next(
         (p for p in (os.path.join(REPO, "target", k, "tokwatt") for k in ("release", "debug")) if os.path.exists(p)),
         None)
     if not binary:
         raise SystemExit("no tokwatt binary: cargo build --release -p tokwatt, or pass --tokwatt")
-    if not shutil.which("etcd"):
+    if not shutil.which("etcd") and ({"faults", "fleet"} & set(arms)):
         raise SystemExit("etcd is not installed (apt-get install etcd-server)")
+    skipped = []
+    why = Network.available()
+    if why and "faults" in arms:
+        skipped.append(f"network partitions: {why}")
+    if args.skew and not os.path.exists(FAKETIME_LIB):
+        args.skew = False
+        skipped.append("skewed clocks: libfaketime is not installed (apt-get install faketime)")
+    if skipped and args.require_all:
+        raise SystemExit("cannot run every fault: " + "; ".join(skipped))
+    for s in skipped:
+        print(f"skipped: {s}", flush=True)
     root = tempfile.mkdtemp(prefix="tokwatt-fleet-")
     out = args.out or root
     os.makedirs(out, exist_ok=True)
-    procs = []
-    etcd = Etcd(root)
-    endpoints = etcd.endpoints()
-    etcd_flags = sum((["--etcd", e] for e in endpoints), [])
-    # H200 on the simulator: 200-700 W a GPU. Reserves at 300 W a GPU; a budget at 450 W
-    # a GPU on average, so watts must move between nodes for the greedy ones.
-    reserve = 300.0 * args.gpus
-    max_w = 700.0 * args.gpus
-    budget = 450.0 * args.gpus * args.nodes
-    lowered = budget * 0.85
-    names = [f"node-{i:03d}" for i in range(args.nodes)]
-
-    def write_budget(watts):
-        path = os.path.join(root, "budget.toml")
-        with open(path, "w") as f:
-            f.write(f'domain = "row-1"\nbudget_w = {watts}\n')
-            for n in names:
-                f.write(f'[[nodes]]\nnode = "{n}"\nreserve_w = {reserve}\nmax_w = {max_w}\n')
-        subprocess.run([binary, "fleet", "budget", *etcd_flags, "--file", path], check=True,
-                       stdout=subprocess.DEVNULL)
-
-    spec = os.path.join(root, "greedy.toml")
-    with open(spec, "w") as f:
-        f.write('name = "greedy"\nplugin = "policy_static.wasm"\nknobs = ["power-cap"]\ntick_ms = 1000\n'
-                '[params]\npower_cap_w = "700"\n')
-
-    coordinators = []
-
-    def start_coordinator(name):
-        p = subprocess.Popen([binary, "fleet", "coordinate", *etcd_flags, "--domain", "row-1",
-                              "--name", name, "--ttl", "5s", "--period", "1s"],
-                             stdout=subprocess.DEVNULL, stderr=open(os.path.join(root, f"{name}.log"), "a"))
-        coordinators.append((name, p))
-        procs.append(p)
-        return p
-
-    agents = {}
-
-    def start_agent(n):
-        d = os.path.join(root, n)
-        os.makedirs(d, exist_ok=True)
-        port = agents[n]["port"] if n in agents else free_port()
-        cfg = os.path.join(d, "serve.toml")
-        with open(cfg, "w") as f:
-            f.write(f'[policy]\nspec = "{spec}"\n[node]\nbackend = "sim"\nsim_gpus = {args.gpus}\n'
-                    f'[api]\nsocket = "{d}/api.sock"\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
-                    f'[output]\ndir = "{d}/out"\n'
-                    f'[fleet]\netcd = {json.dumps(endpoints)}\ndomain = "row-1"\nnode = "{n}"\n'
-                    f'reserve_w = {reserve}\nlease_ttl = "10s"\nmargin = "3s"\n')
-        p = subprocess.Popen([binary, "serve", "--config", cfg, "--quiet"], stdout=subprocess.DEVNULL,
-                             stderr=open(os.path.join(d, "serve.log"), "a"))
-        agents[n] = {"port": port, "proc": p}
-        procs.append(p)
-
-    def caps_of(n):
-        a = agents[n]
-        if a["proc"].poll() is not None:
-            return reserve, "dead"
+    results, failed = {"simulated": True, "nodes": args.nodes, "gpus_per_node": args.gpus, "skipped": skipped}, False
+    for name in arms:
+        network = Network(str(os.getpid() % 100000)) if name == "faults" and not why else None
+        arm = Arm(args, binary, name, root, network)
+        started = time.time()
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{a['port']}/metrics", timeout=0.5) as r:
-                text = r.read().decode()
-        except OSError:
-            return None, "unreachable"
-        total, seen = 0.0, False
-        for line in text.splitlines():
-            if line.startswith("tokwatt_gpu_power_cap_requested_watts{"):
-                total += float(line.rsplit(" ", 1)[1])
-                seen = True
-        return (total if seen else None), "live"
-
-    try:
-        write_budget(budget)
-        start_coordinator("c1")
-        time.sleep(1.0)
-        start_coordinator("c2")
-        for n in names:
-            start_agent(n)
-        for n in names:
-            wait_http(f"http://127.0.0.1:{agents[n]['port']}/metrics", 120)
-        t0 = time.time()
-        events = []
-        schedule = [
-            (0.20, "kill the leading coordinator", lambda: kill_leader()),
-            (0.35, "kill etcd member m0", lambda: etcd.kill(0)),
-            (0.45, "kill -9 agent " + names[len(names) // 2], lambda: agents[names[len(names) // 2]]["proc"].kill()),
-            (0.55, "restart etcd member m0", lambda: etcd.restart(0)),
-            (0.60, "restart agent " + names[len(names) // 2], lambda: start_agent(names[len(names) // 2])),
-            (0.70, f"lower the budget to {lowered:.0f} W", lambda: (write_budget(lowered), budget_now.append(lowered))),
-        ]
-        budget_now = [budget]
-
-        def kill_leader():
-            view = subprocess.run(["etcdctl", "--endpoints", ",".join(endpoints), "get",
-                                   "/tokwatt/fleet/row-1/leader", "--print-value-only"],
-                                  capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"})
-            leader = view.stdout.strip()
-            for name, p in coordinators:
-                if name == leader:
-                    p.kill()
-                    return leader
-            return None
-
-        samples = []
-        over = []
-        lowered_at = None
-        while time.time() - t0 < args.duration:
-            second = time.time() - t0
-            while schedule and second >= schedule[0][0] * args.duration:
-                _, what, act = schedule.pop(0)
-                act()
-                events.append((round(second, 1), what))
-                if "lower" in what:
-                    lowered_at = second
-                print(f"[{second:6.1f} s] {what}", flush=True)
-            caps = [caps_of(n) for n in names]
-            known = [c for c, _ in caps if c is not None]
-            total = sum(known)
-            missing = sum(1 for c, _ in caps if c is None)
-            limit = budget if lowered_at is None else budget_now[-1]
-            samples.append({"t": round(second, 2), "caps_w": total, "budget_w": limit, "unreachable": missing})
-            # Until the cuts after a lowering land, the old budget bounds the sum.
-            if total > budget + 1e-6 or (lowered_at is not None and total > limit + 1e-6 and second - lowered_at > 10):
-                over.append(samples[-1])
-            time.sleep(max(0.0, 1.0 - (time.time() - t0 - second)))
-        settled = None
-        if lowered_at is not None:
-            after = [s for s in samples if s["t"] >= lowered_at]
-            last_over = max((s["t"] for s in after if s["caps_w"] > lowered + 1e-6), default=lowered_at)
-            settled = round(last_over - lowered_at, 1)
-        peak = max(samples, key=lambda s: s["caps_w"] / budget)
-        result = {
-            "simulated": True,
-            "nodes": args.nodes, "gpus_per_node": args.gpus,
-            "budget_w": budget, "lowered_budget_w": lowered, "reserve_w": reserve,
-            "seconds_sampled": len(samples),
-            "seconds_over_budget": len(over),
-            "peak_caps_w": peak["caps_w"], "peak_at_s": peak["t"],
-            "within_lowered_budget_after_s": settled,
-            "events": events,
-        }
-        with open(os.path.join(out, "fleet-scale-run.json"), "w") as f:
-            json.dump({**result, "samples": samples}, f, indent=1)
-        print(json.dumps(result, indent=1))
-        print(f"simulator output; samples in {os.path.join(out, 'fleet-scale-run.json')}")
-        return 1 if over else 0
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        etcd.stop()
+            if network:
+                network.start()
+            arm.start()
+            print(f"[{name}] {args.nodes} agents serving after {time.time() - started:.0f} s", flush=True)
+            if name == "faults":
+                result, over = run_faults(arm, args)
+                failed |= bool(over)
+                results["faults"] = result
+                print(json.dumps(result, indent=1), flush=True)
+            else:
+                over = run_steady(arm, args)
+                failed |= bool(over)
+                results[name] = {"seconds_over_budget": over,
+                                 "totals": arm.totals(args.warmup, args.duration)}
+        finally:
+            arm.stop()
+            if network:
+                network.stop()
+    text = table(results, args)
+    if "faults" in results:
+        text = faults_table(results["faults"]) + "\n\n" + text
+    results["table"] = text
+    with open(os.path.join(out, "fleet-scale-run.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(text)
+    print(f"simulator output; everything in {os.path.join(out, 'fleet-scale-run.json')}, logs in {root}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
