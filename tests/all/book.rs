@@ -287,14 +287,19 @@ fn the_metrics_reference_is_current() {
         sm_clocks_mhz: vec![1980, 1000],
         mem_clocks_mhz: vec![3201],
     }];
-    let text = tokwatt::metrics::AgentMetrics::new(&devices, true, false)
+    // A policy announced, so that the families labelled by policy have a sample to show.
+    let metrics = tokwatt::metrics::AgentMetrics::new(&devices, true, false)
         .with_fleet()
-        .encode();
+        .with_demand();
+    metrics.announce("static", "000000000000");
+    let text = metrics.encode();
     let mut page = format!(
         "# Metrics\n\n{GENERATED_NOTE}What `tokwatt serve` exports on `/metrics` (the \
          Prometheus text format; counters end in `_total`). The PromQL in `deploy/` may use \
          only these names (`tests/deploy/metric_names.txt`). The `tokwatt_fleet_*` series \
-         are there only on a node in a power domain (`[fleet]`).\n\n| metric | type | meaning |\n\
+         are there only on a node in a power domain (`[fleet]`), and \
+         `tokwatt_gpu_tokens_demanded_total` only where the workload knows its demand (the \
+         simulator).\n\n| metric | type | meaning |\n\
          |---|---|---|\n"
     );
     let mut kinds = std::collections::HashMap::new();

@@ -89,6 +89,10 @@ struct Inner {
     /// The batch size belongs to a serving engine, which tokwatt neither reads nor sets:
     /// the batch gauge stays absent rather than showing the workload's placeholder.
     engine_batch: bool,
+    /// The workload reports its demand (the simulator): `tokwatt_gpu_tokens_demanded_total`
+    /// exists, and is announced at zero with a policy's other series. Elsewhere it stays
+    /// absent, so that no one reads an unknown demand as all of it served.
+    knows_demand: bool,
     registry: Registry,
     gpu: GpuFamilies,
     policy: PolicyFamilies,
@@ -196,6 +200,7 @@ impl AgentMetrics {
             inner: Mutex::new(Inner {
                 gpus: devices.iter().map(|d| d.index.to_string()).collect(),
                 engine_batch: false,
+                knows_demand: false,
                 registry,
                 gpu,
                 policy,
@@ -212,6 +217,15 @@ impl AgentMetrics {
     /// stays absent (tokwatt neither knows nor sets it).
     pub fn with_engine_batch(self) -> Self {
         self.lock().engine_batch = true;
+        self
+    }
+
+    /// The workload reports its demand (the simulator): each policy announced from now on
+    /// has its demand series at zero beside its tokens, so `increase()` counts the first
+    /// tick's too. Without this they appear with the first observation that carries
+    /// demand. Call it before the first [`Self::announce`].
+    pub fn with_demand(self) -> Self {
+        self.lock().knows_demand = true;
         self
     }
 
@@ -322,6 +336,13 @@ impl AgentMetrics {
                 .slo_violation_ticks
                 .get_or_create(&by_policy)
                 .inc_by(0);
+            if inner.knows_demand {
+                inner
+                    .gpu
+                    .tokens_demanded
+                    .get_or_create(&by_policy)
+                    .inc_by(0);
+            }
         }
     }
 
@@ -580,6 +601,13 @@ impl Inner {
             );
         }
         families.tokens.get_or_create(&by_policy).inc_by(obs.tokens);
+        if let Some(demand) = &obs.demand {
+            families
+                .tokens_demanded
+                .get_or_create(&by_policy)
+                .inc_by(demand.tokens_demanded);
+            self.knows_demand = true;
+        }
         let violations = match slo_total {
             Some(total) => advance(
                 self.seen.slo_violation_ticks.entry(obs.gpu).or_default(),

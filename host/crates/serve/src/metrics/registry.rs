@@ -173,6 +173,8 @@ pub(super) struct GpuFamilies {
     pub(super) clock_event_ticks: Family<GpuReasonLabels, TotalCounter<u64>>,
     pub(super) energy_joules: Family<GpuPolicyLabels, TotalCounter<f64>>,
     pub(super) tokens: Family<GpuPolicyLabels, TotalCounter<u64>>,
+    /// Only where the workload knows its demand (the simulator).
+    pub(super) tokens_demanded: Family<GpuPolicyLabels, TotalCounter<u64>>,
     pub(super) slo_violation_ticks: Family<GpuPolicyLabels, TotalCounter<u64>>,
 }
 
@@ -319,6 +321,11 @@ pub(super) fn register_gpu(registry: &mut Registry, families: &GpuFamilies) {
         "tokwatt_gpu_tokens_total",
         "Tokens the workload generated on the GPU, by the policy whose settings were in force",
         families.tokens.clone(),
+    );
+    registry.register(
+        "tokwatt_gpu_tokens_demanded_total",
+        "Tokens the requests that arrived asked for, turned-away ones included, by the policy whose settings were in force; present only where the workload knows its demand (the simulator), so that served demand is tokwatt_gpu_tokens_total over this, never assumed whole",
+        families.tokens_demanded.clone(),
     );
     registry.register(
         "tokwatt_gpu_slo_violation_ticks_total",

@@ -61,6 +61,16 @@ fn observation(gpu: u32, tick: u64, tokens: u64, energy_j: f64) -> Observation {
     }
 }
 
+/// `observation` as the simulator sees it: the window's arrivals asked for `demanded` tokens.
+fn with_demand(mut observation: Observation, demanded: u64) -> Observation {
+    observation.demand = Some(tokwatt_core::types::DemandWindow {
+        requests_arrived: 1,
+        tokens_demanded: demanded,
+        ..Default::default()
+    });
+    observation
+}
+
 /// A loop's state after a tick, enough to build its [`Progress`].
 struct Tick {
     totals: LoopTotals,
@@ -521,9 +531,11 @@ fn the_deployment_list_of_metric_names_is_the_exposition() {
 
     // Every family with at least one sample: a GPU that ran a tick under a policy, a
     // refused swap, and the batch gauge the agent's own workload reports.
-    let metrics = AgentMetrics::new(&[device(0)], true, false).with_fleet();
+    let metrics = AgentMetrics::new(&[device(0)], true, false)
+        .with_fleet()
+        .with_demand();
     let mut tick = Tick::first("a");
-    tick.next(observation(0, 0, 100, 400.0));
+    tick.next(with_demand(observation(0, 0, 100, 400.0), 120));
     tick.feed(&metrics, "aaaaaaaaaaaa");
     metrics.swap_refused();
     metrics.observe_fleet(&crate::metrics::FleetReading {
@@ -609,5 +621,40 @@ fn the_allowance_gauge_follows_every_tick_not_only_the_stores_answers() {
     assert_eq!(
         sample(&alone.encode(), "tokwatt_fleet_allowance_watts"),
         None
+    );
+}
+
+/// Served demand is tokens over tokens demanded; a workload that does not know its demand
+/// must leave the demand series out, never let a reader take all of it as served.
+#[test]
+fn demand_is_counted_where_the_workload_knows_it_and_absent_elsewhere() {
+    let series =
+        "tokwatt_gpu_tokens_demanded_total{gpu=\"0\",policy=\"a\",version=\"aaaaaaaaaaaa\"}";
+    let knows = AgentMetrics::new(&[device(0)], true, false).with_demand();
+    knows.announce("a", "aaaaaaaaaaaa");
+    assert_eq!(
+        sample(&knows.encode(), series),
+        Some(0.0),
+        "announced at zero before the first tick"
+    );
+    let mut tick = Tick::first("a");
+    for demanded in [120, 80] {
+        tick.next(with_demand(
+            observation(0, tick.totals.ticks, 100, 400.0),
+            demanded,
+        ));
+        tick.feed(&knows, "aaaaaaaaaaaa");
+    }
+    assert_eq!(sample(&knows.encode(), series), Some(200.0));
+
+    let unknown = AgentMetrics::new(&[device(0)], true, false);
+    unknown.announce("a", "aaaaaaaaaaaa");
+    let mut tick = Tick::first("a");
+    tick.next(observation(0, 0, 100, 400.0));
+    tick.feed(&unknown, "aaaaaaaaaaaa");
+    let text = unknown.encode();
+    assert!(
+        !text.contains("tokwatt_gpu_tokens_demanded_total{"),
+        "no demand series without demand:\n{text}"
     );
 }

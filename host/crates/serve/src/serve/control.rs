@@ -24,6 +24,9 @@ use tokwatt_policy::spec::PolicySpec;
 const HISTORY: usize = 16;
 /// The longest text of a failure kept for the status.
 const FAILURE_TEXT_MAX: usize = 512;
+/// The simulator's workload name (its `Workload::name`): the one workload whose windows
+/// carry the demand they faced.
+const SIM_WORKLOAD: &str = "sim";
 
 /// A policy the agent has run, enough to start it again.
 #[derive(Debug, Clone)]
@@ -210,6 +213,10 @@ impl ServeControl {
         }
         if parts.fleet {
             metrics = metrics.with_fleet();
+        }
+        // The simulator knows what each request asked for; other workloads do not.
+        if status.workload == SIM_WORKLOAD {
+            metrics = metrics.with_demand();
         }
         metrics.announce(&parts.first.spec.name, &parts.first.version);
         // Before the first tick, the status already names the policy.
