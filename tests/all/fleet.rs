@@ -237,6 +237,7 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
                 draw_w: 900.0,
                 tokens_per_s: 5000.0,
                 wants_more: true,
+                requested_w: 0.0,
             },
         )
         .expect("joins");

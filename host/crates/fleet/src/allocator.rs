@@ -145,7 +145,13 @@ impl Allocator for MarginalAllocator {
                 let report = record.report;
                 let current_w = entry.grant.map_or(budget.reserve_w, |g| g.watts);
                 let cap_w = if report.wants_more {
-                    budget.max_w
+                    // Up to what the node's policy asked for (its maximum where the node
+                    // did not say).
+                    if report.requested_w > 0.0 {
+                        report.requested_w.min(budget.max_w)
+                    } else {
+                        budget.max_w
+                    }
                 } else {
                     // Give back what is not drawn, keeping some headroom above the draw;
                     // a grant within the hysteresis of that stays as it is.
@@ -266,6 +272,7 @@ mod tests {
                         draw_w: *draw_w,
                         tokens_per_s: *tokens_per_s,
                         wants_more: *wants_more,
+                        requested_w: 0.0,
                     },
                 }),
                 grant: Some(Grant {
@@ -334,6 +341,25 @@ mod tests {
             );
             assert_eq!(split(&allocator.allocate(&ledger)), (3000.0, 3000.0));
         }
+    }
+
+    #[test]
+    fn a_node_that_wants_more_gets_what_its_policy_asked_for_not_its_maximum() {
+        let mut view = ledger(
+            &[
+                ("fast", 0, 3000.0, 12_000.0, true),
+                ("slow", 0, 3000.0, 10_000.0, true),
+            ],
+            9000.0,
+        );
+        for entry in &mut view.entries {
+            if let Some(record) = entry.record.as_mut() {
+                record.report.requested_w = 3400.0;
+            }
+        }
+        let (fast, slow) = split(&MarginalAllocator::default().allocate(&view));
+        // Both asked for 3.4 kW; 2.2 kW of the budget stays free for whoever asks next.
+        assert_eq!((fast, slow), (3400.0, 3400.0));
     }
 
     #[test]

@@ -238,6 +238,7 @@ mod tests {
             draw_w: caps_in_force_w,
             tokens_per_s: 0.0,
             wants_more: true,
+            requested_w: 0.0,
         }
     }
 

@@ -301,6 +301,7 @@ impl NodeLink {
         draw_w: f64,
         tokens_per_s: f64,
         wants_more: bool,
+        requested_w: f64,
     ) -> NodeReport {
         if let Allowance::Granted(grant) = allowance
             && caps_in_force_w <= grant.watts + ACK_TOLERANCE_W
@@ -313,6 +314,7 @@ impl NodeLink {
             draw_w,
             tokens_per_s,
             wants_more,
+            requested_w,
         }
     }
 

@@ -57,6 +57,12 @@ pub struct NodeReport {
     pub tokens_per_s: f64,
     /// Whether the node's work asked for more than it served (it would use more watts).
     pub wants_more: bool,
+    /// What the node's policy asked its GPUs' caps to be, summed, before the allowance
+    /// cut them (0: not reported, as by a node from before this field): a node that
+    /// wants more is granted up to this, not its maximum, so a grant does not
+    /// overshoot what the node will use and come back the next round.
+    #[serde(default)]
+    pub requested_w: f64,
 }
 
 /// A node's record as the coordinator reads it: the report and the lease it lives under.

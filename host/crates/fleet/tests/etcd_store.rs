@@ -33,6 +33,7 @@ fn report(caps_in_force_w: f64) -> NodeReport {
         draw_w: caps_in_force_w * 0.9,
         tokens_per_s: 1000.0,
         wants_more: true,
+        requested_w: 0.0,
     }
 }
 

@@ -77,6 +77,7 @@ fn the_fleet_works_over_tls_with_a_client_certificate() {
                 draw_w: 900.0,
                 tokens_per_s: 100.0,
                 wants_more: false,
+                requested_w: 0.0,
             },
         )
         .expect("joins");

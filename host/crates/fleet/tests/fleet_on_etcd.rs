@@ -103,7 +103,7 @@ fn the_caps_in_force_stay_within_the_budget_through_a_leader_killed_and_a_budget
                         let tokens_per_s =
                             (10_000.0 + 2000.0 * i as f64) * (watts / 3000.0).powf(0.6);
                         let report =
-                            link.report(&allowance, watts, watts * 0.95, tokens_per_s, true);
+                            link.report(&allowance, watts, watts * 0.95, tokens_per_s, true, 0.0);
                         link.exchange(store.as_ref(), &report);
                         last_exchange = Instant::now();
                     }

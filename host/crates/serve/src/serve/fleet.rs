@@ -65,6 +65,8 @@ pub(super) struct Figures {
     /// The allowance lowered what the GPUs were asked to hold and a GPU is held by its
     /// power cap: the node would use more.
     pub wants_more: bool,
+    /// The caps the policy asked for this tick, summed, before the allowance.
+    pub requested_w: f64,
     /// Ticks the loop has reported (0: none yet).
     pub ticks: u64,
 }
@@ -105,6 +107,14 @@ impl FleetNode {
             draw_w: progress.observations.iter().map(|o| o.power_avg_w).sum(),
             tokens_per_s: progress.observations.iter().map(|o| o.tokens_per_s).sum(),
             wants_more,
+            requested_w: progress
+                .requested
+                .iter()
+                .zip(progress.in_force)
+                .map(|(asked, in_force)| {
+                    asked.power_cap_w.unwrap_or(in_force.power_cap_requested_w)
+                })
+                .sum(),
             ticks: progress.tick + 1,
         };
         *self.figures.lock().unwrap_or_else(PoisonError::into_inner) = figures;
@@ -204,6 +214,7 @@ fn run(
                 figures.draw_w,
                 figures.tokens_per_s,
                 figures.wants_more,
+                figures.requested_w,
             );
             link.exchange(store, &report);
             node.allowance.publish(link.snapshot());
