@@ -614,6 +614,7 @@ fn status_answers_while_a_swap_waits_for_its_tick() {
             .swap(&SwapRequest {
                 spec: "/policies/b.toml".into(),
                 plugin: None,
+                fresh: false,
             })
     });
     arrived.recv().expect("the swap reaches the agent");

@@ -320,6 +320,7 @@ mod serving {
             control.swap(&SwapRequest {
                 spec: spec.to_owned(),
                 plugin: None,
+                fresh: false,
             })
         };
         wait_for("the cap of 500 W", || {
@@ -398,6 +399,7 @@ mod serving {
             .swap(&SwapRequest {
                 spec: starving.clone(),
                 plugin: None,
+                fresh: false,
             })
             .expect("swaps in");
         wait_for("the guard's take-over", || {
@@ -456,6 +458,7 @@ mod serving {
             .swap(&SwapRequest {
                 spec: secret.clone(),
                 plugin: None,
+                fresh: false,
             })
             .expect_err("not a spec");
         let ControlError::BadRequest(message) = &refused else {
@@ -471,6 +474,7 @@ mod serving {
             .swap(&SwapRequest {
                 spec: capped.clone(),
                 plugin: Some(dir.path().to_owned()),
+                fresh: false,
             })
             .expect_err("a folder is no plugin");
         assert!(

@@ -63,22 +63,26 @@ fn swaps_every_few_ticks_for_hundreds_of_ticks_miss_none_carry_state_and_roll_ba
     let stop = Arc::new(AtomicBool::new(false));
     let agent = serve::start(&config, stop, None).expect("the agent starts");
     let control = agent.control();
-    let swap = |spec: &PathBuf| {
+    let swap_fresh = |spec: &PathBuf, fresh: bool| {
         control.swap(&SwapRequest {
             spec: spec.clone(),
             plugin: None,
+            fresh,
         })
     };
+    let swap = |spec: &PathBuf| swap_fresh(spec, false);
 
     // A swap every few ticks until hundreds of ticks have passed.
     let mut swaps = 0;
     let mut last_tick = 0;
     while control.status().ticks < 300 {
-        let outcome = swap(&stateful).expect("a stateful policy swaps in");
+        // Every fifth asks for a fresh start, as `tokwatt fleet ab`'s halves do.
+        let fresh = swaps % 5 == 4;
+        let outcome = swap_fresh(&stateful, fresh).expect("a stateful policy swaps in");
         assert_eq!(
             outcome.state_carried,
-            Some(true),
-            "same schema: the state is carried ({})",
+            Some(!fresh),
+            "same schema: the state is carried unless a fresh start was asked ({})",
             outcome.message
         );
         assert!(outcome.tick > last_tick || swaps == 0, "{outcome:?}");

@@ -20,6 +20,10 @@ pub enum PolicyCommand {
         /// The component, overriding the spec's `plugin`.
         #[arg(long)]
         plugin: Option<PathBuf>,
+        /// Start the new policy without the running one's state (by default it takes the
+        /// state where its schema agrees).
+        #[arg(long)]
+        fresh: bool,
         #[command(flatten)]
         connection: ConnectionArgs,
     },
@@ -50,11 +54,13 @@ pub fn policy(command: &PolicyCommand) -> Result<()> {
         PolicyCommand::Swap {
             spec,
             plugin,
+            fresh,
             connection,
         } => {
             let request = SwapRequest {
                 spec: absolute(spec)?,
                 plugin: plugin.as_deref().map(absolute).transpose()?,
+                fresh: *fresh,
             };
             let client = connection.client()?;
             client

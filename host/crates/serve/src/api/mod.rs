@@ -137,6 +137,11 @@ pub struct SwapRequest {
     /// The component, overriding the spec's `plugin` (optional).
     #[serde(default)]
     pub plugin: Option<PathBuf>,
+    /// Start the new policy without the outgoing one's state (`tokwatt fleet ab` starts
+    /// every half this way, so that no half learns from another). Sent only when true,
+    /// so an agent that predates the key still takes a plain swap.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fresh: bool,
 }
 
 /// What an action answers once carried out.

@@ -351,7 +351,7 @@ fn is_json(value: &HeaderValue) -> bool {
 /// A [`SwapRequest`] from JSON, each key and type checked by name, both paths absolute
 /// (the agent's working folder is not the operator's).
 fn swap_request(value: serde_json::Value) -> Result<SwapRequest, Refusal> {
-    const SHAPE: &str = "send {\"spec\": \"/absolute/path/policy.toml\", \"plugin\": \"/absolute/path/policy.wasm\" (optional)}";
+    const SHAPE: &str = "send {\"spec\": \"/absolute/path/policy.toml\", \"plugin\": \"/absolute/path/policy.wasm\" (optional), \"fresh\": true (optional: without the running policy's state)}";
     let serde_json::Value::Object(keys) = value else {
         return Err(Refusal::bad_request(format!(
             "the swap request must be a JSON object: {SHAPE}"
@@ -371,10 +371,16 @@ fn swap_request(value: serde_json::Value) -> Result<SwapRequest, Refusal> {
                     json_kind(value)
                 )));
             }
-            "spec" | "plugin" => {}
+            "fresh" if !value.is_boolean() => {
+                return Err(Refusal::bad_request(format!(
+                    "key `fresh` must be true or false, not {}: {SHAPE}",
+                    json_kind(value)
+                )));
+            }
+            "spec" | "plugin" | "fresh" => {}
             unknown => {
                 return Err(Refusal::bad_request(format!(
-                    "unknown key `{}` in the swap request (the keys are `spec` and `plugin`): {SHAPE}",
+                    "unknown key `{}` in the swap request (the keys are `spec`, `plugin` and `fresh`): {SHAPE}",
                     tokwatt_plugin::sanitize_text(unknown, 128)
                 )));
             }
@@ -455,6 +461,11 @@ mod tests {
             swap_request(serde_json::json!({"spec": "/a.toml", "plugin": null})).expect("valid");
         assert_eq!(request.spec, std::path::Path::new("/a.toml"));
         assert_eq!(request.plugin, None);
+        assert!(!request.fresh, "a swap carries the state unless asked");
+        assert!(refused(serde_json::json!({"spec": "/a", "fresh": "yes"})).contains("`fresh`"));
+        let fresh =
+            swap_request(serde_json::json!({"spec": "/a.toml", "fresh": true})).expect("valid");
+        assert!(fresh.fresh);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::api::{
 use crate::metrics::AgentMetrics;
 use tokwatt_agent::assembly::{Offered, Withheld, grant_knobs};
 use tokwatt_agent::control::{LoopCommand, Progress};
-use tokwatt_agent::swap::{SwapEvent, SwapSender};
+use tokwatt_agent::swap::{StateOnSwap, SwapEvent, SwapSender};
 use tokwatt_agent::{self as agent, NodeFacts};
 use tokwatt_plugin::PluginHost;
 use tokwatt_policy::spec::PolicySpec;
@@ -430,6 +430,7 @@ impl ServeControl {
         &self,
         record: PolicyRecord,
         kind: SwapKind,
+        state: StateOnSwap,
     ) -> Result<ActionOutcome, ControlError> {
         if self.live.status().paused {
             return Err(ControlError::Conflict(
@@ -456,6 +457,7 @@ impl ServeControl {
         prepared.notify = Some(notify);
         prepared.probation_ticks = self.probation_ticks;
         prepared.operator_rollback = matches!(kind, SwapKind::Back);
+        prepared.state = state;
         let name = record.spec.name.clone();
         let version = record.version.clone();
         lock(&self.book).pending.push_back((record, kind));
@@ -576,6 +578,11 @@ impl Control for ServeControl {
                 version,
             },
             SwapKind::Forward,
+            if request.fresh {
+                StateOnSwap::Fresh
+            } else {
+                StateOnSwap::FromOutgoing
+            },
         )
     }
 
@@ -586,7 +593,7 @@ impl Control for ServeControl {
                 "there is no earlier policy to roll back to: the policy in charge is the first this agent ran".into(),
             ));
         };
-        let mut outcome = self.hand_over(previous, SwapKind::Back)?;
+        let mut outcome = self.hand_over(previous, SwapKind::Back, StateOnSwap::FromOutgoing)?;
         outcome.message = format!("rolled back: {}", outcome.message);
         Ok(outcome)
     }

@@ -132,7 +132,11 @@ fn watch(
             }
         };
         tracing::info!(spec = %spec.display(), "the watched policy folder changed: swapping");
-        match control.swap(&SwapRequest { spec, plugin: None }) {
+        match control.swap(&SwapRequest {
+            spec,
+            plugin: None,
+            fresh: false,
+        }) {
             Ok(outcome) => tracing::info!("{}", outcome.message),
             Err(error) => {
                 tracing::error!("the watched folder's policy was not swapped in: {error}")
