@@ -168,6 +168,12 @@ pub struct LadderSearch {
     /// The side of the next neighbour probe: +1 up, -1 down.
     pub recheck_direction: i32,
     pub floor: Option<Floor>,
+    /// A rung the host held the GPU at when a higher one was asked for (a fleet's
+    /// allowance, a limit from outside): the search for efficiency stays at or below it
+    /// for `floor_hold_windows` windows, so it does not ask again and again for rungs it
+    /// is never given. A raise for the objective still asks above it: that ask is how a
+    /// node says it needs more. Not kept across a swap (learnt again in a few ticks).
+    pub ceiling: Option<Floor>,
     pub window: LadderWindow,
     pub noise: Noise,
     pub shift: ShiftDetector,
@@ -220,6 +226,7 @@ impl LadderSearch {
             windows_at_incumbent: 0,
             recheck_direction: -1,
             floor: None,
+            ceiling: None,
             window: LadderWindow::default(),
             noise: Noise::new(config.noise_cv),
             shift: ShiftDetector::default(),
@@ -262,8 +269,12 @@ impl LadderSearch {
                 "gpu {}: rung {in_force} is in force, not {}; searching from it",
                 self.gpu, self.current
             );
+            let held_lower = in_force < self.current;
             self.current = in_force;
             self.window = LadderWindow::default();
+            if held_lower {
+                self.hold_at(in_force, config);
+            }
         }
         self.mismatch_ticks = 0;
         let Some(figures) = TickFigures::of(observation) else {
@@ -323,8 +334,8 @@ impl LadderSearch {
     fn start_bracket(&mut self, lo: usize, hi: usize, config: &LadderConfig) {
         self.incumbent = None;
         self.windows_at_incumbent = 0;
-        self.lo = lo.max(self.lowest_allowed()).min(self.top());
-        self.hi = hi.max(self.lo).min(self.top());
+        self.lo = lo.max(self.lowest_allowed()).min(self.highest_allowed());
+        self.hi = hi.min(self.highest_allowed()).max(self.lo);
         self.window = LadderWindow::default();
         self.bracket_step(config);
     }
@@ -396,6 +407,32 @@ impl LadderSearch {
         }
     }
 
+    /// The host held the GPU at `rung`, below the rung asked for: search at or below it.
+    fn hold_at(&mut self, rung: usize, config: &LadderConfig) {
+        self.ceiling = Some(Floor {
+            rung,
+            windows_left: config.floor_hold_windows,
+        });
+        let highest = self.highest_allowed();
+        match self.incumbent {
+            Some(incumbent) if incumbent > highest => self.resettle(highest),
+            Some(_) => {}
+            None => {
+                self.lo = self.lo.min(highest);
+                self.hi = self.hi.min(highest).max(self.lo);
+            }
+        }
+    }
+
+    /// The highest rung the search for efficiency may ask for: the held rung, unless a
+    /// floor for the objective lies above it (then the floor's: the objective first).
+    fn highest_allowed(&self) -> usize {
+        match self.ceiling {
+            Some(ceiling) => ceiling.rung.max(self.lowest_allowed()),
+            None => self.top(),
+        }
+    }
+
     /// The lowest rung the search may ask for.
     fn lowest_allowed(&self) -> usize {
         match self.floor {
@@ -408,10 +445,12 @@ impl LadderSearch {
     fn close_window(&mut self, config: &LadderConfig) {
         self.noise.learn(&self.window.record, config.noise_floor_cv);
         self.window = LadderWindow::default();
-        if let Some(floor) = &mut self.floor {
-            floor.windows_left = floor.windows_left.saturating_sub(1);
-            if floor.windows_left == 0 {
-                self.floor = None;
+        for hold in [&mut self.floor, &mut self.ceiling] {
+            if let Some(held) = hold {
+                held.windows_left = held.windows_left.saturating_sub(1);
+                if held.windows_left == 0 {
+                    *hold = None;
+                }
             }
         }
     }
@@ -555,7 +594,7 @@ impl LadderSearch {
     /// Probes the settled rung's neighbour on the side of `recheck_direction`.
     fn probe_neighbour(&mut self, incumbent: usize) {
         let lowest = self.lowest_allowed();
-        let top = self.top();
+        let top = self.highest_allowed();
         let toward = |direction: i32| {
             if direction > 0 {
                 (incumbent + 1).min(top)

@@ -318,3 +318,63 @@ fn a_throughput_breach_on_a_tick_with_an_unknown_p99_moves_as_one_without_a_limi
     observation.tpot_p99_ms = 44.0;
     assert!((tpot_overshoot(&observation, &floor(Some(40.0))) - 1.1).abs() < 1e-12);
 }
+
+/// Runs the search under a host that holds every cap at or below `ceiling` (a fleet's
+/// allowance, a limit from outside): the search asks, the host applies the lower.
+fn run_held(
+    search: &mut LadderSearch,
+    gpu: &mut SyntheticGpu,
+    ticks: u64,
+    objective: &Objective,
+    ceiling: usize,
+) -> (Vec<usize>, Vec<usize>) {
+    let config = LadderConfig::defaults();
+    let mut in_force = search.current.min(ceiling);
+    let mut settling = false;
+    let (mut asked_history, mut history) = (Vec::new(), Vec::new());
+    for tick in 0..ticks {
+        let observation = gpu.tick(tick, in_force, settling);
+        let asked = search.observe(&observation, in_force, objective, &config);
+        let next = asked.min(ceiling);
+        settling = next != in_force;
+        in_force = next;
+        asked_history.push(asked);
+        history.push(in_force);
+    }
+    (asked_history, history)
+}
+
+#[test]
+fn a_cap_the_host_holds_lower_bounds_the_search_which_goes_on_below_it() {
+    // Light load: the lowest cap keeps up. The host holds caps at rung 10 (300 W); the
+    // search must still find its way down rather than ask again and again for rungs
+    // it is never given.
+    let mut search = new_search();
+    let mut gpu = SyntheticGpu::new(3_000.0);
+    let (asked, history) = run_held(&mut search, &mut gpu, 200, &objective(None), 10);
+    let settled = search.incumbent.unwrap_or(usize::MAX);
+    assert!(settled <= 3, "settled {settled}: {history:?}");
+    // After the first hold is noticed, it asks above the ceiling only rarely (when the
+    // hold has expired, to see whether it was lifted).
+    let above = asked[20..].iter().filter(|&&rung| rung > 10).count();
+    assert!(
+        above <= 10,
+        "asked above the held cap {above} times: {asked:?}"
+    );
+}
+
+#[test]
+fn under_a_held_cap_a_breach_still_asks_above_it() {
+    // Full load and a latency limit that rung 10 breaks: the search must keep asking for
+    // more than the host gives (that ask is what a fleet grants watts on).
+    let mut search = new_search();
+    let mut gpu = SyntheticGpu::new(1e9);
+    let limit_ms = 40.0;
+    assert!(highest_rung_breaking(limit_ms) >= 10);
+    let (asked, _) = run_held(&mut search, &mut gpu, 120, &objective(Some(limit_ms)), 10);
+    let above = asked[20..].iter().filter(|&&rung| rung > 10).count();
+    assert!(
+        above >= 50,
+        "asked above the held cap only {above} times: {asked:?}"
+    );
+}
