@@ -40,6 +40,10 @@ pub struct MarginalAllocator {
     pub draw_headroom: f64,
     /// A node gives back only what it holds beyond its draw's share by more than this.
     pub hysteresis_w: f64,
+    /// The least a node that wants more may be raised by in a round, where its policy
+    /// asked for less than that above its grant: a policy raising for its objective may
+    /// ask one small step at a time, and a grant that follows it step by step starves it.
+    pub raise_w: f64,
     /// A step moves between two nodes of one tier only where the receiver's marginal
     /// value exceeds the giver's by more than this fraction: reports jitter by a few
     /// percent a round, and a move that only follows the jitter is a wasted cut.
@@ -53,6 +57,7 @@ impl Default for MarginalAllocator {
             exponent: 0.6,
             draw_headroom: 0.10,
             hysteresis_w: 50.0,
+            raise_w: 200.0,
             min_gain: 0.05,
         }
     }
@@ -145,10 +150,13 @@ impl Allocator for MarginalAllocator {
                 let report = record.report;
                 let current_w = entry.grant.map_or(budget.reserve_w, |g| g.watts);
                 let cap_w = if report.wants_more {
-                    // Up to what the node's policy asked for (its maximum where the node
-                    // did not say).
+                    // Up to what the node's policy asked for, or `raise_w` above its
+                    // grant where that is more (its maximum where the node did not say).
                     if report.requested_w > 0.0 {
-                        report.requested_w.min(budget.max_w)
+                        report
+                            .requested_w
+                            .max(current_w + self.raise_w)
+                            .min(budget.max_w)
                     } else {
                         budget.max_w
                     }
@@ -360,6 +368,14 @@ mod tests {
         let (fast, slow) = split(&MarginalAllocator::default().allocate(&view));
         // Both asked for 3.4 kW; 2.2 kW of the budget stays free for whoever asks next.
         assert_eq!((fast, slow), (3400.0, 3400.0));
+        // A policy that asks one small step above its grant is raised by `raise_w`.
+        for entry in &mut view.entries {
+            if let Some(record) = entry.record.as_mut() {
+                record.report.requested_w = 3010.0;
+            }
+        }
+        let (fast, slow) = split(&MarginalAllocator::default().allocate(&view));
+        assert_eq!((fast, slow), (3200.0, 3200.0));
     }
 
     #[test]

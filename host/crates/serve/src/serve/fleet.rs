@@ -62,10 +62,13 @@ pub(super) struct Figures {
     pub caps_in_force_w: f64,
     pub draw_w: f64,
     pub tokens_per_s: f64,
-    /// The allowance lowered what the GPUs were asked to hold and a GPU is held by its
-    /// power cap: the node would use more.
+    /// On some tick since the last report, the allowance lowered what the GPUs were
+    /// asked to hold and a GPU was held by its power cap: the node would use more.
+    /// (A policy may ask above its allowance on one tick in several: the report, sent
+    /// once a period, must not depend on which tick it samples.)
     pub wants_more: bool,
-    /// The caps the policy asked for this tick, summed, before the allowance.
+    /// The most the policy asked for on a tick since the last report, caps summed,
+    /// before the allowance.
     pub requested_w: f64,
     /// Ticks the loop has reported (0: none yet).
     pub ticks: u64,
@@ -102,26 +105,31 @@ impl FleetNode {
             // GPU is held by its power cap (or draws next to it).
             cut_now && progress.observations.iter().any(power_bound)
         };
-        let figures = Figures {
+        let requested_w = progress
+            .requested
+            .iter()
+            .zip(progress.in_force)
+            .map(|(asked, in_force)| asked.power_cap_w.unwrap_or(in_force.power_cap_requested_w))
+            .sum();
+        let mut figures = self.figures.lock().unwrap_or_else(PoisonError::into_inner);
+        *figures = Figures {
             caps_in_force_w: progress.in_force.iter().map(|f| f.power_cap_w).sum(),
             draw_w: progress.observations.iter().map(|o| o.power_avg_w).sum(),
             tokens_per_s: progress.observations.iter().map(|o| o.tokens_per_s).sum(),
-            wants_more,
-            requested_w: progress
-                .requested
-                .iter()
-                .zip(progress.in_force)
-                .map(|(asked, in_force)| {
-                    asked.power_cap_w.unwrap_or(in_force.power_cap_requested_w)
-                })
-                .sum(),
+            wants_more: figures.wants_more || wants_more,
+            requested_w: figures.requested_w.max(requested_w),
             ticks: progress.tick + 1,
         };
-        *self.figures.lock().unwrap_or_else(PoisonError::into_inner) = figures;
     }
 
-    fn figures(&self) -> Figures {
-        *self.figures.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The figures for a report: the latest tick's, with what the node asked for since
+    /// the last report (which starts afresh).
+    fn take_figures(&self) -> Figures {
+        let mut figures = self.figures.lock().unwrap_or_else(PoisonError::into_inner);
+        let taken = *figures;
+        figures.wants_more = false;
+        figures.requested_w = 0.0;
+        taken
     }
 }
 
@@ -205,7 +213,7 @@ fn run(
     );
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
-        let figures = node.figures();
+        let figures = node.take_figures();
         if figures.ticks > 0 {
             let allowance = link.allowance(Instant::now());
             let report = link.report(
