@@ -31,17 +31,18 @@ pub mod experiment;
 pub mod nodes;
 pub mod plan;
 pub mod prometheus;
+pub mod report;
 pub mod verdict;
 
 #[cfg(test)]
 mod tests;
 
 pub use experiment::{
-    BoxError, CounterSource, ESTIMAND, FLEET_AB_FORMAT_VERSION, Fleet, FleetAbError, FleetAbReport,
-    LoadSource, NodeControl, NodePolicy, NodeState, Prepared, PutBack, Settings, Swapped, UNIT,
-    prepare, run,
+    BoxError, CounterSource, Fleet, FleetAbError, LoadSource, NodeControl, NodePolicy, NodeState,
+    Prepared, PutBack, Settings, Swapped, prepare, run,
 };
 pub use nodes::{ApiAddress, FleetNode, NodesFileError, Selector, load_nodes, parse_nodes};
 pub use plan::{Assignment, MIN_PAIRS, PlannedPair, assign};
 pub use prometheus::{Prometheus, PrometheusError};
+pub use report::{ESTIMAND, FLEET_AB_FORMAT_VERSION, FleetAbReport, UNIT};
 pub use verdict::{FleetVerdict, PairSums, verdict};
