@@ -147,6 +147,8 @@ pub enum MeasureError {
         gap_s: f64,
         max_gap_s: f64,
     },
+    #[error("its agent ran no control tick between two scrapes in the window: is its loop stuck?")]
+    NoTicks,
     #[error(
         "its agent restarted in the window (tokwatt_ticks_total went down): a restarted agent runs its configured policy, not the experiment's"
     )]
@@ -192,6 +194,9 @@ pub fn measure(
         return Err(MeasureError::Restarted);
     }
     if hold == Hold::OnePolicy {
+        if ticks.value < 1.0 {
+            return Err(MeasureError::NoTicks);
+        }
         for metric in [SWAPS, ROLLBACKS, OPERATOR_ROLLBACKS] {
             let grown = increase(one(metric)?, from, to);
             if grown.resets > 0 {

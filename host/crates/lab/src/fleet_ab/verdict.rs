@@ -8,7 +8,8 @@ use crate::ab::stats::{ObjectiveCheck, ObjectiveGap};
 use crate::ab::{AbError, Arm, ArmEpoch, Decision, EpochPair, SequentialPlan};
 
 /// One arm over one pair of nodes: its two halves summed (one on each node, one in each
-/// half), so the difference between the halves' periods cancels within the pair.
+/// half, each scaled to the pair's mean length: see [`PairSums`]), so the difference
+/// between the periods and between the nodes cancels within the pair.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ArmSum {
     pub tokens: u64,
@@ -59,7 +60,14 @@ impl ArmSum {
 }
 
 /// One pair of nodes' sums: arm A's halves (`a_first`'s first and `b_first`'s second)
-/// and arm B's (the other two).
+/// and arm B's (the other two), each half first scaled to the pair's mean ticks a half.
+///
+/// The scaling is why the node and the period cancel: a sum weighs each half by its
+/// length, so with a half of one node longer than its other (the scrapes that bound the
+/// windows fall a little differently, a simulated node ticks faster in one half than in
+/// the other) the arm holding it leans toward that node's own tokens per joule, which in
+/// a pair of nodes of different loads is not the other's. Scaled, each half weighs alike;
+/// a half's own ratios (tokens per joule, served demand, violations per tick) are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PairSums {
     pub a: ArmSum,
@@ -71,8 +79,11 @@ pub struct PairSums {
 impl PairSums {
     /// `a_first` ran A then B, `b_first` B then A; each given as [first half, second half].
     pub fn of(a_first: [&Figures; 2], b_first: [&Figures; 2]) -> Self {
-        let a = ArmSum::of(a_first[0], b_first[1]);
-        let b = ArmSum::of(b_first[0], a_first[1]);
+        let halves = [a_first[0], a_first[1], b_first[0], b_first[1]];
+        let mean_ticks = halves.iter().map(|h| h.ticks).sum::<u64>() as f64 / 4.0;
+        let [x1, x2, y1, y2] = halves.map(|half| scaled(half, mean_ticks));
+        let a = ArmSum::of(&x1, &y2);
+        let b = ArmSum::of(&y1, &x2);
         Self {
             a,
             b,
@@ -85,6 +96,23 @@ impl PairSums {
             a: self.a.epoch(),
             b: self.b.epoch(),
         }
+    }
+}
+
+/// `half` as if it had run `ticks` ticks at the same rates (unchanged where it ran none:
+/// the statistics refuse a half without ticks by name).
+fn scaled(half: &Figures, ticks: f64) -> Figures {
+    if half.ticks == 0 {
+        return *half;
+    }
+    let factor = ticks / half.ticks as f64;
+    let count = |n: u64| (n as f64 * factor).round() as u64;
+    Figures {
+        tokens: count(half.tokens),
+        energy_j: half.energy_j * factor,
+        violation_ticks: count(half.violation_ticks).min(ticks.round() as u64),
+        ticks: ticks.round() as u64,
+        tokens_demanded: half.tokens_demanded.map(count),
     }
 }
 

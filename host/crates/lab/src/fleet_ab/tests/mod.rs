@@ -365,6 +365,15 @@ fn a_missing_metric_a_gap_or_a_change_of_policy_is_an_error_never_a_zero() {
         },
         MeasureError::Paused { at_s: 4.0 },
     );
+    check(
+        &|s| {
+            let ticks = &mut s.get_mut(counters::TICKS).expect("ticks")[0].samples;
+            for sample in ticks.iter_mut() {
+                sample.1 = 7.0;
+            }
+        },
+        MeasureError::NoTicks,
+    );
     // The baseline only needs the scrapes.
     let mut swapped = node_samples(1, true);
     swapped.get_mut(counters::SWAPS).expect("swaps")[0].samples[7].1 = 1.0;
@@ -441,6 +450,30 @@ fn each_arm_sums_one_half_of_each_node_so_the_period_and_the_node_cancel() {
         [&half(t_b, p1, ey), &half(t_a, p1, ey)],
     );
     assert!((sums.ratio_b_over_a - 1.25).abs() < 1e-3, "{sums:?}");
+}
+
+#[test]
+fn halves_of_unequal_length_weigh_alike_so_the_node_still_cancels() {
+    // No difference between the arms; node y makes three times node x's tokens per
+    // joule. x's first half ran 1.5 times as long as its second (and y's the reverse):
+    // summed as they are, A would lean to x's efficiency and B to y's.
+    let half = |tpj: f64, ticks: u64| Figures {
+        tokens: (tpj * ticks as f64 * 100.0).round() as u64,
+        energy_j: ticks as f64 * 100.0,
+        violation_ticks: ticks / 10,
+        ticks,
+        tokens_demanded: Some((tpj * ticks as f64 * 100.0).round() as u64),
+    };
+    let (x1, x2) = (half(2.0, 1500), half(2.0, 1000));
+    let (y1, y2) = (half(6.0, 1000), half(6.0, 1500));
+    let sums = PairSums::of([&x1, &x2], [&y1, &y2]);
+    assert!((sums.ratio_b_over_a - 1.0).abs() < 1e-6, "{sums:?}");
+    assert_eq!(sums.a.ticks, 2 * 1250);
+    assert_eq!(
+        sums.a.violation_ticks, 250,
+        "a tenth of the ticks, as each half had"
+    );
+    assert_eq!(sums.a.served_fraction, Some(1.0));
 }
 
 #[test]
