@@ -23,7 +23,7 @@ pub use tokwatt_core::{
 pub use tokwatt_cuda as cuda;
 pub use tokwatt_engines::prometheus;
 pub use tokwatt_fleet as fleet;
-pub use tokwatt_lab::{ab, eval, replay};
+pub use tokwatt_lab::{ab, eval, fleet_ab, replay};
 pub use tokwatt_nvml as nvml;
 pub use tokwatt_plugin as plugin;
 pub use tokwatt_policy::{envelope, guard, limits, rules, spec, supervisor as policy};

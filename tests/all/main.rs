@@ -12,6 +12,7 @@ mod deploy;
 mod engines;
 mod eval;
 mod fleet;
+mod fleet_ab;
 mod guard;
 mod guest_lang;
 mod hostile;

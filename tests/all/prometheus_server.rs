@@ -12,7 +12,7 @@ use tokwatt_test_support::free_port;
 use crate::support::*;
 
 /// Kills the process when the test ends, however it ends.
-struct Killed(Child);
+pub(crate) struct Killed(pub(crate) Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -21,7 +21,8 @@ impl Drop for Killed {
     }
 }
 
-fn prometheus() -> Option<&'static str> {
+/// Debian's `prometheus`, or the test skips (fails where TOKWATT_REQUIRE_PROMETHEUS).
+pub(crate) fn prometheus() -> Option<&'static str> {
     required_tool(
         "prometheus",
         "TOKWATT_REQUIRE_PROMETHEUS",
@@ -30,7 +31,7 @@ fn prometheus() -> Option<&'static str> {
 }
 
 /// The value of `query` (a single-element vector or a scalar), from Prometheus's HTTP API.
-fn query(port: u16, query: &str) -> Option<f64> {
+pub(crate) fn query(port: u16, query: &str) -> Option<f64> {
     let url = format!("/api/v1/query?query={}", encode(query));
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream

@@ -25,6 +25,10 @@ pub enum FleetCommand {
     /// Run a coordinator replica for a domain until SIGINT or SIGTERM (then it resigns, so
     /// another replica takes over at once).
     Coordinate(CoordinateArgs),
+    /// Is policy B more efficient than A across serving nodes? Nodes paired by load, each
+    /// pair's two on opposite arms and swapped halfway, counters read from Prometheus;
+    /// a verdict over the pairs, fleet-ab.json, and every node put back.
+    Ab(Box<crate::fleet_ab::FleetAbArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -123,6 +127,7 @@ pub fn fleet(command: &FleetCommand) -> Result<()> {
         FleetCommand::Budget(args) => budget(args),
         FleetCommand::Show(args) => show(args),
         FleetCommand::Coordinate(args) => coordinate(args),
+        FleetCommand::Ab(args) => crate::fleet_ab::fleet_ab(args),
     }
 }
 

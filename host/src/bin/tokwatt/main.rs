@@ -9,6 +9,7 @@ mod bench_serve;
 mod check;
 mod eval;
 mod fleet;
+mod fleet_ab;
 mod gpus;
 mod node_rules;
 mod plugin;
@@ -86,8 +87,8 @@ enum Command {
         #[command(subcommand)]
         what: plugin::PluginCommand,
     },
-    /// A power budget across nodes on etcd: set a domain's budget, show its ledger, run a
-    /// coordinator replica.
+    /// Across nodes: a power budget on etcd (set a domain's budget, show its ledger, run a
+    /// coordinator replica), and A/B experiments on serving nodes.
     Fleet {
         #[command(subcommand)]
         what: fleet::FleetCommand,
