@@ -416,3 +416,54 @@ fn a_served_node_joins_over_tls_with_its_client_certificate() {
     let view = store.read_domain("rack-s").expect("read").expect("budget");
     assert!(view.nodes.iter().all(|n| n.record.is_none()), "{view:?}");
 }
+
+#[test]
+fn a_budget_that_gives_the_node_less_than_its_config_lowers_what_a_restore_puts_back() {
+    // serve.toml says 1 kW; the domain's budget says 900 W. A crash must restore within
+    // 900 W (what the ledger charges a node without a lease), not 1 kW.
+    use tokwatt::restore::StateFile;
+    let Some(cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), Duration::from_secs(1)).expect("client");
+    store
+        .put_budget(&DomainBudget {
+            domain: "rack-s".into(),
+            budget_w: 2400.0,
+            uncontrolled_w: 0.0,
+            nodes: vec![NodeBudget {
+                node: "n1".into(),
+                reserve_w: 900.0,
+                max_w: 2800.0,
+                priority: 0,
+            }],
+        })
+        .expect("budget");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state.json");
+    let mut config = node_config(dir.path(), &cluster.endpoints());
+    config.state_file = Some(state.clone());
+    let agent = serve::start(&config, Arc::new(AtomicBool::new(false)), None).expect("starts");
+    let control = agent.control();
+    wait_for("ticks", Duration::from_secs(20), || {
+        control.status().ticks >= 3
+    });
+    let saved = StateFile::new(&state)
+        .load()
+        .expect("the state file loads")
+        .expect("the guard saved the GPUs before the first change");
+    let restored: f64 = saved.iter().map(|gpu| gpu.original.power_cap_w).sum();
+    assert!(
+        restored <= 900.0 + 1e-6,
+        "a restore would put back {restored} W, above the budget's 900 W reserve"
+    );
+    let in_force: f64 = control
+        .status()
+        .gpus
+        .iter()
+        .map(|g| g.in_force.power_cap_w)
+        .sum();
+    assert!(in_force <= 900.0 + 1e-6, "{in_force} W in force");
+    agent.stop();
+    agent.join().expect("stops cleanly");
+}

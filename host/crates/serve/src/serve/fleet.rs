@@ -139,6 +139,44 @@ fn power_bound(observation: &tokwatt_core::types::Observation) -> bool {
         || observation.power_avg_w >= 0.9 * observation.in_force.power_cap_w
 }
 
+/// The reserve the node holds from its start: the configured one, or the budget's where
+/// the budget gives this node less (read once, before the settings guard saves what a
+/// restore puts back, so a crash restores within what the ledger charges a node without
+/// a lease). Where etcd cannot be read now, the configured one; the link lowers its
+/// own reserve on joining either way.
+pub(super) fn reserve_at_start(config: &FleetConfig) -> f64 {
+    let configured = config.link.reserve_w;
+    let named = config
+        .tls
+        .as_ref()
+        .map(tokwatt_fleet::etcd::EtcdTls::load)
+        .transpose()
+        .map_err(tokwatt_fleet::StoreError::from)
+        .and_then(|tls| EtcdFleet::connect_with(&config.endpoints, tls.as_ref(), config.timeout))
+        .and_then(|store| store.read_domain(&config.link.domain));
+    match named {
+        Ok(Some(view)) => match view.budget.node(&config.link.node) {
+            Some(named) if named.reserve_w < configured => {
+                tracing::warn!(
+                    node = %config.link.node,
+                    "fleet: the domain's budget gives this node a reserve of {} W, below fleet.reserve_w ({configured} W): holding, and restoring within, {} W; set fleet.reserve_w to the budget's",
+                    named.reserve_w,
+                    named.reserve_w
+                );
+                named.reserve_w
+            }
+            _ => configured,
+        },
+        Ok(None) => configured,
+        Err(error) => {
+            tracing::info!(
+                "fleet: cannot read the domain's budget at start ({error}); holding fleet.reserve_w ({configured} W)"
+            );
+            configured
+        }
+    }
+}
+
 /// The thread that talks to the store.
 #[derive(Debug)]
 pub(super) struct FleetThread {

@@ -304,8 +304,12 @@ pub fn start(
     };
     // In a power domain the node starts, stops and restores at its reserve: the guard
     // puts the caps back within it, never at the board defaults.
-    let fleet_node = config.fleet.as_ref().map(fleet::FleetNode::new);
-    if let Some(fleet) = &config.fleet {
+    let fleet_config = config.fleet.clone().map(|mut fleet| {
+        fleet.link.reserve_w = fleet::reserve_at_start(&fleet);
+        fleet
+    });
+    let fleet_node = fleet_config.as_ref().map(fleet::FleetNode::new);
+    if let Some(fleet) = &fleet_config {
         let devices = backends.telemetry.devices();
         let floor: f64 = devices.iter().map(|d| d.power_cap_min_w).sum();
         if fleet.link.reserve_w < floor {
@@ -323,7 +327,7 @@ pub fn start(
     }
     if let Some(path) = &state_file {
         let mut guard = SettingsGuard::new(StateFile::new(path.clone()), backends.actuator);
-        if let Some(fleet) = &config.fleet {
+        if let Some(fleet) = &fleet_config {
             guard = guard.with_power_ceiling(fleet.link.reserve_w);
         }
         guard.arm()?;
@@ -483,7 +487,7 @@ pub fn start(
             }
         })
         .map_err(ServeError::Thread)?;
-    let fleet = match (&config.fleet, fleet_node) {
+    let fleet = match (&fleet_config, fleet_node) {
         (Some(fleet_config), Some(node)) => {
             match fleet::FleetThread::start(fleet_config.clone(), node, Arc::clone(&control)) {
                 Ok(thread) => Some(thread),
