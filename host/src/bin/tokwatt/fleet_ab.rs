@@ -22,6 +22,8 @@ use tokwatt::plugin::sanitize_text;
 /// How long a swap may take: its plugin is compiled and started off the node's loop (a
 /// large component takes seconds), then it waits for a tick boundary.
 const SWAP_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a status may take: a node that does not answer in this is named, not waited on.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, clap::Args)]
 pub struct FleetAbArgs {
@@ -75,12 +77,16 @@ pub struct FleetAbArgs {
     plan_only: bool,
 }
 
-/// A node's control API, through the CLI's client.
-struct Agent(ApiClient);
+/// A node's control API, through the CLI's client: one for statuses, one for swaps, whose
+/// timeouts differ.
+struct Agent {
+    status: ApiClient,
+    actions: ApiClient,
+}
 
 impl NodeControl for Agent {
     fn status(&self) -> Result<NodeState, BoxError> {
-        let status = self.0.status()?;
+        let status = self.status.status()?;
         Ok(NodeState {
             policy: NodePolicy {
                 name: status.policy.name,
@@ -94,7 +100,7 @@ impl NodeControl for Agent {
     }
 
     fn swap(&self, spec: &Path, plugin: Option<&Path>, fresh: bool) -> Result<Swapped, BoxError> {
-        let outcome = self.0.swap(&SwapRequest {
+        let outcome = self.actions.swap(&SwapRequest {
             spec: spec.to_owned(),
             plugin: plugin.map(Path::to_owned),
             fresh,
@@ -107,12 +113,25 @@ impl NodeControl for Agent {
 }
 
 fn client(node: &FleetNode) -> Result<Agent> {
-    let client = match &node.api {
-        ApiAddress::Socket(path) => ApiClient::unix(path),
-        ApiAddress::Http { url, token_file } => ApiClient::http_with_token_file(url, token_file),
-    }
-    .with_context(|| format!("node `{}`'s control API", node.name))?;
-    Ok(Agent(client.with_timeout(SWAP_TIMEOUT)))
+    let connect = |timeout: Duration| {
+        match &node.api {
+            ApiAddress::Socket(path) => ApiClient::unix(path),
+            ApiAddress::Http { url, token_file } => {
+                ApiClient::http_with_token_file(url, token_file)
+            }
+        }
+        .map(|client| client.with_timeout(timeout))
+        .with_context(|| {
+            format!(
+                "node `{}`'s control API (nothing was changed on any node)",
+                node.name
+            )
+        })
+    };
+    Ok(Agent {
+        status: connect(STATUS_TIMEOUT)?,
+        actions: connect(SWAP_TIMEOUT)?,
+    })
 }
 
 pub fn fleet_ab(args: &FleetAbArgs) -> Result<()> {
@@ -170,10 +189,15 @@ pub fn fleet_ab(args: &FleetAbArgs) -> Result<()> {
     let report = fleet_ab::run(fleet, &settings, &prepared, &stop, &mut |what| {
         eprintln!("tokwatt fleet ab: {what}");
     })?;
-    let json = serde_json::to_string_pretty(&report).context("writing fleet-ab.json")?;
-    tokwatt::report::write_atomically(&report_path, &json)
-        .with_context(|| format!("writing {}", report_path.display()))?;
+    // The verdict is shown even where the file cannot be written.
+    let written = serde_json::to_string_pretty(&report)
+        .context("writing fleet-ab.json")
+        .and_then(|json| {
+            tokwatt::report::write_atomically(&report_path, &json)
+                .with_context(|| format!("writing {}", report_path.display()))
+        });
     print_verdict(&report, &report_path);
+    written?;
     if !report.put_back.failed.is_empty() {
         bail!("the experiment finished, but {}", report.put_back);
     }

@@ -308,3 +308,55 @@ pub fn parse_prometheus_duration(text: &str) -> Option<f64> {
     }
     Some(total)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_is_plain_http_with_an_optional_route_prefix() {
+        let server = Prometheus::new("http://prometheus:9090/prom/").expect("valid");
+        assert_eq!(server.authority, "prometheus:9090");
+        assert_eq!(server.prefix, "/prom");
+        assert_eq!(
+            Prometheus::new("http://localhost")
+                .expect("valid")
+                .authority,
+            "localhost:80"
+        );
+        for (bad, why) in [
+            ("https://prometheus:9090", "plain http://"),
+            ("prometheus:9090", "plain http://"),
+            ("http://u:p@prometheus:9090", "credentials"),
+            ("http://prometheus:9090/?x=1", "without a query"),
+        ] {
+            let error = Prometheus::new(bad).expect_err(bad).to_string();
+            assert!(
+                error.contains(why) && error.contains("--prometheus"),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_prometheus_that_is_not_there_is_named_with_the_fix() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a port")
+            .port();
+        let error = Prometheus::new(&format!("http://127.0.0.1:{port}"))
+            .expect("valid")
+            .now_s()
+            .expect_err("nothing listens")
+            .to_string();
+        assert!(error.contains("is it running"), "{error}");
+    }
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(
+            percent_encode("up{instance=\"a:1\"}[5s]"),
+            "up%7Binstance%3D%22a%3A1%22%7D%5B5s%5D"
+        );
+    }
+}
