@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 
 use tokwatt::ab::stats::DEFAULT_ALPHA;
 use tokwatt::ab::{Arm, Decision};
@@ -121,9 +121,9 @@ fn client(node: &FleetNode) -> Result<Agent> {
             }
         }
         .map(|client| client.with_timeout(timeout))
-        .with_context(|| {
-            format!(
-                "node `{}`'s control API (nothing was changed on any node)",
+        .map_err(|e| {
+            anyhow!(
+                "node `{}`'s control API: {e}; nothing was changed on any node",
                 node.name
             )
         })
@@ -141,10 +141,11 @@ pub fn fleet_ab(args: &FleetAbArgs) -> Result<()> {
             .context("installing signal handlers")?;
     }
     let unchanged = "nothing was changed on any node";
-    let nodes = fleet_ab::load_nodes(&args.nodes).context(unchanged)?;
+    // The cause first, then what it means for the nodes.
+    let nodes = fleet_ab::load_nodes(&args.nodes).map_err(|e| anyhow!("{e}; {unchanged}"))?;
     let agents = nodes.iter().map(client).collect::<Result<Vec<_>>>()?;
     let controls: Vec<&dyn NodeControl> = agents.iter().map(|a| a as &dyn NodeControl).collect();
-    let prometheus = Prometheus::new(&args.prometheus).context(unchanged)?;
+    let prometheus = Prometheus::new(&args.prometheus).map_err(|e| anyhow!("{e}; {unchanged}"))?;
     let fleet = Fleet {
         nodes: &nodes,
         controls: &controls,

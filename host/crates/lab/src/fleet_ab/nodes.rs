@@ -141,7 +141,7 @@ pub fn load_nodes(path: &Path) -> Result<Vec<FleetNode>, NodesFileError> {
 /// The nodes of a nodes file's `text`, relative paths taken from `base`; every problem
 /// named with its node and key, and the fix.
 pub fn parse_nodes(text: &str, base: &Path) -> Result<Vec<FleetNode>, String> {
-    let raw: RawFile = toml::from_str(text).map_err(|e| e.to_string())?;
+    let raw: RawFile = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())?;
     if raw.nodes.is_empty() {
         return Err(
             "it names no node: add a [[node]] table per agent (name, socket or url, instance)"
