@@ -140,7 +140,11 @@ impl ServeConfig {
             path: path.to_owned(),
             message: e.to_string(),
         })?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        // Paths in the file are relative to its folder, made absolute here: a running
+        // agent reports its spec's path, and a client (`tokwatt fleet ab`, an operator's
+        // swap back) may use it from any working directory.
+        let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+        let base = absolute.parent().unwrap_or(Path::new("."));
         check(raw, base, path).map_err(|p| ConfigError::Invalid {
             path: path.to_owned(),
             line: p.span.map(|span| line_at(text, span.start)),

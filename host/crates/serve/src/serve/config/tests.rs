@@ -420,3 +420,20 @@ fn fleet_tls_keys_go_with_https_and_name_a_bad_file() {
         "{message}"
     );
 }
+
+#[test]
+fn paths_in_a_config_named_by_a_relative_path_come_out_absolute() {
+    // `tokwatt serve --config deploy/serve.toml`: the spec's path is what the agent
+    // reports, and a client swaps back to it from its own working directory.
+    let config = ServeConfig::parse(
+        Path::new("deploy/serve.toml"),
+        "[policy]\nspec = \"policies/default.toml\"\n[node]\nbackend = \"sim\"\n",
+    )
+    .expect("valid");
+    assert!(config.policy_spec.is_absolute(), "{:?}", config.policy_spec);
+    assert!(
+        config.policy_spec.ends_with("deploy/policies/default.toml"),
+        "{:?}",
+        config.policy_spec
+    );
+}
