@@ -321,6 +321,17 @@ fn the_metrics_reference_is_current() {
             ));
         }
     }
+    page.push_str(
+        "\n## The fleet's coordinator\n\nWhat `tokwatt fleet coordinate --metrics ADDR` \
+         exports. The ledger's series come from the leading replica only: a follower reads no \
+         ledger, and exports none.\n\n| metric | type | meaning |\n|---|---|---|\n",
+    );
+    for (name, kind, help) in tokwatt::metrics::coordinator::COORDINATOR_METRICS {
+        page.push_str(&format!(
+            "| `{name}` | {kind} | {} |\n",
+            help.replace('|', "\\|")
+        ));
+    }
     check_current("metrics.md", &page);
 }
 

@@ -241,6 +241,7 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
             },
         )
         .expect("joins");
+    let metrics_port = tokwatt_test_support::free_port();
     let mut coordinator = tokwatt()
         .args([
             "fleet",
@@ -255,6 +256,8 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
             "5s",
             "--period",
             "200ms",
+            "--metrics",
+            &format!("127.0.0.1:{metrics_port}"),
         ])
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -262,6 +265,55 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
     wait_for("a grant", Duration::from_secs(20), || {
         store.grant(&node).ok().flatten().is_some()
     });
+    // Its metrics: it leads, and the ledger it wrote (a's grant, b at its reserve).
+    let scrape = || -> String {
+        let mut stream =
+            std::net::TcpStream::connect(("127.0.0.1", metrics_port)).expect("metrics listen");
+        use std::io::{Read, Write};
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("request");
+        let mut text = String::new();
+        stream.read_to_string(&mut text).expect("answer");
+        text
+    };
+    let value = |text: &str, series: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    wait_for("the ledger in the metrics", Duration::from_secs(10), || {
+        value(&scrape(), "tokwatt_fleet_charged_watts{domain=\"rack-c\"}").is_some()
+    });
+    let text = scrape();
+    assert_eq!(
+        value(
+            &text,
+            "tokwatt_fleet_coordinator_leading{domain=\"rack-c\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&text, "tokwatt_fleet_available_watts{domain=\"rack-c\"}"),
+        Some(4000.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            "tokwatt_fleet_node_lease_live{domain=\"rack-c\",node=\"b\"}"
+        ),
+        Some(0.0),
+        "{text}"
+    );
+    let charged =
+        value(&text, "tokwatt_fleet_charged_watts{domain=\"rack-c\"}").unwrap_or(f64::NAN);
+    assert!(charged <= 4000.0 + 1e-6 && charged > 2000.0, "{text}");
+    if let Some(promtool) = crate::metrics::promtool() {
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+        crate::metrics::promtool_check(promtool, body).unwrap_or_else(|said| panic!("{said}"));
+    }
     let grant = store.grant(&node).expect("read").expect("a grant");
     // Node b holds its reserve: a is granted the rest of the budget, and no more.
     assert!(

@@ -319,6 +319,13 @@ fn promtool_finds_no_problem_in_the_text() {
         return;
     };
     let Observed { text, .. } = observed_run();
+    if let Err(said) = promtool_check(promtool, &text) {
+        panic!("{said}");
+    }
+}
+
+/// `promtool check metrics` on `text`: Err with what it said, and the text.
+pub(crate) fn promtool_check(promtool: &str, text: &str) -> Result<(), String> {
     let mut child = Command::new(promtool)
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
@@ -338,16 +345,19 @@ fn promtool_finds_no_problem_in_the_text() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(
-        output.status.success() && said.trim().is_empty(),
-        "promtool check metrics: {}\n{said}\n--- the text:\n{text}",
-        output.status
-    );
+    if output.status.success() && said.trim().is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "promtool check metrics: {}\n{said}\n--- the text:\n{text}",
+            output.status
+        ))
+    }
 }
 
 /// promtool's path, or `None` after saying why the check is skipped. Under
 /// TOKWATT_REQUIRE_PROMTOOL=1 (set by .ci/run) a missing promtool fails instead.
-fn promtool() -> Option<&'static str> {
+pub(crate) fn promtool() -> Option<&'static str> {
     required_tool(
         "promtool",
         "TOKWATT_REQUIRE_PROMTOOL",

@@ -38,6 +38,8 @@ pub enum Round {
         live_nodes: usize,
         /// Nodes the budget does not name that hold watts: named loudly.
         unbudgeted: Vec<String>,
+        /// The ledger after the round's grants (for the coordinator's metrics).
+        ledger: Box<Ledger>,
     },
 }
 
@@ -141,6 +143,7 @@ impl Coordinator {
             grants_written: writes.len(),
             live_nodes: ledger.entries.iter().filter(|e| e.live()).count(),
             unbudgeted: ledger.unbudgeted.iter().map(|(n, _)| n.clone()).collect(),
+            ledger: Box::new(after),
         })
     }
 

@@ -14,6 +14,7 @@
 //! name the family without it (OpenMetrics), which promtool reports as samples with no
 //! HELP; [`TotalCounter`] keeps the sample names and fixes the family's.
 
+pub mod coordinator;
 mod registry;
 
 use std::collections::BTreeMap;

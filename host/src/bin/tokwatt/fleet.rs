@@ -120,6 +120,10 @@ pub struct CoordinateArgs {
     /// How often the leader reads the domain and writes grants.
     #[arg(long, default_value = "1s", value_parser = tokwatt::cli::parse_duration)]
     period: Duration,
+    /// Serve this replica's metrics (GET /metrics: leadership, rounds and, while it
+    /// leads, the ledger and each node's grant) on ADDR, e.g. 0.0.0.0:9401.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 pub fn fleet(command: &FleetCommand) -> Result<()> {
@@ -244,6 +248,20 @@ fn coordinate(args: &CoordinateArgs) -> Result<()> {
             args.ttl
         );
     }
+    let metrics = Arc::new(tokwatt::metrics::coordinator::CoordinatorMetrics::new(
+        &args.domain,
+    ));
+    let _metrics_server = match args.metrics {
+        Some(addr) => {
+            let server = tokwatt::api::ApiServer::start_metrics_only(addr, metrics.clone())
+                .context("the metrics address (--metrics)")?;
+            if let Some(addr) = server.metrics_addr() {
+                eprintln!("coordinator {name}: metrics on http://{addr}/metrics");
+            }
+            Some(server)
+        }
+        None => None,
+    };
     let mut coordinator = Coordinator::new(
         CoordinatorConfig {
             domain: args.domain.clone(),
@@ -256,7 +274,9 @@ fn coordinate(args: &CoordinateArgs) -> Result<()> {
     let mut was_leader = false;
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
-        match coordinator.round(&store) {
+        let round = coordinator.round(&store);
+        metrics.observe(&round);
+        match round {
             Ok(Round::Leader {
                 took_over,
                 charged_w,

@@ -187,6 +187,12 @@ pub trait Control: Send + Sync + 'static {
     fn restore_defaults(&self) -> Result<ActionOutcome, ControlError>;
 }
 
+/// What a metrics-only listener serves ([`ApiServer::start_metrics_only`]).
+pub trait MetricsSource: Send + Sync {
+    /// The exposition, in Prometheus's text format.
+    fn metrics(&self) -> String;
+}
+
 mod accept;
 mod auth;
 pub mod client;

@@ -142,7 +142,10 @@ async fn require_token(State(token): State<BearerToken>, request: Request, next:
 }
 
 /// `route` answering 405 with the allowed method for any other method.
-fn only(allowed: &'static str, route: MethodRouter<Shared>) -> MethodRouter<Shared> {
+fn only<S: Clone + Send + Sync + 'static>(
+    allowed: &'static str,
+    route: MethodRouter<S>,
+) -> MethodRouter<S> {
     route.fallback(move |request: Request| async move {
         let mut response = Refusal::new(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -185,6 +188,28 @@ async fn metrics(State(control): State<Shared>) -> Response {
             let content_type = metrics_content_type(&text);
             ([(header::CONTENT_TYPE, content_type)], text).into_response()
         }
+        Err(_) => agent_failed(),
+    }
+}
+
+/// A read-only metrics listener for a process that is not a node agent (the fleet's
+/// coordinator): the same endpoints, served from `source`.
+pub(crate) fn source_metrics_router(source: Arc<dyn super::MetricsSource>) -> Router {
+    Router::new()
+        .route("/metrics", only("GET", get(source_metrics)))
+        .route("/healthz", only("GET", get(healthz)))
+        .fallback(|| async {
+            Refusal::new(
+                StatusCode::NOT_FOUND,
+                "no such endpoint; this listener serves GET /metrics and GET /healthz",
+            )
+        })
+        .with_state(source)
+}
+
+async fn source_metrics(State(source): State<Arc<dyn super::MetricsSource>>) -> Response {
+    match tokio::task::spawn_blocking(move || source.metrics()).await {
+        Ok(text) => ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response(),
         Err(_) => agent_failed(),
     }
 }

@@ -191,6 +191,41 @@ impl ApiServer {
         Ok(server)
     }
 
+    /// Serves only `GET /metrics` (from `source`) and `GET /healthz` on `addr`, with the
+    /// agent's connection limits: for the fleet's coordinator, which has no control API.
+    pub fn start_metrics_only(
+        addr: SocketAddr,
+        source: Arc<dyn super::MetricsSource>,
+    ) -> Result<ApiServer, ApiError> {
+        let listener = bind_tcp("the metrics address", addr)?;
+        let metrics_addr = listener
+            .local_addr()
+            .map_err(|source| bind_error("the metrics address", Some(addr), source))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .thread_name("tokwatt-metrics")
+            .build()
+            .map_err(ApiError::Runtime)?;
+        let serving = {
+            let _context = runtime.enter();
+            let listener = tokio::net::TcpListener::from_std(listener)
+                .map_err(|source| bind_error("the metrics address", Some(addr), source))?;
+            vec![Served::Tcp(listener, routes::source_metrics_router(source))]
+        };
+        let (stop, stopped) = watch::channel(false);
+        let thread = std::thread::Builder::new()
+            .name("tokwatt-metrics".into())
+            .spawn(move || serve(runtime, serving, stopped))
+            .map_err(ApiError::Runtime)?;
+        Ok(ApiServer {
+            stop: Some(stop),
+            thread: Some(thread),
+            socket: None,
+            http_addr: None,
+            metrics_addr: Some(metrics_addr),
+        })
+    }
+
     /// The socket's path, when serving on one.
     pub fn socket_path(&self) -> Option<&Path> {
         self.socket.as_ref().map(|socket| socket.path.as_path())

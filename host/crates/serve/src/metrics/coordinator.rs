@@ -1,0 +1,462 @@
+//! The fleet coordinator's metrics (`tokwatt fleet coordinate --metrics ADDR`): whether
+//! this replica leads, its rounds, and, from the leader only, the domain's ledger after
+//! each round (the budget, what is charged, the headroom) and each node's grant, charge
+//! and lease. A follower does not read the ledger, so it exports no ledger series: an
+//! absent series, never a zero that would read as "nothing charged".
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tokwatt_fleet::{Ledger, Round};
+
+use super::registry::{GaugeF64, TotalCounter};
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct DomainLabels {
+    domain: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct NodeLabels {
+    domain: String,
+    node: String,
+}
+
+#[derive(Debug, Default)]
+struct Families {
+    leading: Family<DomainLabels, GaugeF64>,
+    rounds: Family<DomainLabels, TotalCounter<u64>>,
+    round_errors: Family<DomainLabels, TotalCounter<u64>>,
+    takeovers: Family<DomainLabels, TotalCounter<u64>>,
+    grants_written: Family<DomainLabels, TotalCounter<u64>>,
+    available_watts: Family<DomainLabels, GaugeF64>,
+    charged_watts: Family<DomainLabels, GaugeF64>,
+    headroom_watts: Family<DomainLabels, GaugeF64>,
+    live_nodes: Family<DomainLabels, GaugeF64>,
+    unbudgeted_nodes: Family<DomainLabels, GaugeF64>,
+    node_grant_watts: Family<NodeLabels, GaugeF64>,
+    node_charged_watts: Family<NodeLabels, GaugeF64>,
+    node_lease_live: Family<NodeLabels, GaugeF64>,
+}
+
+/// Every family the coordinator exports: name, type, help (for the book and its test).
+pub const COORDINATOR_METRICS: &[(&str, &str, &str)] = &[
+    (
+        "tokwatt_fleet_coordinator_leading",
+        "gauge",
+        "1 while this replica leads the domain, else 0",
+    ),
+    (
+        "tokwatt_fleet_coordinator_rounds_total",
+        "counter",
+        "Rounds this replica ran (as leader or follower)",
+    ),
+    (
+        "tokwatt_fleet_coordinator_round_errors_total",
+        "counter",
+        "Rounds that failed on the store (tried again next period)",
+    ),
+    (
+        "tokwatt_fleet_coordinator_takeovers_total",
+        "counter",
+        "Times this replica took the leadership",
+    ),
+    (
+        "tokwatt_fleet_coordinator_grants_written_total",
+        "counter",
+        "Grants this replica wrote while leading",
+    ),
+    (
+        "tokwatt_fleet_available_watts",
+        "gauge",
+        "The domain's budget less its uncontrolled draw (leader only)",
+    ),
+    (
+        "tokwatt_fleet_charged_watts",
+        "gauge",
+        "The most the domain's nodes may have in force after the round's grants (leader only)",
+    ),
+    (
+        "tokwatt_fleet_headroom_watts",
+        "gauge",
+        "Available less charged: what may still be granted (leader only; negative while a lowered budget's cuts are unacknowledged)",
+    ),
+    (
+        "tokwatt_fleet_live_nodes",
+        "gauge",
+        "Nodes with a live lease (leader only)",
+    ),
+    (
+        "tokwatt_fleet_unbudgeted_nodes",
+        "gauge",
+        "Nodes that joined under a name the budget does not list (leader only)",
+    ),
+    (
+        "tokwatt_fleet_node_grant_watts",
+        "gauge",
+        "Each budgeted node's grant after the round (leader only; absent for a node without one)",
+    ),
+    (
+        "tokwatt_fleet_node_charged_watts",
+        "gauge",
+        "What the ledger charges each budgeted node (leader only)",
+    ),
+    (
+        "tokwatt_fleet_node_lease_live",
+        "gauge",
+        "1 where the node's lease is live (leader only)",
+    ),
+];
+
+/// The coordinator's metrics, fed once a round.
+#[derive(Debug)]
+pub struct CoordinatorMetrics {
+    domain: DomainLabels,
+    inner: Mutex<(Registry, Families)>,
+}
+
+impl CoordinatorMetrics {
+    pub fn new(domain: &str) -> Self {
+        let families = Families::default();
+        let mut registry = Registry::default();
+        let help = |name: &str| {
+            COORDINATOR_METRICS
+                .iter()
+                .find(|(listed, ..)| *listed == name)
+                .map_or("", |(_, _, help)| *help)
+        };
+        let f = &families;
+        for (name, family) in [
+            ("tokwatt_fleet_coordinator_leading", &f.leading),
+            ("tokwatt_fleet_available_watts", &f.available_watts),
+            ("tokwatt_fleet_charged_watts", &f.charged_watts),
+            ("tokwatt_fleet_headroom_watts", &f.headroom_watts),
+            ("tokwatt_fleet_live_nodes", &f.live_nodes),
+            ("tokwatt_fleet_unbudgeted_nodes", &f.unbudgeted_nodes),
+        ] {
+            registry.register(name, help(name), family.clone());
+        }
+        for (name, family) in [
+            ("tokwatt_fleet_coordinator_rounds_total", &f.rounds),
+            (
+                "tokwatt_fleet_coordinator_round_errors_total",
+                &f.round_errors,
+            ),
+            ("tokwatt_fleet_coordinator_takeovers_total", &f.takeovers),
+            (
+                "tokwatt_fleet_coordinator_grants_written_total",
+                &f.grants_written,
+            ),
+        ] {
+            registry.register(name, help(name), family.clone());
+        }
+        for (name, family) in [
+            ("tokwatt_fleet_node_grant_watts", &f.node_grant_watts),
+            ("tokwatt_fleet_node_charged_watts", &f.node_charged_watts),
+            ("tokwatt_fleet_node_lease_live", &f.node_lease_live),
+        ] {
+            registry.register(name, help(name), family.clone());
+        }
+        let domain = DomainLabels {
+            domain: domain.to_owned(),
+        };
+        families.leading.get_or_create(&domain).set(0.0);
+        for family in [
+            &families.rounds,
+            &families.round_errors,
+            &families.takeovers,
+            &families.grants_written,
+        ] {
+            family.get_or_create(&domain).inc_by(0);
+        }
+        Self {
+            domain,
+            inner: Mutex::new((registry, families)),
+        }
+    }
+
+    /// After each round: what it was, or the store's error.
+    pub fn observe<E>(&self, round: &Result<Round, E>) {
+        let inner = self.lock();
+        let families = &inner.1;
+        let domain = &self.domain;
+        families.rounds.get_or_create(domain).inc_by(1);
+        match round {
+            Ok(Round::Leader {
+                took_over,
+                grants_written,
+                ledger,
+                ..
+            }) => {
+                families.leading.get_or_create(domain).set(1.0);
+                if *took_over {
+                    families.takeovers.get_or_create(domain).inc_by(1);
+                }
+                families
+                    .grants_written
+                    .get_or_create(domain)
+                    .inc_by(*grants_written as u64);
+                self.observe_ledger(families, ledger);
+            }
+            Ok(Round::Follower) => {
+                families.leading.get_or_create(domain).set(0.0);
+                self.clear_ledger(families);
+            }
+            Err(_) => {
+                // Whether it still leads is not known: its lease may have lapsed.
+                families.round_errors.get_or_create(domain).inc_by(1);
+            }
+        }
+    }
+
+    fn observe_ledger(&self, families: &Families, ledger: &Ledger) {
+        let domain = &self.domain;
+        families
+            .available_watts
+            .get_or_create(domain)
+            .set(ledger.budget.available_w());
+        families
+            .charged_watts
+            .get_or_create(domain)
+            .set(ledger.charged_w());
+        families
+            .headroom_watts
+            .get_or_create(domain)
+            .set(ledger.headroom_w());
+        families
+            .live_nodes
+            .get_or_create(domain)
+            .set(ledger.entries.iter().filter(|e| e.live()).count() as f64);
+        families
+            .unbudgeted_nodes
+            .get_or_create(domain)
+            .set(ledger.unbudgeted.len() as f64);
+        // Nodes may leave the budget between rounds: start each round's node series afresh.
+        families.node_grant_watts.clear();
+        families.node_charged_watts.clear();
+        families.node_lease_live.clear();
+        for entry in &ledger.entries {
+            let labels = NodeLabels {
+                domain: domain.domain.clone(),
+                node: entry.node().to_owned(),
+            };
+            if let Some(grant) = entry.grant {
+                families
+                    .node_grant_watts
+                    .get_or_create(&labels)
+                    .set(grant.watts);
+            }
+            families
+                .node_charged_watts
+                .get_or_create(&labels)
+                .set(entry.charged_w);
+            families
+                .node_lease_live
+                .get_or_create(&labels)
+                .set(f64::from(u8::from(entry.live())));
+        }
+    }
+
+    fn clear_ledger(&self, families: &Families) {
+        for family in [
+            &families.available_watts,
+            &families.charged_watts,
+            &families.headroom_watts,
+            &families.live_nodes,
+            &families.unbudgeted_nodes,
+        ] {
+            family.clear();
+        }
+        families.node_grant_watts.clear();
+        families.node_charged_watts.clear();
+        families.node_lease_live.clear();
+    }
+
+    pub fn encode(&self) -> String {
+        let inner = self.lock();
+        let mut text = String::new();
+        if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &inner.0) {
+            tracing::error!("encoding the coordinator's metrics failed: {error}");
+        }
+        text
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (Registry, Families)> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl crate::api::MetricsSource for CoordinatorMetrics {
+    fn metrics(&self) -> String {
+        self.encode()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokwatt_fleet::store::{DomainView, Grant, NodeRecord, NodeReport, NodeView};
+    use tokwatt_fleet::{DomainBudget, NodeBudget};
+
+    use super::*;
+
+    fn ledger() -> Ledger {
+        let node = |name: &str| NodeBudget {
+            node: name.into(),
+            reserve_w: 1000.0,
+            max_w: 2800.0,
+            priority: 0,
+        };
+        Ledger::from_view(DomainView {
+            revision: 7,
+            budget: DomainBudget {
+                domain: "rack".into(),
+                budget_w: 4000.0,
+                uncontrolled_w: 0.0,
+                nodes: vec![node("a"), node("b")],
+            },
+            nodes: vec![NodeView {
+                node: "a".into(),
+                record: Some(NodeRecord {
+                    lease: 1,
+                    report: NodeReport {
+                        acked_generation: 2,
+                        caps_in_force_w: 2500.0,
+                        draw_w: 2400.0,
+                        tokens_per_s: 9000.0,
+                        wants_more: false,
+                        requested_w: 2500.0,
+                    },
+                }),
+                grant: Some(Grant {
+                    generation: 2,
+                    watts: 2500.0,
+                    ceiling_w: 2500.0,
+                }),
+            }],
+        })
+    }
+
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    #[test]
+    fn the_leader_exports_its_ledger_and_a_follower_none() {
+        let metrics = CoordinatorMetrics::new("rack");
+        let round = |ledger: Ledger| -> Result<Round, ()> {
+            Ok(Round::Leader {
+                took_over: true,
+                charged_w: ledger.charged_w(),
+                available_w: ledger.budget.available_w(),
+                grants_written: 1,
+                live_nodes: 1,
+                unbudgeted: Vec::new(),
+                ledger: Box::new(ledger),
+            })
+        };
+        metrics.observe(&round(ledger()));
+        let text = metrics.encode();
+        assert_eq!(
+            value(&text, "tokwatt_fleet_coordinator_leading{domain=\"rack\"}"),
+            Some(1.0)
+        );
+        // a holds its 2.5 kW grant, b (no lease) its 1 kW reserve.
+        assert_eq!(
+            value(&text, "tokwatt_fleet_charged_watts{domain=\"rack\"}"),
+            Some(3500.0)
+        );
+        assert_eq!(
+            value(&text, "tokwatt_fleet_headroom_watts{domain=\"rack\"}"),
+            Some(500.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                "tokwatt_fleet_node_grant_watts{domain=\"rack\",node=\"a\"}"
+            ),
+            Some(2500.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                "tokwatt_fleet_node_grant_watts{domain=\"rack\",node=\"b\"}"
+            ),
+            None,
+            "b has no grant: no series, not a zero"
+        );
+        assert_eq!(
+            value(
+                &text,
+                "tokwatt_fleet_node_charged_watts{domain=\"rack\",node=\"b\"}"
+            ),
+            Some(1000.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                "tokwatt_fleet_coordinator_takeovers_total{domain=\"rack\"}"
+            ),
+            Some(1.0)
+        );
+
+        // Deposed: no ledger is read, none is exported.
+        metrics.observe::<()>(&Ok(Round::Follower));
+        let text = metrics.encode();
+        assert_eq!(
+            value(&text, "tokwatt_fleet_coordinator_leading{domain=\"rack\"}"),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(&text, "tokwatt_fleet_charged_watts{domain=\"rack\"}"),
+            None,
+            "{text}"
+        );
+        assert!(
+            !text.contains("tokwatt_fleet_node_charged_watts{"),
+            "{text}"
+        );
+
+        metrics.observe::<&str>(&Err("etcd unreachable"));
+        let text = metrics.encode();
+        assert_eq!(
+            value(
+                &text,
+                "tokwatt_fleet_coordinator_round_errors_total{domain=\"rack\"}"
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                "tokwatt_fleet_coordinator_rounds_total{domain=\"rack\"}"
+            ),
+            Some(3.0)
+        );
+    }
+
+    #[test]
+    fn every_family_listed_is_exported_with_its_type() {
+        let metrics = CoordinatorMetrics::new("rack");
+        let ledger = ledger();
+        metrics.observe::<()>(&Ok(Round::Leader {
+            took_over: false,
+            charged_w: 0.0,
+            available_w: 0.0,
+            grants_written: 0,
+            live_nodes: 0,
+            unbudgeted: Vec::new(),
+            ledger: Box::new(ledger),
+        }));
+        let text = metrics.encode();
+        for (name, kind, _) in COORDINATOR_METRICS {
+            assert!(
+                text.contains(&format!("# TYPE {name} {kind}\n")),
+                "{name} ({kind}) is not exported as such:\n{text}"
+            );
+        }
+    }
+}
