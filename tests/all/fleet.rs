@@ -45,6 +45,21 @@ fn node_config_with(dir: &Path, endpoints: &[String], extra: &str) -> ServeConfi
     ServeConfig::load(&path).expect("the test's config is valid")
 }
 
+/// Domain `rack-s`: 2.4 kW, one node `n1` with `reserve_w` and at most 2.8 kW.
+fn rack_s(reserve_w: f64) -> DomainBudget {
+    DomainBudget {
+        domain: "rack-s".into(),
+        budget_w: 2400.0,
+        uncontrolled_w: 0.0,
+        nodes: vec![NodeBudget {
+            node: "n1".into(),
+            reserve_w,
+            max_w: 2800.0,
+            priority: 0,
+        }],
+    }
+}
+
 #[test]
 fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off() {
     let Some(mut cluster) = EtcdCluster::start(1) else {
@@ -52,19 +67,7 @@ fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off(
     };
     let store =
         Arc::new(EtcdFleet::connect(&cluster.endpoints(), Duration::from_secs(1)).expect("client"));
-    store
-        .put_budget(&DomainBudget {
-            domain: "rack-s".into(),
-            budget_w: 2400.0,
-            uncontrolled_w: 0.0,
-            nodes: vec![NodeBudget {
-                node: "n1".into(),
-                reserve_w: 1000.0,
-                max_w: 2800.0,
-                priority: 0,
-            }],
-        })
-        .expect("budget");
+    store.put_budget(&rack_s(1000.0)).expect("budget");
     let dir = tempfile::tempdir().expect("tempdir");
     let config = node_config(dir.path(), &cluster.endpoints());
     let agent = serve::start(&config, Arc::new(AtomicBool::new(false)), None).expect("starts");
@@ -430,19 +433,7 @@ fn a_served_node_joins_over_tls_with_its_client_certificate() {
     .expect("the TLS files load");
     let store = EtcdFleet::connect_with(&cluster.endpoints(), Some(&tls), Duration::from_secs(1))
         .expect("client");
-    store
-        .put_budget(&DomainBudget {
-            domain: "rack-s".into(),
-            budget_w: 2400.0,
-            uncontrolled_w: 0.0,
-            nodes: vec![NodeBudget {
-                node: "n1".into(),
-                reserve_w: 1000.0,
-                max_w: 2800.0,
-                priority: 0,
-            }],
-        })
-        .expect("budget");
+    store.put_budget(&rack_s(1000.0)).expect("budget");
     let dir = tempfile::tempdir().expect("tempdir");
     let config = node_config_with(
         dir.path(),
@@ -478,19 +469,7 @@ fn a_budget_that_gives_the_node_less_than_its_config_lowers_what_a_restore_puts_
         return;
     };
     let store = EtcdFleet::connect(&cluster.endpoints(), Duration::from_secs(1)).expect("client");
-    store
-        .put_budget(&DomainBudget {
-            domain: "rack-s".into(),
-            budget_w: 2400.0,
-            uncontrolled_w: 0.0,
-            nodes: vec![NodeBudget {
-                node: "n1".into(),
-                reserve_w: 900.0,
-                max_w: 2800.0,
-                priority: 0,
-            }],
-        })
-        .expect("budget");
+    store.put_budget(&rack_s(900.0)).expect("budget");
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state.json");
     let mut config = node_config(dir.path(), &cluster.endpoints());

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokwatt::api::ApiClient;
 use tokwatt_test_support::{free_port, wait_for};
 
-use crate::prometheus_server::{Killed, prometheus, query};
+use crate::prometheus_server::{Killed, prometheus, query, start_prometheus};
 use crate::support::*;
 
 const NODES: usize = 8;
@@ -192,28 +192,7 @@ fn a_fleet_ab_over_prometheus_finds_no_winner_against_itself_and_the_lower_cap_u
         sockets.push(socket);
     }
     let web_port = free_port();
-    let prometheus_config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &prometheus_config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: tokwatt\n    static_configs:\n      - targets: [{}]\n",
-            targets.join(", ")
-        ),
-    )
-    .expect("write prometheus.yml");
-    let _prometheus = Killed(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", prometheus_config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{web_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus starts"),
-    );
+    let _prometheus = start_prometheus(prometheus, dir.path(), &targets, web_port);
     let nodes = dir.path().join("nodes.toml");
     std::fs::write(&nodes, &nodes_file).expect("write the nodes file");
     wait_for("every agent's socket", Duration::from_secs(60), || {

@@ -107,26 +107,11 @@ fn a_real_prometheus_counts_every_swap_with_increase() {
             .spawn()
             .expect("tokwatt serve starts"),
     );
-    let prometheus_config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &prometheus_config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: tokwatt\n    static_configs:\n      - targets: ['127.0.0.1:{metrics_port}']\n"
-        ),
-    )
-    .expect("write prometheus.yml");
-    let _prometheus = Killed(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", prometheus_config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{web_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus starts"),
+    let _prometheus = start_prometheus(
+        prometheus,
+        dir.path(),
+        &[format!("'127.0.0.1:{metrics_port}'")],
+        web_port,
     );
     wait_for("the agent's socket", Duration::from_secs(60), || {
         socket.exists()
@@ -179,4 +164,36 @@ fn a_real_prometheus_counts_every_swap_with_increase() {
     let announced = query(web_port, "count(tokwatt_policy_swaps_total)").expect("count()");
     assert!(announced >= 3.0, "{announced} policy series");
     assert!(Path::new(&dir.path().join("tsdb")).exists());
+}
+
+/// Debian's Prometheus scraping `targets` (quoted host:port) every second, its web API on
+/// 127.0.0.1:`web_port`, its data under `dir`; killed when dropped.
+pub(crate) fn start_prometheus(
+    prometheus: &str,
+    dir: &std::path::Path,
+    targets: &[String],
+    web_port: u16,
+) -> Killed {
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: tokwatt\n    static_configs:\n      - targets: [{}]\n",
+            targets.join(", ")
+        ),
+    )
+    .expect("write prometheus.yml");
+    Killed(
+        Command::new(prometheus)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{web_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus starts"),
+    )
 }
