@@ -114,7 +114,29 @@ fn every_plugin_crate_builds_and_links_natively() {
 
     // The host is built already (this test is part of it), and its build script builds the
     // plugins for WebAssembly; what is left to prove is the native build of the rest.
-    let mut child = Command::new(env!("CARGO"))
+    let mut cargo = Command::new(env!("CARGO"));
+    // What cargo set for this test process (CARGO_PKG_NAME, CARGO_MANIFEST_DIR, OUT_DIR,
+    // …) must not reach the child: a build script that watches one of them (ring's does,
+    // with rerun-if-env-changed) would run again here, and again in the next plain
+    // `cargo build`, recompiling what depends on it (`.ci/run` caught it).
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        let set_for_tests = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_BIN_"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_RUSTC_CURRENT_DIR",
+                "OUT_DIR",
+            ]
+            .contains(&name.as_ref());
+        if set_for_tests {
+            cargo.env_remove(name.as_ref());
+        }
+    }
+    let mut child = cargo
         .current_dir(&root)
         .args(["build", "--workspace", "--exclude", "tokwatt", "--offline"])
         .args(["--message-format", "json-render-diagnostics"])
