@@ -40,9 +40,7 @@ impl SharedAllowance {
     fn snapshot(&self) -> AllowanceSnapshot {
         *self.snapshot.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
 
-impl SharedAllowance {
     /// What the node may hold at this instant.
     pub(super) fn now(&self) -> Allowance {
         self.snapshot().allowance(Instant::now())
@@ -146,14 +144,7 @@ fn power_bound(observation: &tokwatt_core::types::Observation) -> bool {
 /// own reserve on joining either way.
 pub(super) fn reserve_at_start(config: &FleetConfig) -> f64 {
     let configured = config.link.reserve_w;
-    let named = config
-        .tls
-        .as_ref()
-        .map(tokwatt_fleet::etcd::EtcdTls::load)
-        .transpose()
-        .map_err(tokwatt_fleet::StoreError::from)
-        .and_then(|tls| EtcdFleet::connect_with(&config.endpoints, tls.as_ref(), config.timeout))
-        .and_then(|store| store.read_domain(&config.link.domain));
+    let named = connect(config).and_then(|store| store.read_domain(&config.link.domain));
     match named {
         Ok(Some(view)) => match view.budget.node(&config.link.node) {
             Some(named) if named.reserve_w < configured => {
@@ -177,6 +168,17 @@ pub(super) fn reserve_at_start(config: &FleetConfig) -> f64 {
     }
 }
 
+/// The node's client of the domain's etcd. The TLS files are read again each time: they
+/// were checked when the config loaded, and may have been renewed since.
+fn connect(config: &FleetConfig) -> Result<EtcdFleet, tokwatt_fleet::StoreError> {
+    let tls = config
+        .tls
+        .as_ref()
+        .map(tokwatt_fleet::etcd::EtcdTls::load)
+        .transpose()?;
+    EtcdFleet::connect_with(&config.endpoints, tls.as_ref(), config.timeout)
+}
+
 /// The thread that talks to the store.
 #[derive(Debug)]
 pub(super) struct FleetThread {
@@ -190,14 +192,7 @@ impl FleetThread {
         node: Arc<FleetNode>,
         control: Arc<ServeControl>,
     ) -> Result<Self, tokwatt_fleet::StoreError> {
-        // Read again: the files were checked when the config loaded, and may have been
-        // renewed since.
-        let tls = config
-            .tls
-            .as_ref()
-            .map(tokwatt_fleet::etcd::EtcdTls::load)
-            .transpose()?;
-        let store = EtcdFleet::connect_with(&config.endpoints, tls.as_ref(), config.timeout)?;
+        let store = connect(&config)?;
         let stop = Arc::new(AtomicBool::new(false));
         let handle = std::thread::Builder::new()
             .name("tokwatt-fleet".into())
