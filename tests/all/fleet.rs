@@ -351,12 +351,7 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
 #[test]
 fn the_fleet_commands_speak_tls_to_an_etcd_that_requires_client_certificates() {
     use crate::support::tokwatt;
-    let Some(pki) = tokwatt_test_support::TestPki::generate() else {
-        return;
-    };
-    let Some(cluster) =
-        EtcdCluster::start_tls(1, tokwatt_test_support::ServerTls::from_pki(&pki, true))
-    else {
+    let Some((pki, cluster)) = EtcdCluster::start_tls_one() else {
         return;
     };
     let endpoint = cluster.endpoints()[0].clone();
@@ -415,12 +410,7 @@ fn the_fleet_commands_speak_tls_to_an_etcd_that_requires_client_certificates() {
 
 #[test]
 fn a_served_node_joins_over_tls_with_its_client_certificate() {
-    let Some(pki) = tokwatt_test_support::TestPki::generate() else {
-        return;
-    };
-    let Some(cluster) =
-        EtcdCluster::start_tls(1, tokwatt_test_support::ServerTls::from_pki(&pki, true))
-    else {
+    let Some((pki, cluster)) = EtcdCluster::start_tls_one() else {
         return;
     };
     let tls = tokwatt::fleet::etcd::EtcdTls::load(&tokwatt::fleet::etcd::TlsFiles {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokwatt_fleet::etcd::{ClientFiles, EtcdFleet, EtcdTls, TlsError, TlsFile, TlsFiles};
 use tokwatt_fleet::{DomainBudget, FleetStore, NodeBudget, NodeReport, StoreError};
-use tokwatt_test_support::{EtcdCluster, ServerTls, TestPki};
+use tokwatt_test_support::{EtcdCluster, TestPki};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -35,13 +35,6 @@ fn files(ca: &Path, client: Option<(&PathBuf, &PathBuf)>) -> TlsFiles {
     }
 }
 
-/// A PKI and one etcd member requiring client certificates signed by its CA.
-fn cluster() -> Option<(TestPki, EtcdCluster)> {
-    let pki = TestPki::generate()?;
-    let cluster = EtcdCluster::start_tls(1, ServerTls::from_pki(&pki, true))?;
-    Some((pki, cluster))
-}
-
 /// The error of reading the domain through a client set up with `tls`.
 fn refused(cluster: &EtcdCluster, tls: &TlsFiles) -> String {
     let tls = EtcdTls::load(tls).expect("the files load");
@@ -54,7 +47,7 @@ fn refused(cluster: &EtcdCluster, tls: &TlsFiles) -> String {
 
 #[test]
 fn the_fleet_works_over_tls_with_a_client_certificate() {
-    let Some((pki, cluster)) = cluster() else {
+    let Some((pki, cluster)) = EtcdCluster::start_tls_one() else {
         return;
     };
     assert!(cluster.endpoints()[0].starts_with("https://"));
@@ -101,7 +94,7 @@ fn the_fleet_works_over_tls_with_a_client_certificate() {
 
 #[test]
 fn a_wrong_ca_is_refused_with_the_reason() {
-    let Some((pki, cluster)) = cluster() else {
+    let Some((pki, cluster)) = EtcdCluster::start_tls_one() else {
         return;
     };
     let error = refused(
@@ -116,7 +109,7 @@ fn a_wrong_ca_is_refused_with_the_reason() {
 
 #[test]
 fn no_client_certificate_is_refused_where_etcd_requires_one() {
-    let Some((pki, cluster)) = cluster() else {
+    let Some((pki, cluster)) = EtcdCluster::start_tls_one() else {
         return;
     };
     let error = refused(&cluster, &files(&pki.ca, None));
@@ -131,7 +124,7 @@ fn no_client_certificate_is_refused_where_etcd_requires_one() {
 
 #[test]
 fn https_to_a_plain_member_and_http_to_a_tls_member_say_which() {
-    let Some((pki, tls_cluster)) = cluster() else {
+    let Some((pki, tls_cluster)) = EtcdCluster::start_tls_one() else {
         return;
     };
     let Some(plain) = EtcdCluster::start(1) else {

@@ -62,6 +62,15 @@ impl EtcdCluster {
         Self::start_with(members, None)
     }
 
+    /// A fresh PKI and one member requiring client certificates signed by its CA: the
+    /// PKI (which owns the files) and the cluster, or `None` where either was skipped.
+    #[track_caller]
+    pub fn start_tls_one() -> Option<(crate::TestPki, Self)> {
+        let pki = crate::TestPki::generate()?;
+        let cluster = Self::start_tls(1, ServerTls::from_pki(&pki, true))?;
+        Some((pki, cluster))
+    }
+
     /// `members` members whose client URLs are https with `tls`; skipped as [`Self::start`].
     #[track_caller]
     pub fn start_tls(members: usize, tls: ServerTls) -> Option<Self> {
