@@ -14,7 +14,9 @@
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
+use crate::budget::NodeBudget;
 use crate::ledger::Ledger;
+use crate::store::NodeReport;
 
 /// Targets for the live nodes, and the order in which raises should be granted.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -106,6 +108,28 @@ impl MarginalAllocator {
         )
     }
 
+    /// The most a node should get now: what its policy asked for (at least `raise_w`
+    /// above its grant, its maximum where it did not say) while it wants more; else what
+    /// it draws plus headroom, its grant kept where that is within the hysteresis. Never
+    /// below its reserve.
+    fn most_for(&self, report: &NodeReport, budget: &NodeBudget, current_w: f64) -> f64 {
+        let most = if report.wants_more {
+            if report.requested_w > 0.0 {
+                report.requested_w.max(current_w + self.raise_w)
+            } else {
+                budget.max_w
+            }
+        } else {
+            let share = report.draw_w * (1.0 + self.draw_headroom);
+            if current_w - share < self.hysteresis_w {
+                share.max(current_w)
+            } else {
+                share
+            }
+        };
+        most.min(budget.max_w).max(budget.reserve_w)
+    }
+
     fn can_take(claim: &Claim) -> bool {
         claim.target_w + 1e-9 < claim.cap_w
     }
@@ -149,29 +173,7 @@ impl Allocator for MarginalAllocator {
                 let budget = &entry.budget;
                 let report = record.report;
                 let current_w = entry.grant.map_or(budget.reserve_w, |g| g.watts);
-                let cap_w = if report.wants_more {
-                    // Up to what the node's policy asked for, or `raise_w` above its
-                    // grant where that is more (its maximum where the node did not say).
-                    if report.requested_w > 0.0 {
-                        report
-                            .requested_w
-                            .max(current_w + self.raise_w)
-                            .min(budget.max_w)
-                    } else {
-                        budget.max_w
-                    }
-                } else {
-                    // Give back what is not drawn, keeping some headroom above the draw;
-                    // a grant within the hysteresis of that stays as it is.
-                    let share = report.draw_w * (1.0 + self.draw_headroom);
-                    if current_w - share < self.hysteresis_w {
-                        share.max(current_w)
-                    } else {
-                        share
-                    }
-                    .min(budget.max_w)
-                }
-                .max(budget.reserve_w);
+                let cap_w = self.most_for(&report, budget, current_w);
                 Some(Claim {
                     node: entry.node().to_owned(),
                     priority: budget.priority,
