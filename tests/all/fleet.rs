@@ -241,6 +241,8 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
                 tokens_per_s: 5000.0,
                 wants_more: true,
                 requested_w: 0.0,
+                fence: None,
+                default_w: 0.0,
             },
         )
         .expect("joins");

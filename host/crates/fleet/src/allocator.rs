@@ -283,6 +283,8 @@ mod tests {
                         tokens_per_s: *tokens_per_s,
                         wants_more: *wants_more,
                         requested_w: 0.0,
+                        fence: None,
+                        default_w: 0.0,
                     },
                 }),
                 grant: Some(Grant {

@@ -239,6 +239,8 @@ mod tests {
             tokens_per_s: 0.0,
             wants_more: true,
             requested_w: 0.0,
+            fence: None,
+            default_w: 0.0,
         }
     }
 

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::store::{FleetStore, Grant, NodeReport, NodeSession, StoreError};
+use crate::store::{Fence, FleetStore, Grant, NodeReport, NodeSession, StoreError};
 
 /// Caps read back this close above a grant acknowledge it: NVML reports milliwatts,
 /// and a board rounds a requested limit to its own step.
@@ -129,6 +129,10 @@ pub struct NodeLink {
     counts: LinkCounts,
     /// The reserve held: the configured one, or the budget's where that is lower.
     reserve_w: f64,
+    /// The fence this node declares in its reports (see [`Fence`]).
+    fence: Option<Fence>,
+    /// The sum of its GPUs' board-default caps, declared in its reports.
+    default_w: f64,
 }
 
 /// What the link has been through, for the node's metrics.
@@ -153,7 +157,16 @@ impl NodeLink {
             acked_generation: 0,
             state: LinkState::Apart("not joined yet".into()),
             counts: LinkCounts::default(),
+            fence: None,
+            default_w: 0.0,
         }
+    }
+
+    /// What the node declares from its next report on: its fence (`None` where it has
+    /// none, or the fence stopped proving it is there) and its GPUs' board defaults.
+    pub fn declare(&mut self, fence: Option<Fence>, default_w: f64) {
+        self.fence = fence;
+        self.default_w = default_w;
     }
 
     pub fn config(&self) -> &NodeConfig {
@@ -315,6 +328,8 @@ impl NodeLink {
             tokens_per_s,
             wants_more,
             requested_w,
+            fence: self.fence,
+            default_w: self.default_w,
         }
     }
 

@@ -63,6 +63,42 @@ pub struct NodeReport {
     /// overshoot what the node will use and come back the next round.
     #[serde(default)]
     pub requested_w: f64,
+    /// What puts this node back at its reserve when its agent stops running (hung,
+    /// paused, killed, failing at start), outside the agent's loop: `None` where the node
+    /// has none, or has not proved it is there. A silent node without one is charged
+    /// what its GPUs may hold without tokwatt until it reports again or is released.
+    #[serde(default)]
+    pub fence: Option<Fence>,
+    /// The sum of the node's GPUs' board-default power caps: what a reboot or a driver
+    /// reload leaves in force (0: not reported, as by a node from before this field; the
+    /// budget's `default_w` is used).
+    #[serde(default)]
+    pub default_w: f64,
+}
+
+/// What fences a node: the mechanism outside the agent's loop that puts its GPUs back
+/// at the reserve when the agent stops renewing its lease, and how soon.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Fence {
+    pub kind: FenceKind,
+    /// At most this long after the node's lease lapses, its GPUs' caps sum to at most its
+    /// reserve, whether the agent hung, was paused, killed, or failed at start.
+    pub deadline_s: f64,
+    /// Whether a reboot or a driver reload puts the node at its reserve before any
+    /// work runs (a boot-time unit), rather than leaving the board defaults in force.
+    pub covers_reboot: bool,
+}
+
+/// The mechanisms a node can declare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FenceKind {
+    /// systemd's watchdog (`WatchdogSec=`), fed from the control loop only while ticks
+    /// are on time; the unit's `ExecStopPost=` restores at the reserve.
+    SystemdWatchdog,
+    /// A second process (a sidecar container, a node-level unit) that watches the
+    /// agent's heartbeat file and applies the reserve when it stalls (`tokwatt fence`).
+    Heartbeat,
 }
 
 /// A node's record as the coordinator reads it: the report and the lease it lives under.

@@ -34,6 +34,8 @@ fn report(caps_in_force_w: f64) -> NodeReport {
         tokens_per_s: 1000.0,
         wants_more: true,
         requested_w: 0.0,
+        fence: None,
+        default_w: 0.0,
     }
 }
 

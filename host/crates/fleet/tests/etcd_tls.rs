@@ -71,6 +71,8 @@ fn the_fleet_works_over_tls_with_a_client_certificate() {
                 tokens_per_s: 100.0,
                 wants_more: false,
                 requested_w: 0.0,
+                fence: None,
+                default_w: 0.0,
             },
         )
         .expect("joins");

@@ -327,6 +327,8 @@ mod tests {
                         tokens_per_s: 9000.0,
                         wants_more: false,
                         requested_w: 2500.0,
+                        fence: None,
+                        default_w: 0.0,
                     },
                 }),
                 grant: Some(Grant {
