@@ -10,9 +10,18 @@
 //! and moving only for a clear gain keeps the targets still when the reports only
 //! jitter: every move costs a cut acknowledged before the raise it pays for, so a
 //! target that wanders leaves watts in flight instead of in the GPUs.
+//!
+//! Churn is damped three ways, each for a stated reason: a node whose caps do not bind
+//! (it does not want more) is never raised, and gives back only what it holds beyond its
+//! draw by a clear band, and only where another node can use it or the budget needs it
+//! (watts it does not use cost nothing where they are); a grant moves by at least
+//! `min_move_w` or not at all (a write, an NVML call on every GPU and an
+//! acknowledgement buy nothing for a few watts); and a node whose lease keeps lapsing
+//! and coming back (a flapping link) is held at its reserve for a while that doubles
+//! with each return, instead of being granted and cut every few seconds.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::budget::NodeBudget;
 use crate::ledger::Ledger;
@@ -50,6 +59,39 @@ pub struct MarginalAllocator {
     /// value exceeds the giver's by more than this fraction: reports jitter by a few
     /// percent a round, and a move that only follows the jitter is a wasted cut.
     pub min_gain: f64,
+    /// A grant moves by at least this many watts, or not at all (a cut the budget needs
+    /// is always made).
+    pub min_move_w: f64,
+    /// A node that does not want more gives back only what it holds beyond its draw's
+    /// share by more than this fraction of its grant (or `hysteresis_w`, the larger):
+    /// a draw that jitters by a few percent moves nothing.
+    pub give_back_fraction: f64,
+    /// A node that came back under a new lease for the second time within
+    /// `flap_window_rounds` is held at its reserve for this many rounds, doubled for
+    /// each further return in the window, up to `flap_hold_max_rounds`.
+    pub flap_hold_rounds: u64,
+    pub flap_hold_max_rounds: u64,
+    pub flap_window_rounds: u64,
+    /// How much of a new report enters a node's smoothed productivity each round
+    /// (0 < α ≤ 1): tokens per second jitter by several percent a round, and a move
+    /// between two nodes must follow their productivity, not its noise.
+    pub smoothing: f64,
+    /// Rounds counted so far, and what the allocator remembers of each node (its own
+    /// memory: a new leader starts without it, which only grants a flapping node sooner
+    /// and starts the smoothing afresh).
+    round: u64,
+    memory: BTreeMap<String, NodeMemory>,
+}
+
+/// One node as the allocator remembers it.
+#[derive(Debug, Clone, Default)]
+struct NodeMemory {
+    /// The lease it was last seen under, and the rounds it came back under a new one.
+    lease: Option<i64>,
+    returns: VecDeque<u64>,
+    held_until: u64,
+    /// Smoothed `k` of `tps = k × watts^exponent` (0: nothing measured yet).
+    scale: f64,
 }
 
 impl Default for MarginalAllocator {
@@ -61,6 +103,14 @@ impl Default for MarginalAllocator {
             hysteresis_w: 50.0,
             raise_w: 200.0,
             min_gain: 0.05,
+            min_move_w: 100.0,
+            give_back_fraction: 0.10,
+            flap_hold_rounds: 15,
+            flap_hold_max_rounds: 300,
+            flap_window_rounds: 300,
+            smoothing: 0.2,
+            round: 0,
+            memory: BTreeMap::new(),
         }
     }
 }
@@ -78,6 +128,8 @@ struct Claim {
     measured_at_w: f64,
     /// Tokens per second at `measured_at_w` (the scale of its marginal value).
     tokens_per_s: f64,
+    /// Its grant now (its reserve where it has none).
+    current_w: f64,
     target_w: f64,
 }
 
@@ -100,8 +152,12 @@ impl MarginalAllocator {
         )
     }
 
-    /// What the last step out of `claim` costs, as (tier, marginal value).
+    /// What the last step out of `claim` costs, as (tier, marginal value): nothing where
+    /// the node holds more than it would use.
     fn loss(&self, claim: &Claim) -> (u8, f64) {
+        if claim.target_w > claim.cap_w + 1e-9 {
+            return (0, 0.0);
+        }
         (
             claim.priority,
             self.marginal(claim, (claim.target_w - self.step_w / 2.0).max(1.0)),
@@ -109,9 +165,9 @@ impl MarginalAllocator {
     }
 
     /// The most a node should get now: what its policy asked for (at least `raise_w`
-    /// above its grant, its maximum where it did not say) while it wants more; else what
-    /// it draws plus headroom, its grant kept where that is within the hysteresis. Never
-    /// below its reserve.
+    /// above its grant, its maximum where it did not say) while it wants more; else its
+    /// grant, or what it draws plus headroom where the grant is above that by more than
+    /// the give-back band. Never below its reserve.
     fn most_for(&self, report: &NodeReport, budget: &NodeBudget, current_w: f64) -> f64 {
         let most = if report.wants_more {
             if report.requested_w > 0.0 {
@@ -120,14 +176,66 @@ impl MarginalAllocator {
                 budget.max_w
             }
         } else {
+            // Caps that do not bind ask for nothing more: never a raise, and a give-back
+            // only beyond a band a jittering draw does not cross.
             let share = report.draw_w * (1.0 + self.draw_headroom);
-            if current_w - share < self.hysteresis_w {
-                share.max(current_w)
+            let band = self.hysteresis_w.max(self.give_back_fraction * current_w);
+            if current_w - share < band {
+                current_w
             } else {
                 share
             }
         };
         most.min(budget.max_w).max(budget.reserve_w)
+    }
+
+    /// Whether `node`, under `lease` this round, is held at its reserve for flapping.
+    fn held_for_flapping(&mut self, node: &str, lease: i64) -> bool {
+        let round = self.round;
+        let flaps = self.memory.entry(node.to_owned()).or_default();
+        if flaps.lease.is_some_and(|seen| seen != lease) {
+            flaps.returns.push_back(round);
+            while flaps
+                .returns
+                .front()
+                .is_some_and(|&r| r + self.flap_window_rounds < round)
+            {
+                flaps.returns.pop_front();
+            }
+            // The first return in a window is a restart, not a flap.
+            if let Some(extra) = flaps.returns.len().checked_sub(2) {
+                let hold = self
+                    .flap_hold_rounds
+                    .saturating_mul(1u64 << extra.min(16))
+                    .min(self.flap_hold_max_rounds);
+                flaps.held_until = round + hold;
+                tracing::warn!(
+                    node,
+                    returns = flaps.returns.len(),
+                    "fleet: node `{node}` came back under a new lease {} times within {} rounds: held at its reserve for {hold} rounds",
+                    flaps.returns.len(),
+                    self.flap_window_rounds
+                );
+            }
+        }
+        flaps.lease = Some(lease);
+        round < flaps.held_until
+    }
+
+    /// The node's tokens per second at `watts`, from its productivity smoothed over
+    /// rounds; 0 where nothing is measured yet.
+    fn smoothed_tokens_per_s(&mut self, node: &str, report: &NodeReport) -> f64 {
+        let memory = self.memory.entry(node.to_owned()).or_default();
+        if report.tokens_per_s <= 0.0 || report.caps_in_force_w <= 0.0 {
+            return 0.0;
+        }
+        let scale = report.tokens_per_s / report.caps_in_force_w.powf(self.exponent);
+        memory.scale = if memory.scale > 0.0 {
+            memory.scale + self.smoothing * (scale - memory.scale)
+        } else {
+            scale
+        };
+        memory.scale * report.caps_in_force_w.powf(self.exponent)
     }
 
     fn can_take(claim: &Claim) -> bool {
@@ -165,34 +273,47 @@ fn by_tier_then_value(a: (u8, f64), b: (u8, f64)) -> Ordering {
 
 impl Allocator for MarginalAllocator {
     fn allocate(&mut self, ledger: &Ledger) -> Allocation {
-        let mut claims: Vec<Claim> = ledger
-            .entries
-            .iter()
-            .filter_map(|entry| {
-                let record = entry.record?;
-                let budget = &entry.budget;
-                let report = record.report;
-                let current_w = entry.grant.map_or(budget.reserve_w, |g| g.watts);
-                let cap_w = self.most_for(&report, budget, current_w);
-                Some(Claim {
-                    node: entry.node().to_owned(),
-                    priority: budget.priority,
-                    reserve_w: budget.reserve_w,
-                    cap_w,
-                    measured_at_w: report.caps_in_force_w,
-                    tokens_per_s: report.tokens_per_s,
-                    target_w: current_w.clamp(budget.reserve_w, cap_w),
-                })
-            })
-            .collect();
-        // The pool: the budget less every node's reserve (a node without a lease holds
-        // its own), what unbudgeted nodes hold, and what the live nodes keep above their
-        // reserves.
+        self.round += 1;
+        let mut claims = Vec::new();
+        for entry in &ledger.entries {
+            let Some(record) = entry.record else {
+                continue;
+            };
+            let budget = &entry.budget;
+            let report = record.report;
+            let current_w = entry.grant.map_or(budget.reserve_w, |g| g.watts);
+            let cap_w = if self.held_for_flapping(entry.node(), record.lease) {
+                budget.reserve_w
+            } else {
+                self.most_for(&report, budget, current_w)
+            };
+            let tokens_per_s = self.smoothed_tokens_per_s(entry.node(), &report);
+            claims.push(Claim {
+                node: entry.node().to_owned(),
+                priority: budget.priority,
+                reserve_w: budget.reserve_w,
+                cap_w,
+                measured_at_w: report.caps_in_force_w,
+                tokens_per_s,
+                current_w,
+                // Where it is: what it holds beyond what it would use is given up only
+                // where another node takes it or the budget needs it.
+                target_w: current_w.clamp(budget.reserve_w, budget.max_w.max(budget.reserve_w)),
+            });
+        }
+        // The pool: the budget less what every node without a lease is charged (at least
+        // its reserve: it may hold more while it is silent), what unbudgeted nodes hold,
+        // and what the live nodes hold.
         let mut pool = ledger.budget.available_w()
-            - ledger.budget.reserves_w()
+            - ledger
+                .entries
+                .iter()
+                .filter(|e| !e.live())
+                .map(|e| e.charged_w.max(e.budget.reserve_w))
+                .sum::<f64>()
             - ledger.unbudgeted.iter().map(|(_, w)| w).sum::<f64>()
-            - claims.iter().map(|c| c.target_w - c.reserve_w).sum::<f64>();
-        // A lowered budget: take steps from where they are worth least.
+            - claims.iter().map(|c| c.target_w).sum::<f64>();
+        // A lowered budget: take steps from where they are worth least (unused first).
         while pool < -1e-9 {
             let Some(giver) = self.best_giver(&claims) else {
                 break;
@@ -212,9 +333,9 @@ impl Allocator for MarginalAllocator {
             claim.target_w += step;
             pool -= step;
         }
-        // Moves between nodes, each for a clear gain. Every move raises the modelled
-        // tokens per second (or serves a higher tier), so this ends; the bound only
-        // guards against a model that does not.
+        // Moves between nodes, each for a clear gain (watts a node does not use move
+        // for any gain). Every move raises the modelled tokens per second (or serves a
+        // higher tier), so this ends; the bound only guards against a model that does not.
         for _ in 0..100_000 {
             let (Some(taker), Some(giver)) = (self.best_taker(&claims), self.best_giver(&claims))
             else {
@@ -229,13 +350,31 @@ impl Allocator for MarginalAllocator {
             if !worth_it {
                 break;
             }
+            let giver_floor = if claims[giver].target_w > claims[giver].cap_w + 1e-9 {
+                claims[giver].cap_w
+            } else {
+                claims[giver].reserve_w
+            };
             let step = self
                 .step_w
                 .min(claims[taker].cap_w - claims[taker].target_w)
-                .min(claims[giver].target_w - claims[giver].reserve_w);
+                .min(claims[giver].target_w - giver_floor);
+            if step <= 1e-9 {
+                break;
+            }
             claims[taker].target_w += step;
             claims[giver].target_w -= step;
         }
+        // What a node holds beyond what it uses, unclaimed: given back where it is past
+        // the band (most_for put its cap at its draw's share), so the next raise finds it
+        // free rather than waiting on a cut.
+        for claim in &mut claims {
+            if claim.target_w > claim.cap_w + 1e-9 && claim.cap_w < claim.current_w {
+                pool += claim.target_w - claim.cap_w;
+                claim.target_w = claim.cap_w;
+            }
+        }
+        self.damp_small_moves(&mut claims, pool);
         let mut order: Vec<&Claim> = claims.iter().collect();
         order.sort_by(|a, b| by_tier_then_value(self.gain(b), self.gain(a)));
         Allocation {
@@ -244,6 +383,28 @@ impl Allocator for MarginalAllocator {
                 .iter()
                 .map(|c| (c.node.clone(), c.target_w))
                 .collect(),
+        }
+    }
+}
+
+impl MarginalAllocator {
+    /// A raise under `min_move_w` is not made (its watts stay in the pool); a cut under it
+    /// is not made where the pool left can cover it. A raise to the node's full ask and
+    /// a node's first grant are kept, however small.
+    fn damp_small_moves(&self, claims: &mut [Claim], mut pool: f64) {
+        for claim in claims.iter_mut() {
+            let raise = claim.target_w - claim.current_w;
+            if raise > 0.0 && raise < self.min_move_w && claim.target_w + 1e-9 < claim.cap_w {
+                claim.target_w = claim.current_w;
+                pool += raise;
+            }
+        }
+        for claim in claims.iter_mut() {
+            let cut = claim.current_w - claim.target_w;
+            if cut > 0.0 && cut < self.min_move_w && cut <= pool + 1e-9 {
+                claim.target_w = claim.current_w;
+                pool -= cut;
+            }
         }
     }
 }
@@ -419,5 +580,160 @@ mod tests {
         assert_eq!(allocation.order[0], "vip");
         let total: f64 = allocation.targets.values().sum();
         assert!(total <= 9000.0 + 1e-6, "{total}");
+    }
+
+    #[test]
+    fn a_draw_that_jitters_under_caps_that_do_not_bind_moves_no_watts() {
+        let mut allocator = MarginalAllocator::default();
+        for draw in [2700.0, 2780.0, 2650.0, 2720.0] {
+            let ledger = ledger(
+                &[
+                    ("fast", 0, draw, 10_000.0, false),
+                    ("slow", 0, draw * 0.98, 10_000.0, false),
+                ],
+                9000.0,
+            );
+            assert_eq!(split(&allocator.allocate(&ledger)), (3000.0, 3000.0));
+        }
+    }
+
+    #[test]
+    fn a_node_that_keeps_coming_back_under_new_leases_is_held_at_its_reserve() {
+        let mut allocator = MarginalAllocator::default();
+        let mut view = ledger(
+            &[
+                ("fast", 0, 3000.0, 12_000.0, true),
+                ("slow", 0, 3000.0, 10_000.0, true),
+            ],
+            9000.0,
+        );
+        let mut lease = 100;
+        let mut held_rounds = Vec::new();
+        for round in 0..60 {
+            // `slow` comes back under a new lease every 5 rounds, without a grant.
+            if round % 5 == 0 {
+                lease += 1;
+                let entry = &mut view.entries[1];
+                if let Some(record) = entry.record.as_mut() {
+                    record.lease = lease;
+                }
+                entry.grant = None;
+            }
+            let target = allocator.allocate(&view).targets["slow"];
+            if target <= 1000.0 {
+                held_rounds.push(round);
+            }
+        }
+        // The first return is a restart: granted at once. From the second on it is held,
+        // longer each time, so it stays at its reserve rather than flipping.
+        assert!(!held_rounds.contains(&1), "{held_rounds:?}");
+        assert!(held_rounds.len() >= 40, "{held_rounds:?}");
+        assert!(held_rounds.contains(&59), "{held_rounds:?}");
+    }
+
+    /// The allocator, the ledger and nodes in a loop, round after round: demand above the
+    /// budget on the heavy nodes, draws and tokens that jitter by a few percent, caps
+    /// that bind on some nodes. Returns the grant changes after round 100, the
+    /// node-rounds they are counted over, and the grants at the end.
+    fn churn(mut allocator: MarginalAllocator) -> (usize, usize, Vec<f64>) {
+        use tokwatt_core::rng::Rng;
+        let nodes = 12;
+        let budget = DomainBudget {
+            domain: "d".into(),
+            budget_w: 40_000.0,
+            uncontrolled_w: 0.0,
+            nodes: (0..nodes)
+                .map(|i| NodeBudget {
+                    node: format!("n{i:02}"),
+                    reserve_w: 1200.0,
+                    max_w: 5600.0,
+                    priority: 0,
+                })
+                .collect(),
+        };
+        // What a node would draw uncapped: heavy, medium and light nodes.
+        let demand: Vec<f64> = (0..nodes)
+            .map(|i| [5200.0, 3400.0, 1800.0][i % 3])
+            .collect();
+        let mut grants: Vec<Option<Grant>> = vec![None; nodes];
+        let mut rng = Rng::stream(11, 0);
+        let mut jitter = |scale: f64| 1.0 + scale * ((rng.next_u64() % 2001) as f64 / 1000.0 - 1.0);
+        let mut changes = 0;
+        let rounds = 400;
+        for round in 0..rounds {
+            let views = (0..nodes)
+                .map(|i| {
+                    let cap = grants[i].map_or(1200.0, |g| g.watts);
+                    let used = demand[i].min(cap);
+                    let binds = demand[i] > cap * 0.98;
+                    NodeView {
+                        node: format!("n{i:02}"),
+                        record: Some(NodeRecord {
+                            lease: i as i64 + 1,
+                            report: NodeReport {
+                                acked_generation: grants[i].map_or(0, |g| g.generation),
+                                caps_in_force_w: cap,
+                                draw_w: used * jitter(0.04),
+                                tokens_per_s: 4.0 * used.powf(0.6) * jitter(0.05),
+                                wants_more: binds,
+                                requested_w: if binds { cap + 100.0 } else { 0.0 },
+                                fence: None,
+                                default_w: 0.0,
+                            },
+                        }),
+                        grant: grants[i],
+                    }
+                })
+                .collect();
+            let ledger = Ledger::from_view(DomainView {
+                revision: round,
+                budget: budget.clone(),
+                nodes: views,
+            });
+            let allocation = allocator.allocate(&ledger);
+            for planned in ledger.plan(&allocation.targets, &allocation.order) {
+                let i: usize = planned.node[1..].parse().expect("index");
+                // Every node applies and acknowledges its grant before the next round.
+                grants[i] = Some(Grant {
+                    ceiling_w: planned.grant.watts,
+                    ..planned.grant
+                });
+                if round >= 100 {
+                    changes += 1;
+                }
+            }
+        }
+        let watts = grants
+            .iter()
+            .map(|g| g.map_or(1200.0, |g| g.watts))
+            .collect();
+        (changes, nodes * (rounds as usize - 100), watts)
+    }
+
+    #[test]
+    fn grants_settle_and_stay_under_jitter() {
+        let (changes, node_rounds, grants) = churn(MarginalAllocator::default());
+        eprintln!("damped: {changes} grant changes in {node_rounds} node-rounds");
+        assert!(
+            changes * 100 <= node_rounds,
+            "{changes} grant changes in {node_rounds} node-rounds after settling"
+        );
+        let granted: f64 = grants.iter().sum();
+        assert!(granted <= 40_000.0 + 1e-6, "{granted}");
+        // The heavy nodes got more than the light ones: the damping froze nothing.
+        assert!(grants[0] > grants[2] + 1000.0, "{grants:?}");
+        // Without the damping (raw reports, any move, no band) the same loop churns.
+        let undamped = MarginalAllocator {
+            smoothing: 1.0,
+            min_move_w: 0.0,
+            give_back_fraction: 0.0,
+            ..MarginalAllocator::default()
+        };
+        let (changes, node_rounds, _) = churn(undamped);
+        eprintln!("undamped: {changes} grant changes in {node_rounds} node-rounds");
+        assert!(
+            changes * 20 > node_rounds,
+            "undamped: only {changes} changes in {node_rounds} node-rounds"
+        );
     }
 }
