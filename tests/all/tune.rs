@@ -97,6 +97,7 @@ fn steady_sim(scenario: &Path) -> SimTarget {
         scenario: Some(scenario.to_owned()),
         gpus: 1,
         realtime: false,
+        driver: None,
     }
 }
 
@@ -174,6 +175,7 @@ fn grid_point(spec: &PolicySpec, scenario: &Path) -> (f64, f64, f64) {
             scenario: Some(scenario.to_owned()),
             gpus: 1,
             realtime: false,
+            driver: None,
         }),
         seed: SEED,
         batch_only: false,

@@ -38,6 +38,10 @@ pub struct SimTarget {
     pub gpus: u32,
     /// Simulate against the wall clock instead of the virtual clock.
     pub realtime: bool,
+    /// The simulated driver's file, where the node's settings live outside this process
+    /// (they survive its end, as a real driver's do; see [`tokwatt_sim::SimDriver`]);
+    /// `None`: in the process alone.
+    pub driver: Option<PathBuf>,
 }
 
 impl SimTarget {
@@ -48,6 +52,7 @@ impl SimTarget {
             scenario: None,
             gpus: 1,
             realtime: false,
+            driver: None,
         }
     }
 }
@@ -277,7 +282,7 @@ pub fn simulator(target: &SimTarget, seed: u64) -> Result<(SimGpu, Backends), As
         seed,
         noise_seed: None,
     };
-    simulator_from(config, target.realtime)
+    simulator_on(config, target.realtime, target.driver.as_deref())
 }
 
 /// `target`'s GPU profile and scenario (the built-in one where it names none), loaded.
@@ -296,12 +301,25 @@ pub fn simulator_from(
     config: SimConfig,
     realtime: bool,
 ) -> Result<(SimGpu, Backends), AssemblyError> {
+    simulator_on(config, realtime, None)
+}
+
+/// [`simulator_from`], the settings kept in the simulated driver's file at `driver`
+/// where one is given.
+pub fn simulator_on(
+    config: SimConfig,
+    realtime: bool,
+    driver: Option<&std::path::Path>,
+) -> Result<(SimGpu, Backends), AssemblyError> {
     let clock: Arc<dyn Clock> = if realtime {
         WallClock::new()
     } else {
         VirtualClock::new()
     };
-    let sim = SimGpu::new(config, clock.clone())?;
+    let sim = match driver {
+        Some(path) => SimGpu::with_driver(config, clock.clone(), path)?,
+        None => SimGpu::new(config, clock.clone())?,
+    };
     let backends = Backends {
         telemetry: sim.telemetry(),
         actuator: sim.actuator(),

@@ -269,6 +269,7 @@ fn backends(target: &AgentCpuTarget, spec: &PolicySpec) -> Result<Assembled, Age
                     scenario: None,
                     gpus: *gpus,
                     realtime: true,
+                    driver: None,
                 }),
                 seed: 1,
                 batch_only: false,

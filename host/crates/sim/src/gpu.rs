@@ -657,7 +657,7 @@ impl GpuSim {
 
     /// Set the power limit (already validated against the device range); NVML takes milliwatts.
     pub(super) fn set_power_cap(&mut self, watts: f64) -> f64 {
-        self.cap_w = (watts * 1000.0).round() / 1000.0;
+        self.cap_w = milliwatts(watts);
         self.enforced_cap_w()
     }
 
@@ -745,6 +745,11 @@ fn slot<T>(table: &mut Vec<Option<T>>, active: u32) -> &mut Option<T> {
         table.resize_with(index + 1, || None);
     }
     &mut table[index]
+}
+
+/// `watts` to the milliwatt, as NVML takes a power limit.
+pub(super) fn milliwatts(watts: f64) -> f64 {
+    (watts * 1000.0).round() / 1000.0
 }
 
 /// The `q` quantile of values weighted by their counts (0 with no samples).

@@ -5,6 +5,9 @@
 //!   behaviour, thermals), from a TOML file that cites what it was fitted to.
 //! - [`Scenario`]: the workload (model, context, batch limits, demand phases).
 //! - [`SimGpu`]: `gpus` independent simulated boards sharing one profile and scenario.
+//! - [`SimDriver`]: the settings a real driver would hold (caps, clock locks, batch), in a
+//!   file outside the process, for a simulated node whose settings must outlive its agent
+//!   ([`SimGpu::with_driver`]); without one a simulation keeps them in memory.
 //!
 //! The simulation is lazy: every trait method first catches the simulated boards up to
 //! `clock.now()`. On a [`tokwatt_core::clock::VirtualClock`] the control loop sleeps to its next
@@ -14,6 +17,7 @@
 //! Not simulated: prefill, context growth during decode (every sequence attends over the
 //! scenario's context length), thermal throttling, out-of-band power limits.
 
+pub mod driver;
 mod gpu;
 pub mod model;
 pub mod profile;
@@ -22,14 +26,16 @@ pub mod scenario;
 #[cfg(test)]
 mod calibration;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+pub use driver::{BoardSettings, DriverError, DriverState, SimDriver};
 pub use gpu::SimTruth;
 pub use model::{DecodeCost, DecodeModel, ModelShape};
 pub use profile::GpuProfile;
 pub use scenario::{Phase, Scenario};
 
+use driver::Snapshot;
 use gpu::GpuSim;
 use tokwatt_core::actuator::{Actuator, ActuatorError, Capabilities, GpuSettings};
 use tokwatt_core::clock::Clock;
@@ -79,6 +85,9 @@ pub enum SimError {
         profile: String,
         source: tokwatt_core::model::MemoryFitError,
     },
+    /// The simulated driver's file cannot be opened, or describes other boards.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
 }
 
 /// What to simulate.
@@ -112,15 +121,150 @@ pub struct SimGpu {
 struct SimState {
     clock: Arc<dyn Clock>,
     gpus: Vec<GpuSim>,
+    /// Where the settings live when they outlive the process; `None`: in the boards alone.
+    driver: Option<DriverLink>,
+}
+
+/// A simulation's link to its driver file.
+#[derive(Debug)]
+struct DriverLink {
+    driver: SimDriver,
+    /// The version of the file the boards run on.
+    seen: Snapshot,
+    /// The last problem reading the file (reported once, not every tick).
+    problem: Option<String>,
+    profile: Arc<GpuProfile>,
+    sm_clocks_mhz: Vec<u32>,
+    mem_clocks_mhz: Vec<u32>,
+    /// The batch of a board whose driver holds none (the workload's own).
+    initial_batch: u32,
+    batch_size_max: u32,
+}
+
+impl DriverLink {
+    /// Bring every board to the settings of the version read last: each one that differs
+    /// is first caught up to `now_ns` under its old settings, so a change made by another
+    /// process applies from now on, never to the time before it was seen.
+    fn follow(&self, gpus: &mut [GpuSim], now_ns: u64) {
+        for (board, wanted) in gpus.iter_mut().zip(&self.seen.state.boards) {
+            let sm_lock = wanted
+                .sm_clock_lock_mhz
+                .and_then(|(lo, hi)| lock_range(&self.sm_clocks_mhz, lo, hi));
+            let mem_lock = wanted
+                .mem_clock_lock_mhz
+                .and_then(|(lo, hi)| lock_range(&self.mem_clocks_mhz, lo, hi));
+            let batch = wanted
+                .batch_size
+                .unwrap_or(self.initial_batch)
+                .clamp(1, self.batch_size_max);
+            let now = board.settings();
+            if now.power_cap_w == wanted.power_cap_w
+                && now.sm_clock_lock_mhz == sm_lock
+                && now.mem_clock_lock_mhz == mem_lock
+                && board.batch_size() == batch
+            {
+                continue;
+            }
+            board.advance_to(now_ns);
+            board.set_power_cap(wanted.power_cap_w);
+            board.set_sm_lock(sm_lock);
+            let mem_mhz = mem_lock
+                .map(|(_, hi)| hi)
+                .or_else(|| self.mem_clocks_mhz.first().copied())
+                .unwrap_or(0);
+            board.set_mem_lock(mem_lock, mem_mhz);
+            board.set_batch_size(batch);
+        }
+    }
+
+    /// Read the file again if another process replaced it since; `false` when it cannot be
+    /// read or no longer fits the boards (the boards keep the settings last read, and the
+    /// problem is logged once).
+    fn reread(&mut self) -> bool {
+        if self.seen.is_current(&self.driver) {
+            return false;
+        }
+        let count = self.seen.state.boards.len() as u32;
+        let read = self.driver.snapshot().and_then(|snapshot| {
+            self.driver
+                .check_fits(&snapshot.state, &self.profile, count)
+                .map(|()| snapshot)
+        });
+        match read {
+            Ok(snapshot) => {
+                self.seen = snapshot;
+                self.problem = None;
+                true
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if self.problem.as_deref() != Some(text.as_str()) {
+                    tracing::warn!("the simulated boards keep the settings last read: {text}");
+                    self.problem = Some(text);
+                }
+                false
+            }
+        }
+    }
+}
+
+/// Why a change of a board's settings did not take.
+enum ChangeError {
+    NoSuchGpu { count: u32 },
+    Driver(DriverError),
 }
 
 impl SimState {
-    /// Board `index`, caught up to the clock's now.
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.clock.now().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Board `index`, caught up to the clock's now (and to the driver's settings, where
+    /// another process changed them).
     fn gpu(&mut self, index: u32) -> Option<&mut GpuSim> {
-        let now_ns = u64::try_from(self.clock.now().as_nanos()).unwrap_or(u64::MAX);
+        let now_ns = self.now_ns();
+        if let Some(link) = &mut self.driver
+            && link.reread()
+        {
+            link.follow(&mut self.gpus, now_ns);
+        }
         let gpu = self.gpus.get_mut(usize::try_from(index).ok()?)?;
         gpu.advance_to(now_ns);
         Some(gpu)
+    }
+
+    /// Change board `index`'s settings: with a driver, in its file first (a failed write
+    /// changes nothing) and then every board as the file now says; else on the board.
+    fn change(
+        &mut self,
+        index: u32,
+        in_driver: impl FnOnce(&mut BoardSettings),
+        on_board: impl FnOnce(&mut GpuSim),
+    ) -> Result<&mut GpuSim, ChangeError> {
+        let count = self.count();
+        let now_ns = self.now_ns();
+        let position = usize::try_from(index)
+            .ok()
+            .filter(|&p| p < self.gpus.len())
+            .ok_or(ChangeError::NoSuchGpu { count })?;
+        match &mut self.driver {
+            None => {
+                let board = &mut self.gpus[position];
+                board.advance_to(now_ns);
+                on_board(board);
+            }
+            Some(link) => {
+                link.seen = link
+                    .driver
+                    .update_board(index, in_driver)
+                    .map_err(ChangeError::Driver)?;
+                link.problem = None;
+                link.follow(&mut self.gpus, now_ns);
+            }
+        }
+        let board = &mut self.gpus[position];
+        board.advance_to(now_ns);
+        Ok(board)
     }
 
     fn count(&self) -> u32 {
@@ -129,7 +273,30 @@ impl SimState {
 }
 
 impl SimGpu {
+    /// Simulated boards whose settings live in this process alone (they end with it).
     pub fn new(config: SimConfig, clock: Arc<dyn Clock>) -> Result<SimGpu, SimError> {
+        Self::build(config, clock, None)
+    }
+
+    /// Simulated boards whose settings live in the driver file at `driver`, as a real
+    /// driver holds them: read from it at the start (what an earlier agent, a fence or a
+    /// reboot left), every change written through, and read again whenever another process
+    /// replaced it, before a telemetry or workload window and before the settings are read.
+    /// The file is created at the board defaults when there is none; one that describes
+    /// other boards is refused.
+    pub fn with_driver(
+        config: SimConfig,
+        clock: Arc<dyn Clock>,
+        driver: &Path,
+    ) -> Result<SimGpu, SimError> {
+        Self::build(config, clock, Some(driver))
+    }
+
+    fn build(
+        config: SimConfig,
+        clock: Arc<dyn Clock>,
+        driver_path: Option<&Path>,
+    ) -> Result<SimGpu, SimError> {
         let SimConfig {
             profile,
             scenario,
@@ -180,7 +347,7 @@ impl SimGpu {
         let devices = (0..gpus)
             .map(|index| device_info(&profile, index))
             .collect();
-        let boards = (0..gpus)
+        let mut boards: Vec<GpuSim> = (0..gpus)
             .map(|index| {
                 GpuSim::new(
                     index,
@@ -191,10 +358,30 @@ impl SimGpu {
                 )
             })
             .collect();
+        let driver = match driver_path {
+            None => None,
+            Some(path) => {
+                let (driver, seen) = SimDriver::open_for(path, &profile, gpus)?;
+                let link = DriverLink {
+                    driver,
+                    seen,
+                    problem: None,
+                    profile: Arc::clone(&profile),
+                    sm_clocks_mhz: profile.sm_clocks_mhz(),
+                    mem_clocks_mhz: profile.mem_clocks_mhz(),
+                    initial_batch: scenario.initial_batch_size,
+                    batch_size_max,
+                };
+                let now_ns = u64::try_from(clock.now().as_nanos()).unwrap_or(u64::MAX);
+                link.follow(&mut boards, now_ns);
+                Some(link)
+            }
+        };
         Ok(SimGpu {
             state: Arc::new(Mutex::new(SimState {
                 clock,
                 gpus: boards,
+                driver,
             })),
             profile,
             scenario,
@@ -314,6 +501,29 @@ impl SimActuator {
             None => Err(ActuatorError::NoSuchGpu { index: gpu, count }),
         }
     }
+
+    /// Change board `gpu`'s settings (see [`SimState::change`]); a driver that cannot be
+    /// written fails the change as a real driver's error would.
+    fn change(
+        &self,
+        gpu: u32,
+        what: &'static str,
+        in_driver: impl FnOnce(&mut BoardSettings),
+        on_board: impl FnOnce(&mut GpuSim),
+    ) -> Result<GpuSettings, ActuatorError> {
+        let mut state = self.sim.lock();
+        match state.change(gpu, in_driver, on_board) {
+            Ok(board) => Ok(board.settings()),
+            Err(ChangeError::NoSuchGpu { count }) => {
+                Err(ActuatorError::NoSuchGpu { index: gpu, count })
+            }
+            Err(ChangeError::Driver(e)) => Err(ActuatorError::Failed {
+                gpu,
+                what,
+                reason: e.to_string(),
+            }),
+        }
+    }
 }
 
 impl Actuator for SimActuator {
@@ -340,19 +550,29 @@ impl Actuator for SimActuator {
 
     fn set_power_cap(&mut self, gpu: u32, watts: f64) -> Result<f64, ActuatorError> {
         let range = self.sim.profile.power_cap;
-        self.with_gpu(gpu, |board| {
-            if !(watts.is_finite() && (range.min_w..=range.max_w).contains(&watts)) {
-                return Err(ActuatorError::Failed {
-                    gpu,
-                    what: "power cap",
-                    reason: format!(
-                        "{watts} W is outside the device's range {}-{} W",
-                        range.min_w, range.max_w
-                    ),
-                });
+        if !(watts.is_finite() && (range.min_w..=range.max_w).contains(&watts)) {
+            let count = self.sim.devices.len() as u32;
+            if gpu >= count {
+                return Err(ActuatorError::NoSuchGpu { index: gpu, count });
             }
-            Ok(board.set_power_cap(watts))
-        })
+            return Err(ActuatorError::Failed {
+                gpu,
+                what: "power cap",
+                reason: format!(
+                    "{watts} W is outside the device's range {}-{} W",
+                    range.min_w, range.max_w
+                ),
+            });
+        }
+        let settings = self.change(
+            gpu,
+            "power cap",
+            |driver| driver.power_cap_w = gpu::milliwatts(watts),
+            |board| {
+                board.set_power_cap(watts);
+            },
+        )?;
+        Ok(settings.power_cap_enforced_w)
     }
 
     fn set_sm_clock_lock(
@@ -365,10 +585,13 @@ impl Actuator for SimActuator {
             None => None,
             Some((lo, hi)) => Some(checked_lock(gpu, "SM clock lock", &supported, lo, hi)?),
         };
-        self.with_gpu(gpu, |board| {
-            board.set_sm_lock(effective);
-            Ok(())
-        })
+        self.change(
+            gpu,
+            "SM clock lock",
+            |driver| driver.sm_clock_lock_mhz = effective,
+            |board| board.set_sm_lock(effective),
+        )
+        .map(|_| ())
     }
 
     fn set_mem_clock_lock(
@@ -381,14 +604,19 @@ impl Actuator for SimActuator {
             None => None,
             Some((lo, hi)) => Some(checked_lock(gpu, "memory clock lock", &supported, lo, hi)?),
         };
-        self.with_gpu(gpu, |board| {
-            let mem_mhz = effective
-                .map(|(_, hi)| hi)
-                .or_else(|| board.mem_grid().first().copied())
-                .unwrap_or(0);
-            board.set_mem_lock(effective, mem_mhz);
-            Ok(())
-        })
+        self.change(
+            gpu,
+            "memory clock lock",
+            |driver| driver.mem_clock_lock_mhz = effective,
+            |board| {
+                let mem_mhz = effective
+                    .map(|(_, hi)| hi)
+                    .or_else(|| board.mem_grid().first().copied())
+                    .unwrap_or(0);
+                board.set_mem_lock(effective, mem_mhz);
+            },
+        )
+        .map(|_| ())
     }
 }
 
@@ -443,17 +671,28 @@ impl Workload for SimWorkload {
         let max = self.sim.batch_size_max;
         let mut state = self.sim.lock();
         let count = state.count();
-        let board = state
-            .gpu(gpu)
-            .ok_or(WorkloadError::NoSuchGpu { index: gpu, count })?;
+        if gpu >= count {
+            return Err(WorkloadError::NoSuchGpu { index: gpu, count });
+        }
         if !(1..=max).contains(&batch) {
             return Err(WorkloadError::BatchOutOfRange {
                 requested: batch,
                 max,
             });
         }
-        board.set_batch_size(batch);
-        Ok(())
+        match state.change(
+            gpu,
+            |driver| driver.batch_size = Some(batch),
+            |board| board.set_batch_size(batch),
+        ) {
+            Ok(_) => Ok(()),
+            Err(ChangeError::NoSuchGpu { count }) => {
+                Err(WorkloadError::NoSuchGpu { index: gpu, count })
+            }
+            Err(ChangeError::Driver(e)) => Err(WorkloadError::Failed(format!(
+                "the simulated driver did not take batch size {batch} on GPU {gpu}: {e}"
+            ))),
+        }
     }
 
     fn read_window(&mut self, gpu: u32) -> Result<WorkloadWindow, WorkloadError> {

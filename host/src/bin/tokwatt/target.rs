@@ -124,6 +124,7 @@ impl TargetArgs {
                 scenario: self.scenario.clone(),
                 gpus: self.gpus,
                 realtime: self.realtime,
+                driver: None,
             }),
             (None, Some(indices)) => Target::Gpu(GpuTarget {
                 indices: indices.clone(),

@@ -144,6 +144,7 @@ pub fn tune(args: TuneArgs) -> Result<()> {
             scenario: args.scenario.clone(),
             gpus: 1,
             realtime: false,
+            driver: None,
         },
         seed: args.seed,
         eta: args.eta,

@@ -175,6 +175,7 @@ fn backend_request(config: &ServeConfig, tick: Duration) -> Result<BackendReques
             scenario: scenario.clone(),
             gpus: *gpus,
             realtime: *realtime,
+            driver: None,
         }),
         NodeBackend::Nvml { gpus } => {
             let indices = match gpus {
