@@ -32,6 +32,7 @@ mod restore;
 mod sdk_wit;
 mod serve;
 mod shipped_policies;
+mod sim_driver;
 mod swap;
 mod tune;
 mod workspace_build;

@@ -21,6 +21,7 @@ mod report;
 mod restore;
 mod run;
 mod serve;
+mod sim_driver;
 mod status;
 mod target;
 mod tune;
@@ -87,6 +88,12 @@ enum Command {
         #[command(subcommand)]
         what: plugin::PluginCommand,
     },
+    /// A simulated node's driver file, where its GPUs' settings outlive the agent: show
+    /// it, reboot the node, enable its boot unit.
+    SimDriver {
+        #[command(subcommand)]
+        what: sim_driver::SimDriverCommand,
+    },
     /// Across nodes: a power budget on etcd (set a domain's budget, show its ledger, run a
     /// coordinator replica), and A/B experiments on serving nodes.
     Fleet {
@@ -120,6 +127,7 @@ fn main() -> std::process::ExitCode {
         Command::Policy { what } => policy::policy(&what),
         Command::Plugin { what } => plugin::plugin(what),
         Command::Fleet { what } => fleet::fleet(&what),
+        Command::SimDriver { what } => sim_driver::sim_driver(&what),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -143,6 +151,7 @@ impl Command {
             | Command::Plugin { .. } => true,
             // Writes budgets and grants: it keeps Rust's default on a closed pipe.
             Command::Fleet { .. } => false,
+            Command::SimDriver { what } => what.only_prints(),
             Command::Run(_)
             | Command::Ab(_)
             | Command::Tune(_)

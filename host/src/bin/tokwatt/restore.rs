@@ -2,21 +2,29 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 use tokwatt::actuator::Actuator;
 use tokwatt::assembly::{self, SimTarget};
 use tokwatt::nvml::NvmlSystem;
 use tokwatt::restore::{StateFile, restore_all};
+use tokwatt::sim::SimDriver;
 
 #[derive(Debug, clap::Args)]
 pub struct RestoreArgs {
     /// State file (default: /var/lib/tokwatt/state.json as root, else $XDG_STATE_HOME/tokwatt/state.json).
     #[arg(long)]
     state_file: Option<PathBuf>,
-    /// Restore through the simulated GPU with this profile (for testing).
+    /// Restore through a simulated GPU with this profile (for testing). Alone, the
+    /// simulator is the command's own and ends with it: the state file is read, checked
+    /// and cleared, and nothing that outlives the command changes. With --sim-driver, the
+    /// profile of the driver file's boards (needed only for a profile file).
     #[arg(long, value_name = "PROFILE")]
     sim: Option<String>,
+    /// Restore a simulated node's settings: through the simulated driver file its agent
+    /// ran on (node.sim_driver, `tokwatt run --sim-driver`), whose boards keep them.
+    #[arg(long, value_name = "PATH")]
+    sim_driver: Option<PathBuf>,
 }
 
 /// Enough simulated GPUs for any state file a simulated run could have written.
@@ -35,15 +43,31 @@ pub fn restore(args: &RestoreArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let mut actuator: Box<dyn Actuator> = match &args.sim {
-        Some(profile) => {
+    let mut actuator: Box<dyn Actuator> = match (&args.sim_driver, &args.sim) {
+        (Some(path), profile) => {
+            // The boards are the file's: their profile (unless named) and their count.
+            let held = SimDriver::at(path).read()?;
+            let target = SimTarget {
+                gpus: held.boards.len() as u32,
+                driver: Some(path.clone()),
+                ..SimTarget::new(profile.clone().unwrap_or(held.profile))
+            };
+            assembly::simulator(&target, 1)
+                .with_context(|| format!("opening the simulated driver {}", path.display()))?
+                .1
+                .actuator
+        }
+        (None, Some(profile)) => {
+            eprintln!(
+                "tokwatt: restoring into a simulator of this command's own (--sim): nothing that outlives it changes; give --sim-driver PATH to restore a simulated node's settings"
+            );
             let target = SimTarget {
                 gpus: SIM_GPUS,
                 ..SimTarget::new(profile.clone())
             };
             assembly::simulator(&target, 1)?.1.actuator
         }
-        None => Box::new(NvmlSystem::open(None)?.actuator()),
+        (None, None) => Box::new(NvmlSystem::open(None)?.actuator()),
     };
     let report = restore_all(&state, actuator.as_mut())?;
     println!("{report}");

@@ -49,6 +49,12 @@ pub struct RunArgs {
     debug_panic_after_ticks: Option<u64>,
     #[command(flatten)]
     pub target: TargetArgs,
+    /// Keep the simulated GPUs' settings in this simulated driver file, outside the run's
+    /// process, as a real driver holds them: they outlive the run (a kill -9 leaves them),
+    /// and the run starts from what the file holds (created at the board defaults if it
+    /// does not exist). See `tokwatt sim-driver`.
+    #[arg(long, value_name = "PATH", requires = "sim")]
+    sim_driver: Option<PathBuf>,
     #[command(flatten)]
     node: crate::node_rules::NodeRulesArgs,
 }
@@ -68,9 +74,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         spec.override_tick(tick)?;
     }
     let tick = Duration::from_millis(u64::from(spec.tick_ms));
-    let request = args
+    let mut request = args
         .target
         .backend_request(&spec.objective, tick, args.seed)?;
+    if let assembly::Target::Sim(sim) = &mut request.target {
+        sim.driver.clone_from(&args.sim_driver);
+    }
     let mut assembled = assembly::assemble(&request, &spec.name, spec.knobs)?;
     for withheld in &assembled.withheld {
         eprintln!("tokwatt: policy `{}`: {withheld}", spec.name);

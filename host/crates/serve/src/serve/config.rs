@@ -45,6 +45,9 @@ pub enum NodeBackend {
         scenario: Option<PathBuf>,
         /// `false`: the virtual clock (ticks as fast as the loop runs).
         realtime: bool,
+        /// The simulated driver's file: the node's settings outlive the agent, as a real
+        /// driver's do (`tokwatt_sim::SimDriver`); `None`: they end with it.
+        driver: Option<PathBuf>,
     },
 }
 

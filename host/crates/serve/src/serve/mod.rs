@@ -170,12 +170,13 @@ fn backend_request(config: &ServeConfig, tick: Duration) -> Result<BackendReques
             gpus,
             scenario,
             realtime,
+            driver,
         } => Target::Sim(SimTarget {
             profile: profile.clone(),
             scenario: scenario.clone(),
             gpus: *gpus,
             realtime: *realtime,
-            driver: None,
+            driver: driver.clone(),
         }),
         NodeBackend::Nvml { gpus } => {
             let indices = match gpus {

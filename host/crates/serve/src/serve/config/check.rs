@@ -101,11 +101,12 @@ pub(super) fn check(raw: RawConfig, base: &Path, _path: &Path) -> Result<ServeCo
         .backend
         .as_ref()
         .map_or("nvml", |b| b.get_ref().as_str());
-    let sim_only: [(&'static str, bool); 4] = [
+    let sim_only: [(&'static str, bool); 5] = [
         ("node.sim_profile", node.sim_profile.is_some()),
         ("node.sim_gpus", node.sim_gpus.is_some()),
         ("node.sim_scenario", node.sim_scenario.is_some()),
         ("node.sim_realtime", node.sim_realtime.is_some()),
+        ("node.sim_driver", node.sim_driver.is_some()),
     ];
     let backend = match backend_name {
         "nvml" => {
@@ -185,6 +186,17 @@ pub(super) fn check(raw: RawConfig, base: &Path, _path: &Path) -> Result<ServeCo
                 gpus,
                 scenario: node.sim_scenario.as_deref().map(resolve),
                 realtime: node.sim_realtime.as_ref().is_none_or(|r| *r.get_ref()),
+                driver: match &node.sim_driver {
+                    Some(path) if path.get_ref().as_os_str().is_empty() => {
+                        return Err(problem(
+                            "node.sim_driver",
+                            path,
+                            "is empty: name the simulated driver's file (created at the board defaults if it does not exist), or remove the key to keep the settings in the agent alone",
+                        ));
+                    }
+                    Some(path) => Some(resolve(path.get_ref())),
+                    None => None,
+                },
             }
         }
         other => {

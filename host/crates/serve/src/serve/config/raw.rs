@@ -80,6 +80,7 @@ pub(super) struct RawNode {
     pub(super) sim_gpus: Option<Spanned<i64>>,
     pub(super) sim_scenario: Option<PathBuf>,
     pub(super) sim_realtime: Option<Spanned<bool>>,
+    pub(super) sim_driver: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -27,7 +27,8 @@ fn a_simulated_node_needs_only_a_policy_and_a_backend() {
             profile: "h200".into(),
             gpus: 8,
             scenario: None,
-            realtime: true
+            realtime: true,
+            driver: None,
         }
     );
     assert_eq!(config.workload, ServeWorkload::Sim);
@@ -192,6 +193,30 @@ url = "http://127.0.0.1:8000/metrics"
     ));
     assert!(
         message.contains("workload.engine.engine") && message.contains("vllm"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_simulated_driver_is_relative_to_the_config_and_for_the_simulator_only() {
+    let config = parse(&format!("{SIM}sim_driver = \"node-a/driver.json\"\n")).expect("valid");
+    let NodeBackend::Sim { driver, .. } = &config.backend else {
+        panic!("{:?}", config.backend);
+    };
+    assert_eq!(
+        driver.as_deref(),
+        Some(Path::new("/etc/tokwatt/node-a/driver.json"))
+    );
+    let message = error(&format!("{SIM}sim_driver = \"\"\n"));
+    assert!(
+        message.contains("node.sim_driver") && message.contains("is empty"),
+        "{message}"
+    );
+    let message = error(
+        "[policy]\nspec = \"/p\"\n[node]\nsim_driver = \"d.json\"\n[workload]\nsource = \"cuda\"\n",
+    );
+    assert!(
+        message.contains("node.sim_driver") && message.contains("backend = \"sim\" only"),
         "{message}"
     );
 }
