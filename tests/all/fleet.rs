@@ -45,17 +45,20 @@ fn node_config_with(dir: &Path, endpoints: &[String], extra: &str) -> ServeConfi
     ServeConfig::load(&path).expect("the test's config is valid")
 }
 
-/// Domain `rack-s`: 2.4 kW, one node `n1` with `reserve_w` and at most 2.8 kW.
+/// Domain `rack-s`: 2.8 kW, one node `n1` with `reserve_w` and at most 2.8 kW. The node
+/// runs no fence, so the budget holds its GPUs' board defaults (4 × 700 W).
 fn rack_s(reserve_w: f64) -> DomainBudget {
     DomainBudget {
         domain: "rack-s".into(),
-        budget_w: 2400.0,
+        budget_w: 2800.0,
         uncontrolled_w: 0.0,
         nodes: vec![NodeBudget {
             node: "n1".into(),
             reserve_w,
             max_w: 2800.0,
             priority: 0,
+            fenced: false,
+            default_w: None,
         }],
     }
 }
@@ -112,7 +115,7 @@ fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off(
     assert!(caps() <= 1000.0 + 1e-6, "{} W before any grant", caps());
 
     // A coordinator grants the domain's budget to its one node.
-    *ceiling.lock().expect("lock") = 2400.0;
+    *ceiling.lock().expect("lock") = 2800.0;
     let stop_coordinator = Arc::new(AtomicBool::new(false));
     let coordinator = {
         let (store, stop) = (store.clone(), stop_coordinator.clone());
@@ -132,7 +135,7 @@ fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off(
         })
     };
     wait_for("the grant in force", Duration::from_secs(30), || {
-        caps() > 2300.0
+        caps() > 2700.0
     });
     let gauge = |name: &str| -> f64 {
         control
@@ -145,7 +148,7 @@ fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off(
     wait_for("the grant in /metrics", Duration::from_secs(10), || {
         gauge("tokwatt_fleet_granted") == 1.0
     });
-    assert_eq!(gauge("tokwatt_fleet_allowance_watts"), 2400.0);
+    assert_eq!(gauge("tokwatt_fleet_allowance_watts"), 2800.0);
     assert_eq!(gauge("tokwatt_fleet_lease_live"), 1.0);
     assert_eq!(gauge("tokwatt_fleet_joins_total"), 1.0);
 
@@ -189,9 +192,11 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
     let file = dir.path().join("rack.toml");
 
     // A budget whose reserves pass it is refused, naming the rule; nothing is written.
+    // (Both nodes are declared fenced: unfenced, their 5.6 kW of board defaults would
+    // not fit even the 4 kW budget written next.)
     std::fs::write(
         &file,
-        "domain = \"rack-c\"\nbudget_w = 1500\n[[nodes]]\nnode = \"a\"\nreserve_w = 1000\nmax_w = 2800\n[[nodes]]\nnode = \"b\"\nreserve_w = 1000\nmax_w = 2800\n",
+        "domain = \"rack-c\"\nbudget_w = 1500\n[[nodes]]\nnode = \"a\"\nreserve_w = 1000\nmax_w = 2800\nfenced = true\n[[nodes]]\nnode = \"b\"\nreserve_w = 1000\nmax_w = 2800\nfenced = true\n",
     )
     .expect("file");
     let out = tokwatt()
@@ -226,7 +231,8 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // A node joins; a coordinator replica grants it watts; stopped, it resigns at once.
+    // A node joins (declaring no fence: charged at its 2.8 kW of defaults, and named);
+    // a coordinator replica grants it watts; stopped, it resigns at once.
     let store = EtcdFleet::connect(std::slice::from_ref(&endpoint), Duration::from_secs(1))
         .expect("client");
     let node = store
@@ -315,6 +321,22 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
     let charged =
         value(&text, "tokwatt_fleet_charged_watts{domain=\"rack-c\"}").unwrap_or(f64::NAN);
     assert!(charged <= 4000.0 + 1e-6 && charged > 2000.0, "{text}");
+    assert_eq!(
+        value(
+            &text,
+            "tokwatt_fleet_node_fence_missing{domain=\"rack-c\",node=\"a\"}"
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &text,
+            "tokwatt_fleet_node_stranded_watts{domain=\"rack-c\",node=\"b\",reason=\"never-heard\"}"
+        ),
+        Some(0.0),
+        "{text}"
+    );
     if let Some(promtool) = crate::metrics::promtool() {
         let body = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
         crate::metrics::promtool_check(promtool, body).unwrap_or_else(|said| panic!("{said}"));
@@ -331,10 +353,14 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
         .expect("runs");
     let text = String::from_utf8_lossy(&show.stdout);
     assert!(
-        show.status.success() && text.contains("none (at its reserve)"),
+        show.status.success() && text.contains("never heard"),
         "{text}"
     );
     assert!(text.contains("of 4000 W available"), "{text}");
+    assert!(
+        text.contains("node a is fenced in the budget but declares no fence"),
+        "{text}"
+    );
 
     // SIGTERM: the replica resigns, and another can lead at once, well inside the TTL.
     let status = std::process::Command::new("kill")
@@ -348,6 +374,40 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
         .campaign("rack-c", "c2", Duration::from_secs(5))
         .expect("campaign");
     assert!(next.is_some(), "the stopped replica resigned");
+
+    // A release is refused while the node is live, and says what it assumes where not.
+    let release = |node: &str| {
+        tokwatt()
+            .args([
+                "fleet", "release", node, "--etcd", &endpoint, "--domain", "rack-c",
+            ])
+            .output()
+            .expect("runs")
+    };
+    let out = release("a");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("is live"),
+        "{stderr}"
+    );
+    let out = release("b");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("This assumes its GPUs' power caps sum to at most 1000 W")
+            && stdout.contains("Released"),
+        "{stdout}"
+    );
+    let show = tokwatt()
+        .args(["fleet", "show", "--etcd", &endpoint, "--domain", "rack-c"])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(text.contains("silent, released"), "{text}");
 }
 
 #[test]

@@ -427,6 +427,10 @@ mod tests {
                     reserve_w: 1000.0,
                     max_w: 5600.0,
                     priority: *priority,
+                    // Board defaults at the reserve: each node's floor is its reserve,
+                    // so what the ledger charges is what the allocator moves.
+                    fenced: false,
+                    default_w: Some(1000.0),
                 })
                 .collect(),
         };
@@ -453,6 +457,7 @@ mod tests {
                     watts: 3000.0,
                     ceiling_w: 3000.0,
                 }),
+                hold: None,
             })
             .collect();
         Ledger::from_view(DomainView {
@@ -648,6 +653,8 @@ mod tests {
                     reserve_w: 1200.0,
                     max_w: 5600.0,
                     priority: 0,
+                    fenced: false,
+                    default_w: Some(1200.0),
                 })
                 .collect(),
         };
@@ -682,6 +689,7 @@ mod tests {
                             },
                         }),
                         grant: grants[i],
+                        hold: None,
                     }
                 })
                 .collect();

@@ -1,7 +1,14 @@
 //! A power domain's budget (a rack, a row): its watts, the draw outside tokwatt's
 //! control, and each node's reserve, the watts a node holds on its own whenever it cannot
-//! hear the coordinator. The reserves and the uncontrolled draw must fit in the budget,
-//! so that every node cut off at once still keeps the domain within it.
+//! hear the coordinator.
+//!
+//! What a node may draw once it is silent (its agent hung, paused, killed, or the node
+//! rebooted) depends on what puts its GPUs back at the reserve without the agent: a
+//! power cap outlives the process that set it, and a reboot leaves the board defaults.
+//! A node the operator declares `fenced` runs a fence covering stops and reboots, and is
+//! counted at its reserve; any other at its GPUs' board defaults. Those silent draws and
+//! the uncontrolled draw must fit in the budget, so that every node cut off at once, and
+//! left so, still keeps the domain within it.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +26,36 @@ pub struct NodeBudget {
     /// Tier: watts go to a higher tier first (0 is the lowest).
     #[serde(default)]
     pub priority: u8,
+    /// The operator states the node runs a fence that puts its GPUs at the reserve when
+    /// its agent stops renewing (hung, paused, killed, failing at start) and when it
+    /// reboots (a boot-time unit): the watchdog or `tokwatt fence`, and the boot unit.
+    /// The budget then counts it at its reserve; the node proves it in its reports, and
+    /// one that declares no such fence is charged as unfenced, and named.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fenced: bool,
+    /// The sum of the node's GPUs' board-default power caps: what a reboot or a driver
+    /// reload leaves in force. Absent: `max_w` (the most it could be). A node's own
+    /// report of its defaults, read from the driver, takes the place of this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_w: Option<f64>,
+}
+
+impl NodeBudget {
+    /// The node's GPUs' board defaults summed, as the budget states them.
+    pub fn board_default_w(&self) -> f64 {
+        self.default_w.unwrap_or(self.max_w)
+    }
+
+    /// The most the node may draw once silent, however long, as the budget states it:
+    /// its reserve where it is fenced, else the higher of its reserve and its board
+    /// defaults (a hung agent keeps its caps; a reboot leaves the defaults).
+    pub fn silent_w(&self) -> f64 {
+        if self.fenced {
+            self.reserve_w
+        } else {
+            self.reserve_w.max(self.board_default_w())
+        }
+    }
 }
 
 /// A power domain's budget.
@@ -54,12 +91,31 @@ pub enum BudgetError {
         max_w: f64,
     },
     #[error(
+        "node `{node}`'s board defaults ({default_w} W) are above its maximum ({max_w} W): default_w is at most what the node can use"
+    )]
+    DefaultAboveMax {
+        node: String,
+        default_w: f64,
+        max_w: f64,
+    },
+    #[error(
         "the reserves ({reserves_w} W) and the uncontrolled draw ({uncontrolled_w} W) sum to more than the budget ({budget_w} W): every node cut off at once would exceed it; lower the reserves or raise the budget"
     )]
     ReservesExceedBudget {
         reserves_w: f64,
         uncontrolled_w: f64,
         budget_w: f64,
+    },
+    #[error(
+        "the nodes' silent draws ({silent_w} W) and the uncontrolled draw ({uncontrolled_w} W) sum to more than the budget ({budget_w} W): every node cut off at once could exceed it, because a node without a fence keeps its caps while its agent is stopped and its GPUs' board defaults after a reboot; counted at their board defaults: {}. Declare the fences these nodes run (fenced = true, with the watchdog or `tokwatt fence` and the boot unit on each), give their real board defaults (default_w), lower the reserves, or raise the budget",
+        .unfenced.iter().map(|(node, w)| format!("{node} ({w} W)")).collect::<Vec<_>>().join(", ")
+    )]
+    SilentDrawsExceedBudget {
+        silent_w: f64,
+        uncontrolled_w: f64,
+        budget_w: f64,
+        /// The nodes counted above their reserve, and what each is counted at.
+        unfenced: Vec<(String, f64)>,
     },
 }
 
@@ -112,6 +168,16 @@ impl DomainBudget {
                     max_w: node.max_w,
                 });
             }
+            if let Some(default_w) = node.default_w {
+                watts(format!("{}.default_w", node.node), default_w)?;
+                if default_w > node.max_w {
+                    return Err(BudgetError::DefaultAboveMax {
+                        node: node.node.clone(),
+                        default_w,
+                        max_w: node.max_w,
+                    });
+                }
+            }
         }
         let reserves_w = self.reserves_w();
         if reserves_w + self.uncontrolled_w > self.budget_w {
@@ -119,6 +185,20 @@ impl DomainBudget {
                 reserves_w,
                 uncontrolled_w: self.uncontrolled_w,
                 budget_w: self.budget_w,
+            });
+        }
+        let silent_w = self.silent_w();
+        if silent_w + self.uncontrolled_w > self.budget_w {
+            return Err(BudgetError::SilentDrawsExceedBudget {
+                silent_w,
+                uncontrolled_w: self.uncontrolled_w,
+                budget_w: self.budget_w,
+                unfenced: self
+                    .nodes
+                    .iter()
+                    .filter(|n| n.silent_w() > n.reserve_w)
+                    .map(|n| (n.node.clone(), n.silent_w()))
+                    .collect(),
             });
         }
         Ok(())
@@ -131,6 +211,11 @@ impl DomainBudget {
 
     pub fn reserves_w(&self) -> f64 {
         self.nodes.iter().map(|n| n.reserve_w).sum()
+    }
+
+    /// Every node's silent draw ([`NodeBudget::silent_w`]), summed.
+    pub fn silent_w(&self) -> f64 {
+        self.nodes.iter().map(NodeBudget::silent_w).sum()
     }
 
     pub fn node(&self, name: &str) -> Option<&NodeBudget> {
@@ -153,6 +238,8 @@ mod tests {
                     reserve_w,
                     max_w,
                     priority: 0,
+                    fenced: true,
+                    default_w: None,
                 })
                 .collect(),
         }
@@ -182,5 +269,71 @@ mod tests {
         budget = rack(1, 1.0, 2.0, 10.0);
         budget.domain = "rack/1".into();
         assert!(matches!(budget.check(), Err(BudgetError::BadDomain(_))));
+        budget = rack(1, 1.0, 2.0, 10.0);
+        budget.nodes[0].default_w = Some(3.0);
+        assert!(matches!(
+            budget.check(),
+            Err(BudgetError::DefaultAboveMax { .. })
+        ));
+        budget.nodes[0].default_w = Some(f64::INFINITY);
+        assert!(matches!(budget.check(), Err(BudgetError::BadWatts { .. })));
+    }
+
+    #[test]
+    fn an_unfenced_node_is_counted_at_its_board_defaults() {
+        // Four fenced nodes: 4 kW of reserves in 10 kW.
+        let mut budget = rack(4, 1000.0, 5600.0, 10_000.0);
+        assert_eq!(budget.silent_w(), 4000.0);
+        // One without a fence: its GPUs may keep 5.6 kW (no defaults given: its maximum).
+        budget.nodes[2].fenced = false;
+        assert_eq!(budget.silent_w(), 3000.0 + 5600.0);
+        budget.check().expect("8.6 kW in 10 kW");
+        // Two: 13.2 kW, refused, naming both and the ways out.
+        budget.nodes[3].fenced = false;
+        let error = budget.check().expect_err("13.2 kW in 10 kW");
+        assert_eq!(
+            error,
+            BudgetError::SilentDrawsExceedBudget {
+                silent_w: 13_200.0,
+                uncontrolled_w: 0.0,
+                budget_w: 10_000.0,
+                unfenced: vec![("node-2".into(), 5600.0), ("node-3".into(), 5600.0)],
+            }
+        );
+        let text = error.to_string();
+        for said in [
+            "node-2 (5600 W), node-3 (5600 W)",
+            "every node cut off at once",
+            "fenced = true",
+            "default_w",
+            "raise the budget",
+        ] {
+            assert!(text.contains(said), "`{said}` not in: {text}");
+        }
+        // Their real board defaults (8 × 400 W) fit.
+        budget.nodes[2].default_w = Some(3200.0);
+        budget.nodes[3].default_w = Some(3200.0);
+        assert_eq!(budget.silent_w(), 2000.0 + 6400.0);
+        budget.check().expect("8.4 kW in 10 kW");
+        // A board default under the reserve counts at the reserve: the node holds it.
+        budget.nodes[3].default_w = Some(500.0);
+        assert_eq!(budget.nodes[3].silent_w(), 1000.0);
+    }
+
+    #[test]
+    fn a_budget_without_the_new_fields_reads_as_unfenced_at_its_maximum() {
+        let budget: DomainBudget = serde_json::from_str(
+            r#"{"domain":"r","budget_w":9000,"nodes":[{"node":"a","reserve_w":1000,"max_w":5600}]}"#,
+        )
+        .expect("an old budget");
+        assert!(!budget.nodes[0].fenced);
+        assert_eq!(budget.nodes[0].silent_w(), 5600.0);
+        // And written back, an unfenced node without defaults has no new fields: an agent
+        // from before them still reads it.
+        let text = serde_json::to_string(&budget).expect("encodes");
+        assert!(
+            !text.contains("fenced") && !text.contains("default_w"),
+            "{text}"
+        );
     }
 }

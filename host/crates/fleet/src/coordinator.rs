@@ -5,13 +5,16 @@
 //!
 //! The coordinator keeps nothing of its own between rounds that safety needs: the
 //! ledger is rebuilt from the store each round, so a new leader starts from exactly
-//! what the old one wrote.
+//! what the old one wrote. Its one memory is when it first saw each node silent (a
+//! fenced node's charge falls once its fence's deadline has passed since then): a new
+//! leader starts that count anew, which only lengthens a charge.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::allocator::Allocator;
-use crate::ledger::Ledger;
-use crate::store::{FleetStore, GrantWrite, Leadership, StoreError};
+use crate::ledger::{Ledger, Why};
+use crate::store::{FleetStore, GrantWrite, HoldWrite, Leadership, StoreError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoordinatorConfig {
@@ -34,6 +37,8 @@ pub enum Round {
         charged_w: f64,
         available_w: f64,
         grants_written: usize,
+        /// Holds written with the grants (nodes whose charge, fence or defaults moved).
+        holds_written: usize,
         /// Nodes with a live lease.
         live_nodes: usize,
         /// Nodes the budget does not name that hold watts: named loudly.
@@ -50,6 +55,12 @@ pub struct Coordinator {
     leadership: Option<Leadership>,
     /// When this replica last became leader.
     since: Option<Instant>,
+    /// While it leads: when it first saw each budgeted node silent (no live record).
+    silent_since: BTreeMap<String, Instant>,
+    /// The nodes last named for a missing fence, and the budget's last broken rule:
+    /// warned of when they change, not every round.
+    named_fence_missing: BTreeSet<String>,
+    budget_warning: Option<String>,
 }
 
 impl Coordinator {
@@ -59,6 +70,9 @@ impl Coordinator {
             allocator,
             leadership: None,
             since: None,
+            silent_since: BTreeMap::new(),
+            named_fence_missing: BTreeSet::new(),
+            budget_warning: None,
         }
     }
 
@@ -82,8 +96,7 @@ impl Coordinator {
             && !store.renew_leadership(leadership)?
         {
             tracing::warn!(domain = %self.config.domain, "fleet: leadership lost (lease lapsed)");
-            self.leadership = None;
-            self.since = None;
+            self.step_down();
         }
         let mut took_over = false;
         if self.leadership.is_none() {
@@ -97,6 +110,8 @@ impl Coordinator {
                     );
                     self.leadership = Some(leadership);
                     self.since = Some(Instant::now());
+                    // What it saw while leading before is stale: count silence anew.
+                    self.silent_since.clear();
                     took_over = true;
                 }
                 None => return Ok(Round::Follower),
@@ -111,17 +126,15 @@ impl Coordinator {
                 self.config.domain
             ))
         })?;
-        let ledger = Ledger::from_view(view);
-        for (node, watts) in &ledger.unbudgeted {
-            tracing::warn!(
-                domain = %self.config.domain,
-                node = %node,
-                "fleet: node `{node}` joined but the budget does not name it; it holds {watts} W outside the plan"
-            );
-        }
+        let now = Instant::now();
+        let silence = self.count_silence(&view, now);
+        let ledger = Ledger::with_silence(view, &silence);
+        self.warn_of(&ledger);
         let allocation = self.allocator.allocate(&ledger);
         let planned = ledger.plan(&allocation.targets, &allocation.order);
-        let writes: Vec<GrantWrite<'_>> = planned
+        let after = ledger.after(&planned);
+        let holds = after.holds();
+        let grant_writes: Vec<GrantWrite<'_>> = planned
             .iter()
             .map(|p| GrantWrite {
                 node: &p.node,
@@ -129,27 +142,127 @@ impl Coordinator {
                 grant: p.grant,
             })
             .collect();
-        if !writes.is_empty() && !store.write_grants(&leadership, &writes)? {
+        let hold_writes: Vec<HoldWrite<'_>> = holds
+            .iter()
+            .map(|h| HoldWrite {
+                node: &h.node,
+                hold: h.hold,
+            })
+            .collect();
+        let writes = !grant_writes.is_empty() || !hold_writes.is_empty();
+        if writes && !store.write_grants(&leadership, &grant_writes, &hold_writes)? {
             tracing::warn!(domain = %self.config.domain, "fleet: a newer leader holds the domain");
-            self.leadership = None;
-            self.since = None;
+            self.step_down();
             return Ok(Round::Follower);
         }
-        let after = ledger.after(&planned);
         Ok(Round::Leader {
             took_over,
             charged_w: after.charged_w(),
             available_w: after.budget.available_w(),
-            grants_written: writes.len(),
+            grants_written: grant_writes.len(),
+            holds_written: hold_writes.len(),
             live_nodes: ledger.entries.iter().filter(|e| e.live()).count(),
             unbudgeted: ledger.unbudgeted.iter().map(|(n, _)| n.clone()).collect(),
             ledger: Box::new(after),
         })
     }
 
+    fn step_down(&mut self) {
+        self.leadership = None;
+        self.since = None;
+        self.silent_since.clear();
+    }
+
+    /// How long this leader has seen each budgeted node silent, counted from the first
+    /// round it saw it so (a node that reports again starts over).
+    fn count_silence(
+        &mut self,
+        view: &crate::store::DomainView,
+        now: Instant,
+    ) -> BTreeMap<String, Duration> {
+        let silent: BTreeSet<&str> = view
+            .nodes
+            .iter()
+            .filter(|n| n.record.is_none() && view.budget.node(&n.node).is_some())
+            .map(|n| n.node.as_str())
+            .collect();
+        self.silent_since
+            .retain(|node, _| silent.contains(node.as_str()));
+        for node in silent {
+            self.silent_since.entry(node.to_owned()).or_insert(now);
+        }
+        self.silent_since
+            .iter()
+            .map(|(node, since)| (node.clone(), now.saturating_duration_since(*since)))
+            .collect()
+    }
+
+    /// Names what an operator must fix: a budget that breaks a rule, a node the budget
+    /// does not name, a node the budget calls fenced that declares no fence, a node
+    /// that went silent with watts stranded.
+    fn warn_of(&mut self, ledger: &Ledger) {
+        let domain = &self.config.domain;
+        let broken = ledger.budget.check().err().map(|e| e.to_string());
+        if broken != self.budget_warning {
+            if let Some(why) = &broken {
+                tracing::warn!(
+                    domain = %domain,
+                    "fleet: the budget in the store breaks a rule ({why}); the ledger charges every node what it may hold anyway, so the domain may stay over it until cuts land: write a budget that passes `tokwatt fleet budget --check`"
+                );
+            }
+            self.budget_warning = broken;
+        }
+        for (node, watts) in &ledger.unbudgeted {
+            tracing::warn!(
+                domain = %domain,
+                node = %node,
+                "fleet: node `{node}` joined but the budget does not name it; it holds {watts} W outside the plan"
+            );
+        }
+        let missing: BTreeSet<String> = ledger
+            .fence_missing()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        for node in missing.difference(&self.named_fence_missing) {
+            if let Some(entry) = ledger.entries.iter().find(|e| e.node() == node) {
+                tracing::warn!(
+                    domain = %domain,
+                    node = %node,
+                    "fleet: the budget calls node `{node}` fenced, but it declares no fence that covers stops and reboots: it is charged as unfenced, {:.0} W once silent instead of its {:.0} W reserve; run its fence (the systemd watchdog or `tokwatt fence`, and the boot unit) or set fenced = false in the budget",
+                    entry.floor_w,
+                    entry.budget.reserve_w
+                );
+            }
+        }
+        self.named_fence_missing = missing;
+        for entry in &ledger.entries {
+            let first_round_silent = entry.silent_for == Some(Duration::ZERO);
+            if first_round_silent && entry.hold.is_some() && entry.stranded_w > 0.0 {
+                let until = match entry.why {
+                    Why::SilentFenced { frees_in, then_w } => format!(
+                        "until its fence's deadline has passed ({:.1} s), then {then_w:.0} W",
+                        frees_in.as_secs_f64()
+                    ),
+                    _ => "until it reports again or an operator releases it (`tokwatt fleet release`)".to_owned(),
+                };
+                tracing::warn!(
+                    domain = %domain,
+                    node = %entry.node(),
+                    reason = entry.why.label(),
+                    "fleet: node `{}` is silent: charged {:.0} W ({:.0} W above its reserve) {until}",
+                    entry.node(),
+                    entry.charged_w,
+                    entry.stranded_w
+                );
+            }
+        }
+    }
+
     /// Gives the leadership up (a clean stop): another replica takes over at once.
     pub fn resign(&mut self, store: &dyn FleetStore) -> Result<(), StoreError> {
         self.since = None;
+        self.silent_since.clear();
         match self.leadership.take() {
             Some(leadership) => store.resign(&leadership),
             None => Ok(()),

@@ -9,6 +9,10 @@
 //! lease and created only where absent; every grant is written in a transaction fenced
 //! on that key, so a deposed leader's writes fail; a node's record and its grant are
 //! bound to the node's lease, so both vanish together, atomically, when it lapses.
+//! A node's [`Hold`] is bound to no lease: it outlives the node's silence, so the watts
+//! the node may still hold stay charged whoever leads; the leader writes it in the
+//! same fenced transaction as the grants, an operator's release only where it is still
+//! the one the operator read.
 
 use std::time::Duration;
 
@@ -101,6 +105,34 @@ pub enum FenceKind {
     Heartbeat,
 }
 
+/// What the coordinator last knew of a node while it was live, kept after it goes
+/// silent: the most the node may hold if it goes silent now (its charge after the
+/// leader's last round), the fence it declared and its GPUs' board defaults. A silent
+/// node is charged from this until it reports again or an operator releases it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Hold {
+    pub watts: f64,
+    /// The fence the node declared (`None`: none).
+    #[serde(default)]
+    pub fence: Option<Fence>,
+    /// The sum of its GPUs' board-default caps, as it declared them (0: unknown, the
+    /// budget's `default_w` is used).
+    #[serde(default)]
+    pub default_w: f64,
+    /// An operator released the node (`tokwatt fleet release`), stating its GPUs are at
+    /// or under its reserve: it is charged its reserve until it reports again.
+    #[serde(default)]
+    pub released: bool,
+}
+
+/// A hold as the store keeps it: the revision of its last write, which a release
+/// compares so it cannot overwrite a hold it did not read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StoredHold {
+    pub hold: Hold,
+    pub mod_revision: i64,
+}
+
 /// A node's record as the coordinator reads it: the report and the lease it lives under.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct NodeRecord {
@@ -116,6 +148,8 @@ pub struct NodeView {
     pub record: Option<NodeRecord>,
     /// The grant bound to the node's current lease, if any.
     pub grant: Option<Grant>,
+    /// The node's hold, if a leader has written one (kept while the node is silent).
+    pub hold: Option<StoredHold>,
 }
 
 /// The domain at one revision: its budget, each node's record and grant.
@@ -155,6 +189,13 @@ pub struct GrantWrite<'a> {
     pub grant: Grant,
 }
 
+/// A hold to write: the node's, in the same transaction as the round's grants.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HoldWrite<'a> {
+    pub node: &'a str,
+    pub hold: Hold,
+}
+
 /// What the fleet keeps in the coordination store.
 pub trait FleetStore: Send + Sync + std::fmt::Debug {
     /// Sets a domain's budget (the operator's act). Checked before it is written.
@@ -177,15 +218,31 @@ pub trait FleetStore: Send + Sync + std::fmt::Debug {
     /// Gives the leadership up at once (a clean stop).
     fn resign(&self, leadership: &Leadership) -> Result<(), StoreError>;
 
-    /// Writes grants in one transaction, only while `leadership` still holds the leader
-    /// key: `false` (nothing written) where it does not.
+    /// Writes a round's grants and holds in one transaction, only while `leadership`
+    /// still holds the leader key: `false` (nothing written) where it does not. A hold
+    /// is written with its grants so that no node can act on a grant its hold does not
+    /// cover.
     fn write_grants(
         &self,
         leadership: &Leadership,
         grants: &[GrantWrite<'_>],
+        holds: &[HoldWrite<'_>],
     ) -> Result<bool, StoreError>;
 
-    /// Joins the domain: a lease of `ttl` and the node's first report under it.
+    /// Writes `hold` for `node` (the operator's release), only where the node has no
+    /// live record and its hold is still the one at `hold_revision` (0: none): `false`
+    /// (nothing written) where it came back or a leader rewrote its hold since.
+    fn release(
+        &self,
+        domain: &str,
+        node: &str,
+        hold: &Hold,
+        hold_revision: i64,
+    ) -> Result<bool, StoreError>;
+
+    /// Joins the domain: a lease of `ttl` and the node's first report under it, in the
+    /// same step as the end of any operator's release of the node (its hold is kept,
+    /// not released).
     fn join(
         &self,
         domain: &str,

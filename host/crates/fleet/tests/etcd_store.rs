@@ -4,7 +4,10 @@
 use std::time::{Duration, Instant};
 
 use tokwatt_fleet::etcd::EtcdFleet;
-use tokwatt_fleet::{DomainBudget, FleetStore, Grant, GrantWrite, NodeBudget, NodeReport};
+use tokwatt_fleet::ledger::Why;
+use tokwatt_fleet::{
+    DomainBudget, FleetStore, Grant, GrantWrite, Hold, HoldWrite, Ledger, NodeBudget, NodeReport,
+};
 use tokwatt_test_support::{EtcdCluster, eventually, free_port};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -21,6 +24,9 @@ fn budget(domain: &str) -> DomainBudget {
                 reserve_w: 1000.0,
                 max_w: 5600.0,
                 priority: 0,
+                // Two unfenced nodes' 11.2 kW would not fit: these run a fence.
+                fenced: true,
+                default_w: None,
             })
             .collect(),
     }
@@ -74,7 +80,7 @@ fn leadership_is_exclusive_and_a_deposed_leader_cannot_write() {
         lease: node.lease,
         grant: grant(1, 3000.0),
     }];
-    assert!(store.write_grants(&first, &write).expect("write"));
+    assert!(store.write_grants(&first, &write, &[]).expect("write"));
     assert_eq!(store.grant(&node).expect("read"), Some(grant(1, 3000.0)));
 
     // The first leader's lease goes (a crash, or a cut-off coordinator whose lease
@@ -91,7 +97,7 @@ fn leadership_is_exclusive_and_a_deposed_leader_cannot_write() {
         grant: grant(2, 5600.0),
     }];
     assert!(
-        !store.write_grants(&first, &stale).expect("fenced"),
+        !store.write_grants(&first, &stale, &[]).expect("fenced"),
         "a deposed leader's grant is refused"
     );
     assert_eq!(store.grant(&node).expect("read"), Some(grant(1, 3000.0)));
@@ -121,7 +127,8 @@ fn a_lapsed_node_loses_its_record_and_its_grant_together() {
                     node: "a",
                     lease: node.lease,
                     grant: grant(1, 4000.0)
-                }]
+                }],
+                &[]
             )
             .expect("write")
     );
@@ -173,7 +180,7 @@ fn a_grant_under_an_earlier_lease_is_not_the_rejoined_nodes() {
         lease: before.lease,
         grant: grant(1, 5000.0),
     }];
-    assert!(store.write_grants(&leader, &write).expect("write"));
+    assert!(store.write_grants(&leader, &write, &[]).expect("write"));
     // The agent restarts (kill -9) and joins again before its old lease has lapsed.
     let after = store
         .join("rack-3", "a", Duration::from_secs(30), &report(1000.0))
@@ -259,7 +266,7 @@ fn a_cut_off_node_drops_to_its_reserve_before_its_lease_can_lapse() {
         lease: session.lease,
         grant: grant(1, 4000.0),
     }];
-    assert!(store.write_grants(&leader, &write).expect("write"));
+    assert!(store.write_grants(&leader, &write, &[]).expect("write"));
     link.exchange(&store, &in_force);
     assert_eq!(
         link.allowance(Instant::now()),
@@ -337,4 +344,144 @@ fn a_node_joins_only_where_the_budget_names_it_and_holds_the_lower_reserve() {
     named.exchange(&store, &report(1000.0));
     assert!(named.session().is_some());
     assert_eq!(named.allowance(Instant::now()), Allowance::Reserve(1000.0));
+}
+
+#[test]
+fn a_hold_outlives_the_nodes_lease_and_a_release_cannot_overwrite_a_newer_one() {
+    let Some(cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
+    store.put_budget(&budget("rack-8")).expect("budget");
+    let leader = store
+        .campaign("rack-8", "c", Duration::from_secs(30))
+        .expect("campaign")
+        .expect("leads");
+    let node = store
+        .join("rack-8", "a", Duration::from_secs(2), &report(1000.0))
+        .expect("joins");
+    // The leader writes a's grant and its hold in one transaction.
+    let held = Hold {
+        watts: 4000.0,
+        fence: None,
+        default_w: 4800.0,
+        released: false,
+    };
+    let grants = [GrantWrite {
+        node: "a",
+        lease: node.lease,
+        grant: grant(1, 4000.0),
+    }];
+    let holds = [HoldWrite {
+        node: "a",
+        hold: held,
+    }];
+    assert!(store.write_grants(&leader, &grants, &holds).expect("write"));
+    let hold_of = |node: &str| {
+        let view = store.read_domain("rack-8").expect("read").expect("budget");
+        view.nodes
+            .into_iter()
+            .find(|n| n.node == node)
+            .and_then(|n| n.hold)
+    };
+    let first = hold_of("a").expect("a hold");
+    assert_eq!(first.hold, held);
+
+    // A deposed leader writes no hold either.
+    store.resign(&leader).expect("resign");
+    let higher = [HoldWrite {
+        node: "a",
+        hold: Hold {
+            watts: 1000.0,
+            ..held
+        },
+    }];
+    assert!(!store.write_grants(&leader, &[], &higher).expect("fenced"));
+    let leader = store
+        .campaign("rack-8", "c2", Duration::from_secs(30))
+        .expect("campaign")
+        .expect("leads");
+
+    // The node stops renewing: its record and grant go with its lease, its hold stays,
+    // and the ledger charges it what its GPUs may still hold (no fence: the higher of
+    // its hold and its board defaults), not its reserve.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let view = store.read_domain("rack-8").expect("read").expect("budget");
+            view.nodes
+                .iter()
+                .any(|n| n.node == "a" && n.record.is_none() && n.grant.is_none())
+        }),
+        "the lapsed node's lease went"
+    );
+    let view = store.read_domain("rack-8").expect("read").expect("budget");
+    let ledger = Ledger::from_view(view);
+    let a = &ledger.entries[0];
+    assert_eq!(a.hold.map(|h| h.hold), Some(held));
+    assert_eq!((a.charged_w, a.why), (4800.0, Why::SilentUnfenced));
+    assert_eq!(a.stranded_w, 3800.0);
+
+    // An operator reads the hold; the leader rewrites it before the release lands: the
+    // release is refused, and the leader's hold stands.
+    let released = Hold {
+        watts: 1000.0,
+        released: true,
+        ..held
+    };
+    let rewritten = Hold {
+        watts: 4500.0,
+        ..held
+    };
+    assert!(
+        store
+            .write_grants(
+                &leader,
+                &[],
+                &[HoldWrite {
+                    node: "a",
+                    hold: rewritten
+                }]
+            )
+            .expect("write")
+    );
+    assert!(
+        !store
+            .release("rack-8", "a", &released, first.mod_revision)
+            .expect("release"),
+        "a release over a hold it did not read"
+    );
+    let second = hold_of("a").expect("a hold");
+    assert_eq!(second.hold, rewritten);
+    // Read again, it lands.
+    assert!(
+        store
+            .release("rack-8", "a", &released, second.mod_revision)
+            .expect("release")
+    );
+    let view = store.read_domain("rack-8").expect("read").expect("budget");
+    let ledger = Ledger::from_view(view);
+    assert_eq!(
+        (ledger.entries[0].charged_w, ledger.entries[0].why),
+        (1000.0, Why::Released)
+    );
+
+    // A live node cannot be released, whatever hold the operator read.
+    let b = store
+        .join("rack-8", "b", Duration::from_secs(30), &report(1000.0))
+        .expect("joins");
+    assert!(
+        !store.release("rack-8", "b", &released, 0).expect("release"),
+        "a live node released"
+    );
+    assert_eq!(hold_of("b"), None);
+    store.leave(&b).expect("leaves");
+
+    // a comes back: its join ends the release, in the same transaction; the hold's
+    // watts stay until the leader rewrites them.
+    store
+        .join("rack-8", "a", Duration::from_secs(30), &report(1000.0))
+        .expect("rejoins");
+    let back = hold_of("a").expect("a hold");
+    assert!(!back.hold.released, "{back:?}");
+    assert_eq!(back.hold.watts, 1000.0);
 }

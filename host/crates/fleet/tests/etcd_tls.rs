@@ -21,6 +21,8 @@ fn budget() -> DomainBudget {
             reserve_w: 1000.0,
             max_w: 2000.0,
             priority: 0,
+            fenced: false,
+            default_w: None,
         }],
     }
 }

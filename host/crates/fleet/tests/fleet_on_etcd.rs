@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use tokwatt_fleet::etcd::EtcdFleet;
 use tokwatt_fleet::{
-    Coordinator, CoordinatorConfig, DomainBudget, FleetStore, MarginalAllocator, NodeBudget,
-    NodeConfig, NodeLink, Round,
+    Coordinator, CoordinatorConfig, DomainBudget, Fence, FenceKind, FleetStore, MarginalAllocator,
+    NodeBudget, NodeConfig, NodeLink, Round,
 };
 use tokwatt_test_support::{EtcdCluster, eventually};
 
@@ -26,6 +26,9 @@ fn budget(budget_w: f64) -> DomainBudget {
                 reserve_w: 1000.0,
                 max_w: 5600.0,
                 priority: 0,
+                // The nodes below declare a fence covering stops and reboots.
+                fenced: true,
+                default_w: None,
             })
             .collect(),
     }
@@ -94,6 +97,16 @@ fn the_caps_in_force_stay_within_the_budget_through_a_leader_killed_and_a_budget
                     ttl: Duration::from_secs(10),
                     margin: Duration::from_secs(3),
                 });
+                // These GPUs follow the allowance at once, the reserve included: as
+                // fenced as a node can be.
+                link.declare(
+                    Some(Fence {
+                        kind: FenceKind::Heartbeat,
+                        deadline_s: 1.0,
+                        covers_reboot: true,
+                    }),
+                    5600.0,
+                );
                 let mut last_exchange = Instant::now() - Duration::from_secs(1);
                 while !done.load(Ordering::Relaxed) {
                     let allowance = link.allowance(Instant::now());

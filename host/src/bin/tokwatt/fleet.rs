@@ -1,6 +1,7 @@
 //! `tokwatt fleet`: a power budget across nodes, on etcd. `budget` sets a domain's
-//! budget from a file, `show` prints the ledger as the coordinator reads it, `coordinate`
-//! runs one coordinator replica (run two or more: the store elects the leader).
+//! budget from a file, `show` prints the ledger as the coordinator reads it, `release`
+//! frees a silent node's stranded watts on the operator's word, `coordinate` runs one
+//! coordinator replica (run two or more: the store elects the leader).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,18 +11,26 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use tokwatt::fleet::etcd::{ClientFiles, EtcdFleet, EtcdTls, TlsError, TlsFile, TlsFiles};
+use tokwatt::fleet::ledger::{Entry, Why};
 use tokwatt::fleet::{
-    Coordinator, CoordinatorConfig, DomainBudget, FleetStore, Ledger, MarginalAllocator, Round,
+    Coordinator, CoordinatorConfig, DomainBudget, FleetStore, Hold, Ledger, MarginalAllocator,
+    Round,
 };
 
 #[derive(Debug, clap::Subcommand)]
 pub enum FleetCommand {
     /// Set a domain's budget from a TOML file (domain, budget_w, uncontrolled_w, and a
-    /// [[nodes]] table per node: node, reserve_w, max_w, priority). Checked before it is written.
+    /// [[nodes]] table per node: node, reserve_w, max_w, priority, fenced, default_w).
+    /// Checked before it is written.
     Budget(BudgetArgs),
     /// The domain's ledger as the coordinator reads it: each node's lease, grant, reported
-    /// caps and the watts charged to it, and the headroom.
+    /// caps, the watts charged to it and why, the watts stranded on silent nodes and when
+    /// they free, and the headroom.
     Show(ShowArgs),
+    /// Free a silent node's stranded watts on your word: its GPUs' caps sum to at most its
+    /// reserve (checked by hand, or the node is off) and stay so until its agent reports
+    /// again. Refused while the node is live.
+    Release(ReleaseArgs),
     /// Run a coordinator replica for a domain until SIGINT or SIGTERM (then it resigns, so
     /// another replica takes over at once).
     Coordinate(CoordinateArgs),
@@ -105,6 +114,17 @@ pub struct ShowArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    /// The power domain, as its budget names it.
+    #[arg(long)]
+    domain: String,
+    /// The node, as the budget names it.
+    node: String,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct CoordinateArgs {
     #[command(flatten)]
     etcd: EtcdArgs,
@@ -130,6 +150,7 @@ pub fn fleet(command: &FleetCommand) -> Result<()> {
     match command {
         FleetCommand::Budget(args) => budget(args),
         FleetCommand::Show(args) => show(args),
+        FleetCommand::Release(args) => release(args),
         FleetCommand::Coordinate(args) => coordinate(args),
         FleetCommand::Ab(args) => crate::fleet_ab::fleet_ab(args),
     }
@@ -144,12 +165,15 @@ fn budget(args: &BudgetArgs) -> Result<()> {
         .check()
         .with_context(|| format!("the budget in {}", args.file.display()))?;
     let summary = format!(
-        "domain {}: {} W, {} W uncontrolled, {} nodes, reserves {} W",
+        "domain {}: {} W, {} W uncontrolled, {} nodes ({} fenced), reserves {} W, silent draws {} W (every node cut off at once: {} W with the uncontrolled draw)",
         budget.domain,
         budget.budget_w,
         budget.uncontrolled_w,
         budget.nodes.len(),
-        budget.reserves_w()
+        budget.nodes.iter().filter(|n| n.fenced).count(),
+        budget.reserves_w(),
+        budget.silent_w(),
+        budget.silent_w() + budget.uncontrolled_w
     );
     if args.check {
         println!("{summary} (checked, not written)");
@@ -158,6 +182,30 @@ fn budget(args: &BudgetArgs) -> Result<()> {
     args.etcd.connect()?.put_budget(&budget)?;
     println!("{summary}");
     Ok(())
+}
+
+/// Why a node is charged what it is, and until when, in words.
+fn why(entry: &Entry) -> String {
+    match entry.why {
+        Why::Live => "live".to_owned(),
+        Why::SilentFenced { frees_in, then_w } => match entry.silent_for {
+            Some(_) => format!(
+                "silent, fenced: {then_w:.0} W in {:.0} s",
+                frees_in.as_secs_f64()
+            ),
+            // A reader that does not lead does not know since when.
+            None => format!(
+                "silent, fenced: {then_w:.0} W at most {:.0} s after the leader saw it silent",
+                frees_in.as_secs_f64()
+            ),
+        },
+        Why::FenceElapsed => "silent, its fence acted".to_owned(),
+        Why::SilentUnfenced => {
+            "silent, no fence: until it reports again or `tokwatt fleet release`".to_owned()
+        }
+        Why::Released => "silent, released".to_owned(),
+        Why::NeverHeard => "never heard".to_owned(),
+    }
 }
 
 fn show(args: &ShowArgs) -> Result<()> {
@@ -180,16 +228,17 @@ fn show(args: &ShowArgs) -> Result<()> {
             "caps in force (W)",
             "draw (W)",
             "charged (W)",
+            "why",
+            "stranded (W)",
             "reserve (W)",
         ]);
     for entry in &ledger.entries {
         let report = entry.record.map(|r| r.report);
         table.add_row([
             entry.node().to_owned(),
-            entry.record.map_or_else(
-                || "none (at its reserve)".to_owned(),
-                |r| format!("{:x}", r.lease),
-            ),
+            entry
+                .record
+                .map_or_else(|| "none".to_owned(), |r| format!("{:x}", r.lease)),
             entry.grant.map_or_else(
                 || "-".to_owned(),
                 |g| format!("{:.0} (#{})", g.watts, g.generation),
@@ -202,12 +251,28 @@ fn show(args: &ShowArgs) -> Result<()> {
             report.map_or_else(|| "-".to_owned(), |r| format!("{:.0}", r.caps_in_force_w)),
             report.map_or_else(|| "-".to_owned(), |r| format!("{:.0}", r.draw_w)),
             format!("{:.0}", entry.charged_w),
+            why(entry),
+            format!("{:.0}", entry.stranded_w),
             format!("{:.0}", entry.budget.reserve_w),
         ]);
     }
     println!("{table}");
     for (node, watts) in &ledger.unbudgeted {
         println!("node {node} is not in the budget and holds {watts:.0} W outside the plan");
+    }
+    for entry in ledger.entries.iter().filter(|e| e.fence_missing) {
+        println!(
+            "node {} is fenced in the budget but declares no fence covering stops and reboots: charged as unfenced ({:.0} W once silent, not its {:.0} W reserve); run its fence and boot unit, or set fenced = false",
+            entry.node(),
+            entry.floor_w,
+            entry.budget.reserve_w
+        );
+    }
+    if ledger.stranded_w() > 0.0 {
+        println!(
+            "{:.0} W stranded on silent nodes: what their GPUs may still hold, given to no other node until each reports again, its fence's deadline passes, or it is released (`tokwatt fleet release NODE`)",
+            ledger.stranded_w()
+        );
     }
     println!(
         "domain {}: {:.0} W charged of {:.0} W available ({:.0} W budget, {:.0} W uncontrolled); headroom {:.0} W; revision {}",
@@ -218,6 +283,80 @@ fn show(args: &ShowArgs) -> Result<()> {
         ledger.budget.uncontrolled_w,
         ledger.headroom_w(),
         ledger.revision
+    );
+    Ok(())
+}
+
+fn release(args: &ReleaseArgs) -> Result<()> {
+    let store = args.etcd.connect()?;
+    let Some(view) = store.read_domain(&args.domain)? else {
+        bail!(
+            "domain `{}` has no budget in etcd: set one with `tokwatt fleet budget --file FILE`",
+            args.domain
+        );
+    };
+    let ledger = Ledger::from_view(view);
+    let Some(entry) = ledger.entries.iter().find(|e| e.node() == args.node) else {
+        bail!(
+            "domain `{}`'s budget does not name node `{}`: `tokwatt fleet show --domain {}` lists its nodes",
+            args.domain,
+            args.node,
+            args.domain
+        );
+    };
+    let reserve_w = entry.budget.reserve_w;
+    if entry.live() {
+        bail!(
+            "node `{}` is live: it reports the caps it reads back, and is charged {:.0} W by them and its grant; a release is for a silent node. Nothing written",
+            args.node,
+            entry.charged_w
+        );
+    }
+    if entry.why == Why::Released {
+        println!(
+            "node `{}` is released already: charged its {reserve_w:.0} W reserve",
+            args.node
+        );
+        return Ok(());
+    }
+    let floor_w = entry.floor_w;
+    println!(
+        "Releasing node `{}` of domain `{}`: charged {:.0} W now ({}), {:.0} W above its {reserve_w:.0} W reserve.",
+        args.node,
+        args.domain,
+        entry.charged_w,
+        why(entry),
+        entry.stranded_w
+    );
+    println!(
+        "This assumes its GPUs' power caps sum to at most {reserve_w:.0} W now and stay so until its agent reports again: you read them on the node (nvidia-smi -q -d POWER), or the node is off."
+    );
+    if floor_w > reserve_w {
+        println!(
+            "It has no fence covering reboots: a boot leaves its GPUs' board defaults ({floor_w:.0} W) in force until the agent starts. Keep it off until the domain has room for them (`tokwatt fleet show`: headroom of {:.0} W or more), or enable its boot unit first; its agent's return charges them again.",
+            floor_w - reserve_w
+        );
+    }
+    let (fence, default_w) = entry.hold.map_or((None, 0.0), |stored| {
+        (stored.hold.fence, stored.hold.default_w)
+    });
+    let hold = Hold {
+        watts: reserve_w,
+        fence,
+        default_w,
+        released: true,
+    };
+    let revision = entry.hold.map_or(0, |stored| stored.mod_revision);
+    if !store.release(&args.domain, &args.node, &hold, revision)? {
+        bail!(
+            "node `{}` came back, or the leader rewrote its hold, since it was read: nothing written; look again with `tokwatt fleet show --domain {}`",
+            args.node,
+            args.domain
+        );
+    }
+    println!(
+        "Released: node `{}` is charged its {reserve_w:.0} W reserve from the leader's next round, freeing {:.0} W, until its agent reports again.",
+        args.node, entry.stranded_w
     );
     Ok(())
 }

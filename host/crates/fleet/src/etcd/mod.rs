@@ -5,7 +5,9 @@
 //!   its create revision is the fencing token of every grant write;
 //! - `nodes/<node>`: the node's [`NodeReport`], bound to the node's lease;
 //! - `grants/<node>`: the node's [`Grant`], bound to the node's lease too, so a lapsed
-//!   node's record and grant go together, in one step of etcd's log.
+//!   node's record and grant go together, in one step of etcd's log;
+//! - `holds/<node>`: the node's [`Hold`], bound to no lease: what it may still hold once
+//!   silent, written by the leader with the grants, or released by an operator.
 //!
 //! A domain is read whole in one transaction: every key at one revision.
 
@@ -21,8 +23,8 @@ pub use tls::{ClientFiles, EtcdTls, TlsError, TlsFile, TlsFiles};
 
 use crate::budget::{DomainBudget, valid_name};
 use crate::store::{
-    DomainView, FleetStore, Grant, GrantWrite, Leadership, NodeRecord, NodeReport, NodeSession,
-    NodeView, StoreError,
+    DomainView, FleetStore, Grant, GrantWrite, Hold, HoldWrite, Leadership, NodeRecord, NodeReport,
+    NodeSession, NodeView, StoreError, StoredHold,
 };
 
 /// Where every domain lives.
@@ -52,6 +54,10 @@ fn node_key(domain: &str, node: &str) -> String {
 
 fn grant_key(domain: &str, node: &str) -> String {
     format!("{ROOT}{domain}/grants/{node}")
+}
+
+fn hold_key(domain: &str, node: &str) -> String {
+    format!("{ROOT}{domain}/holds/{node}")
 }
 
 fn check_name(what: &str, name: &str) -> Result<(), StoreError> {
@@ -99,6 +105,55 @@ impl EtcdFleet {
     }
 }
 
+impl EtcdFleet {
+    /// A joining node's first record, written with its hold's release cleared where an
+    /// operator released it: a release states the node's GPUs are at its reserve until
+    /// it reports again, so it ends here, even where no coordinator sees the node live
+    /// before it goes silent again. Compared on the hold's revision, so a release that
+    /// lands between the read and the write is cleared on the next try.
+    fn first_report(&self, session: &NodeSession, report: &NodeReport) -> Result<(), StoreError> {
+        let record = Op::Put {
+            key: node_key(&session.domain, &session.node),
+            value: encode(report)?,
+            lease: session.lease,
+        };
+        let key = hold_key(&session.domain, &session.node);
+        for _ in 0..5 {
+            let stored = self.client.get(&key)?;
+            let mut success = vec![record.clone()];
+            // A damaged hold is not a release: the leader rewrites it.
+            if let Some(kv) = &stored
+                && let Ok(hold) = decode::<Hold>(kv)
+                && hold.released
+            {
+                success.push(Op::Put {
+                    key: key.clone(),
+                    value: encode(&Hold {
+                        released: false,
+                        ..hold
+                    })?,
+                    lease: 0,
+                });
+            }
+            let outcome = self.client.txn(&Txn {
+                compare: vec![Compare::ModRevision(
+                    key.clone(),
+                    stored.as_ref().map_or(0, |kv| kv.mod_revision),
+                )],
+                success,
+                failure: Vec::new(),
+            })?;
+            if outcome.succeeded {
+                return Ok(());
+            }
+        }
+        Err(StoreError::Protocol(format!(
+            "node `{}`'s hold kept changing while it joined; it joins again next period",
+            session.node
+        )))
+    }
+}
+
 impl FleetStore for EtcdFleet {
     fn put_budget(&self, budget: &DomainBudget) -> Result<(), StoreError> {
         budget
@@ -122,6 +177,7 @@ impl FleetStore for EtcdFleet {
         let mut budget = None;
         let mut records: Vec<(String, NodeRecord)> = Vec::new();
         let mut grants: Vec<(String, i64, Grant)> = Vec::new();
+        let mut holds: Vec<(String, StoredHold)> = Vec::new();
         for kv in &keys {
             let rest = &kv.key[prefix.len()..];
             if rest == "budget" {
@@ -136,6 +192,14 @@ impl FleetStore for EtcdFleet {
                 ));
             } else if let Some(node) = rest.strip_prefix("grants/") {
                 grants.push((node.to_owned(), kv.lease, decode(kv)?));
+            } else if let Some(node) = rest.strip_prefix("holds/") {
+                holds.push((
+                    node.to_owned(),
+                    StoredHold {
+                        hold: decode(kv)?,
+                        mod_revision: kv.mod_revision,
+                    },
+                ));
             }
         }
         let Some(budget) = budget else {
@@ -159,10 +223,12 @@ impl FleetStore for EtcdFleet {
                         .find(|(n, lease, _)| *n == node && *lease == r.lease)
                         .map(|(_, _, g)| *g)
                 });
+                let hold = holds.iter().find(|(n, _)| *n == node).map(|(_, h)| *h);
                 NodeView {
                     node,
                     record,
                     grant,
+                    hold,
                 }
             })
             .collect();
@@ -220,17 +286,26 @@ impl FleetStore for EtcdFleet {
         &self,
         leadership: &Leadership,
         grants: &[GrantWrite<'_>],
+        holds: &[HoldWrite<'_>],
     ) -> Result<bool, StoreError> {
-        let success = grants
-            .iter()
-            .map(|g| {
-                check_name("node", g.node)?;
-                Ok(Op::Put {
-                    key: grant_key(&leadership.domain, g.node),
-                    value: encode(&g.grant)?,
-                    lease: g.lease,
-                })
+        let grant_puts = grants.iter().map(|g| {
+            check_name("node", g.node)?;
+            Ok(Op::Put {
+                key: grant_key(&leadership.domain, g.node),
+                value: encode(&g.grant)?,
+                lease: g.lease,
             })
+        });
+        let hold_puts = holds.iter().map(|h| {
+            check_name("node", h.node)?;
+            Ok(Op::Put {
+                key: hold_key(&leadership.domain, h.node),
+                value: encode(&h.hold)?,
+                lease: 0,
+            })
+        });
+        let success = grant_puts
+            .chain(hold_puts)
             .collect::<Result<Vec<_>, StoreError>>()?;
         let outcome = self.client.txn(&Txn {
             compare: vec![Compare::CreateRevision(
@@ -238,6 +313,32 @@ impl FleetStore for EtcdFleet {
                 leadership.fence,
             )],
             success,
+            failure: Vec::new(),
+        })?;
+        Ok(outcome.succeeded)
+    }
+
+    fn release(
+        &self,
+        domain: &str,
+        node: &str,
+        hold: &Hold,
+        hold_revision: i64,
+    ) -> Result<bool, StoreError> {
+        check_name("domain", domain)?;
+        check_name("node", node)?;
+        let key = hold_key(domain, node);
+        let outcome = self.client.txn(&Txn {
+            compare: vec![
+                // No live record: the node is silent (its lease lapsed, or it left).
+                Compare::CreateRevision(node_key(domain, node), 0),
+                Compare::ModRevision(key.clone(), hold_revision),
+            ],
+            success: vec![Op::Put {
+                key,
+                value: encode(hold)?,
+                lease: 0,
+            }],
             failure: Vec::new(),
         })?;
         Ok(outcome.succeeded)
@@ -259,7 +360,7 @@ impl FleetStore for EtcdFleet {
             lease,
             ttl,
         };
-        if let Err(error) = self.report(&session, report) {
+        if let Err(error) = self.first_report(&session, report) {
             let _ = self.client.revoke(lease);
             return Err(error);
         }

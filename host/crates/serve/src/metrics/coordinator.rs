@@ -1,7 +1,9 @@
 //! The fleet coordinator's metrics (`tokwatt fleet coordinate --metrics ADDR`): whether
 //! this replica leads, its rounds, and, from the leader only, the domain's ledger after
 //! each round (the budget, what is charged, the headroom) and each node's grant, charge
-//! and lease. A follower does not read the ledger, so it exports no ledger series: an
+//! and lease, and the watts stranded on silent nodes (charged above their reserve until
+//! they report again, their fence's deadline passes, or an operator releases them), by
+//! reason. A follower does not read the ledger, so it exports no ledger series: an
 //! absent series, never a zero that would read as "nothing charged".
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -24,6 +26,15 @@ struct NodeLabels {
     node: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    domain: String,
+    node: String,
+    /// Why the node is charged what it is (live, silent-fenced, fence-elapsed,
+    /// silent-unfenced, released, never-heard).
+    reason: String,
+}
+
 #[derive(Debug, Default)]
 struct Families {
     leading: Family<DomainLabels, GaugeF64>,
@@ -39,6 +50,9 @@ struct Families {
     node_grant_watts: Family<NodeLabels, GaugeF64>,
     node_charged_watts: Family<NodeLabels, GaugeF64>,
     node_lease_live: Family<NodeLabels, GaugeF64>,
+    stranded_watts: Family<DomainLabels, GaugeF64>,
+    node_stranded_watts: Family<ReasonLabels, GaugeF64>,
+    node_fence_missing: Family<NodeLabels, GaugeF64>,
 }
 
 /// Every family the coordinator exports: name, type, help (for the book and its test).
@@ -108,6 +122,21 @@ pub const COORDINATOR_METRICS: &[(&str, &str, &str)] = &[
         "gauge",
         "1 where the node's lease is live (leader only)",
     ),
+    (
+        "tokwatt_fleet_stranded_watts",
+        "gauge",
+        "Watts charged to silent nodes above their reserves: what their GPUs may still hold, given to no other node until each reports again, its fence's deadline passes, or an operator releases it (leader only)",
+    ),
+    (
+        "tokwatt_fleet_node_stranded_watts",
+        "gauge",
+        "What each budgeted node is charged above its reserve while silent (0 while live), labelled with the reason it is charged what it is: live, silent-fenced, fence-elapsed, silent-unfenced, released, never-heard (leader only)",
+    ),
+    (
+        "tokwatt_fleet_node_fence_missing",
+        "gauge",
+        "1 where the budget calls the node fenced but it declares no fence covering stops and reboots: it is charged as unfenced, at its GPUs' board defaults once silent (leader only)",
+    ),
 ];
 
 /// The coordinator's metrics, fed once a round.
@@ -135,6 +164,7 @@ impl CoordinatorMetrics {
             ("tokwatt_fleet_headroom_watts", &f.headroom_watts),
             ("tokwatt_fleet_live_nodes", &f.live_nodes),
             ("tokwatt_fleet_unbudgeted_nodes", &f.unbudgeted_nodes),
+            ("tokwatt_fleet_stranded_watts", &f.stranded_watts),
         ] {
             registry.register(name, help(name), family.clone());
         }
@@ -156,9 +186,15 @@ impl CoordinatorMetrics {
             ("tokwatt_fleet_node_grant_watts", &f.node_grant_watts),
             ("tokwatt_fleet_node_charged_watts", &f.node_charged_watts),
             ("tokwatt_fleet_node_lease_live", &f.node_lease_live),
+            ("tokwatt_fleet_node_fence_missing", &f.node_fence_missing),
         ] {
             registry.register(name, help(name), family.clone());
         }
+        registry.register(
+            "tokwatt_fleet_node_stranded_watts",
+            help("tokwatt_fleet_node_stranded_watts"),
+            f.node_stranded_watts.clone(),
+        );
         let domain = DomainLabels {
             domain: domain.to_owned(),
         };
@@ -233,10 +269,13 @@ impl CoordinatorMetrics {
             .unbudgeted_nodes
             .get_or_create(domain)
             .set(ledger.unbudgeted.len() as f64);
-        // Nodes may leave the budget between rounds: start each round's node series afresh.
-        families.node_grant_watts.clear();
-        families.node_charged_watts.clear();
-        families.node_lease_live.clear();
+        families
+            .stranded_watts
+            .get_or_create(domain)
+            .set(ledger.stranded_w());
+        // Nodes may leave the budget, and a node's reason change, between rounds: start
+        // each round's node series afresh.
+        Self::clear_nodes(families);
         for entry in &ledger.entries {
             let labels = NodeLabels {
                 domain: domain.domain.clone(),
@@ -256,7 +295,27 @@ impl CoordinatorMetrics {
                 .node_lease_live
                 .get_or_create(&labels)
                 .set(f64::from(u8::from(entry.live())));
+            families
+                .node_fence_missing
+                .get_or_create(&labels)
+                .set(f64::from(u8::from(entry.fence_missing)));
+            families
+                .node_stranded_watts
+                .get_or_create(&ReasonLabels {
+                    domain: labels.domain,
+                    node: labels.node,
+                    reason: entry.why.label().to_owned(),
+                })
+                .set(entry.stranded_w);
         }
+    }
+
+    fn clear_nodes(families: &Families) {
+        families.node_grant_watts.clear();
+        families.node_charged_watts.clear();
+        families.node_lease_live.clear();
+        families.node_fence_missing.clear();
+        families.node_stranded_watts.clear();
     }
 
     fn clear_ledger(&self, families: &Families) {
@@ -266,12 +325,11 @@ impl CoordinatorMetrics {
             &families.headroom_watts,
             &families.live_nodes,
             &families.unbudgeted_nodes,
+            &families.stranded_watts,
         ] {
             family.clear();
         }
-        families.node_grant_watts.clear();
-        families.node_charged_watts.clear();
-        families.node_lease_live.clear();
+        Self::clear_nodes(families);
     }
 
     pub fn encode(&self) -> String {
@@ -296,47 +354,77 @@ impl crate::api::MetricsSource for CoordinatorMetrics {
 
 #[cfg(test)]
 mod tests {
-    use tokwatt_fleet::store::{DomainView, Grant, NodeRecord, NodeReport, NodeView};
+    use tokwatt_fleet::store::{
+        DomainView, Fence, FenceKind, Grant, Hold, NodeRecord, NodeReport, NodeView, StoredHold,
+    };
     use tokwatt_fleet::{DomainBudget, NodeBudget};
 
     use super::*;
 
+    /// `a` live under a fence covering stops and reboots; `b` silent, its fence's
+    /// deadline still to run; `c` silent without the fence its budget says it runs.
     fn ledger() -> Ledger {
         let node = |name: &str| NodeBudget {
             node: name.into(),
             reserve_w: 1000.0,
             max_w: 2800.0,
             priority: 0,
+            fenced: true,
+            default_w: Some(1200.0),
+        };
+        let fence = Fence {
+            kind: FenceKind::SystemdWatchdog,
+            deadline_s: 5.0,
+            covers_reboot: true,
+        };
+        let silent = |name: &str, watts: f64, fence: Option<Fence>| NodeView {
+            node: name.into(),
+            record: None,
+            grant: None,
+            hold: Some(StoredHold {
+                hold: Hold {
+                    watts,
+                    fence,
+                    default_w: 0.0,
+                    released: false,
+                },
+                mod_revision: 3,
+            }),
         };
         Ledger::from_view(DomainView {
             revision: 7,
             budget: DomainBudget {
                 domain: "rack".into(),
-                budget_w: 4000.0,
+                budget_w: 6000.0,
                 uncontrolled_w: 0.0,
-                nodes: vec![node("a"), node("b")],
+                nodes: vec![node("a"), node("b"), node("c")],
             },
-            nodes: vec![NodeView {
-                node: "a".into(),
-                record: Some(NodeRecord {
-                    lease: 1,
-                    report: NodeReport {
-                        acked_generation: 2,
-                        caps_in_force_w: 2500.0,
-                        draw_w: 2400.0,
-                        tokens_per_s: 9000.0,
-                        wants_more: false,
-                        requested_w: 2500.0,
-                        fence: None,
-                        default_w: 0.0,
-                    },
-                }),
-                grant: Some(Grant {
-                    generation: 2,
-                    watts: 2500.0,
-                    ceiling_w: 2500.0,
-                }),
-            }],
+            nodes: vec![
+                NodeView {
+                    node: "a".into(),
+                    record: Some(NodeRecord {
+                        lease: 1,
+                        report: NodeReport {
+                            acked_generation: 2,
+                            caps_in_force_w: 2500.0,
+                            draw_w: 2400.0,
+                            tokens_per_s: 9000.0,
+                            wants_more: false,
+                            requested_w: 2500.0,
+                            fence: Some(fence),
+                            default_w: 0.0,
+                        },
+                    }),
+                    grant: Some(Grant {
+                        generation: 2,
+                        watts: 2500.0,
+                        ceiling_w: 2500.0,
+                    }),
+                    hold: None,
+                },
+                silent("b", 1500.0, Some(fence)),
+                silent("c", 1000.0, None),
+            ],
         })
     }
 
@@ -355,6 +443,7 @@ mod tests {
                 charged_w: ledger.charged_w(),
                 available_w: ledger.budget.available_w(),
                 grants_written: 1,
+                holds_written: 1,
                 live_nodes: 1,
                 unbudgeted: Vec::new(),
                 ledger: Box::new(ledger),
@@ -366,15 +455,35 @@ mod tests {
             value(&text, "tokwatt_fleet_coordinator_leading{domain=\"rack\"}"),
             Some(1.0)
         );
-        // a holds its 2.5 kW grant, b (no lease) its 1 kW reserve.
+        // a holds its 2.5 kW grant; b may hold its 1.5 kW until its fence acts; c, with
+        // no fence, may hold its 1.2 kW of board defaults.
         assert_eq!(
             value(&text, "tokwatt_fleet_charged_watts{domain=\"rack\"}"),
-            Some(3500.0)
+            Some(5200.0)
         );
         assert_eq!(
             value(&text, "tokwatt_fleet_headroom_watts{domain=\"rack\"}"),
-            Some(500.0)
+            Some(800.0)
         );
+        assert_eq!(
+            value(&text, "tokwatt_fleet_stranded_watts{domain=\"rack\"}"),
+            Some(700.0)
+        );
+        for (node, reason, watts) in [
+            ("a", "live", 0.0),
+            ("b", "silent-fenced", 500.0),
+            ("c", "silent-unfenced", 200.0),
+        ] {
+            let series = format!(
+                "tokwatt_fleet_node_stranded_watts{{domain=\"rack\",node=\"{node}\",reason=\"{reason}\"}}"
+            );
+            assert_eq!(value(&text, &series), Some(watts), "{series}\n{text}");
+        }
+        for (node, missing) in [("a", 0.0), ("b", 0.0), ("c", 1.0)] {
+            let series =
+                format!("tokwatt_fleet_node_fence_missing{{domain=\"rack\",node=\"{node}\"}}");
+            assert_eq!(value(&text, &series), Some(missing), "{series}\n{text}");
+        }
         assert_eq!(
             value(
                 &text,
@@ -395,7 +504,7 @@ mod tests {
                 &text,
                 "tokwatt_fleet_node_charged_watts{domain=\"rack\",node=\"b\"}"
             ),
-            Some(1000.0)
+            Some(1500.0)
         );
         assert_eq!(
             value(
@@ -417,10 +526,13 @@ mod tests {
             None,
             "{text}"
         );
-        assert!(
-            !text.contains("tokwatt_fleet_node_charged_watts{"),
-            "{text}"
-        );
+        for family in [
+            "tokwatt_fleet_node_charged_watts{",
+            "tokwatt_fleet_node_stranded_watts{",
+            "tokwatt_fleet_stranded_watts{",
+        ] {
+            assert!(!text.contains(family), "{family}: {text}");
+        }
 
         metrics.observe::<&str>(&Err("etcd unreachable"));
         let text = metrics.encode();
@@ -449,6 +561,7 @@ mod tests {
             charged_w: 0.0,
             available_w: 0.0,
             grants_written: 0,
+            holds_written: 0,
             live_nodes: 0,
             unbudgeted: Vec::new(),
             ledger: Box::new(ledger),
