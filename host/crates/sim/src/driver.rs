@@ -7,11 +7,14 @@
 //! of a simulated node shares (the agent's [`crate::SimGpu`], a fence, `tokwatt restore`,
 //! the fault harness, a simulated reboot).
 //!
-//! - Every version of the file is complete: a write goes to `PATH.tmp`, is synced and
-//!   renamed over `PATH`. So a reader never takes the lock and never waits: an agent
-//!   stopped (SIGSTOP) in the middle of a write cannot stall the fault harness's reads.
+//! - Every version of the file is complete: a write goes to `PATH.tmp` and is renamed over
+//!   `PATH` (then synced, with its folder). So a reader never takes the lock and never
+//!   waits: an agent stopped (SIGSTOP) in the middle of a write cannot stall the fault
+//!   harness's reads.
 //! - Every read-modify-write holds an exclusive lock on `PATH.lock` (std's `File::lock`,
-//!   an advisory whole-file lock), so two writers never lose each other's change.
+//!   an advisory whole-file lock), so two writers never lose each other's change. It is
+//!   held for a read, a small write and a rename, never a sync: a writer stopped while it
+//!   holds it stalls the other writers (for at most 10 s, then they fail saying so).
 //! - The file carries a generation, bumped by every write that changes something; a write
 //!   that changes nothing leaves the file alone.
 //! - A reboot puts every board back at the board defaults and, where a boot unit is
@@ -30,9 +33,9 @@ use crate::profile::GpuProfile;
 /// The file's layout version; a file of another version is refused, never guessed at.
 pub const DRIVER_FORMAT_VERSION: u32 = 1;
 
-/// How long a write waits for another process's lock before it gives up. A write holds
-/// the lock for a read, a small write and a sync: only a holder that stopped running
-/// (SIGSTOP, a debugger) keeps it longer.
+/// How long a write waits for another process's lock before it gives up, by default. A
+/// write holds the lock for a read, a small write and a rename: only a holder that stopped
+/// running (SIGSTOP, a debugger) keeps it longer.
 const LOCK_WAIT: Duration = Duration::from_secs(10);
 
 /// What the driver holds for one board.
@@ -270,7 +273,7 @@ pub enum DriverError {
         expected: u32,
     },
     #[error(
-        "the simulated driver's lock {} has been held by another process ({holder}) for {}s: one stopped (SIGSTOP, a debugger) while it wrote keeps it until it runs again; resume or end it, then retry", path.display(), waited.as_secs()
+        "the simulated driver's lock {} has been held by another process ({holder}) for {:.1} s: one stopped (SIGSTOP, a debugger) while it wrote keeps it until it runs again; resume or end it, then retry", path.display(), waited.as_secs_f64()
     )]
     LockTimeout {
         path: PathBuf,
@@ -287,6 +290,7 @@ pub enum DriverError {
 #[derive(Debug, Clone)]
 pub struct SimDriver {
     path: PathBuf,
+    lock_wait: Duration,
 }
 
 /// A version of the file as read, with the file itself kept open: while it is open its
@@ -294,7 +298,7 @@ pub struct SimDriver {
 #[derive(Debug)]
 pub struct Snapshot {
     pub state: DriverState,
-    _pinned: File,
+    pinned: File,
     inode: (u64, u64),
 }
 
@@ -309,7 +313,18 @@ impl Snapshot {
 impl SimDriver {
     /// The driver at `path` (nothing is read until asked).
     pub fn at(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into() }
+        Self {
+            path: path.into(),
+            lock_wait: LOCK_WAIT,
+        }
+    }
+
+    /// Wait at most `wait` for another writer's lock (10 s by default) before a write fails
+    /// with [`DriverError::LockTimeout`]: a process that must act within a deadline (a
+    /// fence) waits less and tries again.
+    pub fn with_lock_wait(mut self, wait: Duration) -> Self {
+        self.lock_wait = wait;
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -359,7 +374,7 @@ impl SimDriver {
             .map_err(|e| self.io("read", e))?;
         Ok(Snapshot {
             state: self.parse(&text)?,
-            _pinned: file,
+            pinned: file,
             inode: (metadata.dev(), metadata.ino()),
         })
     }
@@ -371,19 +386,23 @@ impl SimDriver {
         &self,
         change: impl FnOnce(&mut DriverState) -> Result<(), DriverError>,
     ) -> Result<Snapshot, DriverError> {
-        let _lock = self.lock()?;
-        let current = self.snapshot()?;
-        let mut next = current.state.clone();
-        change(&mut next)?;
-        if next == current.state {
-            return Ok(current);
-        }
-        next.generation = current.state.generation + 1;
-        next.check().map_err(|problem| DriverError::Corrupt {
-            path: self.path.clone(),
-            problem: format!("the change would make it invalid: {problem}"),
-        })?;
-        self.replace(next)
+        let written = {
+            let _lock = self.lock()?;
+            let current = self.snapshot()?;
+            let mut next = current.state.clone();
+            change(&mut next)?;
+            if next == current.state {
+                return Ok(current);
+            }
+            next.generation = current.state.generation + 1;
+            next.check().map_err(|problem| DriverError::Corrupt {
+                path: self.path.clone(),
+                problem: format!("the change would make it invalid: {problem}"),
+            })?;
+            self.replace(next)?
+        };
+        self.sync(&written);
+        Ok(written)
     }
 
     /// Change board `index`'s settings (see [`Self::update`]).
@@ -435,12 +454,18 @@ impl SimDriver {
         if let Some(folder) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(folder).map_err(|e| self.io("create the folder of", e))?;
         }
-        let _lock = self.lock()?;
-        // Another process may have created it while this one waited for the lock.
-        match self.snapshot() {
-            Err(DriverError::Missing(_)) => self.replace(DriverState::fresh(profile, boards)),
-            other => other,
-        }
+        let written = {
+            let _lock = self.lock()?;
+            // Another process may have created it while this one waited for the lock.
+            match self.snapshot() {
+                Err(DriverError::Missing(_)) => {
+                    self.replace(DriverState::fresh(profile, boards))?
+                }
+                other => return other,
+            }
+        };
+        self.sync(&written);
+        Ok(written)
     }
 
     /// Refused when `state` describes other boards than `boards` of `profile`.
@@ -513,8 +538,10 @@ impl SimDriver {
         Ok(state)
     }
 
-    /// Write `state` as the file's next version: to `PATH.tmp`, synced, renamed over
-    /// `PATH`, the folder synced. Called with the lock held.
+    /// Write `state` as the file's next version: to `PATH.tmp`, renamed over `PATH`.
+    /// Called with the lock held, which it keeps for a small write and a rename only: a
+    /// writer stopped (SIGSTOP) while it holds the lock stalls every other writer, so the
+    /// syncs come after it is released ([`Self::sync`]).
     fn replace(&self, state: DriverState) -> Result<Snapshot, DriverError> {
         let mut text = serde_json::to_vec_pretty(&state).map_err(|e| DriverError::Corrupt {
             path: self.path.clone(),
@@ -524,24 +551,38 @@ impl SimDriver {
         let temporary = suffixed(&self.path, ".tmp");
         let mut file = File::create(&temporary).map_err(|e| self.io("write", e))?;
         file.write_all(&text).map_err(|e| self.io("write", e))?;
-        file.sync_all().map_err(|e| self.io("sync", e))?;
         std::fs::rename(&temporary, &self.path).map_err(|e| self.io("replace", e))?;
-        if let Some(folder) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            // The rename is durable once the folder is: a host crash (not a simulated one)
-            // could otherwise bring the old version back.
-            File::open(folder)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| self.io("sync the folder of", e))?;
-        }
         let metadata = file.metadata().map_err(|e| self.io("read", e))?;
         Ok(Snapshot {
             state,
-            _pinned: file,
+            pinned: file,
             inode: (metadata.dev(), metadata.ino()),
         })
     }
 
-    /// The exclusive lock around a read-modify-write, waiting at most [`LOCK_WAIT`]. The
+    /// Make a version written by [`Self::replace`] durable: its content, and the rename
+    /// once the folder is synced (a host crash, not a simulated one, could otherwise bring
+    /// the old version back, or an empty file). Every process reads the new version from
+    /// the rename on; this only concerns the disk.
+    /// A failure is logged, not returned: the change is in force for every reader already,
+    /// and an error would tell the caller it was not.
+    fn sync(&self, written: &Snapshot) {
+        let synced = written
+            .pinned
+            .sync_all()
+            .map_err(|e| self.io("sync", e))
+            .and_then(|()| match self.path.parent() {
+                Some(folder) if !folder.as_os_str().is_empty() => File::open(folder)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| self.io("sync the folder of", e)),
+                _ => Ok(()),
+            });
+        if let Err(e) = synced {
+            tracing::warn!("{e}: the change is in force, but may not be on the disk yet");
+        }
+    }
+
+    /// The exclusive lock around a read-modify-write, waiting at most `lock_wait`. The
     /// holder writes its process id into the lock file, for the message of a writer that
     /// waited too long.
     fn lock(&self) -> Result<File, DriverError> {
@@ -561,7 +602,7 @@ impl SimDriver {
                 Err(std::fs::TryLockError::WouldBlock) => {}
                 Err(std::fs::TryLockError::Error(e)) => return Err(self.io("lock", e)),
             }
-            if started.elapsed() >= LOCK_WAIT {
+            if started.elapsed() >= self.lock_wait {
                 let mut holder = String::new();
                 let _ = file.read_to_string(&mut holder);
                 let holder = match holder.trim() {

@@ -304,6 +304,35 @@ fn a_reader_never_waits_for_the_lock() {
 }
 
 #[test]
+fn a_writer_waits_for_a_stopped_holder_only_so_long_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = driver_path(&dir);
+    let (_sim, _clock) = node(&path, 1);
+    let driver = SimDriver::at(&path).with_lock_wait(Duration::from_millis(200));
+    // A writer stopped while it held the lock: it wrote its process id, as every holder does.
+    let mut held = File::options()
+        .write(true)
+        .open(driver.lock_path())
+        .unwrap();
+    held.lock().unwrap();
+    held.set_len(0).unwrap();
+    held.write_all(b"4242").unwrap();
+    let started = Instant::now();
+    let error = driver.reboot().unwrap_err();
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let text = error.to_string();
+    assert!(
+        matches!(error, DriverError::LockTimeout { .. }) && text.contains("process 4242"),
+        "{text}"
+    );
+    assert_eq!(driver.read().unwrap().boots, 0, "nothing changed");
+    // Once it runs again (here: lets go), the write goes through.
+    drop(held);
+    assert_eq!(driver.reboot().unwrap().boots, 1);
+}
+
+#[test]
 fn a_file_of_other_boards_is_refused_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let path = driver_path(&dir);
