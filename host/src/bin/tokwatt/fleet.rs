@@ -199,6 +199,9 @@ fn why(entry: &Entry) -> String {
                 frees_in.as_secs_f64()
             ),
         },
+        Why::FenceElapsed if entry.charged_w > entry.budget.reserve_w => {
+            "silent, its fence acted; it does not cover a reboot (its board defaults)".to_owned()
+        }
         Why::FenceElapsed => "silent, its fence acted".to_owned(),
         Why::SilentUnfenced => {
             "silent, no fence: until it reports again or `tokwatt fleet release`".to_owned()
@@ -421,7 +424,9 @@ fn coordinate(args: &CoordinateArgs) -> Result<()> {
                 charged_w,
                 available_w,
                 grants_written,
+                holds_written,
                 live_nodes,
+                ref ledger,
                 ..
             }) => {
                 if took_over {
@@ -432,7 +437,9 @@ fn coordinate(args: &CoordinateArgs) -> Result<()> {
                     charged_w,
                     available_w,
                     grants_written,
+                    holds_written,
                     live_nodes,
+                    stranded_w = ledger.stranded_w(),
                     "fleet: round"
                 );
             }
