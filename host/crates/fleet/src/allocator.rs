@@ -2,7 +2,8 @@
 //! an allocator only proposes targets) and swappable behind [`Allocator`].
 //!
 //! [`MarginalAllocator`], the default, moves watts from where they are: every node keeps
-//! at least its reserve; a node that does not draw what it holds gives the rest back;
+//! at least its floor (its reserve, or its board defaults where no fence covers it: the
+//! ledger charges them anyway); a node that does not draw what it holds gives the rest back;
 //! free watts go tier by tier (a higher `priority` first) and within a tier one step at a
 //! time to the node whose next watt buys the most tokens per second; then a step moves
 //! from one node to another only where it buys clearly more there (a higher tier, or a
@@ -281,24 +282,29 @@ impl Allocator for MarginalAllocator {
             };
             let budget = &entry.budget;
             let report = record.report;
+            let most_w = budget.max_w.max(budget.reserve_w);
+            // Below its floor (what it may draw once silent: its board defaults where no
+            // fence covers it) a node frees nothing: the ledger charges the floor anyway.
+            // So the floor is the least it is given, and what the pool counts it at.
+            let floor_w = entry.floor_w.clamp(budget.reserve_w, most_w);
             let current_w = entry.grant.map_or(budget.reserve_w, |g| g.watts);
             let cap_w = if self.held_for_flapping(entry.node(), record.lease) {
-                budget.reserve_w
+                floor_w
             } else {
-                self.most_for(&report, budget, current_w)
+                self.most_for(&report, budget, current_w).max(floor_w)
             };
             let tokens_per_s = self.smoothed_tokens_per_s(entry.node(), &report);
             claims.push(Claim {
                 node: entry.node().to_owned(),
                 priority: budget.priority,
-                reserve_w: budget.reserve_w,
+                reserve_w: floor_w,
                 cap_w,
                 measured_at_w: report.caps_in_force_w,
                 tokens_per_s,
                 current_w,
                 // Where it is: what it holds beyond what it would use is given up only
                 // where another node takes it or the budget needs it.
-                target_w: current_w.clamp(budget.reserve_w, budget.max_w.max(budget.reserve_w)),
+                target_w: current_w.clamp(floor_w, most_w),
             });
         }
         // The pool: the budget less what every node without a lease is charged (at least
@@ -634,6 +640,77 @@ mod tests {
         assert!(!held_rounds.contains(&1), "{held_rounds:?}");
         assert!(held_rounds.len() >= 40, "{held_rounds:?}");
         assert!(held_rounds.contains(&59), "{held_rounds:?}");
+    }
+
+    #[test]
+    fn a_node_without_a_fence_is_counted_at_its_board_defaults_and_the_others_make_room() {
+        let mut view = ledger(
+            &[
+                ("fast", 0, 4000.0, 12_000.0, true),
+                ("slow", 0, 4000.0, 10_000.0, true),
+                ("bare", 0, 1000.0, 3000.0, true),
+            ],
+            9000.0,
+        );
+        // `bare` declares no fence and 3 kW of board defaults, at a 1 kW grant: the
+        // ledger charges it 3 kW, so 2 kW must come from the others.
+        let bare = view.entries[2].clone();
+        let record = bare.record.map(|r| NodeRecord {
+            report: NodeReport {
+                default_w: 3000.0,
+                caps_in_force_w: 1000.0,
+                ..r.report
+            },
+            ..r
+        });
+        let mut budget = view.budget.clone();
+        budget.nodes[2].default_w = None;
+        view = Ledger::from_view(DomainView {
+            revision: 2,
+            budget,
+            nodes: vec![
+                NodeView {
+                    node: "fast".into(),
+                    record: view.entries[0].record,
+                    grant: Some(Grant {
+                        generation: 1,
+                        watts: 4000.0,
+                        ceiling_w: 4000.0,
+                    }),
+                    hold: None,
+                },
+                NodeView {
+                    node: "slow".into(),
+                    record: view.entries[1].record,
+                    grant: Some(Grant {
+                        generation: 1,
+                        watts: 4000.0,
+                        ceiling_w: 4000.0,
+                    }),
+                    hold: None,
+                },
+                NodeView {
+                    node: "bare".into(),
+                    record,
+                    grant: Some(Grant {
+                        generation: 1,
+                        watts: 1000.0,
+                        ceiling_w: 1000.0,
+                    }),
+                    hold: None,
+                },
+            ],
+        });
+        assert_eq!(view.entries[2].charged_w, 3000.0);
+        assert!(view.headroom_w() < 0.0);
+        let allocation = MarginalAllocator::default().allocate(&view);
+        let total: f64 = allocation.targets.values().sum();
+        assert!((total - 9000.0).abs() < 1e-6, "{allocation:?}");
+        assert_eq!(allocation.targets["bare"], 3000.0, "{allocation:?}");
+        assert!(
+            allocation.targets["fast"] + allocation.targets["slow"] <= 6000.0 + 1e-6,
+            "{allocation:?}"
+        );
     }
 
     /// The allocator, the ledger and nodes in a loop, round after round: demand above the
