@@ -29,7 +29,7 @@ mod moves;
 mod totals;
 
 pub use allowance::PowerAllowance;
-pub(crate) use allowance::fit_caps;
+pub use allowance::{Fit, fit_caps};
 use moves::merged;
 pub use totals::{DemandTotals, GpuTotals, LoopTotals};
 

@@ -13,15 +13,17 @@ pub trait PowerAllowance: Send + Sync + std::fmt::Debug {
 
 /// Each GPU's cap, lowered toward its minimum in proportion to the room it has above
 /// it, so that the caps sum to at most `allowance` (to the milliwatt NVML takes).
-/// `unmet`: even every GPU at its minimum passes the allowance.
+/// `unmet`: even every GPU at its minimum passes the allowance. No cap is ever raised.
+/// The one fitting of caps within a ceiling: the loop's allowance, the settings guard's
+/// restore, and `tokwatt fence` applying the reserve from outside the loop.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Fit {
-    pub(crate) caps: Vec<f64>,
-    pub(crate) lowered: bool,
-    pub(crate) unmet: bool,
+pub struct Fit {
+    pub caps: Vec<f64>,
+    pub lowered: bool,
+    pub unmet: bool,
 }
 
-pub(crate) fn fit_caps(next: &[f64], min: &[f64], allowance: f64) -> Fit {
+pub fn fit_caps(next: &[f64], min: &[f64], allowance: f64) -> Fit {
     let total: f64 = next.iter().sum();
     if total <= allowance || !allowance.is_finite() {
         return Fit {
