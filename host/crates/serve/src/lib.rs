@@ -6,7 +6,10 @@
 //! - [`api`]: the control API over a Unix socket and loopback HTTP (bounded bodies, tokens,
 //!   slow clients cut off), and its client for the CLI.
 //! - [`metrics`]: the Prometheus exposition of what the loop counts.
+//! - [`fence`]: what puts a fleet node back at its reserve when the loop stops running
+//!   (systemd's watchdog, fed by the loop; `tokwatt fence`, watching its heartbeat).
 
 pub mod api;
+pub mod fence;
 pub mod metrics;
 pub mod serve;
