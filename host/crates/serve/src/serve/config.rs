@@ -90,6 +90,46 @@ pub struct FleetConfig {
     pub report_every: Duration,
     /// Each request's deadline.
     pub timeout: Duration,
+    /// What puts the node back at its reserve when the agent stops running
+    /// (`[fleet.fence]`); `None`: nothing the node can declare.
+    pub fence: Option<FenceConfig>,
+}
+
+/// `[fleet.fence]`, checked: the mechanism outside the agent's loop that applies the
+/// node's reserve when the loop stops (hung, paused, killed, failing at start), which the
+/// node declares in its reports so that the coordinator may free its grant once the
+/// fence's deadline has passed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FenceConfig {
+    pub watch: FenceWatch,
+    /// How long applying the reserve may take once the fence fires: for the watchdog,
+    /// systemd's abort of the agent and `ExecStopPost`'s restore; for the heartbeat, the
+    /// fence's check period and its NVML calls. The deadline the node declares is the
+    /// time to notice (the watchdog interval, the fence's stall) plus this.
+    pub restore: Duration,
+    /// The operator states that a boot-time unit applies the reserve when the node boots
+    /// (or its driver reloads), before any work runs.
+    pub covers_reboot: bool,
+}
+
+/// What watches the agent's loop.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FenceWatch {
+    /// systemd's watchdog (`Type=notify`, `WatchdogSec=`), fed over `NOTIFY_SOCKET`.
+    SystemdWatchdog,
+    /// `tokwatt fence`, a second process: the loop touches `heartbeat`, the fence writes
+    /// `status` every second.
+    Heartbeat { heartbeat: PathBuf, status: PathBuf },
+}
+
+impl FenceWatch {
+    /// The kind the node declares.
+    pub fn kind(&self) -> tokwatt_fleet::FenceKind {
+        match self {
+            Self::SystemdWatchdog => tokwatt_fleet::FenceKind::SystemdWatchdog,
+            Self::Heartbeat { .. } => tokwatt_fleet::FenceKind::Heartbeat,
+        }
+    }
 }
 
 /// The checked configuration.

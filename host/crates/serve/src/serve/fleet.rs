@@ -18,6 +18,7 @@ use tokwatt_fleet::{Allowance, AllowanceSnapshot, FleetStore, LinkState, NodeLin
 
 use super::config::FleetConfig;
 use super::control::ServeControl;
+use super::fence::FenceDeclaration;
 use crate::metrics::FleetReading;
 
 /// What the loop reads every tick: the fleet thread's latest snapshot.
@@ -187,10 +188,14 @@ pub(super) struct FleetThread {
 }
 
 impl FleetThread {
+    /// `fence`: what the node declares about its fence before each report; `default_w`:
+    /// its GPUs' board-default caps, summed.
     pub(super) fn start(
         config: FleetConfig,
         node: Arc<FleetNode>,
         control: Arc<ServeControl>,
+        fence: Option<FenceDeclaration>,
+        default_w: f64,
     ) -> Result<Self, tokwatt_fleet::StoreError> {
         let store = connect(&config)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -198,7 +203,7 @@ impl FleetThread {
             .name("tokwatt-fleet".into())
             .spawn({
                 let stop = Arc::clone(&stop);
-                move || run(&store, &config, &node, &control, &stop)
+                move || run(&store, &config, &node, &control, &stop, fence, default_w)
             })
             .map_err(|e| {
                 tokwatt_fleet::StoreError::Config(format!("cannot start the fleet thread: {e}"))
@@ -236,6 +241,8 @@ fn run(
     node: &FleetNode,
     control: &ServeControl,
     stop: &AtomicBool,
+    mut fence: Option<FenceDeclaration>,
+    default_w: f64,
 ) {
     let mut link = NodeLink::new(config.link.clone());
     tracing::info!(
@@ -248,6 +255,10 @@ fn run(
         let started = Instant::now();
         let figures = node.take_figures();
         if figures.ticks > 0 {
+            link.declare(
+                fence.as_mut().and_then(|f| f.now(Instant::now())),
+                default_w,
+            );
             let allowance = link.allowance(Instant::now());
             let report = link.report(
                 &allowance,

@@ -14,6 +14,7 @@
 pub mod bench;
 pub mod config;
 mod control;
+mod fence;
 mod fleet;
 mod live;
 mod watch;
@@ -82,6 +83,8 @@ pub enum ServeError {
     StoppedStarting,
     #[error("fleet: {0}")]
     Fleet(String),
+    #[error("fence: {0}")]
+    Fence(String),
 }
 
 /// What a started agent is, for the operator's first lines.
@@ -105,6 +108,8 @@ pub struct Agent {
     watcher: Option<watch::Watcher>,
     /// The node's link to its power domain (`[fleet]`), stopped after the loop.
     fleet: Option<fleet::FleetThread>,
+    /// systemd, where it runs the agent as a `Type=notify` service.
+    systemd: Option<Arc<crate::fence::notify::SystemdNotifier>>,
     pub info: ServeInfo,
 }
 
@@ -117,6 +122,26 @@ impl Agent {
     /// Ask the loop to end at the next tick boundary.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Tells systemd the start is over (`READY=1`) where it runs the agent as a
+    /// `Type=notify` service: call it once whatever the operator reaches (the API) is up.
+    pub fn notify_ready(&self) {
+        self.notify("READY=1");
+    }
+
+    /// Tells systemd the agent is stopping (`STOPPING=1`), so that it waits for the
+    /// restore rather than counting the stop as a failure of the watchdog.
+    pub fn notify_stopping(&self) {
+        self.notify("STOPPING=1");
+    }
+
+    fn notify(&self, message: &str) {
+        if let Some(systemd) = &self.systemd
+            && let Err(error) = systemd.notify(message)
+        {
+            tracing::warn!("telling systemd {message}: {error}");
+        }
     }
 
     /// Whether the loop has ended (stopped, its duration over, or failed).
@@ -262,6 +287,27 @@ pub fn start(
     stop: Arc<AtomicBool>,
     duration: Option<Duration>,
 ) -> Result<Agent, ServeError> {
+    // In a power domain the reserve comes first, before the policy spec, the plugin, the
+    // GPUs' assembly or anything else that can fail: the caps in force now may be a
+    // crashed run's, a lapsed grant's or a reboot's board defaults, all above what the
+    // coordinator charges a node without a lease, and an agent that then failed to start
+    // would leave them there. The node starts, stops and restores at its reserve: the
+    // settings guard puts the caps back within it, never at the board defaults.
+    let fleet_config = match &config.fleet {
+        Some(fleet) => {
+            fence::apply_reserve_at_start(config, fleet.link.reserve_w)?;
+            let mut fleet = fleet.clone();
+            fleet.link.reserve_w = fleet::reserve_at_start(&fleet);
+            if fleet.link.reserve_w < config.fleet.as_ref().map_or(0.0, |f| f.link.reserve_w) {
+                // The budget gives this node less than its config.
+                fence::apply_reserve_at_start(config, fleet.link.reserve_w)?;
+            }
+            Some(fleet)
+        }
+        None => None,
+    };
+    let systemd = crate::fence::notify::SystemdNotifier::from_process_env()
+        .map_err(|e| ServeError::Fence(e.to_string()))?;
     let rules_source = format!(
         "the node's rules in {} ([objective], [guardrails], [guard])",
         config.path.display()
@@ -304,13 +350,19 @@ pub fn start(
         (_, Some(path)) => Some(path.clone()),
         (false, None) => Some(StateFile::default_path()),
     };
-    // In a power domain the node starts, stops and restores at its reserve: the guard
-    // puts the caps back within it, never at the board defaults.
-    let fleet_config = config.fleet.clone().map(|mut fleet| {
-        fleet.link.reserve_w = fleet::reserve_at_start(&fleet);
-        fleet
-    });
     let fleet_node = fleet_config.as_ref().map(fleet::FleetNode::new);
+    let fence::FenceParts {
+        feed: mut fence_feed,
+        declaration: fence_declaration,
+        systemd,
+    } = fence::prepare(fleet_config.as_ref(), systemd, tick)?;
+    // What a reboot or a driver reload leaves in force, declared in the node's reports.
+    let default_w: f64 = backends
+        .telemetry
+        .devices()
+        .iter()
+        .map(|d| d.power_cap_default_w)
+        .sum();
     if let Some(fleet) = &fleet_config {
         let devices = backends.telemetry.devices();
         let floor: f64 = devices.iter().map(|d| d.power_cap_min_w).sum();
@@ -458,6 +510,8 @@ pub fn start(
                 let result = loop {
                     match control_loop.tick(&mut recorder) {
                         Ok(Some(progress)) => {
+                            // First: the fence is fed only after a tick that was on time.
+                            fence_feed.after_tick(progress.lateness, std::time::Instant::now());
                             control.observe(&progress);
                             if let Some(fleet) = &fleet_node {
                                 fleet.observe(&progress);
@@ -491,7 +545,13 @@ pub fn start(
         .map_err(ServeError::Thread)?;
     let fleet = match (&fleet_config, fleet_node) {
         (Some(fleet_config), Some(node)) => {
-            match fleet::FleetThread::start(fleet_config.clone(), node, Arc::clone(&control)) {
+            match fleet::FleetThread::start(
+                fleet_config.clone(),
+                node,
+                Arc::clone(&control),
+                fence_declaration,
+                default_w,
+            ) {
                 Ok(thread) => Some(thread),
                 Err(error) => {
                     stop.store(true, Ordering::Relaxed);
@@ -532,6 +592,7 @@ pub fn start(
         thread: Some(thread),
         watcher,
         fleet,
+        systemd,
         info,
     })
 }

@@ -8,8 +8,10 @@ use std::time::Duration;
 use tokwatt_engines::prometheus::Engine;
 use toml::Spanned;
 
-use super::raw::{RawConfig, RawFleet, RawGpus, RawWorkload};
-use super::{EngineEndpoint, FleetConfig, NodeBackend, ServeConfig, ServeWorkload};
+use super::raw::{RawConfig, RawFence, RawFleet, RawGpus, RawWorkload};
+use super::{
+    EngineEndpoint, FenceConfig, FenceWatch, FleetConfig, NodeBackend, ServeConfig, ServeWorkload,
+};
 
 /// A bad value: its key, where it is written, and what would be right.
 pub(super) struct Problem {
@@ -631,14 +633,112 @@ fn check_fleet(raw: RawFleet, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Flee
             ),
         ));
     }
+    let fence = raw
+        .fence
+        .map(|fence| check_fence(fence, resolve))
+        .transpose()?;
     Ok(FleetConfig {
         endpoints: endpoints.clone(),
         tls,
         link,
         report_every,
         timeout,
+        fence,
     })
 }
+
+/// The longest `fleet.fence.restore_s` taken: beyond it the coordinator would strand a
+/// silent node's grant for minutes, and the mechanism is better fixed than waited for.
+const MAX_RESTORE_S: f64 = 600.0;
+
+/// `[fleet.fence]`: the kind and the keys it takes, each checked by key.
+fn check_fence(raw: RawFence, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<FenceConfig, Problem> {
+    let watch = match raw.kind.get_ref().as_str() {
+        "systemd-watchdog" => {
+            if let Some((key, value)) = [
+                ("fleet.fence.heartbeat", &raw.heartbeat),
+                ("fleet.fence.status", &raw.status),
+            ]
+            .into_iter()
+            .find_map(|(key, value)| value.as_ref().map(|v| (key, v)))
+            {
+                return Err(problem(
+                    key,
+                    value,
+                    "applies to kind = \"heartbeat\" (`tokwatt fence`); systemd's watchdog needs no file: remove it, or set kind = \"heartbeat\"",
+                ));
+            }
+            FenceWatch::SystemdWatchdog
+        }
+        "heartbeat" => {
+            let path = |key: &'static str, value: &Option<Spanned<PathBuf>>, what: &str| {
+                let Some(value) = value else {
+                    return Err(missing(
+                        key,
+                        format!("is missing: kind = \"heartbeat\" needs {what}"),
+                    ));
+                };
+                if value.get_ref().as_os_str().is_empty() {
+                    return Err(problem(key, value, format!("is empty: name {what}")));
+                }
+                Ok(resolve(value.get_ref()))
+            };
+            let heartbeat = path(
+                "fleet.fence.heartbeat",
+                &raw.heartbeat,
+                "the file the agent touches after every on-time tick (the one `tokwatt fence --heartbeat` watches)",
+            )?;
+            let status = path(
+                "fleet.fence.status",
+                &raw.status,
+                "the file `tokwatt fence --status` writes every second (the agent declares the fence only while it is fresh)",
+            )?;
+            if heartbeat == status {
+                return Err(missing(
+                    "fleet.fence.status",
+                    format!(
+                        "is the heartbeat's own file ({}): the agent writes one, the fence the other; name two files",
+                        status.display()
+                    ),
+                ));
+            }
+            FenceWatch::Heartbeat { heartbeat, status }
+        }
+        other => {
+            return Err(problem(
+                "fleet.fence.kind",
+                &raw.kind,
+                format!(
+                    "= \"{other}\": the kinds are \"systemd-watchdog\" (the unit's WatchdogSec=, with Type=notify) and \"heartbeat\" (`tokwatt fence` beside the agent)"
+                ),
+            ));
+        }
+    };
+    let restore = match &raw.restore_s {
+        Some(value) => {
+            let seconds = *value.get_ref();
+            if !(seconds.is_finite() && seconds > 0.0 && seconds <= MAX_RESTORE_S) {
+                return Err(problem(
+                    "fleet.fence.restore_s",
+                    value,
+                    format!(
+                        "= {seconds}: the time applying the reserve may take must be a number of seconds above 0 and at most {MAX_RESTORE_S}"
+                    ),
+                ));
+            }
+            Duration::from_secs_f64(seconds)
+        }
+        None => DEFAULT_RESTORE,
+    };
+    Ok(FenceConfig {
+        watch,
+        restore,
+        covers_reboot: raw.covers_reboot.unwrap_or(false),
+    })
+}
+
+/// `fleet.fence.restore_s` unset.
+const DEFAULT_RESTORE: Duration = Duration::from_secs(10);
 
 /// `fleet.ca_file`, `cert_file` and `key_file`: set together with https:// endpoints
 /// (the CA always, the certificate and key both or neither), and each file read and

@@ -46,6 +46,20 @@ pub(super) struct RawFleet {
     pub(super) ca_file: Option<Spanned<PathBuf>>,
     pub(super) cert_file: Option<Spanned<PathBuf>>,
     pub(super) key_file: Option<Spanned<PathBuf>>,
+    /// `[fleet.fence]`: what puts the node back at its reserve when the agent stops.
+    pub(super) fence: Option<RawFence>,
+}
+
+/// `[fleet.fence]`: the mechanism outside the agent's loop that applies the reserve when
+/// the loop stops running, and what the operator states about it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFence {
+    pub(super) kind: Spanned<String>,
+    pub(super) heartbeat: Option<Spanned<PathBuf>>,
+    pub(super) status: Option<Spanned<PathBuf>>,
+    pub(super) restore_s: Option<Spanned<f64>>,
+    pub(super) covers_reboot: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

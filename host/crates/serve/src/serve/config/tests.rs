@@ -337,6 +337,101 @@ fn a_fleet_section_takes_its_defaults_and_names_each_bad_value() {
     );
 }
 
+/// A fleet node with `fence` as its `[fleet.fence]` table's lines.
+fn fenced(fence: &str) -> String {
+    format!(
+        "{SIM}\n[fleet]\netcd = [\"http://10.0.0.1:2379\"]\ndomain = \"rack-12\"\nnode = \"gpu-07\"\nreserve_w = 2400\n\n[fleet.fence]\n{fence}"
+    )
+}
+
+#[test]
+fn a_fence_takes_its_kind_its_files_and_its_defaults() {
+    let config = parse(&fenced("kind = \"systemd-watchdog\"\n")).expect("valid");
+    let fence = config.fleet.expect("a fleet").fence.expect("a fence");
+    assert_eq!(fence.watch, FenceWatch::SystemdWatchdog);
+    assert_eq!(fence.restore, Duration::from_secs(10));
+    assert!(!fence.covers_reboot);
+
+    let config = parse(&fenced(
+        "kind = \"heartbeat\"\nheartbeat = \"fence/heartbeat\"\nstatus = \"/run/tokwatt-fence/status.json\"\nrestore_s = 2.5\ncovers_reboot = true\n",
+    ))
+    .expect("valid");
+    let fence = config.fleet.expect("a fleet").fence.expect("a fence");
+    assert_eq!(
+        fence.watch,
+        FenceWatch::Heartbeat {
+            // Relative to the config's folder, as every path in it.
+            heartbeat: "/etc/tokwatt/fence/heartbeat".into(),
+            status: "/run/tokwatt-fence/status.json".into(),
+        }
+    );
+    assert_eq!(fence.restore, Duration::from_millis(2500));
+    assert!(fence.covers_reboot);
+    // A whole number of seconds is a number too.
+    let config = parse(&fenced("kind = \"systemd-watchdog\"\nrestore_s = 4\n")).expect("valid");
+    assert_eq!(
+        config.fleet.and_then(|f| f.fence).map(|f| f.restore),
+        Some(Duration::from_secs(4))
+    );
+}
+
+#[test]
+fn a_bad_fence_is_refused_naming_the_key_and_the_fix() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "kind = \"watchdog\"\n",
+            "fleet.fence.kind",
+            "\"systemd-watchdog\"",
+        ),
+        (
+            "kind = \"heartbeat\"\nstatus = \"/run/s.json\"\n",
+            "fleet.fence.heartbeat",
+            "is missing",
+        ),
+        (
+            "kind = \"heartbeat\"\nheartbeat = \"/run/h\"\n",
+            "fleet.fence.status",
+            "is missing",
+        ),
+        (
+            "kind = \"heartbeat\"\nheartbeat = \"/run/h\"\nstatus = \"/run/h\"\n",
+            "fleet.fence.status",
+            "name two files",
+        ),
+        (
+            "kind = \"systemd-watchdog\"\nheartbeat = \"/run/h\"\n",
+            "fleet.fence.heartbeat",
+            "applies to kind = \"heartbeat\"",
+        ),
+        (
+            "kind = \"systemd-watchdog\"\nrestore_s = 0\n",
+            "fleet.fence.restore_s",
+            "above 0",
+        ),
+        (
+            "kind = \"systemd-watchdog\"\nrestore_s = 3600\n",
+            "fleet.fence.restore_s",
+            "at most 600",
+        ),
+        (
+            "kind = \"systemd-watchdog\"\nstall = \"5s\"\n",
+            "stall",
+            "unknown field",
+        ),
+        ("heartbeat = \"/run/h\"\n", "kind", "missing field"),
+    ];
+    for (fence, key, says) in cases {
+        let message = error(&fenced(fence));
+        assert!(
+            message.contains(key) && message.contains(says),
+            "{fence:?}: expected {key} and {says:?} in: {message}"
+        );
+    }
+    // A bad value names its line ([fleet.fence] is on line 16, its kind on 17).
+    let message = error(&fenced("kind = \"watchdog\"\n"));
+    assert!(message.contains("serve.toml:17:"), "{message}");
+}
+
 /// `[fleet]` with `etcd` and the TLS keys of `tls` (`key = 'value'` lines).
 fn fleet_over(etcd: &str, tls: &str) -> String {
     format!(
