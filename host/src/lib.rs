@@ -34,7 +34,7 @@ pub mod report {
     };
     pub use tokwatt_report::*;
 }
-pub use tokwatt_serve::{api, metrics, serve};
+pub use tokwatt_serve::{api, fence, metrics, serve};
 pub use tokwatt_sim as sim;
 
 pub mod cli;

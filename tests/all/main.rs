@@ -11,6 +11,7 @@ mod book;
 mod deploy;
 mod engines;
 mod eval;
+mod fence;
 mod fleet;
 mod fleet_ab;
 mod guard;

@@ -8,6 +8,7 @@ mod bench;
 mod bench_serve;
 mod check;
 mod eval;
+mod fence;
 mod fleet;
 mod fleet_ab;
 mod gpus;
@@ -64,6 +65,9 @@ enum Command {
     Eval(Box<eval::EvalArgs>),
     /// Put back the GPU settings saved in the state file (after a crash or `kill -9`).
     Restore(restore::RestoreArgs),
+    /// Hold a fleet node's GPUs within its reserve while the agent's heartbeat stalls, from
+    /// a second process (a sidecar, a node unit); with --once, apply the reserve and exit.
+    Fence(fence::FenceArgs),
     /// List the GPUs: constraints, supported clocks, current settings, whether tokwatt may change them.
     Gpus(gpus::GpusArgs),
     /// Benchmarks of the agent itself and of the workload.
@@ -119,6 +123,7 @@ fn main() -> std::process::ExitCode {
         Command::Check(args) => check::check(&args),
         Command::Eval(args) => eval::eval(&args),
         Command::Restore(args) => restore::restore(&args),
+        Command::Fence(args) => fence::fence(&args),
         Command::Gpus(args) => gpus::gpus(&args),
         Command::Bench { what } => bench::bench(what),
         Command::Replay(args) => replay::replay(&args),
@@ -158,6 +163,7 @@ impl Command {
             | Command::Serve(_)
             | Command::Eval(_)
             | Command::Restore(_)
+            | Command::Fence(_)
             | Command::Policy { .. } => false,
         }
     }

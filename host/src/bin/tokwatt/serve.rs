@@ -67,6 +67,8 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             return Err(error).context("starting the control API");
         }
     };
+    // The API answers: under systemd (Type=notify) the start is over.
+    agent.notify_ready();
     if !args.quiet {
         eprintln!(
             "tokwatt serve: policy `{}` (version {}) on {} GPU(s) of {} [{}], tick {}",
@@ -100,6 +102,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     while !agent.is_finished() && !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(100));
     }
+    agent.notify_stopping();
     agent.stop();
     let out_dir = agent.info.out_dir.clone();
     let result = agent.join();
