@@ -183,6 +183,7 @@ fn the_serve_toml_reference_is_current() {
         "output",
         "state",
         "fleet",
+        "fleet.fence",
     ];
     for table in tables {
         let text = format!(

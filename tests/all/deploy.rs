@@ -146,6 +146,60 @@ fn systemd_checker_rejects_an_unknown_restore_flag_and_key() {
 }
 
 #[test]
+fn systemd_checker_rejects_an_agent_that_does_not_feed_a_watchdog() {
+    let dir = tempdir();
+    let unit = broken_copy(
+        dir.path(),
+        "systemd/tokwatt.service",
+        "Type=notify",
+        "Type=simple",
+    );
+    assert_rejected("check_systemd.py", &[&unit], "Type=notify");
+    let unit = broken_copy(dir.path(), "systemd/tokwatt.service", "WatchdogSec=5s\n", "");
+    assert_rejected("check_systemd.py", &[&unit], "WatchdogSec= must be set");
+}
+
+#[test]
+fn the_boot_reserve_unit_is_valid_and_runs_the_fence_once_before_the_agent() {
+    assert_accepted(
+        "check_systemd.py",
+        &[
+            &deploy_file("systemd/tokwatt-reserve.service"),
+            Path::new("--role"),
+            Path::new("reserve"),
+        ],
+    );
+}
+
+#[test]
+fn the_boot_reserve_checker_rejects_a_fence_that_does_not_exit_and_an_unknown_flag() {
+    let dir = tempdir();
+    let role = [Path::new("--role"), Path::new("reserve")];
+    let unit = broken_copy(
+        dir.path(),
+        "systemd/tokwatt-reserve.service",
+        "fence --once --reserve",
+        "fence --reserve",
+    );
+    assert_rejected(
+        "check_systemd.py",
+        &[&unit, role[0], role[1]],
+        "must run `tokwatt fence --once`",
+    );
+    let unit = broken_copy(
+        dir.path(),
+        "systemd/tokwatt-reserve.service",
+        "--reserve 2400",
+        "--reserve-w 2400",
+    );
+    assert_rejected(
+        "check_systemd.py",
+        &[&unit, role[0], role[1]],
+        "`tokwatt fence` has no flag --reserve-w",
+    );
+}
+
+#[test]
 fn coordinator_unit_is_valid_unprivileged_and_calls_real_flags() {
     assert_accepted(
         "check_systemd.py",

@@ -3,7 +3,11 @@
 
 - agent (deploy/systemd/tokwatt.service): the keys the agent needs (restore after every
   stop, socket and state folders, the NVIDIA devices, CAP_SYS_ADMIN and nothing more),
+  systemd's watchdog as the node's fence (Type=notify, NotifyAccess=main, WatchdogSec=),
   its paths against the config;
+- reserve (deploy/systemd/tokwatt-reserve.service): the boot unit of a fleet node, a
+  oneshot `tokwatt fence --once --reserve W` ordered before the agent, with CAP_SYS_ADMIN
+  and nothing more;
 - coordinator (deploy/systemd/tokwatt-coordinator.service): `tokwatt fleet coordinate`
   with no privilege at all (no capability, no device, not root), network only, SIGTERM
   to stop (it resigns), and its etcd TLS files from /etc/tokwatt/etcd/.
@@ -12,7 +16,7 @@ Both: the tokwatt command lines against the built binary's --help (nested subcom
 too), and `systemd-analyze verify` (run on a copy whose /usr/bin/tokwatt is the built
 binary, so that the executable check means something; any warning about the unit fails).
 
-usage: check_systemd.py [UNIT] [--role agent|coordinator] [--config SERVE_TOML] [--tokwatt BIN] [--pending SUB]
+usage: check_systemd.py [UNIT] [--role agent|coordinator|reserve] [--config SERVE_TOML] [--tokwatt BIN] [--pending SUB]
 """
 
 import argparse
@@ -85,8 +89,17 @@ def check_agent(report, sections, args):
     config = tomllib.loads(Path(args.config).read_text())
     service = "Service"
     report.check(
-        one(report, sections, service, "Type") in ("simple", "exec"),
-        "Type= must be simple or exec: the agent does not notify systemd",
+        one(report, sections, service, "Type") == "notify",
+        "Type=notify: the agent says READY=1 and feeds systemd's watchdog (the node's fence)",
+    )
+    report.check(
+        one(report, sections, service, "NotifyAccess") == "main",
+        "NotifyAccess=main: only the agent's own process may feed its watchdog",
+    )
+    watchdog = one(report, sections, service, "WatchdogSec")
+    report.check(
+        watchdog not in (None, "", "0", "infinity"),
+        "WatchdogSec= must be set: a hung or paused agent is aborted and restored at the reserve",
     )
     report.check(
         one(report, sections, service, "Restart") == "on-failure",
@@ -249,10 +262,53 @@ def check_coordinator(report, sections, args):
     dc.check_coordinator_command(report, "ExecStart=", argv[1:], tls_file)
 
 
+def check_reserve(report, sections, args):
+    service = "Service"
+    report.check(
+        one(report, sections, service, "Type") == "oneshot",
+        "Type=oneshot: the reserve is applied once at boot, then the unit is done",
+    )
+    report.check(
+        "tokwatt.service" in " ".join(values(sections, "Unit", "Before")).split(),
+        "Before=tokwatt.service: the reserve is in force before the agent starts",
+    )
+    report.check(
+        "multi-user.target" in " ".join(values(sections, "Install", "WantedBy")).split(),
+        "WantedBy=multi-user.target: the unit runs at every boot",
+    )
+    report.check(
+        one(report, sections, service, "CapabilityBoundingSet") == "CAP_SYS_ADMIN",
+        "CapabilityBoundingSet=CAP_SYS_ADMIN: NVML's power-limit setter needs it and nothing else",
+    )
+    report.check(
+        values(sections, service, "PrivateDevices") in ([], ["no"], ["false"]),
+        "PrivateDevices= must stay off: it hides /dev/nvidia*, and NVML cannot open the GPUs",
+    )
+    exec_start = values(sections, service, "ExecStart")
+    if not report.check(len(exec_start) == 1, "ExecStart= must be set once"):
+        return
+    argv = exec_argv(report, "ExecStart", exec_start[0])
+    if argv is None:
+        return
+    path = dc.check_tokwatt_command(report, "ExecStart=", argv[1:], args.tokwatt, args.pending)
+    if path is not None:
+        report.check(path == ["fence"], f"ExecStart= must run `tokwatt fence`, not `tokwatt {' '.join(path)}`")
+    report.check(
+        "--once" in argv,
+        "ExecStart= must run `tokwatt fence --once`: apply the reserve and exit",
+    )
+    reserve = argv[argv.index("--reserve") + 1] if "--reserve" in argv[:-1] else None
+    try:
+        reserve_ok = reserve is not None and float(reserve) > 0
+    except ValueError:
+        reserve_ok = False
+    report.check(reserve_ok, f"ExecStart= must give --reserve W, the node's fleet.reserve_w (found {reserve!r})")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("unit", nargs="?", default=str(dc.REPO / "deploy/systemd/tokwatt.service"))
-    parser.add_argument("--role", choices=["agent", "coordinator"], default="agent")
+    parser.add_argument("--role", choices=["agent", "coordinator", "reserve"], default="agent")
     parser.add_argument("--config", default=str(dc.REPO / "deploy/serve.toml"))
     dc.common_arguments(parser)
     args = parser.parse_args()
@@ -277,6 +333,8 @@ def main():
     )
     if args.role == "agent":
         check_agent(report, sections, args)
+    elif args.role == "reserve":
+        check_reserve(report, sections, args)
     else:
         check_coordinator(report, sections, args)
 
