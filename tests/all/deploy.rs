@@ -155,7 +155,12 @@ fn systemd_checker_rejects_an_agent_that_does_not_feed_a_watchdog() {
         "Type=simple",
     );
     assert_rejected("check_systemd.py", &[&unit], "Type=notify");
-    let unit = broken_copy(dir.path(), "systemd/tokwatt.service", "WatchdogSec=5s\n", "");
+    let unit = broken_copy(
+        dir.path(),
+        "systemd/tokwatt.service",
+        "WatchdogSec=5s\n",
+        "",
+    );
     assert_rejected("check_systemd.py", &[&unit], "WatchdogSec= must be set");
 }
 
@@ -274,6 +279,53 @@ fn kubernetes_daemonsets_are_valid_with_the_right_privileges() {
     assert_accepted(
         "check_kubernetes.py",
         &[&observe, Path::new("--variant"), Path::new("observe-only")],
+    );
+    assert_accepted(
+        "check_kubernetes.py",
+        &[
+            &deploy_file("kubernetes/daemonset-fleet.yaml"),
+            Path::new("--variant"),
+            Path::new("fleet"),
+        ],
+    );
+}
+
+#[test]
+fn kubernetes_checker_rejects_a_fence_with_another_reserve_or_without_the_shared_folder() {
+    let dir = tempdir();
+    let variant = [Path::new("--variant"), Path::new("fleet")];
+    let file = broken_copy(
+        dir.path(),
+        "kubernetes/daemonset-fleet.yaml",
+        "            - --reserve\n            - \"2400\"",
+        "            - --reserve\n            - \"3000\"",
+    );
+    assert_rejected(
+        "check_kubernetes.py",
+        &[&file, variant[0], variant[1]],
+        "must be the config's fleet.reserve_w",
+    );
+    let file = broken_copy(
+        dir.path(),
+        "kubernetes/daemonset-fleet.yaml",
+        "          volumeMounts:\n            - name: fence\n              mountPath: /run/tokwatt-fence\n      volumes:",
+        "          volumeMounts:\n            - name: config\n              mountPath: /run/tokwatt-fence\n      volumes:",
+    );
+    assert_rejected(
+        "check_kubernetes.py",
+        &[&file, variant[0], variant[1]],
+        "must be on an emptyDir the agent and the fence container both mount",
+    );
+    let file = broken_copy(
+        dir.path(),
+        "kubernetes/daemonset-fleet.yaml",
+        "args: [\"fence\", \"--once\", \"--reserve\", \"2400\"]",
+        "args: [\"restore\"]",
+    );
+    assert_rejected(
+        "check_kubernetes.py",
+        &[&file, variant[0], variant[1]],
+        "init container running `tokwatt fence --once`",
     );
 }
 
@@ -451,7 +503,7 @@ fn grafana_checker_rejects_an_unknown_metric_and_broken_json() {
 }
 
 /// The `serve.toml` a ConfigMap in `manifest` carries, as the pod sees it (the
-/// render-config init container fills in the node's address).
+/// render-config init container fills in the node's address and name).
 fn config_map_serve_toml(manifest: &str) -> String {
     let text = std::fs::read_to_string(deploy_file(manifest)).expect("read the manifest");
     let mut lines = text
@@ -464,6 +516,7 @@ fn config_map_serve_toml(manifest: &str) -> String {
         .collect::<Vec<_>>()
         .join("\n")
         .replace("@NODE_IP@", "10.0.0.7")
+        .replace("@NODE_NAME@", "gpu-node-07")
 }
 
 #[test]
@@ -484,6 +537,22 @@ fn every_shipped_serve_config_is_accepted_by_the_agent() {
             format!("deploy/{manifest}"),
             config_map_serve_toml(manifest),
         ));
+    }
+    // The fleet node's etcd TLS files come from a Secret: the config loads them, so they
+    // are made here (openssl) where the pod would mount them.
+    let pki = tokwatt_test_support::TestPki::generate();
+    if let Some(pki) = &pki {
+        let text = config_map_serve_toml("kubernetes/daemonset-fleet.yaml")
+            .replace("/etc/tokwatt/etcd/ca.crt", &pki.ca.display().to_string())
+            .replace(
+                "/etc/tokwatt/etcd/tls.crt",
+                &pki.client_cert.display().to_string(),
+            )
+            .replace(
+                "/etc/tokwatt/etcd/tls.key",
+                &pki.client_key.display().to_string(),
+            );
+        configs.push(("deploy/kubernetes/daemonset-fleet.yaml".into(), text));
     }
     for (name, text) in configs {
         let path = Path::new("/etc/tokwatt/serve.toml");

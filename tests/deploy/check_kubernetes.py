@@ -3,11 +3,15 @@
 OpenAPI schemas, offline and strictly, by kubernetes-validate; then what the schema
 cannot say, by variant:
 
-- privileged, observe-only (the agent's DaemonSets): the privileged variant has root
-  with CAP_SYS_ADMIN (nothing more) and a host path for the state file, the observe-only
-  variant has no privilege at all and a dry-run config; both see every GPU without
-  requesting one, are probed and scraped on the metrics port, and carry a serve.toml
-  that parses and uses only keys of deploy/serve.toml;
+- privileged, observe-only, fleet (the agent's DaemonSets): the privileged variant has
+  root with CAP_SYS_ADMIN (nothing more) and a host path for the state file, the
+  observe-only variant has no privilege at all and a dry-run config; all see every GPU
+  without requesting one, are probed and scraped on the metrics port, and carry a
+  serve.toml that parses and uses only keys deploy/serve.toml documents (commented out
+  or not); the fleet variant is the privileged one in a power domain, fenced: a `fence`
+  container running `tokwatt fence` on the heartbeat and status the config names, in an
+  emptyDir both containers mount at one path, with the config's reserve, and an init
+  container applying that reserve (`tokwatt fence --once`) before the agent starts;
 - coordinator (fleet-coordinator.yaml): a Deployment of two or more replicas kept on
   different nodes, with no privilege, running `tokwatt fleet coordinate` with its etcd
   TLS files from a Secret (and, given --etcd-manifest, etcd's own client URLs);
@@ -15,11 +19,12 @@ cannot say, by variant:
   different nodes behind a headless Service, whose --initial-cluster names every member
   at the address the Service gives it, TLS on when certificates are given, no privilege.
 
-usage: check_kubernetes.py FILE --variant privileged|observe-only|coordinator|etcd
+usage: check_kubernetes.py FILE --variant privileged|observe-only|fleet|coordinator|etcd
        [--etcd-manifest FILE] [--tokwatt BIN] [--pending SUB]
 """
 
 import argparse
+import re
 import tomllib
 from pathlib import Path
 
@@ -40,6 +45,126 @@ def key_paths(table, prefix=""):
             for entry in value:
                 paths |= key_paths(entry, path + ".")
     return paths
+
+
+def documented_keys(text):
+    """Every key deploy/serve.toml documents: its own, and those of its commented-out
+    tables (`# [fleet]` then `# key = …` lines), which an operator uncomments."""
+    keys = key_paths(tomllib.loads(text))
+    table = None
+    for line in text.splitlines():
+        header = re.match(r"^#\s*\[([a-z_.]+)\]\s*$", line)
+        if header:
+            table = header.group(1)
+            parts = table.split(".")
+            keys |= {".".join(parts[: i + 1]) for i in range(len(parts))}
+            continue
+        if re.match(r"^\[", line):
+            table = None
+            continue
+        key = re.match(r"^#\s*([a-z_]+)\s*=", line)
+        if key and table:
+            keys.add(f"{table}.{key.group(1)}")
+    return keys
+
+
+def fence_invocation(container):
+    """The argv after `tokwatt` where the container runs `tokwatt fence`, else None."""
+    argv = container.get("command", [])[1:] + container.get("args", []) if container.get("command") else container.get("args", [])
+    return argv if argv[:1] == ["fence"] else None
+
+
+def flag_value(argv, flag):
+    return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
+
+
+def privileged_for_nvml(report, what, container):
+    """Root with CAP_SYS_ADMIN and nothing more (NVML's setters), the GPUs in view."""
+    context = container.get("securityContext", {})
+    capabilities = context.get("capabilities", {})
+    report.check(not context.get("privileged"), f"{what}: privileged: true is more than NVML needs")
+    report.check("ALL" in capabilities.get("drop", []), f"{what}: capabilities must drop ALL")
+    report.check(
+        set(capabilities.get("add", [])) == {"SYS_ADMIN"},
+        f"{what}: capabilities.add must be exactly [SYS_ADMIN] (NVML's power-limit setter)",
+    )
+    report.check(context.get("runAsUser") == 0, f"{what}: runAsUser: 0 (NVML's setters want root)")
+    report.check(context.get("readOnlyRootFilesystem") is True, f"{what}: readOnlyRootFilesystem: true")
+    environment = {e["name"]: e.get("value") for e in container.get("env", [])}
+    report.check(
+        environment.get("NVIDIA_VISIBLE_DEVICES") == "all",
+        f"{what}: env NVIDIA_VISIBLE_DEVICES=all: it must see every GPU the agent manages",
+    )
+
+
+def check_fence(report, pod, agent, config, args):
+    """The fleet variant: the fence container and the reserve's init container."""
+    fleet = config.get("fleet", {})
+    fence = fleet.get("fence", {})
+    reserve = fleet.get("reserve_w")
+    if not report.check(
+        fence.get("kind") == "heartbeat",
+        "the fleet variant's config must set [fleet.fence] kind = \"heartbeat\" (the fence container watches it)",
+    ):
+        return
+
+    def same_reserve(what, argv):
+        given = flag_value(argv, "--reserve")
+        try:
+            equal = given is not None and float(given) == float(reserve)
+        except (TypeError, ValueError):
+            equal = False
+        report.check(
+            equal,
+            f"{what}: --reserve {given} must be the config's fleet.reserve_w ({reserve})",
+        )
+
+    fences = [c for c in pod.get("containers", []) if c.get("name") == "fence"]
+    if not report.check(len(fences) == 1, "the fleet variant needs one container named fence"):
+        return
+    container = fences[0]
+    argv = fence_invocation(container)
+    if not report.check(argv is not None, "container fence must run `tokwatt fence`"):
+        return
+    dc.check_tokwatt_command(report, "container fence", argv, args.tokwatt, args.pending)
+    report.check("--once" not in argv, "container fence must keep running (no --once)")
+    report.check(flag_value(argv, "--stall") is not None, "container fence must give --stall")
+    same_reserve("container fence", argv)
+    for flag, key in (("--heartbeat", "heartbeat"), ("--status", "status")):
+        report.check(
+            flag_value(argv, flag) == fence.get(key),
+            f"container fence: {flag} {flag_value(argv, flag)} must be the config's fleet.fence.{key} ({fence.get(key)})",
+        )
+    privileged_for_nvml(report, "container fence", container)
+    # The two files on one emptyDir, mounted at the same path in both containers.
+    empty_dirs = {v["name"] for v in pod.get("volumes", []) if "emptyDir" in v}
+    for key in ("heartbeat", "status"):
+        path = fence.get(key, "")
+        shared = [
+            m["mountPath"]
+            for m in agent.get("volumeMounts", [])
+            if m["name"] in empty_dirs
+            and path.startswith(m["mountPath"].rstrip("/") + "/")
+            and any(
+                f["name"] == m["name"] and f["mountPath"] == m["mountPath"]
+                for f in container.get("volumeMounts", [])
+            )
+        ]
+        report.check(
+            bool(shared),
+            f"fleet.fence.{key} {path} must be on an emptyDir the agent and the fence container both mount at one path",
+        )
+    onces = [
+        c for c in pod.get("initContainers", [])
+        if (fence_invocation(c) or [])[:1] == ["fence"] and "--once" in fence_invocation(c)
+    ]
+    if report.check(
+        len(onces) == 1,
+        "the fleet variant needs an init container running `tokwatt fence --once`: the reserve before the agent starts",
+    ):
+        dc.check_tokwatt_command(report, f"init container {onces[0].get('name')}", fence_invocation(onces[0]), args.tokwatt, args.pending)
+        same_reserve(f"init container {onces[0].get('name')}", fence_invocation(onces[0]))
+        privileged_for_nvml(report, f"init container {onces[0].get('name')}", onces[0])
 
 
 def check_daemonset(report, manifest, documents, args):
@@ -91,9 +216,15 @@ def check_daemonset(report, manifest, documents, args):
     except tomllib.TOMLDecodeError as error:
         report.fail(f"the ConfigMap's serve.toml does not parse: {error}")
         report.finish()
-    known = key_paths(tomllib.loads(Path(args.example).read_text()))
+    known = documented_keys(Path(args.example).read_text())
     unknown = sorted(key_paths(config) - known)
     report.check(not unknown, f"the ConfigMap's serve.toml has keys deploy/serve.toml does not know: {unknown}")
+    report.check(
+        (args.variant == "fleet") == ("fleet" in config),
+        "the fleet variant, and only it, carries a [fleet] table"
+        if args.variant == "fleet"
+        else "a [fleet] table belongs in daemonset-fleet.yaml, with the fence container that covers the node",
+    )
     dry_run = config.get("node", {}).get("dry_run")
 
     # Probes and scraping on the metrics port.
@@ -129,7 +260,7 @@ def check_daemonset(report, manifest, documents, args):
     report.check(not context.get("privileged"), "privileged: true is more than NVML needs (CAP_SYS_ADMIN is enough)")
     report.check("ALL" in capabilities.get("drop", []), "capabilities must drop ALL (then add only what is needed)")
     report.check(context.get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem: true")
-    if args.variant == "privileged":
+    if args.variant in ("privileged", "fleet"):
         report.check(dry_run is False, "the privileged variant's config must set dry_run = false (else it needs no privileges)")
         report.check(added == {"SYS_ADMIN"}, f"capabilities.add must be exactly [SYS_ADMIN] (NVML's setters), not {sorted(added)}")
         report.check(context.get("runAsUser") == 0, "runAsUser: 0: NVML's setters want root with CAP_SYS_ADMIN")
@@ -155,7 +286,11 @@ def check_daemonset(report, manifest, documents, args):
         report.check(context.get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation: false")
         report.check(not host_paths, f"no hostPath volumes in the observe-only variant (found {[v['name'] for v in host_paths]})")
         report.check(not pod.get("hostNetwork") and not pod.get("hostIPC"), "no hostNetwork or hostIPC")
+    if args.variant == "fleet":
+        check_fence(report, pod, agent, config, args)
     for init in pod.get("initContainers", []):
+        if (fence_invocation(init) or [])[:1] == ["fence"]:
+            continue  # the reserve's, checked above: NVML's setter needs SYS_ADMIN
         init_context = init.get("securityContext", {})
         report.check(
             init_context.get("runAsNonRoot") is True and "ALL" in init_context.get("capabilities", {}).get("drop", []),
@@ -441,7 +576,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("manifest")
     parser.add_argument(
-        "--variant", choices=["privileged", "observe-only", "coordinator", "etcd"], required=True
+        "--variant", choices=["privileged", "observe-only", "fleet", "coordinator", "etcd"], required=True
     )
     parser.add_argument(
         "--etcd-manifest", help="the etcd StatefulSet the coordinator's --etcd must name"
@@ -487,7 +622,7 @@ def main():
             except Exception as error:  # schema not found, bad apiVersion
                 report.fail(f"{what}: cannot be validated for Kubernetes {version}: {error}")
 
-    if args.variant in ("privileged", "observe-only"):
+    if args.variant in ("privileged", "observe-only", "fleet"):
         check_daemonset(report, manifest, documents, args)
     elif args.variant == "coordinator":
         check_coordinator(report, manifest, documents, args)
