@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokwatt::api::load::hammer;
 use tokwatt::api::{
     ActionOutcome, ApiClient, ApiConfig, ApiError, ApiServer, ClientError, Control, ControlError,
-    ENDPOINTS, GpuStatus, MAX_BODY_BYTES, NodeStatus, SwapRequest,
+    ENDPOINTS, FleetStatus, GpuStatus, MAX_BODY_BYTES, NodeStatus, SwapRequest,
 };
 
 use crate::support::{stderr, tempdir, tokwatt};
@@ -56,6 +56,10 @@ fn sample_status() -> NodeStatus {
         simulated: true,
         data_source: "simulator (h200 profile)".into(),
         ticks: 1234,
+        fleet: Some(FleetStatus {
+            domain: "rack-7".into(),
+            node: "gpu-node-3".into(),
+        }),
         ..NodeStatus::default()
     };
     status.policy.name = "fake-policy".into();
@@ -690,6 +694,7 @@ fn tokwatt_status_and_policy_swap_talk_to_a_served_agent() {
         "H200",
         "3.500",
         "412.0",
+        "node gpu-node-3 in power domain rack-7",
     ] {
         assert!(text.contains(expected), "{expected:?} missing:\n{text}");
     }
@@ -702,6 +707,17 @@ fn tokwatt_status_and_policy_swap_talk_to_a_served_agent() {
     assert!(output.status.success(), "{}", stderr(&output));
     let status: NodeStatus = serde_json::from_slice(&output.stdout).expect("JSON status");
     assert_eq!(status, sample_status());
+    // `fleet` is additive within API version 1: the key as scripts read it, and a status
+    // from an agent that predates it (no key) still parses, as a node in no domain.
+    let mut json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(json["api_version"], 1);
+    assert_eq!(
+        json["fleet"],
+        serde_json::json!({"domain": "rack-7", "node": "gpu-node-3"})
+    );
+    json.as_object_mut().expect("an object").remove("fleet");
+    let older: NodeStatus = serde_json::from_value(json).expect("a status without `fleet`");
+    assert_eq!(older.fleet, None);
 
     let work = tempdir();
     let output = tokwatt()

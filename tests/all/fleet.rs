@@ -113,6 +113,12 @@ fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off(
         control.status().ticks >= 5
     });
     assert!(caps() <= 1000.0 + 1e-6, "{} W before any grant", caps());
+    // Its status names its domain and node (what `tokwatt fleet ab` reads).
+    let place = control.status().fleet.expect("a node in a domain says so");
+    assert_eq!(
+        (place.domain.as_str(), place.node.as_str()),
+        ("rack-s", "n1")
+    );
 
     // A coordinator grants the domain's budget to its one node.
     *ceiling.lock().expect("lock") = 2800.0;

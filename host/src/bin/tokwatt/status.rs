@@ -104,6 +104,13 @@ fn render(status: &NodeStatus) -> String {
         policy.operator_rollbacks,
         policy.previous.as_deref().map_or("none".into(), shown)
     ));
+    if let Some(fleet) = &status.fleet {
+        line(format!(
+            "fleet      node {} in power domain {} (its GPUs' caps fit the grant the domain's coordinator writes)",
+            shown(&fleet.node),
+            shown(&fleet.domain)
+        ));
+    }
     line(if status.paused {
         "loop       PAUSED: the settings in force are held and the policy is not asked".into()
     } else if status.guard.in_charge {

@@ -41,6 +41,20 @@ pub struct NodeStatus {
     /// The objective in force and what the objective guard did.
     #[serde(default)]
     pub guard: GuardStatus,
+    /// The power domain this node shares a budget in (`[fleet]` in serve.toml); `None`
+    /// where it has none. Added within API version 1 (an older agent omits it).
+    #[serde(default)]
+    pub fleet: Option<FleetStatus>,
+}
+
+/// A node's place in a power domain: what `tokwatt fleet ab` reads to learn which nodes
+/// share a budget (their grants move through the coordinator unless frozen).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FleetStatus {
+    /// The domain, as its budget names it.
+    pub domain: String,
+    /// This node, as the budget names it.
+    pub node: String,
 }
 
 /// The node's objective in force and its guard, as of the last tick.

@@ -426,6 +426,11 @@ pub fn start(
     let (swap_sender, swap_port) = swap_channel();
     let (command_sender, commands) = std::sync::mpsc::channel::<LoopCommand>();
     let live = Arc::new(Live::new(&meta, &node.devices));
+    // The domain it shares a budget in: `tokwatt fleet ab` reads it to freeze the grants.
+    live.lock().status.fleet = config.fleet.as_ref().map(|fleet| crate::api::FleetStatus {
+        domain: fleet.link.domain.clone(),
+        node: fleet.link.node.clone(),
+    });
     let control = Arc::new(ServeControl::new(control::Parts {
         live: Arc::clone(&live),
         host,
