@@ -20,9 +20,14 @@ use crate::fence::status::StatusWatch;
 /// interval or a stall is seconds.
 const FEED_EVERY: Duration = Duration::from_millis(100);
 
-/// The shortest watchdog interval, in ticks: one late tick must not get the agent
-/// aborted.
+/// The shortest watchdog interval (or heartbeat stall), in ticks and in feeds: one late
+/// tick must not get the agent aborted, nor a tick of 10 ms fed every [`FEED_EVERY`].
 const MIN_WATCHDOG_TICKS: u32 = 3;
+
+/// The shortest watchdog interval or stall that feeds every tick can keep satisfied.
+fn shortest_watch(tick: Duration) -> Duration {
+    (MIN_WATCHDOG_TICKS * tick).max(MIN_WATCHDOG_TICKS * FEED_EVERY)
+}
 
 /// What the loop feeds after each on-time tick.
 #[derive(Debug)]
@@ -199,11 +204,11 @@ impl FenceDeclaration {
                 status.reserve_w, self.reserve_w
             ));
         }
-        if status.stall_s < MIN_WATCHDOG_TICKS as f64 * self.tick.as_secs_f64() {
+        if status.stall_s < shortest_watch(self.tick).as_secs_f64() {
             tracing::warn!(
                 stall_s = status.stall_s,
                 tick = ?self.tick,
-                "fence: the fence's stall is under {MIN_WATCHDOG_TICKS} ticks: a late tick or two will make it apply the reserve"
+                "fence: the fence's stall is under {MIN_WATCHDOG_TICKS} ticks (and 300 ms): a late tick or two will make it apply the reserve"
             );
         }
         Ok(Fence {
@@ -235,10 +240,11 @@ pub(super) fn prepare(
     // a unit's WatchdogSec= works without a `[fleet.fence]` too.
     let watchdog = systemd.as_ref().and_then(|s| s.watchdog());
     if let Some(interval) = watchdog
-        && interval < MIN_WATCHDOG_TICKS * tick
+        && interval < shortest_watch(tick)
     {
         return Err(ServeError::Fence(format!(
-            "systemd's watchdog interval ({interval:?}, the unit's WatchdogSec=) is under {MIN_WATCHDOG_TICKS} ticks ({tick:?} each): one late tick would get the agent aborted; raise WatchdogSec="
+            "systemd's watchdog interval ({interval:?}, the unit's WatchdogSec=) is under {:?} ({MIN_WATCHDOG_TICKS} ticks of {tick:?}, and at least {MIN_WATCHDOG_TICKS} feeds of the watchdog): one late tick would get the agent aborted; raise WatchdogSec=",
+            shortest_watch(tick)
         )));
     }
     let fence = fleet.and_then(|f| f.fence.as_ref());
@@ -435,6 +441,14 @@ mod tests {
         );
         let error = prepare(Some(&fleet), Some(notifier(&path, None)), TICK).expect_err("refused");
         assert!(error.to_string().contains("WATCHDOG_USEC"), "{error}");
+        // A 10 ms tick fed every 100 ms: a 200 ms watchdog is too short.
+        let error = prepare(
+            Some(&fleet),
+            Some(notifier(&path, Some("200000"))),
+            Duration::from_millis(10),
+        )
+        .expect_err("refused");
+        assert!(error.to_string().contains("300ms"), "{error}");
         // An interval of two ticks is too short.
         let error = prepare(Some(&fleet), Some(notifier(&path, Some("2000000"))), TICK)
             .expect_err("refused");
