@@ -20,12 +20,20 @@
 //! acknowledgement buy nothing for a few watts); and a node whose lease keeps lapsing
 //! and coming back (a flapping link) is held at its reserve for a while that doubles
 //! with each return, instead of being granted and cut every few seconds.
+//!
+//! While the domain is **frozen** (an experiment whose arms share the budget holds a
+//! [`Freeze`](crate::store::Freeze)), no allocator is asked: [`frozen_allocation`]
+//! holds every live node's grant where it is (a greedier policy asking for more gets
+//! nothing, and no watt moves between nodes, so neither arm wins watts from the other),
+//! gives a node that joins its reserve, and still makes every cut the budget needs,
+//! shared alike. The cost: for the freeze's length the domain's watts stay where they
+//! were, whatever the nodes' demand does.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::budget::NodeBudget;
-use crate::ledger::Ledger;
+use crate::ledger::{Entry, Ledger};
 use crate::store::NodeReport;
 
 /// Targets for the live nodes, and the order in which raises should be granted.
@@ -415,6 +423,66 @@ impl MarginalAllocator {
     }
 }
 
+/// The targets while the domain is frozen: each live node's grant in force (its reserve
+/// where it has none: it joined during the freeze), never more. Where those no longer fit
+/// (the budget was lowered, a silent node's charge rose, a node joined), every node
+/// holding more than its floor is cut by the same fraction of what it holds above its
+/// floor, until they fit: the cut is the budget's, not the experiment's, so it falls on
+/// every node alike whatever policy it runs (the marginal allocator would cut where
+/// tokens are cheapest, which is one arm's nodes). Below its floor a node frees nothing
+/// (it is charged its floor anyway), so none is cut below it.
+pub fn frozen_allocation(ledger: &Ledger) -> Allocation {
+    let live: Vec<(&Entry, f64, f64)> = ledger
+        .entries
+        .iter()
+        .filter(|e| e.live())
+        .map(|entry| {
+            let budget = &entry.budget;
+            let most_w = budget.max_w.max(budget.reserve_w);
+            let held_w = entry
+                .grant
+                .map_or(budget.reserve_w, |g| g.watts)
+                .clamp(budget.reserve_w, most_w);
+            let floor_w = entry.floor_w.clamp(budget.reserve_w, most_w);
+            (entry, held_w, floor_w)
+        })
+        .collect();
+    // As the marginal allocator counts it: the budget less what the silent nodes are
+    // charged (at least their reserves) and the unbudgeted nodes hold, for the live
+    // nodes, each counted at its target or its floor, the higher.
+    let room_w = ledger.budget.available_w()
+        - ledger
+            .entries
+            .iter()
+            .filter(|e| !e.live())
+            .map(|e| e.charged_w.max(e.budget.reserve_w))
+            .sum::<f64>()
+        - ledger.unbudgeted.iter().map(|(_, w)| w).sum::<f64>();
+    let need_w: f64 = live.iter().map(|(_, held, floor)| held.max(*floor)).sum();
+    let above_floor_w: f64 = live
+        .iter()
+        .map(|(_, held, floor)| (held - floor).max(0.0))
+        .sum();
+    let short_w = need_w - room_w;
+    let fraction = if short_w > 1e-9 && above_floor_w > 0.0 {
+        (short_w / above_floor_w).min(1.0)
+    } else {
+        0.0
+    };
+    let targets = live
+        .iter()
+        .map(|(entry, held, floor)| {
+            let cut = fraction * (held - floor).max(0.0);
+            (entry.node().to_owned(), held - cut)
+        })
+        .collect();
+    Allocation {
+        targets,
+        // No raise is proposed: the order only matters for raises.
+        order: live.iter().map(|(e, ..)| e.node().to_owned()).collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -462,6 +530,7 @@ mod tests {
                     generation: 1,
                     watts: 3000.0,
                     ceiling_w: 3000.0,
+                    under_freeze: None,
                 }),
                 hold: None,
             })
@@ -470,6 +539,7 @@ mod tests {
             revision: 1,
             budget,
             nodes: views,
+            freeze: None,
         })
     }
 
@@ -676,6 +746,7 @@ mod tests {
                         generation: 1,
                         watts: 4000.0,
                         ceiling_w: 4000.0,
+                        under_freeze: None,
                     }),
                     hold: None,
                 },
@@ -686,6 +757,7 @@ mod tests {
                         generation: 1,
                         watts: 4000.0,
                         ceiling_w: 4000.0,
+                        under_freeze: None,
                     }),
                     hold: None,
                 },
@@ -696,10 +768,12 @@ mod tests {
                         generation: 1,
                         watts: 1000.0,
                         ceiling_w: 1000.0,
+                        under_freeze: None,
                     }),
                     hold: None,
                 },
             ],
+            freeze: None,
         });
         assert_eq!(view.entries[2].charged_w, 3000.0);
         assert!(view.headroom_w() < 0.0);
@@ -774,6 +848,7 @@ mod tests {
                 revision: round,
                 budget: budget.clone(),
                 nodes: views,
+                freeze: None,
             });
             let allocation = allocator.allocate(&ledger);
             for planned in ledger.plan(&allocation.targets, &allocation.order) {

@@ -8,11 +8,16 @@
 //! what the old one wrote. Its one memory is when it first saw each node silent (a
 //! fenced node's charge falls once its fence's deadline has passed since then): a new
 //! leader starts that count anew, which only lengthens a charge.
+//!
+//! A frozen domain (an experiment's [`Freeze`](crate::store::Freeze), read with the rest
+//! of the domain) is not allocated: every grant is held where it is, and only the cuts
+//! the budget needs and a joining node's reserve are written, each marked as such
+//! ([`frozen_allocation`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::allocator::Allocator;
+use crate::allocator::{Allocator, frozen_allocation};
 use crate::ledger::{Ledger, Why};
 use crate::store::{FleetStore, GrantWrite, HoldWrite, Leadership, StoreError};
 
@@ -61,6 +66,8 @@ pub struct Coordinator {
     /// warned of when they change, not every round.
     named_fence_missing: BTreeSet<String>,
     budget_warning: Option<String>,
+    /// Who froze the domain, as last said in the log (a change is said once).
+    frozen_by: Option<String>,
 }
 
 impl Coordinator {
@@ -73,6 +80,7 @@ impl Coordinator {
             silent_since: BTreeMap::new(),
             named_fence_missing: BTreeSet::new(),
             budget_warning: None,
+            frozen_by: None,
         }
     }
 
@@ -130,7 +138,13 @@ impl Coordinator {
         let silence = self.count_silence(&view, now);
         let ledger = Ledger::with_silence(view, &silence);
         self.warn_of(&ledger);
-        let allocation = self.allocator.allocate(&ledger);
+        // Frozen: the allocator is not asked (it would move watts toward the nodes that
+        // ask most, which in an experiment is one arm); the grants are held.
+        let allocation = if ledger.freeze.is_some() {
+            frozen_allocation(&ledger)
+        } else {
+            self.allocator.allocate(&ledger)
+        };
         let planned = ledger.plan(&allocation.targets, &allocation.order);
         let after = ledger.after(&planned);
         let holds = after.holds();
@@ -236,6 +250,22 @@ impl Coordinator {
             }
         }
         self.named_fence_missing = missing;
+        let frozen_by = ledger
+            .freeze
+            .as_ref()
+            .map(|f| format!("{} ({})", f.freeze.by, f.freeze.why));
+        if frozen_by != self.frozen_by {
+            match &frozen_by {
+                Some(by) => tracing::warn!(
+                    domain = %domain,
+                    "fleet: the domain is frozen by {by}: every grant is held where it is; only the cuts the budget needs and a joining node's reserve are written"
+                ),
+                None => {
+                    tracing::info!(domain = %domain, "fleet: the domain is thawed: grants move again")
+                }
+            }
+            self.frozen_by = frozen_by;
+        }
         for entry in &ledger.entries {
             let first_round_silent = entry.silent_for == Some(Duration::ZERO);
             if first_round_silent && entry.hold.is_some() && entry.stranded_w > 0.0 {

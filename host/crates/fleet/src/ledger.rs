@@ -28,12 +28,23 @@
 //! everything charged), and is charged from the moment it is written, before any node
 //! can act on it. A raise within a node's floor costs nothing (the floor is charged
 //! already) but is written only while the whole ledger is within the budget.
+//!
+//! A **frozen** domain (an experiment holds a [`Freeze`](crate::store::Freeze), so that
+//! arms sharing the budget cannot win watts from each other) changes what is proposed,
+//! never what is charged or what may be written: every live node's grant is held where it
+//! is and a node that joins gets its reserve
+//! ([`frozen_allocation`](crate::allocator::frozen_allocation)), and every cut the budget
+//! needs (a lowered budget, a silent node's charge rising) is still made, shared alike.
+//! Safety comes before the experiment; the experiment sees each such cut marked
+//! ([`FrozenWrite`](crate::store::FrozenWrite)) and names it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::budget::{DomainBudget, NodeBudget};
-use crate::store::{DomainView, Fence, Grant, Hold, NodeRecord, StoredHold};
+use crate::store::{
+    DomainView, Fence, FrozenWrite, Grant, Hold, NodeRecord, StoredFreeze, StoredHold,
+};
 
 /// Grants within this many watts of the current one are not rewritten (hysteresis: a
 /// node's caps do not chase noise in the allocator's inputs); a hold falls only by this
@@ -233,6 +244,9 @@ pub struct Ledger {
     /// Nodes that joined under a name the budget does not list: never granted, charged
     /// what they report in force, and named loudly (their watts are outside the plan).
     pub unbudgeted: Vec<(String, f64)>,
+    /// The domain's freeze, where an experiment holds one: grants are held (see the
+    /// module).
+    pub freeze: Option<StoredFreeze>,
 }
 
 /// A grant the plan writes.
@@ -291,6 +305,7 @@ impl Ledger {
             budget: view.budget,
             entries,
             unbudgeted,
+            freeze: view.freeze,
         }
     }
 
@@ -361,6 +376,7 @@ impl Ledger {
                         generation: next_generation,
                         watts: target,
                         ceiling_w: entry.may_hold_w.max(target),
+                        under_freeze: None,
                     },
                 });
             } else {
@@ -384,10 +400,31 @@ impl Ledger {
                     generation,
                     watts,
                     ceiling_w: watts,
+                    under_freeze: None,
                 },
             });
         }
+        if self.freeze.is_some() {
+            self.mark_frozen(&mut planned);
+        }
         planned
+    }
+
+    /// Marks each grant planned under a freeze with why it is written: a cut below the
+    /// node's grant in force is one the budget forced; anything else is the node's
+    /// reserve (its first grant, or one the budget's reserve moved).
+    fn mark_frozen(&self, planned: &mut [PlannedGrant]) {
+        for grant in planned {
+            let held = self
+                .entries
+                .iter()
+                .find(|e| e.node() == grant.node)
+                .and_then(|e| e.grant);
+            grant.grant.under_freeze = Some(match held {
+                Some(held) if grant.grant.watts < held.watts => FrozenWrite::BudgetCut,
+                _ => FrozenWrite::Reserve,
+            });
+        }
     }
 
     /// The ledger as it stands once `planned` is written (and before any node acts).
@@ -500,6 +537,7 @@ mod tests {
             revision: 1,
             budget,
             nodes,
+            freeze: None,
         }
     }
 
@@ -538,7 +576,111 @@ mod tests {
             generation,
             watts,
             ceiling_w,
+            under_freeze: None,
         })
+    }
+
+    /// n0 greedy (its policy asks for its maximum), n1 modest (draws far below its
+    /// grant), n2 between; all acknowledged. n3 as given.
+    fn frozen_domain(budget_w: f64, n3: NodeView, frozen: bool) -> Ledger {
+        let greedy = NodeReport {
+            requested_w: 5600.0,
+            ..report(1, 4000.0)
+        };
+        let modest = NodeReport {
+            draw_w: 1500.0,
+            wants_more: false,
+            ..report(1, 3000.0)
+        };
+        let mut view = view(
+            budget(4, budget_w),
+            vec![
+                live("n0", 1, greedy, grant(1, 4000.0, 4000.0)),
+                live("n1", 2, modest, grant(1, 3000.0, 3000.0)),
+                live("n2", 3, report(1, 2000.0), grant(1, 2000.0, 2000.0)),
+                n3,
+            ],
+        );
+        view.freeze = frozen.then(|| StoredFreeze {
+            freeze: crate::store::Freeze {
+                by: "tokwatt fleet ab on host-1".into(),
+                why: "an A/B".into(),
+            },
+            lease: 77,
+        });
+        Ledger::from_view(view)
+    }
+
+    fn planned_watts(planned: &[PlannedGrant]) -> Vec<(String, f64, Option<FrozenWrite>)> {
+        planned
+            .iter()
+            .map(|p| {
+                (
+                    p.node.clone(),
+                    (p.grant.watts * 10.0).round() / 10.0,
+                    p.grant.under_freeze,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_frozen_domain_holds_every_grant_and_still_makes_the_cuts_the_budget_needs() {
+        use crate::allocator::{Allocator, MarginalAllocator, frozen_allocation};
+        let silent_n3 = || silent("n3", None);
+
+        // Not frozen, the greedy node is raised into the 2 kW of headroom (and the modest
+        // one gives back what it does not draw): the watts follow the asking.
+        let thawed = frozen_domain(12_000.0, silent_n3(), false);
+        let allocation = MarginalAllocator::default().allocate(&thawed);
+        let planned = thawed.plan(&allocation.targets, &allocation.order);
+        assert!(
+            planned
+                .iter()
+                .any(|p| p.node == "n0" && p.grant.watts > 4000.0),
+            "{planned:?}"
+        );
+
+        // Frozen, the greedy node asking for more gets nothing, and nothing moves.
+        let frozen = frozen_domain(12_000.0, silent_n3(), true);
+        let allocation = frozen_allocation(&frozen);
+        assert_eq!(frozen.plan(&allocation.targets, &allocation.order), []);
+
+        // The budget lowered to 9 kW: 1 kW short, cut from every node alike, in
+        // proportion to what each holds above its floor (3, 2 and 1 kW above 1 kW).
+        let lowered = frozen_domain(9000.0, silent_n3(), true);
+        let allocation = frozen_allocation(&lowered);
+        let planned = lowered.plan(&allocation.targets, &allocation.order);
+        let cut = Some(FrozenWrite::BudgetCut);
+        assert_eq!(
+            planned_watts(&planned),
+            [
+                ("n0".into(), 3500.0, cut),
+                ("n1".into(), 2666.7, cut),
+                ("n2".into(), 1833.3, cut)
+            ]
+        );
+        let charged_once_acked: f64 = planned.iter().map(|p| p.grant.watts).sum::<f64>() + 1000.0;
+        assert!(charged_once_acked <= 9000.0 + 1e-6);
+
+        // A silent node's charge rising (n3 went silent holding 3 kW, its fence's
+        // deadline still to run): the live nodes are cut to make room for it.
+        let hold_3kw = silent("n3", Some(hold(3000.0, Some(fence(5.0, true)), 5600.0)));
+        let stranded = frozen_domain(10_000.0, hold_3kw, true);
+        let allocation = frozen_allocation(&stranded);
+        let planned = stranded.plan(&allocation.targets, &allocation.order);
+        let total: f64 = planned.iter().map(|p| p.grant.watts).sum();
+        assert_eq!(planned.len(), 3, "{planned:?}");
+        assert!((total - 7000.0).abs() < 1e-6, "{planned:?}");
+        assert!(planned.iter().all(|p| p.grant.under_freeze == cut));
+
+        // A node that joins during the freeze gets its reserve, marked as such.
+        let joined = frozen_domain(12_000.0, live("n3", 4, report(0, 1000.0), None), true);
+        let allocation = frozen_allocation(&joined);
+        assert_eq!(
+            planned_watts(&joined.plan(&allocation.targets, &allocation.order)),
+            [("n3".into(), 1000.0, Some(FrozenWrite::Reserve))]
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub use coordinator::{Coordinator, CoordinatorConfig, Round};
 pub use ledger::{Ledger, PlannedGrant};
 pub use node::{Allowance, AllowanceSnapshot, LinkCounts, LinkState, NodeConfig, NodeLink};
 pub use store::{
-    DomainView, Fence, FenceKind, FleetStore, Grant, GrantWrite, Hold, HoldWrite, Leadership,
-    NodeRecord, NodeReport, NodeSession, NodeView, StoreError, StoredHold,
+    DomainView, Fence, FenceKind, FleetStore, Freeze, FreezeOutcome, FreezeSession, FrozenWrite,
+    Grant, GrantWrite, Hold, HoldWrite, Leadership, NodeRecord, NodeReport, NodeSession, NodeView,
+    StoreError, StoredFreeze, StoredHold,
 };

@@ -12,7 +12,10 @@
 //! A node's [`Hold`] is bound to no lease: it outlives the node's silence, so the watts
 //! the node may still hold stay charged whoever leads; the leader writes it in the
 //! same fenced transaction as the grants, an operator's release only where it is still
-//! the one the operator read.
+//! the one the operator read. A domain's [`Freeze`] (an experiment holding every grant
+//! where it is) is bound to the experiment's own lease: kept alive while it runs, it
+//! lapses by itself when the experiment dies, and the leader reads it in the same
+//! transaction as the rest of the domain.
 
 use std::time::Duration;
 
@@ -46,6 +49,58 @@ pub struct Grant {
     /// highest of the grants since its last acknowledgement (a node may have read and
     /// applied any of them). Freed only by an acknowledgement.
     pub ceiling_w: f64,
+    /// Why the leader wrote this grant while the domain was frozen (`None`: written
+    /// without a freeze), so that an experiment reading it can tell a cut the budget
+    /// forced from a move it must not see.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub under_freeze: Option<FrozenWrite>,
+}
+
+/// The only grants a leader writes while the domain is frozen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FrozenWrite {
+    /// The node's reserve: its first grant, for a node that joined during the freeze.
+    Reserve,
+    /// A cut the budget forced: the grants held no longer fit (the budget was lowered, a
+    /// silent node's charge rose, a node joined). Safety comes before the experiment.
+    BudgetCut,
+}
+
+/// A domain frozen: every live node's grant held where it is (no raise, no move between
+/// nodes), while every cut the budget needs is still made. Written by an experiment
+/// whose arms share the domain's budget (`tokwatt fleet ab`), so that neither arm wins
+/// watts from the other through the coordinator; bound to the experiment's lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Freeze {
+    /// Who froze it (a command, a host, a process), for `fleet show` and the metrics.
+    pub by: String,
+    /// Why, in words.
+    pub why: String,
+}
+
+/// A freeze as the store keeps it: the lease it lives under (its holder's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredFreeze {
+    pub freeze: Freeze,
+    pub lease: i64,
+}
+
+/// A freeze this process holds: its lease, which it keeps alive while the experiment runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FreezeSession {
+    pub domain: String,
+    pub lease: i64,
+    pub ttl: Duration,
+}
+
+/// What asking for a freeze gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FreezeOutcome {
+    /// The domain is frozen under this session's lease.
+    Frozen(FreezeSession),
+    /// Another holds a freeze of the domain (nothing written).
+    HeldBy(Freeze),
 }
 
 /// What a node reports, under its lease.
@@ -159,6 +214,8 @@ pub struct DomainView {
     pub budget: DomainBudget,
     /// Every node the budget names, in its order, and any other node that registered.
     pub nodes: Vec<NodeView>,
+    /// The domain's freeze, where an experiment holds one.
+    pub freeze: Option<StoredFreeze>,
 }
 
 /// A coordinator's leadership of one domain: its lease, and the revision that created
@@ -263,4 +320,22 @@ pub trait FleetStore: Send + Sync + std::fmt::Debug {
 
     /// Leaves the domain at once: the lease revoked, record and grant gone.
     fn leave(&self, session: &NodeSession) -> Result<(), StoreError>;
+
+    /// Freezes the domain's grants (see [`Freeze`]) under a lease of `ttl`, where no other
+    /// freeze holds it: the caller renews it while its experiment runs, and it lapses by
+    /// itself once the caller stops renewing (a crashed experiment leaves no freeze).
+    fn freeze(
+        &self,
+        domain: &str,
+        freeze: &Freeze,
+        ttl: Duration,
+    ) -> Result<FreezeOutcome, StoreError>;
+
+    /// Renews the freeze's lease: `false` once it has lapsed (the domain is not frozen
+    /// by this session any more; it may be by another).
+    fn renew_freeze(&self, session: &FreezeSession) -> Result<bool, StoreError>;
+
+    /// Ends the freeze at once: its lease revoked, the key gone; grants move again from
+    /// the leader's next round.
+    fn thaw(&self, session: &FreezeSession) -> Result<(), StoreError>;
 }

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use tokwatt_fleet::etcd::EtcdFleet;
 use tokwatt_fleet::ledger::Why;
 use tokwatt_fleet::{
-    DomainBudget, FleetStore, Grant, GrantWrite, Hold, HoldWrite, Ledger, NodeBudget, NodeReport,
+    DomainBudget, Fence, FenceKind, FleetStore, Grant, GrantWrite, Hold, HoldWrite, Ledger,
+    NodeBudget, NodeReport,
 };
 use tokwatt_test_support::{EtcdCluster, eventually, free_port};
 
@@ -50,6 +51,7 @@ fn grant(generation: u64, watts: f64) -> Grant {
         generation,
         watts,
         ceiling_w: watts,
+        under_freeze: None,
     }
 }
 
@@ -484,4 +486,169 @@ fn a_hold_outlives_the_nodes_lease_and_a_release_cannot_overwrite_a_newer_one() 
     let back = hold_of("a").expect("a hold");
     assert!(!back.hold.released, "{back:?}");
     assert_eq!(back.hold.watts, 1000.0);
+}
+
+/// A node that declares a fence covering stops and reboots, asking for its maximum.
+fn fenced_report(acked_generation: u64, caps_in_force_w: f64) -> NodeReport {
+    NodeReport {
+        acked_generation,
+        fence: Some(Fence {
+            kind: FenceKind::Heartbeat,
+            deadline_s: 5.0,
+            covers_reboot: true,
+        }),
+        default_w: 5600.0,
+        requested_w: 5600.0,
+        ..report(caps_in_force_w)
+    }
+}
+
+#[test]
+fn a_freeze_is_exclusive_holds_the_grants_still_cuts_and_lapses_with_its_lease() {
+    use tokwatt_fleet::{
+        Coordinator, CoordinatorConfig, Freeze, FreezeOutcome, FrozenWrite, MarginalAllocator,
+    };
+    let Some(cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
+    store.put_budget(&budget("rack-f")).expect("budget");
+    let a = store
+        .join(
+            "rack-f",
+            "a",
+            Duration::from_secs(30),
+            &fenced_report(0, 1000.0),
+        )
+        .expect("joins");
+    let b = store
+        .join(
+            "rack-f",
+            "b",
+            Duration::from_secs(30),
+            &fenced_report(0, 1000.0),
+        )
+        .expect("joins");
+    let mut coordinator = Coordinator::new(
+        CoordinatorConfig {
+            domain: "rack-f".into(),
+            name: "c".into(),
+            ttl: Duration::from_secs(30),
+        },
+        Box::new(MarginalAllocator::default()),
+    );
+    // Each node acknowledges its grant and reports the caps it applied.
+    let settle = |coordinator: &mut Coordinator| {
+        for _ in 0..4 {
+            coordinator.round(&store).expect("a round");
+            for node in [&a, &b] {
+                if let Some(g) = store.grant(node).expect("grant") {
+                    store
+                        .report(node, &fenced_report(g.generation, g.watts))
+                        .expect("report");
+                }
+            }
+        }
+    };
+    let grants = || {
+        let view = store.read_domain("rack-f").expect("read").expect("budget");
+        (
+            view.nodes
+                .iter()
+                .map(|n| n.grant.expect("granted"))
+                .collect::<Vec<_>>(),
+            view.freeze,
+        )
+    };
+    // Not frozen: both ask for their maximum and share the 9.5 kW.
+    settle(&mut coordinator);
+    let (before, freeze) = grants();
+    assert_eq!(freeze, None);
+    let total: f64 = before.iter().map(|g| g.watts).sum();
+    assert!((total - 9500.0).abs() < 1.0, "{before:?}");
+
+    // Frozen by an experiment: a second freeze is refused, naming who holds it.
+    let by = Freeze {
+        by: "tokwatt fleet ab on host-1 (pid 7)".into(),
+        why: "an A/B of two policies".into(),
+    };
+    let FreezeOutcome::Frozen(session) = store
+        .freeze("rack-f", &by, Duration::from_secs(3))
+        .expect("freeze")
+    else {
+        panic!("the first freeze holds");
+    };
+    assert_eq!(
+        store
+            .freeze(
+                "rack-f",
+                &Freeze {
+                    by: "another".into(),
+                    why: "x".into()
+                },
+                Duration::from_secs(3)
+            )
+            .expect("freeze"),
+        FreezeOutcome::HeldBy(by.clone())
+    );
+    let (_, freeze) = grants();
+    let freeze = freeze.expect("the domain reads frozen");
+    assert_eq!((freeze.freeze, freeze.lease), (by.clone(), session.lease));
+
+    // The budget raised: unfrozen, both would be raised into it; frozen, nothing moves.
+    let mut raised = budget("rack-f");
+    raised.budget_w = 12_000.0;
+    store.put_budget(&raised).expect("budget");
+    assert!(store.renew_freeze(&session).expect("renew"));
+    settle(&mut coordinator);
+    assert_eq!(grants().0, before, "the grants are held while frozen");
+
+    // The budget lowered below what is held: cut at once, every node alike, and marked.
+    let mut lowered = budget("rack-f");
+    lowered.budget_w = 8500.0;
+    store.put_budget(&lowered).expect("budget");
+    assert!(store.renew_freeze(&session).expect("renew"));
+    settle(&mut coordinator);
+    let (cut, _) = grants();
+    let total: f64 = cut.iter().map(|g| g.watts).sum();
+    assert!((total - 8000.0).abs() < 1.0, "{cut:?}");
+    for (was, now) in before.iter().zip(&cut) {
+        assert_eq!(now.under_freeze, Some(FrozenWrite::BudgetCut), "{now:?}");
+        assert!(now.watts < was.watts);
+    }
+
+    // Not renewed, the freeze lapses by itself (an experiment that died), and grants
+    // move again: the budget raised back, the nodes are raised into it.
+    store.put_budget(&raised).expect("budget");
+    assert!(
+        eventually(Duration::from_secs(15), || grants().1.is_none()),
+        "the freeze lapsed with its lease"
+    );
+    assert!(!store.renew_freeze(&session).expect("renew"));
+    settle(&mut coordinator);
+    let (after, _) = grants();
+    assert!(
+        after
+            .iter()
+            .zip(&cut)
+            .all(|(now, was)| now.watts > was.watts),
+        "{after:?}"
+    );
+    assert!(after.iter().all(|g| g.under_freeze.is_none()));
+
+    // A freeze thawed goes at once, and another may freeze the domain.
+    let FreezeOutcome::Frozen(session) = store
+        .freeze("rack-f", &by, Duration::from_secs(30))
+        .expect("freeze")
+    else {
+        panic!("frozen");
+    };
+    store.thaw(&session).expect("thaw");
+    assert_eq!(grants().1, None);
+    assert!(matches!(
+        store
+            .freeze("rack-f", &by, Duration::from_secs(30))
+            .expect("freeze"),
+        FreezeOutcome::Frozen(_)
+    ));
 }

@@ -13,8 +13,8 @@ use anyhow::{Context, Result, bail};
 use tokwatt::fleet::etcd::{ClientFiles, EtcdFleet, EtcdTls, TlsError, TlsFile, TlsFiles};
 use tokwatt::fleet::ledger::{Entry, Why};
 use tokwatt::fleet::{
-    Coordinator, CoordinatorConfig, DomainBudget, FleetStore, Hold, Ledger, MarginalAllocator,
-    Round,
+    Coordinator, CoordinatorConfig, DomainBudget, FleetStore, FrozenWrite, Hold, Ledger,
+    MarginalAllocator, Round,
 };
 
 #[derive(Debug, clap::Subcommand)]
@@ -25,7 +25,7 @@ pub enum FleetCommand {
     Budget(BudgetArgs),
     /// The domain's ledger as the coordinator reads it: each node's lease, grant, reported
     /// caps, the watts charged to it and why, the watts stranded on silent nodes and when
-    /// they free, and the headroom.
+    /// they free, the headroom, and who froze the domain's grants (an experiment).
     Show(ShowArgs),
     /// Free a silent node's stranded watts on your word: its GPUs' caps sum to at most its
     /// reserve (checked by hand, or the node is off) and stay so until its agent reports
@@ -244,7 +244,15 @@ fn show(args: &ShowArgs) -> Result<()> {
                 .map_or_else(|| "none".to_owned(), |r| format!("{:x}", r.lease)),
             entry.grant.map_or_else(
                 || "-".to_owned(),
-                |g| format!("{:.0} (#{})", g.watts, g.generation),
+                |g| match g.under_freeze {
+                    Some(FrozenWrite::BudgetCut) => {
+                        format!("{:.0} (#{}, cut while frozen)", g.watts, g.generation)
+                    }
+                    Some(FrozenWrite::Reserve) => {
+                        format!("{:.0} (#{}, reserve while frozen)", g.watts, g.generation)
+                    }
+                    None => format!("{:.0} (#{})", g.watts, g.generation),
+                },
             ),
             match (entry.grant, report) {
                 (Some(g), Some(r)) if r.acked_generation >= g.generation => "yes".to_owned(),
@@ -269,6 +277,12 @@ fn show(args: &ShowArgs) -> Result<()> {
             entry.node(),
             entry.floor_w,
             entry.budget.reserve_w
+        );
+    }
+    if let Some(frozen) = &ledger.freeze {
+        println!(
+            "FROZEN by {} ({}), lease {:x}: every grant is held where it is; only the cuts the budget needs and a joining node's reserve are written, until it is thawed or its lease lapses",
+            frozen.freeze.by, frozen.freeze.why, frozen.lease
         );
     }
     if ledger.stranded_w() > 0.0 {

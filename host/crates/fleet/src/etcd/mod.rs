@@ -7,7 +7,9 @@
 //! - `grants/<node>`: the node's [`Grant`], bound to the node's lease too, so a lapsed
 //!   node's record and grant go together, in one step of etcd's log;
 //! - `holds/<node>`: the node's [`Hold`], bound to no lease: what it may still hold once
-//!   silent, written by the leader with the grants, or released by an operator.
+//!   silent, written by the leader with the grants, or released by an operator;
+//! - `freeze`: the domain's [`Freeze`] (who froze its grants and why), bound to the
+//!   lease of the experiment that holds it, created only where absent.
 //!
 //! A domain is read whole in one transaction: every key at one revision.
 
@@ -23,8 +25,9 @@ pub use tls::{ClientFiles, EtcdTls, TlsError, TlsFile, TlsFiles};
 
 use crate::budget::{DomainBudget, valid_name};
 use crate::store::{
-    DomainView, FleetStore, Grant, GrantWrite, Hold, HoldWrite, Leadership, NodeRecord, NodeReport,
-    NodeSession, NodeView, StoreError, StoredHold,
+    DomainView, FleetStore, Freeze, FreezeOutcome, FreezeSession, Grant, GrantWrite, Hold,
+    HoldWrite, Leadership, NodeRecord, NodeReport, NodeSession, NodeView, StoreError, StoredFreeze,
+    StoredHold,
 };
 
 /// Where every domain lives.
@@ -58,6 +61,24 @@ fn grant_key(domain: &str, node: &str) -> String {
 
 fn hold_key(domain: &str, node: &str) -> String {
     format!("{ROOT}{domain}/holds/{node}")
+}
+
+fn freeze_key(domain: &str) -> String {
+    format!("{ROOT}{domain}/freeze")
+}
+
+/// The freeze a key holds. A value that does not parse still freezes the domain (its
+/// lease is live, so someone holds it): frozen is the side that only holds grants and
+/// still makes every cut, and `fleet show` names the damage.
+fn stored_freeze(kv: &KeyValue) -> StoredFreeze {
+    let freeze = decode::<Freeze>(kv).unwrap_or_else(|error| Freeze {
+        by: "unknown (the freeze key is damaged)".to_owned(),
+        why: error.to_string(),
+    });
+    StoredFreeze {
+        freeze,
+        lease: kv.lease,
+    }
 }
 
 fn check_name(what: &str, name: &str) -> Result<(), StoreError> {
@@ -178,10 +199,13 @@ impl FleetStore for EtcdFleet {
         let mut records: Vec<(String, NodeRecord)> = Vec::new();
         let mut grants: Vec<(String, i64, Grant)> = Vec::new();
         let mut holds: Vec<(String, StoredHold)> = Vec::new();
+        let mut freeze = None;
         for kv in &keys {
             let rest = &kv.key[prefix.len()..];
             if rest == "budget" {
                 budget = Some(decode::<DomainBudget>(kv)?);
+            } else if rest == "freeze" {
+                freeze = Some(stored_freeze(kv));
             } else if let Some(node) = rest.strip_prefix("nodes/") {
                 records.push((
                     node.to_owned(),
@@ -236,6 +260,7 @@ impl FleetStore for EtcdFleet {
             revision: outcome.revision,
             budget,
             nodes,
+            freeze,
         }))
     }
 
@@ -390,6 +415,58 @@ impl FleetStore for EtcdFleet {
     }
 
     fn leave(&self, session: &NodeSession) -> Result<(), StoreError> {
+        self.client.revoke(session.lease)
+    }
+
+    fn freeze(
+        &self,
+        domain: &str,
+        freeze: &Freeze,
+        ttl: Duration,
+    ) -> Result<FreezeOutcome, StoreError> {
+        check_name("domain", domain)?;
+        let key = freeze_key(domain);
+        let value = encode(freeze)?;
+        // A freeze that lapses between the failed create and the read is tried again.
+        for _ in 0..3 {
+            let (lease, ttl) = self.client.grant_lease(ttl)?;
+            let outcome = self.client.txn(&Txn {
+                compare: vec![Compare::CreateRevision(key.clone(), 0)],
+                success: vec![Op::Put {
+                    key: key.clone(),
+                    value: value.clone(),
+                    lease,
+                }],
+                failure: Vec::new(),
+            });
+            match outcome {
+                Ok(outcome) if outcome.succeeded => {
+                    return Ok(FreezeOutcome::Frozen(FreezeSession {
+                        domain: domain.to_owned(),
+                        lease,
+                        ttl,
+                    }));
+                }
+                other => {
+                    // Another holds it (or the attempt failed): the lease is not needed.
+                    let _ = self.client.revoke(lease);
+                    other?;
+                }
+            }
+            if let Some(kv) = self.client.get(&key)? {
+                return Ok(FreezeOutcome::HeldBy(stored_freeze(&kv).freeze));
+            }
+        }
+        Err(StoreError::Protocol(format!(
+            "domain `{domain}`'s freeze kept appearing and lapsing while this one was asked for; try again"
+        )))
+    }
+
+    fn renew_freeze(&self, session: &FreezeSession) -> Result<bool, StoreError> {
+        Ok(self.client.keep_alive(session.lease)?.is_some())
+    }
+
+    fn thaw(&self, session: &FreezeSession) -> Result<(), StoreError> {
         self.client.revoke(session.lease)
     }
 }

@@ -35,6 +35,13 @@ struct ReasonLabels {
     reason: String,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct FreezeLabels {
+    domain: String,
+    /// Who froze the domain (empty while it is not frozen).
+    by: String,
+}
+
 #[derive(Debug, Default)]
 struct Families {
     leading: Family<DomainLabels, GaugeF64>,
@@ -53,6 +60,7 @@ struct Families {
     stranded_watts: Family<DomainLabels, GaugeF64>,
     node_stranded_watts: Family<ReasonLabels, GaugeF64>,
     node_fence_missing: Family<NodeLabels, GaugeF64>,
+    frozen: Family<FreezeLabels, GaugeF64>,
 }
 
 /// Every family the coordinator exports: name, type, help (for the book and its test).
@@ -137,6 +145,11 @@ pub const COORDINATOR_METRICS: &[(&str, &str, &str)] = &[
         "gauge",
         "1 where the budget calls the node fenced but it declares no fence covering stops and reboots: it is charged as unfenced, at its GPUs' board defaults once silent (leader only)",
     ),
+    (
+        "tokwatt_fleet_frozen",
+        "gauge",
+        "1 while the domain is frozen, labelled with who froze it (by): every grant is held where it is, only the cuts the budget needs and a joining node's reserve are written (an experiment such as tokwatt fleet ab holds it); 0, with by empty, while it is not (leader only)",
+    ),
 ];
 
 /// The coordinator's metrics, fed once a round.
@@ -190,6 +203,11 @@ impl CoordinatorMetrics {
         ] {
             registry.register(name, help(name), family.clone());
         }
+        registry.register(
+            "tokwatt_fleet_frozen",
+            help("tokwatt_fleet_frozen"),
+            f.frozen.clone(),
+        );
         registry.register(
             "tokwatt_fleet_node_stranded_watts",
             help("tokwatt_fleet_node_stranded_watts"),
@@ -273,6 +291,18 @@ impl CoordinatorMetrics {
             .stranded_watts
             .get_or_create(domain)
             .set(ledger.stranded_w());
+        // Who froze it may change between rounds: one series, the current one.
+        families.frozen.clear();
+        families
+            .frozen
+            .get_or_create(&FreezeLabels {
+                domain: domain.domain.clone(),
+                by: ledger
+                    .freeze
+                    .as_ref()
+                    .map_or_else(String::new, |f| f.freeze.by.clone()),
+            })
+            .set(f64::from(u8::from(ledger.freeze.is_some())));
         // Nodes may leave the budget, and a node's reason change, between rounds: start
         // each round's node series afresh.
         Self::clear_nodes(families);
@@ -329,6 +359,7 @@ impl CoordinatorMetrics {
         ] {
             family.clear();
         }
+        families.frozen.clear();
         Self::clear_nodes(families);
     }
 
@@ -419,12 +450,14 @@ mod tests {
                         generation: 2,
                         watts: 2500.0,
                         ceiling_w: 2500.0,
+                        under_freeze: None,
                     }),
                     hold: None,
                 },
                 silent("b", 1500.0, Some(fence)),
                 silent("c", 1000.0, None),
             ],
+            freeze: None,
         })
     }
 
@@ -513,6 +546,31 @@ mod tests {
             ),
             Some(1.0)
         );
+        assert_eq!(
+            value(&text, "tokwatt_fleet_frozen{domain=\"rack\",by=\"\"}"),
+            Some(0.0),
+            "{text}"
+        );
+        // Frozen by an experiment: said, with who froze it.
+        let mut frozen = ledger();
+        frozen.freeze = Some(tokwatt_fleet::StoredFreeze {
+            freeze: tokwatt_fleet::Freeze {
+                by: "tokwatt fleet ab on host-1".into(),
+                why: "an A/B".into(),
+            },
+            lease: 9,
+        });
+        metrics.observe(&round(frozen));
+        let text = metrics.encode();
+        assert_eq!(
+            value(
+                &text,
+                "tokwatt_fleet_frozen{domain=\"rack\",by=\"tokwatt fleet ab on host-1\"}"
+            ),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(text.matches("tokwatt_fleet_frozen{").count(), 1, "{text}");
 
         // Deposed: no ledger is read, none is exported.
         metrics.observe::<()>(&Ok(Round::Follower));
@@ -530,6 +588,7 @@ mod tests {
             "tokwatt_fleet_node_charged_watts{",
             "tokwatt_fleet_node_stranded_watts{",
             "tokwatt_fleet_stranded_watts{",
+            "tokwatt_fleet_frozen{",
         ] {
             assert!(!text.contains(family), "{family}: {text}");
         }
@@ -548,7 +607,7 @@ mod tests {
                 &text,
                 "tokwatt_fleet_coordinator_rounds_total{domain=\"rack\"}"
             ),
-            Some(3.0)
+            Some(4.0)
         );
     }
 
