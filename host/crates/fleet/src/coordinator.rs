@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::allocator::{Allocator, frozen_allocation};
 use crate::ledger::{Ledger, Why};
-use crate::store::{FleetStore, GrantWrite, HoldWrite, Leadership, StoreError};
+use crate::store::{FleetStore, GrantWrite, HoldWrite, Leadership, StoreError, Written};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoordinatorConfig {
@@ -164,10 +164,38 @@ impl Coordinator {
             })
             .collect();
         let writes = !grant_writes.is_empty() || !hold_writes.is_empty();
-        if writes && !store.write_grants(&leadership, &grant_writes, &hold_writes)? {
-            tracing::warn!(domain = %self.config.domain, "fleet: a newer leader holds the domain");
-            self.step_down();
-            return Ok(Round::Follower);
+        let written = if writes {
+            store.write_grants(
+                &leadership,
+                ledger.freeze.as_ref(),
+                &grant_writes,
+                &hold_writes,
+            )?
+        } else {
+            Written::Done
+        };
+        match written {
+            Written::Done => {}
+            Written::Deposed => {
+                tracing::warn!(domain = %self.config.domain, "fleet: a newer leader holds the domain");
+                self.step_down();
+                return Ok(Round::Follower);
+            }
+            Written::FreezeChanged => {
+                // Planned for a domain that is frozen or thawed now: nothing was written,
+                // and the next round plans from what the store says then.
+                tracing::info!(domain = %self.config.domain, "fleet: the domain's freeze changed while the round planned; nothing written, planned again next round");
+                return Ok(Round::Leader {
+                    took_over,
+                    charged_w: ledger.charged_w(),
+                    available_w: ledger.budget.available_w(),
+                    grants_written: 0,
+                    holds_written: 0,
+                    live_nodes: ledger.entries.iter().filter(|e| e.live()).count(),
+                    unbudgeted: ledger.unbudgeted.iter().map(|(n, _)| n.clone()).collect(),
+                    ledger: Box::new(ledger),
+                });
+            }
         }
         Ok(Round::Leader {
             took_over,

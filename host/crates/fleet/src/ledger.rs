@@ -607,6 +607,7 @@ mod tests {
                 why: "an A/B".into(),
             },
             lease: 77,
+            create_revision: 12,
         });
         Ledger::from_view(view)
     }

@@ -24,5 +24,5 @@ pub use node::{Allowance, AllowanceSnapshot, LinkCounts, LinkState, NodeConfig, 
 pub use store::{
     DomainView, Fence, FenceKind, FleetStore, Freeze, FreezeOutcome, FreezeSession, FrozenWrite,
     Grant, GrantWrite, Hold, HoldWrite, Leadership, NodeRecord, NodeReport, NodeSession, NodeView,
-    StoreError, StoredFreeze, StoredHold,
+    StoreError, StoredFreeze, StoredHold, Written,
 };

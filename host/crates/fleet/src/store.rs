@@ -79,11 +79,13 @@ pub struct Freeze {
     pub why: String,
 }
 
-/// A freeze as the store keeps it: the lease it lives under (its holder's).
+/// A freeze as the store keeps it: the lease it lives under (its holder's), and the
+/// revision that created it (each freeze is a new key: this names it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredFreeze {
     pub freeze: Freeze,
     pub lease: i64,
+    pub create_revision: i64,
 }
 
 /// A freeze this process holds: its lease, which it keeps alive while the experiment runs.
@@ -246,6 +248,19 @@ pub struct GrantWrite<'a> {
     pub grant: Grant,
 }
 
+/// What a round's write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// The grants and holds are written.
+    Done,
+    /// Nothing written: another leads the domain now.
+    Deposed,
+    /// Nothing written: the domain was frozen or thawed since the round read it (a round
+    /// planned without a freeze must not land after one, nor one planned under a freeze
+    /// after it ended); the next round reads it again.
+    FreezeChanged,
+}
+
 /// A hold to write: the node's, in the same transaction as the round's grants.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HoldWrite<'a> {
@@ -276,15 +291,17 @@ pub trait FleetStore: Send + Sync + std::fmt::Debug {
     fn resign(&self, leadership: &Leadership) -> Result<(), StoreError>;
 
     /// Writes a round's grants and holds in one transaction, only while `leadership`
-    /// still holds the leader key: `false` (nothing written) where it does not. A hold
-    /// is written with its grants so that no node can act on a grant its hold does not
-    /// cover.
+    /// still holds the leader key and the domain's freeze is still `freeze`, the one the
+    /// round read (`None`: none); nothing is written otherwise, and [`Written`] says
+    /// which. A hold is written with its grants so that no node can act on a grant its
+    /// hold does not cover.
     fn write_grants(
         &self,
         leadership: &Leadership,
+        freeze: Option<&StoredFreeze>,
         grants: &[GrantWrite<'_>],
         holds: &[HoldWrite<'_>],
-    ) -> Result<bool, StoreError>;
+    ) -> Result<Written, StoreError>;
 
     /// Writes `hold` for `node` (the operator's release), only where the node has no
     /// live record and its hold is still the one at `hold_revision` (0: none): `false`

@@ -7,7 +7,7 @@ use tokwatt_fleet::etcd::EtcdFleet;
 use tokwatt_fleet::ledger::Why;
 use tokwatt_fleet::{
     DomainBudget, Fence, FenceKind, FleetStore, Grant, GrantWrite, Hold, HoldWrite, Ledger,
-    NodeBudget, NodeReport,
+    NodeBudget, NodeReport, Written,
 };
 use tokwatt_test_support::{EtcdCluster, eventually, free_port};
 
@@ -82,7 +82,12 @@ fn leadership_is_exclusive_and_a_deposed_leader_cannot_write() {
         lease: node.lease,
         grant: grant(1, 3000.0),
     }];
-    assert!(store.write_grants(&first, &write, &[]).expect("write"));
+    assert_eq!(
+        store
+            .write_grants(&first, None, &write, &[])
+            .expect("write"),
+        Written::Done
+    );
     assert_eq!(store.grant(&node).expect("read"), Some(grant(1, 3000.0)));
 
     // The first leader's lease goes (a crash, or a cut-off coordinator whose lease
@@ -99,7 +104,10 @@ fn leadership_is_exclusive_and_a_deposed_leader_cannot_write() {
         grant: grant(2, 5600.0),
     }];
     assert!(
-        !store.write_grants(&first, &stale, &[]).expect("fenced"),
+        store
+            .write_grants(&first, None, &stale, &[])
+            .expect("fenced")
+            == Written::Deposed,
         "a deposed leader's grant is refused"
     );
     assert_eq!(store.grant(&node).expect("read"), Some(grant(1, 3000.0)));
@@ -121,10 +129,11 @@ fn a_lapsed_node_loses_its_record_and_its_grant_together() {
     let node = store
         .join("rack-2", "a", Duration::from_secs(2), &report(1000.0))
         .expect("joins");
-    assert!(
+    assert_eq!(
         store
             .write_grants(
                 &leader,
+                None,
                 &[GrantWrite {
                     node: "a",
                     lease: node.lease,
@@ -132,7 +141,8 @@ fn a_lapsed_node_loses_its_record_and_its_grant_together() {
                 }],
                 &[]
             )
-            .expect("write")
+            .expect("write"),
+        Written::Done
     );
     let view = store
         .read_domain("rack-2")
@@ -182,7 +192,12 @@ fn a_grant_under_an_earlier_lease_is_not_the_rejoined_nodes() {
         lease: before.lease,
         grant: grant(1, 5000.0),
     }];
-    assert!(store.write_grants(&leader, &write, &[]).expect("write"));
+    assert_eq!(
+        store
+            .write_grants(&leader, None, &write, &[])
+            .expect("write"),
+        Written::Done
+    );
     // The agent restarts (kill -9) and joins again before its old lease has lapsed.
     let after = store
         .join("rack-3", "a", Duration::from_secs(30), &report(1000.0))
@@ -268,7 +283,12 @@ fn a_cut_off_node_drops_to_its_reserve_before_its_lease_can_lapse() {
         lease: session.lease,
         grant: grant(1, 4000.0),
     }];
-    assert!(store.write_grants(&leader, &write, &[]).expect("write"));
+    assert_eq!(
+        store
+            .write_grants(&leader, None, &write, &[])
+            .expect("write"),
+        Written::Done
+    );
     link.exchange(&store, &in_force);
     assert_eq!(
         link.allowance(Instant::now()),
@@ -378,7 +398,12 @@ fn a_hold_outlives_the_nodes_lease_and_a_release_cannot_overwrite_a_newer_one() 
         node: "a",
         hold: held,
     }];
-    assert!(store.write_grants(&leader, &grants, &holds).expect("write"));
+    assert_eq!(
+        store
+            .write_grants(&leader, None, &grants, &holds)
+            .expect("write"),
+        Written::Done
+    );
     let hold_of = |node: &str| {
         let view = store.read_domain("rack-8").expect("read").expect("budget");
         view.nodes
@@ -398,7 +423,12 @@ fn a_hold_outlives_the_nodes_lease_and_a_release_cannot_overwrite_a_newer_one() 
             ..held
         },
     }];
-    assert!(!store.write_grants(&leader, &[], &higher).expect("fenced"));
+    assert_eq!(
+        store
+            .write_grants(&leader, None, &[], &higher)
+            .expect("fenced"),
+        Written::Deposed
+    );
     let leader = store
         .campaign("rack-8", "c2", Duration::from_secs(30))
         .expect("campaign")
@@ -434,17 +464,19 @@ fn a_hold_outlives_the_nodes_lease_and_a_release_cannot_overwrite_a_newer_one() 
         watts: 4500.0,
         ..held
     };
-    assert!(
+    assert_eq!(
         store
             .write_grants(
                 &leader,
+                None,
                 &[],
                 &[HoldWrite {
                     node: "a",
                     hold: rewritten
                 }]
             )
-            .expect("write")
+            .expect("write"),
+        Written::Done
     );
     assert!(
         !store
@@ -651,4 +683,78 @@ fn a_freeze_is_exclusive_holds_the_grants_still_cuts_and_lapses_with_its_lease()
             .expect("freeze"),
         FreezeOutcome::Frozen(_)
     ));
+}
+
+#[test]
+fn a_round_planned_before_a_freeze_or_after_a_thaw_writes_nothing() {
+    use tokwatt_fleet::{Freeze, FreezeOutcome};
+    let Some(cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
+    store.put_budget(&budget("rack-g")).expect("budget");
+    let leader = store
+        .campaign("rack-g", "c", Duration::from_secs(30))
+        .expect("campaign")
+        .expect("leads");
+    let node = store
+        .join("rack-g", "a", Duration::from_secs(30), &report(1000.0))
+        .expect("joins");
+    let write = |generation: u64| {
+        [GrantWrite {
+            node: "a",
+            lease: node.lease,
+            grant: grant(generation, 1000.0 + generation as f64),
+        }]
+    };
+    // A round reads the domain unfrozen; an experiment freezes it before the round writes.
+    let read = store.read_domain("rack-g").expect("read").expect("budget");
+    assert_eq!(read.freeze, None);
+    let FreezeOutcome::Frozen(session) = store
+        .freeze(
+            "rack-g",
+            &Freeze {
+                by: "an experiment".into(),
+                why: "a test".into(),
+            },
+            Duration::from_secs(30),
+        )
+        .expect("freeze")
+    else {
+        panic!("frozen");
+    };
+    assert_eq!(
+        store
+            .write_grants(&leader, read.freeze.as_ref(), &write(1), &[])
+            .expect("write"),
+        Written::FreezeChanged,
+        "planned unfrozen, it must not land frozen"
+    );
+    assert_eq!(store.grant(&node).expect("grant"), None);
+    // Planned under the freeze it read, it lands.
+    let frozen = store.read_domain("rack-g").expect("read").expect("budget");
+    assert!(frozen.freeze.is_some());
+    assert_eq!(
+        store
+            .write_grants(&leader, frozen.freeze.as_ref(), &write(2), &[])
+            .expect("write"),
+        Written::Done
+    );
+    // Thawed: a round planned under the freeze writes nothing after it either.
+    store.thaw(&session).expect("thaw");
+    assert_eq!(
+        store
+            .write_grants(&leader, frozen.freeze.as_ref(), &write(3), &[])
+            .expect("write"),
+        Written::FreezeChanged
+    );
+    assert_eq!(store.grant(&node).expect("grant"), Some(grant(2, 1002.0)));
+    // Deposed is still told apart.
+    store.resign(&leader).expect("resign");
+    assert_eq!(
+        store
+            .write_grants(&leader, None, &write(4), &[])
+            .expect("write"),
+        Written::Deposed
+    );
 }

@@ -27,7 +27,7 @@ use crate::budget::{DomainBudget, valid_name};
 use crate::store::{
     DomainView, FleetStore, Freeze, FreezeOutcome, FreezeSession, Grant, GrantWrite, Hold,
     HoldWrite, Leadership, NodeRecord, NodeReport, NodeSession, NodeView, StoreError, StoredFreeze,
-    StoredHold,
+    StoredHold, Written,
 };
 
 /// Where every domain lives.
@@ -78,6 +78,7 @@ fn stored_freeze(kv: &KeyValue) -> StoredFreeze {
     StoredFreeze {
         freeze,
         lease: kv.lease,
+        create_revision: kv.create_revision,
     }
 }
 
@@ -310,9 +311,10 @@ impl FleetStore for EtcdFleet {
     fn write_grants(
         &self,
         leadership: &Leadership,
+        freeze: Option<&StoredFreeze>,
         grants: &[GrantWrite<'_>],
         holds: &[HoldWrite<'_>],
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Written, StoreError> {
         let grant_puts = grants.iter().map(|g| {
             check_name("node", g.node)?;
             Ok(Op::Put {
@@ -332,15 +334,36 @@ impl FleetStore for EtcdFleet {
         let success = grant_puts
             .chain(hold_puts)
             .collect::<Result<Vec<_>, StoreError>>()?;
+        let leader = leader_key(&leadership.domain);
         let outcome = self.client.txn(&Txn {
-            compare: vec![Compare::CreateRevision(
-                leader_key(&leadership.domain),
-                leadership.fence,
-            )],
+            compare: vec![
+                Compare::CreateRevision(leader.clone(), leadership.fence),
+                // The freeze the round read, still the same one (0: still none).
+                Compare::CreateRevision(
+                    freeze_key(&leadership.domain),
+                    freeze.map_or(0, |f| f.create_revision),
+                ),
+            ],
             success,
-            failure: Vec::new(),
+            // Which compare failed: the leader key read in the same step.
+            failure: vec![Op::ListPrefix { prefix: leader }],
         })?;
-        Ok(outcome.succeeded)
+        if outcome.succeeded {
+            return Ok(Written::Done);
+        }
+        let still_leads = outcome
+            .lists
+            .first()
+            .and_then(|keys| {
+                keys.iter()
+                    .find(|kv| kv.key == leader_key(&leadership.domain))
+            })
+            .is_some_and(|kv| kv.create_revision == leadership.fence);
+        Ok(if still_leads {
+            Written::FreezeChanged
+        } else {
+            Written::Deposed
+        })
     }
 
     fn release(

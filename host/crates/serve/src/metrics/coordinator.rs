@@ -559,6 +559,7 @@ mod tests {
                 why: "an A/B".into(),
             },
             lease: 9,
+            create_revision: 4,
         });
         metrics.observe(&round(frozen));
         let text = metrics.encode();
