@@ -62,34 +62,52 @@ pub struct EtcdArgs {
 
 impl EtcdArgs {
     fn connect(&self) -> Result<EtcdFleet> {
-        let tls = match &self.etcd_ca {
-            None => None,
-            Some(ca) => {
-                let files = TlsFiles {
-                    ca_file: ca.clone(),
-                    client: match (&self.etcd_cert, &self.etcd_key) {
-                        (Some(cert), Some(key)) => Some(ClientFiles {
-                            cert_file: cert.clone(),
-                            key_file: key.clone(),
-                        }),
-                        // clap requires both or neither.
-                        _ => None,
-                    },
-                };
-                let flag = |error: &TlsError| match error.file() {
-                    Some(TlsFile::Cert) => "--etcd-cert",
-                    Some(TlsFile::Key) => "--etcd-key",
-                    Some(TlsFile::Ca) | None => "--etcd-ca",
-                };
-                Some(EtcdTls::load(&files).map_err(|error| {
-                    let flag = flag(&error);
-                    anyhow::Error::new(error).context(format!("the TLS file of {flag}"))
-                })?)
-            }
-        };
-        EtcdFleet::connect_with(&self.endpoints, tls.as_ref(), self.timeout)
-            .context("the etcd endpoints (--etcd, --etcd-ca)")
+        connect_etcd(
+            &self.endpoints,
+            self.timeout,
+            self.etcd_ca.as_ref(),
+            self.etcd_cert.as_ref(),
+            self.etcd_key.as_ref(),
+        )
     }
+}
+
+/// The fleet's etcd at `endpoints`, over TLS where a CA is given (a client certificate and
+/// its key too, where given); each flag named where its file is wrong.
+pub fn connect_etcd(
+    endpoints: &[String],
+    timeout: Duration,
+    etcd_ca: Option<&PathBuf>,
+    etcd_cert: Option<&PathBuf>,
+    etcd_key: Option<&PathBuf>,
+) -> Result<EtcdFleet> {
+    let tls = match etcd_ca {
+        None => None,
+        Some(ca) => {
+            let files = TlsFiles {
+                ca_file: ca.clone(),
+                client: match (etcd_cert, etcd_key) {
+                    (Some(cert), Some(key)) => Some(ClientFiles {
+                        cert_file: cert.clone(),
+                        key_file: key.clone(),
+                    }),
+                    // clap requires both or neither.
+                    _ => None,
+                },
+            };
+            let flag = |error: &TlsError| match error.file() {
+                Some(TlsFile::Cert) => "--etcd-cert",
+                Some(TlsFile::Key) => "--etcd-key",
+                Some(TlsFile::Ca) | None => "--etcd-ca",
+            };
+            Some(EtcdTls::load(&files).map_err(|error| {
+                let flag = flag(&error);
+                anyhow::Error::new(error).context(format!("the TLS file of {flag}"))
+            })?)
+        }
+    };
+    EtcdFleet::connect_with(endpoints, tls.as_ref(), timeout)
+        .context("the etcd endpoints (--etcd, --etcd-ca)")
 }
 
 #[derive(Debug, clap::Args)]

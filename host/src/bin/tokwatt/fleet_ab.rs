@@ -1,21 +1,26 @@
 //! `tokwatt fleet ab`: is policy B more efficient than A across a fleet of `tokwatt serve`
 //! nodes? Nodes paired by load, each pair's nodes on opposite arms and swapped halfway,
 //! driven through their control APIs and read from Prometheus (`tokwatt::fleet_ab`);
-//! prints the verdict and writes `fleet-ab.json`.
+//! prints the verdict and writes `fleet-ab.json`. Nodes in a power domain have its grants
+//! frozen in the fleet's etcd for the experiment (`--etcd`).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 
 use tokwatt::ab::stats::DEFAULT_ALPHA;
 use tokwatt::ab::{Arm, Decision};
 use tokwatt::api::{ApiClient, SwapRequest};
+use tokwatt::fleet::etcd::EtcdFleet;
+use tokwatt::fleet::{FleetStore, Freeze, FreezeOutcome, FreezeSession, FrozenWrite};
 use tokwatt::fleet_ab::{
-    self, ApiAddress, BoxError, Fleet, FleetAbReport, FleetNode, LoadSource, NodeControl,
-    NodePolicy, NodeState, Prepared, Prometheus, Settings, Swapped,
+    self, ApiAddress, BoxError, DomainReading, Fleet, FleetAbError, FleetAbReport, FleetNode,
+    GrantSeen, LoadSource, NodeControl, NodePlace, NodePolicy, NodeState, PowerDomains, Prepared,
+    Prometheus, Settings, Swapped,
 };
 use tokwatt::plugin::sanitize_text;
 
@@ -24,6 +29,10 @@ use tokwatt::plugin::sanitize_text;
 const SWAP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a status may take: a node that does not answer in this is named, not waited on.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(10);
+/// A freeze's lease: renewed every quarter of it while the experiment runs, it lapses
+/// within this once the experiment dies (a crash, a kill), so a domain is never left
+/// frozen by an experiment that is gone.
+const FREEZE_TTL: Duration = Duration::from_secs(10);
 
 #[derive(Debug, clap::Args)]
 pub struct FleetAbArgs {
@@ -75,6 +84,182 @@ pub struct FleetAbArgs {
     /// Check the nodes, Prometheus and the settings, and print the plan; change nothing.
     #[arg(long)]
     plan_only: bool,
+    /// The fleet's etcd client URL (http://HOST:PORT, or https://HOST:PORT with
+    /// --etcd-ca); repeat for each member. Needed where a node is in a power domain: its
+    /// grants are frozen for the experiment, since otherwise a greedier arm wins watts
+    /// from the other arm's nodes through the coordinator.
+    #[arg(long = "etcd", value_name = "URL")]
+    etcd: Vec<String>,
+    /// Each etcd request's deadline.
+    #[arg(long, default_value = "2s", value_parser = tokwatt::cli::parse_duration)]
+    etcd_timeout: Duration,
+    /// The CA that signed etcd's server certificate (PEM): needed for https:// endpoints.
+    #[arg(long, value_name = "FILE", requires = "etcd")]
+    etcd_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for an etcd started with --client-cert-auth.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_ca", "etcd_key"])]
+    etcd_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+}
+
+/// The power domains in the fleet's etcd: each freeze kept alive by a thread of its own
+/// until it is thawed (or this is dropped, as on a panic: every freeze still held is
+/// ended then).
+struct EtcdDomains {
+    store: Arc<EtcdFleet>,
+    /// Who holds the freezes, as `fleet show` and the coordinator's metrics say it.
+    by: String,
+    held: Mutex<BTreeMap<String, HeldFreeze>>,
+}
+
+struct HeldFreeze {
+    session: FreezeSession,
+    stop: Arc<AtomicBool>,
+    keeper: std::thread::JoinHandle<()>,
+}
+
+impl EtcdDomains {
+    fn new(store: EtcdFleet) -> Self {
+        let host = tokwatt::fleet::budget::host_name();
+        Self {
+            store: Arc::new(store),
+            by: format!(
+                "tokwatt fleet ab on {} (pid {})",
+                if host.is_empty() { "a host" } else { &host },
+                std::process::id()
+            ),
+            held: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, HeldFreeze>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops the freeze's keeper and ends the freeze.
+    fn end(&self, held: HeldFreeze) -> Result<(), BoxError> {
+        held.stop.store(true, Ordering::Relaxed);
+        // A keeper that panicked renews nothing: the freeze is ended below either way.
+        let _ = held.keeper.join();
+        Ok(self.store.thaw(&held.session)?)
+    }
+}
+
+/// Renews `session` every quarter of its TTL until `stop`; a renewal that fails is tried
+/// again (the experiment's reads see a freeze that lapsed, and stop it).
+fn keep_frozen(store: &EtcdFleet, session: &FreezeSession, stop: &AtomicBool) {
+    let every = session.ttl / 4;
+    loop {
+        let since = Instant::now();
+        while since.elapsed() < every {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        match store.renew_freeze(session) {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(domain = %session.domain, "fleet ab: the freeze lapsed before it was renewed");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(domain = %session.domain, "fleet ab: renewing the freeze failed (tried again): {error}");
+            }
+        }
+    }
+}
+
+impl PowerDomains for EtcdDomains {
+    fn freeze(&self, domain: &str, why: &str) -> Result<String, BoxError> {
+        let freeze = Freeze {
+            by: self.by.clone(),
+            why: why.to_owned(),
+        };
+        match self.store.freeze(domain, &freeze, FREEZE_TTL)? {
+            FreezeOutcome::Frozen(session) => {
+                let stop = Arc::new(AtomicBool::new(false));
+                let keeper = {
+                    let (store, session, stop) =
+                        (Arc::clone(&self.store), session.clone(), Arc::clone(&stop));
+                    std::thread::Builder::new()
+                        .name(format!("freeze-{domain}"))
+                        .spawn(move || keep_frozen(&store, &session, &stop))?
+                };
+                let before = self.held().insert(
+                    domain.to_owned(),
+                    HeldFreeze {
+                        session,
+                        stop,
+                        keeper,
+                    },
+                );
+                if let Some(before) = before {
+                    self.end(before)?;
+                }
+                Ok(self.by.clone())
+            }
+            FreezeOutcome::HeldBy(other) => Err(format!(
+                "it is frozen already, by {} ({}): another experiment holds its grants; wait until it ends",
+                other.by, other.why
+            )
+            .into()),
+        }
+    }
+
+    fn read(&self, domain: &str) -> Result<DomainReading, BoxError> {
+        let view = self.store.read_domain(domain)?.ok_or_else(|| {
+            format!("etcd has no budget for it: is `{domain}` the domain the nodes' [fleet] names?")
+        })?;
+        let ours = self.held().get(domain).map(|held| held.session.lease);
+        let (frozen_by_us, frozen_by_other) = match &view.freeze {
+            Some(stored) if Some(stored.lease) == ours => (true, None),
+            Some(stored) => (
+                false,
+                Some(format!("{} ({})", stored.freeze.by, stored.freeze.why)),
+            ),
+            None => (false, None),
+        };
+        Ok(DomainReading {
+            grants: view
+                .nodes
+                .iter()
+                .map(|node| {
+                    let grant = node.grant.map(|g| GrantSeen {
+                        generation: g.generation,
+                        watts: g.watts,
+                        forced_cut: g.under_freeze == Some(FrozenWrite::BudgetCut),
+                    });
+                    (node.node.clone(), grant)
+                })
+                .collect(),
+            frozen_by_us,
+            frozen_by_other,
+        })
+    }
+
+    fn thaw(&self, domain: &str) -> Result<(), BoxError> {
+        let held = self.held().remove(domain);
+        match held {
+            Some(held) => self.end(held),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for EtcdDomains {
+    fn drop(&mut self) {
+        let held = std::mem::take(&mut *self.held());
+        for (domain, held) in held {
+            if let Err(error) = self.end(held) {
+                eprintln!(
+                    "tokwatt fleet ab: power domain {domain} could not be thawed ({error}); its freeze lapses within {FREEZE_TTL:?}"
+                );
+            }
+        }
+    }
 }
 
 /// A node's control API, through the CLI's client: one for statuses, one for swaps, whose
@@ -96,6 +281,10 @@ impl NodeControl for Agent {
             },
             paused: status.paused,
             simulated: status.simulated,
+            fleet: status.fleet.map(|place| NodePlace {
+                domain: place.domain,
+                node: place.node,
+            }),
         })
     }
 
@@ -146,10 +335,24 @@ pub fn fleet_ab(args: &FleetAbArgs) -> Result<()> {
     let agents = nodes.iter().map(client).collect::<Result<Vec<_>>>()?;
     let controls: Vec<&dyn NodeControl> = agents.iter().map(|a| a as &dyn NodeControl).collect();
     let prometheus = Prometheus::new(&args.prometheus).map_err(|e| anyhow!("{e}; {unchanged}"))?;
+    let domains = if args.etcd.is_empty() {
+        None
+    } else {
+        let store = crate::fleet::connect_etcd(
+            &args.etcd,
+            args.etcd_timeout,
+            args.etcd_ca.as_ref(),
+            args.etcd_cert.as_ref(),
+            args.etcd_key.as_ref(),
+        )
+        .with_context(|| unchanged.to_owned())?;
+        Some(EtcdDomains::new(store))
+    };
     let fleet = Fleet {
         nodes: &nodes,
         controls: &controls,
         counters: &prometheus,
+        domains: domains.as_ref().map(|d| d as &dyn PowerDomains),
     };
     let settings = Settings {
         a: args.a.clone(),
@@ -177,6 +380,9 @@ pub fn fleet_ab(args: &FleetAbArgs) -> Result<()> {
 
     let prepared = fleet_ab::prepare(fleet, &settings)?;
     print_plan(&nodes, &prepared, &settings);
+    if domains.is_some() && prepared.domains.is_empty() {
+        println!("no node is in a power domain: nothing to freeze (--etcd is not needed)");
+    }
     if args.plan_only {
         println!("plan only: {unchanged}");
         return Ok(());
@@ -187,22 +393,49 @@ pub fn fleet_ab(args: &FleetAbArgs) -> Result<()> {
             out_dir.display()
         )
     })?;
-    let report = fleet_ab::run(fleet, &settings, &prepared, &stop, &mut |what| {
+    let outcome = fleet_ab::run(fleet, &settings, &prepared, &stop, &mut |what| {
         eprintln!("tokwatt fleet ab: {what}");
-    })?;
+    });
+    // Every freeze is ended by now; whatever is left (none) is ended here.
+    drop(domains);
+    let report = match outcome {
+        Ok(report) => report,
+        // The figures are kept for the record, but they are not a verdict.
+        Err(FleetAbError::Biased {
+            report,
+            moved,
+            put_back,
+        }) => {
+            let written = write_report(&report, &report_path);
+            let error = FleetAbError::Biased {
+                report,
+                moved,
+                put_back,
+            };
+            return match written {
+                Ok(()) => Err(anyhow!(
+                    "{error}; {} has the figures and every grant change",
+                    report_path.display()
+                )),
+                Err(write_error) => Err(anyhow!("{error}; and {write_error:#}")),
+            };
+        }
+        Err(error) => return Err(error.into()),
+    };
     // The verdict is shown even where the file cannot be written.
-    let written = serde_json::to_string_pretty(&report)
-        .context("writing fleet-ab.json")
-        .and_then(|json| {
-            tokwatt::report::write_atomically(&report_path, &json)
-                .with_context(|| format!("writing {}", report_path.display()))
-        });
+    let written = write_report(&report, &report_path);
     print_verdict(&report, &report_path);
     written?;
     if !report.put_back.failed.is_empty() {
         bail!("the experiment finished, but {}", report.put_back);
     }
     Ok(())
+}
+
+fn write_report(report: &FleetAbReport, path: &Path) -> Result<()> {
+    let json = serde_json::to_string_pretty(report).context("writing fleet-ab.json")?;
+    tokwatt::report::write_atomically(path, &json)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Text an agent or a file gave, safe for a terminal.
@@ -266,6 +499,21 @@ fn print_plan(nodes: &[FleetNode], prepared: &Prepared, settings: &Settings) {
             } else {
                 ": a winner will be refused (--accept-unknown-demand judges on violations alone)"
             }
+        );
+    }
+    for domain in &prepared.domains {
+        println!(
+            "power domain {} ({} node(s): {}): its grants are frozen from before the first swap until every node is back (only cuts the budget forces are made)",
+            shown(&domain.domain),
+            domain.nodes.len(),
+            shown(
+                &domain
+                    .nodes
+                    .iter()
+                    .map(|&i| nodes[i].name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         );
     }
     println!(
@@ -381,6 +629,66 @@ fn print_verdict(report: &FleetAbReport, path: &Path) {
                 pair.sums.b.tokens_per_joule,
                 pair.sums.a.tokens_per_joule
             ),
+        );
+    }
+    for domain in &report.domains {
+        row(
+            "frozen",
+            format!(
+                "power domain {} by {}; {} read(s) of its grants ({} failed); {}",
+                shown(&domain.domain),
+                shown(&domain.frozen_by),
+                domain.reads,
+                domain.read_errors,
+                if domain.thawed {
+                    "thawed"
+                } else {
+                    "NOT thawed: it lapses with its lease"
+                }
+            ),
+        );
+    }
+    let watts =
+        |g: Option<GrantSeen>| g.map_or_else(|| "none".to_owned(), |g| format!("{:.0}", g.watts));
+    let granted: Vec<String> = report
+        .nodes
+        .iter()
+        .filter(|node| node.fleet.is_some())
+        .map(|node| {
+            format!(
+                "{} {} -> {}",
+                shown(&node.name),
+                watts(node.grant_start),
+                watts(node.grant_end)
+            )
+        })
+        .collect();
+    if !granted.is_empty() {
+        row("grants (W)", granted.join(", "));
+        row(
+            "grant changes",
+            if report.grant_changes.is_empty() {
+                "none while frozen".to_owned()
+            } else {
+                report
+                    .grant_changes
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "{}{}",
+                            shown(&c.to_string()),
+                            if c.forced_cut {
+                                " (a cut the budget forced)"
+                            } else if c.in_window {
+                                " (IN A MEASURED WINDOW)"
+                            } else {
+                                " (outside the measured windows)"
+                            }
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            },
         );
     }
     row("put back", report.put_back.to_string());

@@ -25,8 +25,15 @@
 //! - **The nodes are driven through their control API** ([`experiment`]): everything is
 //!   checked before the first swap, and every node changed is put back on its own
 //!   policy at the end, on an error and on an interrupt.
+//! - **A shared power budget is frozen** ([`domains`]): nodes in one power domain would
+//!   otherwise trade watts through the coordinator, a greedier arm winning them from the
+//!   other's nodes. Each domain's grants are held for the experiment's length (thawed on
+//!   every way out), read throughout, and a grant that moved during a measured window
+//!   other than by a cut the budget forced fails the experiment. Without the domains'
+//!   store, nodes in a domain are refused before anything changes.
 
 pub mod counters;
+pub mod domains;
 pub mod experiment;
 pub mod nodes;
 pub mod plan;
@@ -37,9 +44,10 @@ pub mod verdict;
 #[cfg(test)]
 mod tests;
 
+pub use domains::{DomainReading, DomainRecord, GrantChange, GrantSeen, NodePlace, PowerDomains};
 pub use experiment::{
-    BoxError, CounterSource, Fleet, FleetAbError, LoadSource, NodeControl, NodePolicy, NodeState,
-    Prepared, PutBack, Settings, Swapped, prepare, run,
+    BoxError, CounterSource, DomainPlan, Fleet, FleetAbError, LoadSource, NodeControl, NodePolicy,
+    NodeState, Prepared, PutBack, Settings, Swapped, prepare, run,
 };
 pub use nodes::{ApiAddress, FleetNode, NodesFileError, Selector, load_nodes, parse_nodes};
 pub use plan::{Assignment, MIN_PAIRS, PlannedPair, assign};

@@ -5,11 +5,14 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::counters::{Measured, Window};
+use super::domains::{DomainRecord, GrantChange, GrantSeen, NodePlace};
 use super::experiment::{LoadSource, NodePolicy, PutBack};
 use super::verdict::{FleetVerdict, PairSums};
 use crate::ab::Arm;
 
-/// Version of `fleet-ab.json`'s layout.
+/// Version of `fleet-ab.json`'s layout. Keys added without a change of meaning (the power
+/// domains frozen, each node's grants) keep it: a reader that knows version 1 ignores
+/// them, and one that wants them finds them absent in an older file.
 pub const FLEET_AB_FORMAT_VERSION: u32 = 1;
 
 /// One node's half.
@@ -27,6 +30,15 @@ pub struct HalfRecord {
 pub struct NodeReport {
     pub name: String,
     pub load: f64,
+    /// Its power domain, where it is in one (its grant was frozen for the experiment).
+    #[serde(default)]
+    pub fleet: Option<NodePlace>,
+    /// Its grant when the domain was frozen, and at the end, before the thaw (`None`: no
+    /// grant, or in no domain).
+    #[serde(default)]
+    pub grant_start: Option<GrantSeen>,
+    #[serde(default)]
+    pub grant_end: Option<GrantSeen>,
     /// The policy it ran before, and runs again after.
     pub original: NodePolicy,
     pub simulated: bool,
@@ -76,6 +88,13 @@ pub struct FleetAbReport {
     pub alpha: f64,
     pub source: String,
     pub put_back: PutBack,
+    /// The power domains frozen for the experiment (empty: no node is in one).
+    #[serde(default)]
+    pub domains: Vec<DomainRecord>,
+    /// Every change of a node's grant seen while frozen, and whether it may have happened
+    /// in a measured window. Only a cut the budget forced is allowed there.
+    #[serde(default)]
+    pub grant_changes: Vec<GrantChange>,
 }
 
 /// What the experiment estimates, in words (`fleet-ab.json`'s `estimand`).

@@ -3,7 +3,8 @@
 //! measured window, the arms swapped, again; then every node put back on the policy it
 //! had. Any failure after the first swap (a refused swap, a node that left its policy, a
 //! gap in the scrapes, an interrupt) stops the experiment, and the nodes changed so far
-//! are put back before the error is returned.
+//! are put back before the error is returned. Nodes in a power domain have the domain's
+//! grants frozen around all of it ([`super::domains`]), and thawed on every way out.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::counters::{self, Hold, MeasureError, Measured, Series, Window};
+use super::domains::{GrantChange, NodePlace, PowerDomains};
 use super::nodes::{FleetNode, Selector};
 use super::plan::{Assignment, MIN_PAIRS, assign};
 use super::prometheus::{Prometheus, PrometheusError, ScrapeTarget};
@@ -39,6 +41,9 @@ pub struct NodeState {
     pub policy: NodePolicy,
     pub paused: bool,
     pub simulated: bool,
+    /// Its power domain, where it shares a budget (`None`: none, or an agent that does
+    /// not say).
+    pub fleet: Option<NodePlace>,
 }
 
 /// A swap that took effect.
@@ -57,12 +62,15 @@ pub trait NodeControl: Sync {
     fn swap(&self, spec: &Path, plugin: Option<&Path>, fresh: bool) -> Result<Swapped, BoxError>;
 }
 
-/// The nodes, their control APIs (in the same order) and where their counters are read.
+/// The nodes, their control APIs (in the same order), where their counters are read, and
+/// the store of the power domains they share budgets in (`None`: not given, which is
+/// refused where a node is in one).
 #[derive(Clone, Copy)]
 pub struct Fleet<'a> {
     pub nodes: &'a [FleetNode],
     pub controls: &'a [&'a dyn NodeControl],
     pub counters: &'a dyn CounterSource,
+    pub domains: Option<&'a dyn PowerDomains>,
 }
 
 impl std::fmt::Debug for Fleet<'_> {
@@ -159,6 +167,30 @@ pub enum FleetAbError {
     },
     #[error("the verdict: {0}")]
     Stats(#[from] AbError),
+    #[error(
+        "{} share the power budget of {}: there the coordinator moves watts toward the nodes that ask for more, so a greedier arm would win watts from the other arm's nodes and the verdict would be biased by the shared budget, not earned by the policy; give the domains' store (--etcd, with --etcd-ca/--etcd-cert/--etcd-key where it speaks TLS) so the experiment can freeze every grant for its length",
+        nodes.join(", "),
+        domains.join(", ")
+    )]
+    SharedBudget {
+        /// The nodes in a domain, each with its domain.
+        nodes: Vec<String>,
+        domains: Vec<String>,
+    },
+    #[error("power domain `{domain}`: {why}")]
+    Domain { domain: String, why: String },
+    /// The experiment ran, but a grant moved during a measured window other than by a cut
+    /// the budget forced: the arms did not have their watts held. The report keeps every
+    /// figure (and the changes) for the record; it is not a verdict.
+    #[error(
+        "{}: the grants were not held during the measured windows (a move other than a cut the budget forced), so the arms' watts were not their own and no verdict is given; is every coordinator of the domain one that honours a freeze? ({put_back})",
+        moved.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    Biased {
+        report: Box<super::report::FleetAbReport>,
+        moved: Vec<GrantChange>,
+        put_back: PutBack,
+    },
     #[error("interrupted")]
     Interrupted,
     /// Raised before any node changed.
@@ -239,6 +271,16 @@ pub struct Prepared {
     pub clock_offset_s: f64,
     /// Nodes taking part whose demand is unknown (no demand counter).
     pub demand_unknown_on: Vec<String>,
+    /// The power domains to freeze, each with its nodes (indices), in name order.
+    pub domains: Vec<DomainPlan>,
+}
+
+/// A power domain the experiment's nodes share, frozen for its length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainPlan {
+    pub domain: String,
+    /// The experiment's nodes in it (indices into the nodes file's order).
+    pub nodes: Vec<usize>,
 }
 fn node_error(node: &FleetNode, why: impl std::fmt::Display) -> FleetAbError {
     FleetAbError::Node {
@@ -265,6 +307,7 @@ fn prepare_inner(fleet: Fleet<'_>, settings: &Settings) -> Result<Prepared, Flee
         nodes,
         controls,
         counters,
+        domains: store,
     } = fleet;
     if controls.len() != nodes.len() {
         return Err(FleetAbError::Settings(format!(
@@ -309,6 +352,7 @@ fn prepare_inner(fleet: Fleet<'_>, settings: &Settings) -> Result<Prepared, Flee
         }
         originals.push(state);
     }
+    let domains = plan_domains(nodes, &originals, store)?;
 
     let targets = counters.targets().map_err(prometheus)?;
     let mut scrape_interval_s = Vec::with_capacity(nodes.len());
@@ -443,7 +487,72 @@ fn prepare_inner(fleet: Fleet<'_>, settings: &Settings) -> Result<Prepared, Flee
         max_gap_s,
         clock_offset_s,
         demand_unknown_on,
+        domains,
     })
+}
+
+/// The power domains the nodes are in, by their statuses, each checked in the store: it
+/// answers, its budget names each node, and no other experiment holds it frozen. Refused
+/// where a node is in a domain and no store is given (the bias is named, and the fix).
+fn plan_domains(
+    nodes: &[FleetNode],
+    states: &[NodeState],
+    store: Option<&dyn PowerDomains>,
+) -> Result<Vec<DomainPlan>, FleetAbError> {
+    let mut by_domain: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
+    for (index, state) in states.iter().enumerate() {
+        if let Some(place) = &state.fleet {
+            by_domain
+                .entry(place.domain.clone())
+                .or_default()
+                .push(index);
+        }
+    }
+    if by_domain.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(store) = store else {
+        return Err(FleetAbError::SharedBudget {
+            nodes: by_domain
+                .iter()
+                .flat_map(|(domain, members)| {
+                    members
+                        .iter()
+                        .map(move |&i| format!("`{}` ({domain})", nodes[i].name))
+                })
+                .collect(),
+            domains: by_domain.keys().map(|d| format!("`{d}`")).collect(),
+        });
+    };
+    let mut plans = Vec::with_capacity(by_domain.len());
+    for (domain, members) in by_domain {
+        let error = |why: String| FleetAbError::Domain {
+            domain: domain.clone(),
+            why,
+        };
+        let reading = store
+            .read(&domain)
+            .map_err(|e| error(format!("its store did not answer: {e}")))?;
+        if let Some(other) = &reading.frozen_by_other {
+            return Err(error(format!(
+                "it is frozen already, by {other}: another experiment holds its grants; wait until it ends (a freeze lapses with its holder's lease), and see `tokwatt fleet show`"
+            )));
+        }
+        for &i in &members {
+            let place = states[i].fleet.as_ref().map_or("", |p| p.node.as_str());
+            if !reading.grants.contains_key(place) {
+                return Err(error(format!(
+                    "node `{}` says it is `{place}` of this domain, but the domain's budget does not name `{place}`: fix its [fleet] node, or the budget",
+                    nodes[i].name
+                )));
+            }
+        }
+        plans.push(DomainPlan {
+            domain,
+            nodes: members,
+        });
+    }
+    Ok(plans)
 }
 
 fn check_settings(settings: &Settings) -> Result<(), FleetAbError> {

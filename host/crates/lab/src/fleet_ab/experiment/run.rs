@@ -1,16 +1,19 @@
-//! Running what [`super::prepare`] planned: the two halves, the reading of their windows,
-//! and putting every node back.
+//! Running what [`super::prepare`] planned: the power domains frozen, the two halves, the
+//! reading of their windows, putting every node back, and the domains thawed.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::{
-    BoxError, CounterSource, Fleet, FleetAbError, NodeControl, NodePolicy, Prepared, PutBack,
-    PutBackFailure, Settings, Swapped, local_now_s, measure_node, node_error,
+    BoxError, CounterSource, DomainPlan, Fleet, FleetAbError, NodeControl, NodePolicy, Prepared,
+    PutBack, PutBackFailure, Settings, Swapped, local_now_s, measure_node, node_error,
 };
 use crate::ab::Arm;
 use crate::fleet_ab::counters::{self, Hold, Measured, Window};
+use crate::fleet_ab::domains::{
+    DomainRecord, GrantChange, GrantSeen, NodePlace, PowerDomains, freeze_reason,
+};
 use crate::fleet_ab::nodes::{ApiAddress, FleetNode};
 use crate::fleet_ab::plan::MIN_PAIRS;
 use crate::fleet_ab::report::{
@@ -18,9 +21,16 @@ use crate::fleet_ab::report::{
 };
 use crate::fleet_ab::verdict::{PairSums, verdict};
 
+/// How often a frozen domain's grants are read while the experiment runs (more often where
+/// a half is short).
+const READ_GRANTS_EVERY_S: f64 = 1.0;
+
 /// Runs the experiment [`super::prepare`] planned; says what it does through `say`. Every node
 /// changed is put back at the end, and on any failure or when `stop` is raised. The
-/// report says whether every node is back (`put_back`).
+/// report says whether every node is back (`put_back`). The power domains planned are
+/// frozen before the first swap and thawed after the last node is back, on every way out;
+/// a grant that moved during a measured window other than by a cut the budget forced
+/// ends in [`FleetAbError::Biased`], which carries the report.
 pub fn run(
     fleet: Fleet<'_>,
     settings: &Settings,
@@ -32,21 +42,37 @@ pub fn run(
         nodes,
         controls,
         counters,
+        domains,
     } = fleet;
     let mut runner = Runner {
         nodes,
         controls,
         counters,
+        domains,
         settings,
         prepared,
         stop,
         changed: vec![false; nodes.len()],
         halves: vec![Vec::new(); nodes.len()],
         windows: Vec::new(),
+        frozen: Vec::new(),
+        grants: vec![None; nodes.len()],
+        grant_changes: Vec::new(),
+        next_read_s: f64::NEG_INFINITY,
     };
-    let outcome = runner.both_halves(say);
+    if let Err(error) = runner.freeze_domains(say) {
+        // The freeze's error is the one to give; a thaw that fails is said, and lapses.
+        let _ = runner.thaw_domains(say);
+        return Err(FleetAbError::Unchanged(Box::new(error)));
+    }
+    let mut outcome = runner.both_halves(say);
     say("putting every node back on its policy");
     let put_back = runner.put_back();
+    if let Err(error) = runner.thaw_domains(say)
+        && outcome.is_ok()
+    {
+        outcome = Err(error);
+    }
     let measured = match outcome {
         Ok(()) => runner.read_half(1, say),
         Err(error) => Err(error),
@@ -56,8 +82,45 @@ pub fn run(
             cause: Box::new(cause),
             put_back,
         }),
-        Ok(()) => runner.report(put_back),
+        Ok(()) => {
+            let report = runner.report(put_back.clone())?;
+            let moved: Vec<GrantChange> = report
+                .grant_changes
+                .iter()
+                .filter(|c| c.in_window && !c.forced_cut)
+                .cloned()
+                .collect();
+            if moved.is_empty() {
+                Ok(report)
+            } else {
+                Err(FleetAbError::Biased {
+                    report: Box::new(report),
+                    moved,
+                    put_back,
+                })
+            }
+        }
     }
+}
+
+/// A domain frozen for the experiment.
+#[derive(Debug, Clone)]
+struct Frozen {
+    plan: DomainPlan,
+    by: String,
+    reads: u64,
+    read_errors: u64,
+    thawed: bool,
+}
+
+/// A node's grant, followed through the freeze.
+#[derive(Debug, Clone)]
+struct Followed {
+    place: NodePlace,
+    start: Option<GrantSeen>,
+    last: Option<GrantSeen>,
+    /// When the last read that saw it was (Prometheus's clock).
+    last_read_s: f64,
 }
 
 /// A node's half as it goes: swapped into, checked, then measured.
@@ -73,6 +136,7 @@ struct Runner<'a> {
     nodes: &'a [FleetNode],
     controls: &'a [&'a dyn NodeControl],
     counters: &'a dyn CounterSource,
+    domains: Option<&'a dyn PowerDomains>,
     settings: &'a Settings,
     prepared: &'a Prepared,
     stop: &'a AtomicBool,
@@ -81,6 +145,11 @@ struct Runner<'a> {
     /// Each node's halves, swapped into and then measured.
     halves: Vec<Vec<Half>>,
     windows: Vec<Window>,
+    /// The domains frozen so far, and each node's grant followed through the freeze.
+    frozen: Vec<Frozen>,
+    grants: Vec<Option<Followed>>,
+    grant_changes: Vec<GrantChange>,
+    next_read_s: f64,
 }
 
 impl Runner<'_> {
@@ -88,11 +157,15 @@ impl Runner<'_> {
         local_now_s() + self.prepared.clock_offset_s
     }
 
-    /// Sleeps until Prometheus's clock reads `t`, or the stop is raised.
-    fn wait_until(&self, t: f64) -> Result<(), FleetAbError> {
+    /// Sleeps until Prometheus's clock reads `t`, or the stop is raised; reads the frozen
+    /// domains' grants when due meanwhile.
+    fn wait_until(&mut self, t: f64) -> Result<(), FleetAbError> {
         loop {
             if self.stop.load(Ordering::Relaxed) {
                 return Err(FleetAbError::Interrupted);
+            }
+            if !self.frozen.is_empty() && self.prometheus_now() >= self.next_read_s {
+                self.read_grants()?;
             }
             let left = t - self.prometheus_now();
             if left <= 0.0 {
@@ -100,6 +173,163 @@ impl Runner<'_> {
             }
             std::thread::sleep(Duration::from_secs_f64(left.min(0.1)));
         }
+    }
+
+    /// Freezes every domain planned and reads the grants it holds (each node's at the
+    /// start). An error leaves the domains frozen so far for [`Self::thaw_domains`].
+    fn freeze_domains(&mut self, say: &mut dyn FnMut(&str)) -> Result<(), FleetAbError> {
+        if self.prepared.domains.is_empty() {
+            return Ok(());
+        }
+        let Some(store) = self.domains else {
+            // `prepare` refuses nodes in a domain without a store.
+            return Err(FleetAbError::Settings(
+                "nodes are in a power domain, and no store of the domains was given".into(),
+            ));
+        };
+        let why = freeze_reason(&self.settings.a, &self.settings.b);
+        for plan in &self.prepared.domains {
+            let by = store
+                .freeze(&plan.domain, &why)
+                .map_err(|e| FleetAbError::Domain {
+                    domain: plan.domain.clone(),
+                    why: format!("its grants could not be frozen: {e}"),
+                })?;
+            say(&format!(
+                "froze power domain {} ({} node(s)) as {by}: every grant held until the end",
+                plan.domain,
+                plan.nodes.len()
+            ));
+            self.frozen.push(Frozen {
+                plan: plan.clone(),
+                by,
+                reads: 0,
+                read_errors: 0,
+                thawed: false,
+            });
+            for &node in &plan.nodes {
+                if let Some(place) = self.prepared.originals[node].fleet.clone() {
+                    self.grants[node] = Some(Followed {
+                        place,
+                        start: None,
+                        last: None,
+                        last_read_s: f64::NEG_INFINITY,
+                    });
+                }
+            }
+        }
+        // The grants at the start: each domain must answer once, frozen by this run.
+        self.read_grants()?;
+        for frozen in &self.frozen {
+            if frozen.reads == 0 {
+                return Err(FleetAbError::Domain {
+                    domain: frozen.plan.domain.clone(),
+                    why: "its grants could not be read once frozen: nothing was measured".into(),
+                });
+            }
+        }
+        for followed in self.grants.iter_mut().flatten() {
+            followed.start = followed.last;
+        }
+        self.grant_changes.clear();
+        Ok(())
+    }
+
+    /// Reads every frozen domain's grants, noting each node's that changed since the last
+    /// read. A read that fails is counted and tried again at the next; a freeze that is
+    /// no longer this run's (it lapsed, or was removed) stops the experiment.
+    fn read_grants(&mut self) -> Result<(), FleetAbError> {
+        let Some(store) = self.domains else {
+            return Ok(());
+        };
+        // At least four reads a half, so that a change is placed within a quarter of it.
+        let every_s = READ_GRANTS_EVERY_S.min(self.settings.half.as_secs_f64() / 4.0);
+        self.next_read_s = self.prometheus_now() + every_s;
+        for frozen in &mut self.frozen {
+            if frozen.thawed {
+                continue;
+            }
+            let domain = &frozen.plan.domain;
+            let reading = match store.read(domain) {
+                Ok(reading) => reading,
+                Err(error) => {
+                    frozen.read_errors += 1;
+                    tracing::warn!(domain = %domain, "fleet ab: reading the frozen domain's grants failed (tried again): {error}");
+                    continue;
+                }
+            };
+            frozen.reads += 1;
+            let now = local_now_s() + self.prepared.clock_offset_s;
+            if !reading.frozen_by_us {
+                return Err(FleetAbError::Domain {
+                    domain: domain.clone(),
+                    why: format!(
+                        "its freeze is gone{}: it lapsed (its store did not hear this run renew it within its lease) or was removed, so its grants were free to move; nothing measured since can be trusted",
+                        reading
+                            .frozen_by_other
+                            .map(|other| format!(" (frozen now by {other})"))
+                            .unwrap_or_default()
+                    ),
+                });
+            }
+            for &node in &frozen.plan.nodes {
+                let Some(followed) = self.grants[node].as_mut() else {
+                    continue;
+                };
+                let seen = reading.grants.get(&followed.place.node).copied().flatten();
+                if followed.last_read_s.is_finite() && seen != followed.last {
+                    self.grant_changes.push(GrantChange {
+                        node: self.nodes[node].name.clone(),
+                        domain: domain.clone(),
+                        after_s: followed.last_read_s,
+                        seen_s: now,
+                        from: followed.last,
+                        to: seen,
+                        forced_cut: GrantChange::allowed(followed.last, seen),
+                        in_window: false,
+                    });
+                }
+                followed.last = seen;
+                followed.last_read_s = now;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the grants once more (each node's at the end) and ends every freeze this run
+    /// holds. A freeze that cannot be ended lapses with its lease; that is said, and is
+    /// the error returned (after every domain was tried).
+    fn thaw_domains(&mut self, say: &mut dyn FnMut(&str)) -> Result<(), FleetAbError> {
+        let Some(store) = self.domains else {
+            return Ok(());
+        };
+        if self.frozen.is_empty() {
+            return Ok(());
+        }
+        let read = self.read_grants();
+        let mut failed = None;
+        for frozen in &mut self.frozen {
+            match store.thaw(&frozen.plan.domain) {
+                Ok(()) => {
+                    frozen.thawed = true;
+                    say(&format!("thawed power domain {}", frozen.plan.domain));
+                }
+                Err(error) => {
+                    say(&format!(
+                        "power domain {} could not be thawed ({error}): its freeze lapses with its lease",
+                        frozen.plan.domain
+                    ));
+                    failed.get_or_insert(FleetAbError::Domain {
+                        domain: frozen.plan.domain.clone(),
+                        why: format!(
+                            "its freeze could not be ended ({error}); it lapses with its lease"
+                        ),
+                    });
+                }
+            }
+        }
+        read?;
+        failed.map_or(Ok(()), Err)
     }
 
     fn both_halves(&mut self, say: &mut dyn FnMut(&str)) -> Result<(), FleetAbError> {
@@ -399,9 +629,13 @@ impl Runner<'_> {
                     (Some(_), Some(Arm::B)) => "b-first",
                     _ => "left-out",
                 };
+                let followed = self.grants[i].as_ref();
                 NodeReport {
                     name: node.name.clone(),
                     load: self.prepared.loads[i],
+                    fleet: self.prepared.originals[i].fleet.clone(),
+                    grant_start: followed.and_then(|f| f.start),
+                    grant_end: followed.and_then(|f| f.last),
                     original: self.prepared.originals[i].policy.clone(),
                     simulated: self.prepared.originals[i].simulated,
                     part: part.to_owned(),
@@ -450,6 +684,26 @@ impl Runner<'_> {
             alpha: self.settings.alpha,
             source: self.settings.source.clone(),
             put_back,
+            domains: self
+                .frozen
+                .iter()
+                .map(|frozen| DomainRecord {
+                    domain: frozen.plan.domain.clone(),
+                    nodes: frozen.plan.nodes.iter().map(|&i| name(i)).collect(),
+                    frozen_by: frozen.by.clone(),
+                    reads: frozen.reads,
+                    read_errors: frozen.read_errors,
+                    thawed: frozen.thawed,
+                })
+                .collect(),
+            grant_changes: self
+                .grant_changes
+                .iter()
+                .map(|change| GrantChange {
+                    in_window: change.overlaps(&self.windows),
+                    ..change.clone()
+                })
+                .collect(),
         })
     }
 }

@@ -27,6 +27,8 @@ struct FakeNode {
     /// Tokens per second it makes: its load.
     load: f64,
     answers: bool,
+    /// Its power domain, as its status says.
+    place: Option<NodePlace>,
 }
 
 impl FakeNode {
@@ -45,6 +47,7 @@ impl FakeNode {
             swaps_asked: Mutex::new(0),
             load,
             answers: true,
+            place: None,
         }
     }
 
@@ -106,6 +109,7 @@ impl NodeControl for FakeNode {
             policy,
             paused: false,
             simulated: true,
+            fleet: self.place.clone(),
         })
     }
 
@@ -249,6 +253,15 @@ fn settings() -> Settings {
 
 /// Runs the experiment on `fakes` until done or `stop`.
 fn run_on(fakes: &[FakeNode], stop: &AtomicBool) -> Result<FleetAbReport, FleetAbError> {
+    run_in(fakes, None, stop)
+}
+
+/// [`run_on`], the nodes' power domains kept in `domains`.
+fn run_in(
+    fakes: &[FakeNode],
+    domains: Option<&dyn PowerDomains>,
+    stop: &AtomicBool,
+) -> Result<FleetAbReport, FleetAbError> {
     let nodes = nodes_of(fakes);
     let controls: Vec<&dyn NodeControl> = fakes.iter().map(|f| f as &dyn NodeControl).collect();
     let prometheus = FakePrometheus { nodes: fakes };
@@ -256,6 +269,7 @@ fn run_on(fakes: &[FakeNode], stop: &AtomicBool) -> Result<FleetAbReport, FleetA
         nodes: &nodes,
         controls: &controls,
         counters: &prometheus,
+        domains,
     };
     // Time for the baseline's scrapes.
     std::thread::sleep(Duration::from_millis(250));
@@ -388,4 +402,282 @@ fn what_is_wrong_before_the_start_changes_nothing() {
     for fake in &fakes {
         assert_eq!(*fake.swaps_asked.lock().expect("lock"), 0, "{}", fake.name);
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Power domains
+
+/// What a fake domain store does to one node's grant, once, this long after the freeze.
+#[derive(Debug, Clone, Copy)]
+struct Event {
+    after_s: f64,
+    node: usize,
+    /// Watts added to its grant (negative: a cut).
+    delta_w: f64,
+    /// Marked as a cut the budget forced.
+    forced: bool,
+}
+
+/// A domain store: one domain `rack-1`, every node granted 500 W + 10 W × its index.
+#[derive(Default)]
+struct FakeDomains {
+    state: Mutex<DomainsState>,
+    event: Option<Event>,
+    /// Another experiment holds the freeze.
+    held_by_other: bool,
+    /// The freeze lapses this long after it was made (the store stopped hearing us).
+    lapses_after_s: Option<f64>,
+}
+
+#[derive(Default)]
+struct DomainsState {
+    frozen_at: Option<f64>,
+    freezes: usize,
+    thaws: usize,
+    reads: usize,
+    event_done: bool,
+    grants: BTreeMap<String, GrantSeen>,
+}
+
+impl FakeDomains {
+    fn new(nodes: usize) -> Self {
+        let fake = Self::default();
+        fake.state.lock().expect("lock").grants = (0..nodes)
+            .map(|i| {
+                (
+                    format!("node-{i}"),
+                    GrantSeen {
+                        generation: 3,
+                        watts: 500.0 + 10.0 * i as f64,
+                        forced_cut: false,
+                    },
+                )
+            })
+            .collect();
+        fake
+    }
+}
+
+impl PowerDomains for FakeDomains {
+    fn freeze(&self, domain: &str, _why: &str) -> Result<String, BoxError> {
+        assert_eq!(domain, "rack-1");
+        let mut state = self.state.lock().expect("lock");
+        state.freezes += 1;
+        state.frozen_at = Some(local_s());
+        Ok("the test (pid 1)".into())
+    }
+
+    fn read(&self, domain: &str) -> Result<DomainReading, BoxError> {
+        assert_eq!(domain, "rack-1");
+        let mut state = self.state.lock().expect("lock");
+        state.reads += 1;
+        let since = state.frozen_at.map(|at| local_s() - at);
+        if let (Some(event), Some(since)) = (self.event, since)
+            && since >= event.after_s
+            && !state.event_done
+        {
+            state.event_done = true;
+            let grant = state
+                .grants
+                .get_mut(&format!("node-{}", event.node))
+                .expect("a node");
+            grant.generation += 1;
+            grant.watts += event.delta_w;
+            grant.forced_cut = event.forced;
+        }
+        let lapsed = matches!((self.lapses_after_s, since), (Some(at), Some(since)) if since >= at);
+        Ok(DomainReading {
+            grants: state
+                .grants
+                .iter()
+                .map(|(n, g)| (n.clone(), Some(*g)))
+                .collect(),
+            frozen_by_us: state.frozen_at.is_some() && !lapsed,
+            frozen_by_other: self
+                .held_by_other
+                .then(|| "tokwatt fleet ab on another host".to_owned()),
+        })
+    }
+
+    fn thaw(&self, _domain: &str) -> Result<(), BoxError> {
+        let mut state = self.state.lock().expect("lock");
+        state.thaws += 1;
+        state.frozen_at = None;
+        Ok(())
+    }
+}
+
+/// Eight nodes of `rack-1`.
+fn fleet_in_a_domain() -> Vec<FakeNode> {
+    let mut fakes = fleet_of(&[10.0, 11.0, 20.0, 21.0, 30.0, 31.0, 40.0, 41.0]);
+    for fake in &mut fakes {
+        fake.place = Some(NodePlace {
+            domain: "rack-1".into(),
+            node: fake.name.clone(),
+        });
+    }
+    fakes
+}
+
+#[test]
+fn nodes_in_a_power_domain_are_refused_without_its_store_naming_the_bias_and_the_fix() {
+    let fakes = fleet_in_a_domain();
+    let error = run_on(&fakes, &AtomicBool::new(false)).expect_err("refused");
+    let text = error.to_string();
+    for expected in [
+        "`node-0` (rack-1)",
+        "share the power budget of `rack-1`",
+        "a greedier arm would win watts from the other arm's nodes",
+        "--etcd",
+        "nothing was changed on any node",
+    ] {
+        assert!(text.contains(expected), "{expected:?}: {text}");
+    }
+    for fake in &fakes {
+        assert_eq!(*fake.swaps_asked.lock().expect("lock"), 0, "{}", fake.name);
+    }
+    // Frozen by another experiment: refused too, naming it.
+    let other = FakeDomains {
+        held_by_other: true,
+        ..FakeDomains::new(8)
+    };
+    let text = run_in(&fakes, Some(&other), &AtomicBool::new(false))
+        .expect_err("held")
+        .to_string();
+    assert!(
+        text.contains("frozen already, by tokwatt fleet ab on another host")
+            && text.contains("nothing was changed"),
+        "{text}"
+    );
+    assert_eq!(other.state.lock().expect("lock").freezes, 0);
+}
+
+#[test]
+fn a_domain_is_frozen_for_the_whole_experiment_and_its_grants_recorded() {
+    let fakes = fleet_in_a_domain();
+    let domains = FakeDomains::new(8);
+    let report = run_in(&fakes, Some(&domains), &AtomicBool::new(false)).expect("runs");
+    assert_all_back(&fakes);
+    let state = domains.state.lock().expect("lock");
+    assert_eq!((state.freezes, state.thaws), (1, 1));
+    assert!(state.reads >= 8, "read through the halves: {}", state.reads);
+    assert_eq!(report.domains.len(), 1);
+    assert_eq!(report.domains[0].frozen_by, "the test (pid 1)");
+    assert!(report.domains[0].thawed);
+    assert_eq!(report.domains[0].nodes.len(), 8);
+    assert_eq!(report.grant_changes, []);
+    for (i, node) in report.nodes.iter().enumerate() {
+        let held = Some(GrantSeen {
+            generation: 3,
+            watts: 500.0 + 10.0 * i as f64,
+            forced_cut: false,
+        });
+        assert_eq!(
+            (node.grant_start, node.grant_end),
+            (held, held),
+            "{}",
+            node.name
+        );
+        assert_eq!(
+            node.fleet.as_ref().map(|p| p.domain.as_str()),
+            Some("rack-1")
+        );
+    }
+    let json = serde_json::to_value(&report).expect("JSON");
+    for key in ["domains", "grant_changes"] {
+        assert!(json.get(key).is_some(), "fleet-ab.json has `{key}`");
+    }
+    assert!(json["nodes"][0].get("grant_start").is_some());
+}
+
+#[test]
+fn a_grant_that_moves_in_a_measured_window_fails_the_experiment_but_a_forced_cut_does_not() {
+    // 250 ms after the freeze: inside the first half's window (50 ms settle, 300 ms).
+    let at = |delta_w: f64, forced: bool| Event {
+        after_s: 0.25,
+        node: 3,
+        delta_w,
+        forced,
+    };
+    for (event, allowed) in [
+        (at(150.0, false), false),  // a greedy node raised
+        (at(-150.0, false), false), // a cut to pay for another's raise
+        (at(-150.0, true), true),   // a cut the budget forced
+    ] {
+        let fakes = fleet_in_a_domain();
+        let domains = FakeDomains {
+            event: Some(event),
+            ..FakeDomains::new(8)
+        };
+        let outcome = run_in(&fakes, Some(&domains), &AtomicBool::new(false));
+        assert_all_back(&fakes);
+        assert_eq!(domains.state.lock().expect("lock").thaws, 1);
+        let report = match outcome {
+            Ok(report) => {
+                assert!(allowed, "{event:?} passed");
+                report
+            }
+            Err(FleetAbError::Biased { report, moved, .. }) => {
+                assert!(!allowed, "{event:?} failed");
+                assert_eq!(moved.len(), 1);
+                let text = FleetAbError::Biased {
+                    report: report.clone(),
+                    moved,
+                    put_back: report.put_back.clone(),
+                }
+                .to_string();
+                assert!(
+                    text.contains("node `node-3`'s grant in domain `rack-1` went from 530 W")
+                        && text.contains("no verdict is given"),
+                    "{text}"
+                );
+                *report
+            }
+            Err(other) => panic!("{event:?}: {other}"),
+        };
+        let [change] = report.grant_changes.as_slice() else {
+            panic!("one change: {:?}", report.grant_changes);
+        };
+        assert_eq!(change.node, "node-3");
+        assert!(change.in_window, "{change:?} {:?}", report.windows);
+        assert_eq!(change.forced_cut, allowed);
+        assert_eq!(
+            report.nodes[3].grant_end.map(|g| g.watts),
+            Some(530.0 + event.delta_w)
+        );
+    }
+}
+
+#[test]
+fn a_freeze_that_lapses_stops_the_experiment_and_an_interrupt_thaws() {
+    let fakes = fleet_in_a_domain();
+    let domains = FakeDomains {
+        lapses_after_s: Some(0.2),
+        ..FakeDomains::new(8)
+    };
+    let error = run_in(&fakes, Some(&domains), &AtomicBool::new(false)).expect_err("lapsed");
+    let text = error.to_string();
+    assert!(
+        matches!(&error, FleetAbError::Stopped { .. }) && text.contains("its freeze is gone"),
+        "{text}"
+    );
+    assert_all_back(&fakes);
+    assert_eq!(domains.state.lock().expect("lock").thaws, 1);
+
+    let fakes = fleet_in_a_domain();
+    let domains = FakeDomains::new(8);
+    let stop = AtomicBool::new(false);
+    let error = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            std::thread::sleep(Duration::from_millis(450));
+            stop.store(true, Ordering::Relaxed);
+        });
+        run_in(&fakes, Some(&domains), &stop).expect_err("interrupted")
+    });
+    assert!(
+        matches!(&error, FleetAbError::Stopped { cause, .. } if matches!(**cause, FleetAbError::Interrupted)),
+        "{error}"
+    );
+    assert_all_back(&fakes);
+    assert_eq!(domains.state.lock().expect("lock").thaws, 1);
 }
