@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -62,8 +62,8 @@ pub fn fence(args: &FenceArgs) -> Result<()> {
             args.reserve
         );
     }
-    let mut actuator = open_gpus(args)?;
     if args.once {
+        let mut actuator = open_gpus(args)?;
         let applied = tokwatt::fence::apply_reserve(actuator.as_mut(), args.reserve)
             .with_context(|| format!("applying the reserve ({} W)", args.reserve))?;
         println!("tokwatt fence: reserve {} W: {applied}", args.reserve);
@@ -79,6 +79,25 @@ pub fn fence(args: &FenceArgs) -> Result<()> {
         (args.heartbeat.clone(), args.stall, args.status.clone())
     else {
         bail!("--heartbeat, --stall and --status are needed unless --once");
+    };
+    // A fence that starts before its GPUs can be opened (a driver still loading, a
+    // simulated node whose agent has not created its driver file yet) waits for them
+    // rather than exiting: it writes no status meanwhile, so no agent declares it.
+    let mut told = false;
+    let mut actuator = loop {
+        match open_gpus(args) {
+            Ok(actuator) => break actuator,
+            Err(error) => {
+                if !told {
+                    eprintln!("tokwatt fence: {error:#}; trying again every second");
+                    told = true;
+                }
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
     };
     eprintln!(
         "tokwatt fence: watching {} (stall {}), holding the {} GPU(s) within {} W when it stalls; status in {}",
