@@ -19,8 +19,23 @@ It runs up to four arms, one after another, on the same nodes, demand and seeds:
   static  an equal static split: every GPU capped at its share of the budget.
   local   each node left to its local policy (`cap-search`) within its equal share.
 
+  stops   issue 40's faults, agents that stop running while their GPUs keep the caps
+          they had: an agent paused (SIGSTOP) for 20 s and for 60 s, killed and
+          restarted 30 s later, killed at start five times (a crash loop), failing at
+          start (a bad config), and a node rebooted. Every node runs the `static`
+          policy at 700 W (every node wants its maximum) beside its fence (`tokwatt
+          fence`, the Kubernetes sidecar), and the coordinator's stranded watts and
+          the time until they are freed are recorded.
+
 The last three are compared on fleet tokens per joule and on served demand (tokens
 served over tokens asked for), over the same window of every node's run.
+
+Every agent's simulated GPUs keep their settings in a file outside the agent process
+(`[node] sim_driver`), as a real driver keeps a cap after the process that set it
+stopped: the caps in force are read from there every second, so a paused, dead or
+restarting agent is counted at what its GPUs really hold. In the fleet arms every node
+runs its fence beside it and declares it (`[fleet.fence]`); its boot unit
+(`tokwatt sim-driver boot-reserve`) puts a rebooted node at its reserve.
 
     python3 scripts/fleet-scale-run.py --nodes 125            # issue 31's run
     python3 scripts/fleet-scale-run.py --nodes 4 --duration 90   # a quick one
@@ -28,9 +43,7 @@ served over tokens asked for), over the same window of every node's run.
 Needs etcd (Debian's etcd-server) and a built tokwatt (cargo build --release -p tokwatt).
 The partitions need root and `ip` (iproute2); the skewed clocks need libfaketime (Debian's
 faketime). Without them those faults are skipped with the reason (or the run fails where
---require-all is given). A killed or restarting agent is counted at its reserve: on a
-real node the unit's ExecStopPost (`tokwatt restore`) and the next start put its GPUs
-there. Exits non-zero if any second's caps passed the budget in force.
+--require-all is given). Exits non-zero if any second's caps passed the budget in force.
 """
 
 import argparse
@@ -53,6 +66,9 @@ import urllib.request
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 DOMAIN = "row-1"
+# The fence applies the reserve when the agent's heartbeat is this old, within this long.
+FENCE_STALL_S, FENCE_RESTORE_S = 3, 2
+STRANDED_METRIC = "tokwatt_fleet_node_stranded_watts"
 BRIDGE_IP = "10.77.0.1"
 
 
@@ -72,6 +88,17 @@ def wait_for(check, what, patience=30.0):
             pass
         time.sleep(0.2)
     raise SystemExit(f"{what} within {patience:.0f} s: no")
+
+
+def driver_caps(path):
+    """The sum of the power caps a node's simulated driver holds (None: no driver file
+    yet). Read without the driver's lock: it is replaced whole, by a rename."""
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return sum(board["power_cap_w"] for board in state["boards"])
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
@@ -252,10 +279,12 @@ class Arm:
         self.root = os.path.join(root, name)
         os.makedirs(self.root)
         self.network = network
-        self.fleet = name in ("faults", "fleet")
+        self.fleet = name in ("faults", "fleet", "stops")
         self.procs = []
         self.agents = {}
+        self.fences = {}
         self.coordinators = {}
+        self.coordinator_metrics = {}
         self.names = [f"node-{i:03d}" for i in range(args.nodes)]
         self.share = args.share_w * args.gpus
         self.reserve = args.reserve_w * args.gpus
@@ -281,15 +310,18 @@ class Arm:
         with open(path, "w") as f:
             f.write(f'domain = "{DOMAIN}"\nbudget_w = {watts}\n')
             for n in self.names:
-                f.write(f'[[nodes]]\nnode = "{n}"\nreserve_w = {self.reserve}\nmax_w = {700.0 * self.args.gpus}\n')
+                # Every node runs its fence and its boot unit: counted at its reserve when silent.
+                f.write(f'[[nodes]]\nnode = "{n}"\nreserve_w = {self.reserve}\nmax_w = {700.0 * self.args.gpus}\n'
+                        f'default_w = {700.0 * self.args.gpus}\nfenced = true\n')
         subprocess.run([self.binary, "fleet", "budget", *sum((["--etcd", e] for e in self.etcd.endpoints()), []),
                         "--file", path], check=True, stdout=subprocess.DEVNULL)
         self.budget_now = watts
 
     def start_coordinator(self, name):
         flags = sum((["--etcd", e] for e in self.endpoints_for(name)), [])
+        port = self.coordinator_metrics.setdefault(name, free_port())
         p = subprocess.Popen([*self.prefix(name), self.binary, "fleet", "coordinate", *flags, "--domain", DOMAIN,
-                              "--name", name, "--ttl", "5s", "--period", "1s"],
+                              "--name", name, "--ttl", "5s", "--period", "1s", "--metrics", f"127.0.0.1:{port}"],
                              stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.root, f"{name}.log"), "a"))
         self.coordinators[name] = p
         self.procs.append(p)
@@ -297,23 +329,46 @@ class Arm:
     def leader(self):
         return self.etcd.get(f"/tokwatt/fleet/{DOMAIN}/leader")
 
-    def start_agent(self, n):
+    def driver(self, n):
+        return os.path.join(self.root, n, "driver.json")
+
+    def start_fence(self, n):
+        """The node's fence (the Kubernetes sidecar): it applies the reserve to the
+        node's simulated driver when the agent's heartbeat stalls."""
+        d = os.path.join(self.root, n)
+        os.makedirs(d, exist_ok=True)
+        p = subprocess.Popen([*self.prefix(n), self.binary, "fence", "--heartbeat", os.path.join(d, "heartbeat"),
+                              "--status", os.path.join(d, "fence.json"), "--stall", f"{FENCE_STALL_S}s",
+                              "--reserve", str(self.reserve), "--sim-driver", self.driver(n)],
+                             stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "fence.log"), "a"))
+        self.fences[n] = p
+        self.procs.append(p)
+
+    def start_agent(self, n, bad_config=False):
         d = os.path.join(self.root, n)
         os.makedirs(d, exist_ok=True)
         i = self.names.index(n)
         scenario = os.path.join(d, "scenario.toml")
         with open(scenario, "w") as f:
             f.write(scenario_text(demand_kind(i), self.args.shift))
-        policy = "static.toml" if self.name == "static" else "cap-search.toml"
+        policy = {"static": "static.toml", "stops": "static-700.toml"}.get(self.name, "cap-search.toml")
         spec = os.path.join(self.root, policy)
         text = (f'[policy]\nspec = "{spec}"\ncache_dir = "{self.cache}"\nseed = {1000 + i}\n'
                 f'[node]\nbackend = "sim"\nsim_gpus = {self.args.gpus}\nsim_scenario = "{scenario}"\n'
+                f'sim_driver = "{self.driver(n)}"\n'
                 f'[api]\nsocket = "{d}/api.sock"\n[output]\ndir = "{d}/out"\n')
         if self.name == "local":
             text += f"[guardrails]\npower_cap_max_w = {self.args.share_w}\n"
         if self.fleet:
             text += (f'[fleet]\netcd = {json.dumps(self.endpoints_for(n))}\ndomain = "{DOMAIN}"\nnode = "{n}"\n'
-                     f'reserve_w = {self.reserve}\nlease_ttl = "10s"\nmargin = "3s"\n')
+                     f'reserve_w = {self.reserve}\nlease_ttl = "10s"\nmargin = "3s"\n'
+                     f'[fleet.fence]\nkind = "heartbeat"\nheartbeat = "{d}/heartbeat"\nstatus = "{d}/fence.json"\n'
+                     f'restore_s = {FENCE_RESTORE_S}\ncovers_reboot = true\n')
+            if n not in self.fences:
+                self.start_fence(n)
+        if bad_config:
+            # A bad ConfigMap: the agent fails at start, before it knows its reserve.
+            text += "[node.nonsense]\nkey = 1\n"
         cfg = os.path.join(d, "serve.toml")
         with open(cfg, "w") as f:
             f.write(text)
@@ -329,23 +384,59 @@ class Arm:
         return get_unix(self.agents[n]["socket"], "/metrics")
 
     def caps_of(self, n):
-        """(caps in force, state) of one node: a dead or starting agent at its reserve."""
+        """(caps in force, state) of one node, read from its simulated driver: what its
+        GPUs hold, whether its agent runs, is paused, dead or starting."""
         a = self.agents[n]
+        caps = driver_caps(self.driver(n))
         if a["proc"].poll() is not None:
-            return self.reserve, "dead"
+            state = "dead"
+        elif a.get("paused"):
+            state = "paused"
+        else:
+            state = "live"
+        if caps is None:
+            # No driver file yet: the node's GPUs were never touched, at their defaults.
+            caps = 700.0 * self.args.gpus
+        return caps, state
+
+    def leader_metrics(self):
+        """The leading coordinator's /metrics text (None: none read)."""
+        for port in self.coordinator_metrics.values():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=0.5) as r:
+                    text = r.read().decode()
+            except OSError:
+                continue
+            if "tokwatt_fleet_coordinator_leading 1" in text:
+                return text
+        return None
+
+    def leader_counter(self, name):
+        text = self.leader_metrics()
+        for line in (text or "").splitlines():
+            if line.startswith(name + " "):
+                return float(line.split(" ")[1])
+        return None
+
+    def stranded(self):
+        """The leader's stranded watts, node by node, from its metrics (None: unread)."""
+        text = self.leader_metrics()
+        if text is not None:
+            per_node = {}
+            for line in text.splitlines():
+                if line.startswith(STRANDED_METRIC + "{"):
+                    labels, value = line.rsplit(" ", 1)
+                    node = labels.split('node="', 1)[1].split('"', 1)[0]
+                    per_node[node] = per_node.get(node, 0.0) + float(value)
+            return per_node
+        return None
+
+    def serving(self, n):
+        """Whether the agent answers with its GPUs' caps (it has ticked)."""
         try:
-            text = self.metrics(n)
+            return "tokwatt_gpu_power_cap_requested_watts{" in self.metrics(n)
         except OSError:
-            return (self.reserve, "starting") if not a.get("seen") else (None, "unreachable")
-        total, seen = 0.0, False
-        for line in text.splitlines():
-            if line.startswith("tokwatt_gpu_power_cap_requested_watts{"):
-                total += float(line.rsplit(" ", 1)[1])
-                seen = True
-        if not seen:
-            return self.reserve, "starting"
-        a["seen"] = True
-        return total, "live"
+            return False
 
     def gauge(self, n, name):
         try:
@@ -357,9 +448,10 @@ class Arm:
         return None
 
     def start(self):
-        with open(os.path.join(self.root, "static.toml"), "w") as f:
-            f.write(f'name = "static"\nplugin = "policy_static.wasm"\nknobs = ["power-cap"]\ntick_ms = 1000\n'
-                    f'[params]\npower_cap_w = "{self.args.share_w}"\n')
+        for file, watts in (("static.toml", self.args.share_w), ("static-700.toml", 700.0)):
+            with open(os.path.join(self.root, file), "w") as f:
+                f.write(f'name = "static"\nplugin = "policy_static.wasm"\nknobs = ["power-cap"]\ntick_ms = 1000\n'
+                        f'[params]\npower_cap_w = "{watts}"\n')
         with open(os.path.join(REPO, "policies", "cap-search.toml")) as f:
             spec = f.read()
         if self.name == "local":
@@ -382,11 +474,16 @@ class Arm:
         # One agent first compiles the policies into the shared cache; the rest load it.
         first = self.names[0]
         self.start_agent(first)
-        wait_for(lambda: self.caps_of(first)[1] == "live", f"{first} serving", 120)
+        wait_for(lambda: self.serving(first), f"{first} serving", 120)
         for n in self.names[1:]:
             self.start_agent(n)
         for n in self.names:
-            wait_for(lambda: self.caps_of(n)[1] == "live", f"{n} serving", 180)
+            wait_for(lambda: self.serving(n), f"{n} serving", 180)
+        if self.fleet:
+            # Each node's boot unit (tokwatt-reserve.service): a reboot puts it at its reserve.
+            for n in self.names:
+                subprocess.run([self.binary, "sim-driver", "boot-reserve", self.driver(n), "--watts", str(self.reserve)],
+                               check=True, stdout=subprocess.DEVNULL)
 
     # Five distinct nodes take the node faults; the ones cut off, flapping or skewed slow
     # carry heavy load (a grant above their reserve, which a cut must take back).
@@ -422,6 +519,28 @@ class Arm:
         caps = list(pool.map(self.caps_of, self.names))
         known = [c for c, _ in caps if c is not None]
         return sum(known), sum(1 for c, _ in caps if c is None)
+
+    def pause(self, n):
+        self.agents[n]["proc"].send_signal(signal.SIGSTOP)
+        self.agents[n]["paused"] = True
+
+    def resume(self, n):
+        self.agents[n]["proc"].send_signal(signal.SIGCONT)
+        self.agents[n]["paused"] = False
+
+    def kill(self, n):
+        self.agents[n]["proc"].kill()
+        self.agents[n]["proc"].wait()
+
+    def reboot(self, n):
+        """The node goes down (agent and fence with it); the driver comes back at the
+        board defaults and its boot unit applies the reserve."""
+        self.kill(n)
+        fence = self.fences.pop(n)
+        fence.kill()
+        fence.wait()
+        subprocess.run([self.binary, "sim-driver", "reboot", self.driver(n)], check=True,
+                       stdout=subprocess.DEVNULL)
 
     def totals(self, start_s, end_s, exclude=()):
         """Tokens, energy and tokens asked for over [start_s, end_s) of every node's own run
@@ -601,8 +720,125 @@ def run_faults(arm, args):
     return result, over
 
 
+def run_stops(arm, args):
+    """Agents that stop running while their GPUs keep their caps (issue 40): returns
+    (result, seconds over the budget)."""
+    d = args.stops_duration
+    a, b, c, dd, e = (arm.names[i] for i in range(5))
+    events, over, samples = [], [], []
+    stranded_log = {}
+    schedule = []
+
+    def at(t, what, act):
+        schedule.append((t, what, act))
+        schedule.sort(key=lambda x: x[0])
+
+    def crash_loop(n, left):
+        def act():
+            arm.start_agent(n)
+            def kill():
+                arm.kill(n)
+                if left > 1:
+                    at(time.time() - t0 + 1.0, None, crash_loop(n, left - 1))
+                else:
+                    at(time.time() - t0 + 3.0, f"start agent {n} for good after its crash loop",
+                       lambda: arm.start_agent(n))
+            at(time.time() - t0 + 1.5, f"kill -9 agent {n} at start ({6 - left} of 5)", kill)
+        return act
+
+    def bad_start(n, tries):
+        def act():
+            arm.start_agent(n, bad_config=True)
+            if tries > 1:
+                at(time.time() - t0 + 5.0, f"start agent {n} again with its bad config", bad_start(n, tries - 1))
+        return act
+
+    def stop_cleanly(n):
+        arm.agents[n]["proc"].send_signal(signal.SIGTERM)
+        arm.agents[n]["proc"].wait(timeout=30)
+
+    at(15, f"pause agent {a} (SIGSTOP) for 20 s", lambda: arm.pause(a))
+    at(15 + 20, f"resume agent {a}", lambda: arm.resume(a))
+    at(45, f"pause agent {b} (SIGSTOP) for 60 s", lambda: arm.pause(b))
+    at(45 + 60, f"resume agent {b}", lambda: arm.resume(b))
+    at(55, f"kill -9 agent {c}; nothing restarts it for 30 s", lambda: arm.kill(c))
+    at(55 + 30, f"restart agent {c}", lambda: arm.start_agent(c))
+    at(100, f"crash loop: agent {dd} stopped, then killed at start five times", lambda: (arm.kill(dd), crash_loop(dd, 5)()))
+    at(125, f"agent {e} stopped, then started with a bad config three times, 5 s apart",
+       lambda: (stop_cleanly(e), bad_start(e, 3)()))
+    at(125 + 25, f"agent {e} started with its config fixed", lambda: arm.start_agent(e))
+    at(170, f"reboot node {a}: agent and fence gone, the driver at its board defaults, then its boot unit",
+       lambda: arm.reboot(a))
+    at(170 + 15, f"node {a} booted: fence and agent started", lambda: (arm.start_fence(a), arm.start_agent(a)))
+    t0 = time.time()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        while time.time() - t0 < d:
+            second = time.time() - t0
+            while schedule and second >= schedule[0][0]:
+                _, what, act = schedule.pop(0)
+                act()
+                if what:
+                    events.append((round(second, 1), what))
+                    print(f"[stops {second:6.1f} s] {what}", flush=True)
+            total, missing = arm.sample(pool)
+            stranded = arm.stranded()
+            for node, watts in (stranded or {}).items():
+                stranded_log.setdefault(node, []).append((round(second, 1), watts))
+            sample = {"t": round(second, 2), "caps_w": total, "budget_w": arm.budget_now,
+                      "unreadable": missing, "stranded_w": stranded}
+            samples.append(sample)
+            if total > arm.budget_now + 1e-6:
+                over.append(sample)
+            time.sleep(max(0.0, 1.0 - (time.time() - t0 - second)))
+    # Per node: the most stranded at once, and each stretch of stranded watts (from the
+    # first second they show to the first second they are gone).
+    stretches = {}
+    for node, log in stranded_log.items():
+        runs, start, peak = [], None, 0.0
+        for t, w in log:
+            if w > 0.5 and start is None:
+                start, peak = t, w
+            elif w > 0.5:
+                peak = max(peak, w)
+            elif start is not None:
+                runs.append({"from_s": start, "freed_after_s": round(t - start, 1), "peak_w": peak})
+                start = None
+        if start is not None:
+            runs.append({"from_s": start, "freed_after_s": None, "peak_w": peak})
+        if runs:
+            stretches[node] = runs
+    peak = max(samples, key=lambda s: s["caps_w"])
+    result = {
+        "budget_w": arm.budget, "reserve_w": arm.reserve, "default_w": 700.0 * args.gpus,
+        "seconds_sampled": len(samples), "seconds_over_budget": len(over),
+        "peak_caps_w": peak["caps_w"], "peak_at_s": peak["t"],
+        "seconds_without_leader_metrics": sum(1 for s in samples if s["stranded_w"] is None),
+        "stranded": stretches, "events": events,
+    }
+    with open(os.path.join(arm.root, "samples.json"), "w") as f:
+        json.dump(samples, f)
+    return result, over
+
+
+def stops_table(r):
+    rows = [
+        ("seconds sampled / over the budget", f"{r['seconds_sampled']} / {r['seconds_over_budget']}"),
+        ("peak of the summed caps (read from the drivers)",
+         f"{r['peak_caps_w']:.0f} W of {r['budget_w']:.0f} W at {r['peak_at_s']} s"),
+    ]
+    for node, runs in sorted(r["stranded"].items()):
+        for run in runs:
+            freed = f"freed after {run['freed_after_s']} s" if run["freed_after_s"] is not None else "not freed by the end"
+            rows.append((f"{node}: stranded from {run['from_s']} s", f"up to {run['peak_w']:.0f} W, {freed}"))
+    lines = ["| agents that stop (simulator) | |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
+    lines += ["", "Events: " + "; ".join(f"{t} s {what}" for t, what in r["events"])]
+    return "\n".join(lines)
+
+
 def run_steady(arm, args):
-    """An arm without faults: run, then sum every node's window."""
+    """An arm without faults: run, then sum every node's window. In the fleet, also how
+    often grants change once settled: grants written per round after the warm-up."""
+    churn, first = None, None
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
         t0 = time.time()
         over = 0
@@ -611,8 +847,19 @@ def run_steady(arm, args):
             total, _ = arm.sample(pool)
             if arm.fleet and total > arm.budget + 1e-6:
                 over += 1
+            if arm.fleet and first is None and second >= args.warmup:
+                first = (arm.leader_counter("tokwatt_fleet_coordinator_rounds_total"),
+                         arm.leader_counter("tokwatt_fleet_coordinator_grants_written_total"))
             time.sleep(max(0.0, 1.0 - (time.time() - t0 - second)))
-    return over
+    if first and None not in first:
+        rounds = arm.leader_counter("tokwatt_fleet_coordinator_rounds_total")
+        grants = arm.leader_counter("tokwatt_fleet_coordinator_grants_written_total")
+        if rounds is not None and grants is not None and rounds > first[0]:
+            n = rounds - first[0]
+            churn = {"rounds": n, "grants_written": grants - first[1],
+                     "grants_per_round": (grants - first[1]) / n,
+                     "grant_changes_per_node_round": (grants - first[1]) / n / args.nodes}
+    return over, churn
 
 
 def faults_table(f):
@@ -656,6 +903,11 @@ def table(results, args):
         lines.append(f"| {name} | {t['tokens_per_joule']:.2f} | {t['tokens'] / 1e6:.1f} M | "
                      f"{t['served_fraction'] * 100:.1f} % | {t['requests_waiting_at_end']:.0f} | "
                      f"{t['requests_turned_away']:.0f} | {rel('tokens_per_joule')} | {rel('tokens')} |")
+    churn = (results.get("fleet") or {}).get("churn")
+    if churn:
+        lines += ["", f"Fleet grants after the warm-up: {churn['grants_written']:.0f} written in {churn['rounds']:.0f} "
+                      f"rounds ({churn['grants_per_round']:.2f} a round, a grant changed on "
+                      f"{churn['grant_changes_per_node_round'] * 100:.1f} % of node-rounds)."]
     return "\n".join(lines)
 
 
@@ -664,11 +916,13 @@ def main():
     ap.add_argument("--nodes", type=int, default=125)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--duration", type=float, default=180.0, help="seconds each arm runs")
+    ap.add_argument("--stops-duration", type=float, default=240.0,
+                    help="seconds the stops arm runs (its faults are on a fixed schedule: at least 200)")
     ap.add_argument("--warmup", type=float, default=30.0, help="seconds of each node's run left out of the comparison")
     ap.add_argument("--shift", type=float, default=90.0, help="when rising and falling nodes change load (s)")
     ap.add_argument("--share-w", type=float, default=450.0, help="the budget's watts a GPU on average")
     ap.add_argument("--reserve-w", type=float, default=300.0, help="each node's reserve, watts a GPU")
-    ap.add_argument("--arms", default="faults,fleet,static,local")
+    ap.add_argument("--arms", default="faults,stops,fleet,static,local")
     ap.add_argument("--lower-to", type=float, default=0.7,
                     help="the faults run lowers the budget to this fraction of it (the reserves must fit)")
     ap.add_argument("--no-skew", dest="skew", action="store_false", help="no skewed clocks")
@@ -677,9 +931,13 @@ def main():
     ap.add_argument("--out", default=None, help="where the table and samples go (default: a temporary folder)")
     args = ap.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = set(arms) - {"faults", "fleet", "static", "local"}
+    unknown = set(arms) - {"faults", "stops", "fleet", "static", "local"}
     if unknown:
-        raise SystemExit(f"unknown arm(s) {sorted(unknown)}: choose from faults, fleet, static, local")
+        raise SystemExit(f"unknown arm(s) {sorted(unknown)}: choose from faults, stops, fleet, static, local")
+    if "stops" in arms and args.nodes < 5:
+        raise SystemExit("the stops arm needs 5 nodes or more (five agent faults on distinct nodes)")
+    if "stops" in arms and args.stops_duration < 200:
+        raise SystemExit("--stops-duration must be at least 200 s: its last fault (a reboot) ends at 185 s")
     binary = args.tokwatt or next(
         (p for p in (os.path.join(REPO, "target", k, "tokwatt") for k in ("release", "debug")) if os.path.exists(p)),
         None)
@@ -689,7 +947,7 @@ def main():
         raise SystemExit(f"--lower-to {args.lower_to} puts the budget below the reserves: raise it")
     if not binary:
         raise SystemExit("no tokwatt binary: cargo build --release -p tokwatt, or pass --tokwatt")
-    if not shutil.which("etcd") and ({"faults", "fleet"} & set(arms)):
+    if not shutil.which("etcd") and ({"faults", "stops", "fleet"} & set(arms)):
         raise SystemExit("etcd is not installed (apt-get install etcd-server)")
     skipped = []
     why = Network.available()
@@ -720,16 +978,23 @@ def main():
                 failed |= bool(over)
                 results["faults"] = result
                 print(json.dumps(result, indent=1), flush=True)
-            else:
-                over = run_steady(arm, args)
+            elif name == "stops":
+                result, over = run_stops(arm, args)
                 failed |= bool(over)
-                results[name] = {"seconds_over_budget": over,
+                results["stops"] = result
+                print(json.dumps(result, indent=1), flush=True)
+            else:
+                over, churn = run_steady(arm, args)
+                failed |= bool(over)
+                results[name] = {"seconds_over_budget": over, "churn": churn,
                                  "totals": arm.totals(args.warmup, args.duration)}
         finally:
             arm.stop()
             if network:
                 network.stop()
     text = table(results, args)
+    if "stops" in results:
+        text = stops_table(results["stops"]) + "\n\n" + text
     if "faults" in results:
         text = faults_table(results["faults"]) + "\n\n" + text
     results["table"] = text
