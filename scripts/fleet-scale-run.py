@@ -62,6 +62,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import zlib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -90,15 +91,32 @@ def wait_for(check, what, patience=30.0):
     raise SystemExit(f"{what} within {patience:.0f} s: no")
 
 
-def driver_caps(path):
+def driver_caps(path, patience=0.2):
     """The sum of the power caps a node's simulated driver holds (None: no driver file
-    yet). Read without the driver's lock: it is replaced whole, by a rename."""
-    try:
-        with open(path) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return sum(board["power_cap_w"] for board in state["boards"])
+    yet, or none that reads). Its writers change its lines in place, each in one write
+    and without a lock (tokwatt_sim::driver), so a read may catch one half written: every
+    line but the last `]}` must match its check, `"N/CRC"` (zlib's CRC-32 of the line up
+    to that slash), else the file is read again."""
+
+    def whole(line):
+        slash = line.rfind(b"/")
+        return slash > 0 and line[slash + 1:slash + 9] == b"%08x" % zlib.crc32(line[:slash + 1])
+
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        try:
+            if data.endswith(b"]}\n") and all(whole(line) for line in data.split(b"\n")[:-2]):
+                return sum(board["power_cap_w"] for board in json.loads(data)["boards"])
+        except (ValueError, KeyError, TypeError):
+            pass
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.002)
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):

@@ -3,26 +3,52 @@
 //! On a real GPU a power cap set through NVML stays in the driver when the process that set
 //! it is paused, hung or killed, and a reboot puts the board defaults back. A [`SimDriver`]
 //! is that driver for the simulator: per board the power cap, the SM and memory clock
-//! locks and the workload's batch size, in a small versioned JSON file that every process
-//! of a simulated node shares (the agent's [`crate::SimGpu`], a fence, `tokwatt restore`,
-//! the fault harness, a simulated reboot).
+//! locks and the workload's batch size, in a small versioned file that every process of a
+//! simulated node shares (the agent's [`crate::SimGpu`], a fence, `tokwatt restore`, the
+//! fault harness, a simulated reboot).
 //!
-//! - Every version of the file is complete: a write goes to `PATH.tmp` and is renamed over
-//!   `PATH` (then synced, with its folder). So a reader never takes the lock and never
-//!   waits: an agent stopped (SIGSTOP) in the middle of a write cannot stall the fault
-//!   harness's reads.
-//! - Every read-modify-write holds an exclusive lock on `PATH.lock` (std's `File::lock`,
-//!   an advisory whole-file lock), so two writers never lose each other's change. It is
-//!   held for a read, a small write and a rename, never a sync: a writer stopped while it
-//!   holds it stalls the other writers (for at most 10 s, then they fail saying so).
-//! - The file carries a generation, bumped by every write that changes something; a write
-//!   that changes nothing leaves the file alone.
+//! A real driver holds no lock that a process could keep: each NVML setter is one ioctl,
+//! done before a stop (SIGSTOP, a debugger) takes effect. So is every change here: one
+//! `pwrite` of fixed-width lines in place, with nothing held before or after it. A writer
+//! stopped anywhere holds nothing, and the fence that must lower the caps exactly when the
+//! agent is stopped writes at once. (Version 1 serialised writers with a lock file: an
+//! agent stopped while it held it kept the fence out, and the caps stayed up.)
+//!
+//! The file (format version 2) is one JSON document made of fixed-width lines, so a reader
+//! that knows nothing of them reads it as JSON (`state["boards"][i]["power_cap_w"]`):
+//!
+//! - a header line of 512 bytes: the format version, the profile, the board name and
+//!   count, the limits, the boots so far and the boot unit's reserve;
+//! - per board, one line of 128 bytes per setting, what one NVML setter changes: the power
+//!   cap, the SM clock lock, the memory clock lock, the batch;
+//! - `]}`.
+//!
+//! Every line but the last ends its content with `"#…": "N/CRC"`: how many times the line
+//! has been written, and the CRC-32 (zlib's) of the line up to and including the slash.
+//!
+//! - A setter writes its setting's line: one `pwrite`. Writers of different settings never
+//!   lose each other's change; of the same setting the last one wins, as with a driver.
+//!   (A line per setting, not per board: an agent stopped between its read and its write
+//!   of a batch must not, once resumed, put back the cap a fence lowered meanwhile.) A
+//!   change of several lines (several settings of a board, a reboot: the header and every
+//!   line it changes) is one `pwrite` from the first to the last, and wins over a change
+//!   made meanwhile to a line between them; `boot-reserve` writes the header.
+//! - Linux serialises the writes to a regular file (its inode lock), so two never
+//!   interleave; a read, though, runs beside a write and may see it half done. A reader
+//!   checks every line and reads again while one does not match its CRC (for at most
+//!   200 ms: a write lasts microseconds); a file that stays so is corrupt. No line crosses
+//!   a 4 KiB page: the kernel copies a write page by page, and a setter's is one page.
+//! - The generation, bumped by every write that changes something, is the sum of the
+//!   lines' counts; a write that changes nothing writes nothing.
+//! - The file is created complete under a temporary name and moved into place only where
+//!   none is (`renameat2(RENAME_NOREPLACE)`, else `link`): two processes creating it at
+//!   once agree on one.
 //! - A reboot puts every board back at the board defaults and, where a boot unit is
-//!   enabled (`boot_reserve_w`), fits the caps within its reserve in the same locked step.
+//!   enabled (`boot_reserve_w`), fits the caps within its reserve in the same write.
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -31,12 +57,28 @@ use serde::{Deserialize, Serialize};
 use crate::profile::GpuProfile;
 
 /// The file's layout version; a file of another version is refused, never guessed at.
-pub const DRIVER_FORMAT_VERSION: u32 = 1;
+pub const DRIVER_FORMAT_VERSION: u32 = 2;
 
-/// How long a write waits for another process's lock before it gives up, by default. A
-/// write holds the lock for a read, a small write and a rename: only a holder that stopped
-/// running (SIGSTOP, a debugger) keeps it longer.
-const LOCK_WAIT: Duration = Duration::from_secs(10);
+/// The header line's width, bytes (its newline included).
+const HEADER_LEN: usize = 512;
+/// A setting's line's width, bytes: 512 + k·128 never crosses a 4 KiB page.
+const SETTING_LEN: usize = 128;
+/// A board's settings, in the order of their lines.
+const SETTINGS: [&str; 4] = [
+    "power_cap_w",
+    "sm_clock_lock_mhz",
+    "mem_clock_lock_mhz",
+    "batch_size",
+];
+const BOARD_LEN: usize = SETTING_LEN * SETTINGS.len();
+const TRAILER: &[u8] = b"]}\n";
+/// Where a setting's `"#…"` starts: the values line up.
+const CHECK_COLUMN: usize = 52;
+/// The most boards a file describes (bounds what a read allocates).
+const BOARDS_MAX: usize = 4096;
+/// How long a read keeps reading again while a line does not match its check. A write in
+/// progress lasts microseconds; a writer preempted in the middle of one, milliseconds.
+const READ_PATIENCE: Duration = Duration::from_millis(200);
 
 /// What the driver holds for one board.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,9 +125,8 @@ impl BoardLimits {
     }
 }
 
-/// The file's content: everything the simulated driver holds for a node.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// Everything the simulated driver holds for a node.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DriverState {
     pub format_version: u32,
     /// The GPU profile's id (`h200`): the boards the file describes.
@@ -93,8 +134,9 @@ pub struct DriverState {
     /// The boards' name (the profile's), for people reading the file.
     pub board_name: String,
     pub limits: BoardLimits,
-    /// Bumped by every write that changes something: a reader that saw this generation has
-    /// seen every change up to it.
+    /// Bumped by every write that changes something (the sum of the file's lines' write
+    /// counts; a change to it is not written): a reader that saw this generation has seen
+    /// every change up to it.
     pub generation: u64,
     /// Simulated reboots so far.
     pub boots: u64,
@@ -272,14 +314,6 @@ pub enum DriverError {
         found: u32,
         expected: u32,
     },
-    #[error(
-        "the simulated driver's lock {} has been held by another process ({holder}) for {:.1} s: one stopped (SIGSTOP, a debugger) while it wrote keeps it until it runs again; resume or end it, then retry", path.display(), waited.as_secs_f64()
-    )]
-    LockTimeout {
-        path: PathBuf,
-        waited: Duration,
-        holder: String,
-    },
     #[error("the simulated driver has no board {index} (it holds {count})")]
     NoSuchBoard { index: u32, count: u32 },
     #[error("a boot reserve of {0} W is not a positive number of watts")]
@@ -290,50 +324,40 @@ pub enum DriverError {
 #[derive(Debug, Clone)]
 pub struct SimDriver {
     path: PathBuf,
-    lock_wait: Duration,
 }
 
-/// A version of the file as read, with the file itself kept open: while it is open its
-/// inode cannot be reused, so a new version is surely a different inode ([`Self::is_current`]).
-#[derive(Debug)]
+/// A version of the file as read (or as written by this process): the state, the bytes
+/// and each line's write count. A later version is told from it by its bytes
+/// ([`Self::is_current`]).
+#[derive(Debug, Clone)]
 pub struct Snapshot {
     pub state: DriverState,
-    pinned: File,
-    inode: (u64, u64),
+    raw: Vec<u8>,
+    /// Each line's write count: the header's, then every board's settings'.
+    counts: Vec<u64>,
 }
 
 impl Snapshot {
-    /// Whether `driver`'s file is still this version: one `stat`, no read. An unreadable
+    /// Whether `driver`'s file still holds this version: one read, no parse. An unreadable
     /// file counts as changed (the read that follows says why).
     pub fn is_current(&self, driver: &SimDriver) -> bool {
-        std::fs::metadata(&driver.path).is_ok_and(|m| (m.dev(), m.ino()) == self.inode)
+        driver.raw().is_ok_and(|raw| raw == self.raw)
+    }
+
+    /// The file's bytes as this version holds them.
+    pub(crate) fn raw(&self) -> &[u8] {
+        &self.raw
     }
 }
 
 impl SimDriver {
     /// The driver at `path` (nothing is read until asked).
     pub fn at(path: impl Into<PathBuf>) -> Self {
-        Self {
-            path: path.into(),
-            lock_wait: LOCK_WAIT,
-        }
-    }
-
-    /// Wait at most `wait` for another writer's lock (10 s by default) before a write fails
-    /// with [`DriverError::LockTimeout`]: a process that must act within a deadline (a
-    /// fence) waits less and tries again.
-    pub fn with_lock_wait(mut self, wait: Duration) -> Self {
-        self.lock_wait = wait;
-        self
+        Self { path: path.into() }
     }
 
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// The lock file beside the driver file.
-    pub fn lock_path(&self) -> PathBuf {
-        suffixed(&self.path, ".lock")
     }
 
     /// Open the driver of a node of `boards` boards of `profile`: the file as it is when
@@ -354,54 +378,69 @@ impl SimDriver {
         Ok((driver, snapshot))
     }
 
-    /// The file's current version, read without the lock (every version is complete).
+    /// What the driver holds now. Never waits for a writer: a write in progress is read
+    /// again until it is done.
     pub fn read(&self) -> Result<DriverState, DriverError> {
         self.snapshot().map(|s| s.state)
     }
 
-    /// The file's current version, kept open (see [`Snapshot`]).
+    /// The file's current version (see [`Snapshot`]).
     pub fn snapshot(&self) -> Result<Snapshot, DriverError> {
-        let mut file = match File::open(&self.path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(DriverError::Missing(self.path.clone()));
-            }
-            Err(source) => return Err(self.io("open", source)),
-        };
-        let metadata = file.metadata().map_err(|e| self.io("read", e))?;
-        let mut text = String::new();
-        file.read_to_string(&mut text)
-            .map_err(|e| self.io("read", e))?;
-        Ok(Snapshot {
-            state: self.parse(&text)?,
-            pinned: file,
-            inode: (metadata.dev(), metadata.ino()),
-        })
+        let file = self.open(false)?;
+        self.read_from(&file)
     }
 
-    /// Change the driver's state under the lock: read the current version, apply `change`,
-    /// and write it (one generation on) unless nothing changed. Returns the version in
-    /// force afterwards.
+    /// The file's bytes as they are now, unchecked: one read.
+    pub(crate) fn raw(&self) -> Result<Vec<u8>, DriverError> {
+        let file = self.open(false)?;
+        self.raw_from(&file)
+    }
+
+    /// Change what the driver holds: read the current version, apply `change`, and write
+    /// the lines it changed, in one `pwrite` and without a lock (nothing when it changed
+    /// nothing). Only the boards' settings, the boots and the boot reserve can change.
+    /// Returns the version in force afterwards, as far as this process knows.
     pub fn update(
         &self,
         change: impl FnOnce(&mut DriverState) -> Result<(), DriverError>,
     ) -> Result<Snapshot, DriverError> {
-        let written = {
-            let _lock = self.lock()?;
-            let current = self.snapshot()?;
-            let mut next = current.state.clone();
-            change(&mut next)?;
-            if next == current.state {
-                return Ok(current);
-            }
-            next.generation = current.state.generation + 1;
-            next.check().map_err(|problem| DriverError::Corrupt {
-                path: self.path.clone(),
-                problem: format!("the change would make it invalid: {problem}"),
-            })?;
-            self.replace(next)?
+        let file = self.open(true)?;
+        let current = self.read_from(&file)?;
+        let mut next = current.state.clone();
+        change(&mut next)?;
+        next.generation = current.state.generation;
+        if next == current.state {
+            return Ok(current);
+        }
+        let invalid = |problem: String| DriverError::Corrupt {
+            path: self.path.clone(),
+            problem: format!("the change would make it invalid: {problem}"),
         };
-        self.sync(&written);
+        next.check().map_err(invalid)?;
+        if layout(&next) != layout(&current.state) {
+            return Err(invalid(
+                "a change cannot alter the format version, the profile, the limits or the number of boards".into(),
+            ));
+        }
+        let (offset, bytes, written) = changed_lines(&current, next).map_err(invalid)?;
+        // One system call: in force for every reader once it returns, and done before a
+        // stop (SIGSTOP) takes effect.
+        let done = file
+            .write_at(&bytes, offset as u64)
+            .map_err(|e| self.io("write", e))?;
+        if done != bytes.len() {
+            return Err(self.io(
+                "write",
+                std::io::Error::other(format!("{done} of {} bytes written", bytes.len())),
+            ));
+        }
+        // The change is in force from the write: this only concerns a crash of the host.
+        if let Err(e) = file.sync_data() {
+            tracing::warn!(
+                "{}: the change is in force, but may not be on the disk yet",
+                self.io("sync", e)
+            );
+        }
         Ok(written)
     }
 
@@ -424,7 +463,7 @@ impl SimDriver {
 
     /// A simulated reboot: every board back at its defaults (no clock lock, the
     /// workload's own batch), then, where a boot unit is enabled, the caps fitted within
-    /// its reserve. One locked step: no reader sees the defaults of a node whose boot unit
+    /// its reserve. One write: no reader sees the defaults of a node whose boot unit
     /// applies a reserve.
     pub fn reboot(&self) -> Result<DriverState, DriverError> {
         // A reboot of boards already at their defaults still counts as a boot.
@@ -450,22 +489,50 @@ impl SimDriver {
         .map(|s| s.state)
     }
 
+    /// The file of a node that boots the first time, written whole under a temporary
+    /// name, then moved into place unless another process created one meanwhile (then
+    /// that one is read).
     fn create(&self, profile: &GpuProfile, boards: u32) -> Result<Snapshot, DriverError> {
-        if let Some(folder) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(folder).map_err(|e| self.io("create the folder of", e))?;
-        }
-        let written = {
-            let _lock = self.lock()?;
-            // Another process may have created it while this one waited for the lock.
-            match self.snapshot() {
-                Err(DriverError::Missing(_)) => {
-                    self.replace(DriverState::fresh(profile, boards))?
-                }
-                other => return other,
+        let folder = match self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(folder) => {
+                std::fs::create_dir_all(folder).map_err(|e| self.io("create the folder of", e))?;
+                folder
             }
+            None => Path::new("."),
         };
-        self.sync(&written);
-        Ok(written)
+        let state = DriverState::fresh(profile, boards);
+        let raw = encode(&state).map_err(|problem| DriverError::Corrupt {
+            path: self.path.clone(),
+            problem: format!("cannot be written: {problem}"),
+        })?;
+        let mut temporary = tempfile::Builder::new()
+            .prefix(".driver-")
+            .suffix(".new")
+            .permissions(std::fs::Permissions::from_mode(0o666))
+            .tempfile_in(folder)
+            .map_err(|e| self.io("create", e))?;
+        temporary
+            .write_all(&raw)
+            .and_then(|()| temporary.as_file().sync_all())
+            .map_err(|e| self.io("write", e))?;
+        match temporary.persist_noclobber(&self.path) {
+            Ok(_) => {}
+            Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => {
+                return self.snapshot();
+            }
+            Err(e) => return Err(self.io("create", e.error)),
+        }
+        // The name on the disk too (a crash of the host could otherwise lose it).
+        if let Err(e) = File::open(folder).and_then(|f| f.sync_all()) {
+            tracing::warn!("{}", self.io("sync the folder of", e));
+        }
+        self.decode(raw).map_err(|refusal| match refusal {
+            Refusal::Final(e) => e,
+            Refusal::Torn(problem) => DriverError::Corrupt {
+                path: self.path.clone(),
+                problem,
+            },
+        })
     }
 
     /// Refused when `state` describes other boards than `boards` of `profile`.
@@ -508,121 +575,146 @@ impl SimDriver {
         Ok(())
     }
 
-    fn parse(&self, text: &str) -> Result<DriverState, DriverError> {
-        let corrupt = |problem: String| DriverError::Corrupt {
-            path: self.path.clone(),
-            problem,
+    fn open(&self, write: bool) -> Result<File, DriverError> {
+        File::options()
+            .read(true)
+            .write(write)
+            .open(&self.path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => DriverError::Missing(self.path.clone()),
+                _ => self.io("open", e),
+            })
+    }
+
+    /// The bytes of `file`, in one `pread` (more only for a file that grows meanwhile).
+    fn raw_from(&self, file: &File) -> Result<Vec<u8>, DriverError> {
+        let most = HEADER_LEN + BOARDS_MAX * BOARD_LEN + TRAILER.len();
+        let length = file.metadata().map_err(|e| self.io("read", e))?.len();
+        let mut raw = vec![0; usize::try_from(length).unwrap_or(most).min(most) + 1];
+        let mut filled = 0;
+        loop {
+            let read = file
+                .read_at(&mut raw[filled..], filled as u64)
+                .map_err(|e| self.io("read", e))?;
+            filled += read;
+            if read == 0 || filled == raw.len() {
+                break;
+            }
+        }
+        if filled > most {
+            return Err(DriverError::Corrupt {
+                path: self.path.clone(),
+                problem: format!("it is larger than the {most} bytes of {BOARDS_MAX} boards"),
+            });
+        }
+        raw.truncate(filled);
+        Ok(raw)
+    }
+
+    /// The version in `file`, read again while it may be a write in progress (a line that
+    /// does not match its check, JSON cut anywhere) for at most [`READ_PATIENCE`].
+    fn read_from(&self, file: &File) -> Result<Snapshot, DriverError> {
+        let started = Instant::now();
+        let mut pause = Duration::from_micros(50);
+        let mut reads = 0u32;
+        loop {
+            reads += 1;
+            match self.decode(self.raw_from(file)?) {
+                Ok(snapshot) => return Ok(snapshot),
+                Err(Refusal::Final(e)) => return Err(e),
+                Err(Refusal::Torn(problem)) if started.elapsed() >= READ_PATIENCE => {
+                    return Err(DriverError::Corrupt {
+                        path: self.path.clone(),
+                        problem: format!(
+                            "{problem}; the same in {reads} reads over {} ms, so no write in progress",
+                            started.elapsed().as_millis()
+                        ),
+                    });
+                }
+                Err(Refusal::Torn(_)) => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    /// The version `raw` holds, every line checked.
+    fn decode(&self, raw: Vec<u8>) -> Result<Snapshot, Refusal> {
+        let corrupt = |problem: String| {
+            Refusal::Final(DriverError::Corrupt {
+                path: self.path.clone(),
+                problem,
+            })
         };
-        let value: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| corrupt(format!("not JSON, or cut short: {e}")))?;
+        let (mut state, mut counts) = match decode_header(&raw) {
+            Ok((state, _)) if state.format_version != DRIVER_FORMAT_VERSION => {
+                return Err(Refusal::Final(DriverError::Version {
+                    path: self.path.clone(),
+                    found: state.format_version.into(),
+                }));
+            }
+            Ok(header) => header,
+            // Told apart as a whole: a file of another version, or none of tokwatt's, or
+            // this version's header torn or edited.
+            Err(problem) => return Err(self.undecodable(&raw, problem)),
+        };
+        let boards = state.boards.len();
+        let expected = HEADER_LEN + boards * BOARD_LEN + TRAILER.len();
+        if raw.len() != expected {
+            return Err(corrupt(format!(
+                "it is {} bytes, where a file of {boards} boards is {expected}: edited by hand, or not written by tokwatt",
+                raw.len()
+            )));
+        }
+        for (index, board) in state.boards.iter_mut().enumerate() {
+            for (setting, name) in SETTINGS.iter().enumerate() {
+                let count = decode_setting(&raw, index, setting, boards, board).map_err(|r| {
+                    self.refusal(r.map(|p| format!("board {index}'s {name} line {p}")))
+                })?;
+                counts.push(count);
+            }
+        }
+        if !raw.ends_with(TRAILER) {
+            return Err(corrupt("it does not end with ]}".into()));
+        }
+        state.generation = counts.iter().fold(0u64, |sum, c| sum.saturating_add(*c));
+        state.check().map_err(corrupt)?;
+        Ok(Snapshot { state, raw, counts })
+    }
+
+    /// Why `raw`, whose header line is not this version's (`problem`), is refused.
+    fn undecodable(&self, raw: &[u8], problem: LineProblem) -> Refusal {
+        let value: serde_json::Value = match serde_json::from_slice(raw) {
+            Ok(value) => value,
+            Err(e) => return Refusal::Torn(format!("not JSON, or cut short: {e}")),
+        };
         match value
             .get("format_version")
             .and_then(serde_json::Value::as_u64)
         {
-            Some(version) if version == u64::from(DRIVER_FORMAT_VERSION) => {}
-            Some(found) => {
-                return Err(DriverError::Version {
-                    path: self.path.clone(),
-                    found,
-                });
+            Some(version) if version == u64::from(DRIVER_FORMAT_VERSION) => {
+                self.refusal(problem.map(|p| format!("its header line {p}")))
             }
-            None => {
-                return Err(corrupt(
-                    "no format_version: not a tokwatt simulated-driver file".into(),
-                ));
-            }
-        }
-        let state: DriverState =
-            serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?;
-        state.check().map_err(corrupt)?;
-        Ok(state)
-    }
-
-    /// Write `state` as the file's next version: to `PATH.tmp`, renamed over `PATH`.
-    /// Called with the lock held, which it keeps for a small write and a rename only: a
-    /// writer stopped (SIGSTOP) while it holds the lock stalls every other writer, so the
-    /// syncs come after it is released ([`Self::sync`]).
-    fn replace(&self, state: DriverState) -> Result<Snapshot, DriverError> {
-        let mut text = serde_json::to_vec_pretty(&state).map_err(|e| DriverError::Corrupt {
-            path: self.path.clone(),
-            problem: format!("cannot be written: {e}"),
-        })?;
-        text.push(b'\n');
-        let temporary = suffixed(&self.path, ".tmp");
-        let mut file = File::create(&temporary).map_err(|e| self.io("write", e))?;
-        file.write_all(&text).map_err(|e| self.io("write", e))?;
-        std::fs::rename(&temporary, &self.path).map_err(|e| self.io("replace", e))?;
-        let metadata = file.metadata().map_err(|e| self.io("read", e))?;
-        Ok(Snapshot {
-            state,
-            pinned: file,
-            inode: (metadata.dev(), metadata.ino()),
-        })
-    }
-
-    /// Make a version written by [`Self::replace`] durable: its content, and the rename
-    /// once the folder is synced (a host crash, not a simulated one, could otherwise bring
-    /// the old version back, or an empty file). Every process reads the new version from
-    /// the rename on; this only concerns the disk.
-    /// A failure is logged, not returned: the change is in force for every reader already,
-    /// and an error would tell the caller it was not.
-    fn sync(&self, written: &Snapshot) {
-        let synced = written
-            .pinned
-            .sync_all()
-            .map_err(|e| self.io("sync", e))
-            .and_then(|()| match self.path.parent() {
-                Some(folder) if !folder.as_os_str().is_empty() => File::open(folder)
-                    .and_then(|f| f.sync_all())
-                    .map_err(|e| self.io("sync the folder of", e)),
-                _ => Ok(()),
-            });
-        if let Err(e) = synced {
-            tracing::warn!("{e}: the change is in force, but may not be on the disk yet");
+            Some(found) => Refusal::Final(DriverError::Version {
+                path: self.path.clone(),
+                found,
+            }),
+            None => Refusal::Final(DriverError::Corrupt {
+                path: self.path.clone(),
+                problem: "no format_version: not a tokwatt simulated-driver file".into(),
+            }),
         }
     }
 
-    /// The exclusive lock around a read-modify-write, waiting at most `lock_wait`. The
-    /// holder writes its process id into the lock file, for the message of a writer that
-    /// waited too long.
-    fn lock(&self) -> Result<File, DriverError> {
-        let path = self.lock_path();
-        let mut file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path)
-            .map_err(|e| self.io("open the lock of", e))?;
-        let started = Instant::now();
-        let mut pause = Duration::from_micros(200);
-        loop {
-            match file.try_lock() {
-                Ok(()) => break,
-                Err(std::fs::TryLockError::WouldBlock) => {}
-                Err(std::fs::TryLockError::Error(e)) => return Err(self.io("lock", e)),
-            }
-            if started.elapsed() >= self.lock_wait {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                let holder = match holder.trim() {
-                    "" => "unknown".to_owned(),
-                    pid => format!("process {pid}"),
-                };
-                return Err(DriverError::LockTimeout {
-                    path,
-                    waited: started.elapsed(),
-                    holder,
-                });
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(20));
+    fn refusal(&self, problem: LineProblem) -> Refusal {
+        match problem {
+            LineProblem::Torn(problem) => Refusal::Torn(problem),
+            LineProblem::Wrong(problem) => Refusal::Final(DriverError::Corrupt {
+                path: self.path.clone(),
+                problem,
+            }),
         }
-        // Informational only: a failure to record the holder does not stop the write.
-        let _ = file
-            .set_len(0)
-            .and_then(|()| file.write_all(std::process::id().to_string().as_bytes()));
-        Ok(file)
     }
 
     fn io(&self, action: &'static str, source: std::io::Error) -> DriverError {
@@ -634,11 +726,340 @@ impl SimDriver {
     }
 }
 
-/// `path` with `suffix` appended to its file name (`driver.json` → `driver.json.lock`).
-fn suffixed(path: &Path, suffix: &str) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(suffix);
-    PathBuf::from(name)
+/// Why a read did not give a version.
+enum Refusal {
+    /// What a write in progress could show (a line that does not match its check): read
+    /// again.
+    Torn(String),
+    /// Not a write in progress.
+    Final(DriverError),
+}
+
+/// A line's problem in words: torn (maybe a write in progress) or not.
+enum LineProblem {
+    Torn(String),
+    Wrong(String),
+}
+
+impl LineProblem {
+    fn map(self, f: impl FnOnce(String) -> String) -> LineProblem {
+        match self {
+            Self::Torn(p) => Self::Torn(f(p)),
+            Self::Wrong(p) => Self::Wrong(f(p)),
+        }
+    }
+}
+
+/// What no change may alter: the file's layout rests on it.
+fn layout(state: &DriverState) -> (u32, &str, &str, BoardLimits, usize) {
+    (
+        state.format_version,
+        &state.profile,
+        &state.board_name,
+        state.limits,
+        state.boards.len(),
+    )
+}
+
+/// Line `i`'s place in the file: 0 the header, then every board's settings.
+fn line_span(i: usize) -> std::ops::Range<usize> {
+    match i {
+        0 => 0..HEADER_LEN,
+        _ => {
+            let start = HEADER_LEN + (i - 1) * SETTING_LEN;
+            start..start + SETTING_LEN
+        }
+    }
+}
+
+/// The lines `next` changes from `current`, each one write on: the byte offset and the
+/// bytes of the one write that covers them all, and the version it makes.
+fn changed_lines(
+    current: &Snapshot,
+    mut next: DriverState,
+) -> Result<(usize, Vec<u8>, Snapshot), String> {
+    let boards = next.boards.len();
+    let mut counts = current.counts.clone();
+    let mut raw = current.raw.clone();
+    let mut changed = Vec::new();
+    if header_content(&next) != header_content(&current.state) {
+        counts[0] = counts[0].saturating_add(1);
+        raw[line_span(0)].copy_from_slice(header_line(&next, counts[0])?.as_bytes());
+        changed.push(0);
+    }
+    for (index, (now, was)) in next.boards.iter().zip(&current.state.boards).enumerate() {
+        for setting in 0..SETTINGS.len() {
+            if setting_value(now, setting) == setting_value(was, setting) {
+                continue;
+            }
+            let i = 1 + index * SETTINGS.len() + setting;
+            counts[i] = counts[i].saturating_add(1);
+            let line = setting_line(now, index, setting, boards, counts[i])?;
+            raw[line_span(i)].copy_from_slice(line.as_bytes());
+            changed.push(i);
+        }
+    }
+    let (Some(&first), Some(&last)) = (changed.first(), changed.last()) else {
+        return Err("it changes no line".into());
+    };
+    let span = line_span(first).start..line_span(last).end;
+    next.generation = counts.iter().fold(0u64, |sum, c| sum.saturating_add(*c));
+    let bytes = raw[span.clone()].to_vec();
+    Ok((
+        span.start,
+        bytes,
+        Snapshot {
+            state: next,
+            raw,
+            counts,
+        },
+    ))
+}
+
+/// The whole file of `state`, every line written 0 times.
+fn encode(state: &DriverState) -> Result<Vec<u8>, String> {
+    let boards = state.boards.len();
+    let mut raw = header_line(state, 0)?.into_bytes();
+    for (index, board) in state.boards.iter().enumerate() {
+        for setting in 0..SETTINGS.len() {
+            raw.extend(setting_line(board, index, setting, boards, 0)?.into_bytes());
+        }
+    }
+    raw.extend(TRAILER);
+    Ok(raw)
+}
+
+fn json(value: &impl Serialize) -> String {
+    // Numbers, strings and options of them always serialise.
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// The header's content before its check: everything but the boards' settings.
+fn header_content(state: &DriverState) -> String {
+    let limits = &state.limits;
+    format!(
+        "{{\"format_version\": {}, \"profile\": {}, \"board_name\": {}, \"board_count\": {}, \"limits\": {{\"power_cap_min_w\": {}, \"power_cap_default_w\": {}, \"power_cap_max_w\": {}}}, \"boots\": {}, \"boot_reserve_w\": {}, ",
+        state.format_version,
+        json(&state.profile),
+        json(&state.board_name),
+        state.boards.len(),
+        json(&limits.power_cap_min_w),
+        json(&limits.power_cap_default_w),
+        json(&limits.power_cap_max_w),
+        state.boots,
+        json(&state.boot_reserve_w),
+    )
+}
+
+fn header_line(state: &DriverState, count: u64) -> Result<String, String> {
+    let text = format!("{}\"#\": \"{count}/", header_content(state));
+    seal(text, ", \"boards\": [", HEADER_LEN)
+}
+
+/// Setting `setting` of a board as JSON.
+fn setting_value(board: &BoardSettings, setting: usize) -> String {
+    match setting {
+        0 => json(&board.power_cap_w),
+        1 => json(&board.sm_clock_lock_mhz),
+        2 => json(&board.mem_clock_lock_mhz),
+        _ => json(&board.batch_size),
+    }
+}
+
+/// What comes before a setting's line's content and after its check: the JSON around it.
+fn frame(index: usize, setting: usize, boards: usize) -> (&'static str, &'static str) {
+    let lead = if setting == 0 { " {" } else { "  " };
+    let tail = match (setting + 1 == SETTINGS.len(), index + 1 == boards) {
+        (false, _) => ",",
+        (true, false) => "},",
+        (true, true) => "}",
+    };
+    (lead, tail)
+}
+
+fn setting_line(
+    board: &BoardSettings,
+    index: usize,
+    setting: usize,
+    boards: usize,
+    count: u64,
+) -> Result<String, String> {
+    let (lead, tail) = frame(index, setting, boards);
+    let name = SETTINGS[setting];
+    let mut text = format!("{lead}\"{name}\": {},", setting_value(board, setting));
+    let column = CHECK_COLUMN.max(text.len() + 1);
+    text.push_str(&" ".repeat(column - text.len()));
+    text.push_str(&format!("\"#{name}\": \"{count}/"));
+    seal(text, tail, SETTING_LEN)
+}
+
+/// `text` (which ends with the slash of its `"N/CRC"`) with its CRC, `tail`, and spaces to
+/// `width` bytes, the newline last.
+fn seal(mut text: String, tail: &str, width: usize) -> Result<String, String> {
+    let check = crc32(text.as_bytes());
+    text.push_str(&format!("{check:08x}\"{tail}"));
+    if text.len() >= width {
+        return Err(format!(
+            "a line of {} bytes, where the format has {}",
+            text.len(),
+            width - 1
+        ));
+    }
+    text.push_str(&" ".repeat(width - 1 - text.len()));
+    text.push('\n');
+    Ok(text)
+}
+
+/// A line whose check matches: its content up to the check's closing quote, its write
+/// count, and what follows (trailing spaces dropped).
+struct Sealed<'a> {
+    content: &'a str,
+    count: u64,
+    tail: &'a str,
+}
+
+/// The line at `span` of `raw`, checked. Every problem found before its check matches is
+/// one a write in progress could show.
+fn unseal(raw: &[u8], span: std::ops::Range<usize>) -> Result<Sealed<'_>, LineProblem> {
+    let width = span.len();
+    let torn = |problem: &str| LineProblem::Torn(problem.to_owned());
+    let line = raw.get(span).ok_or_else(|| torn("is cut short"))?;
+    let line = std::str::from_utf8(line).map_err(|_| torn("is not text"))?;
+    let body = line
+        .strip_suffix('\n')
+        .filter(|body| !body.contains('\n'))
+        .ok_or_else(|| LineProblem::Torn(format!("is not one line of {width} bytes")))?;
+    let slash = body
+        .rfind('/')
+        .ok_or_else(|| torn("has no \"N/CRC\" check"))?;
+    let check = body.get(slash + 1..slash + 9);
+    let closed = body.get(slash + 9..slash + 10) == Some("\"");
+    if !closed || check != Some(format!("{:08x}", crc32(&body.as_bytes()[..=slash])).as_str()) {
+        return Err(torn(
+            "does not match its check: torn by a write in progress, or edited by hand",
+        ));
+    }
+    let count = body[..slash]
+        .rfind('"')
+        .and_then(|quote| body[quote + 1..slash].parse().ok())
+        .ok_or_else(|| torn("has no write count before its check"))?;
+    Ok(Sealed {
+        content: &body[..slash + 10],
+        count,
+        tail: body[slash + 10..].trim_end(),
+    })
+}
+
+/// What the header holds (the check aside).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Header {
+    format_version: u32,
+    profile: String,
+    board_name: String,
+    board_count: u32,
+    limits: BoardLimits,
+    boots: u64,
+    boot_reserve_w: Option<f64>,
+}
+
+/// The state the header describes (its boards at their defaults, until their lines are
+/// read), and the header's write count.
+fn decode_header(raw: &[u8]) -> Result<(DriverState, Vec<u64>), LineProblem> {
+    let sealed = unseal(raw, line_span(0))?;
+    let wrong = |problem: String| LineProblem::Wrong(problem);
+    if sealed.tail != ", \"boards\": [" {
+        return Err(wrong(format!(
+            "ends with '{}' where ', \"boards\": [' belongs",
+            sealed.tail
+        )));
+    }
+    let mut fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&format!("{}}}", sealed.content)).map_err(|e| wrong(e.to_string()))?;
+    fields.remove("#");
+    let header: Header = serde_json::from_value(serde_json::Value::Object(fields))
+        .map_err(|e| wrong(e.to_string()))?;
+    let boards = header.board_count as usize;
+    if boards > BOARDS_MAX {
+        return Err(wrong(format!(
+            "describes {boards} boards, more than {BOARDS_MAX}"
+        )));
+    }
+    let state = DriverState {
+        format_version: header.format_version,
+        profile: header.profile,
+        board_name: header.board_name,
+        limits: header.limits,
+        generation: 0,
+        boots: header.boots,
+        boot_reserve_w: header.boot_reserve_w,
+        boards: vec![BoardSettings::boot_defaults(&header.limits); boards],
+    };
+    Ok((state, vec![sealed.count]))
+}
+
+/// Setting `setting` of board `index` into `board`; the line's write count.
+fn decode_setting(
+    raw: &[u8],
+    index: usize,
+    setting: usize,
+    boards: usize,
+    board: &mut BoardSettings,
+) -> Result<u64, LineProblem> {
+    let sealed = unseal(raw, line_span(1 + index * SETTINGS.len() + setting))?;
+    let wrong = |problem: String| LineProblem::Wrong(problem);
+    let (lead, tail) = frame(index, setting, boards);
+    let content = sealed
+        .content
+        .strip_prefix(lead)
+        .filter(|_| sealed.tail == tail)
+        .ok_or_else(|| wrong(format!("does not sit between '{lead}' and '{tail}'")))?;
+    let name = SETTINGS[setting];
+    // `"NAME": VALUE,` then spaces, then `"#NAME": "N/CRC"`.
+    let value = content
+        .strip_prefix(&format!("\"{name}\": "))
+        .zip(content.rfind(&format!("\"#{name}\": \"")))
+        .and_then(|(rest, check)| content.get(content.len() - rest.len()..check))
+        .and_then(|value| value.trim_end().strip_suffix(','))
+        .ok_or_else(|| {
+            wrong(format!(
+                "is not '\"{name}\": VALUE, \"#{name}\": \"N/CRC\"'"
+            ))
+        })?;
+    let unexpected = |e: serde_json::Error| wrong(format!("holds {name} = {value}: {e}"));
+    match setting {
+        0 => board.power_cap_w = serde_json::from_str(value).map_err(unexpected)?,
+        1 => board.sm_clock_lock_mhz = serde_json::from_str(value).map_err(unexpected)?,
+        2 => board.mem_clock_lock_mhz = serde_json::from_str(value).map_err(unexpected)?,
+        _ => board.batch_size = serde_json::from_str(value).map_err(unexpected)?,
+    }
+    Ok(sealed.count)
+}
+
+/// The CRC-32 of zlib (and of Python's `zlib.crc32`), which the fault harness checks too.
+fn crc32(bytes: &[u8]) -> u32 {
+    const TABLE: [u32; 256] = {
+        let mut table = [0u32; 256];
+        let mut i = 0;
+        while i < 256 {
+            let mut c = i as u32;
+            let mut k = 0;
+            while k < 8 {
+                c = if c & 1 == 1 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+                k += 1;
+            }
+            table[i] = c;
+            i += 1;
+        }
+        table
+    };
+    !bytes.iter().fold(!0u32, |c, &b| {
+        TABLE[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8)
+    })
 }
 
 #[cfg(test)]

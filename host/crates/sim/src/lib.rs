@@ -131,8 +131,9 @@ struct DriverLink {
     driver: SimDriver,
     /// The version of the file the boards run on.
     seen: Snapshot,
-    /// The last problem reading the file (reported once, not every tick).
-    problem: Option<String>,
+    /// The last problem reading the file (reported once, not every tick), and the bytes it
+    /// was found in (not checked again while the file holds them).
+    problem: Option<(String, Option<Vec<u8>>)>,
     profile: Arc<GpuProfile>,
     sm_clocks_mhz: Vec<u32>,
     mem_clocks_mhz: Vec<u32>,
@@ -177,11 +178,19 @@ impl DriverLink {
         }
     }
 
-    /// Read the file again if another process replaced it since; `false` when it cannot be
-    /// read or no longer fits the boards (the boards keep the settings last read, and the
-    /// problem is logged once).
+    /// Read the file again if another process changed it since (one read while it did
+    /// not); `false` when it cannot be read or no longer fits the boards (the boards keep
+    /// the settings last read, and the problem is logged once).
     fn reread(&mut self) -> bool {
-        if self.seen.is_current(&self.driver) {
+        let raw = match self.driver.raw() {
+            Ok(raw) => raw,
+            Err(e) => {
+                self.report(e, None);
+                return false;
+            }
+        };
+        let refused = self.problem.as_ref().and_then(|(_, raw)| raw.as_deref());
+        if raw == self.seen.raw() || refused == Some(raw.as_slice()) {
             return false;
         }
         let count = self.seen.state.boards.len() as u32;
@@ -197,14 +206,18 @@ impl DriverLink {
                 true
             }
             Err(e) => {
-                let text = e.to_string();
-                if self.problem.as_deref() != Some(text.as_str()) {
-                    tracing::warn!("the simulated boards keep the settings last read: {text}");
-                    self.problem = Some(text);
-                }
+                self.report(e, Some(raw));
                 false
             }
         }
+    }
+
+    fn report(&mut self, error: DriverError, raw: Option<Vec<u8>>) {
+        let text = error.to_string();
+        if self.problem.as_ref().map(|(said, _)| said.as_str()) != Some(text.as_str()) {
+            tracing::warn!("the simulated boards keep the settings last read: {text}");
+        }
+        self.problem = Some((text, raw));
     }
 }
 
@@ -281,7 +294,7 @@ impl SimGpu {
     /// Simulated boards whose settings live in the driver file at `driver`, as a real
     /// driver holds them: read from it at the start (what an earlier agent, a fence or a
     /// reboot left), every change written through, and read again whenever another process
-    /// replaced it, before a telemetry or workload window and before the settings are read.
+    /// changed it, before a telemetry or workload window and before the settings are read.
     /// The file is created at the board defaults when there is none; one that describes
     /// other boards is refused.
     pub fn with_driver(

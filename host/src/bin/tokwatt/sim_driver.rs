@@ -11,8 +11,8 @@ use tokwatt::sim::{DriverState, SimDriver};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum SimDriverCommand {
-    /// What the driver holds now, board by board, and the caps' sum. Reads without the
-    /// lock (every version of the file is complete), so a stopped agent never stalls it.
+    /// What the driver holds now, board by board, and the caps' sum. The driver has no
+    /// lock (every change is one write), so a stopped agent never stalls it.
     Show {
         /// The simulated driver file.
         path: PathBuf,

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::*;
 use crate::{Phase, Scenario, SimConfig, SimError, SimGpu};
@@ -262,74 +262,316 @@ fn writers_at_once_lose_none_of_each_others_changes() {
     let dir = tempfile::tempdir().unwrap();
     let path = driver_path(&dir);
     let (_sim, _clock) = node(&path, 4);
-    let writers: Vec<_> = (0..4u32)
-        .map(|board| {
-            let driver = SimDriver::at(&path);
-            std::thread::spawn(move || {
-                for step in 1..=25u32 {
-                    driver
-                        .update_board(board, |b| {
-                            // A read-modify-write: a lost update leaves a gap.
-                            assert_eq!(b.batch_size.unwrap_or(0), step - 1);
-                            b.batch_size = Some(step);
-                        })
-                        .unwrap();
+    let steps = 100u32;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Two writers a board, of different settings, each a read-modify-write in which a lost
+    // update would leave a gap; no lock anywhere.
+    let mut writers = Vec::new();
+    for board in 0..4u32 {
+        let driver = SimDriver::at(&path);
+        writers.push(std::thread::spawn(move || {
+            for step in 1..=steps {
+                driver
+                    .update_board(board, |b| {
+                        assert_eq!(b.batch_size.unwrap_or(0), step - 1);
+                        b.batch_size = Some(step);
+                    })
+                    .unwrap();
+            }
+        }));
+        let driver = SimDriver::at(&path);
+        writers.push(std::thread::spawn(move || {
+            for step in 1..=steps {
+                driver
+                    .update_board(board, |b| {
+                        assert_eq!(b.power_cap_w, 700.0 - f64::from(step - 1));
+                        b.power_cap_w = 700.0 - f64::from(step);
+                    })
+                    .unwrap();
+            }
+        }));
+    }
+    // A reader all along: every read whole, every setting only ever moving on.
+    let reader = {
+        let (driver, done) = (SimDriver::at(&path), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut reads = 0u32;
+            let mut last = driver.read().unwrap();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let now = driver.read().unwrap();
+                for (was, is) in last.boards.iter().zip(&now.boards) {
+                    assert!(is.batch_size.unwrap_or(0) >= was.batch_size.unwrap_or(0));
+                    assert!(is.power_cap_w <= was.power_cap_w);
                 }
-            })
+                assert!(now.generation >= last.generation);
+                last = now;
+                reads += 1;
+            }
+            reads
         })
-        .collect();
+    };
     for writer in writers {
         writer.join().unwrap();
     }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
     let state = SimDriver::at(&path).read().unwrap();
-    assert!(state.boards.iter().all(|b| b.batch_size == Some(25)));
-    assert_eq!(state.generation, 100);
+    for board in &state.boards {
+        assert_eq!(board.batch_size, Some(steps));
+        assert_eq!(board.power_cap_w, 700.0 - f64::from(steps));
+    }
+    assert_eq!(state.generation, u64::from(8 * steps));
 }
 
 #[test]
-fn a_reader_never_waits_for_the_lock() {
+fn processes_creating_the_file_at_once_agree_on_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = driver_path(&dir);
-    let (_sim, _clock) = node(&path, 1);
+    let start = Arc::new(std::sync::Barrier::new(8));
+    let openers: Vec<_> = (0..8u32)
+        .map(|board| {
+            let (path, start) = (path.clone(), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                let (driver, snapshot) = SimDriver::open_for(&path, &h200(), 8).unwrap();
+                // Each one's first change lands in the one file.
+                driver
+                    .update_board(board, |b| b.power_cap_w = 600.0 - f64::from(board))
+                    .unwrap();
+                snapshot.state
+            })
+        })
+        .collect();
+    for opener in openers {
+        assert_eq!(opener.join().unwrap().boards.len(), 8);
+    }
+    let state = SimDriver::at(&path).read().unwrap();
+    for (board, settings) in state.boards.iter().enumerate() {
+        assert_eq!(settings.power_cap_w, 600.0 - board as f64);
+    }
+    let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["driver.json"], "no temporary file left behind");
+}
+
+/// The environment variable that makes [`a_writing_child`] write.
+const WRITER_ENV: &str = "TOKWATT_SIM_DRIVER_WRITER";
+
+/// Run as a child process by [`a_writer_stopped_anywhere_holds_no_other_writer_up`]: board
+/// 0's cap and batch rewritten in a tight loop until the file goes.
+#[test]
+#[ignore = "a child process of another test"]
+fn a_writing_child() {
+    let Some(path) = std::env::var_os(WRITER_ENV) else {
+        return;
+    };
+    let driver = SimDriver::at(PathBuf::from(path));
+    for step in 0u32.. {
+        let cap = if step % 2 == 0 { 400.0 } else { 600.0 };
+        let written = driver
+            .update_board(0, |b| b.power_cap_w = cap)
+            .and_then(|_| driver.update_board(0, |b| b.batch_size = Some(1 + step % 100)));
+        if written.is_err() {
+            return;
+        }
+    }
+}
+
+/// A child process, killed when the test ends however it ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Child {
+    fn signal(&self, name: &str) {
+        let status = std::process::Command::new("kill")
+            .args([format!("-{name}"), self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name}");
+    }
+
+    /// Whether the kernel has it stopped (`T` in `/proc/PID/stat`).
+    fn stopped(&self) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.0.id())).unwrap();
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
+    }
+}
+
+/// The fault harness's case: an agent SIGSTOPped while it writes (anywhere in a write:
+/// reading the file, between the read and the write, in its sync) must not hold up the
+/// fence, and its writes after SIGCONT must not undo the fence's.
+#[test]
+fn a_writer_stopped_anywhere_holds_no_other_writer_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = driver_path(&dir);
+    let (driver, _) = SimDriver::open_for(&path, &h200(), 2).unwrap();
+    let child = Child(
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["driver::tests::a_writing_child", "--exact", "--ignored"])
+            .env(WRITER_ENV, &path)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let wait_for = |what: &str, ready: &dyn Fn() -> bool| {
+        let started = Instant::now();
+        while !ready() {
+            assert!(started.elapsed() < Duration::from_secs(30), "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let generation = || driver.read().unwrap().generation;
+    let mut slowest = Duration::ZERO;
+    for cycle in 0..20u32 {
+        let before = generation();
+        wait_for("the child writes", &|| generation() >= before + 10);
+        child.signal("STOP");
+        wait_for("the child stops", &|| child.stopped());
+        let stopped_at = generation();
+        // Another process's changes land at once, to another board and to another setting
+        // of the board the stopped one writes.
+        let cap = 300.0 + f64::from(cycle);
+        let started = Instant::now();
+        driver.update_board(1, |b| b.power_cap_w = cap).unwrap();
+        driver
+            .update_board(0, |b| b.sm_clock_lock_mhz = Some((900, 1000 + cycle)))
+            .unwrap();
+        let state = driver.read().unwrap();
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(state.boards[1].power_cap_w, cap);
+        assert_eq!(state.generation, stopped_at + 2, "the child is stopped");
+        child.signal("CONT");
+        // The child writes on, and loses none of them.
+        wait_for("the child writes again", &|| {
+            generation() >= stopped_at + 20
+        });
+        let state = driver.read().unwrap();
+        assert_eq!(state.boards[1].power_cap_w, cap);
+        assert_eq!(state.boards[0].sm_clock_lock_mhz, Some((900, 1000 + cycle)));
+    }
+    eprintln!("writes beside a stopped writer: the slowest two and a read took {slowest:?}");
+    assert!(slowest < Duration::from_secs(1), "{slowest:?}");
+}
+
+/// A write in progress, as a reader may see it: the first half of board 0's new cap line
+/// over the old one.
+fn tear(path: &Path, watts: f64) -> (Vec<u8>, Vec<u8>) {
+    let state = SimDriver::at(path).read().unwrap();
+    let mut board = state.boards[0].clone();
+    board.power_cap_w = watts;
+    let line = setting_line(&board, 0, 0, state.boards.len(), 99).unwrap();
+    let span = line_span(1);
+    let file = File::options().write(true).open(path).unwrap();
+    file.write_at(&line.as_bytes()[..64], span.start as u64)
+        .unwrap();
+    (line.into_bytes(), std::fs::read(path).unwrap())
+}
+
+#[test]
+fn a_torn_line_is_read_again_and_refused_if_it_stays_torn() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = driver_path(&dir);
+    drop(node(&path, 2));
     let driver = SimDriver::at(&path);
-    // A writer stopped while it held the lock (SIGSTOP): readers carry on.
-    let held = File::options()
-        .write(true)
-        .open(driver.lock_path())
-        .unwrap();
-    held.lock().unwrap();
-    let started = Instant::now();
-    assert_eq!(driver.read().unwrap().boards.len(), 1);
-    assert!(started.elapsed() < Duration::from_secs(1));
-}
+    driver.update_board(1, |b| b.power_cap_w = 500.0).unwrap();
 
-#[test]
-fn a_writer_waits_for_a_stopped_holder_only_so_long_and_names_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = driver_path(&dir);
-    let (_sim, _clock) = node(&path, 1);
-    let driver = SimDriver::at(&path).with_lock_wait(Duration::from_millis(200));
-    // A writer stopped while it held the lock: it wrote its process id, as every holder does.
-    let mut held = File::options()
-        .write(true)
-        .open(driver.lock_path())
-        .unwrap();
-    held.lock().unwrap();
-    held.set_len(0).unwrap();
-    held.write_all(b"4242").unwrap();
+    // The write completes 30 ms later: the reader reads again until it has.
+    let (line, _) = tear(&path, 400.0);
+    let finisher = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            let file = File::options().write(true).open(&path).unwrap();
+            file.write_at(&line[64..], (line_span(1).start + 64) as u64)
+                .unwrap();
+        })
+    };
     let started = Instant::now();
-    let error = driver.reboot().unwrap_err();
-    assert!(started.elapsed() >= Duration::from_millis(200));
-    assert!(started.elapsed() < Duration::from_secs(5));
+    let state = driver.read().unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(25));
+    assert_eq!(state.boards[0].power_cap_w, 400.0);
+    assert_eq!(state.boards[1].power_cap_w, 500.0);
+    finisher.join().unwrap();
+
+    // Torn for good (a writer killed mid-write, an edit): refused, saying so, and kept.
+    let (_, torn) = tear(&path, 250.0);
+    let started = Instant::now();
+    let error = driver.read().unwrap_err();
+    assert!(started.elapsed() >= READ_PATIENCE);
     let text = error.to_string();
     assert!(
-        matches!(error, DriverError::LockTimeout { .. }) && text.contains("process 4242"),
+        matches!(error, DriverError::Corrupt { .. })
+            && text.contains("board 0's power_cap_w line does not match its check")
+            && text.contains("no write in progress")
+            && text.contains("delete it"),
         "{text}"
     );
-    assert_eq!(driver.read().unwrap().boots, 0, "nothing changed");
-    // Once it runs again (here: lets go), the write goes through.
-    drop(held);
-    assert_eq!(driver.reboot().unwrap().boots, 1);
+    let refused = driver
+        .update_board(1, |b| b.power_cap_w = 200.0)
+        .unwrap_err();
+    assert!(refused.to_string().contains("does not match"), "{refused}");
+    assert_eq!(std::fs::read(&path).unwrap(), torn, "kept as it was");
+}
+
+/// What the fault harness reads with Python's json (`state["boards"][i]["power_cap_w"]`),
+/// and checks line by line with zlib.crc32.
+#[test]
+fn the_file_is_json_of_fixed_width_checked_lines() {
+    assert_eq!(crc32(b"123456789"), 0xCBF4_3926, "zlib's CRC-32");
+    let dir = tempfile::tempdir().unwrap();
+    let path = driver_path(&dir);
+    let (sim, _clock) = node(&path, 3);
+    sim.actuator().set_power_cap(2, 450.5).unwrap();
+    sim.actuator()
+        .set_sm_clock_lock(1, Some((1000, 1500)))
+        .unwrap();
+    let raw = std::fs::read(&path).unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(json["format_version"], DRIVER_FORMAT_VERSION);
+    assert_eq!(json["boards"][2]["power_cap_w"], 450.5);
+    assert_eq!(json["boards"][0]["power_cap_w"], 700.0);
+    assert!(json["boards"][1]["sm_clock_lock_mhz"].is_array());
+    assert_eq!(
+        json["boards"][2]["#power_cap_w"]
+            .as_str()
+            .unwrap()
+            .split_once('/')
+            .unwrap()
+            .0,
+        "1"
+    );
+    assert_eq!(raw.len(), HEADER_LEN + 3 * BOARD_LEN + TRAILER.len());
+    let text = std::str::from_utf8(&raw).unwrap();
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    assert_eq!(lines.len(), 1 + 3 * SETTINGS.len() + 1);
+    assert_eq!(lines[0].len(), HEADER_LEN);
+    for line in &lines[1..lines.len() - 1] {
+        assert_eq!(line.len(), SETTING_LEN, "{line}");
+    }
+    assert_eq!(*lines.last().unwrap(), "]}\n");
+    for line in &lines[..lines.len() - 1] {
+        let slash = line.rfind('/').unwrap();
+        let check = format!("{:08x}", crc32(&line.as_bytes()[..=slash]));
+        assert_eq!(&line[slash + 1..slash + 9], check, "{line}");
+    }
+    // One setter, one line: the cap's line alone differs.
+    sim.actuator().set_power_cap(0, 650.0).unwrap();
+    let after = std::fs::read(&path).unwrap();
+    let differ: Vec<usize> = (0..raw.len()).filter(|&i| raw[i] != after[i]).collect();
+    let line = line_span(1);
+    assert!(
+        differ.iter().all(|i| line.contains(i)),
+        "{differ:?} outside {line:?}"
+    );
 }
 
 #[test]
@@ -377,6 +619,50 @@ fn a_file_of_other_boards_is_refused_with_the_fix() {
     assert_eq!(SimDriver::at(&path).read().unwrap().generation, 0);
 }
 
+/// A file of format version 1 (one JSON document, replaced whole under a lock).
+const VERSION_1: &str = r#"{
+  "format_version": 1,
+  "profile": "h200",
+  "board_name": "NVIDIA H200",
+  "limits": {
+    "power_cap_min_w": 200.0,
+    "power_cap_default_w": 700.0,
+    "power_cap_max_w": 700.0
+  },
+  "generation": 0,
+  "boots": 0,
+  "boot_reserve_w": null,
+  "boards": [
+    {
+      "power_cap_w": 700.0,
+      "sm_clock_lock_mhz": null,
+      "mem_clock_lock_mhz": null,
+      "batch_size": null
+    }
+  ]
+}
+"#;
+
+/// `text` with `from` replaced by `to` in every line, each such line given a check that
+/// matches: edited by something that knows the format.
+fn resealed(text: &str, from: &str, to: &str) -> String {
+    text.split_inclusive('\n')
+        .map(|line| {
+            if !line.contains(from) {
+                return line.to_owned();
+            }
+            let edited = line.replace(from, to);
+            let slash = edited.rfind('/').unwrap();
+            seal(
+                edited[..=slash].to_owned(),
+                edited[slash + 10..].trim_end(),
+                line.len(),
+            )
+            .unwrap()
+        })
+        .collect()
+}
+
 #[test]
 fn a_corrupt_file_is_refused_with_the_fix_and_kept() {
     let dir = tempfile::tempdir().unwrap();
@@ -400,18 +686,30 @@ fn a_corrupt_file_is_refused_with_the_fix_and_kept() {
             "delete it",
         ),
         (
-            &good.replace("\"format_version\": 1", "\"format_version\": 7"),
+            &good.replace("\"format_version\": 2", "\"format_version\": 7"),
             "format version 7",
             "delete it",
         ),
+        (VERSION_1, "format version 1", "delete it"),
         (
-            &good.replace("\"power_cap_w\": 700.0", "\"power_cap_w\": 9000.0"),
+            &resealed(&good, "\"power_cap_w\": 700.0", "\"power_cap_w\": 9000.0"),
             "outside 200-700 W",
             "delete it",
         ),
         (
-            &good.replace("\"boots\": 0", "\"boots\": 0, \"extra\": 1"),
+            &resealed(&good, "\"boots\": 0, ", "\"boots\": 0, \"extra\": 1, "),
             "unknown field",
+            "delete it",
+        ),
+        // Edited by hand, the line's check left as it was.
+        (
+            &good.replace("\"power_cap_w\": 700.0", "\"power_cap_w\": 300.0"),
+            "board 0's power_cap_w line does not match its check",
+            "delete it",
+        ),
+        (
+            &format!("{good}\n"),
+            "where a file of 1 boards is",
             "delete it",
         ),
     ];
