@@ -782,11 +782,10 @@ fn a_fleet_ab_in_one_power_domain_freezes_its_grants_through_an_a_a_and_a_greedy
         verdict[low].as_f64().is_some_and(|l| l <= 1.0)
             && verdict[high].as_f64().is_some_and(|h| h >= 1.0)
     };
-    assert!(
-        covers_one("ci_low", "ci_high") && covers_one("t_ci_low", "t_ci_high"),
-        "{}",
-        same.stdout
-    );
+    // The t interval, not the bootstrap: with four pairs the percentile bootstrap's
+    // 99.9 % interval is the span of the four pair ratios, which misses 1 whenever all four
+    // fall on one side of it, one A/A in eight by chance alone.
+    assert!(covers_one("t_ci_low", "t_ci_high"), "{}", same.stdout);
     assert_eq!(grants_and_freeze(&store).1, None, "thawed at the end");
     assert_on_their_own_policy(&agents.sockets, &home);
 
