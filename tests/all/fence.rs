@@ -9,7 +9,7 @@
 
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokwatt::fence::status::FenceStatus;
@@ -25,36 +25,6 @@ const RESERVE_W: f64 = 1000.0;
 /// `tokwatt fence --stall` and `fleet.fence.restore_s`: the deadline is their sum.
 const STALL_S: f64 = 2.0;
 const RESTORE_S: f64 = 2.0;
-
-/// A child process killed when the test ends (a failed assertion too): no agent, fence
-/// or coordinator outlives its test.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Running {
-    fn signal(&self, name: &str) {
-        let status = std::process::Command::new("kill")
-            .args([&format!("-{name}"), &self.0.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -{name}");
-    }
-
-    fn assert_alive(&mut self, what: &str, log: &Path) {
-        if let Some(status) = self.0.try_wait().expect("status") {
-            panic!(
-                "{what} exited ({status}): {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-    }
-}
 
 /// Starts `tokwatt args…` with its standard error in `log`.
 fn spawn(args: &[&str], log: &Path) -> Running {

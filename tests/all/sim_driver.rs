@@ -4,41 +4,11 @@
 //! a crashed run changed, and a simulated reboot puts the board defaults back.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use crate::support::*;
 use tokwatt_test_support::wait_for;
-
-/// A child process killed when the test ends early (a failed assertion), so no agent
-/// outlives its test.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Running {
-    fn signal(&self, name: &str) {
-        let status = std::process::Command::new("kill")
-            .args([&format!("-{name}"), &self.0.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -{name}");
-    }
-
-    fn assert_alive(&mut self, log: &Path) {
-        if let Some(status) = self.0.try_wait().expect("status") {
-            panic!(
-                "the agent exited ({status}): {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-    }
-}
 
 /// serve.toml for two simulated H200s whose settings live in `node/driver.json` beside
 /// it (a relative path: relative to the config file).
@@ -101,7 +71,7 @@ fn wait_for_caps(driver: &Path, watts: f64, agent: &mut Running, log: &Path) {
         &format!("every cap at {watts} W"),
         Duration::from_secs(60),
         || {
-            agent.assert_alive(log);
+            agent.assert_alive("the agent", log);
             driver.exists() && caps(&show(driver)).iter().all(|&c| c == watts)
         },
     );
@@ -178,7 +148,7 @@ fn caps_outlive_a_killed_or_paused_agent_and_a_reboot_puts_the_defaults_back() {
         "the restarted agent's first ticks",
         Duration::from_secs(60),
         || {
-            agent.assert_alive(&log);
+            agent.assert_alive("the agent", &log);
             if !socket.exists() {
                 return false;
             }
@@ -202,7 +172,7 @@ fn caps_outlive_a_killed_or_paused_agent_and_a_reboot_puts_the_defaults_back() {
         "the new batch in the driver",
         Duration::from_secs(30),
         || {
-            agent.assert_alive(&log);
+            agent.assert_alive("the agent", &log);
             show(&driver)["boards"]
                 .as_array()
                 .is_some_and(|b| b.iter().all(|b| b["batch_size"] == 64))
@@ -224,7 +194,7 @@ fn caps_outlive_a_killed_or_paused_agent_and_a_reboot_puts_the_defaults_back() {
         "the agent to see the reboot",
         Duration::from_secs(30),
         || {
-            agent.assert_alive(&log);
+            agent.assert_alive("the agent", &log);
             let output = tokwatt()
                 .args(["status", "--json", "--socket"])
                 .arg(&socket)

@@ -199,3 +199,35 @@ pub fn required_tool(tool: &'static str, require: &str, install: &str) -> Option
     skip_unless_required(require, format!("{tool} is not installed ({install})"));
     None
 }
+
+/// A child process (an agent, a fence, a coordinator) killed when its test ends, a failed
+/// assertion too, so none outlives its test.
+pub struct Running(pub std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Running {
+    /// Sends it a signal by name (`STOP`, `CONT`, `KILL`), through kill(1).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.0.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{name}");
+    }
+
+    /// Fails the test, with its log, where `what` has exited.
+    pub fn assert_alive(&mut self, what: &str, log: &Path) {
+        if let Some(status) = self.0.try_wait().expect("status") {
+            panic!(
+                "{what} exited ({status}): {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+    }
+}
