@@ -91,6 +91,29 @@ def wait_for(check, what, patience=30.0):
     raise SystemExit(f"{what} within {patience:.0f} s: no")
 
 
+def metric_values(text, name):
+    """[(labels, value)] of every sample of `name` in a Prometheus text exposition."""
+    found = []
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        rest = line[len(name):]
+        labels = {}
+        if rest.startswith("{"):
+            body, _, rest = rest[1:].partition("}")
+            for part in body.split(","):
+                key, _, value = part.partition("=")
+                if key:
+                    labels[key.strip()] = value.strip().strip('"')
+        if not rest.startswith(" "):
+            continue  # another metric whose name starts with this one
+        try:
+            found.append((labels, float(rest.split()[0])))
+        except (ValueError, IndexError):
+            continue
+    return found
+
+
 def driver_caps(path, patience=0.2):
     """The sum of the power caps a node's simulated driver holds (None: no driver file
     yet, or none that reads). Its writers change its lines in place, each in one write
@@ -425,27 +448,24 @@ class Arm:
                     text = r.read().decode()
             except OSError:
                 continue
-            if "tokwatt_fleet_coordinator_leading 1" in text:
+            if any(v == 1.0 for _, v in metric_values(text, "tokwatt_fleet_coordinator_leading")):
                 return text
         return None
 
     def leader_counter(self, name):
-        text = self.leader_metrics()
-        for line in (text or "").splitlines():
-            if line.startswith(name + " "):
-                return float(line.split(" ")[1])
-        return None
+        """The leader's value of an unlabelled or domain-labelled series (None: unread)."""
+        values = metric_values(self.leader_metrics() or "", name)
+        return sum(v for _, v in values) if values else None
 
     def stranded(self):
         """The leader's stranded watts, node by node, from its metrics (None: unread)."""
         text = self.leader_metrics()
         if text is not None:
             per_node = {}
-            for line in text.splitlines():
-                if line.startswith(STRANDED_METRIC + "{"):
-                    labels, value = line.rsplit(" ", 1)
-                    node = labels.split('node="', 1)[1].split('"', 1)[0]
-                    per_node[node] = per_node.get(node, 0.0) + float(value)
+            for labels, value in metric_values(text, STRANDED_METRIC):
+                node = labels.get("node")
+                if node:
+                    per_node[node] = per_node.get(node, 0.0) + value
             return per_node
         return None
 
