@@ -795,19 +795,25 @@ def run_stops(arm, args):
         arm.agents[n]["proc"].send_signal(signal.SIGTERM)
         arm.agents[n]["proc"].wait(timeout=30)
 
-    at(15, f"pause agent {a} (SIGSTOP) for 20 s", lambda: arm.pause(a))
-    at(15 + 20, f"resume agent {a}", lambda: arm.resume(a))
-    at(45, f"pause agent {b} (SIGSTOP) for 60 s", lambda: arm.pause(b))
-    at(45 + 60, f"resume agent {b}", lambda: arm.resume(b))
-    at(55, f"kill -9 agent {c}; nothing restarts it for 30 s", lambda: arm.kill(c))
-    at(55 + 30, f"restart agent {c}", lambda: arm.start_agent(c))
-    at(100, f"crash loop: agent {dd} stopped, then killed at start five times", lambda: (arm.kill(dd), crash_loop(dd, 5)()))
-    at(125, f"agent {e} stopped, then started with a bad config three times, 5 s apart",
+    # When each fault starts: one after another (the figures read fault by fault), or,
+    # with --stops-together, all at 15 s on their five nodes and the reboot after the
+    # first pause (half the time: what .ci/run runs).
+    start = ({"pause20": 15, "pause60": 15, "kill": 15, "crash": 15, "bad": 15, "reboot": 50}
+             if args.stops_together else
+             {"pause20": 15, "pause60": 45, "kill": 55, "crash": 100, "bad": 125, "reboot": 170})
+    at(start["pause20"], f"pause agent {a} (SIGSTOP) for 20 s", lambda: arm.pause(a))
+    at(start["pause20"] + 20, f"resume agent {a}", lambda: arm.resume(a))
+    at(start["pause60"], f"pause agent {b} (SIGSTOP) for 60 s", lambda: arm.pause(b))
+    at(start["pause60"] + 60, f"resume agent {b}", lambda: arm.resume(b))
+    at(start["kill"], f"kill -9 agent {c}; nothing restarts it for 30 s", lambda: arm.kill(c))
+    at(start["kill"] + 30, f"restart agent {c}", lambda: arm.start_agent(c))
+    at(start["crash"], f"crash loop: agent {dd} stopped, then killed at start five times", lambda: (arm.kill(dd), crash_loop(dd, 5)()))
+    at(start["bad"], f"agent {e} stopped, then started with a bad config three times, 5 s apart",
        lambda: (stop_cleanly(e), bad_start(e, 3)()))
-    at(125 + 25, f"agent {e} started with its config fixed", lambda: arm.start_agent(e))
-    at(170, f"reboot node {a}: agent and fence gone, the driver at its board defaults, then its boot unit",
+    at(start["bad"] + 25, f"agent {e} started with its config fixed", lambda: arm.start_agent(e))
+    at(start["reboot"], f"reboot node {a}: agent and fence gone, the driver at its board defaults, then its boot unit",
        lambda: arm.reboot(a))
-    at(170 + 15, f"node {a} booted: fence and agent started", lambda: (arm.start_fence(a), arm.start_agent(a)))
+    at(start["reboot"] + 15, f"node {a} booted: fence and agent started", lambda: (arm.start_fence(a), arm.start_agent(a)))
     t0 = time.time()
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
         while time.time() - t0 < d:
@@ -955,7 +961,10 @@ def main():
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--duration", type=float, default=180.0, help="seconds each arm runs")
     ap.add_argument("--stops-duration", type=float, default=240.0,
-                    help="seconds the stops arm runs (its faults are on a fixed schedule: at least 200)")
+                    help="seconds the stops arm runs (its faults are on a fixed schedule: at least 200, or 90 "
+                         "with --stops-together)")
+    ap.add_argument("--stops-together", action="store_true",
+                    help="the stops arm's faults all at once on their five nodes, the reboot after the first pause")
     ap.add_argument("--warmup", type=float, default=30.0, help="seconds of each node's run left out of the comparison")
     ap.add_argument("--shift", type=float, default=90.0, help="when rising and falling nodes change load (s)")
     ap.add_argument("--share-w", type=float, default=450.0, help="the budget's watts a GPU on average")
@@ -974,8 +983,10 @@ def main():
         raise SystemExit(f"unknown arm(s) {sorted(unknown)}: choose from faults, stops, fleet, static, local")
     if "stops" in arms and args.nodes < 5:
         raise SystemExit("the stops arm needs 5 nodes or more (five agent faults on distinct nodes)")
-    if "stops" in arms and args.stops_duration < 200:
-        raise SystemExit("--stops-duration must be at least 200 s: its last fault (a reboot) ends at 185 s")
+    last_fault_ends = 75 if args.stops_together else 185
+    if "stops" in arms and args.stops_duration < last_fault_ends + 15:
+        raise SystemExit(f"--stops-duration must be at least {last_fault_ends + 15} s: its last fault ends at "
+                         f"{last_fault_ends} s")
     binary = args.tokwatt or next(
         (p for p in (os.path.join(REPO, "target", k, "tokwatt") for k in ("release", "debug")) if os.path.exists(p)),
         None)
