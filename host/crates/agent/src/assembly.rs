@@ -285,6 +285,25 @@ pub fn simulator(target: &SimTarget, seed: u64) -> Result<(SimGpu, Backends), As
     simulator_on(config, target.realtime, target.driver.as_deref())
 }
 
+/// The actuator of a simulated node whose driver file exists: its boards (their count,
+/// and their profile unless `profile` names one, as a profile file must be) are the
+/// file's. What a second process on the node (`tokwatt fence`, `tokwatt restore`)
+/// changes the node's settings through.
+pub fn simulated_node_actuator(
+    driver: &std::path::Path,
+    profile: Option<String>,
+) -> Result<Box<dyn Actuator>, AssemblyError> {
+    let held = tokwatt_sim::SimDriver::at(driver)
+        .read()
+        .map_err(tokwatt_sim::SimError::from)?;
+    let target = SimTarget {
+        gpus: held.boards.len() as u32,
+        driver: Some(driver.to_owned()),
+        ..SimTarget::new(profile.unwrap_or(held.profile))
+    };
+    Ok(simulator(&target, 1)?.1.actuator)
+}
+
 /// `target`'s GPU profile and scenario (the built-in one where it names none), loaded.
 pub fn sim_work(target: &SimTarget) -> Result<(GpuProfile, Scenario), AssemblyError> {
     let profile = GpuProfile::load(&target.profile)?;

@@ -12,10 +12,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use tokwatt::actuator::Actuator;
-use tokwatt::assembly::{self, SimTarget};
+use tokwatt::assembly;
 use tokwatt::fence::watch::FenceSettings;
 use tokwatt::nvml::NvmlSystem;
-use tokwatt::sim::SimDriver;
 
 #[derive(Debug, clap::Args)]
 pub struct FenceArgs {
@@ -124,21 +123,8 @@ pub fn fence(args: &FenceArgs) -> Result<()> {
 /// The GPUs to fence: the simulated driver's boards, or NVML's.
 fn open_gpus(args: &FenceArgs) -> Result<Box<dyn Actuator>> {
     match &args.sim_driver {
-        Some(path) => {
-            // The boards are the file's: their profile and their count.
-            let held = SimDriver::at(path)
-                .read()
-                .with_context(|| format!("reading the simulated driver {}", path.display()))?;
-            let target = SimTarget {
-                gpus: held.boards.len() as u32,
-                driver: Some(path.clone()),
-                ..SimTarget::new(held.profile)
-            };
-            Ok(assembly::simulator(&target, 1)
-                .with_context(|| format!("opening the simulated driver {}", path.display()))?
-                .1
-                .actuator)
-        }
+        Some(path) => assembly::simulated_node_actuator(path, None)
+            .with_context(|| format!("opening the simulated driver {}", path.display())),
         None => Ok(Box::new(
             NvmlSystem::open(args.gpus.as_deref())
                 .context("opening the GPUs through NVML")?

@@ -8,7 +8,6 @@ use tokwatt::actuator::Actuator;
 use tokwatt::assembly::{self, SimTarget};
 use tokwatt::nvml::NvmlSystem;
 use tokwatt::restore::{StateFile, restore_all};
-use tokwatt::sim::SimDriver;
 
 #[derive(Debug, clap::Args)]
 pub struct RestoreArgs {
@@ -44,19 +43,8 @@ pub fn restore(args: &RestoreArgs) -> Result<()> {
         return Ok(());
     }
     let mut actuator: Box<dyn Actuator> = match (&args.sim_driver, &args.sim) {
-        (Some(path), profile) => {
-            // The boards are the file's: their profile (unless named) and their count.
-            let held = SimDriver::at(path).read()?;
-            let target = SimTarget {
-                gpus: held.boards.len() as u32,
-                driver: Some(path.clone()),
-                ..SimTarget::new(profile.clone().unwrap_or(held.profile))
-            };
-            assembly::simulator(&target, 1)
-                .with_context(|| format!("opening the simulated driver {}", path.display()))?
-                .1
-                .actuator
-        }
+        (Some(path), profile) => assembly::simulated_node_actuator(path, profile.clone())
+            .with_context(|| format!("opening the simulated driver {}", path.display()))?,
         (None, Some(profile)) => {
             eprintln!(
                 "tokwatt: restoring into a simulator of this command's own (--sim): nothing that outlives it changes; give --sim-driver PATH to restore a simulated node's settings"
