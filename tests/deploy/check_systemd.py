@@ -85,6 +85,19 @@ def exec_argv(report, key, line):
     return None
 
 
+def check_sets_gpu_settings(report, sections, service):
+    """A unit that changes GPU settings through NVML: it keeps CAP_SYS_ADMIN and nothing
+    else, and sees the GPUs' device nodes."""
+    report.check(
+        one(report, sections, service, "CapabilityBoundingSet") == "CAP_SYS_ADMIN",
+        "CapabilityBoundingSet=CAP_SYS_ADMIN: NVML's setters need it and nothing else",
+    )
+    report.check(
+        values(sections, service, "PrivateDevices") in ([], ["no"], ["false"]),
+        "PrivateDevices= must stay off: it hides /dev/nvidia*, and NVML cannot open the GPUs",
+    )
+
+
 def check_agent(report, sections, args):
     config = tomllib.loads(Path(args.config).read_text())
     service = "Service"
@@ -113,14 +126,7 @@ def check_agent(report, sections, args):
         one(report, sections, service, "StateDirectory") == "tokwatt",
         "StateDirectory=tokwatt: the state file and runs live in /var/lib/tokwatt",
     )
-    report.check(
-        one(report, sections, service, "CapabilityBoundingSet") == "CAP_SYS_ADMIN",
-        "CapabilityBoundingSet=CAP_SYS_ADMIN: NVML's setters need it and nothing else",
-    )
-    report.check(
-        values(sections, service, "PrivateDevices") in ([], ["no"], ["false"]),
-        "PrivateDevices= must stay off: it hides /dev/nvidia*, and NVML cannot open the GPUs",
-    )
+    check_sets_gpu_settings(report, sections, service)
     report.check(
         values(sections, service, "MemoryDenyWriteExecute") in ([], ["no"], ["false"]),
         "MemoryDenyWriteExecute= must stay off: wasmtime compiles plugins to machine code",
@@ -276,14 +282,7 @@ def check_reserve(report, sections, args):
         "multi-user.target" in " ".join(values(sections, "Install", "WantedBy")).split(),
         "WantedBy=multi-user.target: the unit runs at every boot",
     )
-    report.check(
-        one(report, sections, service, "CapabilityBoundingSet") == "CAP_SYS_ADMIN",
-        "CapabilityBoundingSet=CAP_SYS_ADMIN: NVML's power-limit setter needs it and nothing else",
-    )
-    report.check(
-        values(sections, service, "PrivateDevices") in ([], ["no"], ["false"]),
-        "PrivateDevices= must stay off: it hides /dev/nvidia*, and NVML cannot open the GPUs",
-    )
+    check_sets_gpu_settings(report, sections, service)
     exec_start = values(sections, service, "ExecStart")
     if not report.check(len(exec_start) == 1, "ExecStart= must be set once"):
         return
