@@ -111,6 +111,27 @@ fn fleet_ab(
     Outcome { stdout, report }
 }
 
+/// Every node answers and has swapped nothing (a refused experiment changed nothing);
+/// their statuses, for further checks.
+fn assert_nothing_swapped(sockets: &[PathBuf]) -> Vec<tokwatt::api::NodeStatus> {
+    sockets
+        .iter()
+        .map(|socket| {
+            let status = ApiClient::unix(socket)
+                .expect("client")
+                .status()
+                .expect("status");
+            assert_eq!(
+                status.policy.swaps,
+                0,
+                "nothing swapped on {}",
+                socket.display()
+            );
+            status
+        })
+        .collect()
+}
+
 /// Every node runs the policy it was started with, unpaused.
 fn assert_on_their_own_policy(sockets: &[PathBuf], spec: &Path) {
     for socket in sockets {
@@ -291,18 +312,7 @@ fn a_fleet_ab_over_prometheus_finds_no_winner_against_itself_and_the_lower_cap_u
             && said.contains("nothing was changed on any node"),
         "{said}"
     );
-    for socket in sockets {
-        let status = ApiClient::unix(socket)
-            .expect("client")
-            .status()
-            .expect("status");
-        assert_eq!(
-            status.policy.swaps,
-            0,
-            "nothing swapped on {}",
-            socket.display()
-        );
-    }
+    assert_nothing_swapped(sockets);
 
     // The plan alone: checked and shown, nothing changed.
     let plan = tokwatt()
@@ -740,17 +750,7 @@ fn a_fleet_ab_in_one_power_domain_freezes_its_grants_through_an_a_a_and_a_greedy
     ] {
         assert!(said.contains(expected), "{expected:?}: {said}");
     }
-    for socket in &agents.sockets {
-        let status = ApiClient::unix(socket)
-            .expect("client")
-            .status()
-            .expect("status");
-        assert_eq!(
-            status.policy.swaps,
-            0,
-            "nothing swapped on {}",
-            socket.display()
-        );
+    for status in assert_nothing_swapped(&agents.sockets) {
         assert_eq!(
             status.fleet.map(|f| f.domain),
             Some(DOMAIN.to_owned()),
