@@ -315,18 +315,8 @@ impl Allocator for MarginalAllocator {
                 target_w: current_w.clamp(floor_w, most_w),
             });
         }
-        // The pool: the budget less what every node without a lease is charged (at least
-        // its reserve: it may hold more while it is silent), what unbudgeted nodes hold,
-        // and what the live nodes hold.
-        let mut pool = ledger.budget.available_w()
-            - ledger
-                .entries
-                .iter()
-                .filter(|e| !e.live())
-                .map(|e| e.charged_w.max(e.budget.reserve_w))
-                .sum::<f64>()
-            - ledger.unbudgeted.iter().map(|(_, w)| w).sum::<f64>()
-            - claims.iter().map(|c| c.target_w).sum::<f64>();
+        // The pool: the room for the live nodes less what they hold.
+        let mut pool = room_for_live_w(ledger) - claims.iter().map(|c| c.target_w).sum::<f64>();
         // A lowered budget: take steps from where they are worth least (unused first).
         while pool < -1e-9 {
             let Some(giver) = self.best_giver(&claims) else {
@@ -403,8 +393,8 @@ impl Allocator for MarginalAllocator {
 
 impl MarginalAllocator {
     /// A raise under `min_move_w` is not made (its watts stay in the pool); a cut under it
-    /// is not made where the pool left can cover it. A raise to the node's full ask and
-    /// a node's first grant are kept, however small.
+    /// is not made where the pool left can cover it. A raise to the node's full ask is
+    /// kept, however small (and the ledger writes a node's first grant whatever it is).
     fn damp_small_moves(&self, claims: &mut [Claim], mut pool: f64) {
         for claim in claims.iter_mut() {
             let raise = claim.target_w - claim.current_w;
@@ -421,6 +411,20 @@ impl MarginalAllocator {
             }
         }
     }
+}
+
+/// What the live nodes may hold between them: the budget less what every node without a
+/// lease is charged (at least its reserve: it may hold more while it is silent) and what
+/// unbudgeted nodes hold.
+fn room_for_live_w(ledger: &Ledger) -> f64 {
+    ledger.budget.available_w()
+        - ledger
+            .entries
+            .iter()
+            .filter(|e| !e.live())
+            .map(|e| e.charged_w.max(e.budget.reserve_w))
+            .sum::<f64>()
+        - ledger.unbudgeted.iter().map(|(_, w)| w).sum::<f64>()
 }
 
 /// The targets while the domain is frozen: each live node's grant in force (its reserve
@@ -447,17 +451,9 @@ pub fn frozen_allocation(ledger: &Ledger) -> Allocation {
             (entry, held_w, floor_w)
         })
         .collect();
-    // As the marginal allocator counts it: the budget less what the silent nodes are
-    // charged (at least their reserves) and the unbudgeted nodes hold, for the live
-    // nodes, each counted at its target or its floor, the higher.
-    let room_w = ledger.budget.available_w()
-        - ledger
-            .entries
-            .iter()
-            .filter(|e| !e.live())
-            .map(|e| e.charged_w.max(e.budget.reserve_w))
-            .sum::<f64>()
-        - ledger.unbudgeted.iter().map(|(_, w)| w).sum::<f64>();
+    // As the marginal allocator counts it, for the live nodes, each counted at its target
+    // or its floor, the higher.
+    let room_w = room_for_live_w(ledger);
     let need_w: f64 = live.iter().map(|(_, held, floor)| held.max(*floor)).sum();
     let above_floor_w: f64 = live
         .iter()
