@@ -452,10 +452,12 @@ class Arm:
                 return text
         return None
 
-    def leader_counter(self, name):
-        """The leader's value of an unlabelled or domain-labelled series (None: unread)."""
-        values = metric_values(self.leader_metrics() or "", name)
-        return sum(v for _, v in values) if values else None
+    def leader_rounds_and_grants(self):
+        """The leader's rounds and grants written, from one scrape (None each: unread)."""
+        text = self.leader_metrics() or ""
+        found = [metric_values(text, f"tokwatt_fleet_coordinator_{name}_total")
+                 for name in ("rounds", "grants_written")]
+        return tuple(sum(v for _, v in values) if values else None for values in found)
 
     def stranded(self):
         """The leader's stranded watts, node by node, from its metrics (None: unread)."""
@@ -892,12 +894,10 @@ def run_steady(arm, args):
             if arm.fleet and total > arm.budget + 1e-6:
                 over += 1
             if arm.fleet and first is None and second >= args.warmup:
-                first = (arm.leader_counter("tokwatt_fleet_coordinator_rounds_total"),
-                         arm.leader_counter("tokwatt_fleet_coordinator_grants_written_total"))
+                first = arm.leader_rounds_and_grants()
             time.sleep(max(0.0, 1.0 - (time.time() - t0 - second)))
     if first and None not in first:
-        rounds = arm.leader_counter("tokwatt_fleet_coordinator_rounds_total")
-        grants = arm.leader_counter("tokwatt_fleet_coordinator_grants_written_total")
+        rounds, grants = arm.leader_rounds_and_grants()
         if rounds is not None and grants is not None and rounds > first[0]:
             n = rounds - first[0]
             churn = {"rounds": n, "grants_written": grants - first[1],
