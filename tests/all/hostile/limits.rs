@@ -123,3 +123,34 @@ fn a_huge_table_hits_the_table_limit() {
     );
     assert!(err.contains("table limit"), "{err}");
 }
+
+/// An `init` stopped by the wall clock is started afresh before the policy is refused (a
+/// busy machine can make a sound `init` late); one stopped by fuel is the guest's own
+/// doing and is refused at once.
+#[test]
+fn an_init_late_by_the_clock_is_tried_again_and_one_out_of_fuel_is_not() {
+    let plugin = built_plugin("fixture_hostile");
+    let by_clock = stderr(&run_refused(
+        &plugin,
+        &hostile_extra(
+            "spin-init",
+            "[sandbox]\nfuel_per_call = 1000000000000\ndeadline_ms = 5",
+        ),
+    ));
+    assert!(
+        by_clock.contains("missed its deadline of 5 ms"),
+        "{by_clock}"
+    );
+    assert_eq!(
+        by_clock.matches("starting it again").count(),
+        2,
+        "three starts in all: {by_clock}"
+    );
+
+    let by_fuel = stderr(&run_refused(
+        &plugin,
+        &hostile_extra("spin-init", "[sandbox]\nfuel_per_call = 1000000"),
+    ));
+    assert!(by_fuel.contains("fuel"), "{by_fuel}");
+    assert!(!by_fuel.contains("starting it again"), "{by_fuel}");
+}

@@ -32,7 +32,7 @@ use tokwatt_plugin::{ComponentCache, HostConfig, PluginHost};
 use tokwatt_policy::envelope::Envelope;
 use tokwatt_policy::rules::NodeRules;
 use tokwatt_policy::spec::PolicySpec;
-use tokwatt_policy::supervisor::{InitArgs, Supervisor};
+use tokwatt_policy::supervisor::{InitArgs, PolicyFailure, Supervisor};
 
 /// Where plugins are looked for, after the spec's own folder: `$TOKWATT_PLUGIN_DIR`,
 /// the folder of the running executable (a deployed bundle), and the build's folder.
@@ -310,6 +310,10 @@ pub fn start_policy_watched(
     start_policy_inner(host, spec, plugin_path, node, seed, tick, true)
 }
 
+/// How often a policy whose start missed its wall-clock deadline is started before it
+/// is refused.
+pub const START_ATTEMPTS: u32 = 3;
+
 /// A live agent never takes the transcript of the guest's logs, so only a watching tool
 /// turns it on (`transcribe_logs`).
 fn start_policy_inner(
@@ -338,14 +342,6 @@ fn start_policy_inner(
         spec.knobs,
     )?;
     let loaded = Arc::new(host.load(plugin_path, &spec.name, spec.sandbox)?);
-    let engine = loaded
-        .instantiate(seed)
-        .map_err(|failure| AgentError::PolicyStart {
-            policy: spec.name.clone(),
-            failure,
-        })?;
-    let console = engine.console();
-    console.transcribe_logs(transcribe_logs);
     let args = InitArgs {
         devices: envelope.facts(&node.devices),
         knobs: spec.knobs,
@@ -354,13 +350,36 @@ fn start_policy_inner(
         tick_ms: u32::try_from(tick.as_millis()).unwrap_or(u32::MAX),
         seed,
     };
-    let (supervisor, first) =
-        Supervisor::start(Box::new(engine), args, spec.breaker).map_err(|failure| {
-            AgentError::PolicyStart {
-                policy: spec.name.clone(),
-                failure,
+    let mut attempt = 1;
+    let (supervisor, first, console) = loop {
+        let started = loaded.instantiate(seed).and_then(|engine| {
+            let console = engine.console();
+            console.transcribe_logs(transcribe_logs);
+            Supervisor::start(Box::new(engine), args.clone(), spec.breaker)
+                .map(|(supervisor, first)| (supervisor, first, console))
+        });
+        match started {
+            // Wall time is the one budget a busy machine can spend for the guest: an
+            // instance that missed its deadline starting is started afresh (same seed,
+            // same init) before the policy is refused. Fuel, traps and limits are the
+            // guest's own doing and refuse it at once.
+            Err(PolicyFailure::Deadline { deadline_ms, .. }) if attempt < START_ATTEMPTS => {
+                tracing::warn!(
+                    policy = %spec.name,
+                    attempt,
+                    "`{}` missed its {deadline_ms} ms deadline starting; starting it again",
+                    spec.name
+                );
+                attempt += 1;
             }
-        })?;
+            other => {
+                break other.map_err(|failure| AgentError::PolicyStart {
+                    policy: spec.name.clone(),
+                    failure,
+                })?;
+            }
+        }
+    };
     Ok((supervisor, first, envelope, console))
 }
 

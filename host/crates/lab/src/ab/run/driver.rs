@@ -18,10 +18,7 @@ use tokwatt_core::types::{Objective, Settings};
 use tokwatt_plugin::{ComponentCache, HostConfig, PluginHost};
 use tokwatt_policy::envelope::Envelope;
 use tokwatt_policy::spec::PolicySpec;
-use tokwatt_policy::supervisor::{PolicyFailure, Supervisor};
-
-/// Tries at starting an arm whose `init` misses its deadline.
-pub(super) const START_ATTEMPTS: u32 = 3;
+use tokwatt_policy::supervisor::Supervisor;
 
 /// Both arms' specs on one node's facts, ready to be started and restarted.
 pub(super) struct Arms {
@@ -82,46 +79,27 @@ impl Arms {
     }
 
     /// A fresh instance of `arm` seeded with `seed`: its supervisor, first settings and
-    /// envelope. An arm is started at every one of its epochs, so an `init` that missed
-    /// its wall-clock deadline once (a busy machine) is tried again before the comparison
-    /// gives up.
+    /// envelope. An `init` that missed its wall-clock deadline (a busy machine) is tried
+    /// again by [`agent::start_policy`] before the comparison gives up.
     pub(super) fn start(
         &self,
         arm: Arm,
         seed: u64,
     ) -> Result<(Supervisor, Vec<Settings>, Envelope), AbRunError> {
         let i = Self::index(arm);
-        let mut attempt = 1;
-        loop {
-            let started = agent::start_policy(
-                &self.host,
-                &self.specs[i],
-                &self.plugins[i],
-                &self.node,
-                seed,
-                self.tick,
-            );
-            match started {
-                Err(AgentError::PolicyStart {
-                    failure: PolicyFailure::Deadline { deadline_ms, .. },
-                    ..
-                }) if attempt < START_ATTEMPTS => {
-                    tracing::warn!(
-                        %arm,
-                        attempt,
-                        "arm {arm}'s init missed its {deadline_ms} ms deadline; starting it again"
-                    );
-                    attempt += 1;
-                }
-                other => {
-                    return other.map_err(|source| AbRunError::Arm {
-                        arm,
-                        policy: self.specs[i].name.clone(),
-                        source,
-                    });
-                }
-            }
-        }
+        agent::start_policy(
+            &self.host,
+            &self.specs[i],
+            &self.plugins[i],
+            &self.node,
+            seed,
+            self.tick,
+        )
+        .map_err(|source| AbRunError::Arm {
+            arm,
+            policy: self.specs[i].name.clone(),
+            source,
+        })
     }
 
     /// Both arms must start before the first epoch: a broken arm is refused up front.
