@@ -175,6 +175,69 @@ pub struct WorkloadWindow {
     /// What was asked of the workload, where the source knows it (the simulator's
     /// arrivals); `None` for a closed-loop source that generates its own work.
     pub demand: Option<DemandWindow>,
+    /// Prompts, first tokens and energy per request, where the source serves requests
+    /// with prompts and sees each one through; `None` where it does not (a decode-only
+    /// loop).
+    #[serde(default)]
+    pub requests: Option<RequestsWindow>,
+}
+
+/// Upper bounds (joules) of the buckets of [`RequestEnergy`]; the last bucket is open.
+pub const REQUEST_ENERGY_BUCKETS_J: [f64; 14] = [
+    0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0,
+];
+
+/// Energy of the requests finished in one window, as a histogram: each step's energy
+/// shared over the tokens it processed, summed over a request's prompt and output.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct RequestEnergy {
+    pub count: u64,
+    pub sum_j: f64,
+    /// Requests at or under each bound of [`REQUEST_ENERGY_BUCKETS_J`] and above the one
+    /// before; the last counts those above every bound.
+    pub buckets: [u64; REQUEST_ENERGY_BUCKETS_J.len() + 1],
+}
+
+impl RequestEnergy {
+    pub fn record(&mut self, joules: f64) {
+        let joules = joules.max(0.0);
+        self.count += 1;
+        self.sum_j += joules;
+        let bucket = REQUEST_ENERGY_BUCKETS_J.partition_point(|&bound| bound < joules);
+        self.buckets[bucket] += 1;
+    }
+
+    /// Add another window's requests.
+    pub fn merge(&mut self, other: &RequestEnergy) {
+        self.count += other.count;
+        self.sum_j += other.sum_j;
+        for (mine, theirs) in self.buckets.iter_mut().zip(other.buckets) {
+            *mine += theirs;
+        }
+    }
+
+    /// Mean joules per request; `None` with no request.
+    pub fn mean_j(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum_j / self.count as f64)
+    }
+}
+
+/// What a workload serving requests with prompts did in one window, besides decoding.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct RequestsWindow {
+    /// Prompt tokens processed (prefilled), recomputed ones included.
+    pub prefill_tokens: u64,
+    /// Requests that got their first token.
+    pub first_tokens: u64,
+    /// 99th percentile of the time from arrival to first token over those, ms; `None`
+    /// when none got one.
+    pub ttft_p99_ms: Option<f64>,
+    /// Share of the busy time spent in steps that carried prompt tokens (0 to 1).
+    pub prefill_time_share: f64,
+    /// Sequences pushed out of the KV cache for room, to be prefilled again.
+    pub preemptions: u64,
+    /// Energy of the requests that finished.
+    pub energy: RequestEnergy,
 }
 
 /// The demand a workload faced in one window: what arrived, what it finished, what it

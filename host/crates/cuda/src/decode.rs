@@ -98,6 +98,8 @@ impl Window {
             batch_size: active_batch,
             // A closed loop: the benchmark makes its own work, nothing arrives.
             demand: None,
+            // Decode only: no prompts, no requests seen through.
+            requests: None,
         };
         self.tokens = 0;
         self.steps = 0;

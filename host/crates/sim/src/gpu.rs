@@ -1,10 +1,10 @@
-//! One simulated GPU: its serving queue, firmware clock control, NVML's view of it, and the
-//! windows the control loop reads.
+//! One simulated GPU: firmware clock control, NVML's view of it, and the windows the
+//! control loop reads, around its serving engine ([`super::serving`]).
 //!
 //! Time advances in fixed substeps (a quarter of NVML's update period: 25 ms on the built-in
-//! profiles). Within a substep the decode loop is handled analytically: the number of decode
-//! steps is the elapsed time over the step time, split only where a request finishes or
-//! arrives — never one iteration per decode step.
+//! profiles). Within a substep the engine's steps are handled analytically: the number of
+//! steps is the elapsed time over the step time, split only where a request finishes,
+//! arrives, finishes its prompt or the KV cache fills — never one iteration per step.
 //!
 //! Longer than 600 lines on purpose: `GpuSim`'s queue, clock, power and NVML view advance
 //! together in every substep and share its fields; split by job, each part would pass the
@@ -13,22 +13,24 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::model::{ClockLimit, DecodeCost, DecodeModel, FirmwareClock, StepPoint};
+use super::model::{ClockLimit, DecodeCost, DecodeModel, FirmwareClock, StepLoad, StepPoint};
 use super::profile::GpuProfile;
 use super::scenario::Scenario;
+use super::serving::{Next, Server};
 use tokwatt_core::actuator::GpuSettings;
 use tokwatt_core::rng::Rng;
-use tokwatt_core::types::{ClockEvents, DemandWindow, TelemetryWindow, WorkloadWindow};
+use tokwatt_core::types::{
+    ClockEvents, DemandWindow, RequestsWindow, TelemetryWindow, WorkloadWindow,
+};
 
 /// Substeps per NVML update period.
 const SUBSTEPS_PER_UPDATE: u64 = 4;
-/// Two decode-step counts closer than this are the same step (guards float round-off).
-const STEP_EPSILON: f64 = 1e-6;
 /// Arrivals in one substep beyond which their times are not drawn (they all queue: the
 /// batch fills in this substep anyway).
 const MAX_TIMED_ARRIVALS: u64 = 4096;
-/// Every pass of a substep's event loop retires a request, admits an arrival or ends the
-/// substep, so it terminates; this bound only guards against a float pathology.
+/// Every pass of a substep's event loop retires a request, finishes a prompt, preempts a
+/// sequence, admits an arrival or ends the substep, so it terminates; this bound only
+/// guards against a float pathology.
 const MAX_EVENTS_PER_SUBSTEP: usize = 10_000_000;
 
 /// Exact quantities the sensors only approximate, for tests and evaluation.
@@ -88,13 +90,16 @@ struct TelemetryAccumulator {
 struct WorkloadAccumulator {
     start_tokens: u64,
     start_steps: u64,
-    /// (step time ms, decode steps) per busy substep.
+    /// (step time ms, decode steps) per substep with decode steps.
     step_times: Vec<(f64, f64)>,
     start_arrived: u64,
     start_completed: u64,
     start_turned_away: u64,
-    /// Queue waits (arrival to a batch slot), ms, of the requests that got a slot.
-    queue_waits_ms: Vec<f64>,
+    start_demanded: u64,
+    start_first_tokens: u64,
+    /// Busy time, and busy time in steps that carried prompt tokens.
+    busy_s: f64,
+    prefill_busy_s: f64,
 }
 
 /// Independent random streams, so drawing more of one (e.g. arrival times, only needed when
@@ -103,8 +108,18 @@ struct WorkloadAccumulator {
 struct Streams {
     arrival_counts: Rng,
     arrival_times: Rng,
+    /// Each arrival's prompt and output lengths, drawn as it arrives.
+    lengths: Rng,
     sensor: Rng,
     step_jitter: Rng,
+}
+
+/// One arrival within a substep: when, and its prompt and output lengths.
+#[derive(Debug, Clone, Copy)]
+struct Arrival {
+    offset_s: f64,
+    prompt: u32,
+    output: u32,
 }
 
 #[derive(Debug)]
@@ -136,19 +151,8 @@ pub(super) struct GpuSim {
     last_power_w: f64,
     was_idle: bool,
 
-    // Serving state. `decode_steps` counts the steps every active sequence has taken together;
-    // a running sequence is stored as the step count at which it finishes (ascending).
-    decode_steps: f64,
-    running: VecDeque<f64>,
-    paused: Vec<f64>,
-    /// Arrival times (seconds) of the requests waiting for their first slot, oldest first;
-    /// at most the scenario's `queue_max`.
-    queue: VecDeque<f64>,
-    arrived: u64,
-    turned_away: u64,
-    completed: u64,
-    tokens: f64,
-    arrival_offsets: Vec<f64>,
+    server: Server,
+    arrivals: Vec<Arrival>,
 
     // NVML emulation.
     energy_true_j: f64,
@@ -173,6 +177,10 @@ impl GpuSim {
     ) -> Self {
         let cost = DecodeCost::new(&scenario.model, scenario.context_tokens);
         let model = DecodeModel::new(&profile, &cost);
+        let server = Server::new(
+            &scenario,
+            super::kv_positions_beside_weights(&profile, &scenario),
+        );
         let nvml = &profile.nvml;
         let substep_s = nvml.energy_update_s / SUBSTEPS_PER_UPDATE as f64;
         let substep_ns = ((substep_s * 1e9).round() as u64).max(1);
@@ -201,6 +209,7 @@ impl GpuSim {
             streams: Streams {
                 arrival_counts: Rng::stream(seed, stream_base),
                 arrival_times: Rng::stream(seed, stream_base | 1),
+                lengths: Rng::stream(seed, stream_base | 5),
                 sensor: Rng::stream(noise_seed, stream_base | 2),
                 step_jitter: Rng::stream(noise_seed, stream_base | 3),
             },
@@ -219,15 +228,8 @@ impl GpuSim {
             temperature_c,
             last_power_w: idle_w,
             was_idle: true,
-            decode_steps: 0.0,
-            running: VecDeque::new(),
-            paused: Vec::new(),
-            queue: VecDeque::new(),
-            arrived: 0,
-            turned_away: 0,
-            completed: 0,
-            tokens: 0.0,
-            arrival_offsets: Vec::new(),
+            server,
+            arrivals: Vec::new(),
             energy_true_j: 0.0,
             bin_energy_j: 0.0,
             boxcar: std::iter::repeat_n(idle_w * gain, boxcar_len).collect(),
@@ -269,148 +271,127 @@ impl GpuSim {
         let dt = self.substep_s;
         let start_s = self.now_s();
         self.draw_arrivals(start_s, dt);
-        self.rebalance(start_s);
+        self.server.rebalance(start_s, self.batch);
         self.steer_clock();
 
         let mut elapsed = 0.0;
         let mut energy = 0.0;
         let mut busy = 0.0;
-        let mut steps_taken = 0.0;
+        let mut decode_busy = 0.0;
+        let mut decode_steps = 0.0;
         let mut next_arrival = 0;
         // With nothing to run: the model's clocked idle power at the current clock, which is
         // the profile's idle power at the idle clock (checked when the profile loads) and less
         // under a lower clock lock.
         let idle_w = self.model.point(0, self.sm_mhz, self.mem_mhz).power_w;
-        // A request finishing or arriving splits the substep.
+        // A request finishing, arriving or finishing its prompt splits the substep.
         for _ in 0..MAX_EVENTS_PER_SUBSTEP {
             let remaining = dt - elapsed;
             if remaining <= 1e-12 {
                 break;
             }
             let until_arrival = self
-                .arrival_offsets
+                .arrivals
                 .get(next_arrival)
-                .map_or(f64::INFINITY, |&at| (at - elapsed).max(0.0));
-            let active = self.running.len() as u32;
-            let segment = if active == 0 {
-                let segment = remaining.min(until_arrival);
-                energy += idle_w * segment;
-                segment
-            } else {
-                let point = self.point(active);
-                let until_finish = self.running.front().map_or(f64::INFINITY, |&finish| {
-                    (finish - self.decode_steps).max(0.0) * point.step_s
-                });
-                let segment = remaining.min(until_arrival).min(until_finish);
-                let steps = segment / point.step_s;
-                self.decode_steps += steps;
-                self.tokens += steps * f64::from(active);
-                steps_taken += steps;
-                energy += point.power_w * segment;
-                busy += segment;
-                self.retire_finished();
-                segment
+                .map_or(f64::INFINITY, |a| (a.offset_s - elapsed).max(0.0));
+            let segment = match self.server.next() {
+                Next::Idle => {
+                    let segment = remaining.min(until_arrival);
+                    energy += idle_w * segment;
+                    segment
+                }
+                Next::Steps { load, until_event } => {
+                    let point = self.point(&load);
+                    let segment = remaining.min(until_arrival).min(until_event * point.step_s);
+                    let steps = segment / point.step_s;
+                    let segment_j = point.power_w * segment;
+                    self.server.advance(
+                        &load,
+                        steps,
+                        point.step_s,
+                        segment_j,
+                        start_s + elapsed + segment,
+                    );
+                    energy += segment_j;
+                    busy += segment;
+                    if load.decode > 0 {
+                        decode_busy += segment;
+                        decode_steps += steps;
+                    }
+                    if load.prefill > 0.0 {
+                        self.workload.prefill_busy_s += segment;
+                    }
+                    segment
+                }
             };
             elapsed += segment;
-            while let Some(&at) = self.arrival_offsets.get(next_arrival) {
-                if at > elapsed + 1e-12 {
+            while let Some(arrival) = self.arrivals.get(next_arrival) {
+                if arrival.offset_s > elapsed + 1e-12 {
                     break;
                 }
-                self.enqueue(start_s + at);
+                self.server
+                    .arrive(start_s + arrival.offset_s, arrival.prompt, arrival.output);
                 next_arrival += 1;
             }
-            self.rebalance(start_s + elapsed);
+            self.server.rebalance(start_s + elapsed, self.batch);
         }
-
-        self.finish_substep(energy, busy, steps_taken);
+        self.workload.busy_s += busy;
+        self.finish_substep(energy, busy, decode_busy, decode_steps);
     }
 
-    /// Arrivals of this substep: the count from its own stream (identical for every policy).
-    /// When a slot is free their times decide when decoding starts, so they are drawn (from a
-    /// stream of their own); when none is, they queue behind others and are spread evenly
-    /// over the substep — their waits are then exact to a fraction of a substep, at no cost.
+    /// Arrivals of this substep: the count from its own stream (identical for every policy),
+    /// each arrival's lengths from another. When a slot is free their times decide when
+    /// serving starts, so they are drawn (from a stream of their own); when none is, they
+    /// queue behind others and are spread evenly over the substep — their waits are then
+    /// exact to a fraction of a substep, at no cost.
     fn draw_arrivals(&mut self, start_s: f64, dt: f64) {
-        self.arrival_offsets.clear();
+        self.arrivals.clear();
         let rate = self.scenario.arrival_rps_at(start_s);
         let count = self.streams.arrival_counts.poisson(rate * dt);
         if count == 0 {
             return;
         }
-        let slot_free = (self.running.len() as u32) < self.batch && self.waiting() == 0;
+        let lengths = self.scenario.requests.as_ref();
+        let fixed_output = self.scenario.output_tokens;
+        let lengths_stream = &mut self.streams.lengths;
+        let mut draw = |offset_s: f64| match lengths {
+            Some(l) => Arrival {
+                offset_s,
+                prompt: l.prompt.draw(lengths_stream),
+                output: l.output.draw(lengths_stream),
+            },
+            None => Arrival {
+                offset_s,
+                prompt: 0,
+                output: fixed_output,
+            },
+        };
+        let slot_free = self.server.in_slots() < self.batch as usize && self.server.waiting() == 0;
         if slot_free && count <= MAX_TIMED_ARRIVALS {
             let times = &mut self.streams.arrival_times;
-            self.arrival_offsets
-                .extend((0..count).map(|_| times.uniform() * dt));
-            self.arrival_offsets.sort_unstable_by(f64::total_cmp);
+            let offsets: Vec<f64> = (0..count).map(|_| times.uniform() * dt).collect();
+            self.arrivals.extend(offsets.into_iter().map(&mut draw));
+            self.arrivals
+                .sort_unstable_by(|a, b| a.offset_s.total_cmp(&b.offset_s));
         } else {
-            let room = self.queue_room();
             let spacing = dt / count as f64;
-            let accepted = count.min(room);
-            self.queue
-                .extend((0..accepted).map(|i| start_s + (i as f64 + 0.5) * spacing));
-            self.arrived += count;
-            self.turned_away += count - accepted;
-        }
-    }
-
-    /// One arrival at `arrival_s`: queued, or turned away when the queue is full.
-    fn enqueue(&mut self, arrival_s: f64) {
-        self.arrived += 1;
-        if self.queue_room() > 0 {
-            self.queue.push_back(arrival_s);
-        } else {
-            self.turned_away += 1;
-        }
-    }
-
-    fn queue_room(&self) -> u64 {
-        u64::from(self.scenario.queue_max).saturating_sub(self.queue.len() as u64)
-    }
-
-    fn waiting(&self) -> u64 {
-        (self.queue.len() + self.paused.len()) as u64
-    }
-
-    /// Active sequences = min(batch size, requests in the system): pause the sequences with the
-    /// most tokens left when the batch shrank, fill free slots (paused sequences first: they
-    /// waited already, and their wait is not a new one). `now_s` is when the slots open.
-    fn rebalance(&mut self, now_s: f64) {
-        let batch = self.batch as usize;
-        while self.running.len() > batch {
-            if let Some(finish) = self.running.pop_back() {
-                self.paused.push(finish - self.decode_steps);
-            }
-        }
-        while self.running.len() < batch {
-            if let Some(left) = self.paused.pop() {
-                let finish = self.decode_steps + left;
-                let at = self.running.partition_point(|&f| f <= finish);
-                self.running.insert(at, finish);
-            } else if let Some(arrival_s) = self.queue.pop_front() {
-                let wait_ms = (now_s - arrival_s).max(0.0) * 1e3;
-                self.workload.queue_waits_ms.push(wait_ms);
-                // Every finish time so far is at most this one: the queue stays sorted.
-                self.running
-                    .push_back(self.decode_steps + f64::from(self.scenario.output_tokens));
-            } else {
-                break;
+            for i in 0..count {
+                let arrival = draw((i as f64 + 0.5) * spacing);
+                self.server
+                    .arrive(start_s + arrival.offset_s, arrival.prompt, arrival.output);
             }
         }
     }
 
-    fn retire_finished(&mut self) {
-        while let Some(&finish) = self.running.front() {
-            if finish > self.decode_steps + STEP_EPSILON {
-                break;
-            }
-            self.running.pop_front();
-            self.completed += 1;
-        }
-    }
-
-    fn point(&mut self, active: u32) -> StepPoint {
-        self.cache.check_settings(self.settings_key());
+    /// The step of `load` at the current clock. A decode-only step depends on the count of
+    /// sequences alone (their context is fixed), so it is memoised by that count.
+    fn point(&mut self, load: &StepLoad) -> StepPoint {
         let (model, sm_mhz, mem_mhz) = (&self.model, self.sm_mhz, self.mem_mhz);
+        if self.server.has_prompts() {
+            return model.point_load(load, sm_mhz, mem_mhz);
+        }
+        self.cache.check_settings(self.settings_key());
+        let active = load.decode;
         self.cache
             .point(active, sm_mhz, || model.point(active, sm_mhz, mem_mhz))
     }
@@ -443,31 +424,39 @@ impl GpuSim {
     /// The firmware picks a target clock for the load at the start of the substep; the clock
     /// moves toward it with the settle lag.
     fn steer_clock(&mut self) {
-        let active = self.running.len() as u32;
-        self.target = if active == 0 {
-            let (lo, hi) = self.sm_lock.unwrap_or((0, u32::MAX));
-            FirmwareClock {
-                sm_mhz: self.profile.clocks.idle_sm_mhz.clamp(lo, hi),
-                limit: ClockLimit::None,
+        let next = self.server.next();
+        self.target = match next {
+            Next::Idle => {
+                let (lo, hi) = self.sm_lock.unwrap_or((0, u32::MAX));
+                FirmwareClock {
+                    sm_mhz: self.profile.clocks.idle_sm_mhz.clamp(lo, hi),
+                    limit: ClockLimit::None,
+                }
             }
-        } else {
-            let key = self.settings_key();
-            self.cache.check_settings(key);
-            let lock_max = key.1;
-            let (model, cap_w, mem_mhz) = (&self.model, self.limiter_cap_w(), self.mem_mhz);
-            self.cache.clock(active, || {
-                model.firmware_clock(active, cap_w, lock_max, mem_mhz)
-            })
+            Next::Steps { load, .. } => {
+                let key = self.settings_key();
+                let lock_max = key.1;
+                let (model, cap_w, mem_mhz) = (&self.model, self.limiter_cap_w(), self.mem_mhz);
+                if self.server.has_prompts() {
+                    model.firmware_clock_load(&load, cap_w, lock_max, mem_mhz)
+                } else {
+                    self.cache.check_settings(key);
+                    let active = load.decode;
+                    self.cache.clock(active, || {
+                        model.firmware_clock(active, cap_w, lock_max, mem_mhz)
+                    })
+                }
+            }
         };
         let target = f64::from(self.target.sm_mhz);
         self.sm_mhz += (target - self.sm_mhz) * self.clock_alpha;
         if (target - self.sm_mhz).abs() < 0.5 {
             self.sm_mhz = target;
         }
-        self.was_idle = active == 0;
+        self.was_idle = next == Next::Idle;
     }
 
-    fn finish_substep(&mut self, energy_j: f64, busy_s: f64, steps: f64) {
+    fn finish_substep(&mut self, energy_j: f64, busy_s: f64, decode_busy_s: f64, steps: f64) {
         let dt = self.substep_s;
         self.substeps_done += 1;
         self.energy_true_j += energy_j;
@@ -480,7 +469,7 @@ impl GpuSim {
         if steps > 0.0 {
             let sigma = self.profile.nvml.step_time_jitter;
             let jitter = (sigma * self.streams.step_jitter.normal() - 0.5 * sigma * sigma).exp();
-            let step_ms = busy_s / steps * 1e3 * jitter;
+            let step_ms = decode_busy_s / steps * 1e3 * jitter;
             self.workload.step_times.push((step_ms, steps));
         }
         if self.substeps_done.is_multiple_of(SUBSTEPS_PER_UPDATE) {
@@ -601,38 +590,59 @@ impl GpuSim {
     }
 
     pub(super) fn read_workload_window(&mut self) -> WorkloadWindow {
-        let tokens_now = self.tokens.floor() as u64;
-        let steps_now = self.decode_steps.floor() as u64;
+        let server = &mut self.server;
+        let tokens_now = server.tokens.floor() as u64;
+        let steps_now = server.decode_steps().floor() as u64;
         let mut step_times = std::mem::take(&mut self.workload.step_times);
-        let mut waits = std::mem::take(&mut self.workload.queue_waits_ms);
-        let arrived = self.arrived - self.workload.start_arrived;
+        let mut served = server.take_window();
+        let arrived = server.arrived - self.workload.start_arrived;
         let demand = DemandWindow {
             requests_arrived: arrived,
-            requests_completed: self.completed - self.workload.start_completed,
-            requests_turned_away: self.turned_away - self.workload.start_turned_away,
-            tokens_demanded: arrived.saturating_mul(u64::from(self.scenario.output_tokens)),
-            queue_wait_p99_ms: tokwatt_core::quantile::nearest_rank(&mut waits, 0.99),
+            requests_completed: server.completed - self.workload.start_completed,
+            requests_turned_away: server.turned_away - self.workload.start_turned_away,
+            tokens_demanded: server.tokens_demanded - self.workload.start_demanded,
+            queue_wait_p99_ms: tokwatt_core::quantile::nearest_rank(
+                &mut served.queue_waits_ms,
+                0.99,
+            ),
+        };
+        let busy_s = self.workload.busy_s;
+        let requests = RequestsWindow {
+            prefill_tokens: served.prefill_tokens.round() as u64,
+            first_tokens: server.first_tokens - self.workload.start_first_tokens,
+            ttft_p99_ms: tokwatt_core::quantile::nearest_rank(&mut served.ttfts_ms, 0.99),
+            prefill_time_share: if busy_s > 0.0 {
+                (self.workload.prefill_busy_s / busy_s).clamp(0.0, 1.0)
+            } else {
+                0.0
+            },
+            preemptions: served.preemptions,
+            energy: served.energy,
         };
         let window = WorkloadWindow {
             tokens: tokens_now - self.workload.start_tokens,
             steps: steps_now - self.workload.start_steps,
             tpot_p50_ms: weighted_percentile(&mut step_times, 0.50),
             tpot_p99_ms: weighted_percentile(&mut step_times, 0.99),
-            active_sequences: self.running.len() as u32,
-            queue_depth: u32::try_from(self.waiting()).unwrap_or(u32::MAX),
+            active_sequences: u32::try_from(server.in_slots()).unwrap_or(u32::MAX),
+            queue_depth: u32::try_from(server.waiting()).unwrap_or(u32::MAX),
             batch_size: self.batch,
             demand: Some(demand),
+            requests: Some(requests),
         };
         step_times.clear();
-        waits.clear();
+        server.return_buffers(served.queue_waits_ms, served.ttfts_ms);
         self.workload = WorkloadAccumulator {
             start_tokens: tokens_now,
             start_steps: steps_now,
             step_times,
-            start_arrived: self.arrived,
-            start_completed: self.completed,
-            start_turned_away: self.turned_away,
-            queue_waits_ms: waits,
+            start_arrived: server.arrived,
+            start_completed: server.completed,
+            start_turned_away: server.turned_away,
+            start_demanded: server.tokens_demanded,
+            start_first_tokens: server.first_tokens,
+            busy_s: 0.0,
+            prefill_busy_s: 0.0,
         };
         window
     }
@@ -679,17 +689,17 @@ impl GpuSim {
         SimTruth {
             time_s: self.now_s(),
             energy_j: self.energy_true_j,
-            tokens: self.tokens,
+            tokens: self.server.tokens,
             sm_mhz: self.sm_mhz,
             target_sm_mhz: self.target.sm_mhz,
             power_w: self.last_power_w,
             sensor_gain: self.gain,
             temperature_c: self.temperature_c,
-            requests_completed: self.completed,
-            requests_arrived: self.arrived,
-            requests_turned_away: self.turned_away,
-            active_sequences: self.running.len() as u32,
-            waiting: self.waiting(),
+            requests_completed: self.server.completed,
+            requests_arrived: self.server.arrived,
+            requests_turned_away: self.server.turned_away,
+            active_sequences: self.server.decoding(),
+            waiting: self.server.waiting(),
         }
     }
 }

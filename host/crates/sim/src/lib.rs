@@ -14,26 +14,35 @@
 //! tick and then reads the windows, which advances the simulation; on a wall clock the same
 //! code simulates in real time. Everything is deterministic given the seed.
 //!
-//! Not simulated: prefill, context growth during decode (every sequence attends over the
-//! scenario's context length), thermal throttling, out-of-band power limits.
+//! A scenario with prompts is served as an engine does ([`serving`]): chunked prefill
+//! beside decode under a token budget, KV caches that grow as sequences decode (recompute
+//! preemption when the memory is full), time to first token and energy per request. A
+//! decode-only scenario decodes over a fixed context.
+//!
+//! Not simulated: thermal throttling, prefix caching, speculative decoding.
 
 pub mod driver;
 mod gpu;
+pub mod lengths;
 pub mod model;
 pub mod profile;
 pub mod scenario;
+mod serving;
 
 #[cfg(test)]
 mod calibration;
+#[cfg(test)]
+mod prefill_tests;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use driver::{BoardSettings, DriverError, DriverState, SimDriver};
 pub use gpu::SimTruth;
+pub use lengths::LengthDist;
 pub use model::{DecodeCost, DecodeModel, ModelShape};
 pub use profile::GpuProfile;
-pub use scenario::{Phase, Scenario};
+pub use scenario::{Phase, RequestLengths, Scenario};
 
 use driver::Snapshot;
 use gpu::GpuSim;
@@ -330,6 +339,23 @@ impl SimGpu {
             origin: format!("'{}' ({})", scenario.description, scenario.model_name),
             problem,
         })?;
+        if scenario.requests.is_some() {
+            let capacity = kv_positions_beside_weights(&profile, &scenario);
+            let longest = scenario.longest_context_tokens();
+            if f64::from(longest) > capacity {
+                return Err(SimError::Invalid {
+                    what: "scenario",
+                    origin: format!("'{}' ({})", scenario.description, scenario.model_name),
+                    problem: format!(
+                        "its longest request ({longest} tokens: the largest prompt_tokens and \
+                         output_tokens together) does not fit the KV cache {} holds beside \
+                         {}'s weights ({capacity:.0} positions): lower the lengths' max, or \
+                         pick a larger GPU",
+                        profile.name, scenario.model_name
+                    ),
+                });
+            }
+        }
         let fits = tokwatt_core::model::max_batch_that_fits(
             &scenario.model,
             scenario.context_tokens,
@@ -720,3 +746,11 @@ impl Workload for SimWorkload {
 
 #[cfg(test)]
 mod tests;
+
+/// KV-cache positions `profile`'s memory holds beside `scenario`'s weights.
+pub fn kv_positions_beside_weights(profile: &GpuProfile, scenario: &Scenario) -> f64 {
+    let usable =
+        profile.memory_bytes() as f64 * (1.0 - tokwatt_core::model::MEMORY_RESERVE_FRACTION);
+    let per_position = scenario.model.kv_cache_bytes(1, 1) as f64;
+    ((usable - scenario.model.weight_bytes() as f64) / per_position).max(0.0)
+}

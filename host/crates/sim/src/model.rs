@@ -16,6 +16,17 @@
 //! u_c   = stream_activity · (step - t_ovh)/step + t_c/step
 //! ```
 //!
+//! A step that also carries a chunk of prompt tokens (prefill, [`StepLoad`]) adds their
+//! arithmetic `t_p` (weight GEMMs at the profile's `[prefill]` rate, causal attention at
+//! its `attention_efficiency`) to the GEMMs' arithmetic, pays `[prefill]`'s launch
+//! overhead instead of decode's, and counts `core_activity · t_p` in `u_c`:
+//!
+//! ```text
+//! t_p  = (c · prefill_flops_per_token / prefill_rate + positions · attention / (prefill_rate · eff)) / x
+//! step = t_ovh' + t_kv + (t_w^p + (t_c + t_p)^p)^(1/p)
+//! u_c  = stream_activity · (step - t_ovh')/step + (t_c + core_activity · t_p)/step
+//! ```
+//!
 //! The constants live in the profile files (`host/profiles/*.toml`), fitted to measurements.
 
 use super::profile::GpuProfile;
@@ -33,6 +44,15 @@ pub struct DecodeCost {
     pub kv_bytes_per_sequence: f64,
     /// FLOPs per generated token (weight GEMMs and attention).
     pub flops_per_token: f64,
+    /// KV-cache bytes of one position (all layers, keys and values).
+    pub kv_bytes_per_token: f64,
+    /// Weight-GEMM FLOPs of one decoded token (the output head included).
+    pub decode_linear_flops_per_token: f64,
+    /// Weight-GEMM FLOPs of one prompt token (no output head: only a prompt's last token
+    /// is turned into logits, and that one is the first decoded token's).
+    pub prefill_flops_per_token: f64,
+    /// Attention FLOPs of one token per position it attends to.
+    pub attention_flops_per_position: f64,
 }
 
 impl DecodeCost {
@@ -45,8 +65,28 @@ impl DecodeCost {
             weight_bytes: params * tokwatt_core::model::BYTES_PER_PARAM as f64,
             kv_bytes_per_sequence: shape.kv_cache_bytes(1, context_tokens) as f64,
             flops_per_token: 2.0 * params + shape.attention_flops_per_token(context_tokens) as f64,
+            kv_bytes_per_token: shape.kv_cache_bytes(1, 1) as f64,
+            decode_linear_flops_per_token: 2.0 * params,
+            prefill_flops_per_token: 2.0
+                * (u64::from(shape.layers) * shape.layer_matrix_params()) as f64,
+            attention_flops_per_position: shape.attention_flops_per_token(1) as f64,
         }
     }
+}
+
+/// What one engine step processes: every decoding sequence's next token and a chunk of
+/// prompt tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StepLoad {
+    /// Sequences decoding one token each.
+    pub decode: u32,
+    /// KV-cache positions the decoding sequences attend to, all together.
+    pub decode_positions: f64,
+    /// Prompt tokens prefilled in the step.
+    pub prefill: f64,
+    /// Positions the prompt tokens attend to, all together (causal: a token sees the
+    /// prompt before it).
+    pub prefill_positions: f64,
 }
 
 /// One decode step at one operating point.
@@ -84,6 +124,18 @@ pub struct SteadyState {
     pub limit: ClockLimit,
 }
 
+/// The parts of one step, before they are combined (see the module's formulas).
+#[derive(Debug, Clone, Copy)]
+struct Phases {
+    overhead_s: f64,
+    weights_s: f64,
+    kv_s: f64,
+    decode_arithmetic_s: f64,
+    prefill_arithmetic_s: f64,
+    /// Bytes the step moves (weights and the KV cache read).
+    bytes: f64,
+}
+
 /// The decode model of one profile and one workload, with the per-step constants precomputed.
 #[derive(Debug, Clone)]
 pub struct DecodeModel {
@@ -101,11 +153,21 @@ pub struct DecodeModel {
     power: super::profile::PowerConstants,
     /// Supported SM clocks, highest first.
     sm_grid: Vec<u32>,
+    kv_bytes_per_token: f64,
+    kv_s_per_token: f64,
+    /// Seconds of decode arithmetic per decoded token (weights) and per position attended.
+    decode_linear_s_per_token: f64,
+    attention_s_per_position: f64,
+    prefill_overhead_s: f64,
+    prefill_s_per_token: f64,
+    prefill_attention_s_per_position: f64,
+    prefill_activity: f64,
 }
 
 impl DecodeModel {
     pub fn new(profile: &GpuProfile, cost: &DecodeCost) -> Self {
         let d = &profile.decode;
+        let pre = profile.prefill();
         Self {
             sm_max_mhz: f64::from(profile.sm_max_mhz()),
             mem_max_mhz: f64::from(profile.mem_max_mhz()),
@@ -120,6 +182,16 @@ impl DecodeModel {
             sharpness: d.roofline_sharpness,
             power: profile.power,
             sm_grid: profile.sm_clocks_mhz(),
+            kv_bytes_per_token: cost.kv_bytes_per_token,
+            kv_s_per_token: cost.kv_bytes_per_token / (d.kv_bandwidth_tbs * 1e12),
+            decode_linear_s_per_token: cost.decode_linear_flops_per_token
+                / (d.tensor_tflops * 1e12),
+            attention_s_per_position: cost.attention_flops_per_position / (d.tensor_tflops * 1e12),
+            prefill_overhead_s: f64::from(cost.layers) * pre.overhead_per_layer_us * 1e-6,
+            prefill_s_per_token: cost.prefill_flops_per_token / (pre.tensor_tflops * 1e12),
+            prefill_attention_s_per_position: cost.attention_flops_per_position
+                / (pre.tensor_tflops * 1e12 * pre.attention_efficiency),
+            prefill_activity: pre.core_activity,
         }
     }
 
@@ -146,19 +218,75 @@ impl DecodeModel {
             };
         }
         let n = f64::from(active);
-        // Below the knee the SMs cannot issue loads fast enough; a lower memory clock lowers the
-        // bandwidth in proportion.
+        let (memory_speed, below_knee) = self.memory_speed(sm_mhz, mem_mhz);
+        self.combine(
+            Phases {
+                overhead_s: self.overhead_s / below_knee,
+                weights_s: self.weights_s / memory_speed,
+                kv_s: n * self.kv_s_per_sequence / memory_speed,
+                decode_arithmetic_s: n * self.compute_s_per_sequence / x,
+                prefill_arithmetic_s: 0.0,
+                bytes: self.weight_bytes + n * self.kv_bytes_per_sequence,
+            },
+            xv2,
+        )
+    }
+
+    /// Time and power of one step of `load` (decode and prefill together) at `sm_mhz` and
+    /// `mem_mhz`; an empty load is [`DecodeModel::point`]'s idle.
+    pub fn point_load(&self, load: &StepLoad, sm_mhz: f64, mem_mhz: f64) -> StepPoint {
+        if load.prefill <= 0.0 && load.decode == 0 {
+            return self.point(0, sm_mhz, mem_mhz);
+        }
+        let x = (sm_mhz / self.sm_max_mhz).max(1e-3);
+        let xv2 = self.clock_power_factor(x);
+        let (memory_speed, below_knee) = self.memory_speed(sm_mhz, mem_mhz);
+        let n = f64::from(load.decode);
+        let overhead_s = if load.prefill > 0.0 {
+            self.prefill_overhead_s.max(self.overhead_s)
+        } else {
+            self.overhead_s
+        };
+        self.combine(
+            Phases {
+                overhead_s: overhead_s / below_knee,
+                weights_s: self.weights_s / memory_speed,
+                kv_s: load.decode_positions * self.kv_s_per_token / memory_speed,
+                decode_arithmetic_s: (n * self.decode_linear_s_per_token
+                    + load.decode_positions * self.attention_s_per_position)
+                    / x,
+                prefill_arithmetic_s: (load.prefill * self.prefill_s_per_token
+                    + load.prefill_positions * self.prefill_attention_s_per_position)
+                    / x,
+                bytes: self.weight_bytes + load.decode_positions * self.kv_bytes_per_token,
+            },
+            xv2,
+        )
+    }
+
+    /// The fraction of the memory bandwidth in reach at `sm_mhz` and `mem_mhz`, and how far
+    /// below the knee the clock is (1: at or above it). Below the knee the SMs cannot issue
+    /// loads fast enough; a lower memory clock lowers the bandwidth in proportion.
+    fn memory_speed(&self, sm_mhz: f64, mem_mhz: f64) -> (f64, f64) {
         let below_knee = (sm_mhz / self.knee_mhz).clamp(1e-3, 1.0);
-        let memory_speed = below_knee * (mem_mhz / self.mem_max_mhz).clamp(1e-3, 1.0);
-        let t_ovh = self.overhead_s / below_knee;
-        let t_w = self.weights_s / memory_speed;
-        let t_kv = n * self.kv_s_per_sequence / memory_speed;
-        let t_c = n * self.compute_s_per_sequence / x;
-        let gemm = (t_w.powf(self.sharpness) + t_c.powf(self.sharpness)).powf(1.0 / self.sharpness);
-        let step_s = t_ovh + t_kv + gemm;
-        let memory_util =
-            (self.weight_bytes + n * self.kv_bytes_per_sequence) / (step_s * self.peak_bytes_per_s);
-        let core_util = p.stream_activity * (step_s - t_ovh) / step_s + t_c / step_s;
+        (
+            below_knee * (mem_mhz / self.mem_max_mhz).clamp(1e-3, 1.0),
+            below_knee,
+        )
+    }
+
+    /// One step from its parts: the smooth roofline over the GEMMs, and the power of what
+    /// the step keeps busy.
+    fn combine(&self, parts: Phases, xv2: f64) -> StepPoint {
+        let p = &self.power;
+        let arithmetic = parts.decode_arithmetic_s + parts.prefill_arithmetic_s;
+        let gemm = (parts.weights_s.powf(self.sharpness) + arithmetic.powf(self.sharpness))
+            .powf(1.0 / self.sharpness);
+        let step_s = parts.overhead_s + parts.kv_s + gemm;
+        let memory_util = parts.bytes / (step_s * self.peak_bytes_per_s);
+        let core_util = p.stream_activity * (step_s - parts.overhead_s) / step_s
+            + (parts.decode_arithmetic_s + self.prefill_activity * parts.prefill_arithmetic_s)
+                / step_s;
         StepPoint {
             step_s,
             power_w: p.p0_w
@@ -166,6 +294,11 @@ impl DecodeModel {
                 + memory_util * p.memory_w
                 + core_util * p.core_w * xv2,
         }
+    }
+
+    /// KV-cache bytes of one position.
+    pub fn kv_bytes_per_token(&self) -> f64 {
+        self.kv_bytes_per_token
     }
 
     /// The clock the firmware runs `active` sequences at: the highest supported clock not above
@@ -178,6 +311,31 @@ impl DecodeModel {
         lock_max_mhz: u32,
         mem_mhz: f64,
     ) -> FirmwareClock {
+        self.firmware_clock_for(cap_w, lock_max_mhz, |f| {
+            self.point(active, f64::from(f), mem_mhz).power_w
+        })
+    }
+
+    /// [`DecodeModel::firmware_clock`] for a step of `load`.
+    pub fn firmware_clock_load(
+        &self,
+        load: &StepLoad,
+        cap_w: f64,
+        lock_max_mhz: u32,
+        mem_mhz: f64,
+    ) -> FirmwareClock {
+        self.firmware_clock_for(cap_w, lock_max_mhz, |f| {
+            self.point_load(load, f64::from(f), mem_mhz).power_w
+        })
+    }
+
+    /// The highest allowed clock whose power (`power_at`) fits under `cap_w`.
+    fn firmware_clock_for(
+        &self,
+        cap_w: f64,
+        lock_max_mhz: u32,
+        power_at: impl Fn(u32) -> f64,
+    ) -> FirmwareClock {
         let grid = &self.sm_grid;
         let Some(&lowest) = grid.last() else {
             return FirmwareClock {
@@ -185,7 +343,7 @@ impl DecodeModel {
                 limit: ClockLimit::None,
             };
         };
-        let fits = |f: u32| self.point(active, f64::from(f), mem_mhz).power_w <= cap_w;
+        let fits = |f: u32| power_at(f) <= cap_w;
         // The grid is highest first and power falls with the clock, so "too hot" is a prefix.
         let first_allowed = grid
             .partition_point(|&f| f > lock_max_mhz)
@@ -213,6 +371,35 @@ impl DecodeModel {
                     },
                 }
             }
+        }
+    }
+
+    /// The steady state of one forward over `sequences` prompts of `prompt` tokens each,
+    /// repeated back to back (what the measured prefill table runs): tokens/s counts
+    /// prompt tokens.
+    pub fn prefill_steady_state(
+        &self,
+        prompt: u32,
+        sequences: u32,
+        cap_w: f64,
+        lock_max_mhz: u32,
+        mem_mhz: f64,
+    ) -> SteadyState {
+        let tokens = f64::from(prompt) * f64::from(sequences);
+        let load = StepLoad {
+            prefill: tokens,
+            // Causal: the i-th token of a prompt attends to the i before it.
+            prefill_positions: tokens * f64::from(prompt) / 2.0,
+            ..StepLoad::default()
+        };
+        let clock = self.firmware_clock_load(&load, cap_w, lock_max_mhz, mem_mhz);
+        let point = self.point_load(&load, f64::from(clock.sm_mhz), mem_mhz);
+        SteadyState {
+            sm_mhz: clock.sm_mhz,
+            step_s: point.step_s,
+            power_w: point.power_w,
+            tokens_per_s: tokens / point.step_s,
+            limit: clock.limit,
         }
     }
 

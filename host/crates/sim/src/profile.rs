@@ -38,6 +38,10 @@ pub struct GpuProfile {
     pub idle: Idle,
     pub memory: Memory,
     pub decode: DecodeConstants,
+    /// Prompt processing; a profile without it gets [`PrefillConstants::scaled_from`] its
+    /// decode constants (see [`GpuProfile::prefill`]).
+    #[serde(default)]
+    pub prefill: Option<PrefillConstants>,
     pub power: PowerConstants,
     pub nvml: NvmlBehaviour,
     pub thermal: Thermal,
@@ -110,6 +114,37 @@ pub struct DecodeConstants {
     pub roofline_sharpness: f64,
     /// SM clock below which memory-bound work slows with the clock, MHz.
     pub knee_mhz: f64,
+}
+
+/// Constants of prompt processing (prefill): large GEMMs over many tokens a step,
+/// compute-bound where decode is bound by memory.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefillConstants {
+    /// Launch gaps and small kernels per layer of a step that carries a prompt chunk (engines
+    /// replay CUDA graphs for decode-only steps, not for these), microseconds.
+    pub overhead_per_layer_us: f64,
+    /// Effective tensor rate of the prefill GEMMs at the highest SM clock, TFLOP/s.
+    pub tensor_tflops: f64,
+    /// Causal attention's rate relative to `tensor_tflops` (flash attention on long
+    /// prompts runs below the GEMMs' rate).
+    pub attention_efficiency: f64,
+    /// SM activity per second of prefill arithmetic, relative to decode's arithmetic in
+    /// `power.core_w` (large GEMMs keep the tensor cores fed with less switching per FLOP).
+    pub core_activity: f64,
+}
+
+impl PrefillConstants {
+    /// The built-in H200's fitted prefill constants relative to its decode constants,
+    /// applied to another profile's: a starting point where nothing was measured.
+    pub fn scaled_from(decode: &DecodeConstants) -> Self {
+        Self {
+            overhead_per_layer_us: decode.overhead_per_layer_us * (80.0 / 42.54),
+            tensor_tflops: decode.tensor_tflops * (780.0 / 850.3),
+            attention_efficiency: 0.8,
+            core_activity: 0.65,
+        }
+    }
 }
 
 /// Power constants of the decode model, watts at the highest SM clock.
@@ -303,6 +338,12 @@ impl GpuProfile {
         self.mem_clocks_mhz().first().copied().unwrap_or(0)
     }
 
+    /// The profile's prefill constants, or ones scaled from its decode constants.
+    pub fn prefill(&self) -> PrefillConstants {
+        self.prefill
+            .unwrap_or_else(|| PrefillConstants::scaled_from(&self.decode))
+    }
+
     /// Check every value; the error names the field, the value and what is expected.
     pub fn validate(&self) -> Result<(), String> {
         let mut checks = Checks::default();
@@ -371,6 +412,17 @@ impl GpuProfile {
                 self.sm_max_mhz()
             )
         });
+
+        let pre = self.prefill();
+        checks.positive("prefill.overhead_per_layer_us", pre.overhead_per_layer_us);
+        checks.positive("prefill.tensor_tflops", pre.tensor_tflops);
+        checks.in_range(
+            "prefill.attention_efficiency",
+            pre.attention_efficiency,
+            0.01,
+            1.0,
+        );
+        checks.in_range("prefill.core_activity", pre.core_activity, 0.0, 2.0);
 
         let p = &self.power;
         checks.non_negative("power.p0_w", p.p0_w);

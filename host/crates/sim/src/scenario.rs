@@ -1,12 +1,22 @@
-//! Scenarios: the workload a simulated GPU serves — model, context length, batch limits and
+//! Scenarios: the workload a simulated GPU serves — model, request lengths, batch limits and
 //! demand phases (Poisson arrivals), so a policy faces load that changes under it.
+//!
+//! Two layouts: requests with prompts (`prompt_tokens`, each request prefilled, then
+//! decoded, its KV cache growing), or decode only (`context_tokens`: every sequence
+//! decodes over a fixed context, no prompt to prefill).
 
 use std::path::Path;
 
 use serde::Deserialize;
 
 use super::SimError;
+use super::lengths::LengthDist;
 use super::model::ModelShape;
+
+/// Tokens one engine step may process when the file does not say: vLLM's
+/// `max_num_batched_tokens` and SGLang's `chunked_prefill_size` for online serving on large
+/// GPUs.
+pub const DEFAULT_MAX_BATCHED_TOKENS: u32 = 8192;
 
 /// The built-in scenario (also the example file `host/scenarios/phases.toml`).
 const DEFAULT_SCENARIO: &str = include_str!("../../../scenarios/phases.toml");
@@ -19,10 +29,17 @@ pub struct Scenario {
     /// given in the file.
     pub model_name: String,
     pub model: ModelShape,
-    /// KV-cache length every sequence attends over.
+    /// Decode only: the KV-cache length every sequence attends over. With prompts: the
+    /// mean context over a request's decode (mean prompt + half the mean output), for
+    /// sizing the batch to the memory.
     pub context_tokens: u32,
-    /// Tokens each request generates before it leaves.
+    /// Decode only: the tokens each request generates. With prompts: the mean, rounded.
     pub output_tokens: u32,
+    /// Prompt and output lengths drawn per request; `None` in the decode-only layout.
+    pub requests: Option<RequestLengths>,
+    /// Tokens one engine step may process: every decoding sequence's next token, then
+    /// chunks of prompts (as vLLM's `max_num_batched_tokens`).
+    pub max_batched_tokens: u32,
     /// Largest batch size the workload accepts.
     pub batch_size_max: u32,
     pub initial_batch_size: u32,
@@ -30,6 +47,13 @@ pub struct Scenario {
     pub queue_max: u32,
     /// Demand phases, by start time (the first starts at 0).
     pub phases: Vec<Phase>,
+}
+
+/// The lengths of the requests of a scenario with prompts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestLengths {
+    pub prompt: LengthDist,
+    pub output: LengthDist,
 }
 
 /// From `start_s` on, requests arrive at `arrival_rps` (Poisson).
@@ -53,8 +77,10 @@ struct ScenarioFile {
     description: String,
     model: Option<String>,
     model_shape: Option<ModelShape>,
-    context_tokens: u32,
-    output_tokens: u32,
+    context_tokens: Option<u32>,
+    prompt_tokens: Option<toml::Value>,
+    output_tokens: toml::Value,
+    max_batched_tokens: Option<u32>,
     #[serde(default = "default_batch_size_max")]
     batch_size_max: u32,
     initial_batch_size: Option<u32>,
@@ -121,12 +147,19 @@ impl Scenario {
                 ));
             }
         };
+        let (context_tokens, output_tokens, requests) =
+            Self::lengths(file.context_tokens, file.prompt_tokens, &file.output_tokens)
+                .map_err(invalid)?;
         let scenario = Scenario {
             description: file.description,
             model_name,
             model,
-            context_tokens: file.context_tokens,
-            output_tokens: file.output_tokens,
+            context_tokens,
+            output_tokens,
+            requests,
+            max_batched_tokens: file
+                .max_batched_tokens
+                .unwrap_or(DEFAULT_MAX_BATCHED_TOKENS),
             batch_size_max: file.batch_size_max,
             initial_batch_size: file.initial_batch_size.unwrap_or(file.batch_size_max),
             queue_max: file.queue_max,
@@ -136,7 +169,54 @@ impl Scenario {
         Ok(scenario)
     }
 
-    /// Check every value; the error names the field.
+    /// The layout's lengths: (context, output, drawn lengths) of a decode-only file
+    /// (`context_tokens`, a fixed `output_tokens`) or of one with prompts.
+    fn lengths(
+        context: Option<u32>,
+        prompt: Option<toml::Value>,
+        output: &toml::Value,
+    ) -> Result<(u32, u32, Option<RequestLengths>), String> {
+        match (context, prompt) {
+            (Some(_), Some(_)) => Err(
+                "give `prompt_tokens` (requests with prompts: prefilled, then decoded) or \
+                 `context_tokens` (decode only, over a fixed context), not both"
+                    .to_owned(),
+            ),
+            (None, None) => Err(
+                "give `prompt_tokens` (requests with prompts: prefilled, then decoded) or \
+                 `context_tokens` (decode only, over a fixed context)"
+                    .to_owned(),
+            ),
+            (Some(context), None) => match output.as_integer() {
+                Some(n) => Ok((context, u32::try_from(n).unwrap_or(0), None)),
+                None => Err(
+                    "a decode-only scenario (`context_tokens`) generates a fixed `output_tokens`: \
+                     give a number, or give `prompt_tokens` to draw lengths per request"
+                        .to_owned(),
+                ),
+            },
+            (None, Some(prompt)) => {
+                let prompt = LengthDist::parse("prompt_tokens", &prompt)?;
+                let output = LengthDist::parse("output_tokens", output)?;
+                let mean_output = output.mean();
+                let context = (prompt.mean() + mean_output / 2.0).round();
+                Ok((
+                    context.clamp(1.0, f64::from(u32::MAX)) as u32,
+                    mean_output.round().max(1.0) as u32,
+                    Some(RequestLengths { prompt, output }),
+                ))
+            }
+        }
+    }
+
+    /// The longest context one sequence can reach (its whole prompt and output).
+    pub fn longest_context_tokens(&self) -> u32 {
+        match &self.requests {
+            Some(lengths) => lengths.prompt.max().saturating_add(lengths.output.max()),
+            None => self.context_tokens,
+        }
+    }
+
     /// The same work from `offset_s` on: the phase in force then starts at 0, later ones
     /// move earlier by `offset_s`. A simulation of it is the original's from that moment,
     /// with an empty queue.
@@ -165,6 +245,7 @@ impl Scenario {
         self.phases.last().map_or(0.0, |p| p.start_s)
     }
 
+    /// Check every value; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
         self.model.validate().map_err(|e| e.to_string())?;
         if !(1..=1_048_576).contains(&self.context_tokens) {
@@ -175,6 +256,12 @@ impl Scenario {
         }
         if self.output_tokens == 0 {
             return Err("output_tokens must be at least 1".to_owned());
+        }
+        if !(1..=1_048_576).contains(&self.max_batched_tokens) {
+            return Err(format!(
+                "max_batched_tokens must lie between 1 and 1048576 (got {})",
+                self.max_batched_tokens
+            ));
         }
         if !(1..=65_536).contains(&self.batch_size_max) {
             return Err(format!(

@@ -15,6 +15,8 @@ fn saturated(preset: &str, context: u32, batch: u32) -> Scenario {
         model: ModelShape::preset(preset).unwrap(),
         context_tokens: context,
         output_tokens: 1_000_000,
+        requests: None,
+        max_batched_tokens: scenario::DEFAULT_MAX_BATCHED_TOKENS,
         batch_size_max: 512,
         initial_batch_size: batch,
         queue_max: 4096,

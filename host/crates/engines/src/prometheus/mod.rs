@@ -258,6 +258,9 @@ fn window_between(start: &Scrape, end: &Scrape) -> WorkloadWindow {
         queue_depth: 0,
         batch_size: 1,
         demand: None,
+        // TTFT and prompt tokens from the engines' own metrics come with contract 0.3's
+        // presets; until then the engine reports none.
+        requests: None,
     }
 }
 

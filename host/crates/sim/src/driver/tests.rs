@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::{Phase, Scenario, SimConfig, SimError, SimGpu};
+use crate::{Phase, Scenario, SimConfig, SimError, SimGpu, scenario};
 use tokwatt_core::clock::{Clock, VirtualClock};
 use tokwatt_core::model::ModelShape;
 
@@ -20,6 +20,8 @@ fn saturated() -> Scenario {
         model: ModelShape::preset("llama-3-8b").unwrap(),
         context_tokens: 1024,
         output_tokens: 1_000_000,
+        requests: None,
+        max_batched_tokens: scenario::DEFAULT_MAX_BATCHED_TOKENS,
         batch_size_max: 512,
         initial_batch_size: 256,
         queue_max: 4096,

@@ -1,0 +1,323 @@
+//! Requests with prompts through the three boundary traits: prefill beside decode under
+//! the token budget, time to first token, KV caches that grow and fill, energy per request.
+#![allow(clippy::unwrap_used)] // tests may unwrap
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use tokwatt_core::clock::VirtualClock;
+use tokwatt_core::types::WorkloadWindow;
+
+/// llama-3-8b requests of `prompt` and `output` tokens at `rps` on one H200.
+fn with_prompts(prompt: &str, output: &str, rps: f64, extra: &str) -> Scenario {
+    Scenario::from_toml_str(
+        &format!(
+            "model = \"llama-3-8b\"\nprompt_tokens = {prompt}\noutput_tokens = {output}\n{extra}\n\
+             [[phases]]\nstart_s = 0\narrival_rps = {rps}\n"
+        ),
+        "test scenario",
+    )
+    .unwrap()
+}
+
+fn sim(profile: GpuProfile, scenario: Scenario, seed: u64) -> (SimGpu, Arc<VirtualClock>) {
+    let clock = VirtualClock::new();
+    let sim = SimGpu::new(
+        SimConfig {
+            profile,
+            scenario,
+            gpus: 1,
+            seed,
+            noise_seed: None,
+        },
+        clock.clone(),
+    )
+    .unwrap();
+    (sim, clock)
+}
+
+fn h200() -> GpuProfile {
+    GpuProfile::load("h200").unwrap()
+}
+
+/// The workload window over `from_s..to_s`.
+fn window(sim: &SimGpu, clock: &VirtualClock, from_s: f64, to_s: f64) -> WorkloadWindow {
+    let mut workload = sim.workload();
+    clock.sleep_until(Duration::from_secs_f64(from_s));
+    workload.read_window(0).unwrap();
+    clock.sleep_until(Duration::from_secs_f64(to_s));
+    workload.read_window(0).unwrap()
+}
+
+#[test]
+fn a_lone_prompt_gets_its_first_token_after_its_prefill() {
+    // One request of 2,048 prompt tokens every 2 s on average: each finds the GPU idle, so
+    // its time to first token is its prefill, ~53 ms measured for this prompt (prefill
+    // table), plus at most the decode steps that share its chunk's steps.
+    let (sim, clock) = sim(h200(), with_prompts("2048", "64", 0.5, ""), 3);
+    let w = window(&sim, &clock, 10.0, 130.0);
+    let requests = w.requests.unwrap();
+    assert!(requests.first_tokens > 30, "{requests:?}");
+    let ttft = requests.ttft_p99_ms.unwrap();
+    assert!((45.0..90.0).contains(&ttft), "TTFT p99 {ttft} ms");
+    // Every prompt token was prefilled once: no preemption at this load.
+    assert_eq!(requests.preemptions, 0);
+    let demand = w.demand.unwrap();
+    assert!(requests.prefill_tokens >= 2048 * (requests.first_tokens - 1));
+    assert!(requests.prefill_tokens <= 2048 * (demand.requests_arrived + 1));
+    assert!(requests.prefill_time_share > 0.05 && requests.prefill_time_share < 0.9);
+}
+
+#[test]
+fn a_decode_only_scenario_reports_first_tokens_without_prefill() {
+    let (sim, clock) = sim(h200(), Scenario::built_in().unwrap(), 3);
+    let w = window(&sim, &clock, 650.0, 700.0);
+    let requests = w.requests.unwrap();
+    assert_eq!(requests.prefill_tokens, 0);
+    assert_eq!(requests.prefill_time_share, 0.0);
+    // Light phase (5 requests/s): a slot is free, so the first token is one decode step.
+    assert!(requests.first_tokens > 150, "{requests:?}");
+    assert!(requests.ttft_p99_ms.unwrap() < 20.0, "{requests:?}");
+}
+
+#[test]
+fn prompt_chunks_slow_the_decode_steps_they_share_and_a_smaller_budget_trades_ttft_for_tpot() {
+    // Long prompts arriving among busy decoders: a step with a prompt chunk in it takes
+    // longer, so the decode step's p99 rises over a decode-only step's; a smaller token
+    // budget caps the chunk (lower TPOT p99) and spreads a prompt over more steps (higher
+    // TTFT).
+    let run = |budget: u32| {
+        let (sim, clock) = sim(
+            h200(),
+            with_prompts(
+                "4096",
+                "256",
+                10.0,
+                &format!("max_batched_tokens = {budget}"),
+            ),
+            9,
+        );
+        let w = window(&sim, &clock, 20.0, 80.0);
+        (
+            w.tpot_p50_ms,
+            w.tpot_p99_ms,
+            w.requests.unwrap().ttft_p99_ms.unwrap(),
+        )
+    };
+    let (p50_big, p99_big, ttft_big) = run(8192);
+    let (_, p99_small, ttft_small) = run(512);
+    assert!(p99_big > 2.0 * p50_big, "p50 {p50_big}, p99 {p99_big}");
+    assert!(p99_small < p99_big, "TPOT p99 {p99_small} vs {p99_big}");
+    assert!(ttft_small > ttft_big, "TTFT p99 {ttft_small} vs {ttft_big}");
+}
+
+#[test]
+fn contexts_grow_as_sequences_decode() {
+    // 64 sequences of short prompts and long outputs, started together: their KV caches
+    // grow a position a step, and attention reads all of it, so the decode step slows.
+    let scenario = Scenario::from_toml_str(
+        "model = \"llama-3-8b\"\nprompt_tokens = 128\noutput_tokens = 16384\nbatch_size_max = 64\n\
+         [[phases]]\nstart_s = 0\narrival_rps = 200\n[[phases]]\nstart_s = 0.5\narrival_rps = 0\n",
+        "growing",
+    )
+    .unwrap();
+    let (sim, clock) = sim(h200(), scenario, 5);
+    let early = window(&sim, &clock, 2.0, 4.0);
+    let late = window(&sim, &clock, 60.0, 62.0);
+    assert_eq!((early.active_sequences, late.active_sequences), (64, 64));
+    assert!(
+        late.tpot_p50_ms > 1.5 * early.tpot_p50_ms,
+        "early {} ms, late {} ms",
+        early.tpot_p50_ms,
+        late.tpot_p50_ms
+    );
+}
+
+#[test]
+fn a_full_kv_cache_preempts_and_every_request_still_finishes() {
+    let profile = GpuProfile::from_toml_str(
+        include_str!("../../../profiles/fixtures/l40s-class.toml"),
+        "l40s-class.toml",
+    )
+    .unwrap();
+    // A 48 GB card holds ~207k positions of llama-3-8b's KV cache beside its weights; the
+    // batch limit is sized for the typical context (1,024 + 8,192 / 2: 40 sequences), and
+    // 40 sequences of 9,216 positions overflow it, so the latest are preempted and
+    // prefilled again. After the arrivals stop, everything admitted finishes.
+    let scenario = Scenario::from_toml_str(
+        "model = \"llama-3-8b\"\nprompt_tokens = 1024\noutput_tokens = 8192\n\
+         [[phases]]\nstart_s = 0\narrival_rps = 4\n[[phases]]\nstart_s = 30\narrival_rps = 0\n",
+        "overflow",
+    )
+    .unwrap();
+    let capacity = kv_positions_beside_weights(&profile, &scenario);
+    assert!(capacity < 40.0 * 9216.0, "{capacity}");
+    let (sim, clock) = sim(profile, scenario, 11);
+    let w = window(&sim, &clock, 0.0, 600.0);
+    let requests = w.requests.unwrap();
+    assert!(requests.preemptions > 0, "{requests:?}");
+    clock.sleep_until(Duration::from_secs(3600));
+    let truth = sim.truth(0).unwrap();
+    assert_eq!(truth.requests_turned_away, 0);
+    assert_eq!(
+        truth.requests_completed, truth.requests_arrived,
+        "{truth:?}"
+    );
+    assert_eq!(truth.waiting, 0);
+    // Every token asked for was generated, once.
+    assert!(
+        (truth.tokens - 8192.0 * truth.requests_arrived as f64).abs() < 1.0,
+        "{truth:?}"
+    );
+}
+
+#[test]
+fn request_energy_adds_up_to_the_energy_of_the_steps() {
+    // Steady load, then nothing: the requests' energies together are the busy steps'
+    // energy, which is the energy drawn less the idle time's.
+    let scenario = Scenario::from_toml_str(
+        "model = \"llama-3-8b\"\n\
+         prompt_tokens = { distribution = \"lognormal\", median = 1024, sigma = 0.8, max = 8192 }\n\
+         output_tokens = { distribution = \"uniform\", min = 16, max = 512 }\n\
+         [[phases]]\nstart_s = 0\narrival_rps = 20\n[[phases]]\nstart_s = 60\narrival_rps = 0\n",
+        "energy",
+    )
+    .unwrap();
+    let (sim, clock) = sim(h200(), scenario, 13);
+    let w = window(&sim, &clock, 0.0, 200.0);
+    let requests = w.requests.unwrap();
+    let truth = sim.truth(0).unwrap();
+    assert_eq!(requests.energy.count, truth.requests_completed);
+    assert_eq!(truth.requests_completed, truth.requests_arrived);
+    let idle_w = h200().idle.power_w;
+    let mean = requests.energy.mean_j().unwrap();
+    // Per request: about 1,500 prompt tokens at ~55 tokens/J and 264 output tokens at
+    // tens of tokens/J: tens of joules.
+    assert!((10.0..200.0).contains(&mean), "{mean} J");
+    let busy_j = requests.energy.sum_j;
+    assert!(busy_j < truth.energy_j, "{busy_j} of {}", truth.energy_j);
+    assert!(
+        busy_j > truth.energy_j - idle_w * 200.0,
+        "{busy_j} of {}",
+        truth.energy_j
+    );
+    assert_eq!(
+        requests.energy.buckets.iter().sum::<u64>(),
+        requests.energy.count
+    );
+}
+
+#[test]
+fn lengths_are_drawn_the_same_whatever_the_policy_does() {
+    let demanded = |batch: u32| {
+        let mut scenario = with_prompts(
+            "{ distribution = \"uniform\", min = 64, max = 4096 }",
+            "{ distribution = \"lognormal\", median = 200, sigma = 1.0, max = 4000 }",
+            30.0,
+            "",
+        );
+        scenario.initial_batch_size = batch;
+        let (sim, clock) = sim(h200(), scenario, 21);
+        let w = window(&sim, &clock, 0.0, 30.0);
+        let d = w.demand.unwrap();
+        (d.requests_arrived, d.tokens_demanded)
+    };
+    let reference = demanded(512);
+    assert!(reference.0 > 700, "{reference:?}");
+    assert_eq!(demanded(16), reference);
+    assert_eq!(demanded(128), reference);
+}
+
+#[test]
+fn a_request_longer_than_the_kv_cache_is_refused_with_the_fix() {
+    let profile = GpuProfile::from_toml_str(
+        include_str!("../../../profiles/fixtures/l40s-class.toml"),
+        "l40s-class.toml",
+    )
+    .unwrap();
+    let clock = VirtualClock::new();
+    let err = SimGpu::new(
+        SimConfig {
+            profile,
+            scenario: with_prompts("1000000", "1000", 1.0, ""),
+            gpus: 1,
+            seed: 0,
+            noise_seed: None,
+        },
+        clock,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("longest request (1001000 tokens") && err.contains("lower the lengths' max"),
+        "{err}"
+    );
+}
+
+#[test]
+fn scenario_layouts_are_one_or_the_other() {
+    let both = Scenario::from_toml_str(
+        "model = \"llama-3-8b\"\ncontext_tokens = 1024\nprompt_tokens = 512\noutput_tokens = 64\n\
+         [[phases]]\nstart_s = 0\narrival_rps = 1\n",
+        "both.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(both.contains("not both"), "{both}");
+    let drawn_without_prompts = Scenario::from_toml_str(
+        "model = \"llama-3-8b\"\ncontext_tokens = 1024\n\
+         output_tokens = { distribution = \"uniform\", min = 1, max = 9 }\n\
+         [[phases]]\nstart_s = 0\narrival_rps = 1\n",
+        "drawn.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        drawn_without_prompts.contains("fixed `output_tokens`"),
+        "{drawn_without_prompts}"
+    );
+    let with = with_prompts(
+        "{ distribution = \"table\", tokens = [100, 300], weights = [1, 1] }",
+        "100",
+        1.0,
+        "",
+    );
+    // The typical context: mean prompt (200) + half the mean output (50).
+    assert_eq!((with.context_tokens, with.output_tokens), (250, 100));
+    assert_eq!(
+        with.max_batched_tokens,
+        scenario::DEFAULT_MAX_BATCHED_TOKENS
+    );
+}
+
+#[test]
+fn the_shipped_chat_scenario_serves_its_busy_phase_without_turning_work_away() {
+    let scenario = Scenario::load(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scenarios/chat.toml"
+    ))
+    .unwrap();
+    let (sim, clock) = sim(h200(), scenario, 17);
+    let w = window(&sim, &clock, 60.0, 600.0);
+    let demand = w.demand.unwrap();
+    let requests = w.requests.unwrap();
+    assert_eq!(demand.requests_turned_away, 0, "{demand:?}");
+    // Served what was asked: completions within 2 % of arrivals over nine minutes.
+    let served = demand.requests_completed as f64 / demand.requests_arrived as f64;
+    assert!((0.98..1.02).contains(&served), "{demand:?}");
+    let ttft = requests.ttft_p99_ms.unwrap();
+    assert!(ttft < 2_000.0, "TTFT p99 {ttft} ms");
+    assert!(
+        (0.1..0.9).contains(&requests.prefill_time_share),
+        "{requests:?}"
+    );
+    println!(
+        "chat busy phase, SIMULATOR OUTPUT: {:.0} tokens/s, TPOT p99 {:.1} ms, TTFT p99 {ttft:.0} ms, \
+         prefill share {:.2}, {:.1} J a request",
+        w.tokens as f64 / 540.0,
+        w.tpot_p99_ms,
+        requests.prefill_time_share,
+        requests.energy.mean_j().unwrap()
+    );
+}
