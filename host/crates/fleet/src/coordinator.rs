@@ -97,8 +97,9 @@ impl Coordinator {
         self.since
     }
 
-    /// One round. An error leaves the domain as it was (nothing is written unless the
-    /// whole round succeeds) and the round is simply tried again.
+    /// One round. An error leaves the domain sound (each node's grant and hold land
+    /// together or not at all, and each pair is safe alone) and the round is simply
+    /// tried again.
     pub fn round(&mut self, store: &dyn FleetStore) -> Result<Round, StoreError> {
         if let Some(leadership) = &self.leadership
             && !store.renew_leadership(leadership)?

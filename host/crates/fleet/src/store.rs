@@ -290,11 +290,12 @@ pub trait FleetStore: Send + Sync + std::fmt::Debug {
     /// Gives the leadership up at once (a clean stop).
     fn resign(&self, leadership: &Leadership) -> Result<(), StoreError>;
 
-    /// Writes a round's grants and holds in one transaction, only while `leadership`
-    /// still holds the leader key and the domain's freeze is still `freeze`, the one the
-    /// round read (`None`: none); nothing is written otherwise, and [`Written`] says
-    /// which. A hold is written with its grants so that no node can act on a grant its
-    /// hold does not cover.
+    /// Writes a round's grants and holds, only while `leadership` still holds the leader
+    /// key and the domain's freeze is still `freeze`, the one the round read (`None`:
+    /// none); nothing more is written otherwise, and [`Written`] says which. A node's
+    /// hold is written in the same transaction as its grant, so that no node can act on
+    /// a grant its hold does not cover; a store may split a round of many nodes into
+    /// several transactions (etcd takes 128 operations in one), each node's pair whole.
     fn write_grants(
         &self,
         leadership: &Leadership,

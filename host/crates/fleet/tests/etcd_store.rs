@@ -758,3 +758,84 @@ fn a_round_planned_before_a_freeze_or_after_a_thaw_writes_nothing() {
         Written::Deposed
     );
 }
+
+/// A round of many nodes: every grant and its hold, more operations than etcd takes in
+/// one transaction (128 by default), land in transactions of at most that many, each
+/// node's pair in one (the 125-node scale run's coordinator failed every round before).
+#[test]
+fn a_round_of_more_writes_than_one_transaction_takes_lands_whole() {
+    let Some(cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
+    let names: Vec<String> = (0..150).map(|i| format!("n{i:03}")).collect();
+    let domain = DomainBudget {
+        domain: "row-9".into(),
+        budget_w: 1_000_000.0,
+        uncontrolled_w: 0.0,
+        nodes: names
+            .iter()
+            .map(|n| NodeBudget {
+                node: n.clone(),
+                reserve_w: 1000.0,
+                max_w: 5600.0,
+                priority: 0,
+                fenced: true,
+                default_w: None,
+            })
+            .collect(),
+    };
+    store.put_budget(&domain).expect("budget");
+    let sessions: Vec<_> = names
+        .iter()
+        .map(|n| {
+            store
+                .join("row-9", n, Duration::from_secs(60), &report(1000.0))
+                .expect("joins")
+        })
+        .collect();
+    let leader = store
+        .campaign("row-9", "c", Duration::from_secs(30))
+        .expect("campaign")
+        .expect("leads");
+    let grants: Vec<GrantWrite<'_>> = names
+        .iter()
+        .zip(&sessions)
+        .map(|(n, s)| GrantWrite {
+            node: n,
+            lease: s.lease,
+            grant: grant(1, 3000.0),
+        })
+        .collect();
+    let held = Hold {
+        watts: 3000.0,
+        fence: None,
+        default_w: 5600.0,
+        released: false,
+    };
+    let holds: Vec<HoldWrite<'_>> = names
+        .iter()
+        .map(|n| HoldWrite {
+            node: n,
+            hold: held,
+        })
+        .collect();
+    assert!(grants.len() + holds.len() > tokwatt_fleet::etcd::MAX_TXN_OPS);
+    assert_eq!(
+        store
+            .write_grants(&leader, None, &grants, &holds)
+            .expect("written"),
+        Written::Done
+    );
+    let view = store.read_domain("row-9").expect("read").expect("budget");
+    let budgeted: Vec<_> = view
+        .nodes
+        .iter()
+        .filter(|n| names.contains(&n.node))
+        .collect();
+    assert_eq!(budgeted.len(), 150);
+    for node in budgeted {
+        assert_eq!(node.grant.map(|g| g.watts), Some(3000.0), "{}", node.node);
+        assert_eq!(node.hold.map(|h| h.hold), Some(held), "{}", node.node);
+    }
+}

@@ -33,6 +33,10 @@ use crate::store::{
 /// Where every domain lives.
 pub const ROOT: &str = "/tokwatt/fleet/";
 
+/// Most operations one transaction carries: etcd refuses more than its `--max-txn-ops`
+/// (128 unless its operator raised it) with "too many operations in txn request".
+pub const MAX_TXN_OPS: usize = 128;
+
 /// The fleet's keys in one etcd cluster.
 #[derive(Debug)]
 pub struct EtcdFleet {
@@ -104,6 +108,46 @@ fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
 }
 
 impl EtcdFleet {
+    /// One transaction of a round's writes, only while `leadership` holds the leader
+    /// key and the domain's freeze is still `freeze`.
+    fn write_fenced(
+        &self,
+        leadership: &Leadership,
+        freeze: Option<&StoredFreeze>,
+        success: Vec<Op>,
+    ) -> Result<Written, StoreError> {
+        let leader = leader_key(&leadership.domain);
+        let outcome = self.client.txn(&Txn {
+            compare: vec![
+                Compare::CreateRevision(leader.clone(), leadership.fence),
+                // The freeze the round read, still the same one (0: still none).
+                Compare::CreateRevision(
+                    freeze_key(&leadership.domain),
+                    freeze.map_or(0, |f| f.create_revision),
+                ),
+            ],
+            success,
+            // Which compare failed: the leader key read in the same step.
+            failure: vec![Op::ListPrefix { prefix: leader }],
+        })?;
+        if outcome.succeeded {
+            return Ok(Written::Done);
+        }
+        let still_leads = outcome
+            .lists
+            .first()
+            .and_then(|keys| {
+                keys.iter()
+                    .find(|kv| kv.key == leader_key(&leadership.domain))
+            })
+            .is_some_and(|kv| kv.create_revision == leadership.fence);
+        Ok(if still_leads {
+            Written::FreezeChanged
+        } else {
+            Written::Deposed
+        })
+    }
+
     /// The fleet on the etcd cluster at `endpoints` (`http://HOST:PORT` each), each
     /// request given `timeout`.
     pub fn connect(endpoints: &[String], timeout: Duration) -> Result<Self, StoreError> {
@@ -315,55 +359,54 @@ impl FleetStore for EtcdFleet {
         grants: &[GrantWrite<'_>],
         holds: &[HoldWrite<'_>],
     ) -> Result<Written, StoreError> {
-        let grant_puts = grants.iter().map(|g| {
+        // Each node's grant and hold go together, nodes in the plan's order (cuts first,
+        // then raises, then holds alone); a round of many nodes is cut into transactions
+        // of at most MAX_TXN_OPS, each one fenced. Every node's pair is safe on its own
+        // (a raise is charged from the headroom of the holds already in the store), so
+        // transactions that land while a later one is refused leave the domain sound.
+        let mut per_node: Vec<(&str, Vec<Op>)> = Vec::new();
+        for g in grants {
             check_name("node", g.node)?;
-            Ok(Op::Put {
-                key: grant_key(&leadership.domain, g.node),
-                value: encode(&g.grant)?,
-                lease: g.lease,
-            })
-        });
-        let hold_puts = holds.iter().map(|h| {
+            per_node.push((
+                g.node,
+                vec![Op::Put {
+                    key: grant_key(&leadership.domain, g.node),
+                    value: encode(&g.grant)?,
+                    lease: g.lease,
+                }],
+            ));
+        }
+        for h in holds {
             check_name("node", h.node)?;
-            Ok(Op::Put {
+            let put = Op::Put {
                 key: hold_key(&leadership.domain, h.node),
                 value: encode(&h.hold)?,
                 lease: 0,
-            })
-        });
-        let success = grant_puts
-            .chain(hold_puts)
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let leader = leader_key(&leadership.domain);
-        let outcome = self.client.txn(&Txn {
-            compare: vec![
-                Compare::CreateRevision(leader.clone(), leadership.fence),
-                // The freeze the round read, still the same one (0: still none).
-                Compare::CreateRevision(
-                    freeze_key(&leadership.domain),
-                    freeze.map_or(0, |f| f.create_revision),
-                ),
-            ],
-            success,
-            // Which compare failed: the leader key read in the same step.
-            failure: vec![Op::ListPrefix { prefix: leader }],
-        })?;
-        if outcome.succeeded {
-            return Ok(Written::Done);
+            };
+            match per_node.iter_mut().find(|(node, _)| *node == h.node) {
+                Some((_, ops)) => ops.push(put),
+                None => per_node.push((h.node, vec![put])),
+            }
         }
-        let still_leads = outcome
-            .lists
-            .first()
-            .and_then(|keys| {
-                keys.iter()
-                    .find(|kv| kv.key == leader_key(&leadership.domain))
-            })
-            .is_some_and(|kv| kv.create_revision == leadership.fence);
-        Ok(if still_leads {
-            Written::FreezeChanged
-        } else {
-            Written::Deposed
-        })
+        let mut chunks: Vec<Vec<Op>> = vec![Vec::new()];
+        for (_, ops) in per_node {
+            if chunks
+                .last()
+                .is_some_and(|c| c.len() + ops.len() > MAX_TXN_OPS)
+            {
+                chunks.push(Vec::new());
+            }
+            if let Some(chunk) = chunks.last_mut() {
+                chunk.extend(ops);
+            }
+        }
+        for success in chunks.into_iter().filter(|c| !c.is_empty()) {
+            let written = self.write_fenced(leadership, freeze, success)?;
+            if written != Written::Done {
+                return Ok(written);
+            }
+        }
+        Ok(Written::Done)
     }
 
     fn release(
