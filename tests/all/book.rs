@@ -293,14 +293,51 @@ fn the_metrics_reference_is_current() {
         .with_fleet()
         .with_demand();
     metrics.announce("static", "000000000000");
+    // One tick of a simulated GPU serving requests with prompts, so that every family
+    // has a sample (a family without one writes no help line).
+    let mut observation = tokwatt::types::Observation::typical_h200(0, 0);
+    observation.demand = Some(tokwatt::types::DemandWindow::default());
+    let mut energy = tokwatt::types::RequestEnergy::default();
+    energy.record(40.0);
+    observation.requests = Some(tokwatt::types::RequestsWindow {
+        ttft_p99_ms: Some(200.0),
+        energy,
+        ..Default::default()
+    });
+    let totals = tokwatt::control::LoopTotals {
+        gpus: vec![tokwatt::control::GpuTotals::default()],
+        ..Default::default()
+    };
+    metrics.observe(
+        &tokwatt::control::Progress {
+            tick: 0,
+            ticks: 1,
+            time: std::time::Duration::from_secs(1),
+            totals: &totals,
+            observations: &[observation],
+            in_force: &[observation.in_force],
+            policy: "static",
+            requested: &[tokwatt::types::Settings::default()],
+            decide_time: Some(std::time::Duration::from_micros(40)),
+            lateness: std::time::Duration::from_micros(3),
+            paused: false,
+            on_probation: false,
+            guard_in_charge: false,
+            guard_enabled: true,
+            objective: tokwatt::types::Objective::default(),
+            commands_taken: 0,
+        },
+        "000000000000",
+    );
     let text = metrics.encode();
     let mut page = format!(
         "# Metrics\n\n{GENERATED_NOTE}What `tokwatt serve` exports on `/metrics` (the \
          Prometheus text format; counters end in `_total`). The PromQL in `deploy/` may use \
          only these names (`tests/deploy/metric_names.txt`). The `tokwatt_fleet_*` series \
          are there only on a node in a power domain (`[fleet]`), and \
-         `tokwatt_gpu_tokens_demanded_total` only where the workload knows its demand (the \
-         simulator).\n\n| metric | type | meaning |\n\
+         `tokwatt_gpu_tokens_demanded_total`, `tokwatt_gpu_prefill_tokens_total`, \
+         `tokwatt_gpu_request_energy_joules` and `tokwatt_gpu_ttft_p99_seconds` only where \
+         the workload knows its demand and sees its requests through (the simulator).\n\n| metric | type | meaning |\n\
          |---|---|---|\n"
     );
     let mut kinds = std::collections::HashMap::new();

@@ -25,6 +25,7 @@ mod plugin_check;
 mod plugin_new;
 mod policies_judged;
 mod prometheus_server;
+mod prompts;
 mod python_policy;
 mod readme;
 mod replay;

@@ -31,7 +31,7 @@ mod totals;
 pub use allowance::PowerAllowance;
 pub use allowance::{Fit, fit_caps};
 use moves::merged;
-pub use totals::{DemandTotals, GpuTotals, LoopTotals};
+pub use totals::{DemandTotals, GpuTotals, LoopTotals, RequestsTotals};
 
 /// The hardware and the clock a run drives. To have changed settings restored, wrap
 /// the actuator in a [`crate::restore::SettingsGuard`]: it saves the originals before the
@@ -621,6 +621,12 @@ impl ControlLoop {
                     .get_or_insert_with(DemandTotals::default)
                     .add(window, obs.tokens);
             }
+            if let Some(window) = &obs.requests {
+                gpu_totals
+                    .requests
+                    .get_or_insert_with(RequestsTotals::default)
+                    .add(window);
+            }
             self.totals.tokens = self.totals.tokens.saturating_add(obs.tokens);
             self.totals.energy_j += obs.energy_j;
 
@@ -723,6 +729,15 @@ impl ControlLoop {
                 .filter_map(|g| g.demand)
                 .reduce(|mut all, one| {
                     all.merge(&one);
+                    all
+                });
+        self.totals.requests =
+            self.totals
+                .gpus
+                .iter()
+                .filter_map(|g| g.requests)
+                .reduce(|mut all, one| {
+                    all.sum(&one);
                     all
                 });
         self.totals.wall_time_s = self

@@ -237,6 +237,10 @@ pub enum AgentError {
         "policy `{policy}`: the objective's throughput floor (min_tokens_per_s = {floor}) cannot be checked on this workload, whose source does not say when requests are waiting (a serving engine's token counter), so an idle GPU would read as a slow one: remove min_tokens_per_s from the spec and the node's [objective], or bound the time per token (tpot_p99_limit_ms) instead"
     )]
     ThroughputUnchecked { policy: String, floor: f64 },
+    #[error(
+        "policy `{policy}`: the objective's time-to-first-token bound (ttft_p99_limit_ms = {limit}) cannot be checked on this workload, which does not report when each request's first token came (a closed decode loop, or an engine preset without a TTFT histogram): remove ttft_p99_limit_ms from the spec and the node's [objective], or run on a workload that reports it (the simulator; an engine that exports TTFT)"
+    )]
+    TtftUnchecked { policy: String, limit: f64 },
     #[error("the run's duration ({duration:?}) is shorter than one tick ({tick:?})")]
     TooShort { duration: Duration, tick: Duration },
 }
@@ -256,6 +260,8 @@ pub struct NodeFacts {
     pub batch_size_max: Vec<u32>,
     /// How the workload knows work is waiting: a throughput floor needs it.
     pub work_waiting: tokwatt_core::workload::WorkWaiting,
+    /// Whether the workload reports time to first token: a TTFT bound needs it.
+    pub reports_ttft: bool,
 }
 
 impl NodeFacts {
@@ -269,6 +275,7 @@ impl NodeFacts {
             devices,
             batch_size_max,
             work_waiting: backends.workload.work_waiting(),
+            reports_ttft: backends.workload.reports_ttft(),
         }
     }
 }
@@ -314,6 +321,28 @@ pub fn start_policy_watched(
 /// is refused.
 pub const START_ATTEMPTS: u32 = 3;
 
+/// Every named objective is checked, or refused here: never silently off.
+fn check_measurable(spec: &PolicySpec, node: &NodeFacts) -> Result<(), AgentError> {
+    if let Some(floor) = spec.objective.min_tokens_per_s
+        && floor > 0.0
+        && node.work_waiting == tokwatt_core::workload::WorkWaiting::Unknown
+    {
+        return Err(AgentError::ThroughputUnchecked {
+            policy: spec.name.clone(),
+            floor,
+        });
+    }
+    if let Some(limit) = spec.objective.ttft_p99_limit_ms
+        && !node.reports_ttft
+    {
+        return Err(AgentError::TtftUnchecked {
+            policy: spec.name.clone(),
+            limit,
+        });
+    }
+    Ok(())
+}
+
 /// A live agent never takes the transcript of the guest's logs, so only a watching tool
 /// turns it on (`transcribe_logs`).
 fn start_policy_inner(
@@ -325,16 +354,7 @@ fn start_policy_inner(
     tick: Duration,
     transcribe_logs: bool,
 ) -> Result<WatchedStart, AgentError> {
-    // Every named objective is checked, or refused here: never silently off.
-    if let Some(floor) = spec.objective.min_tokens_per_s
-        && floor > 0.0
-        && node.work_waiting == tokwatt_core::workload::WorkWaiting::Unknown
-    {
-        return Err(AgentError::ThroughputUnchecked {
-            policy: spec.name.clone(),
-            floor,
-        });
-    }
+    check_measurable(spec, node)?;
     let envelope = Envelope::new(
         &node.devices,
         &node.batch_size_max,
@@ -518,5 +538,42 @@ fn write_report(out_dir: &Path, objective: &tokwatt_core::types::Objective) {
         if path.exists() && std::fs::remove_file(&path).is_err() {
             tracing::warn!("{} is an earlier run's report", path.display());
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may unwrap
+mod tests {
+    use super::*;
+
+    fn spec(objective: &str) -> PolicySpec {
+        PolicySpec::parse(
+            Path::new("/specs/p.toml"),
+            &format!("name = \"p\"\nplugin = \"p.wasm\"\nknobs = [\"power-cap\"]\n[objective]\n{objective}\n"),
+        )
+        .unwrap()
+    }
+
+    fn node(reports_ttft: bool) -> NodeFacts {
+        NodeFacts {
+            devices: Vec::new(),
+            batch_size_max: Vec::new(),
+            work_waiting: tokwatt_core::workload::WorkWaiting::Reported,
+            reports_ttft,
+        }
+    }
+
+    #[test]
+    fn a_ttft_bound_is_refused_where_the_workload_cannot_time_first_tokens() {
+        let bounded = spec("ttft_p99_limit_ms = 800.0");
+        let err = check_measurable(&bounded, &node(false))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ttft_p99_limit_ms = 800") && err.contains("remove ttft_p99_limit_ms"),
+            "{err}"
+        );
+        check_measurable(&bounded, &node(true)).unwrap();
+        check_measurable(&spec("tpot_p99_limit_ms = 50.0"), &node(false)).unwrap();
     }
 }

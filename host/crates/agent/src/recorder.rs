@@ -31,8 +31,9 @@ pub use output_file::Rotation;
 use trace::trace_header_line;
 pub use trace::{TraceError, TraceReader, TraceRow, trace_header};
 
-/// Version of `trace.csv`'s columns.
-pub const TRACE_FORMAT_VERSION: u32 = 1;
+/// Version of `trace.csv`'s columns (2: the requests columns added at the end; a version 1
+/// trace, without them, still reads).
+pub const TRACE_FORMAT_VERSION: u32 = 2;
 /// Version of the records in `observations.jsonl`.
 pub const OBSERVATIONS_FORMAT_VERSION: u32 = 1;
 
@@ -316,7 +317,7 @@ mod tests {
     #[test]
     fn the_trace_header_is_stable() {
         // A compatibility promise: change TRACE_FORMAT_VERSION with this list.
-        assert_eq!(TRACE_FORMAT_VERSION, 1);
+        assert_eq!(TRACE_FORMAT_VERSION, 2);
         assert_eq!(
             trace_header().join(","),
             "time_s,tick,gpu,policy,power_cap_w,power_cap_requested_w,sm_clock_max_mhz,batch_size,\
@@ -324,7 +325,8 @@ mod tests {
              tokens_per_s,sm_clock_mhz,mem_clock_mhz,temperature_c,gpu_util_pct,tpot_p50_ms,\
              tpot_p99_ms,active_sequences,queue_depth,sw_power_cap,settling,clamped,fallback,\
              slo_violation,power_mem_w,requests_arrived,requests_turned_away,tokens_demanded,\
-             queue_wait_p99_ms"
+             queue_wait_p99_ms,prefill_tokens,ttft_p99_ms,prefill_time_share,requests_finished,\
+             energy_per_request_j"
         );
     }
 

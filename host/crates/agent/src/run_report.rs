@@ -76,8 +76,9 @@ fn objective_from_spec(summary: &RunSummary) -> ObjectiveSource {
 }
 
 /// The trace columns the charts use, in this order (the demand columns are empty where
-/// the workload does not report demand).
-const COLUMNS: [&str; 14] = [
+/// the workload does not report demand, the requests columns where it does not see
+/// requests through).
+const COLUMNS: [&str; 16] = [
     "power_avg_w",
     "power_peak_w",
     "power_cap_w",
@@ -92,6 +93,8 @@ const COLUMNS: [&str; 14] = [
     "requests_arrived",
     "requests_turned_away",
     "queue_wait_p99_ms",
+    "ttft_p99_ms",
+    "energy_per_request_j",
 ];
 const POWER_AVG: usize = 0;
 const POWER_PEAK: usize = 1;
@@ -107,6 +110,8 @@ const TPOT_P99: usize = 10;
 const ARRIVED: usize = 11;
 const TURNED_AWAY: usize = 12;
 const QUEUE_WAIT: usize = 13;
+const TTFT: usize = 14;
+const ENERGY_PER_REQUEST: usize = 15;
 /// The drawn lines: every column but tokens and energy, plus the rolling tokens per joule.
 const LINES: usize = COLUMNS.len() + 1;
 const ROLLING: usize = COLUMNS.len();
@@ -212,6 +217,8 @@ fn chart_values(row: &TraceRow) -> [Option<f64>; COLUMNS.len()] {
         row.requests_arrived.and_then(whole),
         row.requests_turned_away.and_then(whole),
         row.queue_wait_p99_ms,
+        row.ttft_p99_ms,
+        row.energy_per_request_j,
     ]
 }
 
@@ -443,6 +450,12 @@ fn objective_line(source: &ObjectiveSource) -> String {
         if let Some(limit) = o.queue_wait_p99_limit_ms {
             parts.push(format!("queue wait p99 at most {} ms", format_value(limit)));
         }
+        if let Some(limit) = o.ttft_p99_limit_ms {
+            parts.push(format!(
+                "time to first token p99 at most {} ms",
+                format_value(limit)
+            ));
+        }
         if parts.is_empty() {
             "none (no tick counts as a violation, except one that turns requests away)".to_owned()
         } else {
@@ -552,6 +565,20 @@ fn gpu_charts(
             wait.push(level("p99 limit (objective)", limit));
         }
         charts.push(chart("queue wait for a batch slot", "ms", wait));
+    }
+    if lines.has_values[TTFT] {
+        let mut ttft = vec![line("p99", TTFT)];
+        if let Some(limit) = objective.and_then(|o| o.ttft_p99_limit_ms) {
+            ttft.push(level("p99 limit (objective)", limit));
+        }
+        charts.push(chart("time to first token", "ms", ttft));
+    }
+    if lines.has_values[ENERGY_PER_REQUEST] {
+        charts.push(chart(
+            &format!("energy per finished request, mean {window}"),
+            "J",
+            vec![line("mean", ENERGY_PER_REQUEST)],
+        ));
     }
     charts
 }

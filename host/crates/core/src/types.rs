@@ -294,6 +294,10 @@ pub struct Observation {
     pub queue_depth: u32,
     /// The demand in the window, where the workload knows it.
     pub demand: Option<DemandWindow>,
+    /// Prompts, first tokens and energy per request in the window, where the workload
+    /// sees requests through (`None`: a closed decode loop, an engine without TTFT).
+    #[serde(default)]
+    pub requests: Option<RequestsWindow>,
     pub in_force: InForce,
     pub last_clamped: bool,
     pub settling: bool,
@@ -326,6 +330,7 @@ impl Observation {
             active_sequences: 128,
             queue_depth: 40,
             demand: None,
+            requests: None,
             in_force: InForce {
                 power_cap_w: 700.0,
                 power_cap_requested_w: 700.0,
@@ -361,6 +366,7 @@ impl Observation {
             active_sequences: 0,
             queue_depth: 0,
             demand: None,
+            requests: None,
             in_force: InForce::default(),
             last_clamped: false,
             settling: false,
@@ -386,6 +392,10 @@ pub struct Objective {
     /// reports demand).
     #[serde(default)]
     pub queue_wait_p99_limit_ms: Option<f64>,
+    /// Largest acceptable p99 time from a request's arrival to its first token, ms
+    /// (needs a workload that reports it: a run whose workload cannot is refused).
+    #[serde(default)]
+    pub ttft_p99_limit_ms: Option<f64>,
 }
 
 impl Objective {
@@ -414,6 +424,7 @@ impl Objective {
                 tpot_p99_ms: obs.tpot_p99_ms,
                 queue_depth,
                 demand: obs.demand,
+                requests: obs.requests,
                 ..WorkloadWindow::default()
             },
             obs.interval_s,
@@ -446,7 +457,11 @@ impl Objective {
             (Some(limit), Some(demand)) => demand.queue_wait_p99_ms.is_some_and(|w| w > limit),
             _ => false,
         };
-        tpot || throughput || turned_away || queue_wait
+        let ttft = match (self.ttft_p99_limit_ms, w.requests) {
+            (Some(limit), Some(requests)) => requests.ttft_p99_ms.is_some_and(|t| t > limit),
+            _ => false,
+        };
+        tpot || throughput || turned_away || queue_wait || ttft
     }
 }
 
@@ -480,6 +495,35 @@ mod tests {
             },
             WorkWaiting::Always
         ));
+    }
+
+    #[test]
+    fn a_ttft_bound_is_broken_by_a_window_whose_first_tokens_came_late() {
+        let objective = Objective {
+            ttft_p99_limit_ms: Some(500.0),
+            ..Objective::default()
+        };
+        let window = |ttft_p99_ms: Option<f64>| WorkloadWindow {
+            tokens: 1000,
+            requests: Some(RequestsWindow {
+                first_tokens: u64::from(ttft_p99_ms.is_some()),
+                ttft_p99_ms,
+                ..RequestsWindow::default()
+            }),
+            ..WorkloadWindow::default()
+        };
+        assert!(objective.violated_by_window(&window(Some(730.0)), 1.0));
+        assert!(!objective.violated_by_window(&window(Some(420.0)), 1.0));
+        // No first token in the window: nothing to judge (a run whose workload never
+        // reports TTFT is refused before it starts).
+        assert!(!objective.violated_by_window(&window(None), 1.0));
+        // Through an observation, as the loop and the guard judge it.
+        let late = Observation {
+            requests: window(Some(730.0)).requests,
+            ..Observation::typical_h200(0, 0)
+        };
+        assert!(objective.violated_by(&late));
+        assert!(!Objective::default().violated_by(&late));
     }
 
     #[test]

@@ -173,6 +173,13 @@ impl NodeRules {
                 Tighter::Lower,
                 &mut loosened,
             ),
+            ttft_p99_limit_ms: narrow_f64(
+                "objective.ttft_p99_limit_ms",
+                n.ttft_p99_limit_ms,
+                s.ttft_p99_limit_ms,
+                Tighter::Lower,
+                &mut loosened,
+            ),
         };
         let (n, s) = (&self.guardrails, &spec.guardrails);
         let guardrails = Guardrails {
@@ -282,6 +289,7 @@ mod tests {
                 tpot_p99_limit_ms: Some(50.0),
                 min_tokens_per_s: Some(1000.0),
                 queue_wait_p99_limit_ms: None,
+                ttft_p99_limit_ms: None,
             },
             guardrails: Guardrails {
                 power_cap_min_w: Some(300.0),

@@ -588,7 +588,22 @@ impl Inner {
             }
         }
 
+        match obs.requests.and_then(|r| r.ttft_p99_ms) {
+            Some(ttft_ms) if ttft_ms.is_finite() => set(&families.ttft_p99_seconds, ttft_ms / 1e3),
+            _ => unset(&families.ttft_p99_seconds),
+        }
+
         let by_policy = window_policy.on_gpu(&gpu);
+        if let Some(requests) = &obs.requests {
+            families
+                .prefill_tokens
+                .get_or_create(&by_policy)
+                .inc_by(requests.prefill_tokens);
+            families
+                .request_energy_joules
+                .get_or_create(&by_policy)
+                .add(&requests.energy);
+        }
         if obs.energy_j.is_finite() && obs.energy_j >= 0.0 {
             families
                 .energy_joules

@@ -305,11 +305,13 @@ impl GpuSim {
                     let segment = remaining.min(until_arrival).min(until_event * point.step_s);
                     let steps = segment / point.step_s;
                     let segment_j = point.power_w * segment;
+                    // Requests are charged what the board's sensor reads (its gain), as an
+                    // attribution of its energy counter would charge them.
                     self.server.advance(
                         &load,
                         steps,
                         point.step_s,
-                        segment_j,
+                        segment_j * self.gain,
                         start_s + elapsed + segment,
                     );
                     energy += segment_j;

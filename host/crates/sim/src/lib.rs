@@ -691,6 +691,12 @@ struct SimWorkload {
 }
 
 impl Workload for SimWorkload {
+    /// Both layouts see each request through: its first token is timed (a prefill's
+    /// last chunk, or a decode-only request's first step).
+    fn reports_ttft(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "sim"
     }

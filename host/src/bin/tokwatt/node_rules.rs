@@ -17,6 +17,10 @@ pub struct NodeRulesArgs {
     /// The node's p99 queue-wait bound, ms; the spec may only set a lower one.
     #[arg(long, value_name = "MS")]
     queue_wait_p99_limit_ms: Option<f64>,
+    /// The node's p99 time-to-first-token bound, ms; the spec may only set a lower one
+    /// (needs a workload that reports TTFT: the simulator does).
+    #[arg(long, value_name = "MS")]
+    ttft_p99_limit_ms: Option<f64>,
     /// The largest power cap raise per tick and GPU, W (cuts are never slowed; the spec may only set a smaller
     /// one).
     #[arg(long, value_name = "W", default_value_t = tokwatt::rules::DEFAULT_MAX_POWER_CAP_RAISE_W)]
@@ -50,6 +54,7 @@ impl NodeRulesArgs {
         positive("--tpot-p99-limit-ms", self.tpot_p99_limit_ms)?;
         positive("--min-tokens-per-s", self.min_tokens_per_s)?;
         positive("--queue-wait-p99-limit-ms", self.queue_wait_p99_limit_ms)?;
+        positive("--ttft-p99-limit-ms", self.ttft_p99_limit_ms)?;
         positive("--max-power-cap-raise-w", Some(self.max_power_cap_raise_w))?;
         let defaults = NodeRules::default();
         let guard = GuardConfig {
@@ -71,6 +76,7 @@ impl NodeRulesArgs {
                 tpot_p99_limit_ms: self.tpot_p99_limit_ms,
                 min_tokens_per_s: self.min_tokens_per_s,
                 queue_wait_p99_limit_ms: self.queue_wait_p99_limit_ms,
+                ttft_p99_limit_ms: self.ttft_p99_limit_ms,
             },
             guardrails: tokwatt::envelope::Guardrails {
                 max_power_cap_raise_w: Some(self.max_power_cap_raise_w),
@@ -81,6 +87,7 @@ impl NodeRulesArgs {
         let source = if self.tpot_p99_limit_ms.is_some()
             || self.min_tokens_per_s.is_some()
             || self.queue_wait_p99_limit_ms.is_some()
+            || self.ttft_p99_limit_ms.is_some()
         {
             "the node's rules from the command line".to_owned()
         } else {

@@ -208,6 +208,9 @@ fn objective_words(objective: &tokwatt::types::Objective) -> String {
     if let Some(ms) = objective.queue_wait_p99_limit_ms {
         parts.push(format!("queue wait p99 <= {ms} ms"));
     }
+    if let Some(ms) = objective.ttft_p99_limit_ms {
+        parts.push(format!("TTFT p99 <= {ms} ms"));
+    }
     if parts.is_empty() {
         "none set (turned-away demand still breaks it)".into()
     } else {

@@ -153,6 +153,7 @@ impl ControlLoop {
             active_sequences: w.active_sequences,
             queue_depth: w.queue_depth,
             demand: w.demand,
+            requests: w.requests,
             in_force: self.in_force[g],
             last_clamped: self.last_clamped[g],
             settling: self.settling[g],

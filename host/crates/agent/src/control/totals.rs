@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::swap::SwapCounters;
-use tokwatt_core::types::{DemandWindow, InForce};
+use tokwatt_core::types::{DemandWindow, InForce, RequestEnergy, RequestsWindow};
 use tokwatt_policy::guard::GuardCounters;
 use tokwatt_policy::supervisor::PolicyCounters;
 
@@ -20,7 +20,67 @@ pub struct GpuTotals {
     pub slo_violation_ticks: u64,
     /// The demand this GPU faced; `None` where the workload does not report demand.
     pub demand: Option<DemandTotals>,
+    /// Prompts, first tokens and energy per request; written only where the workload
+    /// sees requests through (the simulator).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub requests: Option<RequestsTotals>,
     pub final_settings: Option<InForce>,
+}
+
+/// Requests over a run, where the workload sees each one through.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestsTotals {
+    /// Prompt tokens prefilled (recomputed ones included).
+    pub prefill_tokens: u64,
+    /// Requests that got their first token.
+    pub first_tokens: u64,
+    /// The highest per-tick p99 time to first token, ms (`None` when no request got one).
+    pub worst_tick_ttft_p99_ms: Option<f64>,
+    /// Sequences preempted for KV-cache room.
+    pub preemptions: u64,
+    /// Requests finished, and their energy: each step's energy shared over the tokens it
+    /// processed, summed over a request's prompt and output.
+    pub requests_finished: u64,
+    #[serde(deserialize_with = "tokwatt_core::types::nan_if_null")]
+    pub request_energy_j: f64,
+    /// `request_energy_j / requests_finished` (`None` with none finished).
+    pub energy_per_request_j: Option<f64>,
+}
+
+impl RequestsTotals {
+    pub(super) fn add(&mut self, window: &RequestsWindow) {
+        self.sum(&RequestsTotals {
+            prefill_tokens: window.prefill_tokens,
+            first_tokens: window.first_tokens,
+            worst_tick_ttft_p99_ms: window.ttft_p99_ms,
+            preemptions: window.preemptions,
+            requests_finished: window.energy.count,
+            request_energy_j: window.energy.sum_j,
+            energy_per_request_j: None,
+        });
+    }
+
+    /// Add `other`'s counts and keep the worse TTFT; the mean follows.
+    pub(super) fn sum(&mut self, other: &RequestsTotals) {
+        self.prefill_tokens = self.prefill_tokens.saturating_add(other.prefill_tokens);
+        self.first_tokens = self.first_tokens.saturating_add(other.first_tokens);
+        self.preemptions = self.preemptions.saturating_add(other.preemptions);
+        self.requests_finished = self
+            .requests_finished
+            .saturating_add(other.requests_finished);
+        self.request_energy_j += other.request_energy_j;
+        self.energy_per_request_j = RequestEnergy {
+            count: self.requests_finished,
+            sum_j: self.request_energy_j,
+            ..RequestEnergy::default()
+        }
+        .mean_j();
+        self.worst_tick_ttft_p99_ms =
+            match (self.worst_tick_ttft_p99_ms, other.worst_tick_ttft_p99_ms) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+    }
 }
 
 /// Demand over a run: what arrived, what was served and what was turned away.
@@ -141,6 +201,9 @@ pub struct LoopTotals {
     /// Demand over all GPUs (`ticks_turning_away`: the most of any one GPU); `None` where
     /// the workload does not report demand.
     pub demand: Option<DemandTotals>,
+    /// Requests over all GPUs; written only where the workload sees them through.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub requests: Option<RequestsTotals>,
     pub gpus: Vec<GpuTotals>,
     /// Wall time the loop took, seconds (on a virtual clock, far less than `duration_s`).
     #[serde(deserialize_with = "tokwatt_core::types::nan_if_null")]

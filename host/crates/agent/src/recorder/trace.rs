@@ -69,6 +69,14 @@ pub struct TraceRow {
     pub requests_turned_away: Option<u64>,
     pub tokens_demanded: Option<u64>,
     pub queue_wait_p99_ms: Option<f64>,
+    /// Requests in the window; all empty where the workload does not see requests
+    /// through (format 2 on; a format 1 trace has none of these columns).
+    pub prefill_tokens: Option<u64>,
+    pub ttft_p99_ms: Option<f64>,
+    pub prefill_time_share: Option<f64>,
+    pub requests_finished: Option<u64>,
+    /// Mean energy of the requests finished in the window (empty when none finished).
+    pub energy_per_request_j: Option<f64>,
 }
 
 /// `value` rounded to `decimals` places, so the trace stays short to read and to store.
@@ -118,6 +126,14 @@ impl TraceRow {
                 .demand
                 .and_then(|d| d.queue_wait_p99_ms)
                 .map(|w| round(w, 3)),
+            prefill_tokens: o.requests.map(|r| r.prefill_tokens),
+            ttft_p99_ms: o.requests.and_then(|r| r.ttft_p99_ms).map(|t| round(t, 3)),
+            prefill_time_share: o.requests.map(|r| round(r.prefill_time_share, 4)),
+            requests_finished: o.requests.map(|r| r.energy.count),
+            energy_per_request_j: o
+                .requests
+                .and_then(|r| r.energy.mean_j())
+                .map(|j| round(j, 4)),
         }
     }
 }
@@ -248,13 +264,18 @@ impl Iterator for TraceReader {
 }
 
 /// The columns a trace may lack: those [`TraceRow`] reads as `Option`.
-fn optional_columns() -> [String; 5] {
+fn optional_columns() -> [String; 10] {
     [
         "power_mem_w",
         "requests_arrived",
         "requests_turned_away",
         "tokens_demanded",
         "queue_wait_p99_ms",
+        "prefill_tokens",
+        "ttft_p99_ms",
+        "prefill_time_share",
+        "requests_finished",
+        "energy_per_request_j",
     ]
     .map(str::to_owned)
 }

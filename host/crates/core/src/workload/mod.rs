@@ -47,4 +47,9 @@ pub trait Workload: Send {
     fn work_waiting(&self) -> WorkWaiting {
         WorkWaiting::Reported
     }
+    /// Whether every window reports time to first token
+    /// ([`crate::types::WorkloadWindow::requests`]): a TTFT bound is refused where not.
+    fn reports_ttft(&self) -> bool {
+        false
+    }
 }

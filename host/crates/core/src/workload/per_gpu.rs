@@ -72,6 +72,11 @@ impl Workload for PerGpu {
         source.read_window(*inner)
     }
 
+    /// Only where every GPU's source reports it.
+    fn reports_ttft(&self) -> bool {
+        !self.sources.is_empty() && self.sources.iter().all(|(s, _)| s.reports_ttft())
+    }
+
     /// Every GPU's source is of one kind; the least any of them knows.
     fn work_waiting(&self) -> super::WorkWaiting {
         use super::WorkWaiting::{Always, Reported, Unknown};

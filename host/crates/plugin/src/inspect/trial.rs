@@ -135,6 +135,7 @@ pub(super) fn sample_observation(
         active_sequences: active,
         queue_depth: queue,
         demand: None,
+        requests: None,
         in_force: InForce {
             power_cap_w: cap,
             power_cap_requested_w: cap,

@@ -159,7 +159,8 @@ fn check_objective(raw: &RawSpec) -> Result<(), Problem> {
         "queue_wait_p99_limit_ms",
         o.queue_wait_p99_limit_ms,
         false,
-    )
+    )?;
+    positive_f64("objective", "ttft_p99_limit_ms", o.ttft_p99_limit_ms, false)
 }
 
 fn check_guardrails(raw: &RawSpec) -> Result<(), Problem> {

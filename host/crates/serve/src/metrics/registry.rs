@@ -169,6 +169,8 @@ pub(super) struct GpuFamilies {
     pub(super) temperature_celsius: Family<GpuLabels, GaugeF64>,
     pub(super) tpot_p99_seconds: Family<GpuLabels, GaugeF64>,
     pub(super) tpot_unknown_ticks: Family<GpuLabels, TotalCounter<u64>>,
+    /// Only where the workload reports time to first token.
+    pub(super) ttft_p99_seconds: Family<GpuLabels, GaugeF64>,
     pub(super) clock_event_active: Family<GpuReasonLabels, GaugeF64>,
     pub(super) clock_event_ticks: Family<GpuReasonLabels, TotalCounter<u64>>,
     pub(super) energy_joules: Family<GpuPolicyLabels, TotalCounter<f64>>,
@@ -176,6 +178,57 @@ pub(super) struct GpuFamilies {
     /// Only where the workload knows its demand (the simulator).
     pub(super) tokens_demanded: Family<GpuPolicyLabels, TotalCounter<u64>>,
     pub(super) slo_violation_ticks: Family<GpuPolicyLabels, TotalCounter<u64>>,
+    /// Only where the workload sees requests through (the simulator).
+    pub(super) prefill_tokens: Family<GpuPolicyLabels, TotalCounter<u64>>,
+    pub(super) request_energy_joules: Family<GpuPolicyLabels, BucketHistogram>,
+}
+
+/// A histogram fed whole windows at a time (bucket counts and a sum, as the workload
+/// reports them: [`tokwatt_core::types::RequestEnergy`]), not one observation a call.
+#[derive(Debug, Default, Clone)]
+pub(super) struct BucketHistogram {
+    inner: std::sync::Arc<std::sync::Mutex<tokwatt_core::types::RequestEnergy>>,
+}
+
+impl BucketHistogram {
+    pub(super) fn add(&self, window: &tokwatt_core::types::RequestEnergy) {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .merge(window);
+    }
+}
+
+impl TypedMetric for BucketHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for BucketHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let totals = *self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Per-bucket counts, as prometheus-client's own histogram hands them over (the
+        // encoder writes them cumulative); the last bucket is +Inf, which the encoder
+        // writes for f64::MAX (as prometheus-client's own histogram marks it).
+        let buckets: Vec<(f64, u64)> = tokwatt_core::types::REQUEST_ENERGY_BUCKETS_J
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::MAX))
+            .zip(totals.buckets)
+            .collect();
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            totals.sum_j,
+            totals.count,
+            &buckets,
+            None,
+        )
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
 }
 
 /// Per-policy series.
@@ -235,7 +288,7 @@ pub(super) const FROM_TELEMETRY: &str =
     "NVML on a GPU, the simulator where tokwatt_info says simulated";
 
 pub(super) fn register_gpu(registry: &mut Registry, families: &GpuFamilies) {
-    let gauges: [(&str, String, &Family<GpuLabels, GaugeF64>); 11] = [
+    let gauges: [(&str, String, &Family<GpuLabels, GaugeF64>); 12] = [
         (
             "tokwatt_gpu_power_watts",
             format!("Average power over the last control window, watts: energy counter difference over the window ({FROM_TELEMETRY})"),
@@ -291,6 +344,11 @@ pub(super) fn register_gpu(registry: &mut Registry, families: &GpuFamilies) {
             "99th percentile time per output token in the last window, seconds, from the workload; absent where no tokens flowed or the source had no TPOT observation (counted in tokwatt_gpu_tpot_unknown_ticks_total)".to_owned(),
             &families.tpot_p99_seconds,
         ),
+        (
+            "tokwatt_gpu_ttft_p99_seconds",
+            "99th percentile time from a request's arrival to its first token over the requests that got one in the last window, seconds, from the workload; absent where none did, and on workloads that do not report it".to_owned(),
+            &families.ttft_p99_seconds,
+        ),
     ];
     for (name, help, family) in gauges {
         registry.register(name, help, family.clone());
@@ -328,8 +386,18 @@ pub(super) fn register_gpu(registry: &mut Registry, families: &GpuFamilies) {
         families.tokens_demanded.clone(),
     );
     registry.register(
+        "tokwatt_gpu_prefill_tokens_total",
+        "Prompt tokens the workload prefilled on the GPU (recomputed ones included), by the policy whose settings were in force; present only where the workload sees requests through (the simulator)",
+        families.prefill_tokens.clone(),
+    );
+    registry.register(
+        "tokwatt_gpu_request_energy_joules",
+        "Energy of each finished request, joules: each step's energy shared over the tokens it processed, summed over the request's prompt and output, by the policy whose settings were in force; present only where the workload sees requests through (the simulator)",
+        families.request_energy_joules.clone(),
+    );
+    registry.register(
         "tokwatt_gpu_slo_violation_ticks_total",
-        "Ticks whose window broke the objective of the policy spec in charge (TPOT, throughput, queue wait, demand turned away), by the policy whose settings were in force",
+        "Ticks whose window broke the objective of the policy spec in charge (TPOT, TTFT, throughput, queue wait, demand turned away), by the policy whose settings were in force",
         families.slo_violation_ticks.clone(),
     );
 }

@@ -50,6 +50,7 @@ fn observation(gpu: u32, tick: u64, tokens: u64, energy_j: f64) -> Observation {
         active_sequences: 8,
         queue_depth: 0,
         demand: None,
+        requests: None,
         in_force: InForce {
             power_cap_w: 500.0,
             power_cap_requested_w: 550.0,
@@ -535,7 +536,12 @@ fn the_deployment_list_of_metric_names_is_the_exposition() {
         .with_fleet()
         .with_demand();
     let mut tick = Tick::first("a");
-    tick.next(with_demand(observation(0, 0, 100, 400.0), 120));
+    let mut serving = with_demand(observation(0, 0, 100, 400.0), 120);
+    serving.requests = Some(tokwatt_core::types::RequestsWindow {
+        ttft_p99_ms: Some(180.0),
+        ..Default::default()
+    });
+    tick.next(serving);
     tick.feed(&metrics, "aaaaaaaaaaaa");
     metrics.swap_refused();
     metrics.observe_fleet(&crate::metrics::FleetReading {
@@ -657,4 +663,86 @@ fn demand_is_counted_where_the_workload_knows_it_and_absent_elsewhere() {
         !text.contains("tokwatt_gpu_tokens_demanded_total{"),
         "no demand series without demand:\n{text}"
     );
+}
+
+#[test]
+fn requests_give_ttft_prefill_tokens_and_the_request_energy_histogram() {
+    let metrics = AgentMetrics::new(&[device(0)], true, false);
+    let mut tick = Tick::first("a");
+    // A decode-only source: none of the requests series.
+    tick.next(observation(0, 0, 100, 400.0));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    let text = metrics.encode();
+    for absent in [
+        "tokwatt_gpu_ttft_p99_seconds{",
+        "tokwatt_gpu_prefill_tokens_total{",
+        "tokwatt_gpu_request_energy_joules_bucket{",
+    ] {
+        assert!(!text.contains(absent), "{absent}:\n{text}");
+    }
+
+    let with_requests = |tick_no: u64, ttft_ms: Option<f64>, joules: &[f64]| {
+        let mut obs = observation(0, tick_no, 100, 400.0);
+        let mut energy = tokwatt_core::types::RequestEnergy::default();
+        for &j in joules {
+            energy.record(j);
+        }
+        obs.requests = Some(tokwatt_core::types::RequestsWindow {
+            prefill_tokens: 2048,
+            first_tokens: u64::from(ttft_ms.is_some()),
+            ttft_p99_ms: ttft_ms,
+            prefill_time_share: 0.4,
+            preemptions: 0,
+            energy,
+        });
+        obs
+    };
+    tick.next(with_requests(1, Some(250.0), &[3.0, 40.0]));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    tick.next(with_requests(2, Some(125.0), &[0.2]));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    let text = metrics.encode();
+    assert_eq!(
+        sample(&text, "tokwatt_gpu_ttft_p99_seconds{gpu=\"0\"}"),
+        Some(0.125)
+    );
+    let labels = "gpu=\"0\",policy=\"a\",version=\"aaaaaaaaaaaa\"";
+    assert_eq!(
+        sample(
+            &text,
+            &format!("tokwatt_gpu_prefill_tokens_total{{{labels}}}")
+        ),
+        Some(4096.0)
+    );
+    // Buckets are cumulative: 0.2 J under 0.5, 3 J under 5, 40 J under 50.
+    let bucket = |le: &str| {
+        sample(
+            &text,
+            &format!("tokwatt_gpu_request_energy_joules_bucket{{le=\"{le}\",{labels}}}"),
+        )
+    };
+    assert_eq!(bucket("0.5"), Some(1.0));
+    assert_eq!(bucket("2.0"), Some(1.0));
+    assert_eq!(bucket("5.0"), Some(2.0));
+    assert_eq!(bucket("50.0"), Some(3.0));
+    assert_eq!(bucket("+Inf"), Some(3.0));
+    assert_eq!(
+        sample(
+            &text,
+            &format!("tokwatt_gpu_request_energy_joules_count{{{labels}}}")
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            &format!("tokwatt_gpu_request_energy_joules_sum{{{labels}}}")
+        ),
+        Some(43.2)
+    );
+
+    // A window in which no request got its first token: no TTFT, not a zero one.
+    tick.next(with_requests(3, None, &[]));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    assert!(!metrics.encode().contains("tokwatt_gpu_ttft_p99_seconds{"));
 }

@@ -515,6 +515,9 @@ fn describe_objective(o: &Objective) -> String {
     if let Some(limit) = o.queue_wait_p99_limit_ms {
         parts.push(format!("queue wait p99 at most {limit} ms"));
     }
+    if let Some(limit) = o.ttft_p99_limit_ms {
+        parts.push(format!("time to first token p99 at most {limit} ms"));
+    }
     if parts.is_empty() {
         "none (no tick counts as a violation, except one that turns requests away)".to_owned()
     } else {

@@ -378,6 +378,7 @@ fn check_rules(
         "objective.queue_wait_p99_limit_ms",
         objective.queue_wait_p99_limit_ms,
     )?;
+    positive("objective.ttft_p99_limit_ms", objective.ttft_p99_limit_ms)?;
     positive("guardrails.power_cap_min_w", guardrails.power_cap_min_w)?;
     positive("guardrails.power_cap_max_w", guardrails.power_cap_max_w)?;
     positive(
