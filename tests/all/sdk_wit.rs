@@ -127,3 +127,24 @@ fn the_0_1_contract_stays_as_it_shipped() {
          Change wit/policy.wit (the current line) instead"
     );
 }
+
+/// The 0.2 contract, served beside the current one for plugins built against it.
+const FROZEN_0_2_WIT: &str = "wit/0.2/policy.wit";
+/// FNV-1a of the 0.2 contract as it shipped (from its `package` line on).
+const FROZEN_0_2_FNV: u64 = 0xc60c_d193_ce3e_ef17;
+
+#[test]
+fn the_0_2_contract_stays_as_it_shipped() {
+    let text = String::from_utf8(read(&repo_root(), FROZEN_0_2_WIT)).expect("UTF-8");
+    let body = text
+        .find("package tokwatt:policy@0.2.0;")
+        .map(|start| &text[start..])
+        .unwrap_or_else(|| panic!("{FROZEN_0_2_WIT} must declare package tokwatt:policy@0.2.0"));
+    assert_eq!(
+        fnv1a(body.as_bytes()),
+        FROZEN_0_2_FNV,
+        "{FROZEN_0_2_WIT} changed: it is the contract plugins built against 0.2 were built \
+         with, and the host generates their bindings from it, so a change breaks them. \
+         Change wit/policy.wit (the current line) instead"
+    );
+}

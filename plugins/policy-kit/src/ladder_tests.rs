@@ -66,6 +66,7 @@ fn objective(limit_ms: Option<f64>) -> Objective {
         tpot_p99_limit_ms: limit_ms,
         min_tokens_per_s: None,
         queue_wait_p99_limit_ms: None,
+        ttft_p99_limit_ms: None,
     }
 }
 
@@ -301,6 +302,7 @@ fn a_throughput_breach_on_a_tick_with_an_unknown_p99_moves_as_one_without_a_limi
         tpot_p99_limit_ms: limit_ms,
         min_tokens_per_s: Some(1e12),
         queue_wait_p99_limit_ms: None,
+        ttft_p99_limit_ms: None,
     };
     let config = LadderConfig::defaults();
     let mut with_limit = search.clone();

@@ -487,6 +487,7 @@ mod tests {
             tpot_p99_limit_ms: Some(7.0),
             min_tokens_per_s: Some(9000.0),
             queue_wait_p99_limit_ms: None,
+            ttft_p99_limit_ms: None,
         };
         let observation = testing::observation(0, 1);
         let breach = objective_breach(&observation, &objective).unwrap_or_default();

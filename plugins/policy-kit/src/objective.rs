@@ -42,6 +42,7 @@ mod tests {
             tpot_p99_limit_ms,
             min_tokens_per_s,
             queue_wait_p99_limit_ms: None,
+            ttft_p99_limit_ms: None,
         }
     }
 

@@ -8,7 +8,7 @@
 //!
 //! You implement one trait, [`Policy`], and export it with one macro,
 //! [`export_policy!`]. This crate generates the bindings to the WIT contract
-//! (`tokwatt:policy@0.2.0`, world `policy`) and re-exports its types under short names.
+//! (`tokwatt:policy@0.3.0`, world `policy`) and re-exports its types under short names.
 //!
 //! # Example
 //!
@@ -144,7 +144,7 @@ pub mod bindings {
 
 pub use bindings::tokwatt::policy::types::{
     ClockEvents, Demand, DeviceFacts, InForce, InitArgs, Knobs, LogLevel, Objective, Observation,
-    Settings, State,
+    Requests, Settings, State,
 };
 
 /// A power-efficiency policy. Implement it, then export the type with
@@ -221,7 +221,7 @@ pub trait Policy: Sized + 'static {
 /// run single-threaded); see the crate documentation for how calls out of order behave.
 ///
 /// The exports are emitted only when the policy's crate is compiled for WebAssembly
-/// (`target_arch = "wasm32"`): their symbol names (`tokwatt:policy/guest@0.2.0#decide`)
+/// (`target_arch = "wasm32"`): their symbol names (`tokwatt:policy/guest@0.3.0#decide`)
 /// are for the component model, and a native linker refuses them. Built natively — a
 /// plain `cargo build`, or `cargo test` for the policy's unit tests — the macro only
 /// checks that the type implements [`Policy`], so the crate still builds and links.

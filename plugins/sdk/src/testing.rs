@@ -38,6 +38,7 @@ pub fn init_args(devices: Vec<DeviceFacts>, knobs: Knobs) -> InitArgs {
             tpot_p99_limit_ms: None,
             min_tokens_per_s: None,
             queue_wait_p99_limit_ms: None,
+            ttft_p99_limit_ms: None,
         },
         params: Vec::new(),
         tick_ms: 1000,
@@ -54,8 +55,8 @@ pub fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 }
 
 /// One busy, settled second on GPU `gpu` at tick `tick`: 8865 tokens for 692 J under
-/// a 700 W cap, batch 64, nothing clamped, and no demand known (a closed-loop workload:
-/// set `demand` to test a policy on a serving one).
+/// a 700 W cap, batch 64, nothing clamped, and no demand or requests known (a
+/// closed-loop workload: set `demand` and `requests` to test a policy on a serving one).
 pub fn observation(gpu: u32, tick: u64) -> Observation {
     let interval_s = 1.0;
     let tokens = 8865;
@@ -80,6 +81,7 @@ pub fn observation(gpu: u32, tick: u64) -> Observation {
         active_sequences: 64,
         queue_depth: 0,
         demand: None,
+        requests: None,
         in_force: InForce {
             power_cap_w: 700.0,
             sm_clock_max_mhz: 1980,

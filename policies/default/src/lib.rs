@@ -179,6 +179,7 @@ mod tests {
             tpot_p99_limit_ms: limit_ms,
             min_tokens_per_s: None,
             queue_wait_p99_limit_ms: None,
+            ttft_p99_limit_ms: None,
         };
         args.params = testing::params(params);
         DefaultBaseline::init(args).unwrap()

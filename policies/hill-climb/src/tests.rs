@@ -147,6 +147,7 @@ const NO_OBJECTIVE: Objective = Objective {
     tpot_p99_limit_ms: None,
     min_tokens_per_s: None,
     queue_wait_p99_limit_ms: None,
+    ttft_p99_limit_ms: None,
 };
 
 /// With `min_gain` 0.005 and a 10 W smallest step, the search cannot tell caps apart
@@ -206,6 +207,7 @@ fn the_objective_wins_over_efficiency() {
         tpot_p99_limit_ms: Some(limit_ms),
         min_tokens_per_s: None,
         queue_wait_p99_limit_ms: None,
+        ttft_p99_limit_ms: None,
     };
     let mut bench = Bench::new(&[450.0], &[], objective, 0.0);
     bench.run(600);
@@ -242,6 +244,7 @@ fn low_throughput_counts_only_while_requests_wait() {
         tpot_p99_limit_ms: None,
         min_tokens_per_s: Some(10_000.0),
         queue_wait_p99_limit_ms: None,
+        ttft_p99_limit_ms: None,
     };
     let mut args = testing::init_args(vec![testing::h200(0)], Knobs::POWER_CAP);
     args.objective = objective;
@@ -305,6 +308,7 @@ fn state_hands_over_to_a_new_instance() {
         tpot_p99_limit_ms: Some(9.0),
         min_tokens_per_s: None,
         queue_wait_p99_limit_ms: None,
+        ttft_p99_limit_ms: None,
     };
     let mut old = Bench::new(&[450.0, 600.0], &[], objective, 0.01);
     old.run(157);
@@ -385,6 +389,7 @@ fn spec_mistakes_stop_the_policy_from_loading() {
         tpot_p99_limit_ms: Some(-1.0),
         min_tokens_per_s: None,
         queue_wait_p99_limit_ms: None,
+        ttft_p99_limit_ms: None,
     };
     let error = init(Knobs::POWER_CAP, 200.0, negative_limit);
     assert!(error.contains("tpot_p99_limit_ms"), "{error}");

@@ -104,6 +104,7 @@ impl Run {
             tpot_p99_limit_ms: limit_ms,
             min_tokens_per_s: None,
             queue_wait_p99_limit_ms: None,
+            ttft_p99_limit_ms: None,
         };
         let (policy, first) = SloBatch::init(args).unwrap();
         let mut gpu = Gpu {

@@ -1,7 +1,8 @@
 //! The contract lines this host serves, side by side: each has its generated bindings,
 //! its conversions from the host's types, its `tokwatt:policy/host` imports and its
 //! type checks. A plugin is served on the line it was built for, so a plugin built
-//! against 0.1 keeps loading after 0.2 added fields, and simply never sees them.
+//! against 0.1 or 0.2 keeps loading after later lines added fields, and simply never
+//! sees them.
 //!
 //! Everything the lines share is written once, in [`contract_line!`]; what differs
 //! (the fields a line added) is passed in.
@@ -18,13 +19,14 @@ use tokwatt_policy::supervisor::{InitArgs, PolicyState};
 pub(super) enum Line {
     V0_1,
     V0_2,
+    V0_3,
 }
 
 impl Line {
     /// Every line this host serves, oldest first.
-    pub(super) const SERVED: [Line; 2] = [Line::V0_1, Line::V0_2];
+    pub(super) const SERVED: [Line; 3] = [Line::V0_1, Line::V0_2, Line::V0_3];
     /// The line of [`super::CONTRACT_VERSION`], the one new plugins are built against.
-    pub(super) const NEWEST: Line = Line::V0_2;
+    pub(super) const NEWEST: Line = Line::V0_3;
 
     /// The line of a version string (`0.1.3` → 0.1), if this host serves it.
     pub(super) fn of(version: &str) -> Option<Line> {
@@ -33,6 +35,7 @@ impl Line {
         match (major, minor) {
             (0, 1) => Some(Line::V0_1),
             (0, 2) => Some(Line::V0_2),
+            (0, 3) => Some(Line::V0_3),
             _ => None,
         }
     }
@@ -42,6 +45,7 @@ impl Line {
         match self {
             Line::V0_1 => "0.1.*",
             Line::V0_2 => "0.2.*",
+            Line::V0_3 => "0.3.*",
         }
     }
 
@@ -54,6 +58,9 @@ impl Line {
             }
             Line::V0_2 => {
                 v0_2::Policy::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)
+            }
+            Line::V0_3 => {
+                v0_3::Policy::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)
             }
         }
     }
@@ -69,6 +76,7 @@ impl Line {
         match self {
             Line::V0_1 => v0_1::check_function(instance, store, index, function),
             Line::V0_2 => v0_2::check_function(instance, store, index, function),
+            Line::V0_3 => v0_3::check_function(instance, store, index, function),
         }
     }
 
@@ -82,6 +90,7 @@ impl Line {
         match self {
             Line::V0_1 => v0_1::typecheck(function, func, cx),
             Line::V0_2 => v0_2::typecheck(function, func, cx),
+            Line::V0_3 => v0_3::typecheck(function, func, cx),
         }
     }
 }
@@ -90,12 +99,14 @@ impl Line {
 pub(super) enum PolicyPre {
     V0_1(v0_1::PolicyPre<HostState>),
     V0_2(v0_2::PolicyPre<HostState>),
+    V0_3(v0_3::PolicyPre<HostState>),
 }
 
 /// One instance's guest exports, on its line.
 pub(super) enum Guest {
     V0_1(v0_1::Policy),
     V0_2(v0_2::Policy),
+    V0_3(v0_3::Policy),
 }
 
 impl PolicyPre {
@@ -103,6 +114,7 @@ impl PolicyPre {
         Ok(match line {
             Line::V0_1 => Self::V0_1(v0_1::PolicyPre::new(pre)?),
             Line::V0_2 => Self::V0_2(v0_2::PolicyPre::new(pre)?),
+            Line::V0_3 => Self::V0_3(v0_3::PolicyPre::new(pre)?),
         })
     }
 
@@ -110,6 +122,7 @@ impl PolicyPre {
         match self {
             Self::V0_1(_) => Line::V0_1,
             Self::V0_2(_) => Line::V0_2,
+            Self::V0_3(_) => Line::V0_3,
         }
     }
 
@@ -117,6 +130,7 @@ impl PolicyPre {
         Ok(match self {
             Self::V0_1(pre) => Guest::V0_1(pre.instantiate(store)?),
             Self::V0_2(pre) => Guest::V0_2(pre.instantiate(store)?),
+            Self::V0_3(pre) => Guest::V0_3(pre.instantiate(store)?),
         })
     }
 }
@@ -132,6 +146,7 @@ impl Guest {
         match self {
             Self::V0_1(policy) => v0_1::init(policy, store, args),
             Self::V0_2(policy) => v0_2::init(policy, store, args),
+            Self::V0_3(policy) => v0_3::init(policy, store, args),
         }
     }
 
@@ -143,6 +158,7 @@ impl Guest {
         match self {
             Self::V0_1(policy) => v0_1::decide(policy, store, observations),
             Self::V0_2(policy) => v0_2::decide(policy, store, observations),
+            Self::V0_3(policy) => v0_3::decide(policy, store, observations),
         }
     }
 
@@ -150,6 +166,7 @@ impl Guest {
         match self {
             Self::V0_1(policy) => v0_1::snapshot(policy, store),
             Self::V0_2(policy) => v0_2::snapshot(policy, store),
+            Self::V0_3(policy) => v0_3::snapshot(policy, store),
         }
     }
 
@@ -161,6 +178,7 @@ impl Guest {
         match self {
             Self::V0_1(policy) => v0_1::restore(policy, store, state),
             Self::V0_2(policy) => v0_2::restore(policy, store, state),
+            Self::V0_3(policy) => v0_3::restore(policy, store, state),
         }
     }
 }
@@ -409,9 +427,10 @@ contract_line!(
     observation: |observation| {},
 );
 
-// 0.2 (`wit/policy.wit`): the workload's demand and the queue-wait bound.
+// 0.2 as it shipped (`wit/0.2/policy.wit`, frozen): the workload's demand and the
+// queue-wait bound.
 contract_line!(
-    v0_2, "../../../wit",
+    v0_2, "../../../wit/0.2",
     objective: |objective| {
         queue_wait_p99_limit_ms: objective.queue_wait_p99_limit_ms,
     },
@@ -422,6 +441,32 @@ contract_line!(
             requests_turned_away: d.requests_turned_away,
             tokens_demanded: d.tokens_demanded,
             queue_wait_p99_ms: d.queue_wait_p99_ms,
+        }),
+    },
+);
+
+// 0.3 (`wit/policy.wit`): prompts — the requests window and the TTFT bound.
+contract_line!(
+    v0_3, "../../../wit",
+    objective: |objective| {
+        queue_wait_p99_limit_ms: objective.queue_wait_p99_limit_ms,
+        ttft_p99_limit_ms: objective.ttft_p99_limit_ms,
+    },
+    observation: |observation| {
+        demand: observation.demand.map(|d| wit::Demand {
+            requests_arrived: d.requests_arrived,
+            requests_completed: d.requests_completed,
+            requests_turned_away: d.requests_turned_away,
+            tokens_demanded: d.tokens_demanded,
+            queue_wait_p99_ms: d.queue_wait_p99_ms,
+        }),
+        requests: observation.requests.map(|r| wit::Requests {
+            prefill_tokens: r.prefill_tokens,
+            first_tokens: r.first_tokens,
+            ttft_p99_ms: r.ttft_p99_ms,
+            prefill_time_share: r.prefill_time_share,
+            requests_finished: r.energy.count,
+            energy_per_request_j: r.energy.mean_j(),
         }),
     },
 );

@@ -140,7 +140,7 @@ fn other_contract_versions_are_refused_by_name() {
         .expect_err("refused");
     let text = error.to_string();
     assert!(
-        text.contains("tokwatt:policy/guest@1.0.0") && text.contains("0.2.* or 0.1.*"),
+        text.contains("tokwatt:policy/guest@1.0.0") && text.contains("0.3.* or 0.2.* or 0.1.*"),
         "{text}"
     );
 }
@@ -394,11 +394,11 @@ fn a_plugin_built_against_0_1_keeps_loading_and_running() {
     let current = host
         .load(&built("policy_static"), "static", SandboxLimits::default())
         .expect("loads");
-    assert_eq!(current.contract_line(), "0.2.*");
+    assert_eq!(current.contract_line(), "0.3.*");
 }
 
 #[test]
-fn state_hands_over_from_a_0_1_build_to_a_0_2_build() {
+fn state_hands_over_from_a_0_1_build_to_a_0_3_build() {
     // An operator's hot swap from last release's hill-climb to this one's: the policy's
     // own state crosses contract lines unchanged.
     let host = PluginHost::new(&HostConfig::default()).expect("host");
@@ -424,7 +424,7 @@ fn state_hands_over_from_a_0_1_build_to_a_0_2_build() {
     let mut new = instance(&host, "policy_hill_climb", SandboxLimits::default());
     new.init(&init_args).expect("init");
     new.restore(&state)
-        .expect("the 0.2 build takes over the 0.1 build's state");
+        .expect("the 0.3 build takes over the 0.1 build's state");
     assert_eq!(new.snapshot().expect("snapshot"), state);
 }
 
@@ -457,4 +457,108 @@ fn a_0_2_plugin_sees_the_demand_and_the_queue_wait_bound() {
         Settings::default(),
         "no demand known: {answer:?}"
     );
+}
+
+#[test]
+fn a_0_3_plugin_sees_the_requests_and_the_ttft_bound() {
+    let host = PluginHost::new(&HostConfig::default()).expect("host");
+    let mut policy = instance(&host, "fixture_echo_demand", SandboxLimits::default());
+    let mut init_args = args(2);
+    init_args.objective.ttft_p99_limit_ms = Some(900.0);
+    let first = policy.init(&init_args).expect("init");
+    assert_eq!(first[0].sm_clock_max_mhz, Some(900), "the bound arrives");
+
+    let mut serving = Observation::typical_h200(0, 1);
+    serving.demand = Some(tokwatt_core::types::DemandWindow::default());
+    serving.requests = Some(tokwatt_core::types::RequestsWindow {
+        prefill_tokens: 40_960,
+        first_tokens: 17,
+        ttft_p99_ms: Some(231.5),
+        prefill_time_share: 0.4,
+        ..Default::default()
+    });
+    let decode_only = Observation::typical_h200(1, 1);
+    let answer = policy
+        .decide(Duration::from_secs(1), &[serving, decode_only])
+        .expect("decide");
+    assert_eq!(answer[0].power_cap_w, Some(231.5), "TTFT: {answer:?}");
+    assert_eq!(
+        answer[0].sm_clock_max_mhz,
+        Some(17),
+        "first tokens: {answer:?}"
+    );
+    assert_eq!(
+        answer[0].batch_size,
+        Some(40_960),
+        "prompt tokens: {answer:?}"
+    );
+    assert_eq!(answer[1], Settings::default(), "none known: {answer:?}");
+}
+
+/// A plugin built against contract 0.2 before 0.3 existed (`tests/fixtures/contract-0.2`,
+/// built by the 0.2 SDK from the shipped policy of that name), loaded.
+fn load_0_2(host: &PluginHost, name: &str) -> LoadedPlugin {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../tests/fixtures/contract-0.2")
+        .join(format!("{name}.wasm"));
+    host.load(&path, name, SandboxLimits::default())
+        .expect("a 0.2 plugin loads")
+}
+
+#[test]
+fn a_plugin_built_against_0_2_keeps_loading_and_running() {
+    let host = PluginHost::new(&HostConfig::default()).expect("host");
+    let loaded = load_0_2(&host, "static");
+    assert_eq!(loaded.contract_line(), "0.2.*");
+    let mut policy = Arc::new(loaded).instantiate(1).expect("instantiates");
+    let mut init_args = args(2);
+    init_args.params = vec![("power_cap_w".to_owned(), "450".to_owned())];
+    // The 0.3 fields the 0.2 plugin cannot see: set, so converting them away is exercised.
+    init_args.objective.ttft_p99_limit_ms = Some(800.0);
+    let first = policy.init(&init_args).expect("init");
+    assert!(
+        first.iter().all(|s| s.power_cap_w == Some(450.0)),
+        "{first:?}"
+    );
+    let mut observation = Observation::typical_h200(0, 1);
+    observation.requests = Some(tokwatt_core::types::RequestsWindow {
+        first_tokens: 3,
+        ttft_p99_ms: Some(120.0),
+        ..Default::default()
+    });
+    let answer = policy
+        .decide(
+            Duration::from_secs(1),
+            &[observation, Observation::typical_h200(1, 1)],
+        )
+        .expect("decide");
+    assert_eq!(answer.len(), 2);
+}
+
+#[test]
+fn state_hands_over_from_a_0_2_build_to_a_0_3_build() {
+    let host = PluginHost::new(&HostConfig::default()).expect("host");
+    let mut old = Arc::new(load_0_2(&host, "hill-climb"))
+        .instantiate(1)
+        .expect("instantiates");
+    let mut init_args = args(1);
+    init_args.knobs = tokwatt_core::types::Knobs {
+        power_cap: true,
+        ..Default::default()
+    };
+    old.init(&init_args).expect("init");
+    for tick in 0..5 {
+        old.decide(
+            Duration::from_secs(tick),
+            &[Observation::typical_h200(0, tick)],
+        )
+        .expect("decide");
+    }
+    let state = old.snapshot().expect("snapshot");
+    assert!(!state.bytes.is_empty(), "hill-climb keeps state");
+    let mut new = instance(&host, "policy_hill_climb", SandboxLimits::default());
+    new.init(&init_args).expect("init");
+    new.restore(&state)
+        .expect("the 0.3 build takes over the 0.2 build's state");
+    assert_eq!(new.snapshot().expect("snapshot"), state);
 }
