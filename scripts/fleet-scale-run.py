@@ -453,10 +453,11 @@ class Arm:
         return None
 
     def leader_rounds_and_grants(self):
-        """The leader's rounds and grants written, from one scrape (None each: unread)."""
+        """The leader's rounds, grants written and failed rounds, from one scrape (None
+        each: unread)."""
         text = self.leader_metrics() or ""
         found = [metric_values(text, f"tokwatt_fleet_coordinator_{name}_total")
-                 for name in ("rounds", "grants_written")]
+                 for name in ("rounds", "grants_written", "round_errors")]
         return tuple(sum(v for _, v in values) if values else None for values in found)
 
     def stranded(self):
@@ -897,12 +898,13 @@ def run_steady(arm, args):
                 first = arm.leader_rounds_and_grants()
             time.sleep(max(0.0, 1.0 - (time.time() - t0 - second)))
     if first and None not in first:
-        rounds, grants = arm.leader_rounds_and_grants()
-        if rounds is not None and grants is not None and rounds > first[0]:
+        rounds, grants, errors = arm.leader_rounds_and_grants()
+        if rounds is not None and grants is not None and errors is not None:
             n = rounds - first[0]
-            churn = {"rounds": n, "grants_written": grants - first[1],
-                     "grants_per_round": (grants - first[1]) / n,
-                     "grant_changes_per_node_round": (grants - first[1]) / n / args.nodes}
+            churn = {"rounds": n, "round_errors": errors - first[2],
+                     "grants_written": grants - first[1],
+                     "grants_per_round": (grants - first[1]) / max(n, 1),
+                     "grant_changes_per_node_round": (grants - first[1]) / max(n, 1) / args.nodes}
     return over, churn
 
 
@@ -951,7 +953,8 @@ def table(results, args):
     if churn:
         lines += ["", f"Fleet grants after the warm-up: {churn['grants_written']:.0f} written in {churn['rounds']:.0f} "
                       f"rounds ({churn['grants_per_round']:.2f} a round, a grant changed on "
-                      f"{churn['grant_changes_per_node_round'] * 100:.1f} % of node-rounds)."]
+                      f"{churn['grant_changes_per_node_round'] * 100:.1f} % of node-rounds; "
+                      f"{churn['round_errors']:.0f} rounds failed on the store)."]
     return "\n".join(lines)
 
 
@@ -1035,6 +1038,14 @@ def main():
             else:
                 over, churn = run_steady(arm, args)
                 failed |= bool(over)
+                # A coordinator whose rounds fail writes no grant: the caps stay safe, but
+                # the fleet is not running (the first 125-node run of issue 40: etcd
+                # refused every round's transaction). That is a failed run, said loudly.
+                if churn and 2 * churn["round_errors"] > churn["rounds"]:
+                    print(f"[{name}] FAILED: the leading coordinator failed {churn['round_errors']:.0f} of its "
+                          f"{churn['rounds']:.0f} rounds after the warm-up: see c1.log and c2.log "
+                          f"under {arm.root}", flush=True)
+                    failed = True
                 results[name] = {"seconds_over_budget": over, "churn": churn,
                                  "totals": arm.totals(args.warmup, args.duration)}
         finally:

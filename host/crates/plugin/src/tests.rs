@@ -474,7 +474,7 @@ fn a_0_3_plugin_sees_the_requests_and_the_ttft_bound() {
         prefill_tokens: 40_960,
         first_tokens: 17,
         ttft_p99_ms: Some(231.5),
-        prefill_time_share: 0.4,
+        prefill_time_share: Some(0.4),
         ..Default::default()
     });
     let decode_only = Observation::typical_h200(1, 1);

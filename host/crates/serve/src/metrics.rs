@@ -599,10 +599,14 @@ impl Inner {
                 .prefill_tokens
                 .get_or_create(&by_policy)
                 .inc_by(requests.prefill_tokens);
-            families
-                .request_energy_joules
-                .get_or_create(&by_policy)
-                .add(&requests.energy);
+            // Only where the workload attributes energy to requests: elsewhere the
+            // histogram stays absent, not empty.
+            if let Some(energy) = &requests.energy {
+                families
+                    .request_energy_joules
+                    .get_or_create(&by_policy)
+                    .add(energy);
+            }
         }
         if obs.energy_j.is_finite() && obs.energy_j >= 0.0 {
             families

@@ -613,13 +613,11 @@ impl GpuSim {
             prefill_tokens: served.prefill_tokens.round() as u64,
             first_tokens: server.first_tokens - self.workload.start_first_tokens,
             ttft_p99_ms: tokwatt_core::quantile::nearest_rank(&mut served.ttfts_ms, 0.99),
-            prefill_time_share: if busy_s > 0.0 {
-                (self.workload.prefill_busy_s / busy_s).clamp(0.0, 1.0)
-            } else {
-                0.0
-            },
-            preemptions: served.preemptions,
-            energy: served.energy,
+            // No busy time, no share of it.
+            prefill_time_share: (busy_s > 0.0)
+                .then(|| (self.workload.prefill_busy_s / busy_s).clamp(0.0, 1.0)),
+            preemptions: Some(served.preemptions),
+            energy: Some(served.energy),
         };
         let window = WorkloadWindow {
             tokens: tokens_now - self.workload.start_tokens,

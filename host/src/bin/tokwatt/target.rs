@@ -60,6 +60,14 @@ pub struct TargetArgs {
     /// series (default: the --engine preset's); "" for none.
     #[arg(long)]
     pub tpot_histogram: Option<String>,
+    /// Histogram of time to first token (seconds) at --metrics-url, merged over its series
+    /// (default: the --engine preset's, vllm and sglang); "" for none. A TTFT bound needs it.
+    #[arg(long)]
+    pub ttft_histogram: Option<String>,
+    /// Counter of prompt tokens at --metrics-url, summed over its series (default: the
+    /// --engine preset's), read with --ttft-histogram.
+    #[arg(long)]
+    pub prompt_counter: Option<String>,
     /// CUDA workload model preset (llama-3-8b, llama-3.2-1b) or a model shape file.
     #[arg(long, default_value = "llama-3-8b", requires = "gpu")]
     pub model: String,
@@ -105,10 +113,32 @@ impl TargetArgs {
                 self.engine.name()
             );
         }
+        // Read where the objective bounds TTFT or a histogram is named: an engine's own
+        // deployment may lack the preset's, and nothing else needs it.
+        let request_metrics =
+            if objective.ttft_p99_limit_ms.is_some() || self.ttft_histogram.is_some() {
+                tokwatt::prometheus::request_metrics(
+                    self.engine,
+                    self.ttft_histogram.clone(),
+                    self.prompt_counter.clone(),
+                )
+                .map_err(anyhow::Error::msg)?
+            } else {
+                None
+            };
+        if request_metrics.is_none()
+            && let Some(limit) = objective.ttft_p99_limit_ms
+        {
+            bail!(
+                "the policy's objective bounds the p99 time to first token at {limit} ms, but tokwatt reads no TTFT histogram for --engine {}: name one with --ttft-histogram (and --prompt-counter), or drop ttft_p99_limit_ms from the spec's objective",
+                self.engine.name()
+            );
+        }
         Ok(WorkloadSource::External {
             url,
             token_counter,
             tpot_histogram,
+            request_metrics,
         })
     }
 

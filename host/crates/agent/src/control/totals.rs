@@ -27,7 +27,8 @@ pub struct GpuTotals {
     pub final_settings: Option<InForce>,
 }
 
-/// Requests over a run, where the workload sees each one through.
+/// Requests over a run, where the workload sees each one through. What the source does
+/// not see (a serving engine's preemptions, energy per request) stays `None`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestsTotals {
     /// Prompt tokens prefilled (recomputed ones included).
@@ -37,14 +38,21 @@ pub struct RequestsTotals {
     /// The highest per-tick p99 time to first token, ms (`None` when no request got one).
     pub worst_tick_ttft_p99_ms: Option<f64>,
     /// Sequences preempted for KV-cache room.
-    pub preemptions: u64,
+    pub preemptions: Option<u64>,
     /// Requests finished, and their energy: each step's energy shared over the tokens it
     /// processed, summed over a request's prompt and output.
-    pub requests_finished: u64,
-    #[serde(deserialize_with = "tokwatt_core::types::nan_if_null")]
-    pub request_energy_j: f64,
+    pub requests_finished: Option<u64>,
+    pub request_energy_j: Option<f64>,
     /// `request_energy_j / requests_finished` (`None` with none finished).
     pub energy_per_request_j: Option<f64>,
+}
+
+/// The sum of two counts of which either may be unknown: the known ones.
+fn add_known<T: std::ops::Add<Output = T>>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, b) => a.or(b),
+    }
 }
 
 impl RequestsTotals {
@@ -54,8 +62,8 @@ impl RequestsTotals {
             first_tokens: window.first_tokens,
             worst_tick_ttft_p99_ms: window.ttft_p99_ms,
             preemptions: window.preemptions,
-            requests_finished: window.energy.count,
-            request_energy_j: window.energy.sum_j,
+            requests_finished: window.energy.map(|e| e.count),
+            request_energy_j: window.energy.map(|e| e.sum_j),
             energy_per_request_j: None,
         });
     }
@@ -64,17 +72,18 @@ impl RequestsTotals {
     pub(super) fn sum(&mut self, other: &RequestsTotals) {
         self.prefill_tokens = self.prefill_tokens.saturating_add(other.prefill_tokens);
         self.first_tokens = self.first_tokens.saturating_add(other.first_tokens);
-        self.preemptions = self.preemptions.saturating_add(other.preemptions);
-        self.requests_finished = self
-            .requests_finished
-            .saturating_add(other.requests_finished);
-        self.request_energy_j += other.request_energy_j;
-        self.energy_per_request_j = RequestEnergy {
-            count: self.requests_finished,
-            sum_j: self.request_energy_j,
-            ..RequestEnergy::default()
-        }
-        .mean_j();
+        self.preemptions = add_known(self.preemptions, other.preemptions);
+        self.requests_finished = add_known(self.requests_finished, other.requests_finished);
+        self.request_energy_j = add_known(self.request_energy_j, other.request_energy_j);
+        self.energy_per_request_j = match (self.requests_finished, self.request_energy_j) {
+            (Some(count), Some(sum_j)) => RequestEnergy {
+                count,
+                sum_j,
+                ..RequestEnergy::default()
+            }
+            .mean_j(),
+            _ => None,
+        };
         self.worst_tick_ttft_p99_ms =
             match (self.worst_tick_ttft_p99_ms, other.worst_tick_ttft_p99_ms) {
                 (Some(a), Some(b)) => Some(a.max(b)),

@@ -128,11 +128,14 @@ impl TraceRow {
                 .map(|w| round(w, 3)),
             prefill_tokens: o.requests.map(|r| r.prefill_tokens),
             ttft_p99_ms: o.requests.and_then(|r| r.ttft_p99_ms).map(|t| round(t, 3)),
-            prefill_time_share: o.requests.map(|r| round(r.prefill_time_share, 4)),
-            requests_finished: o.requests.map(|r| r.energy.count),
+            prefill_time_share: o
+                .requests
+                .and_then(|r| r.prefill_time_share)
+                .map(|share| round(share, 4)),
+            requests_finished: o.requests.and_then(|r| r.energy).map(|e| e.count),
             energy_per_request_j: o
                 .requests
-                .and_then(|r| r.energy.mean_j())
+                .and_then(|r| r.energy?.mean_j())
                 .map(|j| round(j, 4)),
         }
     }

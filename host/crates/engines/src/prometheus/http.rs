@@ -9,7 +9,7 @@ use hyper::body::Bytes;
 use hyper::{Request, header};
 use hyper_util::rt::TokioIo;
 
-use super::{PrometheusConfig, Scrape, parse_exposition};
+use super::{PrometheusConfig, Scrape, parse_scrape};
 use tokwatt_core::workload::WorkloadError;
 
 /// The largest metrics body read: far above what an engine exposes (vLLM with many
@@ -102,10 +102,11 @@ pub(super) fn scrape(target: &Target, config: &PrometheusConfig) -> Result<Scrap
                 ))
             })?
     })?;
-    parse_exposition(
+    parse_scrape(
         &String::from_utf8_lossy(&body),
         &config.token_counter,
         config.tpot_histogram.as_deref(),
+        config.request_metrics.as_ref(),
     )
     .map_err(|e| match e {
         WorkloadError::Failed(why) => WorkloadError::Failed(format!("{}: {why}", config.url)),

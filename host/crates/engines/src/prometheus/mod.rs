@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tokwatt_core::types::WorkloadWindow;
+use tokwatt_core::types::{RequestsWindow, WorkloadWindow};
 use tokwatt_core::workload::{Workload, WorkloadError};
 
 /// A serving engine whose metric names tokwatt knows.
@@ -70,6 +70,74 @@ impl Engine {
             Engine::Triton => None,
         }
     }
+
+    /// The histogram of time to first token, seconds, and the counter of prompt tokens,
+    /// where the engine has both (what a TTFT bound needs).
+    pub fn request_metrics(self) -> Option<RequestMetrics> {
+        let both = |ttft: &str, prompt: &str| RequestMetrics {
+            ttft_histogram: ttft.to_owned(),
+            prompt_counter: prompt.to_owned(),
+        };
+        match self {
+            // vllm/v1/metrics/loggers.py: Histogram `vllm:time_to_first_token_seconds`,
+            // Counter `vllm:prompt_tokens`.
+            Engine::Vllm => Some(both(
+                "vllm:time_to_first_token_seconds",
+                "vllm:prompt_tokens_total",
+            )),
+            // sglang/srt/metrics/collector.py.
+            Engine::Sglang => Some(both(
+                "sglang:time_to_first_token_seconds",
+                "sglang:prompt_tokens_total",
+            )),
+            // TGI times a request's queue, validation and inference, and a batch's
+            // prefill, but not a request's first token.
+            Engine::Tgi => None,
+            // Triton's TensorRT-LLM backend exports no time-to-first-token histogram.
+            Engine::Triton => None,
+        }
+    }
+}
+
+/// The request metrics to read: the engine preset's, with a TTFT histogram name
+/// (`""`: none) and a prompt counter name replacing its own. A TTFT histogram without a
+/// prompt counter (the engine has none, none named) is refused, naming the fix.
+pub fn request_metrics(
+    engine: Engine,
+    ttft_histogram: Option<String>,
+    prompt_counter: Option<String>,
+) -> Result<Option<RequestMetrics>, String> {
+    let preset = engine.request_metrics();
+    let ttft = match ttft_histogram {
+        Some(name) if name.is_empty() => return Ok(None),
+        Some(name) => Some(name),
+        None => preset.as_ref().map(|m| m.ttft_histogram.clone()),
+    };
+    let Some(ttft_histogram) = ttft else {
+        return Ok(None);
+    };
+    let prompt_counter = prompt_counter
+        .or_else(|| preset.map(|m| m.prompt_counter))
+        .ok_or_else(|| {
+            format!(
+                "a TTFT histogram (`{ttft_histogram}`) needs the engine's prompt-token counter too: \
+                 name it (prompt_counter, --prompt-counter), or give the TTFT histogram as \"\" to read none"
+            )
+        })?;
+    Ok(Some(RequestMetrics {
+        ttft_histogram,
+        prompt_counter,
+    }))
+}
+
+/// The metrics a serving engine's requests are read from: time to first token and the
+/// prompt tokens it prefilled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestMetrics {
+    /// Histogram of time to first token, seconds, merged over its series.
+    pub ttft_histogram: String,
+    /// Counter of prompt tokens, summed over its series.
+    pub prompt_counter: String,
 }
 
 impl std::str::FromStr for Engine {
@@ -92,6 +160,9 @@ pub struct PrometheusConfig {
     /// Histogram of time per output token, seconds, merged over all its series
     /// (optional: without it the TPOT is unknown).
     pub tpot_histogram: Option<String>,
+    /// Time to first token and prompt tokens (optional: without them the workload reports
+    /// no requests, and a TTFT bound is refused).
+    pub request_metrics: Option<RequestMetrics>,
     pub period: Duration,
 }
 
@@ -102,6 +173,8 @@ impl PrometheusConfig {
             url: url.to_owned(),
             token_counter: engine.token_counter().into(),
             tpot_histogram: engine.tpot_histogram().map(str::to_owned),
+            // Read only where asked for (a TTFT bound): `engine.request_metrics()`.
+            request_metrics: None,
             period: Duration::from_secs(1),
         }
     }
@@ -118,6 +191,14 @@ struct Scrape {
     tokens: f64,
     /// Cumulative histogram buckets (upper bound in seconds, count), sorted by bound.
     tpot_buckets: Vec<(f64, f64)>,
+    /// Where the requests are read: prompt tokens and time-to-first-token buckets.
+    requests: Option<RequestScrape>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+struct RequestScrape {
+    prompt_tokens: f64,
+    ttft_buckets: Vec<(f64, f64)>,
 }
 
 #[derive(Debug, Default)]
@@ -176,6 +257,13 @@ impl PrometheusTokens {
         })
     }
 
+    /// Whether the windows carry requests (the engine's TTFT histogram is read).
+    pub fn reads_requests(&self) -> bool {
+        self.window_start
+            .as_ref()
+            .is_some_and(|scrape| scrape.requests.is_some())
+    }
+
     /// Scrapes that failed since the start.
     pub fn failures(&self) -> u64 {
         self.shared.lock().map_or(0, |s| s.failures)
@@ -201,6 +289,10 @@ impl Workload for PrometheusTokens {
     /// The engine's token counter says nothing of requests waiting.
     fn work_waiting(&self) -> tokwatt_core::workload::WorkWaiting {
         tokwatt_core::workload::WorkWaiting::Unknown
+    }
+    /// Where the engine's time-to-first-token histogram is read.
+    fn reports_ttft(&self) -> bool {
+        self.reads_requests()
     }
     fn batch_size_max(&self, _gpu: u32) -> u32 {
         1
@@ -258,9 +350,33 @@ fn window_between(start: &Scrape, end: &Scrape) -> WorkloadWindow {
         queue_depth: 0,
         batch_size: 1,
         demand: None,
-        // TTFT and prompt tokens from the engines' own metrics come with contract 0.3's
-        // presets; until then the engine reports none.
-        requests: None,
+        requests: match (&start.requests, &end.requests) {
+            (Some(start), Some(end)) => Some(requests_between(start, end)),
+            _ => None,
+        },
+    }
+}
+
+/// Prompt tokens and first tokens between two scrapes. The engine knows neither the
+/// share of its time spent on prompts nor each request's energy: those stay `None`.
+fn requests_between(start: &RequestScrape, end: &RequestScrape) -> RequestsWindow {
+    let prompt_tokens = if end.prompt_tokens >= start.prompt_tokens {
+        end.prompt_tokens - start.prompt_tokens
+    } else {
+        end.prompt_tokens
+    };
+    let buckets = bucket_delta(&start.ttft_buckets, &end.ttft_buckets);
+    // The +Inf bucket counts every observation: the first tokens in the window.
+    let first_tokens = buckets.last().map_or(0.0, |&(_, count)| count);
+    RequestsWindow {
+        prefill_tokens: prompt_tokens.round() as u64,
+        first_tokens: first_tokens.round() as u64,
+        ttft_p99_ms: (first_tokens > 0.0)
+            .then(|| histogram_quantile(&buckets, 0.99).map(|s| s * 1e3))
+            .flatten(),
+        prefill_time_share: None,
+        preemptions: None,
+        energy: None,
     }
 }
 
@@ -424,6 +540,48 @@ fn parse_exposition(
     counter: &str,
     histogram: Option<&str>,
 ) -> Result<Scrape, WorkloadError> {
+    parse_counter_and_histogram(
+        text,
+        counter,
+        histogram,
+        "--token-counter",
+        "--tpot-histogram",
+    )
+}
+
+/// [`parse_exposition`], and the requests' metrics where they are named.
+fn parse_scrape(
+    text: &str,
+    counter: &str,
+    histogram: Option<&str>,
+    requests: Option<&RequestMetrics>,
+) -> Result<Scrape, WorkloadError> {
+    let mut scrape = parse_exposition(text, counter, histogram)?;
+    if let Some(metrics) = requests {
+        let read = parse_counter_and_histogram(
+            text,
+            &metrics.prompt_counter,
+            Some(&metrics.ttft_histogram),
+            "--prompt-counter",
+            "--ttft-histogram",
+        )?;
+        scrape.requests = Some(RequestScrape {
+            prompt_tokens: read.tokens,
+            ttft_buckets: read.tpot_buckets,
+        });
+    }
+    Ok(scrape)
+}
+
+/// One counter summed over its series and one histogram merged over its series; a
+/// named metric that is absent is an error naming the flag that names it.
+fn parse_counter_and_histogram(
+    text: &str,
+    counter: &str,
+    histogram: Option<&str>,
+    counter_flag: &str,
+    histogram_flag: &str,
+) -> Result<Scrape, WorkloadError> {
     let mut tokens = None;
     let mut buckets: HashMap<u64, (f64, f64)> = HashMap::new();
     let bucket_name = histogram.map(|h| format!("{h}_bucket"));
@@ -458,7 +616,7 @@ fn parse_exposition(
         }
         names_seen.insert(sample.name);
     }
-    let tokens = tokens.ok_or_else(|| missing(counter, "--token-counter", &names_seen))?;
+    let tokens = tokens.ok_or_else(|| missing(counter, counter_flag, &names_seen))?;
     // A counter is a non-negative, exactly representable count: anything else is a
     // broken or lying endpoint, refused as a failed scrape rather than summed.
     if !(tokens.is_finite() && (0.0..=MAX_PLAUSIBLE_TOKENS).contains(&tokens)) {
@@ -470,13 +628,14 @@ fn parse_exposition(
         && buckets.is_empty()
         && !declared.contains(histogram)
     {
-        return Err(missing(histogram, "--tpot-histogram", &names_seen));
+        return Err(missing(histogram, histogram_flag, &names_seen));
     }
     let mut tpot_buckets: Vec<(f64, f64)> = buckets.into_values().collect();
     tpot_buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     Ok(Scrape {
         tokens,
         tpot_buckets,
+        requests: None,
     })
 }
 

@@ -73,10 +73,12 @@ fn windows_are_differences_and_survive_a_reset() {
     let a = Scrape {
         tokens: 1000.0,
         tpot_buckets: vec![(0.01, 5.0), (f64::INFINITY, 10.0)],
+        requests: None,
     };
     let b = Scrape {
         tokens: 1600.0,
         tpot_buckets: vec![(0.01, 15.0), (f64::INFINITY, 20.0)],
+        requests: None,
     };
     let w = window_between(&a, &b);
     assert_eq!(w.tokens, 600);
@@ -84,6 +86,7 @@ fn windows_are_differences_and_survive_a_reset() {
     let restarted = Scrape {
         tokens: 40.0,
         tpot_buckets: vec![(0.01, 1.0), (f64::INFINITY, 1.0)],
+        requests: None,
     };
     assert_eq!(window_between(&b, &restarted).tokens, 40);
 }
@@ -220,6 +223,7 @@ fn a_window_without_tpot_observations_has_an_unknown_tpot() {
     let a = Scrape {
         tokens: 10.0,
         tpot_buckets: vec![(0.01, 5.0), (f64::INFINITY, 5.0)],
+        requests: None,
     };
     let b = Scrape {
         tokens: 20.0,
@@ -445,4 +449,81 @@ fn a_dead_endpoint_is_a_clear_error_at_start() {
     )))
     .expect_err("refused");
     assert!(error.to_string().contains("cannot connect"), "{error}");
+}
+
+/// vLLM's time to first token and prompt tokens, as its exposition writes them (two
+/// engine cores, one model): the window's first tokens, their p99 and the prompt tokens.
+#[test]
+fn the_requests_come_from_the_ttft_histogram_and_the_prompt_counter() {
+    let exposition = |prompt: f64, fast: f64, all: f64| {
+        format!(
+            "# TYPE vllm:generation_tokens_total counter\n\
+             vllm:generation_tokens_total{{engine=\"0\",model_name=\"m\"}} 100\n\
+             # TYPE vllm:prompt_tokens_total counter\n\
+             vllm:prompt_tokens_total{{engine=\"0\",model_name=\"m\"}} {prompt}\n\
+             vllm:prompt_tokens_total{{engine=\"1\",model_name=\"m\"}} {prompt}\n\
+             # TYPE vllm:time_to_first_token_seconds histogram\n\
+             vllm:time_to_first_token_seconds_bucket{{engine=\"0\",le=\"0.1\",model_name=\"m\"}} {fast}\n\
+             vllm:time_to_first_token_seconds_bucket{{engine=\"0\",le=\"1.0\",model_name=\"m\"}} {all}\n\
+             vllm:time_to_first_token_seconds_bucket{{engine=\"0\",le=\"+Inf\",model_name=\"m\"}} {all}\n"
+        )
+    };
+    let metrics = Engine::Vllm
+        .request_metrics()
+        .expect("vLLM times first tokens");
+    let read = |text: &str| {
+        parse_scrape(text, "vllm:generation_tokens_total", None, Some(&metrics)).expect("parses")
+    };
+    let start = read(&exposition(1000.0, 10.0, 10.0));
+    let end = read(&exposition(5096.0, 10.0, 30.0));
+    let requests = window_between(&start, &end)
+        .requests
+        .expect("requests read");
+    assert_eq!(requests.prefill_tokens, 8192);
+    assert_eq!(requests.first_tokens, 20);
+    // All 20 of the window's first tokens fell between 0.1 and 1 s: the p99 interpolates
+    // near the top of that bucket.
+    let p99 = requests.ttft_p99_ms.expect("a TTFT");
+    assert!((900.0..=1000.0).contains(&p99), "{p99}");
+    // What the engine cannot know stays unknown.
+    assert_eq!(requests.prefill_time_share, None);
+    assert_eq!(requests.energy, None);
+    // No first token in a window: no TTFT, not a zero one.
+    let idle = window_between(&end, &end).requests.expect("requests read");
+    assert_eq!((idle.first_tokens, idle.ttft_p99_ms), (0, None));
+
+    // A named TTFT histogram the exposition lacks is refused, naming the flag.
+    let missing = parse_scrape(
+        &exposition(1.0, 1.0, 1.0).replace("time_to_first_token", "ttft"),
+        "vllm:generation_tokens_total",
+        None,
+        Some(&metrics),
+    )
+    .expect_err("no TTFT histogram");
+    assert!(
+        missing.to_string().contains("--ttft-histogram"),
+        "{missing}"
+    );
+}
+
+#[test]
+fn the_presets_say_which_engines_time_first_tokens() {
+    assert!(Engine::Vllm.request_metrics().is_some());
+    assert!(Engine::Sglang.request_metrics().is_some());
+    assert!(Engine::Tgi.request_metrics().is_none());
+    assert!(Engine::Triton.request_metrics().is_none());
+    // TGI's own names can be given; a TTFT histogram without a prompt counter cannot.
+    let named = request_metrics(
+        Engine::Tgi,
+        Some("my_ttft".into()),
+        Some("my_prompts".into()),
+    )
+    .expect("named");
+    assert_eq!(named.map(|m| m.ttft_histogram), Some("my_ttft".to_owned()));
+    let err = request_metrics(Engine::Tgi, Some("my_ttft".into()), None).expect_err("no counter");
+    assert!(err.contains("--prompt-counter"), "{err}");
+    assert_eq!(
+        request_metrics(Engine::Vllm, Some(String::new()), None),
+        Ok(None)
+    );
 }

@@ -539,6 +539,7 @@ fn the_deployment_list_of_metric_names_is_the_exposition() {
     let mut serving = with_demand(observation(0, 0, 100, 400.0), 120);
     serving.requests = Some(tokwatt_core::types::RequestsWindow {
         ttft_p99_ms: Some(180.0),
+        energy: Some(tokwatt_core::types::RequestEnergy::default()),
         ..Default::default()
     });
     tick.next(serving);
@@ -691,9 +692,9 @@ fn requests_give_ttft_prefill_tokens_and_the_request_energy_histogram() {
             prefill_tokens: 2048,
             first_tokens: u64::from(ttft_ms.is_some()),
             ttft_p99_ms: ttft_ms,
-            prefill_time_share: 0.4,
-            preemptions: 0,
-            energy,
+            prefill_time_share: Some(0.4),
+            preemptions: Some(0),
+            energy: Some(energy),
         });
         obs
     };

@@ -75,6 +75,8 @@ pub struct EngineEndpoint {
     pub token_counter: String,
     /// `None`: the engine exports no TPOT histogram (the objective may not bound TPOT).
     pub tpot_histogram: Option<String>,
+    /// `None`: no TTFT histogram read (the objective may not bound TTFT).
+    pub request_metrics: Option<tokwatt_engines::prometheus::RequestMetrics>,
 }
 
 /// `[fleet]`, checked: the coordination store, and how this node takes part.

@@ -243,6 +243,7 @@ fn backend_request(config: &ServeConfig, tick: Duration) -> Result<BackendReques
                                 url: engine.url.clone(),
                                 token_counter: engine.token_counter.clone(),
                                 tpot_histogram: engine.tpot_histogram.clone(),
+                                request_metrics: engine.request_metrics.clone(),
                             })
                         })
                         .collect::<Result<Vec<_>, ConfigError>>()?,

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokwatt_engines::prometheus::Engine;
+use tokwatt_engines::prometheus::{Engine, request_metrics};
 use toml::Spanned;
 
 use super::raw::{RawConfig, RawFence, RawFleet, RawGpus, RawWorkload};
@@ -236,7 +236,8 @@ pub(super) fn check(raw: RawConfig, base: &Path, _path: &Path) -> Result<ServeCo
         })
         .transpose()?;
 
-    let workload = check_workload(raw.workload, &backend)?;
+    let reads_ttft = raw.objective.ttft_p99_limit_ms.is_some();
+    let workload = check_workload(raw.workload, &backend, reads_ttft)?;
     let rules = check_rules(raw.objective, raw.guardrails, raw.guard)?;
 
     let policy = raw.policy;
@@ -412,7 +413,13 @@ fn check_rules(
     })
 }
 
-fn check_workload(raw: RawWorkload, backend: &NodeBackend) -> Result<ServeWorkload, Problem> {
+/// `reads_ttft`: the node's objective bounds TTFT, so the engines' presets' TTFT
+/// histograms are read (else only where an entry names one).
+fn check_workload(
+    raw: RawWorkload,
+    backend: &NodeBackend,
+    reads_ttft: bool,
+) -> Result<ServeWorkload, Problem> {
     let source = raw.source.as_ref().map(|s| s.get_ref().as_str());
     match (backend, source) {
         (NodeBackend::Sim { .. }, None | Some("sim")) => {
@@ -516,6 +523,12 @@ fn check_workload(raw: RawWorkload, backend: &NodeBackend) -> Result<ServeWorklo
                     Some(name) => Some(name),
                     None => engine.tpot_histogram().map(str::to_owned),
                 };
+                let request_metrics = if reads_ttft || entry.ttft_histogram.is_some() {
+                    request_metrics(engine, entry.ttft_histogram, entry.prompt_counter)
+                        .map_err(|why| problem("workload.engine.ttft_histogram", &entry.url, why))?
+                } else {
+                    None
+                };
                 endpoints.push(EngineEndpoint {
                     gpu,
                     url,
@@ -524,6 +537,7 @@ fn check_workload(raw: RawWorkload, backend: &NodeBackend) -> Result<ServeWorklo
                         .token_counter
                         .unwrap_or_else(|| engine.token_counter().to_owned()),
                     tpot_histogram,
+                    request_metrics,
                 });
             }
             if let Some(list) = gpus

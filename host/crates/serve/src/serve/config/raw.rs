@@ -124,6 +124,9 @@ pub(super) struct RawEngine {
     pub(super) engine: Option<Spanned<String>>,
     pub(super) token_counter: Option<String>,
     pub(super) tpot_histogram: Option<String>,
+    /// "" for none; else with `prompt_counter` the engine preset's names replaced.
+    pub(super) ttft_histogram: Option<String>,
+    pub(super) prompt_counter: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
