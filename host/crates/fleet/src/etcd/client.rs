@@ -396,9 +396,14 @@ async fn post(
                 .await
                 .map_err(|e| {
                     let what = format!("TLS handshake failed: {e}");
-                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    // A plain member answers a ClientHello by closing the connection or,
+                    // as often, by resetting it (seen on etcd 3.5 under load).
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+                    ) {
                         format!(
-                            "{what} (the member closed the connection: it does not speak TLS on this port; is its client URL http:// rather than https://?)"
+                            "{what} (the member closed the connection: it most likely does not speak TLS on this port; is its client URL http:// rather than https://?)"
                         )
                     } else {
                         with_hint(&what, &e)
