@@ -217,12 +217,15 @@ fn start_agents(
         .expect("write serve.toml");
         // No --duration: a simulated node's duration is simulated time, which passes in a
         // blink here. The agent is killed when the test ends, or when its thread goes.
+        // Its log kept, to say why an agent that never came up did not.
+        let log = std::fs::File::create(dir.join(format!("serve-{node}.log")))
+            .expect("create the agent's log");
         let mut serve = tokwatt();
         serve
             .args(["serve", "--config"])
             .arg(&config)
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(log);
         dies_with_the_test(&mut serve);
         agents.push(Killed(serve.spawn().expect("tokwatt serve starts")));
         nodes_file.push_str(&format!(
@@ -236,9 +239,24 @@ fn start_agents(
     let prometheus = start_prometheus(prometheus, dir, &targets, web_port);
     let nodes = dir.join("nodes.toml");
     std::fs::write(&nodes, &nodes_file).expect("write the nodes file");
-    wait_for("every agent's socket", Duration::from_secs(60), || {
+    // Eight agents starting at once on a loaded two-core runner can take a while.
+    let up = tokwatt_test_support::eventually(Duration::from_secs(180), || {
         sockets.iter().all(|socket| socket.exists())
     });
+    if !up {
+        let missing: Vec<String> = sockets
+            .iter()
+            .enumerate()
+            .filter(|(_, socket)| !socket.exists())
+            .map(|(node, _)| {
+                let log = std::fs::read_to_string(dir.join(format!("serve-{node}.log")))
+                    .unwrap_or_default();
+                let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+                format!("node-{node}: {tail}")
+            })
+            .collect();
+        panic!("timed out waiting for every agent's socket: {missing:?}");
+    }
     // Prometheus scrapes every agent, and has for longer than the baseline.
     wait_for(
         "Prometheus scraping every agent",
