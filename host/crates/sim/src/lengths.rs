@@ -239,6 +239,15 @@ impl LengthDist {
         }
     }
 
+    /// `n` draws, sorted: a fixed-seed sample to read quantiles from, the same every
+    /// time (as [`LengthDist::mean`]'s).
+    pub fn sorted_sample(&self, n: usize) -> Vec<u32> {
+        let mut rng = Rng::stream(0x6c65_6e67_7468, 1);
+        let mut draws: Vec<u32> = (0..n.max(1)).map(|_| self.draw(&mut rng)).collect();
+        draws.sort_unstable();
+        draws
+    }
+
     /// The longest draw possible.
     pub fn max(&self) -> u32 {
         match self {

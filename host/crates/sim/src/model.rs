@@ -403,6 +403,26 @@ impl DecodeModel {
         }
     }
 
+    /// The steady state of steps of `load` back to back (an engine serving a mix of
+    /// decode and prompt chunks): tokens/s counts decoded tokens.
+    pub fn steady_state_load(
+        &self,
+        load: &StepLoad,
+        cap_w: f64,
+        lock_max_mhz: u32,
+        mem_mhz: f64,
+    ) -> SteadyState {
+        let clock = self.firmware_clock_load(load, cap_w, lock_max_mhz, mem_mhz);
+        let point = self.point_load(load, f64::from(clock.sm_mhz), mem_mhz);
+        SteadyState {
+            sm_mhz: clock.sm_mhz,
+            step_s: point.step_s,
+            power_w: point.power_w,
+            tokens_per_s: f64::from(load.decode) / point.step_s,
+            limit: clock.limit,
+        }
+    }
+
     /// The steady state of `active` sequences decoding back to back.
     pub fn steady_state(
         &self,

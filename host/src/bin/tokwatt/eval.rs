@@ -22,7 +22,8 @@ pub struct EvalArgs {
     /// `host/scenarios/eval`).
     #[arg(long, num_args = 1.., value_name = "DIR|FILE")]
     scenarios: Vec<PathBuf>,
-    /// Judge on scenarios drawn from a family (`broad`) instead of files: its tuning and
+    /// Judge on scenarios drawn from a family (`broad`: decode only; `serving`: requests
+    /// with prompts and TTFT bounds) instead of files: its tuning and
     /// held-out splits (drawn from disjoint random streams), side by side.
     #[arg(long, conflicts_with = "scenarios", value_name = "NAME")]
     family: Option<String>,
@@ -43,6 +44,13 @@ pub struct EvalArgs {
     /// Also write every drawn scenario's file into DIR/tuning and DIR/held-out.
     #[arg(long, value_name = "DIR", requires = "family")]
     write_scenarios: Option<PathBuf>,
+    /// Judge nothing: print each phase of these scenario files (or folders) with its
+    /// demand, the capacity within the objective and the oracle's settings.
+    #[arg(long, num_args = 1.., value_name = "SCENARIO", conflicts_with_all = ["policies", "family", "scenarios"])]
+    plan: Vec<PathBuf>,
+    /// With --plan: print the plans as JSON instead of tables.
+    #[arg(long, requires = "plan")]
+    json: bool,
     /// Seeds per policy and scenario (1..=N).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
     seeds: u64,
@@ -118,6 +126,9 @@ enum SplitArg {
 }
 
 pub fn eval(args: &EvalArgs) -> Result<()> {
+    if !args.plan.is_empty() {
+        return print_plans(args);
+    }
     if let Some(name) = &args.family
         && !family::FAMILIES.contains(&name.as_str())
     {
@@ -187,6 +198,8 @@ fn print_splits(tuning: &EvalResults, held_out: &EvalResults) {
     table.load_preset(UTF8_FULL_CONDENSED).set_header([
         "policy",
         "held-out ratio",
+        "to causal",
+        "× default",
         "failed",
         "worst",
         "tuning ratio",
@@ -198,6 +211,8 @@ fn print_splits(tuning: &EvalResults, held_out: &EvalResults) {
         table.add_row([
             h.policy.clone(),
             format!("{:.3}", h.ratio),
+            format!("{:.3}", h.causal_ratio),
+            format!("{:.2}", h.over_default),
             format!("{}/{}", h.failed, held_out.scenarios.len()),
             h.worst_text(),
             t.map_or_else(String::new, |t| format!("{:.3}", t.ratio)),
@@ -208,7 +223,7 @@ fn print_splits(tuning: &EvalResults, held_out: &EvalResults) {
         ]);
     }
     println!(
-        "\nheld-out against tuning split (simulator output; median ratio to the oracle with a failed scenario as 0)\n{table}"
+        "\nheld-out against tuning split (simulator output; median ratios to the oracle and to the causal reference with a failed scenario as 0)\n{table}"
     );
 }
 
@@ -304,6 +319,9 @@ fn print_results(results: &EvalResults) {
         "tok/J",
         "oracle",
         "ratio",
+        "causal",
+        "ratio",
+        "× default",
         "t→0.95",
         "t→0.98",
         "violating",
@@ -317,6 +335,9 @@ fn print_results(results: &EvalResults) {
             format!("{:.4}", e.tokens_per_joule.median),
             format!("{:.4}", e.oracle_tokens_per_joule),
             e.ratio_text(),
+            format!("{:.4}", e.causal_tokens_per_joule),
+            e.causal_ratio_text(),
+            fmt_option(e.over_default, 2),
             fmt_option(e.ticks_to_95, 0),
             fmt_option(e.ticks_to_98, 0),
             format!("{:.2}%", e.slo_violation_fraction * 100.0),
@@ -337,6 +358,8 @@ fn print_results(results: &EvalResults) {
     table.load_preset(UTF8_FULL_CONDENSED).set_header([
         "policy (median over scenarios)",
         "ratio",
+        "to causal",
+        "× default",
         "failed",
         "worst scenario",
         "t→0.95",
@@ -349,6 +372,8 @@ fn print_results(results: &EvalResults) {
         table.add_row([
             p.policy.clone(),
             format!("{:.3}", p.ratio),
+            format!("{:.3}", p.causal_ratio),
+            format!("{:.2}", p.over_default),
             p.failed.to_string(),
             p.worst_text(),
             fmt_option(p.ticks_to_95, 0),
@@ -360,4 +385,83 @@ fn print_results(results: &EvalResults) {
     }
     println!("{table}");
     println!("{}", eval::failure_rule_words());
+}
+
+/// `--plan`: each scenario's phases, capacity and oracle, judged nothing.
+fn print_plans(args: &EvalArgs) -> Result<()> {
+    let scenarios = EvalScenario::load_all(&args.plan)?;
+    let mut plans = Vec::new();
+    for scenario in &scenarios {
+        let duration_s = args
+            .duration
+            .map_or(scenario.duration_s, |d| d.as_secs_f64());
+        plans.push(
+            eval::plan::plan(scenario, duration_s, 1)
+                .with_context(|| format!("planning scenario `{}`", scenario.name))?,
+        );
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&plans).context("serialising the plans")?
+        );
+        return Ok(());
+    }
+    for plan in &plans {
+        println!("\n{}: {}", plan.scenario, plan.description);
+        let lengths = match plan.prompt_tokens_mean {
+            Some(prompt) => format!(
+                "requests with prompts: mean {prompt:.0} prompt and {:.0} output tokens",
+                plan.output_tokens_mean
+            ),
+            None => format!(
+                "decode only: {:.0} output tokens at context {}",
+                plan.output_tokens_mean, plan.context_tokens
+            ),
+        };
+        println!(
+            "{}; {lengths}; batch up to {} ({})",
+            plan.gpu, plan.batch_size_max, plan.data_source
+        );
+        let mut table = Table::new();
+        table.load_preset(UTF8_FULL_CONDENSED).set_header([
+            "phase",
+            "requests/s",
+            "capacity",
+            "load",
+            "oracle cap",
+            "SM clock max",
+            "batch",
+            "tok/J",
+            "violating",
+            "feasible",
+        ]);
+        for phase in &plan.phases {
+            let o = &phase.oracle;
+            table.add_row([
+                format!("{:.0}–{:.0} s", phase.start_s, phase.end_s),
+                format!("{:.2}", phase.arrival_rps),
+                format!("{:.2}", phase.capacity_rps),
+                format!("{:.0} %", phase.load * 100.0),
+                format!("{:.0} W", o.setting.power_cap_w),
+                format!("{} MHz", o.setting.sm_clock_max_mhz),
+                o.setting.batch_size.to_string(),
+                format!("{:.4}", o.simulated_tokens_per_joule),
+                format!("{:.2} %", o.simulated_violation_fraction * 100.0),
+                if o.feasible {
+                    "yes".to_owned()
+                } else {
+                    "no: closest".to_owned()
+                },
+            ]);
+        }
+        println!("{table}");
+    }
+    println!(
+        "\ncapacity: the most requests/s served within the TPOT and TTFT bounds (10 % headroom) \
+         by the steady-state model at the largest cap, no clock lock, any batch; load above \
+         100 % queues until requests are turned away. The oracle's settings are the best \
+         that keep the objective on 99 % of a simulated run of the phase."
+    );
+    Ok(())
 }

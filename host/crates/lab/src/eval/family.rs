@@ -22,8 +22,20 @@ use tokwatt_core::model::{ModelShape, max_batch_that_fits};
 use tokwatt_core::rng::Rng;
 use tokwatt_sim::GpuProfile;
 
-/// The families there are.
-pub const FAMILIES: &[&str] = &["broad"];
+/// The families there are: `broad` (decode only, a fixed context) and `serving`
+/// (requests with prompts: prefill, then decode, with TTFT objectives).
+pub const FAMILIES: &[&str] = &["broad", "serving"];
+/// The kinds of work the `serving` family draws, equally often.
+pub const SERVING_KINDS: [&str; 5] = ["chat", "rag", "agent-loop", "code-completion", "reasoning"];
+/// The objective kinds the `serving` family draws from, equally often.
+pub const SERVING_OBJECTIVE_KINDS: [&str; 6] = [
+    "ttft",
+    "tpot+ttft",
+    "ttft+queue-wait",
+    "tpot",
+    "tpot+floor",
+    "queue-wait+floor",
+];
 /// The demand shapes a family draws from, equally often.
 pub const DEMAND_SHAPES: [&str; 7] = [
     "steady",
@@ -107,6 +119,8 @@ pub struct Drawn {
     /// The demand shape drawn (`steady`, `phased`, `bursty`, `diurnal`, `idle-spikes`,
     /// `fast-shifts`, `overload`).
     pub demand: &'static str,
+    /// The kind of work (`serving` family: `chat`, `rag`, ...; `broad`: `decode`).
+    pub work: &'static str,
 }
 
 /// `count` scenarios of `family`'s `split` from `seed`: the same arguments always draw the
@@ -131,7 +145,12 @@ pub fn draw(
             for attempt in 0..ATTEMPTS {
                 let mut rng = Rng::stream(seed ^ split.stream(), (index as u64) << 8 | attempt);
                 let name = format!("{family}-{}{seed}-{index:02}", split.tag());
-                match draw_one(&name, &mut rng) {
+                let drawn = if family == "serving" {
+                    draw_serving(&name, &mut rng)
+                } else {
+                    draw_one(&name, &mut rng)
+                };
+                match drawn {
                     Ok(drawn) => return Ok(drawn),
                     Err(why) => last = why,
                 }
@@ -192,7 +211,21 @@ fn draw_one(name: &str, rng: &mut Rng) -> Result<Drawn, String> {
     let context = *pick(rng, &[512u32, 1024, 2048, 4096, 8192]);
     let output = *pick(rng, &[64u32, 128, 256, 512]);
     let profile = GpuProfile::load(gpu).map_err(|e| e.to_string())?;
-    let model = match (shape.preset, shape.custom) {
+    let model = model_of(shape)?;
+    let fits =
+        max_batch_that_fits(&model, context, profile.memory_bytes()).map_err(|e| e.to_string())?;
+    if fits < 16 {
+        return Err(format!(
+            "{} at context {context} fits only {fits} sequences on {gpu}",
+            shape.label
+        ));
+    }
+    let batch_size_max = fits.min(512);
+    draw_broad_rest(name, rng, gpu, shape, context, output, batch_size_max)
+}
+
+fn model_of(shape: &Shape) -> Result<ModelShape, String> {
+    Ok(match (shape.preset, shape.custom) {
         (Some(preset), _) => ModelShape::preset(preset).map_err(|e| e.to_string())?,
         (None, Some([hidden, layers, heads, kv_heads, head_dim, mlp, vocab])) => ModelShape {
             name: "custom".into(),
@@ -207,17 +240,36 @@ fn draw_one(name: &str, rng: &mut Rng) -> Result<Drawn, String> {
             norm_eps: 1e-5,
         },
         (None, None) => return Err("a shape with neither a preset nor a custom shape".into()),
-    };
-    let fits =
-        max_batch_that_fits(&model, context, profile.memory_bytes()).map_err(|e| e.to_string())?;
-    if fits < 16 {
-        return Err(format!(
-            "{} at context {context} fits only {fits} sequences on {gpu}",
-            shape.label
-        ));
-    }
-    let batch_size_max = fits.min(512);
+    })
+}
 
+/// The model lines of a workload table: a preset's name, or a custom shape's table
+/// (which goes last: TOML puts the keys after it inside it).
+fn model_lines(shape: &Shape) -> (String, String) {
+    let preset = shape
+        .preset
+        .map_or_else(String::new, |p| format!("model = \"{p}\"\n"));
+    let custom = shape.custom.map_or_else(
+        String::new,
+        |[hidden, layers, heads, kv_heads, head_dim, mlp, vocab]| {
+            format!(
+                "\n[workload.model_shape]\nhidden = {hidden}\nlayers = {layers}\nheads = {heads}\nkv_heads = {kv_heads}\nhead_dim = {head_dim}\nmlp = {mlp}\nvocab = {vocab}\n"
+            )
+        },
+    );
+    (preset, custom)
+}
+
+#[allow(clippy::too_many_arguments)] // the draw so far, handed on
+fn draw_broad_rest(
+    name: &str,
+    rng: &mut Rng,
+    gpu: &'static str,
+    shape: &Shape,
+    context: u32,
+    output: u32,
+    batch_size_max: u32,
+) -> Result<Drawn, String> {
     // The objective, its tightness drawn against this GPU and shape: the kinds
     // (TPOT, queue wait, throughput floor) alone and in pairs, equally likely. A floor is
     // checked only while requests wait, so alone it bounds nothing but the turning away
@@ -302,6 +354,129 @@ fn draw_one(name: &str, rng: &mut Rng) -> Result<Drawn, String> {
         scenario,
         text,
         demand,
+        work: "decode",
+    })
+}
+
+/// The prompt and output lengths of a kind of work (scenario-file values), and their
+/// medians for the description. Medians from published traces' shapes: ShareGPT-like
+/// chat, 4k-token retrieval contexts, agent loops re-reading a ~7k transcript for short
+/// tool calls, code completion with long file prefixes and ~24-token answers, and
+/// reasoning models' long outputs.
+fn serving_lengths(work: &str, rng: &mut Rng) -> (String, String, u32, u32) {
+    let jitter = |rng: &mut Rng, median: f64| (median * between(rng, 0.75, 1.33)).round();
+    let (prompt, prompt_sigma, prompt_range, output, output_sigma, output_range) = match work {
+        "chat" => (600.0, 0.9, (16, 8192), 200.0, 0.8, (4, 2048)),
+        "rag" => (4000.0, 0.3, (1024, 8192), 250.0, 0.5, (16, 1024)),
+        "agent-loop" => (7000.0, 0.25, (2048, 12_000), 96.0, 0.5, (8, 512)),
+        "code-completion" => (1500.0, 0.6, (128, 6000), 24.0, 0.6, (4, 128)),
+        _ => (300.0, 0.7, (16, 2048), 2000.0, 0.6, (128, 8192)),
+    };
+    let prompt = jitter(rng, prompt);
+    let output = jitter(rng, output);
+    let dist = |median: f64, sigma: f64, (min, max): (u32, u32)| {
+        format!(
+            "{{ distribution = \"lognormal\", median = {median}, sigma = {sigma}, min = {min}, max = {max} }}"
+        )
+    };
+    (
+        dist(prompt, prompt_sigma, prompt_range),
+        dist(output, output_sigma, output_range),
+        prompt as u32,
+        output as u32,
+    )
+}
+
+/// One draw of the `serving` family: requests with prompts of one kind of work, an
+/// engine's step budget, TTFT and TPOT bounds drawn above what the GPU can do, and
+/// demand drawn on the capacity within them.
+fn draw_serving(name: &str, rng: &mut Rng) -> Result<Drawn, String> {
+    let gpu = *pick(rng, &["h200", "h100", "a100"]);
+    let shape = pick(rng, &SHAPES);
+    let work = *pick(rng, &SERVING_KINDS);
+    let (prompt, output, prompt_median, output_median) = serving_lengths(work, rng);
+    let kind = *pick(rng, &SERVING_OBJECTIVE_KINDS);
+    // An operator who bounds TPOT keeps the step budget small, so that a long prompt's
+    // chunk does not stall every decoding sequence (vLLM's advice for inter-token
+    // latency); one who bounds only TTFT or waits gives prefill room.
+    let budget = if kind.contains("tpot") {
+        *pick(rng, &[512u32, 1024, 2048])
+    } else {
+        *pick(rng, &[2048u32, 4096, 8192])
+    };
+    let (preset, custom) = model_lines(shape);
+    let workload = format!(
+        "[workload]\n{preset}prompt_tokens = {prompt}\noutput_tokens = {output}\nmax_batched_tokens = {budget}\nbatch_size_max = 512\nqueue_max = 2048\n{custom}"
+    );
+    let probe = parse(name, gpu, "", &workload, &[(0.0, 1.0)])?;
+    if probe.workload.batch_size_max < 16 {
+        return Err(format!(
+            "{} with {work} lengths fits only {} sequences on {gpu}",
+            shape.label, probe.workload.batch_size_max
+        ));
+    }
+    // Bounds are drawn above the latencies at half the unbounded capacity.
+    let unbounded = oracle::capacity_rps(&probe);
+    let (tpot_floor_ms, ttft_floor_ms) = oracle::latency_floors_ms(&probe, 0.5 * unbounded);
+    let tpot_ms = kind
+        .contains("tpot")
+        .then(|| tpot_floor_ms * between(rng, 1.3, 3.0));
+    let ttft_ms = kind
+        .contains("ttft")
+        .then(|| ttft_floor_ms.unwrap_or(0.0) * between(rng, 1.5, 4.0));
+    let queue_wait_ms = kind
+        .contains("queue-wait")
+        .then(|| between(rng, 500.0, 4000.0));
+    let mut objective = String::from("[objective]\n");
+    if let Some(ms) = tpot_ms {
+        let _ = writeln!(objective, "tpot_p99_limit_ms = {ms:.1}");
+    }
+    if let Some(ms) = ttft_ms {
+        let _ = writeln!(objective, "ttft_p99_limit_ms = {ms:.0}");
+    }
+    if let Some(ms) = queue_wait_ms {
+        let _ = writeln!(objective, "queue_wait_p99_limit_ms = {ms:.0}");
+    }
+    let probe = parse(name, gpu, &objective, &workload, &[(0.0, 1.0)])?;
+    let capacity = oracle::capacity_rps(&probe);
+    if !(capacity.is_finite() && capacity > 0.05) {
+        return Err(format!(
+            "{} with {work} lengths serves {capacity:.3} requests/s on {gpu} within the bounds",
+            shape.label
+        ));
+    }
+    let (demand, phases) = draw_demand(rng, capacity);
+    if kind.contains("floor") {
+        let lightest = phases
+            .iter()
+            .map(|&(_, rps)| rps)
+            .fold(f64::INFINITY, f64::min);
+        let floor = 0.5 * lightest * probe.workload.output_tokens as f64;
+        if floor >= 1.0 {
+            let _ = writeln!(objective, "min_tokens_per_s = {floor:.0}");
+        }
+    }
+    let mut words = objective_words(tpot_ms, queue_wait_ms, &objective);
+    if let Some(ms) = ttft_ms {
+        words = format!(
+            "TTFT p99 <= {ms:.0} ms{}{words}",
+            if words.is_empty() { "" } else { ", " }
+        );
+    }
+    let description = format!(
+        "{gpu}, {}, {work}: prompts ~{prompt_median}, outputs ~{output_median} tokens, step budget {budget}; {words}; {demand} demand, {} phases, up to {:.2} of ~{capacity:.2} requests/s",
+        shape.label,
+        phases.len(),
+        phases.iter().map(|&(_, rps)| rps).fold(0.0, f64::max),
+    );
+    let text = file_text(&description, gpu, &objective, "", &workload, &phases);
+    let scenario = EvalScenario::parse(Path::new(&format!("{name}.toml")), &text)
+        .map_err(|e| e.to_string())?;
+    Ok(Drawn {
+        scenario,
+        text,
+        demand,
+        work,
     })
 }
 
@@ -482,6 +657,41 @@ mod tests {
             let again =
                 EvalScenario::parse(Path::new("again.toml"), &d.text).expect("the text parses");
             assert_eq!(again.workload.phases, w.phases);
+        }
+    }
+
+    #[test]
+    fn the_serving_family_draws_prompts_kinds_of_work_and_ttft_bounds() {
+        let drawn = draw("serving", Split::Tuning, 60, 5).unwrap();
+        let has = |f: &dyn Fn(&Drawn) -> bool| drawn.iter().any(f);
+        for work in SERVING_KINDS {
+            assert!(has(&|d| d.work == work), "no {work}");
+        }
+        assert!(has(&|d| d.scenario.objective.ttft_p99_limit_ms.is_some()
+            && d.scenario.objective.tpot_p99_limit_ms.is_none()));
+        assert!(has(&|d| d.scenario.objective.ttft_p99_limit_ms.is_some()
+            && d.scenario.objective.tpot_p99_limit_ms.is_some()));
+        assert!(has(&|d| d.scenario.objective.ttft_p99_limit_ms.is_none()));
+        for d in &drawn {
+            let w = &d.scenario.workload;
+            let lengths = w.requests.as_ref().expect("every request has a prompt");
+            if d.work == "agent-loop" {
+                assert!(lengths.prompt.mean() > 4000.0, "{}", d.text);
+            }
+            if d.work == "reasoning" {
+                assert!(lengths.output.mean() > lengths.prompt.mean(), "{}", d.text);
+            }
+            // Bounds are drawn where the GPU can keep them: demand fits under capacity
+            // (but for the overload shape).
+            let capacity = oracle::capacity_rps(&d.scenario);
+            let peak = w.phases.iter().map(|p| p.arrival_rps).fold(0.0, f64::max);
+            if d.demand != "overload" {
+                assert!(peak <= capacity, "{peak} of {capacity}: {}", d.text);
+            }
+            let again =
+                EvalScenario::parse(Path::new("again.toml"), &d.text).expect("the text parses");
+            assert_eq!(again.workload.phases, w.phases);
+            assert_eq!(again.objective, d.scenario.objective);
         }
     }
 

@@ -122,12 +122,34 @@ pub(super) struct Schedule {
     pub(super) violation_fraction: f64,
 }
 
-/// The entry of one policy on one scenario from its runs and the oracle's, seed by seed.
+/// What a policy is measured against on one seed.
+pub(super) struct References {
+    /// The oracle's settings from each phase's first second.
+    pub(super) oracle: Schedule,
+    /// The same settings taken up a reaction lag late: the best a controller that sees
+    /// a phase only once it has begun can do.
+    pub(super) causal: Schedule,
+    /// The default settings throughout.
+    pub(super) default: Schedule,
+}
+
+impl Schedule {
+    pub(super) fn tokens_per_joule(&self) -> f64 {
+        let (tokens, energy) = self.series.totals();
+        if energy > 0.0 {
+            tokens / energy
+        } else {
+            f64::NAN
+        }
+    }
+}
+
+/// The entry of one policy on one scenario from its runs and the references, seed by seed.
 pub(super) fn judge(
     spec: &PolicySpec,
     scenario: &EvalScenario,
     oracle: &[PhaseOracle],
-    per_seed: &[(u64, &RunOutcome, &Schedule)],
+    per_seed: &[(u64, &RunOutcome, &References)],
 ) -> EvalEntry {
     let tick_s = f64::from(spec.tick_ms) / 1e3;
     let mut tpj = Vec::new();
@@ -139,26 +161,38 @@ pub(super) fn judge(
     let mut served = Vec::new();
     let mut oracle_served = Vec::new();
     let mut oracle_violations = Vec::new();
+    let mut causal_tpj = Vec::new();
+    let mut causal_ratios = Vec::new();
+    let mut causal_served = Vec::new();
+    let mut causal_violations = Vec::new();
+    let mut default_tpj = Vec::new();
+    let mut over_default = Vec::new();
     let mut changes = Vec::new();
     let mut fallbacks = Vec::new();
-    for (_, run, schedule) in per_seed {
+    for (_, run, references) in per_seed {
+        let schedule = &references.oracle;
+        let causal = &references.causal;
         let (tokens, energy) = run.series.totals();
-        let (oracle_tokens, oracle_energy) = schedule.series.totals();
         let policy_tpj = if energy > 0.0 { tokens / energy } else { 0.0 };
-        let best_tpj = if oracle_energy > 0.0 {
-            oracle_tokens / oracle_energy
-        } else {
-            f64::NAN
-        };
+        let best_tpj = schedule.tokens_per_joule();
         let served_fraction = run.summary.totals.demand.map_or(1.0, |d| d.served_fraction);
-        let shortfall = if schedule.served_fraction > 0.0 {
-            (served_fraction / schedule.served_fraction).min(1.0)
-        } else {
-            1.0
+        // A policy that serves less than a reference has the shortfall counted against it.
+        let share_of = |reference: &Schedule| {
+            if reference.served_fraction > 0.0 {
+                (served_fraction / reference.served_fraction).min(1.0)
+            } else {
+                1.0
+            }
         };
         tpj.push(policy_tpj);
         oracle_tpj.push(best_tpj);
-        ratios.push(policy_tpj / best_tpj * shortfall);
+        ratios.push(policy_tpj / best_tpj * share_of(schedule));
+        causal_tpj.push(causal.tokens_per_joule());
+        causal_ratios.push(policy_tpj / causal.tokens_per_joule() * share_of(causal));
+        causal_served.push(causal.served_fraction);
+        causal_violations.push(causal.violation_fraction);
+        default_tpj.push(references.default.tokens_per_joule());
+        over_default.push(policy_tpj / references.default.tokens_per_joule());
         let ticks = run.summary.totals.ticks.max(1) as f64;
         violations.push(run.summary.totals.slo_violation_ticks as f64 / ticks);
         served.push(served_fraction);
@@ -182,10 +216,13 @@ pub(super) fn judge(
     // The objective is judged on the mean over seeds: one bad seed is not hidden by the
     // median of the others.
     let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
+    // Served demand is judged against the lesser of the two references: a backlog the
+    // reaction lag leaves is not the policy's fault.
     let shortfalls: Vec<f64> = oracle_served
         .iter()
+        .zip(&causal_served)
         .zip(&served)
-        .map(|(oracle, policy)| oracle - policy)
+        .map(|((oracle, causal), policy)| oracle.min(*causal) - policy)
         .collect();
     let failed = if per_seed.is_empty() {
         None // said by the caller, which knows why no seed ran
@@ -193,22 +230,39 @@ pub(super) fn judge(
         super::objective_breach(
             mean(&violations),
             mean(&shortfalls),
-            // On an overload, the oracle's schedule as one run through the same seeds, as
-            // the policy ran: its phases verified one by one each start with an empty
-            // queue, and leave out what the backlog an overload phase leaves costs in
-            // the phase after it, for any policy.
-            super::oracle::is_overload(oracle).then(|| mean(&oracle_violations)),
+            // The violations any controller that reacts after the fact cannot avoid: the
+            // causal reference's, as one run through the same seeds. On an overload the
+            // oracle's own schedule may break the objective more (its phases verified one
+            // by one each start with an empty queue); the larger is allowed.
+            mean(&causal_violations).max(if super::oracle::is_overload(oracle) {
+                mean(&oracle_violations)
+            } else {
+                0.0
+            }),
         )
     };
     let measured_ratio = median(&ratios);
+    let measured_causal_ratio = median(&causal_ratios);
+    let passed = |ratio: f64| (failed.is_none() && ratio.is_finite()).then_some(ratio);
     EvalEntry {
         policy: spec.name.clone(),
         scenario: scenario.name.clone(),
         seeds: per_seed.iter().map(|(seed, _, _)| *seed).collect(),
         tokens_per_joule: Spread::of(&tpj),
         oracle_tokens_per_joule: median(&oracle_tpj),
-        ratio: (failed.is_none() && measured_ratio.is_finite()).then_some(measured_ratio),
+        causal_tokens_per_joule: median(&causal_tpj),
+        default_tokens_per_joule: median(&default_tpj),
+        ratio: passed(measured_ratio),
         measured_ratio: measured_ratio.is_finite().then_some(measured_ratio),
+        causal_ratio: passed(measured_causal_ratio),
+        measured_causal_ratio: measured_causal_ratio
+            .is_finite()
+            .then_some(measured_causal_ratio),
+        over_default: {
+            let m = median(&over_default);
+            m.is_finite().then_some(m)
+        },
+        causal_violation_fraction: median(&causal_violations),
         failed,
         ticks_to_95: reached(&to_95),
         ticks_to_98: reached(&to_98),

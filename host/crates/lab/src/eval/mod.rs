@@ -26,6 +26,7 @@
 pub mod family;
 mod judge;
 pub mod oracle;
+pub mod plan;
 mod report;
 mod runner;
 pub mod scenario;
@@ -41,7 +42,7 @@ use judge::{RunOutcome, judge};
 pub use judge::{Series, Spread, median, time_to_fraction};
 pub use oracle::{OracleSetting, PhaseOracle};
 pub use report::eval_report;
-use runner::{parallel, run_policy, run_schedule};
+use runner::{parallel, run_policy, run_references};
 pub use scenario::{EvalScenario, ScenarioError};
 use tokwatt_agent::AgentError;
 use tokwatt_agent::assembly::AssemblyError;
@@ -49,7 +50,11 @@ use tokwatt_policy::spec::{PolicySpec, SpecError};
 use tokwatt_sim::SimError;
 
 /// Version of `eval.json`'s layout.
-pub const EVAL_FORMAT_VERSION: u32 = 2;
+pub const EVAL_FORMAT_VERSION: u32 = 3;
+/// How long after a demand phase starts the causal reference takes up its settings,
+/// seconds: a controller that sees the phase only through its one-second windows needs a
+/// few of them to tell a shift from noise, and a few ticks to move its settings.
+pub const REACTION_LAG_S: f64 = 10.0;
 /// The span over which tokens per joule is compared with the oracle's, seconds.
 pub const TRAILING_WINDOW_S: f64 = 30.0;
 /// How long a fraction must hold to count as reached, seconds.
@@ -125,6 +130,11 @@ pub struct EvalEntry {
     pub seeds: Vec<u64>,
     pub tokens_per_joule: Spread,
     pub oracle_tokens_per_joule: f64,
+    /// The causal reference's: the oracle's settings taken up [`REACTION_LAG_S`] after
+    /// each phase starts.
+    pub causal_tokens_per_joule: f64,
+    /// The default settings' (no cap, no clock lock, the starting batch) throughout.
+    pub default_tokens_per_joule: f64,
     /// The judged ratio: `measured_ratio` where the policy kept the objective, none where
     /// the scenario counts as failed for it (`failed`), whatever it measured.
     pub ratio: Option<f64>,
@@ -132,6 +142,14 @@ pub struct EvalEntry {
     /// times its served share of the oracle's served demand (at most 1); none without a
     /// run.
     pub measured_ratio: Option<f64>,
+    /// The judged ratio to the causal reference (none where the scenario failed).
+    pub causal_ratio: Option<f64>,
+    /// As `measured_ratio`, against the causal reference.
+    pub measured_causal_ratio: Option<f64>,
+    /// Median over seeds of the policy's tokens per joule over the default settings'.
+    pub over_default: Option<f64>,
+    /// The causal reference's share of ticks over the objective (median over seeds).
+    pub causal_violation_fraction: f64,
     /// Why the scenario counts as failed for the policy: it broke the objective on more
     /// than [`MAX_VIOLATION_FRACTION`] of ticks or served less than the oracle by more
     /// than [`SERVED_MARGIN`] (means over seeds), or it could not run.
@@ -159,30 +177,37 @@ pub const SERVED_MARGIN: f64 = 0.01;
 
 /// Why a policy fails a scenario on the objective, if it does: `violation_fraction` of its
 /// ticks broke the objective, and it served `served_shortfall` less of the demand than
-/// the oracle (both means over seeds). `overload_oracle_violations`: on an overload
-/// scenario (a phase nothing serves), the oracle's own share of ticks over the objective,
-/// which a policy may match plus [`MAX_VIOLATION_FRACTION`]: there the judge asks for the
-/// demand served first.
+/// the references (both means over seeds). `reference_violations`: the share of ticks
+/// over the objective that a controller reacting after the fact cannot avoid (the causal
+/// reference's, or on an overload the oracle's if larger), which a policy may match plus
+/// [`MAX_VIOLATION_FRACTION`]: a burst that breaks the objective for any reactive
+/// controller does not fail a policy.
 pub fn objective_breach(
     violation_fraction: f64,
     served_shortfall: f64,
-    overload_oracle_violations: Option<f64>,
+    reference_violations: f64,
 ) -> Option<String> {
     let mut reasons = Vec::new();
-    let allowed = MAX_VIOLATION_FRACTION + overload_oracle_violations.unwrap_or(0.0);
+    let reference = if reference_violations.is_finite() {
+        reference_violations.max(0.0)
+    } else {
+        0.0
+    };
+    let allowed = MAX_VIOLATION_FRACTION + reference;
     if violation_fraction > allowed {
-        reasons.push(match overload_oracle_violations {
-            None => format!(
+        reasons.push(if reference > 0.0 {
+            format!(
+                "broke the objective on {:.2} % of ticks (more than the causal reference's {:.2} % + {:.0} point)",
+                violation_fraction * 100.0,
+                reference * 100.0,
+                MAX_VIOLATION_FRACTION * 100.0
+            )
+        } else {
+            format!(
                 "broke the objective on {:.2} % of ticks (more than {:.0} %)",
                 violation_fraction * 100.0,
                 MAX_VIOLATION_FRACTION * 100.0
-            ),
-            Some(oracle) => format!(
-                "broke the objective on {:.2} % of ticks (an overload: more than the oracle's {:.2} % + {:.0} points)",
-                violation_fraction * 100.0,
-                oracle * 100.0,
-                MAX_VIOLATION_FRACTION * 100.0
-            ),
+            )
         });
     }
     if served_shortfall > SERVED_MARGIN {
@@ -198,10 +223,12 @@ pub fn objective_breach(
 /// The failure rule in words, for the terminal and the report.
 pub fn failure_rule_words() -> String {
     format!(
-        "A scenario fails for a policy that breaks the objective on more than {:.0} % of its \
-         ticks, serves less of the demand than the oracle by more than {:.0} point, or cannot \
-         run it (means over seeds). A failed scenario shows no ratio and counts as 0 in the \
-         median: a ratio bought by breaking the service is not a score.",
+        "A scenario fails for a policy that breaks the objective on more ticks than the causal \
+         reference (the oracle's settings taken up {:.0} s after each phase starts) plus {:.0} % \
+         of them, serves less of the demand than the references by more than {:.0} point, or \
+         cannot run it (means over seeds). A failed scenario shows no ratio and counts as 0 in \
+         the median: a ratio bought by breaking the service is not a score.",
+        REACTION_LAG_S,
         MAX_VIOLATION_FRACTION * 100.0,
         SERVED_MARGIN * 100.0
     )
@@ -214,6 +241,11 @@ pub struct PolicyResult {
     /// Median over scenarios of the judged ratio, a failed scenario counting as 0: the
     /// headline, beside `failed` and the worst scenario.
     pub ratio: f64,
+    /// The same against the causal reference.
+    pub causal_ratio: f64,
+    /// Median over scenarios of the tokens per joule over the default settings' (over
+    /// the scenarios that ran).
+    pub over_default: f64,
     /// Scenarios that count as failed (see [`EvalEntry::failed`]).
     pub failed: usize,
     /// The scenario with the lowest judged ratio (a failed one first) and that ratio
@@ -253,6 +285,13 @@ impl PolicyResult {
         Self {
             policy: policy.to_owned(),
             ratio: median(&mine.iter().map(|e| judged(e)).collect::<Vec<_>>()),
+            causal_ratio: median(
+                &mine
+                    .iter()
+                    .map(|e| e.causal_ratio.unwrap_or(0.0))
+                    .collect::<Vec<_>>(),
+            ),
+            over_default: pick(&|e| e.over_default.unwrap_or(f64::NAN)),
             failed: mine.iter().filter(|e| e.failed.is_some()).count(),
             worst_scenario: worst.map(|e| e.scenario.clone()),
             worst_ratio: worst.and_then(|e| e.ratio),
@@ -277,6 +316,17 @@ impl EvalEntry {
     /// The judged ratio in three places, or `FAILED` where the scenario failed.
     pub fn ratio_text(&self) -> String {
         match (self.ratio, &self.failed) {
+            (Some(ratio), _) => format!("{ratio:.3}"),
+            (None, Some(_)) => "FAILED".to_owned(),
+            (None, None) => "—".to_owned(),
+        }
+    }
+}
+
+impl EvalEntry {
+    /// The judged ratio to the causal reference, or `FAILED`.
+    pub fn causal_ratio_text(&self) -> String {
+        match (self.causal_ratio, &self.failed) {
             (Some(ratio), _) => format!("{ratio:.3}"),
             (None, Some(_)) => "FAILED".to_owned(),
             (None, None) => "—".to_owned(),
@@ -322,6 +372,8 @@ pub struct EvalResults {
     pub seeds: Vec<u64>,
     pub trailing_window_s: f64,
     pub hold_s: f64,
+    /// The causal reference's reaction lag, seconds.
+    pub reaction_lag_s: f64,
     pub scenarios: Vec<ScenarioResult>,
     pub entries: Vec<EvalEntry>,
     /// Per policy, the median over scenarios of its entries.
@@ -405,7 +457,7 @@ pub fn evaluate(
         &stop,
         |&(s, seed)| {
             let scenario = &request.scenarios[s];
-            run_schedule(scenario, &oracles[s], duration_of(scenario), seed)
+            run_references(scenario, &oracles[s], duration_of(scenario), seed)
         },
         &mut |_, _| {},
     )?;
@@ -460,12 +512,17 @@ pub fn evaluate(
                 .position(|&job| job == (s, seed))
                 .map(|i| &schedules[i])
         };
-        if let Some(oracle) = schedule_of(seeds[0]) {
-            first_seed_series.push(SeriesOf {
-                who: "oracle".into(),
-                scenario: scenario.name.clone(),
-                series: oracle.series.clone(),
-            });
+        if let Some(references) = schedule_of(seeds[0]) {
+            for (who, schedule) in [
+                ("oracle", &references.oracle),
+                ("causal reference", &references.causal),
+            ] {
+                first_seed_series.push(SeriesOf {
+                    who: who.into(),
+                    scenario: scenario.name.clone(),
+                    series: schedule.series.clone(),
+                });
+            }
         }
         for (p, spec) in specs.iter().enumerate() {
             let mut per_seed = Vec::new();
@@ -518,6 +575,7 @@ pub fn evaluate(
         seeds,
         trailing_window_s: TRAILING_WINDOW_S,
         hold_s: HOLD_S,
+        reaction_lag_s: REACTION_LAG_S,
         scenarios: request
             .scenarios
             .iter()

@@ -24,6 +24,7 @@ use tokwatt_core::actuator::Actuator;
 use tokwatt_core::clock::{Clock, VirtualClock};
 use tokwatt_core::telemetry::Telemetry;
 use tokwatt_core::workload::Workload;
+use tokwatt_sim::model::{SteadyState, StepLoad};
 use tokwatt_sim::{DecodeCost, DecodeModel, Phase, SimConfig, SimError, SimGpu};
 
 /// Power cap grid step, watts (Zeus profiles limits in the same steps).
@@ -71,6 +72,8 @@ pub struct PhaseOracle {
 struct Candidate {
     setting: OracleSetting,
     tokens_per_joule: f64,
+    /// The steady state's power (with nothing to run, on an idle phase).
+    power_w: f64,
     tpot_s: f64,
     /// The operating point (firmware clock, active sequences): candidates sharing it are
     /// the same point, and only the first is simulated.
@@ -81,6 +84,9 @@ struct Candidate {
 #[derive(Debug, Clone, Copy)]
 struct Verified {
     tokens_per_joule: f64,
+    /// Mean power over the measured span: what tells settings apart where no token is
+    /// asked for.
+    power_w: f64,
     violation_fraction: f64,
     turned_away: u64,
 }
@@ -88,6 +94,12 @@ struct Verified {
 impl Verified {
     fn feasible(&self) -> bool {
         self.turned_away == 0 && self.violation_fraction <= VERIFY_VIOLATION_ALLOWANCE
+    }
+
+    /// More tokens per joule, or as many for less power.
+    fn better_than(&self, other: &Verified) -> bool {
+        self.tokens_per_joule > other.tokens_per_joule
+            || (self.tokens_per_joule == other.tokens_per_joule && self.power_w < other.power_w)
     }
 }
 
@@ -120,7 +132,8 @@ pub fn cap_grid(min_w: f64, max_w: f64) -> Vec<f64> {
     caps
 }
 
-/// The simulator's decode model for `scenario`'s GPU, model shape and context.
+/// The simulator's decode model for `scenario`'s GPU, model shape and context (with
+/// prompts: the mean context over a request's decode).
 fn decode_model(scenario: &EvalScenario) -> DecodeModel {
     DecodeModel::new(
         &scenario.profile,
@@ -128,27 +141,163 @@ fn decode_model(scenario: &EvalScenario) -> DecodeModel {
     )
 }
 
-/// The most requests per second `scenario`'s GPU serves within its TPOT bound (with 10 %
-/// headroom for the p99's jitter), by the decode model in steady state: no cap, no clock
-/// lock, any batch up to the workload's largest. The scale a scenario family draws demand
-/// on; the oracle's search, not this, says whether a drawn phase is feasible.
+/// What each request asks of the GPU, for the steady-state model: decode only, or a
+/// prompt to prefill (in chunks beside the decoding sequences) and then an output.
+#[derive(Debug, Clone)]
+struct Requests {
+    /// Mean prompt tokens (0: decode only).
+    prompt_mean: f64,
+    /// Prompt lengths drawn once, sorted: the quantiles the tail latencies need.
+    prompt_sample: Vec<u32>,
+    output_mean: f64,
+    /// KV positions a decoding sequence attends to, on average.
+    context_mean: f64,
+    /// Tokens one step may process (decode tokens first, then prompt chunks).
+    step_budget: f64,
+}
+
+impl Requests {
+    fn of(scenario: &EvalScenario) -> Self {
+        let workload = &scenario.workload;
+        match &workload.requests {
+            None => Requests {
+                prompt_mean: 0.0,
+                prompt_sample: Vec::new(),
+                output_mean: f64::from(workload.output_tokens.max(1)),
+                context_mean: f64::from(workload.context_tokens),
+                step_budget: f64::INFINITY,
+            },
+            Some(lengths) => {
+                let prompt_mean = lengths.prompt.mean();
+                let output_mean = lengths.output.mean().max(1.0);
+                Requests {
+                    prompt_mean,
+                    prompt_sample: lengths.prompt.sorted_sample(PROMPT_SAMPLE),
+                    output_mean,
+                    context_mean: prompt_mean + output_mean / 2.0,
+                    step_budget: f64::from(workload.max_batched_tokens),
+                }
+            }
+        }
+    }
+
+    fn has_prompts(&self) -> bool {
+        self.prompt_mean > 0.0
+    }
+
+    /// The `q` quantile of the prompt length (0 without prompts).
+    fn prompt_quantile(&self, q: f64) -> f64 {
+        let n = self.prompt_sample.len();
+        if n == 0 {
+            return 0.0;
+        }
+        let index = ((q.clamp(0.0, 1.0) * n as f64) as usize).min(n - 1);
+        f64::from(self.prompt_sample[index])
+    }
+
+    /// The prompt that sets a one-second window's p99 at `rate` requests/s: the
+    /// objective is checked on every tick's window, and one step carrying a long
+    /// prompt's chunk sets that window's TPOT p99 (and the prompt's own TTFT its TTFT
+    /// p99). For at most 1 % of windows to hold one, it is the prompt longer than all but
+    /// `0.01 / rate` of them.
+    fn tail_prompt(&self, rate: f64) -> f64 {
+        self.prompt_quantile((1.0 - 0.01 / rate.max(1e-3)).clamp(0.5, 0.999))
+    }
+}
+
+/// Prompt lengths drawn to read quantiles from (the 99.9th is then 20 draws deep).
+const PROMPT_SAMPLE: usize = 20_000;
+
+/// The steady state of `decoding` sequences at fixed settings: decode only, or with the
+/// prompt chunks that keep up with them (prompt over output tokens per decoded token).
+fn serving_state(
+    model: &DecodeModel,
+    requests: &Requests,
+    decoding: u32,
+    cap_w: f64,
+    clock_mhz: u32,
+    mem_mhz: f64,
+) -> SteadyState {
+    if !requests.has_prompts() {
+        return model.steady_state(decoding, cap_w, clock_mhz, mem_mhz);
+    }
+    let n = f64::from(decoding);
+    let prefill = n * requests.prompt_mean / requests.output_mean;
+    let load = StepLoad {
+        decode: decoding,
+        decode_positions: n * requests.context_mean,
+        prefill,
+        // Causal: a prompt token attends to the half of its prompt before it, on average.
+        prefill_positions: prefill * requests.prompt_mean / 2.0,
+    };
+    model.steady_state_load(&load, cap_w, clock_mhz, mem_mhz)
+}
+
+/// With prompts, the TPOT p99 and TTFT p99 the steady state implies when `prompt` (see
+/// [`Requests::tail_prompt`]) arrives: its chunks ride beside the decoding sequences, one a step.
+/// Decode only: the step.
+#[allow(clippy::too_many_arguments)] // one operating point, spelled out
+fn tail_latencies(
+    model: &DecodeModel,
+    requests: &Requests,
+    decoding: u32,
+    state: &SteadyState,
+    prompt: f64,
+    cap_w: f64,
+    clock_mhz: u32,
+    mem_mhz: f64,
+) -> (f64, f64) {
+    if !requests.has_prompts() || prompt <= 0.0 {
+        return (state.step_s, 0.0);
+    }
+    let chunk_room = (requests.step_budget - f64::from(decoding)).max(1.0);
+    let chunk = prompt.min(chunk_room);
+    let load = StepLoad {
+        decode: decoding,
+        decode_positions: f64::from(decoding) * requests.context_mean,
+        prefill: chunk,
+        prefill_positions: chunk * prompt / 2.0,
+    };
+    let clock = model.firmware_clock_load(&load, cap_w, clock_mhz, mem_mhz);
+    let chunk_step = model
+        .point_load(&load, f64::from(clock.sm_mhz), mem_mhz)
+        .step_s;
+    let ttft = (prompt / chunk_room).ceil().max(1.0) * chunk_step;
+    (chunk_step.max(state.step_s), ttft)
+}
+
+/// The most requests per second `scenario`'s GPU serves within its TPOT and TTFT bounds
+/// (with 10 % headroom for the p99's jitter), by the decode model in steady state (with
+/// prompts: their chunks beside the decoding sequences): no cap, no clock lock, any batch
+/// up to the workload's largest. The scale a scenario family draws demand on; the
+/// oracle's search, not this, says whether a drawn phase is feasible.
 pub fn capacity_rps(scenario: &EvalScenario) -> f64 {
+    capacity_at(scenario, scenario.profile.power_cap.max_w, None)
+}
+
+/// [`capacity_rps`] at cap `cap_w` and under an SM clock lock (none: the top clock).
+pub fn capacity_at(scenario: &EvalScenario, cap_w: f64, clock_mhz: Option<u32>) -> f64 {
     let profile = &scenario.profile;
     let workload = &scenario.workload;
     let model = decode_model(scenario);
+    let requests = Requests::of(scenario);
     let mem_mhz = f64::from(profile.mem_max_mhz());
-    let top_clock = model.sm_grid().first().copied().unwrap_or(0);
-    let tpot_limit_s = scenario
-        .objective
-        .tpot_p99_limit_ms
-        .map_or(f64::INFINITY, |ms| 0.9 * ms * 1e-3);
+    let clock = clock_mhz.unwrap_or_else(|| model.sm_grid().first().copied().unwrap_or(0));
+    let limit = |ms: Option<f64>| ms.map_or(f64::INFINITY, |ms| 0.9 * ms * 1e-3);
+    let tpot_limit_s = limit(scenario.objective.tpot_p99_limit_ms);
+    let ttft_limit_s = limit(scenario.objective.ttft_p99_limit_ms);
     batch_grid(workload.batch_size_max)
         .into_iter()
-        .map(|batch| model.steady_state(batch, profile.power_cap.max_w, top_clock, mem_mhz))
-        .filter(|state| state.step_s <= tpot_limit_s)
-        .map(|state| state.tokens_per_s)
+        .filter_map(|batch| {
+            let state = serving_state(&model, &requests, batch, cap_w, clock, mem_mhz);
+            let rate = state.tokens_per_s / requests.output_mean;
+            let prompt = requests.tail_prompt(rate);
+            let (tpot, ttft) = tail_latencies(
+                &model, &requests, batch, &state, prompt, cap_w, clock, mem_mhz,
+            );
+            (tpot <= tpot_limit_s && ttft <= ttft_limit_s).then_some(rate)
+        })
         .fold(0.0, f64::max)
-        / f64::from(workload.output_tokens.max(1))
 }
 
 /// The step time of one sequence alone at the top clock and no cap: the fastest a token
@@ -166,6 +315,52 @@ pub fn single_sequence_tpot_ms(scenario: &EvalScenario) -> f64 {
         )
         .step_s
         * 1e3
+}
+
+/// The TPOT p99 and TTFT p99 (ms) of one sequence decoding beside the prompt that sets a
+/// window's p99 at `rate` requests/s, at the top clock and no cap: the floors a family
+/// draws its bounds above. Decode only: the lone sequence's step, and no TTFT.
+pub fn latency_floors_ms(scenario: &EvalScenario, rate: f64) -> (f64, Option<f64>) {
+    let profile = &scenario.profile;
+    let model = decode_model(scenario);
+    let requests = Requests::of(scenario);
+    let top_clock = model.sm_grid().first().copied().unwrap_or(0);
+    let mem_mhz = f64::from(profile.mem_max_mhz());
+    let cap = profile.power_cap.max_w;
+    let state = serving_state(&model, &requests, 1, cap, top_clock, mem_mhz);
+    let prompt = requests.tail_prompt(rate);
+    let (tpot, ttft) = tail_latencies(
+        &model, &requests, 1, &state, prompt, cap, top_clock, mem_mhz,
+    );
+    (tpot * 1e3, requests.has_prompts().then_some(ttft * 1e3))
+}
+
+/// The time to first token of a lone median prompt at the top clock and no cap: the
+/// floor a TTFT bound is drawn above (none without prompts).
+pub fn single_prompt_ttft_ms(scenario: &EvalScenario) -> Option<f64> {
+    let requests = Requests::of(scenario);
+    if !requests.has_prompts() {
+        return None;
+    }
+    let profile = &scenario.profile;
+    let model = decode_model(scenario);
+    let top_clock = model.sm_grid().first().copied().unwrap_or(0);
+    let prompt = requests.prompt_quantile(0.5);
+    let chunk = prompt.min(requests.step_budget);
+    let load = StepLoad {
+        prefill: chunk,
+        prefill_positions: chunk * prompt / 2.0,
+        ..StepLoad::default()
+    };
+    let step = model
+        .steady_state_load(
+            &load,
+            profile.power_cap.max_w,
+            top_clock,
+            f64::from(profile.mem_max_mhz()),
+        )
+        .step_s;
+    Some((prompt / requests.step_budget).ceil().max(1.0) * step * 1e3)
 }
 
 /// Whether some phase is one no setting serves: the scenario is an overload, judged on
@@ -244,7 +439,7 @@ fn search_phase(
             )?;
             simulated += 1;
             if verified.feasible() {
-                if best.is_none_or(|(_, b)| verified.tokens_per_joule > b.tokens_per_joule) {
+                if best.is_none_or(|(_, b)| verified.better_than(&b)) {
                     best = Some((*candidate, verified));
                 }
             } else if closest.is_none_or(|(_, c)| {
@@ -271,6 +466,7 @@ fn search_phase(
                 Candidate {
                     setting,
                     tokens_per_joule: f64::NAN,
+                    power_w: f64::NAN,
                     tpot_s: f64::NAN,
                     point: (0, 0),
                 },
@@ -293,6 +489,28 @@ fn search_phase(
     })
 }
 
+/// The default settings over the whole run, as one phase: no cap below the maximum, no
+/// clock lock, the workload's starting batch size. What a GPU runs when nobody tunes it.
+pub fn default_settings(scenario: &EvalScenario, duration_s: f64) -> PhaseOracle {
+    PhaseOracle {
+        start_s: 0.0,
+        end_s: duration_s,
+        arrival_rps: f64::NAN,
+        setting: OracleSetting {
+            power_cap_w: scenario.profile.power_cap.max_w,
+            sm_clock_max_mhz: scenario.profile.sm_max_mhz(),
+            batch_size: scenario.workload.initial_batch_size,
+        },
+        predicted_tokens_per_joule: f64::NAN,
+        predicted_tpot_ms: f64::NAN,
+        simulated_tokens_per_joule: f64::NAN,
+        simulated_violation_fraction: f64::NAN,
+        feasible: true,
+        settings_scored: 0,
+        settings_simulated: 0,
+    }
+}
+
 fn most_capable(scenario: &EvalScenario) -> OracleSetting {
     OracleSetting {
         power_cap_w: scenario.profile.power_cap.max_w,
@@ -302,20 +520,41 @@ fn most_capable(scenario: &EvalScenario) -> OracleSetting {
 }
 
 /// Stage 1: every setting of the grid in steady state, feasible ones ranked best first.
+/// An idle phase (no demand) ranks the settings by the power of a GPU with nothing to
+/// run: tokens per joule cannot tell them apart, the energy bill can.
 fn score_all(scenario: &EvalScenario, rate: f64, outside_limit_w: Option<f64>) -> Vec<Candidate> {
     let profile = &scenario.profile;
     let workload = &scenario.workload;
     let model = decode_model(scenario);
+    let requests = Requests::of(scenario);
     let mem_mhz = f64::from(profile.mem_max_mhz());
-    let demand_tokens_per_s = rate * f64::from(workload.output_tokens);
-    let tpot_limit_s = scenario
-        .objective
-        .tpot_p99_limit_ms
-        .map_or(f64::INFINITY, |ms| ms * 1e-3);
+    let demand_tokens_per_s = rate * requests.output_mean;
+    let limit = |ms: Option<f64>| ms.map_or(f64::INFINITY, |ms| ms * 1e-3);
+    let tpot_limit_s = limit(scenario.objective.tpot_p99_limit_ms);
+    let ttft_limit_s = limit(scenario.objective.ttft_p99_limit_ms);
     let caps = cap_grid(profile.power_cap.min_w, profile.power_cap.max_w);
     let batches = batch_grid(workload.batch_size_max);
     let clocks = model.sm_grid().to_vec();
+    let prompt = requests.tail_prompt(rate);
     let mut candidates = Vec::new();
+    if demand_tokens_per_s <= 0.0 {
+        for &clock in &clocks {
+            let idle = model.point(0, f64::from(clock), mem_mhz);
+            candidates.push(Candidate {
+                setting: OracleSetting {
+                    power_cap_w: profile.power_cap.max_w,
+                    sm_clock_max_mhz: clock,
+                    batch_size: workload.batch_size_max,
+                },
+                tokens_per_joule: 0.0,
+                power_w: idle.power_w,
+                tpot_s: 0.0,
+                point: (clock, 0),
+            });
+        }
+        candidates.sort_by(|a, b| a.power_w.total_cmp(&b.power_w));
+        return candidates;
+    }
     for &cap in &caps {
         let enforced = outside_limit_w.map_or(cap, |outside| cap.min(outside));
         for &clock in &clocks {
@@ -325,7 +564,7 @@ fn score_all(scenario: &EvalScenario, rate: f64, outside_limit_w: Option<f64>) -
                     sm_clock_max_mhz: clock,
                     batch_size: batch,
                 };
-                let state = |n: u32| model.steady_state(n, enforced, clock, mem_mhz);
+                let state = |n: u32| serving_state(&model, &requests, n, enforced, clock, mem_mhz);
                 if state(batch).tokens_per_s < demand_tokens_per_s {
                     continue; // cannot keep up: the queue would grow until requests are turned away
                 }
@@ -340,14 +579,18 @@ fn score_all(scenario: &EvalScenario, rate: f64, outside_limit_w: Option<f64>) -
                     }
                 }
                 let at = state(lo);
-                if at.step_s > tpot_limit_s {
+                let (tpot_s, ttft_s) =
+                    tail_latencies(&model, &requests, lo, &at, prompt, enforced, clock, mem_mhz);
+                if tpot_s > tpot_limit_s || ttft_s > ttft_limit_s {
                     continue;
                 }
                 let served = demand_tokens_per_s.min(at.tokens_per_s);
+                // Prompt tokens cost energy too: the step's power covers both phases.
                 candidates.push(Candidate {
                     setting,
                     tokens_per_joule: served / at.power_w,
-                    tpot_s: at.step_s,
+                    power_w: at.power_w,
+                    tpot_s,
                     point: (at.sm_mhz, lo),
                 });
             }
@@ -416,6 +659,7 @@ fn simulate(
     };
     Ok(Verified {
         tokens_per_joule: if energy > 0.0 { tokens / energy } else { 0.0 },
+        power_w: energy / ticks as f64,
         violation_fraction: violations as f64 / ticks as f64,
         turned_away,
     })

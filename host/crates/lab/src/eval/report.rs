@@ -21,6 +21,8 @@ pub fn eval_report(results: &EvalResults) -> String {
             vec![
                 p.policy.clone(),
                 format!("{:.3}", p.ratio),
+                format!("{:.3}", p.causal_ratio),
+                format!("{:.2}", p.over_default),
                 p.failed.to_string(),
                 p.worst_text(),
                 fmt_option(p.ticks_to_95, 0),
@@ -36,6 +38,8 @@ pub fn eval_report(results: &EvalResults) -> String {
         &[
             "policy",
             "median ratio to oracle",
+            "to causal reference",
+            "× default settings",
             "failed",
             "worst scenario",
             "ticks to 0.95",
@@ -87,6 +91,9 @@ pub fn eval_report(results: &EvalResults) -> String {
                 ),
                 format!("{:.4}", e.oracle_tokens_per_joule),
                 e.ratio_text(),
+                format!("{:.4}", e.causal_tokens_per_joule),
+                e.causal_ratio_text(),
+                fmt_option(e.over_default, 2),
                 fmt_option(e.ticks_to_95, 0),
                 fmt_option(e.ticks_to_98, 0),
                 format!("{:.2} %", e.slo_violation_fraction * 100.0),
@@ -103,6 +110,9 @@ pub fn eval_report(results: &EvalResults) -> String {
             "tok/J (range)",
             "oracle tok/J",
             "ratio",
+            "causal tok/J",
+            "ratio to causal",
+            "× default",
             "ticks to 0.95",
             "ticks to 0.98",
             "violating ticks",
@@ -164,7 +174,7 @@ pub fn eval_report(results: &EvalResults) -> String {
         let mut batches = LineChart::new("batch size (GPU 0)", "time (s)", "sequences");
         for series in of_scenario {
             let make = |points: Vec<(f64, f64)>| {
-                if series.who == "oracle" {
+                if series.who == "oracle" || series.who == "causal reference" {
                     Series::dashed(&series.who, points)
                 } else {
                     Series::new(&series.who, points)

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use super::judge::{RunOutcome, Schedule};
+use super::judge::{References, RunOutcome, Schedule};
 use super::{EvalError, EvalRequest, EvalScenario, PhaseOracle, Series, oracle};
 use tokwatt_agent::RunRequest;
 use tokwatt_agent::assembly::RunMeta;
@@ -74,11 +74,36 @@ pub(super) fn parallel<J: Sync, T: Send>(
         .collect()
 }
 
-pub(super) fn run_schedule(
+/// The references of one scenario on one seed: the oracle's schedule, the causal
+/// reference (the same settings, each taken up [`super::REACTION_LAG_S`] after its
+/// phase starts) and the default settings throughout.
+pub(super) fn run_references(
     scenario: &EvalScenario,
     phases: &[PhaseOracle],
     duration_s: f64,
     seed: u64,
+) -> Result<References, EvalError> {
+    Ok(References {
+        oracle: run_schedule(scenario, phases, duration_s, seed, 0.0)?,
+        causal: run_schedule(scenario, phases, duration_s, seed, super::REACTION_LAG_S)?,
+        default: run_schedule(
+            scenario,
+            &[oracle::default_settings(scenario, duration_s)],
+            duration_s,
+            seed,
+            0.0,
+        )?,
+    })
+}
+
+/// `phases`' settings on one seed, each phase's taken up `lag_s` after it starts (the
+/// first phase's from the start: nothing came before it).
+fn run_schedule(
+    scenario: &EvalScenario,
+    phases: &[PhaseOracle],
+    duration_s: f64,
+    seed: u64,
+    lag_s: f64,
 ) -> Result<Schedule, EvalError> {
     let sim_error = |source| EvalError::Sim {
         scenario: scenario.name.clone(),
@@ -103,7 +128,10 @@ pub(super) fn run_schedule(
     let mut violations = 0;
     for _ in 0..ticks {
         let t = run.tick() as f64;
-        let current = phases.iter().rposition(|p| p.start_s <= t + 1e-9);
+        let current = phases
+            .iter()
+            .enumerate()
+            .rposition(|(i, p)| i == 0 || p.start_s + lag_s <= t + 1e-9);
         if current != phase_index
             && let Some(phase) = current.and_then(|i| phases.get(i))
         {

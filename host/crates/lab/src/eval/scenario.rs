@@ -151,6 +151,7 @@ impl EvalScenario {
                 "queue_wait_p99_limit_ms",
                 file.objective.queue_wait_p99_limit_ms,
             ),
+            ("ttft_p99_limit_ms", file.objective.ttft_p99_limit_ms),
         ] {
             if let Some(v) = value
                 && !(v.is_finite() && v >= 0.0)
@@ -159,6 +160,14 @@ impl EvalScenario {
                     "`objective.{key}` must be a non-negative number (got {v})"
                 )));
             }
+        }
+        if file.objective.ttft_p99_limit_ms.is_some() && workload.requests.is_none() {
+            return Err(invalid(
+                "`objective.ttft_p99_limit_ms` needs requests with prompts: give the workload \
+                 `prompt_tokens` (and `output_tokens` as a distribution or a number) instead of \
+                 `context_tokens`, or drop the TTFT bound"
+                    .into(),
+            ));
         }
         Ok(EvalScenario {
             name: path
