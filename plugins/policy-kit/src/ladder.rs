@@ -95,6 +95,8 @@ pub struct LadderWindow {
     /// The visit's own ticks, for the noise estimate and the bounds.
     pub record: ArmRecord,
     pub tpot_p99_ms: RunningStats,
+    /// The p99 time to first token of the ticks that told one (requests with prompts).
+    pub ttft_p99_ms: RunningStats,
     /// Requests waiting on the visit's first and latest tick.
     pub queue_start: u32,
     pub queue_last: u32,
@@ -303,6 +305,12 @@ impl LadderSearch {
         self.window
             .tpot_p99_ms
             .push(figures.tpot_p99_ms, config.memory_ticks);
+        let ttft_ms = observation
+            .requests
+            .as_ref()
+            .and_then(|r| r.ttft_p99_ms)
+            .unwrap_or(f64::NAN);
+        self.window.ttft_p99_ms.push(ttft_ms, config.memory_ticks);
         self.rungs[self.current].push(&figures, config.memory_ticks);
         self.judge(objective, config);
         self.current
@@ -707,6 +715,21 @@ impl LadderSearch {
                 config.tpot_margin * 100.0
             )));
         }
+        // Time to first token: a prompt's chunks run at the rung's clock, and a window's
+        // TTFT p99 is set by its longest prompt, so it swings from tick to tick. A rung
+        // whose ticks reach near the limit two deviations above their mean breaks it on
+        // the windows that hold a long prompt.
+        if let Some(limit_ms) = objective.ttft_p99_limit_ms {
+            let ttft = &window.ttft_p99_ms;
+            let spread = ttft.variance().map_or(0.0, f64::sqrt);
+            let high = ttft.mean + 2.0 * spread;
+            if ttft.count > 0 && high.is_finite() && high > limit_ms * (1.0 - config.tpot_margin) {
+                return Some(Bound::Plain(format!(
+                    "p99 time to first token reaches {high:.0} ms (mean + 2 sd), within {:.0} % of the limit",
+                    config.tpot_margin * 100.0
+                )));
+            }
+        }
         // A growing queue rules a rung out only where a higher rung kept up with demand:
         // when every setting leaves requests waiting (demand beyond the GPU), the queue
         // cannot tell settings apart and tokens per joule decides.
@@ -781,14 +804,26 @@ impl LadderSearch {
     }
 }
 
-/// How far `observation`'s p99 time per token is over the objective's limit (its ratio
-/// to the limit), for a tick that broke the objective: 1 without a limit, or when the
-/// tick's p99 is unknown (NaN: the breach was on throughput), never NaN.
+/// How far `observation`'s p99 time per token (or time to first token, whichever is
+/// further) is over the objective's limit (its ratio to the limit), for a tick that
+/// broke the objective: 1 without a limit, or when the tick's p99 is unknown (NaN: the
+/// breach was on throughput), never NaN.
 pub fn tpot_overshoot(observation: &Observation, objective: &Objective) -> f64 {
-    match objective.tpot_p99_limit_ms {
+    let tpot = match objective.tpot_p99_limit_ms {
         Some(limit_ms) if observation.tpot_p99_ms.is_finite() => observation.tpot_p99_ms / limit_ms,
         _ => 1.0,
-    }
+    };
+    // With prompts, a TTFT over its limit by more says more about the rung.
+    let ttft = match (
+        objective.ttft_p99_limit_ms,
+        observation.requests.as_ref().and_then(|r| r.ttft_p99_ms),
+    ) {
+        (Some(limit_ms), Some(ttft_ms)) if ttft_ms.is_finite() && limit_ms > 0.0 => {
+            ttft_ms / limit_ms
+        }
+        _ => 1.0,
+    };
+    tpot.max(ttft)
 }
 
 /// Whether `candidate`'s point estimate beats `incumbent`'s, on the figure of their regime.

@@ -34,6 +34,9 @@ impl LadderWindow {
         Ok(LadderWindow {
             record: ArmRecord::read(reader, memory)?,
             tpot_p99_ms: RunningStats::read(reader, memory)?,
+            // Not in the layout (hand-overs from before prompts keep reading): the
+            // visit's TTFT is learnt again within its window.
+            ttft_p99_ms: RunningStats::default(),
             queue_start: reader.u32()?,
             queue_last: reader.u32()?,
         })

@@ -56,8 +56,9 @@ impl TickFigures {
 }
 
 /// Why `observation` breaks the objective, if it does: p99 time per token over the limit
-/// on a tick that made tokens, or throughput under the floor while requests wait (under
-/// it with an empty queue means too little demand, not too slow a GPU).
+/// on a tick that made tokens, p99 time to first token or queue wait over theirs (where
+/// the workload tells them), or throughput under the floor while requests wait (under it
+/// with an empty queue means too little demand, not too slow a GPU).
 pub fn objective_breach(observation: &Observation, objective: &Objective) -> Option<String> {
     if let Some(limit_ms) = objective.tpot_p99_limit_ms
         && observation.tokens > 0
@@ -66,6 +67,25 @@ pub fn objective_breach(observation: &Observation, objective: &Objective) -> Opt
         return Some(format!(
             "p99 time per token {:.2} ms is over the {limit_ms} ms limit",
             observation.tpot_p99_ms
+        ));
+    }
+    if let Some(limit_ms) = objective.ttft_p99_limit_ms
+        && let Some(ttft_ms) = observation.requests.as_ref().and_then(|r| r.ttft_p99_ms)
+        && ttft_ms > limit_ms
+    {
+        return Some(format!(
+            "p99 time to first token {ttft_ms:.0} ms is over the {limit_ms} ms limit"
+        ));
+    }
+    if let Some(limit_ms) = objective.queue_wait_p99_limit_ms
+        && let Some(wait_ms) = observation
+            .demand
+            .as_ref()
+            .and_then(|d| d.queue_wait_p99_ms)
+        && wait_ms > limit_ms
+    {
+        return Some(format!(
+            "p99 queue wait {wait_ms:.0} ms is over the {limit_ms} ms limit"
         ));
     }
     if let Some(min_tokens_per_s) = objective.min_tokens_per_s
@@ -497,5 +517,46 @@ mod tests {
         assert_eq!(objective_breach(&waiting, &objective), None);
         waiting.queue_depth = 3;
         assert!(objective_breach(&waiting, &objective).is_some());
+    }
+
+    #[test]
+    fn a_first_token_or_a_wait_over_its_limit_is_a_breach() {
+        let objective = Objective {
+            tpot_p99_limit_ms: None,
+            min_tokens_per_s: None,
+            queue_wait_p99_limit_ms: Some(1000.0),
+            ttft_p99_limit_ms: Some(500.0),
+        };
+        let mut observation = testing::observation(0, 1);
+        assert_eq!(
+            objective_breach(&observation, &objective),
+            None,
+            "nothing told"
+        );
+        observation.requests = Some(tokwatt_policy_sdk::Requests {
+            prefill_tokens: 4000,
+            first_tokens: 3,
+            ttft_p99_ms: Some(650.0),
+            prefill_time_share: Some(0.4),
+            preemptions: Some(0),
+            requests_finished: Some(3),
+            energy_per_request_j: None,
+        });
+        let breach = objective_breach(&observation, &objective).unwrap_or_default();
+        assert!(breach.contains("first token 650 ms"), "{breach}");
+        assert!((crate::ladder::tpot_overshoot(&observation, &objective) - 1.3).abs() < 1e-9);
+        if let Some(requests) = observation.requests.as_mut() {
+            requests.ttft_p99_ms = Some(300.0);
+        }
+        assert_eq!(objective_breach(&observation, &objective), None);
+        observation.demand = Some(tokwatt_policy_sdk::Demand {
+            requests_arrived: 10,
+            requests_completed: 10,
+            requests_turned_away: 0,
+            tokens_demanded: 1000,
+            queue_wait_p99_ms: Some(1500.0),
+        });
+        let breach = objective_breach(&observation, &objective).unwrap_or_default();
+        assert!(breach.contains("queue wait 1500 ms"), "{breach}");
     }
 }
