@@ -203,6 +203,93 @@ fn the_serve_toml_reference_is_current() {
     check_current("serve-toml.md", &page);
 }
 
+/// What the scenario reference says beyond the keys: the rules the parsers and the judge
+/// apply, in words (the code that applies them is cited).
+const SCENARIO_RULES: &str = "## Rules
+
+- **Lengths.** Give `prompt_tokens` (requests with prompts: each is prefilled in chunks, \
+then decoded, its KV cache growing a position a token) or `context_tokens` (decode only: \
+every sequence attends over that fixed context), not both. `prompt_tokens` and \
+`output_tokens` take a number (every request the same) or a distribution table:
+  - `{ distribution = \"fixed\", tokens = N }`
+  - `{ distribution = \"uniform\", min = A, max = B }` (every integer in between equally likely)
+  - `{ distribution = \"lognormal\", median = M, sigma = S, min = A, max = B }` (`M·exp(S·N(0,1))`, rounded, clamped)
+  - `{ distribution = \"table\", tokens = [..], weights = [..] }` (one of `tokens`, by weight)
+- **The step budget.** `max_batched_tokens` (8192 when left out, vLLM's \
+`max_num_batched_tokens`) is what one engine step may process: every decoding sequence's \
+next token first, then prompt chunks. A long prompt's chunk makes the step slow for every \
+sequence decoding beside it: a small budget keeps the TPOT tail down, a large one \
+first tokens early.
+- **The objective** is checked on every one-second tick's window: \
+`tpot_p99_limit_ms` on a window that made tokens; `ttft_p99_limit_ms` on a window where \
+first tokens came (it needs prompts: a decode-only scenario with a TTFT bound is refused); \
+`queue_wait_p99_limit_ms` on a window where requests left the queue; a request turned \
+away (the queue full at `queue_max`) breaks it on its tick. **The throughput floor** \
+`min_tokens_per_s` counts only on a window in which requests wait: under it with an empty \
+queue means too little demand, not too slow a GPU. Alone, then, it bounds only the \
+turning away of demand; pair it with a latency bound.
+- **Batch size and memory.** `batch_size_max` is cut to what the GPU's memory holds at the \
+context (with prompts: the mean prompt plus half the mean output); with prompts the KV cache \
+grows as sequences decode, and a sequence that no longer fits is preempted and recomputed.
+- **Capacity.** `tokwatt eval --plan FILE` prints each phase's demand, the most requests/s \
+the GPU serves within the objective's TPOT and TTFT bounds (the steady-state model, no cap, \
+no clock lock) and the oracle's settings with what they measured, judging nothing.
+- **Duration.** A judging scenario runs `duration_s` (1800 when left out; 10 s to a week); \
+`tokwatt eval --duration` overrides it.
+
+";
+
+#[test]
+fn the_scenario_file_reference_is_current() {
+    let mut page = format!(
+        "# Scenario files\n\n{GENERATED_NOTE}Two layouts, each refusing any key it does not \
+         know by name:\n\n\
+         - a **simulator scenario** is the work alone: `tokwatt run --sim GPU --scenario \
+         FILE` (and `ab`, `tune`), shipped in `host/scenarios/*.toml`;\n\
+         - a **judging scenario** names a simulated GPU, the operator's objective, the \
+         boards' sensors and a `[workload]` table that is a simulator scenario: `tokwatt eval \
+         --scenarios`, `tokwatt eval --plan`, and what `tokwatt eval --family … \
+         --write-scenarios` writes; shipped in `host/scenarios/eval` (decode only) and \
+         `host/scenarios/serving` (with prompts).\n\n\
+         How the judge uses them: [Judging policies](../experiments/eval.md).\n\n"
+    );
+    page.push_str("# A simulator scenario\n\n");
+    for table in ["", "phases"] {
+        let text = format!(
+            "{}unknown_key_for_the_book = 1\n",
+            header(table, &["phases"])
+        );
+        let error = tokwatt::sim::scenario::Scenario::from_toml_str(&text, "book.toml")
+            .expect_err("an unknown key is refused")
+            .to_string();
+        let heading = if table.is_empty() { "" } else { "[phases]" };
+        keys_section(&mut page, heading, &accepted_keys(&error));
+    }
+    page.push_str(
+        "`model_shape` takes a model's shape (`hidden`, `layers`, `heads`, `kv_heads`, \
+         `head_dim`, `mlp`, `vocab`) where `model` names no preset.\n\n# A judging scenario\n\n",
+    );
+    for table in ["", "objective", "sensor"] {
+        let text = format!("{}unknown_key_for_the_book = 1\n", header(table, &[]));
+        let error = tokwatt::eval::EvalScenario::parse(Path::new("book.toml"), &text)
+            .expect_err("an unknown key is refused")
+            .to_string();
+        keys_section(&mut page, table, &accepted_keys(&error));
+    }
+    page.push_str(
+        "`[workload]` is a simulator scenario (its keys above), with `[[workload.phases]]`.\n\n",
+    );
+    page.push_str(SCENARIO_RULES);
+    for example in [
+        "host/scenarios/chat.toml",
+        "host/scenarios/serving/h200-8b-chat.toml",
+    ] {
+        let text = std::fs::read_to_string(repo_root().join(example)).expect(example);
+        page.push_str(&format!("## `{example}`\n\n```toml\n{text}```\n\n"));
+    }
+    check_current("scenarios.md", &page);
+}
+
 /// Every key of a JSON value as a dotted path (`gpus[].tokens`), objects and arrays
 /// walked.
 fn key_paths(value: &serde_json::Value, prefix: &str, out: &mut BTreeSet<String>) {
