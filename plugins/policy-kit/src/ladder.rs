@@ -97,10 +97,24 @@ pub struct LadderWindow {
     pub tpot_p99_ms: RunningStats,
     /// The p99 time to first token of the ticks that told one (requests with prompts).
     pub ttft_p99_ms: RunningStats,
+    /// Tokens made and tokens the arrivals asked for over the visit (where the workload
+    /// tells the demand), and the sequences in flight on its first and latest tick: a
+    /// rung that makes far fewer tokens than are asked for while the batch fills is
+    /// falling behind, though nobody waits in the queue yet.
+    pub tokens_made: f64,
+    pub tokens_demanded: f64,
+    pub in_flight_start: u32,
+    pub in_flight_last: u32,
+    /// The batch size in force on the latest tick.
+    pub batch_size: u32,
     /// Requests waiting on the visit's first and latest tick.
     pub queue_start: u32,
     pub queue_last: u32,
 }
+
+/// Below this share of the tokens asked for, with the batch filling, a visit falls behind
+/// (the arrivals' lengths make the asked-for tokens swing about a fifth over a few ticks).
+pub const FALLING_BEHIND_SHARE: f64 = 0.7;
 
 /// Requests that waited through a visit: the queue's mean over it, its latest depth
 /// and its growth a tick.
@@ -136,6 +150,27 @@ impl LadderWindow {
         } else {
             WindowLatency::Within
         }
+    }
+
+    /// Why the visit fell behind its demand, if it did: it made under
+    /// [`FALLING_BEHIND_SHARE`] of the tokens its arrivals asked for while the sequences
+    /// in flight grew past a quarter of the batch (and `queue_min`). Below that, a slower
+    /// rung's sequences simply live longer: by Little's law more are in flight at the
+    /// same demand, and the tokens made lag the tokens asked for while they build up.
+    pub fn falling_behind(&self, queue_min: u32, batch_size: u32) -> Option<String> {
+        let grew = self.in_flight_last > self.in_flight_start
+            && self.in_flight_last >= queue_min.max(batch_size / 4);
+        (grew
+            && self.tokens_demanded > 0.0
+            && self.tokens_made < FALLING_BEHIND_SHARE * self.tokens_demanded)
+            .then(|| {
+                format!(
+                    "it made {:.0} % of the tokens asked for while the sequences in flight grew from {} to {}",
+                    100.0 * self.tokens_made / self.tokens_demanded,
+                    self.in_flight_start,
+                    self.in_flight_last
+                )
+            })
     }
 
     /// Whether requests waited for a slot through the visit: a queue that grew (to at
@@ -297,8 +332,15 @@ impl LadderSearch {
         }
         if self.window.record.ticks() == 0 {
             self.window.queue_start = figures.queue_depth;
+            self.window.in_flight_start = observation.active_sequences;
         }
         self.window.queue_last = figures.queue_depth;
+        self.window.in_flight_last = observation.active_sequences;
+        self.window.batch_size = observation.in_force.batch_size;
+        if let Some(demand) = observation.demand.as_ref() {
+            self.window.tokens_made += observation.tokens as f64;
+            self.window.tokens_demanded += demand.tokens_demanded as f64;
+        }
         self.window.record.push(&figures, config.memory_ticks);
         // An unknown p99 (NaN) is left out of the window's latency (the push skips it);
         // the tick still counts for tokens per joule.
@@ -719,7 +761,7 @@ impl LadderSearch {
         // TTFT p99 is set by its longest prompt, so it swings from tick to tick. A rung
         // whose ticks reach near the limit two deviations above their mean breaks it on
         // the windows that hold a long prompt.
-        if let Some(limit_ms) = objective.ttft_p99_limit_ms {
+        if let Some(limit_ms) = first_token_bound(objective) {
             let ttft = &window.ttft_p99_ms;
             let spread = ttft.variance().map_or(0.0, f64::sqrt);
             let high = ttft.mean + 2.0 * spread;
@@ -729,6 +771,13 @@ impl LadderSearch {
                     config.tpot_margin * 100.0
                 )));
             }
+        }
+        // Falling behind before the queue shows it: the batch takes the arrivals in, and
+        // a rung too slow for them (with prompts, too slow to prefill them) fills it.
+        if let Some(reason) = window.falling_behind(config.queue_min, window.batch_size)
+            && self.current < self.top()
+        {
+            return Some(Bound::Plain(reason));
         }
         // A growing queue rules a rung out only where a higher rung kept up with demand:
         // when every setting leaves requests waiting (demand beyond the GPU), the queue
@@ -801,6 +850,21 @@ impl LadderSearch {
 
     fn up(&self, from: usize, rungs: usize) -> usize {
         from.saturating_add(rungs).min(self.top())
+    }
+}
+
+/// The bound a rung's time to first token is held to: the objective's TTFT limit, and
+/// with prompts its queue-wait limit too, whichever is lower. A request whose prompt
+/// waits in the batch for its chunks waits as surely as one in the queue: a rung too slow
+/// for the prompts fills the batch with them and shows no queue until the batch is full,
+/// and then a backlog no rung drains quickly. (A policy may narrow the objective.)
+pub fn first_token_bound(objective: &Objective) -> Option<f64> {
+    match (
+        objective.ttft_p99_limit_ms,
+        objective.queue_wait_p99_limit_ms,
+    ) {
+        (Some(ttft), Some(wait)) => Some(ttft.min(wait)),
+        (ttft, wait) => ttft.or(wait),
     }
 }
 

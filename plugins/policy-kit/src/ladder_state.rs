@@ -35,8 +35,13 @@ impl LadderWindow {
             record: ArmRecord::read(reader, memory)?,
             tpot_p99_ms: RunningStats::read(reader, memory)?,
             // Not in the layout (hand-overs from before prompts keep reading): the
-            // visit's TTFT is learnt again within its window.
+            // visit's TTFT and its demand are learnt again within its window.
             ttft_p99_ms: RunningStats::default(),
+            tokens_made: 0.0,
+            tokens_demanded: 0.0,
+            in_flight_start: 0,
+            in_flight_last: 0,
+            batch_size: 0,
             queue_start: reader.u32()?,
             queue_last: reader.u32()?,
         })

@@ -380,3 +380,42 @@ fn under_a_held_cap_a_breach_still_asks_above_it() {
         "asked above the held cap only {above} times: {asked:?}"
     );
 }
+
+#[test]
+fn a_visit_that_fills_the_batch_while_making_too_few_tokens_falls_behind() {
+    let window = |start: u32, last: u32, made: f64, asked: f64| LadderWindow {
+        in_flight_start: start,
+        in_flight_last: last,
+        tokens_made: made,
+        tokens_demanded: asked,
+        batch_size: 512,
+        ..LadderWindow::default()
+    };
+    // Too slow for the prompts: a third of the tokens asked for, the batch filling.
+    let behind = window(150, 210, 700.0, 2300.0).falling_behind(16, 512);
+    assert!(
+        behind.as_deref().is_some_and(|why| why.contains("30 %")),
+        "{behind:?}"
+    );
+    // A slower rung's longer-lived sequences below a quarter of the batch: Little's law,
+    // not a backlog.
+    assert_eq!(window(60, 90, 700.0, 2300.0).falling_behind(16, 512), None);
+    // Keeping up while the batch fills (a burst being served) is not falling behind.
+    assert_eq!(
+        window(150, 210, 2200.0, 2300.0).falling_behind(16, 512),
+        None
+    );
+    // No demand told: nothing to compare.
+    assert_eq!(window(150, 210, 700.0, 0.0).falling_behind(16, 512), None);
+}
+
+#[test]
+fn a_queue_wait_bound_holds_first_tokens_too_and_the_lower_bound_wins() {
+    use crate::ladder::first_token_bound;
+    let mut objective = objective(None);
+    assert_eq!(first_token_bound(&objective), None);
+    objective.queue_wait_p99_limit_ms = Some(1500.0);
+    assert_eq!(first_token_bound(&objective), Some(1500.0));
+    objective.ttft_p99_limit_ms = Some(800.0);
+    assert_eq!(first_token_bound(&objective), Some(800.0));
+}
