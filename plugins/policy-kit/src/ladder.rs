@@ -337,7 +337,15 @@ impl LadderSearch {
         self.window.queue_last = figures.queue_depth;
         self.window.in_flight_last = observation.active_sequences;
         self.window.batch_size = observation.in_force.batch_size;
-        if let Some(demand) = observation.demand.as_ref() {
+        // Only with prompts: a decoding sequence holds its slot from its first step, so
+        // without them a rung too slow shows in the queue (and the TPOT) soon enough, and
+        // long outputs make the tokens made lag the tokens asked for after every step
+        // down.
+        let prefilling = observation
+            .requests
+            .as_ref()
+            .is_some_and(|r| r.prefill_tokens > 0);
+        if let (true, Some(demand)) = (prefilling, observation.demand.as_ref()) {
             self.window.tokens_made += observation.tokens as f64;
             self.window.tokens_demanded += demand.tokens_demanded as f64;
         }
