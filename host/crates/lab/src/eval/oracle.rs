@@ -34,7 +34,27 @@ const VERIFY_PER_ROUND: usize = 6;
 const VERIFY_ROUNDS: usize = 4;
 /// A verification run: settle, then measure (or the phase's own length, if shorter).
 const VERIFY_SETTLE_S: f64 = 20.0;
+/// ... or two request lifetimes, if longer (up to this): the sequences in flight build up
+/// over a lifetime, and a run measured before they have shows a load the setting never
+/// carries (a reasoning model's 2,000-token outputs live a minute or more).
+const VERIFY_SETTLE_MAX_S: f64 = 300.0;
+
+/// The settling time of a verification run of a setting whose steps take `step_s`.
+fn settle_s(requests: &Requests, step_s: f64) -> f64 {
+    let lifetime_s = requests.output_mean * step_s;
+    if lifetime_s.is_finite() {
+        VERIFY_SETTLE_S
+            .max(2.0 * lifetime_s)
+            .min(VERIFY_SETTLE_MAX_S)
+    } else {
+        VERIFY_SETTLE_MAX_S
+    }
+}
 const VERIFY_MEASURE_S: f64 = 90.0;
+/// Settings that passed a verification run run over the whole phase (with prompts), best
+/// first, skipping any no more capable than one that failed, until one keeps the
+/// objective there: at most this many.
+const WHOLE_PHASE_CONFIRMATIONS: usize = 6;
 /// Ticks of a verification run that may break the objective.
 const VERIFY_VIOLATION_ALLOWANCE: f64 = 0.01;
 
@@ -424,9 +444,11 @@ fn search_phase(
         }
     }
     let measure_s = (end_s - start_s).min(VERIFY_MEASURE_S);
+    let requests = Requests::of(scenario);
     let mut simulated = 0;
     let mut closest: Option<(Candidate, Verified)> = None;
     let mut best: Option<(Candidate, Verified)> = None;
+    let mut passed: Vec<(Candidate, Verified)> = Vec::new();
     for round in distinct.chunks(VERIFY_PER_ROUND).take(VERIFY_ROUNDS) {
         for candidate in round {
             let verified = simulate(
@@ -434,11 +456,13 @@ fn search_phase(
                 rate,
                 outside_limit_w,
                 candidate.setting,
+                settle_s(&requests, candidate.tpot_s),
                 measure_s,
                 seed,
             )?;
             simulated += 1;
             if verified.feasible() {
+                passed.push((*candidate, verified));
                 if best.is_none_or(|(_, b)| verified.better_than(&b)) {
                     best = Some((*candidate, verified));
                 }
@@ -453,6 +477,60 @@ fn search_phase(
             break;
         }
     }
+    // With prompts, a setting can pass a short run and still fail the phase: the KV cache
+    // of the sequences in flight grows as they decode, and a setting at the edge fills the
+    // memory after minutes, then preempts and recomputes until the queue runs over. The
+    // best that passed are run over the whole phase too, best first, and the first that
+    // keeps the objective there wins.
+    let phase_s = end_s - start_s;
+    if requests.has_prompts() && phase_s > measure_s + 1.0 && best.is_some() {
+        passed.sort_by(|(_, a), (_, b)| {
+            b.tokens_per_joule
+                .total_cmp(&a.tokens_per_joule)
+                .then(a.power_w.total_cmp(&b.power_w))
+        });
+        best = None;
+        let mut failed: Vec<OracleSetting> = Vec::new();
+        // A setting no more capable than one that failed the phase fails it too.
+        let outclassed = |setting: &OracleSetting, failed: &[OracleSetting]| {
+            failed.iter().any(|f| {
+                setting.sm_clock_max_mhz <= f.sm_clock_max_mhz
+                    && setting.power_cap_w <= f.power_cap_w
+                    && setting.batch_size <= f.batch_size
+            })
+        };
+        let mut confirmations = 0;
+        for (candidate, _) in &passed {
+            if confirmations == WHOLE_PHASE_CONFIRMATIONS {
+                break;
+            }
+            if outclassed(&candidate.setting, &failed) {
+                continue;
+            }
+            confirmations += 1;
+            let whole = simulate(
+                scenario,
+                rate,
+                outside_limit_w,
+                candidate.setting,
+                settle_s(&requests, candidate.tpot_s),
+                phase_s,
+                seed,
+            )?;
+            simulated += 1;
+            if whole.feasible() {
+                best = Some((*candidate, whole));
+                break;
+            }
+            failed.push(candidate.setting);
+            if closest.is_none_or(|(_, c)| {
+                (whole.turned_away, whole.violation_fraction)
+                    < (c.turned_away, c.violation_fraction)
+            }) {
+                closest = Some((*candidate, whole));
+            }
+        }
+    }
     let feasible = best.is_some();
     let (candidate, verified) = match best.or(closest) {
         Some(found) => found,
@@ -460,7 +538,15 @@ fn search_phase(
         // lock, the largest batch) comes closest.
         None => {
             let setting = most_capable(scenario);
-            let verified = simulate(scenario, rate, outside_limit_w, setting, measure_s, seed)?;
+            let verified = simulate(
+                scenario,
+                rate,
+                outside_limit_w,
+                setting,
+                VERIFY_SETTLE_S,
+                measure_s,
+                seed,
+            )?;
             simulated += 1;
             (
                 Candidate {
@@ -628,6 +714,7 @@ fn simulate(
     rate: f64,
     outside_limit_w: Option<f64>,
     setting: OracleSetting,
+    settle_s: f64,
     measure_s: f64,
     seed: u64,
 ) -> Result<Verified, SimError> {
@@ -644,7 +731,7 @@ fn simulate(
     )?;
     let mut run = FixedRun::new(&sim, clock, &scenario.objective);
     run.apply(setting);
-    run.advance_ticks(VERIFY_SETTLE_S.round() as u64);
+    run.advance_ticks(settle_s.round().max(1.0) as u64);
     let before = sim.truth(0);
     let ticks = measure_s.round().max(1.0) as u64;
     let violations = run.advance_ticks(ticks);
