@@ -36,8 +36,12 @@
 //! # Bounds and the objective
 //!
 //! A rung whose window has a mean p99 time per token within `tpot_margin` of the limit,
-//! or whose queue grows (by `queue_growth` requests a tick past `queue_min`) or holds
-//! `queue_min` requests on average without draining, is out of bounds (unless requests
+//! whose p99 time to first token (with prompts: mean + 2 standard deviations of its
+//! ticks, against the TTFT bound or, if lower, the queue-wait bound) comes within
+//! `tpot_margin` of its bound, which falls behind (with prompts: under 70 % of the tokens
+//! asked for while the batch fills past a quarter), or whose queue grows (by
+//! `queue_growth` requests a tick past `queue_min`) or holds `queue_min` requests on
+//! average without draining, is out of bounds (unless requests
 //! wait at the top rung too: demand beyond the GPU): it becomes a *floor*, below which
 //! the search does not go for `floor_hold_windows` windows, and the bracket starts above
 //! it (the settled rung, only just out of bounds, gives way to the rung above it). A tick

@@ -14,6 +14,8 @@ use tokwatt_policy_sdk::{StateReader, StateWriter};
 /// u32 windows_at_incumbent, u8 recheck direction (0 down, 1 up),
 /// bool has floor [u32 rung, u32 windows_left],
 /// window: ArmRecord, [u32 count, f64 mean, f64 m2] p99, u32 queue_start, u32 queue_last,
+/// [u32 count, f64 mean, f64 m2] TTFT p99, f64 tokens made, f64 tokens asked for,
+/// u32 in flight at the start, u32 in flight last, u32 batch size (since schema 3),
 /// noise: f64 x2, shift: f64 ratio, u32 ticks_off, f64 demand, u32 mismatch_ticks,
 /// bool raised,
 /// bool has queue suspect [u32 rung, u32 reference], bool recovering
@@ -23,10 +25,18 @@ impl LadderWindow {
     /// joint search's hand-overs share this layout).
     pub fn write(&self, writer: StateWriter) -> StateWriter {
         let writer = self.record.write(writer);
-        self.tpot_p99_ms
+        let writer = self
+            .tpot_p99_ms
             .write(writer)
             .u32(self.queue_start)
-            .u32(self.queue_last)
+            .u32(self.queue_last);
+        self.ttft_p99_ms
+            .write(writer)
+            .f64(self.tokens_made)
+            .f64(self.tokens_demanded)
+            .u32(self.in_flight_start)
+            .u32(self.in_flight_last)
+            .u32(self.batch_size)
     }
 
     /// A window written by [`LadderWindow::write`].
@@ -34,16 +44,14 @@ impl LadderWindow {
         Ok(LadderWindow {
             record: ArmRecord::read(reader, memory)?,
             tpot_p99_ms: RunningStats::read(reader, memory)?,
-            // Not in the layout (hand-overs from before prompts keep reading): the
-            // visit's TTFT and its demand are learnt again within its window.
-            ttft_p99_ms: RunningStats::default(),
-            tokens_made: 0.0,
-            tokens_demanded: 0.0,
-            in_flight_start: 0,
-            in_flight_last: 0,
-            batch_size: 0,
             queue_start: reader.u32()?,
             queue_last: reader.u32()?,
+            ttft_p99_ms: RunningStats::read(reader, memory)?,
+            tokens_made: reader.f64()?,
+            tokens_demanded: reader.f64()?,
+            in_flight_start: reader.u32()?,
+            in_flight_last: reader.u32()?,
+            batch_size: reader.u32()?,
         })
     }
 }

@@ -27,7 +27,7 @@
 //! `grid_w` (default 10 W) and the ladder search's keys
 //! ([`LadderConfig`](tokwatt_policy_kit::LadderConfig)); `policies/cap-search.toml`
 //! documents each with its unit and default. The policy needs the `power-cap` knob and turns no
-//! other. Its state (schema version 2, see `tokwatt_policy_kit::ladder`) goes to a new
+//! other. Its state (schema version 3, see `tokwatt_policy_kit::ladder`) goes to a new
 //! version at a hot swap.
 
 use tokwatt_policy_kit::{
@@ -38,7 +38,7 @@ use tokwatt_policy_sdk::{
 };
 
 /// The version of the state layout.
-const SCHEMA_VERSION: u32 = 2;
+const SCHEMA_VERSION: u32 = 3;
 
 #[derive(Debug, Clone)]
 struct CapSearchPolicy {

@@ -3,8 +3,8 @@
 //! searches again when the workload shifts.
 //!
 //! Lower clocks save power faster than they lose speed (the voltage falls with the
-//! clock), until the p99 time per token breaks the objective or the GPU no longer keeps
-//! up with demand. So the best clock under a latency objective is usually the lowest
+//! clock), until the p99 time per token (or, with prompts, to first token) breaks the
+//! objective or the GPU no longer keeps up with demand. So the best clock under a latency objective is usually the lowest
 //! that keeps the p99 under the limit with a margin and the queue from growing; under a
 //! saturating load, tokens per joule itself peaks at some clock.
 //!
@@ -22,7 +22,9 @@
 //!   tokens are the arrivals'); while requests wait, on tokens per joule. From 110
 //!   clocks to 3 takes about ten windows.
 //! - A clock whose window brings the mean p99 time per token within `tpot_margin` of
-//!   the limit, or makes the queue grow where a higher clock kept up, is a floor for
+//!   the limit, the time to first token near its bound (with prompts: compute-bound
+//!   prefill slows with the clock), falls behind the arrivals while the batch fills, or
+//!   makes the queue grow where a higher clock kept up, is a floor for
 //!   `floor_hold_windows` windows. A tick that breaks the objective moves the lock up
 //!   at once, so the GPU never sits at a breaking clock for more than a tick or two.
 //! - Settled on the best clock, it probes a neighbour every `recheck_windows` windows.
@@ -33,7 +35,7 @@
 //!
 //! The ladder search's keys ([`LadderConfig`](tokwatt_policy_kit::LadderConfig));
 //! `policies/clock-search.toml` documents each with its unit and default. The policy
-//! needs the `sm-clock` knob and turns no other. Its state (schema version 2, see
+//! needs the `sm-clock` knob and turns no other. Its state (schema version 3, see
 //! `tokwatt_policy_kit::ladder`) goes to a new version at a hot swap.
 
 use tokwatt_policy_kit::{
@@ -44,7 +46,7 @@ use tokwatt_policy_sdk::{
 };
 
 /// The version of the state layout.
-const SCHEMA_VERSION: u32 = 2;
+const SCHEMA_VERSION: u32 = 3;
 
 /// Two clocks closer than this are the same clock.
 const CLOCK_TOLERANCE_MHZ: f64 = 0.5;

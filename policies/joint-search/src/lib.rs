@@ -45,7 +45,7 @@
 //! one arm, or a queue appearing or vanishing, drops every record and rule-out; after a
 //! rise in load, the search starts from the fastest clock.
 //!
-//! The policy needs the `sm-clock` and `batch-size` knobs. Its state (schema version 2,
+//! The policy needs the `sm-clock` and `batch-size` knobs. Its state (schema version 3,
 //! see `state.rs`) goes to a new version at a hot swap.
 
 mod bandit;
