@@ -367,3 +367,68 @@ fn the_held_out_set_written_elsewhere_loads_and_covers_what_the_generator_draws(
         "no fast shifts or bursts"
     );
 }
+
+/// `eval --plan` judges nothing: per phase, the demand, the capacity within the bounds
+/// and the oracle's settings, as JSON for a script; a TTFT bound without prompts is
+/// refused with the fix.
+#[test]
+fn a_plan_prints_each_phases_capacity_and_oracle_and_refuses_a_ttft_bound_without_prompts() {
+    let output = tokwatt()
+        .args(["eval", "--json", "--plan"])
+        .arg(repo_root().join("host/scenarios/serving/h200-8b-chat.toml"))
+        .output()
+        .expect("runs");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let plans: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("the plan is JSON");
+    let plan = &plans[0];
+    assert!(
+        plan["prompt_tokens_mean"]
+            .as_f64()
+            .is_some_and(|p| p > 500.0),
+        "{plan}"
+    );
+    assert!(
+        plan["data_source"]
+            .as_str()
+            .is_some_and(|s| s.contains("simulator output"))
+    );
+    let phases = plan["phases"].as_array().expect("phases");
+    assert_eq!(phases.len(), 3);
+    for phase in phases {
+        let rate = phase["arrival_rps"].as_f64().expect("rate");
+        let capacity = phase["capacity_rps"].as_f64().expect("capacity");
+        assert!(capacity > rate, "{phase}");
+        assert!(
+            phase["oracle"]["feasible"].as_bool().expect("feasible"),
+            "{phase}"
+        );
+    }
+    // The idle phase idles at the lowest clock lock the oracle may take.
+    let idle = &phases[1]["oracle"]["setting"];
+    let busy = &phases[0]["oracle"]["setting"];
+    assert!(
+        idle["sm_clock_max_mhz"].as_u64() < busy["sm_clock_max_mhz"].as_u64(),
+        "{plan}"
+    );
+
+    let dir = tempdir();
+    let bad = dir.path().join("decode-with-ttft.toml");
+    std::fs::write(
+        &bad,
+        "gpu = \"h200\"\n[objective]\nttft_p99_limit_ms = 500\n[workload]\nmodel = \"llama-3-8b\"\n\
+         context_tokens = 1024\noutput_tokens = 128\n[[workload.phases]]\nstart_s = 0\narrival_rps = 5\n",
+    )
+    .expect("write");
+    let output = tokwatt()
+        .args(["eval", "--plan"])
+        .arg(&bad)
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("prompt_tokens"),
+        "{}",
+        stderr(&output)
+    );
+}
