@@ -51,10 +51,11 @@ fn settle_s(requests: &Requests, step_s: f64) -> f64 {
     }
 }
 const VERIFY_MEASURE_S: f64 = 90.0;
-/// Settings that passed a verification run run over the whole phase (with prompts), best
-/// first, skipping any no more capable than one that failed, until one keeps the
-/// objective there: at most this many.
-const WHOLE_PHASE_CONFIRMATIONS: usize = 6;
+/// Settings run over the whole phase (with prompts), those that passed a verification run
+/// first, then on up the steady-state ranking and last the most capable, skipping any no
+/// more capable than one that failed, until one keeps the objective there: at most this
+/// many.
+const WHOLE_PHASE_CONFIRMATIONS: usize = 8;
 /// Ticks of a verification run that may break the objective.
 const VERIFY_VIOLATION_ALLOWANCE: f64 = 0.01;
 
@@ -500,13 +501,45 @@ fn search_phase(
             })
         };
         let mut confirmations = 0;
-        for (candidate, _) in &passed {
+        // The settings that passed the short run first; should they all fail the phase,
+        // on up the steady-state ranking past them (more capable ones come later in it),
+        // and last the most capable setting of all.
+        let most = Candidate {
+            setting: most_capable(scenario),
+            tokens_per_joule: f64::NAN,
+            power_w: f64::NAN,
+            tpot_s: f64::NAN,
+            point: (0, 0),
+        };
+        let order = passed
+            .iter()
+            .map(|(candidate, _)| *candidate)
+            .chain(distinct.iter().copied())
+            .chain(std::iter::once(most));
+        let mut tried: Vec<OracleSetting> = Vec::new();
+        for candidate in order {
             if confirmations == WHOLE_PHASE_CONFIRMATIONS {
                 break;
             }
-            if outclassed(&candidate.setting, &failed) {
+            // The last confirmation is kept for the most capable setting; past the ones
+            // that passed the short run, the clock climbs by halves of what is left
+            // above the highest that failed (a bisection, not a walk).
+            let last_one = confirmations + 1 == WHOLE_PHASE_CONFIRMATIONS;
+            let past_passed = !passed.iter().any(|(p, _)| p.setting == candidate.setting);
+            let highest_failed = failed.iter().map(|f| f.sm_clock_max_mhz).max();
+            let below_half = highest_failed.is_some_and(|h| {
+                let top = most.setting.sm_clock_max_mhz;
+                past_passed && candidate.setting.sm_clock_max_mhz < h + (top.saturating_sub(h)) / 2
+            });
+            if tried.contains(&candidate.setting)
+                || outclassed(&candidate.setting, &failed)
+                || below_half
+                || (last_one && candidate.setting != most.setting)
+            {
                 continue;
             }
+            tried.push(candidate.setting);
+            let candidate = &candidate;
             confirmations += 1;
             let whole = simulate(
                 scenario,
