@@ -66,7 +66,11 @@
 //! or a queue appears or vanishes, for `shift_ticks` ticks in a row (see
 //! [`ShiftDetector`]), every record is dropped and a new bracket is searched: below the
 //! rung in force after a fall in load (less work needs less power), the whole ladder
-//! after a rise (measuring its upper point first, the safe side). Requests waiting at a
+//! after a rise (measuring its upper point first, the safe side). A floor stands through
+//! it until its hold runs out. Two moves are not shifts: more tokens a second in the
+//! first window after a raise for the objective (the backlog drains), and fewer at a
+//! rung that lags its demand (see [`LadderWindow::lagging`]: with prompts, a rung too
+//! slow to prefill them makes fewer tokens while its batch fills). Requests waiting at a
 //! probe mean a rung too slow or a rise in demand; where a higher rung served them at
 //! once, the search measures it again to tell: if the queue drains there, the probe was
 //! too slow (a floor); if not, the demand rose (a re-exploration).
@@ -175,6 +179,16 @@ impl LadderWindow {
                     self.in_flight_last
                 )
             })
+    }
+
+    /// Whether the visit so far made under [`FALLING_BEHIND_SHARE`] of the tokens its
+    /// arrivals asked for while more sequences came into flight: the rung lags its
+    /// demand (with prompts: its batch fills with prompts it prefills too slowly), so
+    /// its fewer tokens a second say nothing of the load.
+    pub fn lagging(&self) -> bool {
+        self.tokens_demanded > 0.0
+            && self.in_flight_last > self.in_flight_start
+            && self.tokens_made < FALLING_BEHIND_SHARE * self.tokens_demanded
     }
 
     /// Whether requests waited for a slot through the visit: a queue that grew (to at
@@ -327,12 +341,25 @@ impl LadderSearch {
             queue_min: config.queue_min,
             min_record_ticks: config.min_window_ticks,
         };
-        if let Some(shift) = self
+        let shift = self
             .shift
-            .observe(&self.rungs[self.current], &figures, &rule)
+            .observe(&self.rungs[self.current], &figures, &rule);
+        // After a raise for the objective the backlog the breaking rung left drains: more
+        // tokens a second for a while, which is not more work. And a rung too slow for
+        // its prompts makes fewer tokens while its batch fills, which is not less work.
+        let spurious = match shift {
+            Some(Shift::Rise) => self.recovering,
+            Some(Shift::Fall) => self.window.lagging(),
+            None => false,
+        };
+        if let Some(shift) = shift
+            && !spurious
         {
             self.reexplore(shift, config);
             return self.current;
+        }
+        if spurious {
+            self.shift = ShiftDetector::default();
         }
         if self.window.record.ticks() == 0 {
             self.window.queue_start = figures.queue_depth;
@@ -382,7 +409,9 @@ impl LadderSearch {
             }
         );
         self.rungs.fill(ArmRecord::default());
-        self.floor = None;
+        // A rung that broke the objective under less work breaks it under more: after a
+        // rise its floor stands. After a fall it stands too, until its hold runs out:
+        // with prompts, a fall read from the tokens made is as often a rung that lagged.
         self.shift = ShiftDetector::default();
         self.queue_suspect = None;
         let (lo, hi) = match shift {

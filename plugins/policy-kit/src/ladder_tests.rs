@@ -419,3 +419,65 @@ fn a_queue_wait_bound_holds_first_tokens_too_and_the_lower_bound_wins() {
     objective.ttft_p99_limit_ms = Some(800.0);
     assert_eq!(first_token_bound(&objective), Some(800.0));
 }
+
+#[test]
+fn a_re_exploration_keeps_a_floor_until_its_hold_runs_out() {
+    for shift in [Shift::Fall, Shift::Rise] {
+        let mut search = new_search();
+        search.current = 30;
+        search.floor = Some(Floor {
+            rung: 20,
+            windows_left: 3,
+        });
+        search.reexplore(shift, &LadderConfig::defaults());
+        assert!(
+            search.lo > 20 && search.current > 20,
+            "{shift:?}: bracket {}-{}, at {}",
+            search.lo,
+            search.hi,
+            search.current
+        );
+    }
+}
+
+/// A settled search whose shift detector fires a fall on the next tick, and whose visit
+/// so far made `made` of 2,000 tokens asked for while 40 more sequences came in.
+fn about_to_read_a_fall(made: f64) -> (LadderSearch, SyntheticGpu) {
+    let mut search = new_search();
+    let mut gpu = SyntheticGpu::new(1_200.0);
+    run(&mut search, &mut gpu, 200, &objective(None));
+    let config = LadderConfig::defaults();
+    search.shift = ShiftDetector {
+        ratio: 0.01,
+        ticks_off: -i32::try_from(config.shift_ticks).unwrap_or(i32::MAX),
+        demand: 1_200.0,
+    };
+    search.window.tokens_made = made;
+    search.window.tokens_demanded = 2_000.0;
+    search.window.in_flight_start = 60;
+    search.window.in_flight_last = 100;
+    (search, gpu)
+}
+
+#[test]
+fn a_rung_that_lags_its_demand_does_not_read_as_less_work() {
+    let config = LadderConfig::defaults();
+    let observe = |(mut search, mut gpu): (LadderSearch, SyntheticGpu)| {
+        let at = search.current;
+        let observation = gpu.tick(1_000, at, false);
+        search.observe(&observation, at, &objective(None), &config);
+        search
+    };
+    // Keeping up with its arrivals: the fall is real, and the search starts again.
+    let kept_up = observe(about_to_read_a_fall(1_900.0));
+    assert!(
+        kept_up.rungs.iter().all(|r| r.ticks() == 0),
+        "a real fall drops the records and searches again"
+    );
+    // A third of the tokens asked for while the batch fills: the rung, not the load.
+    let lagged = observe(about_to_read_a_fall(700.0));
+    assert!(
+        lagged.rungs.iter().any(|r| r.ticks() > 0),
+        "a lagging rung dropped the records"
+    );
+}

@@ -478,6 +478,34 @@ fn search_phase(
             break;
         }
     }
+    // Nothing the steady-state ranking offered kept the objective: its tails are too
+    // hopeful here (a window's TTFT p99 swings with the prompts it holds). Before calling
+    // the phase an overload, the most capable setting is run, and if it keeps the
+    // objective, the lowest clock under it that does too: the oracle must not take a
+    // schedule that breaks an objective some setting keeps.
+    if best.is_none() {
+        let climbed = climb_to_feasible(
+            scenario,
+            rate,
+            outside_limit_w,
+            &requests,
+            closest.map(|(c, _)| c.setting.sm_clock_max_mhz),
+            measure_s,
+            seed,
+        )?;
+        simulated += climbed.simulated;
+        if let Some(found) = climbed.found {
+            passed.push(found);
+            best = Some(found);
+        } else if let Some(top) = climbed.top
+            && closest.is_none_or(|(_, c)| {
+                (top.1.turned_away, top.1.violation_fraction)
+                    < (c.turned_away, c.violation_fraction)
+            })
+        {
+            closest = Some(top);
+        }
+    }
     // With prompts, a setting can pass a short run and still fail the phase: the KV cache
     // of the sequences in flight grows as they decode, and a setting at the edge fills the
     // memory after minutes, then preempts and recomputes until the queue runs over. The
@@ -628,6 +656,109 @@ pub fn default_settings(scenario: &EvalScenario, duration_s: f64) -> PhaseOracle
         settings_scored: 0,
         settings_simulated: 0,
     }
+}
+
+/// Verification runs a climb may make below the most capable setting: a bisection of a
+/// hundred-odd clocks closes to a few rungs in this many.
+const CLIMB_STEPS: usize = 5;
+
+/// What [`climb_to_feasible`] found.
+struct Climb {
+    /// The lowest clock found (at the most capable cap and batch) that kept the objective.
+    found: Option<(Candidate, Verified)>,
+    /// The most capable setting's run, when even it broke the objective.
+    top: Option<(Candidate, Verified)>,
+    simulated: usize,
+}
+
+/// Runs the most capable setting; if it keeps the objective, bisects the clock between
+/// `failed_mhz` (a clock that broke it, if one is known) and the top for the lowest that
+/// keeps it too, at the most capable cap and batch.
+fn climb_to_feasible(
+    scenario: &EvalScenario,
+    rate: f64,
+    outside_limit_w: Option<f64>,
+    requests: &Requests,
+    failed_mhz: Option<u32>,
+    measure_s: f64,
+    seed: u64,
+) -> Result<Climb, SimError> {
+    let model = decode_model(scenario);
+    let mem_mhz = f64::from(scenario.profile.mem_max_mhz());
+    let most = most_capable(scenario);
+    let enforced = outside_limit_w.map_or(most.power_cap_w, |o| most.power_cap_w.min(o));
+    let at = |clock: u32| -> (Candidate, f64) {
+        let setting = OracleSetting {
+            sm_clock_max_mhz: clock,
+            ..most
+        };
+        let state = serving_state(&model, requests, most.batch_size, enforced, clock, mem_mhz);
+        let candidate = Candidate {
+            setting,
+            tokens_per_joule: f64::NAN,
+            power_w: state.power_w,
+            tpot_s: state.step_s,
+            point: (clock, most.batch_size),
+        };
+        (candidate, settle_s(requests, state.step_s))
+    };
+    let mut simulated = 0;
+    let (top_candidate, top_settle) = at(most.sm_clock_max_mhz);
+    let top = simulate(
+        scenario,
+        rate,
+        outside_limit_w,
+        most,
+        top_settle,
+        measure_s,
+        seed,
+    )?;
+    simulated += 1;
+    if !top.feasible() {
+        return Ok(Climb {
+            found: None,
+            top: Some((top_candidate, top)),
+            simulated,
+        });
+    }
+    let clocks: Vec<u32> = model
+        .sm_grid()
+        .iter()
+        .copied()
+        .filter(|&c| c <= most.sm_clock_max_mhz)
+        .collect();
+    // Indices into `clocks`: `lo` broke the objective (or is below the ladder), `hi` kept it.
+    let mut hi = clocks.len().saturating_sub(1);
+    let mut lo = failed_mhz.map_or(0, |f| clocks.partition_point(|&c| c <= f));
+    let mut found = (top_candidate, top);
+    for _ in 0..CLIMB_STEPS {
+        if hi <= lo + 1 {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        let (candidate, settle) = at(clocks[mid]);
+        let verified = simulate(
+            scenario,
+            rate,
+            outside_limit_w,
+            candidate.setting,
+            settle,
+            measure_s,
+            seed,
+        )?;
+        simulated += 1;
+        if verified.feasible() {
+            hi = mid;
+            found = (candidate, verified);
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Climb {
+        found: Some(found),
+        top: None,
+        simulated,
+    })
 }
 
 fn most_capable(scenario: &EvalScenario) -> OracleSetting {
