@@ -166,6 +166,7 @@ pub(super) fn judge(
     let mut causal_served = Vec::new();
     let mut causal_violations = Vec::new();
     let mut default_tpj = Vec::new();
+    let mut default_violations = Vec::new();
     let mut over_default = Vec::new();
     let mut changes = Vec::new();
     let mut fallbacks = Vec::new();
@@ -192,6 +193,7 @@ pub(super) fn judge(
         causal_served.push(causal.served_fraction);
         causal_violations.push(causal.violation_fraction);
         default_tpj.push(references.default.tokens_per_joule());
+        default_violations.push(references.default.violation_fraction);
         over_default.push(policy_tpj / references.default.tokens_per_joule());
         let ticks = run.summary.totals.ticks.max(1) as f64;
         violations.push(run.summary.totals.slo_violation_ticks as f64 / ticks);
@@ -230,15 +232,12 @@ pub(super) fn judge(
         super::objective_breach(
             mean(&violations),
             mean(&shortfalls),
-            // The violations any controller that reacts after the fact cannot avoid: the
-            // causal reference's, as one run through the same seeds. On an overload the
-            // oracle's own schedule may break the objective more (its phases verified one
-            // by one each start with an empty queue); the larger is allowed.
-            mean(&causal_violations).max(if super::oracle::is_overload(oracle) {
-                mean(&oracle_violations)
-            } else {
-                0.0
-            }),
+            allowed_violations(
+                mean(&causal_violations),
+                mean(&oracle_violations),
+                mean(&default_violations),
+                super::oracle::is_overload(oracle),
+            ),
         )
     };
     let measured_ratio = median(&ratios);
@@ -272,6 +271,22 @@ pub(super) fn judge(
         setting_changes: median(&changes),
         fallback_ticks: median(&fallbacks),
         failure: None,
+    }
+}
+
+/// The share of ticks over the objective a policy may match (plus the margin): the
+/// violations any controller that reacts after the fact cannot avoid, the causal
+/// reference's, as one run through the same seeds. On an overload the oracle's own
+/// schedule may break the objective more (its phases verified one by one each start with
+/// an empty queue), and so may the default settings (a run that serves more of an
+/// overload carries a longer backlog into the ticks after it, where a reference that
+/// turned requests away does not): the largest is allowed, so no policy fails for doing
+/// what an untuned GPU does when demand is beyond it.
+pub fn allowed_violations(causal: f64, oracle: f64, default: f64, overload: bool) -> f64 {
+    if overload {
+        causal.max(oracle).max(default)
+    } else {
+        causal
     }
 }
 

@@ -314,3 +314,18 @@ arrival_rps = 4.6
     // More than the ranking's first rounds: the climb ran.
     assert!(phase.settings_simulated > 24, "{phase:?}");
 }
+
+/// The violations a policy may match: the causal reference's; on an overload, also the
+/// oracle's schedule's and the default settings' (serving more of an overload leaves a
+/// longer backlog), whichever is largest.
+#[test]
+fn on_an_overload_a_policy_may_break_the_objective_as_often_as_the_default_settings() {
+    use super::judge::allowed_violations;
+    assert_eq!(allowed_violations(0.02, 0.05, 0.30, false), 0.02);
+    assert_eq!(allowed_violations(0.31, 0.05, 0.37, true), 0.37);
+    assert_eq!(allowed_violations(0.31, 0.40, 0.37, true), 0.40);
+    // The serving held-out draw that failed every policy, the default settings too.
+    assert!(
+        super::objective_breach(0.37, 0.0, allowed_violations(0.31, 0.0, 0.37, true)).is_none()
+    );
+}
