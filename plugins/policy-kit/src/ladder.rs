@@ -67,7 +67,7 @@
 //! [`ShiftDetector`]), every record is dropped and a new bracket is searched: below the
 //! rung in force after a fall in load (less work needs less power), the whole ladder
 //! after a rise (measuring its upper point first, the safe side). A floor stands through
-//! it until its hold runs out. Two moves are not shifts: more tokens a second in the
+//! a rise until its hold runs out, and with prompts through a fall too. Two moves are not shifts: more tokens a second in the
 //! first window after a raise for the objective (the backlog drains), and fewer at a
 //! rung that lags its demand (see [`LadderWindow::lagging`]: with prompts, a rung too
 //! slow to prefill them makes fewer tokens while its batch fills). Requests waiting at a
@@ -239,6 +239,9 @@ pub struct LadderSearch {
     /// A rung whose queue grew, and the higher rung that kept up, being measured again
     /// to tell a rung too slow for the demand from a rise in demand.
     pub queue_suspect: Option<QueueSuspect>,
+    /// Whether requests with prompts were seen (a tick prefilled some). Not kept across a
+    /// swap: learnt again on the first tick that prefills.
+    pub serves_prompts: bool,
     /// True for the first window after a raise for the objective: the backlog that built
     /// up at the breaking rung drains during it, so its latency says little about the
     /// rung, and only a breach counts.
@@ -289,6 +292,7 @@ impl LadderSearch {
             raised: false,
             queue_suspect: None,
             recovering: false,
+            serves_prompts: false,
         })
     }
 
@@ -341,6 +345,15 @@ impl LadderSearch {
             queue_min: config.queue_min,
             min_record_ticks: config.min_window_ticks,
         };
+        // Only with prompts: a decoding sequence holds its slot from its first step, so
+        // without them a rung too slow shows in the queue (and the TPOT) soon enough, and
+        // long outputs make the tokens made lag the tokens asked for after every step
+        // down.
+        let prefilling = observation
+            .requests
+            .as_ref()
+            .is_some_and(|r| r.prefill_tokens > 0);
+        self.serves_prompts |= prefilling;
         let shift = self
             .shift
             .observe(&self.rungs[self.current], &figures, &rule);
@@ -368,14 +381,6 @@ impl LadderSearch {
         self.window.queue_last = figures.queue_depth;
         self.window.in_flight_last = observation.active_sequences;
         self.window.batch_size = observation.in_force.batch_size;
-        // Only with prompts: a decoding sequence holds its slot from its first step, so
-        // without them a rung too slow shows in the queue (and the TPOT) soon enough, and
-        // long outputs make the tokens made lag the tokens asked for after every step
-        // down.
-        let prefilling = observation
-            .requests
-            .as_ref()
-            .is_some_and(|r| r.prefill_tokens > 0);
         if let (true, Some(demand)) = (prefilling, observation.demand.as_ref()) {
             self.window.tokens_made += observation.tokens as f64;
             self.window.tokens_demanded += demand.tokens_demanded as f64;
@@ -410,8 +415,13 @@ impl LadderSearch {
         );
         self.rungs.fill(ArmRecord::default());
         // A rung that broke the objective under less work breaks it under more: after a
-        // rise its floor stands. After a fall it stands too, until its hold runs out:
-        // with prompts, a fall read from the tokens made is as often a rung that lagged.
+        // rise its floor stands (until its hold runs out). With prompts it stands after a
+        // fall too: a fall read from the tokens made is as often a rung that lagged its
+        // prompts. Without them a fall is a fall, and the rungs under the floor may keep
+        // up again.
+        if shift == Shift::Fall && !self.serves_prompts {
+            self.floor = None;
+        }
         self.shift = ShiftDetector::default();
         self.queue_suspect = None;
         let (lo, hi) = match shift {

@@ -422,16 +422,25 @@ fn a_queue_wait_bound_holds_first_tokens_too_and_the_lower_bound_wins() {
 
 #[test]
 fn a_re_exploration_keeps_a_floor_until_its_hold_runs_out() {
-    for shift in [Shift::Fall, Shift::Rise] {
+    // After a rise always; after a fall with prompts (a rung that lagged them reads as
+    // one). Without prompts a fall frees the rungs under the floor.
+    for (shift, prompts, kept) in [
+        (Shift::Rise, false, true),
+        (Shift::Rise, true, true),
+        (Shift::Fall, true, true),
+        (Shift::Fall, false, false),
+    ] {
         let mut search = new_search();
+        search.serves_prompts = prompts;
         search.current = 30;
         search.floor = Some(Floor {
             rung: 20,
             windows_left: 3,
         });
         search.reexplore(shift, &LadderConfig::defaults());
+        assert_eq!(search.floor.is_some(), kept, "{shift:?}, prompts {prompts}");
         assert!(
-            search.lo > 20 && search.current > 20,
+            !kept || (search.lo > 20 && search.current > 20),
             "{shift:?}: bracket {}-{}, at {}",
             search.lo,
             search.hi,
