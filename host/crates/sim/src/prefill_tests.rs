@@ -324,3 +324,34 @@ fn the_shipped_chat_scenario_serves_its_busy_phase_without_turning_work_away() {
         requests.energy.and_then(|e| e.mean_j()).unwrap()
     );
 }
+
+/// A judging scenario (the layout `eval` reads) handed to `run --scenario` is refused
+/// with the way to run it, not only with the key the simulator did not know.
+#[test]
+fn a_judging_scenario_given_as_a_simulator_scenario_says_how_to_run_it() {
+    let judging = r#"
+gpu = "h200"
+duration_s = 600
+[objective]
+ttft_p99_limit_ms = 800
+[workload]
+model = "llama-3-8b"
+output_tokens = 128
+[[workload.phases]]
+start_s = 0
+arrival_rps = 2.0
+"#;
+    let error = Scenario::from_toml_str(judging, "chat.toml")
+        .expect_err("the judging layout is not a simulator scenario")
+        .to_string();
+    assert!(error.contains("judging scenario"), "{error}");
+    assert!(error.contains("tokwatt eval --scenarios"), "{error}");
+    assert!(error.contains("--ttft-p99-limit-ms"), "{error}");
+    // A plain typo in a simulator scenario gets no such hint.
+    let typo =
+        "model = \"llama-3-8b\"\noutput_tokns = 128\n[[phases]]\nstart_s = 0\narrival_rps = 1.0\n";
+    let error = Scenario::from_toml_str(typo, "typo.toml")
+        .expect_err("unknown key")
+        .to_string();
+    assert!(!error.contains("judging scenario"), "{error}");
+}

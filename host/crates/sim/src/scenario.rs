@@ -97,6 +97,21 @@ fn default_queue_max() -> u32 {
     2048
 }
 
+/// What a simulator scenario's error adds when the file is a judging scenario.
+const JUDGING_LAYOUT_HINT: &str = "\nthis file is a judging scenario (`gpu`, `duration_s`, \
+    `[objective]`, `[workload]`), which `tokwatt eval --scenarios FILE` reads; `run \
+    --scenario` takes a simulator scenario: the keys of its `[workload]` table at the top \
+    level, with the GPU as `--sim`, the objective as `--ttft-p99-limit-ms`, \
+    `--tpot-p99-limit-ms`, `--queue-wait-p99-limit-ms`, `--min-tokens-per-s` and the length \
+    as `--duration` (the book's reference/scenarios.md names both layouts)";
+
+/// Whether `text` is a judging scenario (its workload in a `[workload]` table), the layout
+/// `eval` reads, handed to a reader of simulator scenarios.
+fn is_judging_layout(text: &str) -> bool {
+    toml::from_str::<toml::Table>(text)
+        .is_ok_and(|table| table.get("workload").is_some_and(toml::Value::is_table))
+}
+
 impl Scenario {
     /// The built-in scenario (`host/scenarios/phases.toml`, embedded): saturating, then light,
     /// then medium load on llama-3-8b.
@@ -123,7 +138,11 @@ impl Scenario {
         let file: ScenarioFile = toml::from_str(text).map_err(|e| SimError::Parse {
             what: "scenario",
             origin: origin.to_owned(),
-            message: e.to_string(),
+            message: if is_judging_layout(text) {
+                format!("{e}{JUDGING_LAYOUT_HINT}")
+            } else {
+                e.to_string()
+            },
         })?;
         let invalid = |problem: String| SimError::Invalid {
             what: "scenario",
