@@ -67,9 +67,9 @@
 //! [`ShiftDetector`]), every record is dropped and a new bracket is searched: below the
 //! rung in force after a fall in load (less work needs less power), the whole ladder
 //! after a rise (measuring its upper point first, the safe side). A floor stands through
-//! a rise until its hold runs out, and with prompts through a fall too. Two moves are not shifts: more tokens a second in the
-//! first window after a raise for the objective (the backlog drains), and fewer at a
-//! rung that lags its demand (see [`LadderWindow::lagging`]: with prompts, a rung too
+//! a rise until its hold runs out, and with prompts through a fall too. Two moves are not
+//! shifts: more tokens a second in the first window after a raise for the objective (the
+//! backlog drains), and fewer at a rung that lags its demand (see [`LadderWindow::lagging`]: with prompts, a rung too
 //! slow to prefill them makes fewer tokens while its batch fills). Requests waiting at a
 //! probe mean a rung too slow or a rise in demand; where a higher rung served them at
 //! once, the search measures it again to tell: if the queue drains there, the probe was
@@ -166,12 +166,7 @@ impl LadderWindow {
     /// rung's sequences simply live longer: by Little's law more are in flight at the
     /// same demand, and the tokens made lag the tokens asked for while they build up.
     pub fn falling_behind(&self, queue_min: u32, batch_size: u32) -> Option<String> {
-        let grew = self.in_flight_last > self.in_flight_start
-            && self.in_flight_last >= queue_min.max(batch_size / 4);
-        (grew
-            && self.tokens_demanded > 0.0
-            && self.tokens_made < FALLING_BEHIND_SHARE * self.tokens_demanded)
-            .then(|| {
+        (self.lagging() && self.in_flight_last >= queue_min.max(batch_size / 4)).then(|| {
                 format!(
                     "it made {:.0} % of the tokens asked for while the sequences in flight grew from {} to {}",
                     100.0 * self.tokens_made / self.tokens_demanded,

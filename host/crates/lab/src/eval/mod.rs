@@ -179,7 +179,8 @@ pub const SERVED_MARGIN: f64 = 0.01;
 /// ticks broke the objective, and it served `served_shortfall` less of the demand than
 /// the references (both means over seeds). `reference_violations`: the share of ticks
 /// over the objective that a controller reacting after the fact cannot avoid (the causal
-/// reference's, or on an overload the oracle's or the default settings' if larger), which a policy may match plus
+/// reference's, or on an overload the oracle's or the default settings' if larger, see
+/// `judge::allowed_violations`), which a policy may match plus
 /// [`MAX_VIOLATION_FRACTION`]: a burst that breaks the objective for any reactive
 /// controller does not fail a policy.
 pub fn objective_breach(
