@@ -9,7 +9,7 @@
 # The bundle holds the release `tokwatt` binary, the built policy plugins and specs, the
 # unit-test binaries of the agent, NVML and CUDA crates (their GPU tests run for real where
 # a GPU is present),
-# and the PyTorch decode reference when ../shared/calibration has it. With LAB=1 it also holds
+# and the PyTorch decode and prefill references when ../shared/calibration has it. With LAB=1 it also holds
 # `kernel-lab`, the kernel timings kept out of the product (docs/kernel-experiments.md).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -48,9 +48,10 @@ cp scripts/gpu-check.sh scripts/guard-summary.py "$dist/"
 if command -v promtool >/dev/null; then
   gzip -9 -c "$(command -v promtool)" > "$dist/promtool.gz"
 fi
-reference="$root/../shared/calibration/pytorch_decode_reference.py"
-if [[ -f "$reference" ]]; then
-  cp "$reference" "$dist/"
-fi
+for reference in pytorch_decode_reference.py pytorch_prefill_reference.py; do
+  if [[ -f "$root/../shared/calibration/$reference" ]]; then
+    cp "$root/../shared/calibration/$reference" "$dist/"
+  fi
+done
 du -sh "$dist"
 echo "bundle ready in $dist: run $dist/gpu-check.sh OUT on a GPU machine"

@@ -6,7 +6,9 @@
 #   gpu-check.sh OUT [SECONDS_PER_BATCH] [PARTS]
 #
 # PARTS (comma-separated, default all): tests (the unit tests of the agent, NVML and CUDA crates), bench (tokwatt bench
-# workload beside the PyTorch reference), dryrun (a 60 s dry-run `tokwatt run`), slo (the
+# workload beside the PyTorch reference), prefill (tokwatt bench prefill beside the PyTorch
+# causal-SDPA prefill reference, the same nine cases, same call; PREFILL_ATTENTION=m1n64,m2n32,m2n64
+# measures each tiling of the prefill attention), dryrun (a 60 s dry-run `tokwatt run`), slo (the
 # slo-batch controller against an exhaustive batch sweep under the same objective). The GPU's
 # settings are compared before and after whatever runs. serve: `tokwatt serve` for 2 minutes
 # on the CUDA decode (dry run, batch only) with a policy swap in the middle, /metrics
@@ -30,8 +32,8 @@ seconds="${2:-6}"
 parts="${3:-tests,bench,dryrun,slo}"
 for part in ${parts//,/ }; do
   case "$part" in
-    tests | bench | dryrun | slo | serve | guard | ab) ;;
-    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, dryrun, slo, serve, guard and/or ab, comma-separated" >&2; exit 2 ;;
+    tests | bench | prefill | dryrun | slo | serve | guard | ab) ;;
+    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, prefill, dryrun, slo, serve, guard and/or ab, comma-separated" >&2; exit 2 ;;
   esac
 done
 wants() { [[ ",$parts," == *",$1,"* ]]; }
@@ -94,6 +96,42 @@ for b in sorted(ours):
     print(f"{b:>5} {o['tokens_per_s']:>14.1f} {rt or float('nan'):>10.1f} {ratio:>6.3f} {o['step_ms']:>8.3f} "
           f"{o.get('watts') or float('nan'):>6.1f} {o.get('tokens_per_j') or float('nan'):>7.3f} "
           f"{float(r.get('watts', 'nan')):>6.1f} {float(r.get('tok_per_j', 'nan')):>9.3f}")
+PY
+  fi
+fi
+
+if wants prefill; then
+  step "tokwatt bench prefill (llama-3-8b, the reference's cases)"
+  ./tokwatt bench prefill --model llama-3-8b --seconds "$seconds" --attention "${PREFILL_ATTENTION:-m2n64}" \
+    --json "$out/prefill-tokwatt.jsonl" 2>&1 | tee "$out/prefill-tokwatt.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  if [[ -f pytorch_prefill_reference.py ]]; then
+    step "PyTorch prefill reference (causal SDPA), same GPU, same run"
+    env -u OUT MODEL=llama-3-8b SECS="$seconds" python3 pytorch_prefill_reference.py \
+      > "$out/prefill-reference.jsonl" 2> "$out/prefill-reference.log" || status=1
+    step "prefill side by side (prompt tokens/s; energy from the NVML counter in both)"
+    python3 - "$out/prefill-tokwatt.jsonl" "$out/prefill-reference.jsonl" <<'PY' | tee "$out/prefill-side-by-side.txt"
+import json, sys
+def rows(path):
+    out = {}
+    for line in open(path):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and r.get("kind") == "prefill":
+            out[(r["prompt"], r["sequences"], r.get("attention", "sdpa"))] = r
+    return out
+ours, ref = rows(sys.argv[1]), rows(sys.argv[2])
+ref = {k[:2]: r for k, r in ref.items()}
+print(f"{'prompt':>6} {'seqs':>4} {'tiling':>6} {'tokwatt tok/s':>14} {'ref tok/s':>10} {'ratio':>6} {'W':>6} {'tok/J':>7} {'ref W':>6} {'ref tok/J':>9}")
+for key in sorted(ours):
+    o, r = ours[key], ref.get(key[:2], {})
+    rt = r.get("tokens_per_s")
+    ratio = o["tokens_per_s"] / rt if rt else float("nan")
+    print(f"{key[0]:>6} {key[1]:>4} {key[2]:>6} {o['tokens_per_s']:>14.0f} {rt or float('nan'):>10.0f} {ratio:>6.3f} "
+          f"{o.get('watts') or float('nan'):>6.1f} {o.get('tokens_per_j') or float('nan'):>7.2f} "
+          f"{float(r.get('watts', 'nan')):>6.1f} {float(r.get('tokens_per_j', 'nan')):>9.2f}")
 PY
   fi
 fi

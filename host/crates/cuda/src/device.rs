@@ -33,6 +33,70 @@ pub(crate) const GEMV_ROWS_PER_BLOCK: u32 = 8;
 pub(crate) const ATTENTION_THREADS: u32 = 128;
 /// Shared memory a block may use without opting in to more.
 const DEFAULT_SHARED_LIMIT: i32 = 48 * 1024;
+/// Threads per prefill attention block (must match `FA_THREADS`).
+pub(crate) const FLASH_PREFILL_THREADS: u32 = 128;
+
+/// How the prefill attention tiles its work (`flash_prefill_hd*_m*_n*` in `kernels.cu`): each
+/// of a block's 4 warps owns `row_tiles` tiles of 16 query rows, and keys stream through
+/// shared memory `key_tile` positions at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PrefillAttention {
+    /// 64 query rows per block, key tiles of 64.
+    M1N64,
+    /// 128 query rows per block, key tiles of 32 (flash-attention 2's tiling for head_dim
+    /// 128): each key and value fragment feeds two row tiles.
+    M2N32,
+    /// 128 query rows per block, key tiles of 64.
+    #[default]
+    M2N64,
+}
+
+impl PrefillAttention {
+    pub const ALL: [PrefillAttention; 3] = [
+        PrefillAttention::M1N64,
+        PrefillAttention::M2N32,
+        PrefillAttention::M2N64,
+    ];
+
+    /// Row tiles of 16 per warp, and key positions per tile.
+    fn tiling(self) -> (u32, u32) {
+        match self {
+            PrefillAttention::M1N64 => (1, 64),
+            PrefillAttention::M2N32 => (2, 32),
+            PrefillAttention::M2N64 => (2, 64),
+        }
+    }
+
+    /// E.g. `m2n64`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefillAttention::M1N64 => "m1n64",
+            PrefillAttention::M2N32 => "m2n32",
+            PrefillAttention::M2N64 => "m2n64",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<PrefillAttention> {
+        PrefillAttention::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Query rows per block.
+    pub fn rows_per_block(self) -> u32 {
+        64 * self.tiling().0
+    }
+
+    /// Dynamic shared memory of a block: the query tile and two buffers each of key and value
+    /// tiles, rows of `head_dim` bf16 (must match `flash_prefill_impl`).
+    pub fn shared_bytes(self, head_dim: u32) -> u32 {
+        let (row_tiles, key_tile) = self.tiling();
+        (64 * row_tiles + 4 * key_tile) * head_dim * 2
+    }
+
+    fn kernel_name(self, head_dim: u32) -> String {
+        let (row_tiles, key_tile) = self.tiling();
+        format!("flash_prefill_hd{head_dim}_m{row_tiles}_n{key_tile}")
+    }
+}
 
 /// Checks that the driver, cuBLAS and NVRTC libraries can be loaded, so that a machine without
 /// them gets an error rather than a panic from the lazy loaders.
@@ -169,6 +233,11 @@ pub(crate) struct Kernels {
     gemv: Vec<[CudaFunction; 3]>,
     /// Keyed by (head_dim, group, implementation).
     attention: HashMap<(u32, u32, AttentionImpl), CudaFunction>,
+    pub prefill_rope_kv: CudaFunction,
+    pub gather_rows: CudaFunction,
+    pub scatter_tokens: CudaFunction,
+    /// Causal prefill attention, keyed by head_dim and tiling.
+    flash_prefill: HashMap<(u32, PrefillAttention), CudaFunction>,
 }
 
 /// How decode attention does its arithmetic in its two passes (scores, then the weighted sum
@@ -282,7 +351,31 @@ impl Kernels {
                 attention.insert((head_dim, group, implementation), kernel);
             }
         }
+        let mut flash_prefill = HashMap::new();
+        for (head_dim, tiling) in SUPPORTED_HEAD_DIMS
+            .into_iter()
+            .flat_map(|hd| PrefillAttention::ALL.map(|t| (hd, t)))
+        {
+            let kernel = function(&tiling.kernel_name(head_dim))?;
+            let bytes = i32::try_from(tiling.shared_bytes(head_dim)).unwrap_or(i32::MAX);
+            // Above 48 KB a kernel must opt in to its dynamic shared memory.
+            // SAFETY: a valid function handle and attribute.
+            unsafe {
+                cu::cuFuncSetAttribute(
+                    kernel.cu_function(),
+                    cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    bytes,
+                )
+                .result()
+                .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
+            }
+            flash_prefill.insert((head_dim, tiling), kernel);
+        }
         Ok(Kernels {
+            prefill_rope_kv: function("prefill_rope_kv")?,
+            gather_rows: function("gather_rows")?,
+            scatter_tokens: function("scatter_tokens")?,
+            flash_prefill,
             fill_uniform: function("fill_uniform")?,
             scale_columns: function("scale_columns")?,
             embed: function("embed")?,
@@ -304,6 +397,11 @@ impl Kernels {
             GemvMode::Residual => &forms[1],
             GemvMode::NormSilu => &forms[2],
         })
+    }
+
+    /// The causal prefill attention for `head_dim` with `tiling`.
+    pub fn flash_prefill(&self, head_dim: u32, tiling: PrefillAttention) -> Option<&CudaFunction> {
+        self.flash_prefill.get(&(head_dim, tiling))
     }
 
     pub fn attention(

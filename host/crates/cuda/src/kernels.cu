@@ -1137,3 +1137,337 @@ __device__ __forceinline__ void attention_impl(
 
 ATTENTION_KERNELS(64)
 ATTENTION_KERNELS(128)
+
+// ---------------------------------------------------------------------------------------------
+// Prefill: chunks of prompt tokens, one per sequence, processed as rows of one matrix.
+//
+// A chunk is described by four ints (`PREFILL_DESC`): `row0`, the chunk's first row in the
+// activations; `len`, its tokens; `start`, the position of its first token (the prefix already
+// in the cache: 0 for a whole prompt); `slot`, the sequence's KV cache slot. Its tokens sit at
+// positions [start, start + len) and attend causally to positions [0, start + len).
+// ---------------------------------------------------------------------------------------------
+
+#define PREFILL_DESC 4
+
+// RoPE on the chunk's query heads in place, and its keys (rotated) and values into the cache
+// at their positions. grid = (longest chunk, chunks), block = 128.
+extern "C" __global__ void prefill_rope_kv(bf16* __restrict__ qkv, int ld_qkv, int n_heads,
+                                           int n_kv_heads, int head_dim,
+                                           const int* __restrict__ chunks,
+                                           bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
+                                           int ctx, float log2_theta) {
+    const int* d = chunks + PREFILL_DESC * blockIdx.y;
+    const int local = blockIdx.x;
+    if (local >= d[1]) return;
+    const int pos = d[2] + local;
+    const size_t slot = (size_t)d[3];
+    bf16* row = qkv + (size_t)(d[0] + local) * ld_qkv;
+    const int half = head_dim / 2;
+    for (int p = threadIdx.x; p < n_heads * half; p += blockDim.x) {
+        const int head = p / half;
+        const int i = p - head * half;
+        bf16* h = row + head * head_dim;
+        float s, c;
+        rope_sincos(pos, i, head_dim, log2_theta, &s, &c);
+        const float x1 = bf16_to_f32(h[i]);
+        const float x2 = bf16_to_f32(h[i + half]);
+        h[i] = f32_to_bf16(x1 * c - x2 * s);
+        h[i + half] = f32_to_bf16(x2 * c + x1 * s);
+    }
+    for (int p = threadIdx.x; p < n_kv_heads * half; p += blockDim.x) {
+        const int kvh = p / half;
+        const int i = p - kvh * half;
+        const bf16* k = row + (n_heads + kvh) * head_dim;
+        bf16* dst = k_cache + ((slot * n_kv_heads + kvh) * (size_t)ctx + pos) * head_dim;
+        float s, c;
+        rope_sincos(pos, i, head_dim, log2_theta, &s, &c);
+        const float x1 = bf16_to_f32(k[i]);
+        const float x2 = bf16_to_f32(k[i + half]);
+        dst[i] = f32_to_bf16(x1 * c - x2 * s);
+        dst[i + half] = f32_to_bf16(x2 * c + x1 * s);
+    }
+    const bf16* v = row + (n_heads + n_kv_heads) * head_dim;
+    for (int p = threadIdx.x; p < n_kv_heads * head_dim; p += blockDim.x) {
+        const int kvh = p / head_dim;
+        const int e = p - kvh * head_dim;
+        v_cache[((slot * n_kv_heads + kvh) * (size_t)ctx + pos) * head_dim + e] = v[p];
+    }
+}
+
+// dst[i] = src[rows[i]] for `n` rows of `width` bf16 (the last token of each chunk that ends
+// its prompt, for the output head). grid = n, block = 256.
+extern "C" __global__ void gather_rows(const bf16* __restrict__ src, const int* __restrict__ rows,
+                                       bf16* __restrict__ dst, int width) {
+    const uint4* s = (const uint4*)(src + (size_t)rows[blockIdx.x] * width);
+    uint4* o = (uint4*)(dst + (size_t)blockIdx.x * width);
+    for (int i = threadIdx.x; i < width / 8; i += blockDim.x) o[i] = s[i];
+}
+
+// tokens[slots[i]] = next[i]: each finished prompt's first generated token becomes its
+// sequence's next decode input. grid = 1, block = 256.
+extern "C" __global__ void scatter_tokens(const u32* __restrict__ next, const int* __restrict__ slots,
+                                          int n, u32* __restrict__ tokens) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) tokens[slots[i]] = next[i];
+}
+
+// ---- causal attention over a chunk, flash-attention style -----------------------------------
+//
+// One block of 4 warps per (query tile, query head, chunk); each warp owns MT row tiles of 16
+// query rows (a query tile is 64 * MT rows). Keys and values stream through shared memory in
+// tiles of BN positions, double-buffered with cp.async; scores and P·V on tensor cores
+// (mma.m16n8k16, bf16 in, fp32 accumulate), the softmax online in base 2. With MT = 2 each
+// key or value fragment read from shared memory feeds two row tiles. Shared tiles are
+// row-major with 16-byte chunks XOR-swizzled by the row (chunk c of row r at c ^ (r & 7)), so
+// that ldmatrix's eight row reads hit distinct banks.
+//
+// The grid puts the query heads on x and the query tiles, last first, on y: the tiles with the
+// most keys (the last ones) of every head start first, and the heads sharing a KV head run
+// side by side and share its tiles in L2.
+
+#define FA_THREADS 128
+
+__device__ __forceinline__ u32 shared_address(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// 16 bytes global -> shared, asynchronously; `src_bytes` 0 fills zeros (rows past the data).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+__device__ __forceinline__ void ldmatrix_x4(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32& r0, u32& r1, u32& r2, u32& r3, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// Byte offset of 16-byte chunk `c` of row `r` in a swizzled tile of HD-element rows.
+template <int HD>
+__device__ __forceinline__ u32 swizzled(int r, int c) {
+    return (u32)(r * HD * 2 + ((c ^ (r & 7)) << 4));
+}
+
+// Copies `rows` rows (of HD elements, `stride` elements apart) starting at `src` into a
+// swizzled tile at shared address `dst`; rows at or past `valid` are zero-filled.
+template <int HD, int ROWS>
+__device__ __forceinline__ void load_tile(u32 dst, const bf16* src, size_t stride, int valid) {
+    constexpr int CH = HD / 8;
+#pragma unroll
+    for (int i = threadIdx.x; i < ROWS * CH; i += FA_THREADS) {
+        const int r = i / CH, c = i - (i / CH) * CH;
+        const bool in = r < valid;
+        const bf16* s = src + (size_t)(in ? r : 0) * stride + c * 8;
+        cp_async16(dst + swizzled<HD>(r, c), s, in ? 16 : 0);
+    }
+}
+
+template <int HD, int MT, int BN>
+__device__ __forceinline__ void flash_prefill_impl(
+    const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads,
+    const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache, int ctx,
+    const int* __restrict__ chunks, bf16* __restrict__ out, int ld_out, float scale_log2) {
+    constexpr int BM = 64 * MT;     // query rows per block
+    constexpr int WR = 16 * MT;     // query rows per warp
+    constexpr int KS = HD / 16;     // k-steps of 16 over the head dimension
+    constexpr int DN = HD / 8;      // n-tiles of 8 over the head dimension (P·V)
+    constexpr int SN = BN / 8;      // n-tiles of 8 over a key tile (scores)
+    constexpr int TILE_BYTES = BN * HD * 2;
+    extern __shared__ __align__(128) unsigned char fa_smem[];
+    const u32 q_s = shared_address(fa_smem);
+    const u32 k_s = q_s + BM * HD * 2;         // two buffers
+    const u32 v_s = k_s + 2 * TILE_BYTES;      // two buffers
+
+    const int* d = chunks + PREFILL_DESC * blockIdx.z;
+    const int len = d[1];
+    const int n_q_tiles = (len + BM - 1) / BM;
+    const int q_tile = n_q_tiles - 1 - (int)blockIdx.y;
+    if (q_tile < 0) return;
+    const int row0 = d[0], start = d[2];
+    const size_t slot = (size_t)d[3];
+    const int h = blockIdx.x;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int q0 = q_tile * BM;                        // the tile's first row within the chunk
+    const int q_rows = min(BM, len - q0);
+    const int kv_len = start + q0 + q_rows;            // keys the tile's last row sees
+    const int n_kv = (kv_len + BN - 1) / BN;
+    const bf16* k_base = k_cache + (slot * n_kv_heads + kvh) * (size_t)ctx * HD;
+    const bf16* v_base = v_cache + (slot * n_kv_heads + kvh) * (size_t)ctx * HD;
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, t4 = lane & 3;
+
+    load_tile<HD, BM>(q_s, qkv + (size_t)(row0 + q0) * ld_qkv + h * HD, ld_qkv, q_rows);
+    load_tile<HD, BN>(k_s, k_base, HD, kv_len);
+    load_tile<HD, BN>(v_s, v_base, HD, kv_len);
+    cp_async_commit();
+
+    float o[MT][DN][4];
+    float m_run[MT][2], l_run[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < DN; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+        m_run[mt][0] = m_run[mt][1] = NEG_INF;
+        l_run[mt][0] = l_run[mt][1] = 0.f;
+    }
+    // The warp's first row's position; row tile mt's rows are at + 16 * mt + gid (+ 8).
+    const int warp_first_pos = start + q0 + warp * WR;
+
+    for (int j = 0; j < n_kv; ++j) {
+        if (j + 1 < n_kv) {
+            const int next = (j + 1) * BN;
+            const u32 buf = ((j + 1) & 1) * TILE_BYTES;
+            load_tile<HD, BN>(k_s + buf, k_base + (size_t)next * HD, HD, kv_len - next);
+            load_tile<HD, BN>(v_s + buf, v_base + (size_t)next * HD, HD, kv_len - next);
+        }
+        cp_async_commit();
+        cp_async_wait_one();
+        __syncthreads();
+        const int key0 = j * BN;
+        // A warp whose rows all precede this tile has nothing to add (causal).
+        if (key0 <= warp_first_pos + WR - 1) {
+            const u32 kt = k_s + (j & 1) * TILE_BYTES;
+            const u32 vt = v_s + (j & 1) * TILE_BYTES;
+            float s[MT][SN][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < SN; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk += 2) {
+                // The query fragments of two k-steps for each row tile.
+                u32 qa[MT][2][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int step = 0; step < 2; ++step) {
+                        const int mat = lane >> 3;
+                        const int r = warp * WR + mt * 16 + (lane & 7) + (mat & 1) * 8;
+                        ldmatrix_x4(qa[mt][step][0], qa[mt][step][1], qa[mt][step][2], qa[mt][step][3],
+                                    q_s + swizzled<HD>(r, (kk + step) * 2 + (mat >> 1)));
+                    }
+#pragma unroll
+                for (int n = 0; n < SN; ++n) {
+                    u32 b0, b1, b2, b3;
+                    ldmatrix_x4(b0, b1, b2, b3, kt + swizzled<HD>(n * 8 + (lane & 7), kk * 2 + (lane >> 3)));
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_bf16_16816(s[mt][n], qa[mt][0][0], qa[mt][0][1], qa[mt][0][2], qa[mt][0][3], b0, b1);
+                        mma_bf16_16816(s[mt][n], qa[mt][1][0], qa[mt][1][1], qa[mt][1][2], qa[mt][1][3], b2, b3);
+                    }
+                }
+            }
+            // Mask keys after each row's position (only near the diagonal), then the online
+            // softmax: each row's running max and sum (the sum kept per thread, summed over
+            // the row's four threads at the end), in base 2 with the scale folded in.
+            const bool diagonal = key0 + BN - 1 > warp_first_pos;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    const int qp = warp_first_pos + mt * 16 + gid + 8 * r;
+                    float mx = NEG_INF;
+#pragma unroll
+                    for (int n = 0; n < SN; ++n) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int key = key0 + n * 8 + t4 * 2 + e;
+                            if (diagonal && key > qp) s[mt][n][2 * r + e] = NEG_INF;
+                            mx = fmaxf(mx, s[mt][n][2 * r + e]);
+                        }
+                    }
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2));
+                    const float m_new = fmaxf(m_run[mt][r], mx * scale_log2);
+                    // A row with every key masked so far keeps max -inf: subtract 0, not -inf.
+                    const float m_use = m_new == NEG_INF ? 0.f : m_new;
+                    const float alpha = exp2f(m_run[mt][r] - m_use);
+                    float sum = 0.f;
+#pragma unroll
+                    for (int n = 0; n < SN; ++n) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float p = exp2f(fmaf(s[mt][n][2 * r + e], scale_log2, -m_use));
+                            s[mt][n][2 * r + e] = p;
+                            sum += p;
+                        }
+                    }
+                    l_run[mt][r] = l_run[mt][r] * alpha + sum;
+                    m_run[mt][r] = m_new;
+#pragma unroll
+                    for (int n = 0; n < DN; ++n) {
+                        o[mt][n][2 * r] *= alpha;
+                        o[mt][n][2 * r + 1] *= alpha;
+                    }
+                }
+            }
+            // O += P·V: the score accumulators are already in the A-operand layout.
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                u32 pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    pa[mt][0] = pack_bf16x2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][1] = pack_bf16x2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][2] = pack_bf16x2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = pack_bf16x2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int n = 0; n < DN; n += 2) {
+                    const int mat = lane >> 3;
+                    u32 b0, b1, b2, b3;
+                    ldmatrix_x4_trans(b0, b1, b2, b3,
+                                      vt + swizzled<HD>(kk * 16 + (mat & 1) * 8 + (lane & 7), n + (mat >> 1)));
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        mma_bf16_16816(o[mt][n], pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3], b0, b1);
+                        mma_bf16_16816(o[mt][n + 1], pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3], b2, b3);
+                    }
+                }
+            }
+        }
+        __syncthreads();  // the buffer just read is refilled two tiles on
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float l = l_run[mt][r];
+            l += __shfl_xor_sync(FULL_MASK, l, 1);
+            l += __shfl_xor_sync(FULL_MASK, l, 2);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const int local = q0 + warp * WR + mt * 16 + gid + 8 * r;
+            if (local < len) {
+                bf16* dst = out + (size_t)(row0 + local) * ld_out + h * HD + t4 * 2;
+#pragma unroll
+                for (int n = 0; n < DN; ++n)
+                    *(u32*)(dst + n * 8) = pack_bf16x2(o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+            }
+        }
+    }
+}
+
+// grid = (query heads, query tiles of the longest chunk, chunks), block = FA_THREADS, dynamic
+// shared memory = (64 * MT + 4 * BN) * HD * 2 bytes. Named flash_prefill_hd{HD}_m{MT}_n{BN}.
+#define FLASH_PREFILL(HD, MT, BN)                                                                  \
+    extern "C" __global__ void __launch_bounds__(FA_THREADS)                                       \
+        flash_prefill_hd##HD##_m##MT##_n##BN(                                                      \
+            const bf16* __restrict__ qkv, int ld_qkv, int n_heads, int n_kv_heads,                 \
+            const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache, int ctx,           \
+            const int* __restrict__ chunks, bf16* __restrict__ out, int ld_out, float scale_log2) { \
+        flash_prefill_impl<HD, MT, BN>(qkv, ld_qkv, n_heads, n_kv_heads, k_cache, v_cache, ctx,    \
+                                       chunks, out, ld_out, scale_log2);                           \
+    }
+FLASH_PREFILL(64, 1, 64)
+FLASH_PREFILL(64, 2, 32)
+FLASH_PREFILL(64, 2, 64)
+FLASH_PREFILL(128, 1, 64)
+FLASH_PREFILL(128, 2, 32)
+FLASH_PREFILL(128, 2, 64)

@@ -12,7 +12,11 @@
 //!   the projection after them, and on Hopper attention merges its context splits inside a
 //!   thread block cluster;
 //! - [`CudaDecode`]: the engine stepping on a thread of its own, behind [`tokwatt_core::workload::Workload`];
-//! - [`bench_batches`]: tokens/s, step time, watts and tokens per joule per batch size.
+//! - [`Engine::prefill`](engine::Engine::prefill): chunks of prompts as rows of one matrix, on
+//!   cuBLAS GEMMs and a flash-style causal attention on tensor cores, their keys and values
+//!   into the KV cache;
+//! - [`bench_batches`]: tokens/s, step time, watts and tokens per joule per batch size;
+//!   [`bench_prefill`]: the same per prompt length, beside the PyTorch prefill reference.
 //!
 //! On a machine without the NVIDIA driver every constructor returns
 //! [`CudaError::DriverNotFound`]; nothing panics.
@@ -23,6 +27,7 @@ mod device;
 pub mod engine;
 mod error;
 mod plan;
+mod prefill_bench;
 pub mod shape;
 
 #[cfg(test)]
@@ -31,10 +36,12 @@ mod tests;
 
 pub use bench::{BenchConfig, BenchRow, bench_batches, bench_with, format_table};
 pub use decode::{CudaDecode, CudaDecodeConfig};
-pub use device::AttentionImpl;
+pub use device::{AttentionImpl, PrefillAttention};
 pub use engine::{
-    AttentionChoice, EngineOptions, GraphInfo, MatmulChoice, MatmulPath, StepVariant, Tuning,
+    AttentionChoice, EngineOptions, GraphInfo, MAX_PREFILL_ROWS, MatmulChoice, MatmulPath,
+    PrefillChunk, StepVariant, Tuning,
 };
 pub use error::CudaError;
+pub use prefill_bench::{PrefillRow, REFERENCE_PREFILL_CASES, bench_prefill};
 pub use plan::{AttentionSplit, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT};
 pub use shape::{ModelError, ModelShape, ShapeError};

@@ -47,6 +47,31 @@ pub enum BenchCommand {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Prefill on a real GPU, as the PyTorch reference in the calibration data measures it
+    /// (whole prompts, causal attention, the first token of each): prompt tokens/s, watts
+    /// (NVML energy counter) and tokens per joule per prompt length and sequences per call.
+    /// Changes no GPU setting.
+    Prefill {
+        /// CUDA device / NVML index.
+        #[arg(long, default_value_t = 0)]
+        gpu: u32,
+        /// Model preset (llama-3-8b, llama-3.2-1b) or a model shape file.
+        #[arg(long, default_value = "llama-3-8b")]
+        model: String,
+        /// Cases as PROMPTxSEQUENCES (default: the PyTorch reference's nine).
+        #[arg(long, value_delimiter = ',', value_parser = parse_prefill_case)]
+        cases: Vec<(u32, u32)>,
+        /// Prefill attention tilings to measure each case with (m1n64, m2n32, m2n64; default:
+        /// the engine's default).
+        #[arg(long, value_delimiter = ',')]
+        attention: Vec<String>,
+        /// Measured seconds per case (after two warm-up calls).
+        #[arg(long, default_value_t = 4.0)]
+        seconds: f64,
+        /// Also write the rows as JSON lines here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
     /// Host overhead of one `decide` call (plugin host + supervisor): p50, p90, p99 and
     /// the worst call (a deadline is judged against the worst), and the plugin's start.
     Decide {
@@ -160,6 +185,14 @@ pub fn bench(what: BenchCommand) -> Result<()> {
             seconds,
             json,
         } => bench_workload(gpu, &model, context, batches, seconds, json),
+        BenchCommand::Prefill {
+            gpu,
+            model,
+            cases,
+            attention,
+            seconds,
+            json,
+        } => bench_prefill(gpu, &model, cases, attention, seconds, json),
         BenchCommand::Decide {
             gpus,
             calls,
@@ -410,6 +443,97 @@ fn agent_cpu_table(rows: &[(&AgentCpuTarget, Vec<AgentCpuRun>)], simulated: bool
         table.add_row(row);
     }
     table.to_string()
+}
+
+/// `2048x4`: a prompt of 2048 tokens, 4 sequences per call.
+fn parse_prefill_case(text: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("prefill case `{text}`: write PROMPTxSEQUENCES, e.g. 2048x4");
+    let (prompt, sequences) = text.split_once('x').ok_or_else(bad)?;
+    let prompt = prompt.trim().parse::<u32>().map_err(|_| bad())?;
+    let sequences = sequences.trim().parse::<u32>().map_err(|_| bad())?;
+    if prompt == 0 || sequences == 0 {
+        return Err(bad());
+    }
+    Ok((prompt, sequences))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn bench_prefill(
+    _gpu: u32,
+    _model: &str,
+    _cases: Vec<(u32, u32)>,
+    _attention: Vec<String>,
+    _seconds: f64,
+    _json: Option<PathBuf>,
+) -> Result<()> {
+    anyhow::bail!(
+        "this tokwatt was built without its CUDA workload (the `cuda` feature): rebuild with `cargo build -p tokwatt --features cuda` (on by default)"
+    )
+}
+
+#[cfg(feature = "cuda")]
+fn bench_prefill(
+    gpu: u32,
+    model: &str,
+    cases: Vec<(u32, u32)>,
+    attention: Vec<String>,
+    seconds: f64,
+    json: Option<PathBuf>,
+) -> Result<()> {
+    use tokwatt::cuda::PrefillAttention;
+    let tilings = if attention.is_empty() {
+        vec![PrefillAttention::default()]
+    } else {
+        attention
+            .iter()
+            .map(|name| {
+                PrefillAttention::from_name(name).with_context(|| {
+                    format!(
+                        "unknown prefill attention tiling `{name}`: use {}",
+                        PrefillAttention::ALL.map(PrefillAttention::name).join(", ")
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?
+    };
+    let system = tokwatt::nvml::NvmlSystem::open(Some(&[gpu]))?;
+    let mut telemetry = system
+        .telemetry(SamplerConfig::everything_every(Duration::from_millis(100)))
+        .context("starting NVML telemetry")?;
+    let shape = tokwatt::cuda::ModelShape::load(model)?;
+    let cases = if cases.is_empty() {
+        tokwatt::cuda::REFERENCE_PREFILL_CASES.to_vec()
+    } else {
+        cases
+    };
+    let mut energy = || {
+        use tokwatt::telemetry::Telemetry;
+        telemetry.read_window(0).ok().map(|w| w.energy_counter_j)
+    };
+    println!(
+        "tokwatt bench prefill: {model}, GPU {gpu} ({}); energy from the NVML counter",
+        system.devices().first().map_or("?", |d| d.name.as_str())
+    );
+    let mut lines = Vec::new();
+    let rows = tokwatt::cuda::bench_prefill(&shape, &cases, &tilings, seconds, gpu, &mut energy, &mut |row| {
+        eprintln!(
+            "prompt {:>5} x {:>2} ({}): {:>9.0} tok/s  {:>8.2} ms/call  {:>6.1} W  {:>7.2} tok/J",
+            row.prompt,
+            row.sequences,
+            row.attention,
+            row.tokens_per_s,
+            row.call_ms,
+            row.watts.unwrap_or(f64::NAN),
+            row.tokens_per_j.unwrap_or(f64::NAN)
+        );
+        lines.push(serde_json::to_string(row).unwrap_or_default());
+    })?;
+    println!("{} cases measured", rows.len());
+    if let Some(path) = json {
+        std::fs::write(&path, lines.join("\n") + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -25,18 +25,20 @@ use std::collections::{HashMap, VecDeque};
 use cudarc::driver::sys as cu;
 use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice};
 
-use super::device::{AttentionImpl, Gpu};
+use super::device::{AttentionImpl, Gpu, PrefillAttention};
 use super::error::CudaError;
 use super::plan::{AttentionSplit, BufferPlan, MAX_BATCH, MAX_CONTEXT, TensorKind, WeightLayout};
 use super::shape::{BYTES_PER_ELEMENT, ModelShape, check_supported};
 
 #[cfg(feature = "lab")]
 mod lab;
+mod prefill;
 mod step;
 mod tuning;
 
 #[cfg(feature = "lab")]
 pub use lab::PartTiming;
+pub use prefill::{MAX_PREFILL_ROWS, PrefillChunk};
 #[cfg(test)]
 pub(crate) use step::{AttentionArgs, launch_attention};
 
@@ -102,6 +104,8 @@ pub struct EngineOptions {
     pub matmul: MatmulChoice,
     pub attention: AttentionChoice,
     pub tuning: Tuning,
+    /// How prefill attention tiles its work.
+    pub prefill_attention: PrefillAttention,
     /// Seed of the random weights, KV cache and first tokens.
     pub seed: u64,
 }
@@ -112,6 +116,7 @@ impl Default for EngineOptions {
             matmul: MatmulChoice::Auto,
             attention: AttentionChoice::Auto,
             tuning: Tuning::EveryBatch,
+            prefill_attention: PrefillAttention::default(),
             seed: 0x0074_6f6b_7761_7474, // "tokwatt"
         }
     }
@@ -224,6 +229,8 @@ pub struct Engine {
     /// Steps waited for internally (before a graph capture) and not yet handed out.
     finished: VecDeque<StepDone>,
     spare_events: Vec<CudaEvent>,
+    /// Prompt activations, allocated by the first prefill call.
+    prefill_buffers: Option<prefill::PrefillBuffers>,
 }
 
 /// Checks the sizes an engine is asked for.
@@ -365,6 +372,7 @@ impl Engine {
             in_flight: VecDeque::new(),
             finished: VecDeque::new(),
             spare_events: Vec::new(),
+            prefill_buffers: None,
         };
         let first_tokens: Vec<u32> = (0..u64::from(batch_max))
             .map(|b| ((options.seed ^ b.wrapping_mul(7919)) % u64::from(shape.vocab)) as u32)

@@ -6,6 +6,7 @@
 mod attention;
 mod engine;
 mod kernels;
+mod prefill;
 mod workload;
 
 use std::sync::{Mutex, MutexGuard};
