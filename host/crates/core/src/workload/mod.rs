@@ -4,6 +4,7 @@
 //! (a serving engine's Prometheus counter).
 
 pub mod per_gpu;
+pub mod serving;
 
 use crate::types::WorkloadWindow;
 
