@@ -21,6 +21,7 @@
 //!
 //! Not simulated: thermal throttling, prefix caching, speculative decoding.
 
+mod arrivals;
 pub mod driver;
 mod gpu;
 pub mod lengths;
@@ -37,6 +38,7 @@ mod prefill_tests;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+pub use arrivals::ScenarioArrivals;
 pub use driver::{BoardSettings, DriverError, DriverState, SimDriver};
 pub use gpu::SimTruth;
 pub use lengths::LengthDist;

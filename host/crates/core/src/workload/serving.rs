@@ -41,6 +41,14 @@ pub struct Request {
     pub output: u32,
 }
 
+/// Where requests come from: a scenario's arrivals (the simulator's scenario files), a
+/// trace, a load generator.
+pub trait RequestSource: Send {
+    /// The requests arriving in `[from_s, to_s)` seconds after the start, in order of
+    /// arrival.
+    fn arrivals(&mut self, from_s: f64, to_s: f64) -> Vec<Request>;
+}
+
 /// One decoding sequence's row of a step: the token it generated last goes in at
 /// `position` of its slot, and its next token comes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
