@@ -269,6 +269,45 @@ fn triton_has_tokens_and_an_unknown_tpot() {
 }
 
 #[test]
+fn llamacpp_counts_predicted_tokens_and_its_latencies_stay_unknown() {
+    let Some(dir) = expositions() else { return };
+    let bodies = vec![
+        read(dir.path(), "llamacpp-0.prom"),
+        read(dir.path(), "llamacpp-1.prom"),
+    ];
+    let server = Server::start("127.0.0.1:0", bodies.clone(), false).expect("loopback");
+    let w = window_after_start(config(Engine::Llamacpp, &server));
+    // Eight requests of 256 predicted tokens; the probe's 96 before the start do not count,
+    // nor do the 1024 prompt tokens.
+    assert_eq!(w.tokens, 8 * 256);
+    // llama.cpp exports no latency histogram: unknown, not 0 ms.
+    assert!(
+        w.tpot_p99_ms.is_nan() && w.tpot_p50_ms.is_nan(),
+        "unknown, not 0 ms: {w:?}"
+    );
+    assert_eq!(
+        w.requests, None,
+        "no TTFT histogram, so no first tokens read"
+    );
+    // Its prompt counter is read beside a TTFT histogram named for it; one it lacks
+    // refuses the start, naming the flag.
+    let server = Server::start("127.0.0.1:0", bodies, false).expect("loopback");
+    let named = PrometheusConfig {
+        request_metrics: tokwatt::prometheus::request_metrics(
+            Engine::Llamacpp,
+            Some("llamacpp:time_to_first_token_seconds".into()),
+            None,
+        )
+        .expect("a prompt counter"),
+        ..config(Engine::Llamacpp, &server)
+    };
+    let error = PrometheusTokens::start(named)
+        .expect_err("no such histogram")
+        .to_string();
+    assert!(error.contains("--ttft-histogram"), "{error}");
+}
+
+#[test]
 fn a_named_metric_that_is_missing_refuses_the_start() {
     let Some(dir) = expositions() else { return };
     let server =
@@ -335,7 +374,11 @@ fn a_scrape_that_loses_the_metric_is_a_counted_failure_never_a_zero() {
 fn a_tpot_bound_without_a_tpot_histogram_is_refused_naming_the_fix() {
     // Refused before any GPU or endpoint is touched, so this runs without either.
     let spec = repo_root().join("policies/cap-and-batch.toml");
-    for extra in [&["--engine", "triton"][..], &["--tpot-histogram", ""][..]] {
+    for extra in [
+        &["--engine", "triton"][..],
+        &["--engine", "llamacpp"][..],
+        &["--tpot-histogram", ""][..],
+    ] {
         let output = crate::support::tokwatt()
             .args(["run", "--gpu", "0", "--workload", "external"])
             .args(["--metrics-url", "http://127.0.0.1:9/metrics", "--policy"])
@@ -349,3 +392,28 @@ fn a_tpot_bound_without_a_tpot_histogram_is_refused_naming_the_fix() {
         assert!(stderr.contains("--tpot-histogram"), "{stderr}");
     }
 }
+
+#[test]
+fn a_ttft_bound_on_llamacpp_is_refused_naming_the_fix() {
+    // llama.cpp times no first token: refused before any GPU or endpoint is touched.
+    let output = crate::support::tokwatt()
+        .args([
+            "run",
+            "--gpu",
+            "0",
+            "--workload",
+            "external",
+            "--engine",
+            "llamacpp",
+        ])
+        .args(["--metrics-url", "http://127.0.0.1:9/metrics"])
+        .args(["--ttft-p99-limit-ms", "500", "--policy"])
+        .arg(repo_root().join("policies/static.toml"))
+        .output()
+        .expect("tokwatt runs");
+    let stderr = crate::support::stderr(&output);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("--engine llamacpp"), "{stderr}");
+    assert!(stderr.contains("--ttft-histogram"), "{stderr}");
+}
+

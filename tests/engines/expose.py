@@ -10,7 +10,9 @@ Usage: expose.py OUT_DIR
 import os
 import sys
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram,
+                               disable_created_metrics, enable_created_metrics,
+                               generate_latest)
 
 # A model name with the characters an exposition must escape or a naive parser splits on.
 MODEL = 'org/llama "3", {8b}\\v2\nnew'
@@ -122,9 +124,69 @@ def triton(out_dir):
     write(out_dir, "triton-1.prom", registry)
 
 
+def llamacpp(out_dir):
+    """llama.cpp's server (tools/server/server-context.cpp, `--metrics`), as it answered on
+    the H200 (../shared/engines/llamacpp/llamacpp-metrics-h200.txt): one series per metric,
+    no labels, no histogram. llama.cpp writes its text by hand; prometheus_client renders the
+    same lines (counter families under their `_total` names) with two differences: values as
+    floats (`96.0` for `96`), and `llamacpp:n_tokens_max`, which llama.cpp declares a counter
+    without the `_total` suffix that prometheus_client always adds, is a gauge here. tokwatt
+    reads neither of those. The `_created` series llama.cpp has not are switched off."""
+    disable_created_metrics()
+    registry = CollectorRegistry()
+
+    def counter(name, help_text):
+        return Counter("llamacpp:" + name, help_text, registry=registry)
+
+    def gauge(name, help_text):
+        return Gauge("llamacpp:" + name, help_text, registry=registry)
+
+    prompt_tokens = counter("prompt_tokens",
+                            "Number of prompt tokens processed, excluding cached tokens")
+    cached = counter("prompt_tokens_cached", "Number of prompt tokens reused from the cache")
+    prompt_seconds = counter("prompt_seconds", "Total time spent processing prompts")
+    predicted = counter("tokens_predicted", "Number of generation tokens processed")
+    predicted_seconds = counter("tokens_predicted_seconds", "Total time spent generating tokens")
+    decodes = counter("n_decode", "Total number of llama_decode() calls, excluding speculative "
+                      "decoding and multimodal decoding")
+    tokens_max = gauge("n_tokens_max", "Largest observed sequence length (prompt + generation)")
+    for name in ("spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+                 "spec_decode_num_drafts"):
+        counter(name, "Speculative: " + name)
+    prompt_rate = gauge("prompt_tokens_seconds", "Average prompt throughput in tokens/s")
+    predicted_rate = gauge("predicted_tokens_seconds", "Average generation throughput in tokens/s")
+    processing = gauge("requests_processing", "Number of requests processing")
+    gauge("requests_deferred", "Number of requests deferred")
+    busy = gauge("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call")
+
+    # Before: the two requests of the H200 probe, which must not count in the window.
+    prompt_tokens.inc(9)
+    cached.inc(1)
+    prompt_seconds.inc(0.010535)
+    predicted.inc(96)
+    predicted_seconds.inc(0.116725)
+    decodes.inc(96)
+    tokens_max.set(70)
+    prompt_rate.set(854.295)
+    predicted_rate.set(805.312)
+    busy.set(1)
+    write(out_dir, "llamacpp-0.prom", registry)
+    # The window: eight requests of 128 prompt and 256 predicted tokens, four at a time.
+    prompt_tokens.inc(8 * 128)
+    prompt_seconds.inc(0.4)
+    predicted.inc(8 * 256)
+    predicted_seconds.inc(3.1)
+    decodes.inc(2 * 256)
+    tokens_max.set(384)
+    processing.set(4)
+    busy.set(4)
+    write(out_dir, "llamacpp-1.prom", registry)
+    enable_created_metrics()
+
+
 def main():
     out_dir = sys.argv[1]
-    for engine in (vllm, sglang, tgi, triton):
+    for engine in (vllm, sglang, tgi, triton, llamacpp):
         engine(out_dir)
 
 

@@ -49,7 +49,7 @@ pub struct TargetArgs {
     #[arg(long, required_if_eq("workload", "external"))]
     pub metrics_url: Option<String>,
     /// The serving engine behind --metrics-url, whose metric names to read: vllm, sglang,
-    /// tgi or triton (triton has no TPOT histogram).
+    /// tgi, triton or llamacpp (triton and llamacpp have no TPOT histogram).
     #[arg(long, default_value = "vllm", value_parser = clap::value_parser!(Engine))]
     pub engine: Engine,
     /// Counter of generated tokens at --metrics-url, summed over its series (default: the
@@ -61,7 +61,8 @@ pub struct TargetArgs {
     #[arg(long)]
     pub tpot_histogram: Option<String>,
     /// Histogram of time to first token (seconds) at --metrics-url, merged over its series
-    /// (default: the --engine preset's, vllm and sglang); "" for none. A TTFT bound needs it.
+    /// (default: the --engine preset's, vllm and sglang); "" for none. A TTFT bound needs it
+    /// (tgi, triton and llamacpp export none).
     #[arg(long)]
     pub ttft_histogram: Option<String>,
     /// Counter of prompt tokens at --metrics-url, summed over its series (default: the

@@ -1,6 +1,8 @@
 //! An external token source: a serving engine's Prometheus metrics, so tokwatt can
 //! tune a GPU that a running server drives. [`Engine`] presets name each engine's
-//! generated-token counter and time-per-output-token histogram.
+//! generated-token counter, and its time-per-output-token and time-to-first-token
+//! histograms where it has them (llama.cpp and Triton have neither: their TPOT is
+//! unknown, NaN, and a bound on either latency is refused at the start).
 //!
 //! A thread of its own scrapes the endpoint every period (plain HTTP, as metrics
 //! endpoints are), so the control loop never waits on the network. A metric that is
@@ -26,10 +28,27 @@ pub enum Engine {
     Sglang,
     Tgi,
     Triton,
+    /// llama.cpp's `llama-server` (started with `--metrics`).
+    Llamacpp,
 }
 
 impl Engine {
-    pub const ALL: [Engine; 4] = [Engine::Vllm, Engine::Sglang, Engine::Tgi, Engine::Triton];
+    pub const ALL: [Engine; 5] = [
+        Engine::Vllm,
+        Engine::Sglang,
+        Engine::Tgi,
+        Engine::Triton,
+        Engine::Llamacpp,
+    ];
+
+    /// Every preset's name, for help texts and errors: `vllm, sglang, tgi, triton or llamacpp`.
+    pub fn names() -> String {
+        let names: Vec<&str> = Engine::ALL.iter().map(|e| e.name()).collect();
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            _ => names.join(""),
+        }
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -37,6 +56,7 @@ impl Engine {
             Engine::Sglang => "sglang",
             Engine::Tgi => "tgi",
             Engine::Triton => "triton",
+            Engine::Llamacpp => "llamacpp",
         }
     }
 
@@ -54,6 +74,9 @@ impl Engine {
             // Triton's TensorRT-LLM backend: histogram `nv_llm_output_token_len`,
             // response_metric_type="total_output_tokens"; its sum counts finished requests' tokens.
             Engine::Triton => "nv_llm_output_token_len_sum",
+            // tools/server/server-context.cpp: counter `llamacpp:tokens_predicted_total`,
+            // one series, grown as each slot generates (not only when a request ends).
+            Engine::Llamacpp => "llamacpp:tokens_predicted_total",
         }
     }
 
@@ -68,34 +91,52 @@ impl Engine {
             Engine::Tgi => Some("tgi_request_mean_time_per_token_duration"),
             // Triton and its TensorRT-LLM backend export no per-token latency histogram.
             Engine::Triton => None,
+            // llama.cpp's /metrics has counters and averages only (seconds spent predicting,
+            // `llamacpp:predicted_tokens_seconds`): a mean cannot give a p99.
+            Engine::Llamacpp => None,
+        }
+    }
+
+    /// The counter of prompt tokens, where the engine has one.
+    pub fn prompt_counter(self) -> Option<&'static str> {
+        match self {
+            // vllm/v1/metrics/loggers.py: Counter `vllm:prompt_tokens`.
+            Engine::Vllm => Some("vllm:prompt_tokens_total"),
+            // sglang/srt/metrics/collector.py.
+            Engine::Sglang => Some("sglang:prompt_tokens_total"),
+            // TGI and Triton count prompt tokens only in per-request histograms.
+            Engine::Tgi | Engine::Triton => None,
+            // Prompt tokens processed, the ones reused from the cache not counted
+            // (`llamacpp:prompt_tokens_cached_total` has those).
+            Engine::Llamacpp => Some("llamacpp:prompt_tokens_total"),
+        }
+    }
+
+    /// The histogram of time to first token, seconds, where the engine has one.
+    pub fn ttft_histogram(self) -> Option<&'static str> {
+        match self {
+            // vllm/v1/metrics/loggers.py: Histogram `vllm:time_to_first_token_seconds`.
+            Engine::Vllm => Some("vllm:time_to_first_token_seconds"),
+            // sglang/srt/metrics/collector.py.
+            Engine::Sglang => Some("sglang:time_to_first_token_seconds"),
+            // TGI times a request's queue, validation and inference, and a batch's
+            // prefill, but not a request's first token.
+            Engine::Tgi => None,
+            // Triton's TensorRT-LLM backend exports no time-to-first-token histogram.
+            Engine::Triton => None,
+            // llama.cpp counts the seconds spent on prompts (`llamacpp:prompt_seconds_total`),
+            // not each request's wait for its first token.
+            Engine::Llamacpp => None,
         }
     }
 
     /// The histogram of time to first token, seconds, and the counter of prompt tokens,
     /// where the engine has both (what a TTFT bound needs).
     pub fn request_metrics(self) -> Option<RequestMetrics> {
-        let both = |ttft: &str, prompt: &str| RequestMetrics {
-            ttft_histogram: ttft.to_owned(),
-            prompt_counter: prompt.to_owned(),
-        };
-        match self {
-            // vllm/v1/metrics/loggers.py: Histogram `vllm:time_to_first_token_seconds`,
-            // Counter `vllm:prompt_tokens`.
-            Engine::Vllm => Some(both(
-                "vllm:time_to_first_token_seconds",
-                "vllm:prompt_tokens_total",
-            )),
-            // sglang/srt/metrics/collector.py.
-            Engine::Sglang => Some(both(
-                "sglang:time_to_first_token_seconds",
-                "sglang:prompt_tokens_total",
-            )),
-            // TGI times a request's queue, validation and inference, and a batch's
-            // prefill, but not a request's first token.
-            Engine::Tgi => None,
-            // Triton's TensorRT-LLM backend exports no time-to-first-token histogram.
-            Engine::Triton => None,
-        }
+        Some(RequestMetrics {
+            ttft_histogram: self.ttft_histogram()?.to_owned(),
+            prompt_counter: self.prompt_counter()?.to_owned(),
+        })
     }
 }
 
@@ -107,17 +148,18 @@ pub fn request_metrics(
     ttft_histogram: Option<String>,
     prompt_counter: Option<String>,
 ) -> Result<Option<RequestMetrics>, String> {
-    let preset = engine.request_metrics();
     let ttft = match ttft_histogram {
         Some(name) if name.is_empty() => return Ok(None),
         Some(name) => Some(name),
-        None => preset.as_ref().map(|m| m.ttft_histogram.clone()),
+        None => engine.ttft_histogram().map(str::to_owned),
     };
     let Some(ttft_histogram) = ttft else {
         return Ok(None);
     };
+    // The preset's prompt counter serves a named TTFT histogram too (llama.cpp has the
+    // counter but no histogram).
     let prompt_counter = prompt_counter
-        .or_else(|| preset.map(|m| m.prompt_counter))
+        .or_else(|| engine.prompt_counter().map(str::to_owned))
         .ok_or_else(|| {
             format!(
                 "a TTFT histogram (`{ttft_histogram}`) needs the engine's prompt-token counter too: \
@@ -146,7 +188,7 @@ impl std::str::FromStr for Engine {
         Engine::ALL
             .into_iter()
             .find(|e| e.name() == text)
-            .ok_or_else(|| format!("unknown engine `{text}`: expected vllm, sglang, tgi or triton"))
+            .ok_or_else(|| format!("unknown engine `{text}`: expected {}", Engine::names()))
     }
 }
 

@@ -378,8 +378,55 @@ fn engine_presets_parse_by_name() {
     for engine in Engine::ALL {
         assert_eq!(engine.name().parse::<Engine>(), Ok(engine));
     }
-    assert!("llamacpp".parse::<Engine>().is_err());
+    let unknown = "llama.cpp".parse::<Engine>().expect_err("not a preset");
+    assert!(
+        unknown.contains("vllm, sglang, tgi, triton or llamacpp"),
+        "{unknown}"
+    );
     assert_eq!(Engine::Triton.tpot_histogram(), None);
+    assert_eq!(Engine::Llamacpp.tpot_histogram(), None);
+}
+
+/// What llama.cpp's `llama-server --metrics` answered on the H200 (b7600-era tree from
+/// llama-cpp-python 0.3.36), trimmed: counters whose `# TYPE` names carry `_total`, one
+/// series each, no histogram.
+const LLAMACPP: &str =
+    "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 9
+# HELP llamacpp:prompt_tokens_cached_total Number of prompt tokens reused from the cache
+# TYPE llamacpp:prompt_tokens_cached_total counter
+llamacpp:prompt_tokens_cached_total 1
+# HELP llamacpp:tokens_predicted_total Number of generation tokens processed
+# TYPE llamacpp:tokens_predicted_total counter
+llamacpp:tokens_predicted_total 96
+# HELP llamacpp:n_tokens_max Largest observed sequence length (prompt + generation)
+# TYPE llamacpp:n_tokens_max counter
+llamacpp:n_tokens_max 70
+# HELP llamacpp:predicted_tokens_seconds Average generation throughput in tokens/s
+# TYPE llamacpp:predicted_tokens_seconds gauge
+llamacpp:predicted_tokens_seconds 805.312
+";
+
+#[test]
+fn llamacpp_counts_predicted_tokens_and_has_no_latency_histogram() {
+    let engine = Engine::Llamacpp;
+    let scrape = parse_exposition(LLAMACPP, engine.token_counter(), engine.tpot_histogram())
+        .expect("parses");
+    assert_eq!(scrape.tokens, 96.0, "predicted tokens, not the prompt's 9");
+    assert!(scrape.tpot_buckets.is_empty());
+    // Tokens with no histogram behind them: the TPOT is unknown, never 0 ms.
+    let later = Scrape {
+        tokens: 160.0,
+        ..scrape.clone()
+    };
+    let window = window_between(&scrape, &later);
+    assert_eq!(window.tokens, 64);
+    assert!(
+        window.tpot_p99_ms.is_nan() && window.tpot_p50_ms.is_nan(),
+        "{window:?}"
+    );
+    assert_eq!(window.requests, None, "no TTFT histogram: no requests read");
 }
 
 /// A metrics server on loopback whose counter grows by 100 per scrape.
@@ -512,6 +559,18 @@ fn the_presets_say_which_engines_time_first_tokens() {
     assert!(Engine::Sglang.request_metrics().is_some());
     assert!(Engine::Tgi.request_metrics().is_none());
     assert!(Engine::Triton.request_metrics().is_none());
+    // llama.cpp counts prompt tokens but times no first token.
+    assert!(Engine::Llamacpp.request_metrics().is_none());
+    assert_eq!(
+        Engine::Llamacpp.prompt_counter(),
+        Some("llamacpp:prompt_tokens_total")
+    );
+    assert_eq!(request_metrics(Engine::Llamacpp, None, None), Ok(None));
+    // A TTFT histogram named for it (a proxy's, say) is read beside its own prompt counter.
+    let named = request_metrics(Engine::Llamacpp, Some("proxy_ttft".into()), None)
+        .expect("named")
+        .expect("read");
+    assert_eq!(named.prompt_counter, "llamacpp:prompt_tokens_total");
     // TGI's own names can be given; a TTFT histogram without a prompt counter cannot.
     let named = request_metrics(
         Engine::Tgi,
