@@ -417,3 +417,42 @@ fn a_ttft_bound_on_llamacpp_is_refused_naming_the_fix() {
     assert!(stderr.contains("--ttft-histogram"), "{stderr}");
 }
 
+#[test]
+fn an_external_workload_needs_a_gpu_or_the_simulator() {
+    let output = crate::support::tokwatt()
+        .args(["run", "--workload", "external", "--engine", "llamacpp"])
+        .args(["--metrics-url", "http://127.0.0.1:9/metrics", "--policy"])
+        .arg(repo_root().join("policies/static.toml"))
+        .output()
+        .expect("tokwatt runs");
+    let stderr = crate::support::stderr(&output);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--gpu 0") && stderr.contains("--sim h200"),
+        "{stderr}"
+    );
+    // Beside the simulator, only one GPU: the engine's tokens are one GPU's.
+    let output = crate::support::tokwatt()
+        .args([
+            "run",
+            "--sim",
+            "h200",
+            "--gpus",
+            "2",
+            "--workload",
+            "external",
+        ])
+        .args([
+            "--engine",
+            "llamacpp",
+            "--metrics-url",
+            "http://127.0.0.1:9/metrics",
+        ])
+        .arg("--policy")
+        .arg(repo_root().join("policies/static.toml"))
+        .output()
+        .expect("tokwatt runs");
+    let stderr = crate::support::stderr(&output);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("--gpus 1"), "{stderr}");
+}

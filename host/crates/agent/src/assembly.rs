@@ -199,6 +199,10 @@ pub enum AssemblyError {
     #[error("no GPU selected: pass at least one NVML index")]
     NoGpu,
     #[error(
+        "one serving engine's tokens cannot feed {gpus} simulated GPUs: simulate one (--gpus 1)"
+    )]
+    EngineBesideManyGpus { gpus: u32 },
+    #[error(
         "policy `{policy}` may change {what} on GPU {gpu}, but this process may not ({why}). Run as root or with CAP_SYS_ADMIN, or run observe-only with --dry-run (serve: node.dry_run = true), or let the policy change only the batch size with --batch-only (serve: node.batch_only = true)"
     )]
     NotPermitted {
@@ -393,6 +397,56 @@ fn assemble_sim(
         changes_hardware: false,
         sim: Some(sim),
         offered: operator_offer(request),
+        not_permitted: Vec::new(),
+    })
+}
+
+/// A simulated GPU whose tokens come from a running serving engine's metrics
+/// (`source`, [`WorkloadSource::External`]): the external token source tried against a
+/// real engine on a machine without a GPU (the llama.cpp end-to-end test). Power, energy
+/// and settings are simulator output, the tokens are the engine's; the simulator runs on
+/// the wall clock whatever `target` says, as the engine's tokens do. The engine keeps its
+/// own batch size, as on a real GPU.
+pub fn assemble_sim_with_engine(
+    target: &SimTarget,
+    source: &WorkloadSource,
+    request: &BackendRequest,
+    knobs: Knobs,
+) -> Result<Assembled, AssemblyError> {
+    if target.gpus != 1 {
+        return Err(AssemblyError::EngineBesideManyGpus { gpus: target.gpus });
+    }
+    let target = SimTarget {
+        realtime: true,
+        ..target.clone()
+    };
+    let (sim, mut backends) = simulator(&target, request.seed)?;
+    let (workload, note) = one_gpu_workload(source, 0, 0)?;
+    backends.workload = workload;
+    let mut offered = operator_offer(request);
+    offered.batch_size = Err("the external serving engine sets its own batch size".into());
+    let (knobs, withheld) = grant_knobs(knobs, &offered);
+    let meta = RunMeta {
+        simulated: true,
+        gpu_profile: target.profile.clone(),
+        gpu_name: sim.profile().name.clone(),
+        data_source: format!(
+            "simulator output for power and energy ({}); {note}",
+            sim.calibration_note()
+        ),
+        gpu_count: 1,
+        actuator: "sim".into(),
+        workload: backends.workload.name().into(),
+        seed: request.seed,
+    };
+    Ok(Assembled {
+        backends,
+        meta,
+        knobs,
+        withheld,
+        changes_hardware: false,
+        sim: Some(sim),
+        offered,
         not_permitted: Vec::new(),
     })
 }

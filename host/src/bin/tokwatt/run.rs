@@ -74,13 +74,18 @@ pub fn run(args: RunArgs) -> Result<()> {
         spec.override_tick(tick)?;
     }
     let tick = Duration::from_millis(u64::from(spec.tick_ms));
-    let mut request = args
-        .target
-        .backend_request(&spec.objective, tick, args.seed)?;
+    let (mut request, engine_beside_sim) =
+        args.target
+            .backend_request_with_engine(&spec.objective, tick, args.seed)?;
     if let assembly::Target::Sim(sim) = &mut request.target {
         sim.driver.clone_from(&args.sim_driver);
     }
-    let mut assembled = assembly::assemble(&request, &spec.name, spec.knobs)?;
+    let mut assembled = match (&request.target, &engine_beside_sim) {
+        (assembly::Target::Sim(sim), Some(engine)) => {
+            assembly::assemble_sim_with_engine(sim, engine, &request, spec.knobs)?
+        }
+        _ => assembly::assemble(&request, &spec.name, spec.knobs)?,
+    };
     for withheld in &assembled.withheld {
         eprintln!("tokwatt: policy `{}`: {withheld}", spec.name);
     }

@@ -42,7 +42,9 @@ pub struct TargetArgs {
     pub batch_only: bool,
     /// Where the tokens come from on a real GPU: `cuda` (tokwatt's own decode workload)
     /// or `external` (a running server's Prometheus metrics, see --metrics-url and --engine).
-    #[arg(long, value_enum, default_value_t = WorkloadKind::Cuda, requires = "gpu")]
+    /// With --sim (`tokwatt run` only), `external` reads an engine's tokens beside a simulated
+    /// GPU's power, on the wall clock: for trying the metrics on a machine without a GPU.
+    #[arg(long, value_enum, default_value_t = WorkloadKind::Cuda)]
     pub workload: WorkloadKind,
     /// The serving engine's metrics endpoint, for `--workload external`
     /// (http://HOST:PORT/metrics, IPv6 as http://[::1]:PORT/metrics).
@@ -149,6 +151,35 @@ impl TargetArgs {
         tick: Duration,
         seed: u64,
     ) -> Result<BackendRequest> {
+        if self.sim.is_some() && self.workload == WorkloadKind::External {
+            bail!(
+                "--workload external beside --sim is read by `tokwatt run` only: compare on a real GPU (--gpu), or drop --workload external to compare on the simulator's own tokens"
+            );
+        }
+        self.request(objective, tick, seed)
+    }
+
+    /// [`Self::backend_request`], and the serving engine whose tokens replace the
+    /// simulator's where --workload external stands beside --sim (`tokwatt run`).
+    pub fn backend_request_with_engine(
+        &self,
+        objective: &Objective,
+        tick: Duration,
+        seed: u64,
+    ) -> Result<(BackendRequest, Option<WorkloadSource>)> {
+        let engine_beside_sim = match (&self.sim, self.workload) {
+            (Some(_), WorkloadKind::External) => Some(self.external_source(objective)?),
+            _ => None,
+        };
+        Ok((self.request(objective, tick, seed)?, engine_beside_sim))
+    }
+
+    fn request(&self, objective: &Objective, tick: Duration, seed: u64) -> Result<BackendRequest> {
+        if self.sim.is_none() && self.gpu.is_none() && self.workload == WorkloadKind::External {
+            bail!(
+                "--workload external reads a serving engine's tokens for a GPU: add `--gpu 0` (a real GPU; --dry-run to observe only) or `--sim h200` (a simulated one)"
+            );
+        }
         let target = match (&self.sim, &self.gpu) {
             (Some(profile), None) => Target::Sim(SimTarget {
                 profile: profile.clone(),
