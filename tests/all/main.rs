@@ -18,6 +18,7 @@ mod guard;
 mod guest_lang;
 mod hostile;
 mod js_policy;
+mod llamacpp;
 mod long_run;
 mod metrics;
 mod outputs;
