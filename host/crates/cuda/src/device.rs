@@ -236,6 +236,7 @@ pub(crate) struct Kernels {
     pub prefill_rope_kv: CudaFunction,
     pub gather_rows: CudaFunction,
     pub scatter_tokens: CudaFunction,
+    pub slot_tokens_in: CudaFunction,
     /// Causal prefill attention, keyed by head_dim and tiling.
     flash_prefill: HashMap<(u32, PrefillAttention), CudaFunction>,
 }
@@ -375,6 +376,7 @@ impl Kernels {
             prefill_rope_kv: function("prefill_rope_kv")?,
             gather_rows: function("gather_rows")?,
             scatter_tokens: function("scatter_tokens")?,
+            slot_tokens_in: function("slot_tokens_in")?,
             flash_prefill,
             fill_uniform: function("fill_uniform")?,
             scale_columns: function("scale_columns")?,

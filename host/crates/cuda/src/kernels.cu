@@ -1203,6 +1203,15 @@ extern "C" __global__ void gather_rows(const bf16* __restrict__ src, const int* 
     for (int i = threadIdx.x; i < width / 8; i += blockDim.x) o[i] = s[i];
 }
 
+// rows_tokens[pairs[2i]] = slot_tokens[pairs[2i + 1]]: a decoding sequence's row takes the
+// token its slot generated last. grid = 1, block = 256.
+extern "C" __global__ void slot_tokens_in(const u32* __restrict__ slot_tokens,
+                                          const int* __restrict__ pairs, int n,
+                                          u32* __restrict__ rows_tokens) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        rows_tokens[pairs[2 * i]] = slot_tokens[pairs[2 * i + 1]];
+}
+
 // tokens[slots[i]] = next[i]: each finished prompt's first generated token becomes its
 // sequence's next decode input. grid = 1, block = 256.
 extern "C" __global__ void scatter_tokens(const u32* __restrict__ next, const int* __restrict__ slots,
@@ -1331,8 +1340,9 @@ __device__ __forceinline__ void flash_prefill_impl(
         cp_async_wait_one();
         __syncthreads();
         const int key0 = j * BN;
-        // A warp whose rows all precede this tile has nothing to add (causal).
-        if (key0 <= warp_first_pos + WR - 1) {
+        // A warp whose rows all precede this tile has nothing to add (causal), nor one whose
+        // rows are all past the chunk (a decode row's tile has one row).
+        if (key0 <= warp_first_pos + WR - 1 && warp * WR < q_rows) {
             const u32 kt = k_s + (j & 1) * TILE_BYTES;
             const u32 vt = v_s + (j & 1) * TILE_BYTES;
             float s[MT][SN][4];

@@ -12,6 +12,8 @@
 //!   the projection after them, and on Hopper attention merges its context splits inside a
 //!   thread block cluster;
 //! - [`CudaDecode`]: the engine stepping on a thread of its own, behind [`tokwatt_core::workload::Workload`];
+//! - [`CudaServe`]: the engine serving requests as they arrive (continuous batching, chunked
+//!   prefill under a token budget), TTFT and TPOT per request, behind the same trait;
 //! - [`Engine::prefill`](engine::Engine::prefill): chunks of prompts as rows of one matrix, on
 //!   cuBLAS GEMMs and a flash-style causal attention on tensor cores, their keys and values
 //!   into the KV cache;
@@ -28,6 +30,7 @@ pub mod engine;
 mod error;
 mod plan;
 mod prefill_bench;
+mod serve;
 pub mod shape;
 
 #[cfg(test)]
@@ -38,10 +41,11 @@ pub use bench::{BenchConfig, BenchRow, bench_batches, bench_with, format_table};
 pub use decode::{CudaDecode, CudaDecodeConfig};
 pub use device::{AttentionImpl, PrefillAttention};
 pub use engine::{
-    AttentionChoice, EngineOptions, GraphInfo, MAX_PREFILL_ROWS, MatmulChoice, MatmulPath,
-    PrefillChunk, StepVariant, Tuning,
+    AttentionChoice, DecodeInput, EngineOptions, GraphInfo, MAX_PREFILL_ROWS, MatmulChoice,
+    MatmulPath, PrefillChunk, StepVariant, Tuning,
 };
 pub use error::CudaError;
-pub use prefill_bench::{PrefillRow, REFERENCE_PREFILL_CASES, bench_prefill};
 pub use plan::{AttentionSplit, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT};
+pub use prefill_bench::{PrefillRow, REFERENCE_PREFILL_CASES, bench_prefill};
+pub use serve::{CudaServe, CudaServeConfig};
 pub use shape::{ModelError, ModelShape, ShapeError};

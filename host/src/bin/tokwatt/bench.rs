@@ -72,6 +72,42 @@ pub enum BenchCommand {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+    /// Requests served on a real GPU by tokwatt's engine: a scenario's arrivals in real time,
+    /// continuous batching with chunked prefill, the running limit and token budget fixed.
+    /// Tokens/s, watts (NVML energy counter), tokens per joule, TTFT and TPOT per request.
+    /// Changes no GPU setting.
+    Serving {
+        /// CUDA device / NVML index.
+        #[arg(long, default_value_t = 0)]
+        gpu: u32,
+        /// Simulator scenario with prompts (its phases, rates and length distributions).
+        #[arg(long)]
+        scenario: PathBuf,
+        /// Seconds to serve.
+        #[arg(long, default_value_t = 60.0)]
+        seconds: f64,
+        /// KV positions per sequence (longer requests are cut to fit, and counted).
+        #[arg(long, default_value_t = 4096)]
+        context: u32,
+        /// KV cache slots (default: the running limit).
+        #[arg(long)]
+        slots: Option<u32>,
+        /// Sequences admitted at once (default: the scenario's initial batch size).
+        #[arg(long)]
+        running_limit: Option<u32>,
+        /// Tokens one step may process (default: the scenario's).
+        #[arg(long)]
+        max_batched_tokens: Option<u32>,
+        /// Seed of the arrivals and lengths.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Write the summary as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Write every finished request (arrival, TTFT, TPOT, lengths) as JSON lines here.
+        #[arg(long)]
+        requests: Option<PathBuf>,
+    },
     /// Host overhead of one `decide` call (plugin host + supervisor): p50, p90, p99 and
     /// the worst call (a deadline is judged against the worst), and the plugin's start.
     Decide {
@@ -185,6 +221,29 @@ pub fn bench(what: BenchCommand) -> Result<()> {
             seconds,
             json,
         } => bench_workload(gpu, &model, context, batches, seconds, json),
+        BenchCommand::Serving {
+            gpu,
+            scenario,
+            seconds,
+            context,
+            slots,
+            running_limit,
+            max_batched_tokens,
+            seed,
+            json,
+            requests,
+        } => bench_serving(ServingBench {
+            gpu,
+            scenario,
+            seconds,
+            context,
+            slots,
+            running_limit,
+            max_batched_tokens,
+            seed,
+            json,
+            requests,
+        }),
         BenchCommand::Prefill {
             gpu,
             model,
@@ -445,6 +504,148 @@ fn agent_cpu_table(rows: &[(&AgentCpuTarget, Vec<AgentCpuRun>)], simulated: bool
     table.to_string()
 }
 
+/// What `tokwatt bench serving` was asked.
+#[derive(Debug)]
+struct ServingBench {
+    gpu: u32,
+    scenario: PathBuf,
+    seconds: f64,
+    context: u32,
+    slots: Option<u32>,
+    running_limit: Option<u32>,
+    max_batched_tokens: Option<u32>,
+    seed: u64,
+    json: Option<PathBuf>,
+    requests: Option<PathBuf>,
+}
+
+#[cfg(not(feature = "cuda"))]
+fn bench_serving(_bench: ServingBench) -> Result<()> {
+    anyhow::bail!(
+        "this tokwatt was built without its CUDA workload (the `cuda` feature): rebuild with `cargo build -p tokwatt --features cuda` (on by default)"
+    )
+}
+
+#[cfg(feature = "cuda")]
+fn bench_serving(bench: ServingBench) -> Result<()> {
+    use tokwatt::telemetry::Telemetry;
+    use tokwatt::workload::Workload;
+    if !(bench.seconds.is_finite() && bench.seconds > 0.0 && bench.seconds <= 86_400.0) {
+        bail!(
+            "--seconds must be above 0 and at most 86400 (a day), not {}",
+            bench.seconds
+        );
+    }
+    let scenario = tokwatt::sim::Scenario::load(&bench.scenario)
+        .with_context(|| format!("reading the scenario {}", bench.scenario.display()))?;
+    let arrivals =
+        tokwatt::sim::ScenarioArrivals::new(&scenario, bench.seed).map_err(anyhow::Error::msg)?;
+    let running_limit = bench.running_limit.unwrap_or(scenario.initial_batch_size);
+    let slots = bench.slots.unwrap_or(running_limit).max(running_limit);
+    let budget = bench
+        .max_batched_tokens
+        .unwrap_or(scenario.max_batched_tokens);
+    let system = tokwatt::nvml::NvmlSystem::open(Some(&[bench.gpu]))?;
+    let mut telemetry = system
+        .telemetry(SamplerConfig::everything_every(Duration::from_millis(100)))
+        .context("starting NVML telemetry")?;
+    let mut energy = || telemetry.read_window(0).ok().map(|w| w.energy_counter_j);
+    let mut serve = tokwatt::cuda::CudaServe::new(tokwatt::cuda::CudaServeConfig {
+        model: scenario.model.clone(),
+        context: bench.context,
+        slots,
+        running_limit,
+        max_batched_tokens: budget,
+        queue_max: scenario.queue_max,
+        device: bench.gpu,
+        gpu_index: 0,
+        engine: tokwatt::cuda::EngineOptions::default(),
+        requests: Box::new(arrivals),
+    })?;
+    println!(
+        "tokwatt bench serving: {} on GPU {} ({}), {:.0} s, running limit {running_limit}, {slots} slots of {} positions, {budget} tokens per step; energy from the NVML counter",
+        bench.scenario.display(),
+        bench.gpu,
+        serve.gpu_name(),
+        bench.seconds,
+        bench.context
+    );
+    let e0 = energy();
+    let started = std::time::Instant::now();
+    let mut records = Vec::new();
+    let (mut tokens, mut prefill_tokens, mut arrived, mut turned_away) = (0u64, 0u64, 0u64, 0u64);
+    let mut step_p99s = Vec::new();
+    let mut dropped = 0u32;
+    while started.elapsed().as_secs_f64() < bench.seconds {
+        std::thread::sleep(Duration::from_secs(1));
+        let window = serve.read_window(0)?;
+        tokens += window.tokens;
+        if let Some(r) = window.requests {
+            prefill_tokens += r.prefill_tokens;
+        }
+        if let Some(d) = window.demand {
+            arrived += d.requests_arrived;
+            turned_away += d.requests_turned_away;
+        }
+        if window.tpot_p99_ms.is_finite() {
+            step_p99s.push(window.tpot_p99_ms);
+        }
+        let (finished, lost) = serve.take_finished();
+        records.extend(finished);
+        dropped += lost;
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let joules = match (e0, energy()) {
+        (Some(a), Some(b)) if b > a => Some(b - a),
+        _ => None,
+    };
+    let truncated = serve.truncated();
+    drop(serve);
+    let quantile = |values: &mut Vec<f64>, q: f64| {
+        tokwatt::quantile::nearest_rank(values, q).unwrap_or(f64::NAN)
+    };
+    let mut ttfts: Vec<f64> = records.iter().map(|r| r.ttft_ms).collect();
+    let mut tpots: Vec<f64> = records.iter().filter_map(|r| r.tpot_ms).collect();
+    let summary = serde_json::json!({
+        "measured_on": "GPU",
+        "gpu": system.devices().first().map(|d| d.name.clone()),
+        "scenario": bench.scenario.display().to_string(),
+        "seconds": wall,
+        "running_limit": running_limit,
+        "slots": slots,
+        "context": bench.context,
+        "max_batched_tokens": budget,
+        "requests_arrived": arrived,
+        "requests_turned_away": turned_away,
+        "requests_finished": records.len(),
+        "requests_truncated": truncated,
+        "records_dropped": dropped,
+        "tokens_per_s": tokens as f64 / wall,
+        "prefill_tokens_per_s": prefill_tokens as f64 / wall,
+        "watts": joules.map(|j| j / wall),
+        "tokens_per_j": joules.map(|j| tokens as f64 / j),
+        "ttft_p50_ms": quantile(&mut ttfts, 0.5),
+        "ttft_p99_ms": quantile(&mut ttfts, 0.99),
+        "tpot_p50_ms": quantile(&mut tpots, 0.5),
+        "tpot_p99_ms": quantile(&mut tpots, 0.99),
+        "step_p99_ms_median_over_windows": quantile(&mut step_p99s, 0.5),
+    });
+    println!("{}", serde_json::to_string_pretty(&summary)?);
+    if let Some(path) = &bench.json {
+        std::fs::write(path, serde_json::to_string_pretty(&summary)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &bench.requests {
+        let lines: Vec<String> = records
+            .iter()
+            .map(serde_json::to_string)
+            .collect::<Result<_, _>>()?;
+        std::fs::write(path, lines.join("\n") + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// `2048x4`: a prompt of 2048 tokens, 4 sequences per call.
 fn parse_prefill_case(text: &str) -> Result<(u32, u32), String> {
     let bad = || format!("prefill case `{text}`: write PROMPTxSEQUENCES, e.g. 2048x4");
@@ -515,19 +716,27 @@ fn bench_prefill(
         system.devices().first().map_or("?", |d| d.name.as_str())
     );
     let mut lines = Vec::new();
-    let rows = tokwatt::cuda::bench_prefill(&shape, &cases, &tilings, seconds, gpu, &mut energy, &mut |row| {
-        eprintln!(
-            "prompt {:>5} x {:>2} ({}): {:>9.0} tok/s  {:>8.2} ms/call  {:>6.1} W  {:>7.2} tok/J",
-            row.prompt,
-            row.sequences,
-            row.attention,
-            row.tokens_per_s,
-            row.call_ms,
-            row.watts.unwrap_or(f64::NAN),
-            row.tokens_per_j.unwrap_or(f64::NAN)
-        );
-        lines.push(serde_json::to_string(row).unwrap_or_default());
-    })?;
+    let rows = tokwatt::cuda::bench_prefill(
+        &shape,
+        &cases,
+        &tilings,
+        seconds,
+        gpu,
+        &mut energy,
+        &mut |row| {
+            eprintln!(
+                "prompt {:>5} x {:>2} ({}): {:>9.0} tok/s  {:>8.2} ms/call  {:>6.1} W  {:>7.2} tok/J",
+                row.prompt,
+                row.sequences,
+                row.attention,
+                row.tokens_per_s,
+                row.call_ms,
+                row.watts.unwrap_or(f64::NAN),
+                row.tokens_per_j.unwrap_or(f64::NAN)
+            );
+            lines.push(serde_json::to_string(row).unwrap_or_default());
+        },
+    )?;
     println!("{} cases measured", rows.len());
     if let Some(path) = json {
         std::fs::write(&path, lines.join("\n") + "\n")

@@ -99,7 +99,9 @@ pub struct RequestRecord {
     /// Time per output token after the first, `(finish − first token) / (output − 1)`;
     /// `None` for a request of one output token.
     pub tpot_ms: Option<f64>,
-    pub energy_j: f64,
+    /// Its share of each step's energy; `None` when steps ran without an energy counter
+    /// (a gap, never 0 J).
+    pub energy_j: Option<f64>,
 }
 
 /// An admitted request.
@@ -110,7 +112,7 @@ struct Sequence {
     prefilled: u32,
     generated: u32,
     first_token_s: f64,
-    energy_j: f64,
+    energy_j: Option<f64>,
 }
 
 /// What one window saw, reset by [`Scheduler::take_window`].
@@ -247,7 +249,7 @@ impl Scheduler {
                 prefilled: 0,
                 generated: 0,
                 first_token_s: f64::NAN,
-                energy_j: 0.0,
+                energy_j: Some(0.0),
             });
             self.admitted.push_back(slot);
         }
@@ -293,7 +295,7 @@ impl Scheduler {
         if tokens == 0 {
             return;
         }
-        let per_token = energy_j.map_or(0.0, |j| j / f64::from(tokens));
+        let per_token = energy_j.map(|j| j / f64::from(tokens));
         let w = &mut self.window;
         w.steps += 1;
         w.busy_s += step_s;
@@ -307,7 +309,7 @@ impl Scheduler {
         for row in &plan.decodes {
             if let Some(seq) = self.slots[row.slot as usize].as_mut() {
                 seq.generated += 1;
-                seq.energy_j += per_token;
+                seq.energy_j = add_energy(seq.energy_j, per_token);
                 self.window.tokens += 1;
                 if seq.generated >= seq.request.output {
                     done.push(row.slot);
@@ -317,7 +319,8 @@ impl Scheduler {
         for chunk in &plan.prompts {
             if let Some(seq) = self.slots[chunk.slot as usize].as_mut() {
                 seq.prefilled += chunk.len;
-                seq.energy_j += per_token * f64::from(chunk.len);
+                seq.energy_j =
+                    add_energy(seq.energy_j, per_token.map(|j| j * f64::from(chunk.len)));
                 self.window.prefill_tokens += u64::from(chunk.len);
                 if chunk.ends_prompt {
                     seq.generated = 1;
@@ -347,7 +350,9 @@ impl Scheduler {
         self.free.sort_unstable_by(|a, b| b.cmp(a));
         let r = seq.request;
         self.window.completed += 1;
-        self.window.energy.record(seq.energy_j);
+        if let Some(energy_j) = seq.energy_j {
+            self.window.energy.record(energy_j);
+        }
         self.finished.push(RequestRecord {
             arrival_s: r.arrival_s,
             admitted_s: seq.admitted_s,
@@ -493,7 +498,7 @@ mod tests {
         // decode rows (output - 1).
         for r in &records {
             assert!(
-                (r.energy_j - f64::from(r.prompt + r.output - 1)).abs() < 1e-9,
+                (r.energy_j.unwrap() - f64::from(r.prompt + r.output - 1)).abs() < 1e-9,
                 "{r:?}"
             );
         }
@@ -543,6 +548,28 @@ mod tests {
     }
 
     #[test]
+    fn a_step_without_energy_leaves_its_requests_energy_unknown_not_zero() {
+        let mut s = Scheduler::new(limits(), 2).unwrap();
+        s.arrive(request(0.0, 4, 3));
+        let mut now = 0.0;
+        let mut finished = Vec::new();
+        for step in 0..100 {
+            let plan = s.plan(now);
+            now += 0.01;
+            // The counter answers for the first step only.
+            s.complete(&plan, now, 0.01, (step == 0).then_some(1.0));
+            finished.extend(s.take_finished());
+            if !finished.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(finished.len(), 1);
+        assert_eq!(finished[0].energy_j, None);
+        let window = s.take_window(true);
+        assert_eq!(window.requests.unwrap().energy.unwrap().count, 0);
+    }
+
+    #[test]
     fn a_request_longer_than_a_slot_is_cut_to_fit_and_counted() {
         let mut s = Scheduler::new(limits(), 1).unwrap();
         s.arrive(request(0.0, 5000, 10));
@@ -575,4 +602,10 @@ mod tests {
             assert!(Scheduler::new(bad, 1).is_err());
         }
     }
+}
+
+/// A request's energy so far plus one step's share: one step without a counter makes the
+/// whole request's energy unknown rather than an undercount.
+fn add_energy(so_far: Option<f64>, share: Option<f64>) -> Option<f64> {
+    Some(so_far? + share?)
 }

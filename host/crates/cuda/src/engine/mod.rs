@@ -38,7 +38,7 @@ mod tuning;
 
 #[cfg(feature = "lab")]
 pub use lab::PartTiming;
-pub use prefill::{MAX_PREFILL_ROWS, PrefillChunk};
+pub use prefill::{DecodeInput, MAX_PREFILL_ROWS, PrefillChunk};
 #[cfg(test)]
 pub(crate) use step::{AttentionArgs, launch_attention};
 

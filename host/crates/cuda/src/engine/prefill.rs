@@ -33,6 +33,14 @@ pub struct PrefillChunk {
     pub ends_prompt: bool,
 }
 
+/// A decoding sequence's row in a serving step: the token its slot generated last goes in at
+/// `position`, and its next token comes out as the slot's next input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeInput {
+    pub slot: u32,
+    pub position: u32,
+}
+
 /// Activations for up to `rows` prompt tokens in `chunks` chunks, allocated on first use and
 /// grown when a larger call comes.
 #[derive(Debug)]
@@ -51,6 +59,8 @@ pub(super) struct PrefillBuffers {
     descriptors: CudaSlice<i32>,
     /// The last row of each chunk that ends its prompt, then those chunks' slots.
     emit: CudaSlice<i32>,
+    /// (row, slot) of each decoding sequence's row.
+    decode_pairs: CudaSlice<i32>,
     head_x: CudaSlice<u16>,
     head_norm: CudaSlice<u16>,
     logits: CudaSlice<u16>,
@@ -64,15 +74,43 @@ impl Engine {
     /// Enqueues the prefill of `chunks` (without waiting); `tokens` holds each chunk's prompt
     /// token ids, chunk after chunk. A slot appears at most once per call.
     pub fn prefill(&mut self, chunks: &[PrefillChunk], tokens: &[u32]) -> Result<(), CudaError> {
-        let rows = self.check_prefill(chunks, tokens)?;
+        self.serve_step(&[], chunks, tokens)
+    }
+
+    /// Enqueues one serving step (without waiting): a row for each decoding sequence, whose
+    /// input is the token its slot generated last, then the prompt chunks, with `tokens`
+    /// holding their token ids chunk after chunk. Every decoding row, and every chunk that
+    /// ends its prompt, writes its slot's next token. A slot appears at most once per step.
+    pub fn serve_step(
+        &mut self,
+        decodes: &[DecodeInput],
+        prompts: &[PrefillChunk],
+        tokens: &[u32],
+    ) -> Result<(), CudaError> {
+        let chunks: Vec<PrefillChunk> = decodes
+            .iter()
+            .map(|d| PrefillChunk {
+                slot: d.slot,
+                start: d.position,
+                len: 1,
+                ends_prompt: true,
+            })
+            .chain(prompts.iter().copied())
+            .collect();
+        let n_decodes = decodes.len() as u32;
+        let rows = self.check_prefill(&chunks, n_decodes, tokens)?;
         self.ensure_prefill_buffers(rows, chunks.len() as u32)?;
         let mut descriptors = Vec::with_capacity(chunks.len() * DESCRIPTOR_INTS);
         let mut last_rows = Vec::new();
         let mut emit_slots = Vec::new();
+        let mut decode_pairs = Vec::with_capacity(2 * decodes.len());
         let mut row0 = 0u32;
-        for chunk in chunks {
+        for (index, chunk) in chunks.iter().enumerate() {
             for value in [row0, chunk.len, chunk.start, chunk.slot] {
                 descriptors.push(to_i32(value)?);
+            }
+            if index < decodes.len() {
+                decode_pairs.extend([to_i32(row0)?, to_i32(chunk.slot)?]);
             }
             if chunk.ends_prompt {
                 last_rows.push(to_i32(row0 + chunk.len - 1)?);
@@ -83,16 +121,22 @@ impl Engine {
         let emits = last_rows.len() as u32;
         let mut emit = last_rows;
         emit.extend_from_slice(&emit_slots);
-        let longest = chunks.iter().map(|c| c.len).max().unwrap_or(1);
-        let n_chunks = chunks.len() as u32;
+        // Decoding rows' ids are filled in on the GPU from their slots' last tokens.
+        let mut row_tokens = vec![0u32; decodes.len()];
+        row_tokens.extend_from_slice(tokens);
+        let longest_prompt = prompts.iter().map(|c| c.len).max().unwrap_or(0);
+        let n_prompts = prompts.len() as u32;
         {
             let Some(b) = self.prefill_buffers.as_mut() else {
                 return Err(CudaError::Config("prefill buffers are missing".into()));
             };
-            self.gpu.upload(tokens, &mut b.tokens)?;
+            self.gpu.upload(&row_tokens, &mut b.tokens)?;
             self.gpu.upload(&descriptors, &mut b.descriptors)?;
             if !emit.is_empty() {
                 self.gpu.upload(&emit, &mut b.emit)?;
+            }
+            if !decode_pairs.is_empty() {
+                self.gpu.upload(&decode_pairs, &mut b.decode_pairs)?;
             }
         }
         let Some(b) = self.prefill_buffers.as_ref() else {
@@ -112,20 +156,44 @@ impl Engine {
         );
         let (gate_up, act) = (g.addr(&b.gate_up, 0), g.addr(&b.act, 0));
         let descriptors = g.addr(&b.descriptors, 0);
-        let tiling = self.options.prefill_attention;
-        let flash = g
-            .kernels
-            .flash_prefill(s.head_dim, tiling)
-            .ok_or_else(|| {
+        // The prompt chunks' descriptors follow the decoding rows'.
+        let prompt_descriptors = descriptors + u64::from(n_decodes) * DESCRIPTOR_INTS as u64 * 4;
+        let flash = |tiling: PrefillAttention| {
+            g.kernels.flash_prefill(s.head_dim, tiling).ok_or_else(|| {
                 CudaError::Config(format!(
                     "no prefill attention kernel for head_dim {} with tiling {}",
                     s.head_dim,
                     tiling.name()
                 ))
-            })?;
+            })
+        };
+        // Decoding rows are chunks of one row: the tiling of 16 rows per warp wastes least.
+        let parts = [
+            (n_decodes, 1, descriptors, PrefillAttention::M1N64),
+            (
+                n_prompts,
+                longest_prompt,
+                prompt_descriptors,
+                self.options.prefill_attention,
+            ),
+        ];
         let scale_log2 = std::f32::consts::LOG2_E / (s.head_dim as f32).sqrt();
         let log2_theta = s.rope_theta.log2() as f32;
 
+        if n_decodes > 0 {
+            g.launch(
+                &g.kernels.slot_tokens_in,
+                (1, 1, 1),
+                256,
+                0,
+                &[
+                    Arg::Ptr(g.addr(&self.buffers.tokens, 0)),
+                    Arg::Ptr(g.addr(&b.decode_pairs, 0)),
+                    int(n_decodes, "decoding rows")?,
+                    Arg::Ptr(g.addr(&b.tokens, 0)),
+                ],
+            )?;
+        }
         g.launch(
             &g.kernels.embed,
             (rows, 1, 1),
@@ -157,48 +225,59 @@ impl Engine {
                 qkv_dim,
                 false,
             )?;
-            g.launch(
-                &g.kernels.prefill_rope_kv,
-                (longest, n_chunks, 1),
-                128,
-                0,
-                &[
-                    Arg::Ptr(qkv),
-                    int(qkv_dim, "qkv width")?,
-                    int(s.heads, "heads")?,
-                    int(s.kv_heads, "kv heads")?,
-                    int(s.head_dim, "head_dim")?,
-                    Arg::Ptr(descriptors),
-                    Arg::Ptr(g.addr(k, 0)),
-                    Arg::Ptr(g.addr(v, 0)),
-                    int(self.context, "context")?,
-                    Arg::F32(log2_theta),
-                ],
+            for &(count, longest, descriptors, tiling) in &parts {
+                if count == 0 {
+                    continue;
+                }
+                g.launch(
+                    &g.kernels.prefill_rope_kv,
+                    (longest, count, 1),
+                    128,
+                    0,
+                    &[
+                        Arg::Ptr(qkv),
+                        int(qkv_dim, "qkv width")?,
+                        int(s.heads, "heads")?,
+                        int(s.kv_heads, "kv heads")?,
+                        int(s.head_dim, "head_dim")?,
+                        Arg::Ptr(descriptors),
+                        Arg::Ptr(g.addr(k, 0)),
+                        Arg::Ptr(g.addr(v, 0)),
+                        int(self.context, "context")?,
+                        Arg::F32(log2_theta),
+                    ],
+                )?;
+                g.launch(
+                    flash(tiling)?,
+                    (s.heads, longest.div_ceil(tiling.rows_per_block()), count),
+                    FLASH_PREFILL_THREADS,
+                    tiling.shared_bytes(s.head_dim),
+                    &[
+                        Arg::Ptr(qkv),
+                        int(qkv_dim, "qkv width")?,
+                        int(s.heads, "heads")?,
+                        int(s.kv_heads, "kv heads")?,
+                        Arg::Ptr(g.addr(k, 0)),
+                        Arg::Ptr(g.addr(v, 0)),
+                        int(self.context, "context")?,
+                        Arg::Ptr(descriptors),
+                        Arg::Ptr(attn),
+                        int(q_dim, "attention width")?,
+                        Arg::F32(scale_log2),
+                    ],
+                )?;
+            }
+            g.gemm(
+                hidden,
+                rows,
+                q_dim,
+                wt(offsets.o),
+                attn,
+                q_dim,
+                x,
+                hidden,
+                true,
             )?;
-            g.launch(
-                flash,
-                (
-                    s.heads,
-                    longest.div_ceil(tiling.rows_per_block()),
-                    n_chunks,
-                ),
-                FLASH_PREFILL_THREADS,
-                tiling.shared_bytes(s.head_dim),
-                &[
-                    Arg::Ptr(qkv),
-                    int(qkv_dim, "qkv width")?,
-                    int(s.heads, "heads")?,
-                    int(s.kv_heads, "kv heads")?,
-                    Arg::Ptr(g.addr(k, 0)),
-                    Arg::Ptr(g.addr(v, 0)),
-                    int(self.context, "context")?,
-                    Arg::Ptr(descriptors),
-                    Arg::Ptr(attn),
-                    int(q_dim, "attention width")?,
-                    Arg::F32(scale_log2),
-                ],
-            )?;
-            g.gemm(hidden, rows, q_dim, wt(offsets.o), attn, q_dim, x, hidden, true)?;
             self.rmsnorm(rows, x, wt(offsets.mlp_norm), x_norm)?;
             g.gemm(
                 2 * mlp,
@@ -225,7 +304,17 @@ impl Engine {
                     Arg::F32(s.norm_eps as f32),
                 ],
             )?;
-            g.gemm(hidden, rows, mlp, wt(offsets.down), act, mlp, x, hidden, true)?;
+            g.gemm(
+                hidden,
+                rows,
+                mlp,
+                wt(offsets.down),
+                act,
+                mlp,
+                x,
+                hidden,
+                true,
+            )?;
         }
         if emits == 0 {
             return Ok(());
@@ -292,10 +381,18 @@ impl Engine {
         self.gpu.synchronize()
     }
 
-    /// Checks a prefill call's chunks against the engine; returns its rows (tokens).
-    fn check_prefill(&self, chunks: &[PrefillChunk], tokens: &[u32]) -> Result<u32, CudaError> {
+    /// Checks a step's chunks (the first `decodes` of them decoding rows) against the
+    /// engine; returns its rows.
+    fn check_prefill(
+        &self,
+        chunks: &[PrefillChunk],
+        decodes: u32,
+        tokens: &[u32],
+    ) -> Result<u32, CudaError> {
         if chunks.is_empty() {
-            return Err(CudaError::Config("a prefill call needs at least one chunk".into()));
+            return Err(CudaError::Config(
+                "a prefill call needs at least one chunk".into(),
+            ));
         }
         let mut seen = vec![false; self.batch_max as usize];
         let mut rows = 0u64;
@@ -333,9 +430,10 @@ impl Engine {
                 "a prefill call of {rows} tokens is over the {MAX_PREFILL_ROWS} one call takes: split it into chunks"
             )));
         }
-        if tokens.len() as u64 != rows {
+        let prompt_rows = rows - u64::from(decodes);
+        if tokens.len() as u64 != prompt_rows {
             return Err(CudaError::Config(format!(
-                "a prefill call of {rows} tokens was given {} token ids",
+                "prompt chunks of {prompt_rows} tokens were given {} token ids",
                 tokens.len()
             )));
         }
@@ -372,8 +470,12 @@ impl Engine {
             act: g.alloc("the prefill MLP activations", r * u64::from(s.mlp))?,
             descriptors: g.alloc("the prefill chunk descriptors", c * DESCRIPTOR_INTS as u64)?,
             emit: g.alloc("the finished prompts' rows and slots", 2 * c)?,
+            decode_pairs: g.alloc("the decoding rows' slots", 2 * c)?,
             head_x: g.alloc("the finished prompts' last rows", c * u64::from(s.hidden))?,
-            head_norm: g.alloc("the finished prompts' normalised rows", c * u64::from(s.hidden))?,
+            head_norm: g.alloc(
+                "the finished prompts' normalised rows",
+                c * u64::from(s.hidden),
+            )?,
             logits: g.alloc("the prefill logits", c * u64::from(s.vocab))?,
             next: g.alloc("the first generated tokens", c)?,
         });

@@ -7,6 +7,7 @@ mod attention;
 mod engine;
 mod kernels;
 mod prefill;
+mod serve;
 mod workload;
 
 use std::sync::{Mutex, MutexGuard};

@@ -24,7 +24,12 @@ fn causal_reference(q: &[f64], keys: &[f64], values: &[f64], pos: usize) -> Vec<
     let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
     let total: f64 = weights.iter().sum();
     (0..hd)
-        .map(|d| (0..=pos).map(|p| weights[p] * values[p * hd + d]).sum::<f64>() / total)
+        .map(|d| {
+            (0..=pos)
+                .map(|p| weights[p] * values[p * hd + d])
+                .sum::<f64>()
+                / total
+        })
         .collect()
 }
 
@@ -43,8 +48,7 @@ fn prefill_attention_and_cache_writes_match_the_cpu() {
     {
         let shape = tiny_shape(head_dim, heads, kv_heads);
         let context = 300u32;
-        let Some(mut engine) = engine_or_skip(&shape, context, 3, EngineOptions::default())
-        else {
+        let Some(mut engine) = engine_or_skip(&shape, context, 3, EngineOptions::default()) else {
             return;
         };
         engine.set_prefill_attention(tiling);
@@ -170,7 +174,10 @@ fn a_prompt_prefilled_in_chunks_gives_the_logits_of_one_call() {
     }
     let chunked = floats(&engine.prefill_logits(1).unwrap());
     let error = relative_error(&chunked, &whole);
-    assert!(error < 2e-2, "chunked against whole: relative error {error}");
+    assert!(
+        error < 2e-2,
+        "chunked against whole: relative error {error}"
+    );
     // Both sequences got their first generated token as the next decode input.
     let next = engine.tokens(2).unwrap();
     assert_eq!(next[0], next[1], "the same prompt's first token differs");
@@ -203,4 +210,45 @@ fn bad_prefill_calls_are_refused_with_the_reason() {
             .to_string();
         assert!(error.contains(expected), "{error}");
     }
+}
+
+#[test]
+fn a_decoding_row_continues_its_prompt_as_a_longer_prefill_would() {
+    let _lock = gpu_lock();
+    let shape = tiny_shape(128, 8, 2);
+    let Some(mut engine) = engine_or_skip(&shape, 300, 4, EngineOptions::default()) else {
+        return;
+    };
+    let prompt = prompt_tokens(40, 11);
+    let whole = |slot, len| PrefillChunk {
+        slot,
+        start: 0,
+        len,
+        ends_prompt: true,
+    };
+    // Slot 1 prefills its prompt; its first generated token becomes its next input.
+    engine.prefill(&[whole(1, 40)], &prompt).unwrap();
+    let first = engine.tokens(4).unwrap()[1];
+    // One serving step: slot 1 decodes that token at position 40, beside slot 2's prompt.
+    engine
+        .serve_step(
+            &[crate::engine::DecodeInput {
+                slot: 1,
+                position: 40,
+            }],
+            &[whole(2, 30)],
+            &prompt_tokens(30, 12),
+        )
+        .unwrap();
+    let stepped = floats(&engine.prefill_logits(2).unwrap());
+    let vocab = shape.vocab as usize;
+    // Slot 0 prefills the prompt with that token appended, in one call.
+    let mut longer = prompt.clone();
+    longer.push(first);
+    engine.prefill(&[whole(0, 41)], &longer).unwrap();
+    let reference = floats(&engine.prefill_logits(1).unwrap());
+    let error = relative_error(&stepped[..vocab], &reference);
+    assert!(error < 2e-2, "decode row against a longer prefill: {error}");
+    let next = engine.tokens(4).unwrap();
+    assert_eq!(next[0], next[1], "the decode row's next token differs");
 }

@@ -1,0 +1,364 @@
+//! [`CudaServe`]: the engine serving requests on a thread of its own, behind the [`Workload`]
+//! trait. Requests arrive in real time from a [`RequestSource`] (a scenario's arrivals); each
+//! step runs every decoding sequence's next token and prompt chunks under the token budget
+//! ([`Scheduler`], continuous batching with chunked prefill) as one forward pass
+//! ([`Engine::serve_step`]), and the step's end is when its tokens exist. The running limit
+//! (the batch size knob) and the token budget are the knobs; TTFT, TPOT and queue waits are
+//! measured per request on the wall clock.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::engine::{DecodeInput, Engine, EngineOptions, PrefillChunk};
+use super::error::CudaError;
+use super::shape::ModelShape;
+use tokwatt_core::types::WorkloadWindow;
+use tokwatt_core::workload::serving::{
+    RequestRecord, RequestSource, Scheduler, ServingLimits, StepPlan,
+};
+use tokwatt_core::workload::{WorkWaiting, Workload, WorkloadError};
+
+/// Finished requests kept for [`CudaServe::take_finished`] between reads; older ones are
+/// dropped and counted.
+const MAX_KEPT_RECORDS: usize = 1 << 20;
+
+/// How long the loop sleeps when nothing is admitted or waiting.
+const IDLE_SLEEP: Duration = Duration::from_micros(500);
+
+/// What to serve.
+pub struct CudaServeConfig {
+    pub model: ModelShape,
+    /// KV positions per sequence: a request's prompt and output must fit (longer ones are
+    /// cut and counted).
+    pub context: u32,
+    /// KV cache slots allocated: the most sequences that can run at once.
+    pub slots: u32,
+    /// Sequences admitted at first (the batch size knob).
+    pub running_limit: u32,
+    /// Tokens one step may process.
+    pub max_batched_tokens: u32,
+    pub queue_max: u32,
+    pub device: u32,
+    /// The GPU index the agent uses for this GPU.
+    pub gpu_index: u32,
+    pub engine: EngineOptions,
+    pub requests: Box<dyn RequestSource>,
+}
+
+impl std::fmt::Debug for CudaServeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaServeConfig")
+            .field("model", &self.model.name)
+            .field("context", &self.context)
+            .field("slots", &self.slots)
+            .field("running_limit", &self.running_limit)
+            .field("max_batched_tokens", &self.max_batched_tokens)
+            .field("queue_max", &self.queue_max)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    scheduler: Mutex<Scheduler>,
+    requested_limit: AtomicU32,
+    stop: AtomicBool,
+    failure: Mutex<Option<String>>,
+    finished: Mutex<Vec<RequestRecord>>,
+    dropped_records: AtomicU32,
+}
+
+/// Requests served on one GPU by tokwatt's engine, stepping on a thread of its own.
+#[derive(Debug)]
+pub struct CudaServe {
+    gpu_index: u32,
+    slots: u32,
+    gpu_name: String,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl CudaServe {
+    /// Starts the serving thread: opens the GPU and allocates the engine for `slots`
+    /// sequences of `context` positions, then returns; requests are timed from then on.
+    pub fn new(config: CudaServeConfig) -> Result<CudaServe, CudaError> {
+        super::engine::validate(&config.model, config.context, config.slots)?;
+        let limits = ServingLimits {
+            slots: config.slots,
+            context: config.context,
+            max_batched_tokens: config.max_batched_tokens,
+            queue_max: config.queue_max,
+        };
+        let scheduler = Scheduler::new(limits, config.running_limit)
+            .map_err(|e| CudaError::Config(e.to_string()))?;
+        let shared = Arc::new(Shared {
+            requested_limit: AtomicU32::new(scheduler.running_limit()),
+            scheduler: Mutex::new(scheduler),
+            stop: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            finished: Mutex::new(Vec::new()),
+            dropped_records: AtomicU32::new(0),
+        });
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(String, u32), CudaError>>();
+        let thread_shared = shared.clone();
+        let gpu_index = config.gpu_index;
+        let device = config.device;
+        let thread = std::thread::Builder::new()
+            .name(format!("tokwatt-cuda-serve-{device}"))
+            .spawn(move || serve_thread(config, thread_shared, ready_tx))
+            .map_err(|e| {
+                CudaError::ThreadStopped(format!("the serving thread could not start: {e}"))
+            })?;
+        match ready_rx.recv() {
+            Ok(Ok((gpu_name, slots))) => Ok(CudaServe {
+                gpu_index,
+                slots,
+                gpu_name,
+                shared,
+                thread: Some(thread),
+            }),
+            Ok(Err(error)) => {
+                let _ = thread.join();
+                Err(error)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(CudaError::ThreadStopped(
+                    "the serving thread exited before reporting".into(),
+                ))
+            }
+        }
+    }
+
+    pub fn gpu_name(&self) -> &str {
+        &self.gpu_name
+    }
+
+    /// The requests finished since the last call, with their TTFT and TPOT, and how many
+    /// were dropped because nobody read them in time.
+    pub fn take_finished(&self) -> (Vec<RequestRecord>, u32) {
+        let records = std::mem::take(
+            &mut *self
+                .shared
+                .finished
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        (
+            records,
+            self.shared.dropped_records.swap(0, Ordering::Relaxed),
+        )
+    }
+
+    /// Requests cut to fit a slot's context so far.
+    pub fn truncated(&self) -> u64 {
+        self.shared
+            .scheduler
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .truncated()
+    }
+
+    fn check_gpu(&self, gpu: u32) -> Result<(), WorkloadError> {
+        if gpu == self.gpu_index {
+            Ok(())
+        } else {
+            Err(WorkloadError::NoSuchGpu {
+                index: gpu,
+                count: 1,
+            })
+        }
+    }
+
+    fn check_running(&self) -> Result<(), WorkloadError> {
+        match self
+            .shared
+            .failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            Some(reason) => Err(WorkloadError::Failed(reason.clone())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Workload for CudaServe {
+    fn name(&self) -> &'static str {
+        "cuda-serve"
+    }
+
+    /// Each window's queue depth says whether requests wait.
+    fn work_waiting(&self) -> WorkWaiting {
+        WorkWaiting::Reported
+    }
+
+    fn reports_ttft(&self) -> bool {
+        true
+    }
+
+    fn batch_size_max(&self, gpu: u32) -> u32 {
+        if gpu == self.gpu_index { self.slots } else { 0 }
+    }
+
+    fn batch_size(&self, gpu: u32) -> u32 {
+        if gpu == self.gpu_index {
+            self.shared.requested_limit.load(Ordering::Relaxed)
+        } else {
+            0
+        }
+    }
+
+    /// The running limit: sequences admitted at once (those running above a lowered limit
+    /// finish; none is cut off).
+    fn set_batch_size(&mut self, gpu: u32, batch: u32) -> Result<(), WorkloadError> {
+        self.check_gpu(gpu)?;
+        if !(1..=self.slots).contains(&batch) {
+            return Err(WorkloadError::BatchOutOfRange {
+                requested: batch,
+                max: self.slots,
+            });
+        }
+        self.check_running()?;
+        self.shared.requested_limit.store(batch, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn read_window(&mut self, gpu: u32) -> Result<WorkloadWindow, WorkloadError> {
+        self.check_gpu(gpu)?;
+        self.check_running()?;
+        let mut scheduler = self
+            .shared
+            .scheduler
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // No energy counter on this thread: requests carry no energy (a gap, not zero).
+        Ok(scheduler.take_window(false))
+    }
+}
+
+impl Drop for CudaServe {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Prompt token ids: any ids do for random weights; these vary with the slot and position.
+fn prompt_ids(chunk: &PrefillChunk, vocab: u32, out: &mut Vec<u32>) {
+    out.extend(
+        (chunk.start..chunk.start + chunk.len).map(|p| {
+            (p.wrapping_mul(2_654_435_761) ^ chunk.slot.wrapping_mul(40_503)) % vocab.max(1)
+        }),
+    );
+}
+
+fn run_plan(engine: &mut Engine, plan: &StepPlan, vocab: u32) -> Result<(), CudaError> {
+    let decodes: Vec<DecodeInput> = plan
+        .decodes
+        .iter()
+        .map(|d| DecodeInput {
+            slot: d.slot,
+            position: d.position,
+        })
+        .collect();
+    let prompts: Vec<PrefillChunk> = plan
+        .prompts
+        .iter()
+        .map(|c| PrefillChunk {
+            slot: c.slot,
+            start: c.start,
+            len: c.len,
+            ends_prompt: c.ends_prompt,
+        })
+        .collect();
+    let mut tokens = Vec::with_capacity(prompts.iter().map(|c| c.len as usize).sum());
+    for chunk in &prompts {
+        prompt_ids(chunk, vocab, &mut tokens);
+    }
+    engine.serve_step(&decodes, &prompts, &tokens)?;
+    engine.synchronize()
+}
+
+fn serve_thread(
+    mut config: CudaServeConfig,
+    shared: Arc<Shared>,
+    ready: mpsc::Sender<Result<(String, u32), CudaError>>,
+) {
+    let mut engine = match Engine::new(
+        &config.model,
+        config.context,
+        config.slots,
+        config.device,
+        config.engine,
+    ) {
+        Ok(engine) if engine.batch_max() < config.slots => {
+            let _ = ready.send(Err(CudaError::Config(format!(
+                "{} slots of {} positions do not fit the GPU's memory with {} (at most {}): lower the slots or the context",
+                config.slots,
+                config.context,
+                config.model.name,
+                engine.batch_max()
+            ))));
+            return;
+        }
+        Ok(engine) => engine,
+        Err(error) => {
+            let _ = ready.send(Err(error));
+            return;
+        }
+    };
+    if ready
+        .send(Ok((engine.gpu_name().to_owned(), engine.batch_max())))
+        .is_err()
+    {
+        return;
+    }
+    let vocab = config.model.vocab;
+    let started = Instant::now();
+    let mut asked_until = 0.0;
+    while !shared.stop.load(Ordering::Relaxed) {
+        let now = started.elapsed().as_secs_f64();
+        let arrivals = config.requests.arrivals(asked_until, now);
+        asked_until = now;
+        let plan = {
+            let mut scheduler = shared.scheduler.lock().unwrap_or_else(|p| p.into_inner());
+            scheduler.set_running_limit(shared.requested_limit.load(Ordering::Relaxed));
+            for request in arrivals {
+                scheduler.arrive(request);
+            }
+            scheduler.plan(now)
+        };
+        if plan.is_empty() {
+            std::thread::sleep(IDLE_SLEEP);
+            continue;
+        }
+        if let Err(error) = run_plan(&mut engine, &plan, vocab) {
+            *shared.failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(format!("a serving step failed: {error}"));
+            return;
+        }
+        let end = started.elapsed().as_secs_f64();
+        let finished = {
+            let mut scheduler = shared.scheduler.lock().unwrap_or_else(|p| p.into_inner());
+            scheduler.complete(&plan, end, end - now, None);
+            scheduler.take_finished()
+        };
+        if !finished.is_empty() {
+            let mut kept = shared.finished.lock().unwrap_or_else(|p| p.into_inner());
+            for record in finished {
+                if kept.len() < MAX_KEPT_RECORDS {
+                    kept.push(record);
+                } else {
+                    shared.dropped_records.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
