@@ -359,6 +359,22 @@ fn the_output_files_reference_is_current() {
     for key in &keys {
         page.push_str(&format!("- `{key}`\n"));
     }
+    let requests = std::fs::read_to_string(out.join("requests.jsonl")).expect("requests.jsonl");
+    let mut keys = BTreeSet::new();
+    for line in requests.lines().take(50) {
+        let value: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        key_paths(&value, "", &mut keys);
+    }
+    page.push_str(
+        "\n## `requests.jsonl`\n\nOne JSON object per finished request, written by a workload \
+         that serves requests (the simulator, `tokwatt-cuda`'s serving loop); times are seconds \
+         from the run's start, `energy_j` is `null` where no energy counter covered the request's \
+         steps (never 0). The summary's `request_latency` holds these requests' TTFT and TPOT \
+         quantiles. The keys:\n\n",
+    );
+    for key in &keys {
+        page.push_str(&format!("- `{key}`\n"));
+    }
     check_current("outputs.md", &page);
 }
 

@@ -57,6 +57,7 @@ fn summary_keys_are_stable() {
             "policy_at_end",
             "policy_counters",
             "policy_spec",
+            "request_latency",
             "requests",
             "seed",
             "settings_changes",
@@ -76,6 +77,7 @@ fn summary_keys_are_stable() {
     assert_eq!(r.summary["format_version"], 1);
     assert_eq!(r.summary["output_formats"]["trace_csv"], 2);
     assert_eq!(r.summary["output_formats"]["observations_jsonl"], 1);
+    assert_eq!(r.summary["output_formats"]["requests_jsonl"], 1);
     assert_eq!(r.summary["gpu_count"], 2);
     assert_eq!(r.summary["gpus"].as_array().map(Vec::len), Some(2));
 }

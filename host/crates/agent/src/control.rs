@@ -19,7 +19,7 @@ use tokwatt_core::actuator::Actuator;
 use tokwatt_core::clock::Clock;
 use tokwatt_core::telemetry::Telemetry;
 use tokwatt_core::types::{InForce, Knobs, Objective, Observation, Settings, TelemetryWindow};
-use tokwatt_core::workload::Workload;
+use tokwatt_core::workload::{FinishedRequests, Workload};
 use tokwatt_policy::envelope::{Envelope, Guardrails};
 use tokwatt_policy::guard::{Decider, GuardConfig, GuardEvent, ObjectiveGuard};
 use tokwatt_policy::supervisor::{DecisionSource, PolicyCounters, Supervisor};
@@ -31,7 +31,8 @@ mod totals;
 pub use allowance::PowerAllowance;
 pub use allowance::{Fit, fit_caps};
 use moves::merged;
-pub use totals::{DemandTotals, GpuTotals, LoopTotals, RequestsTotals};
+use totals::RequestLatency;
+pub use totals::{DemandTotals, GpuTotals, LoopTotals, RequestLatencyTotals, RequestsTotals};
 
 /// The hardware and the clock a run drives. To have changed settings restored, wrap
 /// the actuator in a [`crate::restore::SettingsGuard`]: it saves the originals before the
@@ -195,6 +196,10 @@ pub struct ControlLoop {
     /// The ceiling on the sum of the node's caps (fleet mode), and each GPU's lowest cap.
     allowance: Option<Arc<dyn PowerAllowance>>,
     cap_min: Vec<f64>,
+    /// Latencies of the requests finished so far, where the workload gives records.
+    request_latency: Option<RequestLatency>,
+    /// Each tick's finished requests (the buffer is reused).
+    finished: FinishedRequests,
 }
 
 /// A run's schedule: tick `k` (from 0) is due at `start + (k + 1) × tick`.
@@ -333,6 +338,8 @@ impl ControlLoop {
             requested: Vec::with_capacity(n),
             allowance: None,
             cap_min,
+            request_latency: None,
+            finished: FinishedRequests::default(),
         };
         let mut first: Vec<Settings> = Vec::with_capacity(n);
         for (gpu, settings) in first_settings.iter().enumerate() {
@@ -358,6 +365,16 @@ impl ControlLoop {
         for gpu in 0..n as u32 {
             let _ = this.backends.telemetry.read_window(gpu);
             let _ = this.backends.workload.read_window(gpu);
+        }
+        if this.backends.workload.reports_requests() {
+            // Those that finished before the first window are not the run's.
+            for gpu in 0..n as u32 {
+                this.backends
+                    .workload
+                    .take_finished_requests(gpu, &mut this.finished);
+            }
+            this.finished.clear();
+            this.request_latency = Some(RequestLatency::default());
         }
         this
     }
@@ -645,6 +662,17 @@ impl ControlLoop {
                 power_mem_avg_w: self.last_telemetry[gpu].power_mem_avg_w,
                 init: self.init_records.get_mut(gpu).and_then(Option::take),
             })?;
+        }
+        if let Some(latency) = self.request_latency.as_mut() {
+            for gpu in 0..n as u32 {
+                self.finished.clear();
+                self.backends
+                    .workload
+                    .take_finished_requests(gpu, &mut self.finished);
+                recorder.record_requests(gpu, &self.finished.records)?;
+                latency.add(&self.finished);
+            }
+            self.totals.request_latency = Some(latency.totals());
         }
         recorder.end_tick()?;
         if !self.paused && !guard_in_charge {

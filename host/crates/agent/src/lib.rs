@@ -59,6 +59,13 @@ pub const SUMMARY_FORMAT_VERSION: u32 = 1;
 pub struct OutputFormats {
     pub trace_csv: u32,
     pub observations_jsonl: u32,
+    /// Absent in summaries written before `requests.jsonl` existed.
+    #[serde(default = "requests_format_version")]
+    pub requests_jsonl: u32,
+}
+
+fn requests_format_version() -> u32 {
+    crate::recorder::REQUESTS_FORMAT_VERSION
 }
 
 impl Default for OutputFormats {
@@ -66,6 +73,7 @@ impl Default for OutputFormats {
         Self {
             trace_csv: crate::recorder::TRACE_FORMAT_VERSION,
             observations_jsonl: crate::recorder::OBSERVATIONS_FORMAT_VERSION,
+            requests_jsonl: crate::recorder::REQUESTS_FORMAT_VERSION,
         }
     }
 }

@@ -39,11 +39,12 @@ pub const OBSERVATIONS_FORMAT_VERSION: u32 = 1;
 
 /// The files a run writes into its output folder (`report.html` is written by
 /// `agent` from the others, after them).
-pub const OUTPUT_FILES: [&str; 4] = [
+pub const OUTPUT_FILES: [&str; 5] = [
     "summary.json",
     "trace.csv",
     "observations.jsonl",
     "report.html",
+    "requests.jsonl",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +147,9 @@ pub struct Recorder {
 struct Files {
     trace: OutputFile,
     observations: OutputFile,
+    /// Made at the first finished request: a workload that sees none writes no file.
+    requests: Option<OutputFile>,
+    rotation: Option<Rotation>,
     /// One row's CSV bytes, made before they are written (the buffer is reused).
     trace_line: Vec<u8>,
 }
@@ -153,6 +157,18 @@ struct Files {
 pub const TRACE_FILE: &str = "trace.csv";
 pub const OBSERVATIONS_FILE: &str = "observations.jsonl";
 pub const SUMMARY_FILE: &str = "summary.json";
+/// One line per finished request, where the workload sees each one through.
+pub const REQUESTS_FILE: &str = "requests.jsonl";
+pub const REQUESTS_FORMAT_VERSION: u32 = 1;
+
+/// A line of `requests.jsonl`: the GPU that served it and its record.
+#[derive(Debug, Serialize)]
+struct RequestLine<'a> {
+    format_version: u32,
+    gpu: u32,
+    #[serde(flatten)]
+    record: &'a tokwatt_core::workload::serving::RequestRecord,
+}
 
 impl Recorder {
     /// Create the run's files in `dir`. A folder that already holds a run is refused
@@ -179,7 +195,7 @@ impl Recorder {
         rotation: Option<Rotation>,
     ) -> Result<Self, RecorderError> {
         let mut earlier_rotated = Vec::new();
-        for name in [TRACE_FILE, OBSERVATIONS_FILE] {
+        for name in [TRACE_FILE, OBSERVATIONS_FILE, REQUESTS_FILE] {
             earlier_rotated.extend(output_file::rotated_files(dir, name)?);
         }
         if !overwrite {
@@ -212,6 +228,8 @@ impl Recorder {
             files: Some(Files {
                 trace,
                 observations,
+                requests: None,
+                rotation,
                 trace_line: Vec::new(),
             }),
         })
@@ -273,6 +291,43 @@ impl Recorder {
         files.observations.write_line(json.as_bytes())
     }
 
+    /// One line per request `gpu` finished, in `requests.jsonl`.
+    pub fn record_requests(
+        &mut self,
+        gpu: u32,
+        records: &[tokwatt_core::workload::serving::RequestRecord],
+    ) -> Result<(), RecorderError> {
+        let Some(files) = self.files.as_mut() else {
+            return Ok(());
+        };
+        if records.is_empty() {
+            return Ok(());
+        }
+        let requests = match &mut files.requests {
+            Some(file) => file,
+            None => files.requests.insert(OutputFile::create(
+                &self.dir,
+                REQUESTS_FILE,
+                None,
+                files.rotation,
+            )?),
+        };
+        for record in records {
+            let line = RequestLine {
+                format_version: REQUESTS_FORMAT_VERSION,
+                gpu,
+                record,
+            };
+            let mut json = serde_json::to_string(&line).map_err(|e| RecorderError::Write {
+                path: self.dir.join(REQUESTS_FILE),
+                source: std::io::Error::other(e),
+            })?;
+            json.push('\n');
+            requests.write_line(json.as_bytes())?;
+        }
+        Ok(())
+    }
+
     /// End a tick: its rows are handed to the operating system, so a crash of the agent
     /// (`kill -9`) loses at most the tick in flight. Not an fsync: a crash of the machine
     /// may still lose what the kernel had not written.
@@ -281,6 +336,9 @@ impl Recorder {
             return Ok(());
         };
         files.trace.flush()?;
+        if let Some(requests) = files.requests.as_mut() {
+            requests.flush()?;
+        }
         files.observations.flush()
     }
 
@@ -292,6 +350,9 @@ impl Recorder {
             return Ok(());
         };
         files.trace.flush()?;
+        if let Some(requests) = files.requests.as_mut() {
+            requests.flush()?;
+        }
         files.observations.flush()?;
         let json = serde_json::to_string_pretty(summary)
             .map_err(|e| self.write_error(SUMMARY_FILE, std::io::Error::other(e)))?;

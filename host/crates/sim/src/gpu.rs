@@ -647,6 +647,14 @@ impl GpuSim {
         window
     }
 
+    /// Moves the requests finished since the last call into `into`.
+    pub(super) fn take_finished_requests(
+        &mut self,
+        into: &mut tokwatt_core::workload::FinishedRequests,
+    ) {
+        self.server.take_finished(into);
+    }
+
     pub(super) fn batch_size(&self) -> u32 {
         self.batch
     }

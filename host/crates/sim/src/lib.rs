@@ -699,6 +699,20 @@ impl Workload for SimWorkload {
         true
     }
 
+    fn reports_requests(&self) -> bool {
+        true
+    }
+
+    fn take_finished_requests(
+        &mut self,
+        gpu: u32,
+        into: &mut tokwatt_core::workload::FinishedRequests,
+    ) {
+        if let Some(board) = self.sim.lock().gpu(gpu) {
+            board.take_finished_requests(into);
+        }
+    }
+
     fn name(&self) -> &'static str {
         "sim"
     }

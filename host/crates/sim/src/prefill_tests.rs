@@ -355,3 +355,67 @@ arrival_rps = 2.0
         .to_string();
     assert!(!error.contains("judging scenario"), "{error}");
 }
+
+#[test]
+fn each_finished_request_has_its_record_and_they_add_up_to_the_window() {
+    let (sim, clock) = sim(h200(), with_prompts("600", "150", 8.0, ""), 5);
+    let mut workload = sim.workload();
+    assert!(workload.reports_requests());
+    let mut finished = tokwatt_core::workload::FinishedRequests::default();
+    clock.sleep_until(Duration::from_secs_f64(60.0));
+    let w = workload.read_window(0).unwrap();
+    workload.take_finished_requests(0, &mut finished);
+    let energy = w.requests.unwrap().energy.unwrap();
+    assert_eq!(finished.dropped, 0);
+    assert_eq!(finished.records.len() as u64, energy.count);
+    assert_eq!(
+        finished.records.len() as u64,
+        w.demand.unwrap().requests_completed
+    );
+    let record_energy: f64 = finished.records.iter().map(|r| r.energy_j.unwrap()).sum();
+    assert!(
+        (record_energy - energy.sum_j).abs() < 1e-6 * energy.sum_j,
+        "{record_energy} J against {} J",
+        energy.sum_j
+    );
+    for r in &finished.records {
+        assert!(r.arrival_s <= r.admitted_s, "{r:?}");
+        assert!(
+            r.admitted_s <= r.first_token_s && r.first_token_s <= r.finish_s,
+            "{r:?}"
+        );
+        assert_eq!((r.prompt, r.output), (600, 150));
+        // A decode step of llama-3-8b on an H200 at this load: a few ms to a few tens.
+        let tpot = r.tpot_ms.unwrap();
+        assert!((4.0..40.0).contains(&tpot), "TPOT {tpot} ms: {r:?}");
+        assert!(r.ttft_ms >= 10.0, "a 600-token prefill is not free: {r:?}");
+    }
+    // A second take has only what finished since.
+    finished.clear();
+    workload.take_finished_requests(0, &mut finished);
+    assert!(finished.records.is_empty());
+    clock.sleep_until(Duration::from_secs_f64(70.0));
+    workload.take_finished_requests(0, &mut finished);
+    assert!(finished.records.iter().all(|r| r.finish_s > 60.0 - 1e-9));
+    assert!(!finished.records.is_empty());
+}
+
+#[test]
+fn a_decode_only_request_is_recorded_with_its_first_step_as_its_first_token() {
+    let (sim, clock) = sim(h200(), Scenario::built_in().unwrap(), 2);
+    let mut workload = sim.workload();
+    let mut finished = tokwatt_core::workload::FinishedRequests::default();
+    // The light phase: a slot is free, the first token is one decode step.
+    clock.sleep_until(Duration::from_secs_f64(650.0));
+    workload.take_finished_requests(0, &mut finished);
+    finished.clear();
+    clock.sleep_until(Duration::from_secs_f64(700.0));
+    workload.take_finished_requests(0, &mut finished);
+    assert!(!finished.records.is_empty());
+    for r in &finished.records {
+        assert_eq!(r.prompt, 0, "{r:?}");
+        assert!(r.first_token_s <= r.finish_s, "{r:?}");
+        assert!(r.ttft_ms < 20.0, "{r:?}");
+        assert!(r.tpot_ms.is_some_and(|t| t > 0.0), "{r:?}");
+    }
+}

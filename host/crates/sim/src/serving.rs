@@ -24,14 +24,32 @@ use std::collections::VecDeque;
 use super::model::StepLoad;
 use super::scenario::Scenario;
 use tokwatt_core::types::RequestEnergy;
+use tokwatt_core::workload::FinishedRequests;
+use tokwatt_core::workload::serving::RequestRecord;
 
 /// Two step counts (or token counts) closer than this are the same (float round-off).
 const EPSILON: f64 = 1e-6;
 
+/// Finished requests kept between two takes ([`Server::take_finished`]); more are counted
+/// as dropped.
+const FINISHED_KEPT: usize = 1 << 16;
+
+/// What a request's record needs, carried through its states.
+#[derive(Debug, Clone, Copy)]
+struct Life {
+    id: u64,
+    arrival_s: f64,
+    /// When it first got a batch slot (NaN before).
+    admitted_s: f64,
+    first_token_s: Option<f64>,
+    prompt: u32,
+    output: u32,
+}
+
 /// A request that has not got a batch slot yet, or is prefilling in one.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
-    arrival_s: f64,
+    life: Life,
     /// Tokens to prefill before its next token: its prompt, or after a preemption all it
     /// had (prompt and output so far).
     prompt: u32,
@@ -60,7 +78,7 @@ struct Decoding {
     context_base: f64,
     /// Its energy is `energy_base +` the per-sequence decode energy so far.
     energy_base: f64,
-    arrival_s: f64,
+    life: Life,
 }
 
 /// A decoding sequence paused by a batch-size cut (it keeps its KV cache).
@@ -69,7 +87,7 @@ struct Paused {
     left: f64,
     context: f64,
     energy_j: f64,
-    arrival_s: f64,
+    life: Life,
 }
 
 /// What a step of the current load leads to next.
@@ -119,9 +137,12 @@ pub(super) struct Server {
     queue: VecDeque<Pending>,
     /// Prompts being prefilled, oldest first.
     prefilling: VecDeque<Pending>,
-    /// (decode-step count of its first token, arrival) of decode-only sequences whose
-    /// first token is still to come, in admission order.
-    first_tokens_due: VecDeque<(f64, f64)>,
+    /// (decode-step count of its first token, request id, arrival) of decode-only
+    /// sequences whose first token is still to come, in admission order.
+    first_tokens_due: VecDeque<(f64, u64, f64)>,
+    /// Finished since the last take, at most [`FINISHED_KEPT`]; and those not kept.
+    finished: Vec<RequestRecord>,
+    finished_dropped: u64,
 
     pub(super) arrived: u64,
     pub(super) turned_away: u64,
@@ -158,6 +179,8 @@ impl Server {
             tokens: 0.0,
             tokens_demanded: 0,
             first_tokens: 0,
+            finished: Vec::new(),
+            finished_dropped: 0,
             window: ServerWindow::default(),
         }
     }
@@ -199,8 +222,16 @@ impl Server {
             self.turned_away += 1;
             return;
         }
-        self.queue.push_back(Pending {
+        let life = Life {
+            id: self.arrived,
             arrival_s,
+            admitted_s: f64::NAN,
+            first_token_s: None,
+            prompt,
+            output,
+        };
+        self.queue.push_back(Pending {
+            life,
             prompt,
             prefilled: 0.0,
             output_left: output,
@@ -301,20 +332,31 @@ impl Server {
             chunk -= take;
         }
         self.promote_prefilled(end_s);
-        self.retire_finished();
+        self.retire_finished(step_s, end_s);
         self.preempt_for_room();
     }
 
     /// Decode-only sequences whose first step ended by now (`end_s`, steps of `step_s`):
     /// their time to first token, to the step.
     fn note_due_first_tokens(&mut self, step_s: f64, end_s: f64) {
-        while let Some(&(due, arrival_s)) = self.first_tokens_due.front() {
+        while let Some(&(due, id, arrival_s)) = self.first_tokens_due.front() {
             if due > self.decode_steps + EPSILON {
                 break;
             }
             self.first_tokens_due.pop_front();
             let steps_since = (self.decode_steps - due).max(0.0);
-            self.first_token(end_s - steps_since * step_s, arrival_s);
+            let at_s = end_s - steps_since * step_s;
+            self.first_token(at_s, arrival_s);
+            // Its record's first token: the sequence decodes, or waits paused by a cut.
+            let life = self
+                .running
+                .iter_mut()
+                .map(|d| &mut d.life)
+                .chain(self.paused.iter_mut().map(|p| &mut p.life))
+                .find(|life| life.id == id);
+            if let Some(life) = life {
+                life.first_token_s.get_or_insert(at_s);
+            }
         }
     }
 
@@ -333,19 +375,21 @@ impl Server {
                 break;
             };
             self.tokens += 1.0;
+            let mut life = done.life;
             if !done.first_token_done {
-                self.first_token(end_s, done.arrival_s);
+                self.first_token(end_s, life.arrival_s);
+                life.first_token_s = Some(end_s);
             }
             let left = done.output_left.saturating_sub(1);
             if left == 0 {
-                self.finish_request(done.energy_j);
+                self.finish_request(life, done.energy_j, end_s);
                 continue;
             }
             self.start_decoding(Decoding {
                 finish: self.decode_steps + f64::from(left),
                 context_base: f64::from(done.prompt) - self.growth * self.decode_steps,
                 energy_base: done.energy_j - self.decode_energy_per_sequence,
-                arrival_s: done.arrival_s,
+                life,
             });
         }
     }
@@ -366,20 +410,51 @@ impl Server {
         }
     }
 
-    fn finish_request(&mut self, energy_j: f64) {
+    fn finish_request(&mut self, life: Life, energy_j: f64, finish_s: f64) {
         self.completed += 1;
         self.window.energy.record(energy_j);
+        if self.finished.len() >= FINISHED_KEPT {
+            self.finished_dropped += 1;
+            return;
+        }
+        // A decode-only request cut before its first step: its first token is its finish.
+        let first_token_s = life.first_token_s.unwrap_or(finish_s);
+        self.finished.push(RequestRecord {
+            arrival_s: life.arrival_s,
+            admitted_s: life.admitted_s,
+            first_token_s,
+            finish_s,
+            prompt: life.prompt,
+            output: life.output,
+            ttft_ms: 1e3 * (first_token_s - life.arrival_s).max(0.0),
+            tpot_ms: (life.output > 1)
+                .then(|| 1e3 * (finish_s - first_token_s).max(0.0) / f64::from(life.output - 1)),
+            energy_j: Some(energy_j),
+        });
     }
 
-    fn retire_finished(&mut self) {
+    /// Sequences whose last token came by now (`end_s`, steps of `step_s`), each finished
+    /// at its own step.
+    fn retire_finished(&mut self, step_s: f64, end_s: f64) {
         while let Some(&head) = self.running.front() {
             if head.finish > self.decode_steps + EPSILON {
                 break;
             }
             self.running.pop_front();
             self.stop_decoding(&head);
-            self.finish_request(head.energy_base + self.decode_energy_per_sequence);
+            let finish_s = end_s - (self.decode_steps - head.finish).max(0.0) * step_s;
+            self.finish_request(
+                head.life,
+                head.energy_base + self.decode_energy_per_sequence,
+                finish_s,
+            );
         }
+    }
+
+    /// Moves the requests finished since the last call into `into`.
+    pub(super) fn take_finished(&mut self, into: &mut FinishedRequests) {
+        into.records.append(&mut self.finished);
+        into.dropped += std::mem::take(&mut self.finished_dropped);
     }
 
     /// A full KV cache: the latest arrival among the decoding sequences (else the latest
@@ -394,7 +469,7 @@ impl Server {
                 .running
                 .iter()
                 .enumerate()
-                .max_by(|a, b| a.1.arrival_s.total_cmp(&b.1.arrival_s))
+                .max_by(|a, b| a.1.life.arrival_s.total_cmp(&b.1.life.arrival_s))
                 .map(|(i, _)| i);
             let requeued = if let Some(i) = latest
                 && let Some(victim) = self.running.remove(i)
@@ -406,7 +481,7 @@ impl Server {
                 let whole_left = left.ceil().max(1.0);
                 self.tokens -= whole_left - left;
                 Pending {
-                    arrival_s: victim.arrival_s,
+                    life: victim.life,
                     prompt: context as u32,
                     prefilled: 0.0,
                     output_left: whole_left as u32,
@@ -441,7 +516,7 @@ impl Server {
                     left: sequence.finish - self.decode_steps,
                     context,
                     energy_j: sequence.energy_base + self.decode_energy_per_sequence,
-                    arrival_s: sequence.arrival_s,
+                    life: sequence.life,
                 });
             } else if let Some(mut prompt) = self.prefilling.pop_back() {
                 prompt.prefilled = 0.0;
@@ -460,7 +535,7 @@ impl Server {
                     finish: self.decode_steps + paused.left,
                     context_base: paused.context - self.growth * self.decode_steps,
                     energy_base: paused.energy_j - self.decode_energy_per_sequence,
-                    arrival_s: paused.arrival_s,
+                    life: paused.life,
                 });
                 continue;
             }
@@ -473,21 +548,23 @@ impl Server {
                 break;
             }
             self.queue.pop_front();
+            let mut head = head;
             if !head.slotted_before {
                 self.window
                     .queue_waits_ms
-                    .push((now_s - head.arrival_s).max(0.0) * 1e3);
+                    .push((now_s - head.life.arrival_s).max(0.0) * 1e3);
+                head.life.admitted_s = now_s;
             }
             if head.prompt == 0 {
                 // Decode only: it decodes from the next step, over the fixed context.
                 let first_step = self.decode_steps + 1.0;
                 self.first_tokens_due
-                    .push_back((first_step, head.arrival_s));
+                    .push_back((first_step, head.life.id, head.life.arrival_s));
                 self.start_decoding(Decoding {
                     finish: self.decode_steps + f64::from(head.output_left),
                     context_base: self.fixed_context,
                     energy_base: head.energy_j - self.decode_energy_per_sequence,
-                    arrival_s: head.arrival_s,
+                    life: head.life,
                 });
             } else {
                 self.prefilling.push_back(Pending {

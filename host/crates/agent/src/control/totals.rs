@@ -213,8 +213,66 @@ pub struct LoopTotals {
     /// Requests over all GPUs; written only where the workload sees them through.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub requests: Option<RequestsTotals>,
+    /// Time to first token and time per output token over every request finished in the
+    /// run, from each request's own record (`requests.jsonl`); written only where the
+    /// workload gives records.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub request_latency: Option<RequestLatencyTotals>,
     pub gpus: Vec<GpuTotals>,
     /// Wall time the loop took, seconds (on a virtual clock, far less than `duration_s`).
     #[serde(deserialize_with = "tokwatt_core::types::nan_if_null")]
     pub wall_time_s: f64,
+}
+
+/// Quantiles over requests, not ticks: each finished request counts once, whatever tick it
+/// finished in. Read from log-spaced buckets (within 1 % of the exact nearest rank).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestLatencyTotals {
+    /// Requests whose records the quantiles are over.
+    pub requests: u64,
+    /// Finished but not recorded (more than the workload keeps between two ticks): left
+    /// out of the quantiles, and counted so that the gap shows.
+    pub requests_unrecorded: u64,
+    pub ttft_p50_ms: Option<f64>,
+    pub ttft_p90_ms: Option<f64>,
+    pub ttft_p99_ms: Option<f64>,
+    /// Over requests of more than one output token (`None` where there were none).
+    pub tpot_p50_ms: Option<f64>,
+    pub tpot_p90_ms: Option<f64>,
+    pub tpot_p99_ms: Option<f64>,
+}
+
+/// What [`RequestLatencyTotals`] is read from.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RequestLatency {
+    requests: u64,
+    unrecorded: u64,
+    ttft: tokwatt_core::quantile::LatencyHistogram,
+    tpot: tokwatt_core::quantile::LatencyHistogram,
+}
+
+impl RequestLatency {
+    pub(crate) fn add(&mut self, finished: &tokwatt_core::workload::FinishedRequests) {
+        self.unrecorded += finished.dropped;
+        for record in &finished.records {
+            self.requests += 1;
+            self.ttft.record(record.ttft_ms);
+            if let Some(tpot) = record.tpot_ms {
+                self.tpot.record(tpot);
+            }
+        }
+    }
+
+    pub(crate) fn totals(&self) -> RequestLatencyTotals {
+        RequestLatencyTotals {
+            requests: self.requests,
+            requests_unrecorded: self.unrecorded,
+            ttft_p50_ms: self.ttft.quantile(0.50),
+            ttft_p90_ms: self.ttft.quantile(0.90),
+            ttft_p99_ms: self.ttft.quantile(0.99),
+            tpot_p50_ms: self.tpot.quantile(0.50),
+            tpot_p90_ms: self.tpot.quantile(0.90),
+            tpot_p99_ms: self.tpot.quantile(0.99),
+        }
+    }
 }

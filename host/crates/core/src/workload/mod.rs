@@ -53,4 +53,29 @@ pub trait Workload: Send {
     fn reports_ttft(&self) -> bool {
         false
     }
+    /// Whether the workload sees each request through and gives its record
+    /// ([`Workload::take_finished_requests`]): the simulator and tokwatt's serving loop do,
+    /// a serving engine's counters do not.
+    fn reports_requests(&self) -> bool {
+        false
+    }
+    /// Moves the requests finished on `gpu` since the last call into `into`. A workload
+    /// keeps a bounded number between calls and counts what it had to drop
+    /// ([`FinishedRequests::dropped`]).
+    fn take_finished_requests(&mut self, _gpu: u32, _into: &mut FinishedRequests) {}
+}
+
+/// Requests a workload finished, with the count it could not keep.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FinishedRequests {
+    pub records: Vec<serving::RequestRecord>,
+    /// Finished but not recorded: more finished between two takes than the workload keeps.
+    pub dropped: u64,
+}
+
+impl FinishedRequests {
+    pub fn clear(&mut self) {
+        self.records.clear();
+        self.dropped = 0;
+    }
 }

@@ -77,6 +77,16 @@ impl Workload for PerGpu {
         !self.sources.is_empty() && self.sources.iter().all(|(s, _)| s.reports_ttft())
     }
 
+    fn reports_requests(&self) -> bool {
+        !self.sources.is_empty() && self.sources.iter().all(|(s, _)| s.reports_requests())
+    }
+
+    fn take_finished_requests(&mut self, gpu: u32, into: &mut super::FinishedRequests) {
+        if let Ok((source, inner)) = self.source_mut(gpu) {
+            source.take_finished_requests(*inner, into);
+        }
+    }
+
     /// Every GPU's source is of one kind; the least any of them knows.
     fn work_waiting(&self) -> super::WorkWaiting {
         use super::WorkWaiting::{Always, Reported, Unknown};

@@ -404,6 +404,12 @@ impl Scheduler {
     }
 }
 
+/// A request's energy so far plus one step's share: one step without a counter makes the
+/// whole request's energy unknown rather than an undercount.
+fn add_energy(so_far: Option<f64>, share: Option<f64>) -> Option<f64> {
+    Some(so_far? + share?)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -602,10 +608,4 @@ mod tests {
             assert!(Scheduler::new(bad, 1).is_err());
         }
     }
-}
-
-/// A request's energy so far plus one step's share: one step without a counter makes the
-/// whole request's energy unknown rather than an undercount.
-fn add_energy(so_far: Option<f64>, share: Option<f64>) -> Option<f64> {
-    Some(so_far? + share?)
 }
