@@ -28,7 +28,7 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])')"
 
 rm -rf "$dist"
-mkdir -p "$dist/specs"
+mkdir -p "$dist/specs" "$dist/scenarios"
 # Stripped: the debug info is most of their size, and the bundle travels.
 strip -o "$dist/tokwatt" target/release/tokwatt
 while read -r name path; do
@@ -42,6 +42,7 @@ fi
 cp target/plugins/wasm32-wasip2/plugin/policy_*.wasm "$dist/"
 cp target/plugins/wasm32-wasip2/plugin/fixture_*.wasm "$dist/"
 cp policies/*.toml "$dist/specs/"
+cp host/scenarios/*.toml "$dist/scenarios/"
 cp scripts/gpu-check.sh scripts/guard-summary.py "$dist/"
 # promtool checks the agent's /metrics on the GPU machine (a static Go binary, compressed:
 # it is twice the size of tokwatt).

@@ -18,7 +18,11 @@
 # batch-only one (the pretended cap goes back to the baseline), (b) a batch-1 policy
 # swapped in under a 10,000 tokens/s floor, left to the guard, (c) the same judged in
 # probation. ab (issue 27): `tokwatt ab` dry run, batch only, on the CUDA decode: (a) an A/A
-# of slo-batch (fresh trajectories: no winner), (b) static batch 512 against 256. A short
+# of slo-batch (fresh trajectories: no winner), (b) static batch 512 against 256. serving
+# (issue 42): `tokwatt run` dry run, batch only, static batch 64, with tokwatt's CUDA engine
+# serving scenarios/serving-check.toml's requests for SERVING_SECONDS (default 120), then the
+# simulator (the profile matching the GPU) on the same scenario and policy, side by side:
+# tokens/s, watts, tokens/J, TTFT and TPOT quantiles from each run's requests. A short
 # side-by-side check:
 #   gpu-check.sh OUT 3 bench
 #
@@ -32,8 +36,8 @@ seconds="${2:-6}"
 parts="${3:-tests,bench,dryrun,slo}"
 for part in ${parts//,/ }; do
   case "$part" in
-    tests | bench | prefill | dryrun | slo | serve | guard | ab) ;;
-    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, prefill, dryrun, slo, serve, guard and/or ab, comma-separated" >&2; exit 2 ;;
+    tests | bench | prefill | dryrun | slo | serve | guard | ab | serving) ;;
+    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, prefill, dryrun, slo, serve, guard, ab and/or serving, comma-separated" >&2; exit 2 ;;
   esac
 done
 wants() { [[ ",$parts," == *",$1,"* ]]; }
@@ -347,6 +351,57 @@ for label, t0 in [("whole run", 0.0), ("last 60 s", end - 60.0)]:
     tpj, viol, n, batch = span(t0)
     print(f"slo-batch {label}: {tpj:.3f} tok/J over {n} ticks, median batch {batch}, "
           f"{viol} violating ticks; ratio to the sweep's best {tpj / best['tokens_per_j']:.3f}")
+PY
+fi
+
+if wants serving; then
+  serving_seconds="${SERVING_SECONDS:-120}"
+  gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null || true)"
+  case "$gpu_name" in
+    *H100*) profile=h100 ;;
+    *A100*) profile=a100 ;;
+    *) profile=h200 ;;
+  esac
+  step "serving on the GPU: tokwatt's CUDA engine serves serving-check.toml (dry run, static batch 64)"
+  ./tokwatt run --gpu 0 --dry-run --batch-only --policy specs/static-batch.toml \
+    --scenario scenarios/serving-check.toml --duration "${serving_seconds}s" \
+    --out "$out/serving-gpu" 2> "$out/serving-gpu.log" | tee "$out/serving-gpu.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  step "the same on the simulator (--sim $profile, for $gpu_name)"
+  ./tokwatt run --sim "$profile" --batch-only --policy specs/static-batch.toml \
+    --scenario scenarios/serving-check.toml --duration "${serving_seconds}s" \
+    --out "$out/serving-sim" 2> "$out/serving-sim.log" | tee "$out/serving-sim.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  step "side by side: SIMULATOR against the GPU's measurement"
+  python3 - "$out/serving-gpu/summary.json" "$out/serving-sim/summary.json" "$gpu_name" <<'PY' | tee "$out/serving-side-by-side.txt" || status=1
+import json, sys
+gpu, sim = (json.load(open(p)) for p in sys.argv[1:3])
+def figures(s):
+    lat = s.get("request_latency") or {}
+    d = s["duration_s"]
+    return {
+        "tokens/s": s["tokens"] / d,
+        "watts": s["energy_j"] / d,
+        "tokens/J": s["tokens_per_joule"],
+        "requests finished": lat.get("requests"),
+        "TTFT p50 ms": lat.get("ttft_p50_ms"),
+        "TTFT p90 ms": lat.get("ttft_p90_ms"),
+        "TTFT p99 ms": lat.get("ttft_p99_ms"),
+        "TPOT p50 ms": lat.get("tpot_p50_ms"),
+        "TPOT p90 ms": lat.get("tpot_p90_ms"),
+        "TPOT p99 ms": lat.get("tpot_p99_ms"),
+    }
+g, m = figures(gpu), figures(sim)
+print(f"{'':20} {'GPU (' + sys.argv[3] + ')':>28} {'SIMULATOR':>12} {'sim/GPU':>8}")
+missing = False
+for key in g:
+    a, b = g[key], m[key]
+    if a is None or b is None:
+        missing = True
+        print(f"{key:20} {str(a):>28} {str(b):>12} {'missing':>8}")
+        continue
+    print(f"{key:20} {a:>28.3f} {b:>12.3f} {b / a:>8.3f}")
+sys.exit(1 if missing else 0)
 PY
 fi
 

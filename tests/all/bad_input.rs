@@ -346,3 +346,37 @@ fn counts_past_any_use_are_refused_with_their_range() {
     );
     fails_with(&["bench", "decide", "--calls", "0"], &["1..=100000000"]);
 }
+
+/// A scenario on a real GPU is what tokwatt's own engine serves: beside a serving engine's
+/// tokens, or beside a model of its own, it is refused (before any GPU is opened).
+#[test]
+fn a_scenario_on_a_gpu_conflicting_with_the_workload_is_refused_with_the_fix() {
+    let spec = repo_root().join("policies/static-batch.toml");
+    let spec = spec.to_string_lossy();
+    let scenario = repo_root().join("host/scenarios/serving-check.toml");
+    let scenario = scenario.to_string_lossy();
+    let run = [
+        "run",
+        "--gpu",
+        "0",
+        "--dry-run",
+        "--batch-only",
+        "--duration",
+        "10s",
+        "--policy",
+        &spec,
+        "--scenario",
+        &scenario,
+    ];
+    let mut external = run.to_vec();
+    external.extend([
+        "--workload",
+        "external",
+        "--metrics-url",
+        "http://127.0.0.1:9/metrics",
+    ]);
+    fails_with(&external, &["--workload external", "drop --scenario"]);
+    let mut model = run.to_vec();
+    model.extend(["--model", "llama-3.2-1b"]);
+    fails_with(&model, &["names the model", "drop --model"]);
+}

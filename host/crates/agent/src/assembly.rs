@@ -80,6 +80,17 @@ pub enum WorkloadSource {
         context: u32,
         batch_size_max: u32,
     },
+    /// tokwatt's own CUDA engine serving a simulator scenario's requests: its arrivals,
+    /// prompt and output lengths, model, token budget and queue, in real time.
+    CudaServe {
+        scenario: PathBuf,
+        /// KV positions per slot; `None`: the scenario's longest request.
+        context: Option<u32>,
+        /// KV slots (the batch size knob's range); `None`: the scenario's `batch_size_max`.
+        slots: Option<u32>,
+        /// Seeds the arrivals (GPU `n` of the run: `seed + n`).
+        seed: u64,
+    },
     /// A running serving engine's Prometheus metrics.
     External {
         url: String,
@@ -188,6 +199,14 @@ pub enum AssemblyError {
         "this tokwatt was built without its CUDA decode workload (the `cuda` feature): rebuild with `cargo build -p tokwatt --features cuda` (on by default), or take tokens from a serving engine (`--engine`) or the simulator"
     )]
     NoCuda,
+    #[error(
+        "the scenario {scenario}'s longest request needs {needed} KV positions, but --context is {context}: raise --context to {needed} or more, or drop it (the scenario's longest is the default)"
+    )]
+    ContextTooShort {
+        scenario: String,
+        needed: u32,
+        context: u32,
+    },
     #[error("reading the GPU settings in force: {0}")]
     ReadSettings(#[from] tokwatt_core::actuator::ActuatorError),
     #[error("reading tokens from {url}: {reason}")]
@@ -569,7 +588,10 @@ fn workload(target: &GpuTarget) -> Result<(Box<dyn Workload>, String), AssemblyE
         let agent_index = position as u32;
         let (workload, note) = one_gpu_workload(source, *nvml_index, agent_index)?;
         // A CUDA decode answers to the agent's index; an external source to 0.
-        let inner = if matches!(source, WorkloadSource::Cuda { .. }) {
+        let inner = if matches!(
+            source,
+            WorkloadSource::Cuda { .. } | WorkloadSource::CudaServe { .. }
+        ) {
             agent_index
         } else {
             0
@@ -591,7 +613,7 @@ fn one_gpu_workload(
 ) -> Result<(Box<dyn Workload>, String), AssemblyError> {
     match source {
         #[cfg(not(feature = "cuda"))]
-        WorkloadSource::Cuda { .. } => {
+        WorkloadSource::Cuda { .. } | WorkloadSource::CudaServe { .. } => {
             let _ = (nvml_index, agent_index);
             Err(AssemblyError::NoCuda)
         }
@@ -609,6 +631,55 @@ fn one_gpu_workload(
             Ok((
                 Box::new(workload),
                 format!("CUDA decode of {model} at context {context}"),
+            ))
+        }
+        #[cfg(feature = "cuda")]
+        WorkloadSource::CudaServe {
+            scenario: path,
+            context,
+            slots,
+            seed,
+        } => {
+            let scenario = Scenario::load(path)?;
+            let needed = scenario.longest_context_tokens();
+            let context = context.unwrap_or(needed);
+            if context < needed {
+                return Err(AssemblyError::ContextTooShort {
+                    scenario: path.display().to_string(),
+                    needed,
+                    context,
+                });
+            }
+            let slots = slots.unwrap_or(scenario.batch_size_max).max(1);
+            let arrivals = tokwatt_sim::ScenarioArrivals::new(
+                &scenario,
+                seed.wrapping_add(agent_index.into()),
+            )
+            .map_err(|problem| tokwatt_sim::SimError::Invalid {
+                what: "scenario",
+                origin: path.display().to_string(),
+                problem,
+            })?;
+            let workload = tokwatt_cuda::CudaServe::new(tokwatt_cuda::CudaServeConfig {
+                model: scenario.model.clone(),
+                context,
+                slots,
+                running_limit: scenario.initial_batch_size.clamp(1, slots),
+                max_batched_tokens: scenario.max_batched_tokens,
+                queue_max: scenario.queue_max,
+                device: nvml_index,
+                gpu_index: agent_index,
+                engine: tokwatt_cuda::EngineOptions::default(),
+                requests: Box::new(arrivals),
+            })?;
+            Ok((
+                Box::new(workload),
+                format!(
+                    "CUDA serving of {} ({}): {slots} slots of {context} positions, {} tokens a step",
+                    path.display(),
+                    scenario.model_name,
+                    scenario.max_batched_tokens
+                ),
             ))
         }
         WorkloadSource::External {
@@ -642,7 +713,7 @@ impl WorkloadSource {
     /// Whether the tokens come from a serving engine (which sets its own batch size).
     pub fn is_external(&self) -> bool {
         match self {
-            WorkloadSource::Cuda { .. } => false,
+            WorkloadSource::Cuda { .. } | WorkloadSource::CudaServe { .. } => false,
             WorkloadSource::External { .. } => true,
             WorkloadSource::PerGpu(sources) => sources.iter().any(WorkloadSource::is_external),
         }
@@ -668,6 +739,43 @@ mod tests {
             .expect("refused")
             .to_string();
         assert!(error.contains("`cuda` feature"), "{error}");
+        assert!(error.contains("--features cuda"), "{error}");
+    }
+
+    /// A scenario whose requests cannot fit the KV slots asked for is refused before any
+    /// GPU is opened, with the context that would fit.
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn serving_a_scenario_with_too_short_a_context_is_refused_with_the_length_needed() {
+        let scenario = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../scenarios/serving-check.toml");
+        let source = WorkloadSource::CudaServe {
+            scenario,
+            context: Some(1024),
+            slots: None,
+            seed: 1,
+        };
+        let error = one_gpu_workload(&source, 0, 0)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(error.contains("needs 3072 KV positions"), "{error}");
+        assert!(error.contains("--context is 1024"), "{error}");
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn serving_a_scenario_without_the_feature_is_refused_with_the_fix() {
+        let source = WorkloadSource::CudaServe {
+            scenario: "serving-check.toml".into(),
+            context: None,
+            slots: None,
+            seed: 1,
+        };
+        let error = one_gpu_workload(&source, 0, 0)
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(error.contains("--features cuda"), "{error}");
     }
 

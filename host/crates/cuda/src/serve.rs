@@ -18,7 +18,7 @@ use tokwatt_core::types::WorkloadWindow;
 use tokwatt_core::workload::serving::{
     RequestRecord, RequestSource, Scheduler, ServingLimits, StepPlan,
 };
-use tokwatt_core::workload::{WorkWaiting, Workload, WorkloadError};
+use tokwatt_core::workload::{FinishedRequests, WorkWaiting, Workload, WorkloadError};
 
 /// Finished requests kept for [`CudaServe::take_finished`] between reads; older ones are
 /// dropped and counted.
@@ -199,6 +199,21 @@ impl Workload for CudaServe {
 
     fn reports_ttft(&self) -> bool {
         true
+    }
+
+    fn reports_requests(&self) -> bool {
+        true
+    }
+
+    /// Times are seconds from when the serving thread started (just before the run's
+    /// first tick); energy is unknown (`None`): the thread reads no energy counter.
+    fn take_finished_requests(&mut self, gpu: u32, into: &mut FinishedRequests) {
+        if gpu != self.gpu_index {
+            return;
+        }
+        let (records, dropped) = self.take_finished();
+        into.records.extend(records);
+        into.dropped += u64::from(dropped);
     }
 
     fn batch_size_max(&self, gpu: u32) -> u32 {

@@ -24,8 +24,10 @@ pub struct TargetArgs {
     /// Number of simulated GPUs.
     #[arg(long, default_value_t = 1, requires = "sim")]
     pub gpus: u32,
-    /// Demand scenario file for the simulator (default: the built-in phased scenario).
-    #[arg(long, requires = "sim")]
+    /// Demand scenario file: the simulator's work (default: the built-in phased scenario);
+    /// with --gpu, the requests tokwatt's CUDA engine serves (arrivals, prompts, outputs,
+    /// model and token budget) instead of a fixed decode.
+    #[arg(long)]
     pub scenario: Option<PathBuf>,
     /// Run the simulator against the wall clock instead of the virtual clock.
     #[arg(long, requires = "sim")]
@@ -72,14 +74,17 @@ pub struct TargetArgs {
     #[arg(long)]
     pub prompt_counter: Option<String>,
     /// CUDA workload model preset (llama-3-8b, llama-3.2-1b) or a model shape file.
-    #[arg(long, default_value = "llama-3-8b", requires = "gpu")]
-    pub model: String,
-    /// CUDA workload KV context length, tokens.
-    #[arg(long, default_value_t = 1024, requires = "gpu")]
-    pub context: u32,
-    /// CUDA workload largest batch size (buffers are sized for it).
-    #[arg(long, default_value_t = 512, requires = "gpu")]
-    pub batch_size_max: u32,
+    /// (Default: llama-3-8b; serving a --scenario, the scenario names the model.)
+    #[arg(long, requires = "gpu")]
+    pub model: Option<String>,
+    /// CUDA workload KV context length, tokens (default: 1024; serving a --scenario, its
+    /// longest request).
+    #[arg(long, requires = "gpu")]
+    pub context: Option<u32>,
+    /// CUDA workload largest batch size, the KV slots (buffers are sized for it; default:
+    /// 512; serving a --scenario, its batch_size_max).
+    #[arg(long, requires = "gpu")]
+    pub batch_size_max: Option<u32>,
     /// State file of original GPU settings (default for real GPUs: /var/lib/tokwatt/state.json
     /// as root, else $XDG_STATE_HOME/tokwatt/state.json). With --sim, only used when given.
     #[arg(long)]
@@ -191,13 +196,26 @@ impl TargetArgs {
             (None, Some(indices)) => Target::Gpu(GpuTarget {
                 indices: indices.clone(),
                 dry_run: self.dry_run,
-                workload: match self.workload {
-                    WorkloadKind::Cuda => WorkloadSource::Cuda {
-                        model: self.model.clone(),
-                        context: self.context,
-                        batch_size_max: self.batch_size_max,
+                workload: match (self.workload, &self.scenario) {
+                    (WorkloadKind::Cuda, None) => WorkloadSource::Cuda {
+                        model: self.model.clone().unwrap_or_else(|| "llama-3-8b".into()),
+                        context: self.context.unwrap_or(1024),
+                        batch_size_max: self.batch_size_max.unwrap_or(512),
                     },
-                    WorkloadKind::External => self.external_source(objective)?,
+                    (WorkloadKind::Cuda, Some(scenario)) if self.model.is_some() => bail!(
+                        "--scenario {} names the model its requests run on: drop --model (or set the scenario's `model`)",
+                        scenario.display()
+                    ),
+                    (WorkloadKind::Cuda, Some(scenario)) => WorkloadSource::CudaServe {
+                        scenario: scenario.clone(),
+                        context: self.context,
+                        slots: self.batch_size_max,
+                        seed,
+                    },
+                    (WorkloadKind::External, Some(_)) => bail!(
+                        "--scenario gives the requests tokwatt's own CUDA engine serves; with --workload external the engine at --metrics-url serves its own: drop --scenario"
+                    ),
+                    (WorkloadKind::External, None) => self.external_source(objective)?,
                 },
                 tick,
             }),
