@@ -671,6 +671,7 @@ fn one_gpu_workload(
                 gpu_index: agent_index,
                 engine: tokwatt_cuda::EngineOptions::default(),
                 requests: Box::new(arrivals),
+                energy: Some(energy_counter(nvml_index)?),
             })?;
             Ok((
                 Box::new(workload),
@@ -707,6 +708,23 @@ fn one_gpu_workload(
             gpus: 1,
         }),
     }
+}
+
+/// GPU `nvml_index`'s energy counter on a sampler of its own (one NVML call every 100 ms),
+/// for the serving loop to share each step's energy over its requests.
+#[cfg(feature = "cuda")]
+fn energy_counter(nvml_index: u32) -> Result<tokwatt_cuda::EnergyCounter, AssemblyError> {
+    use tokwatt_core::telemetry::Telemetry;
+    let system = NvmlSystem::open(Some(&[nvml_index]))?;
+    let mut telemetry = system.telemetry(tokwatt_nvml::SamplerConfig::energy_only(
+        Duration::from_millis(100),
+    ))?;
+    Ok(Box::new(move || {
+        telemetry
+            .read_window(0)
+            .ok()
+            .map(|window| window.energy_counter_j)
+    }))
 }
 
 impl WorkloadSource {

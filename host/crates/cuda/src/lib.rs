@@ -47,5 +47,5 @@ pub use engine::{
 pub use error::CudaError;
 pub use plan::{AttentionSplit, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT};
 pub use prefill_bench::{PrefillRow, REFERENCE_PREFILL_CASES, bench_prefill};
-pub use serve::{CudaServe, CudaServeConfig};
+pub use serve::{CudaServe, CudaServeConfig, EnergyCounter};
 pub use shape::{ModelError, ModelShape, ShapeError};

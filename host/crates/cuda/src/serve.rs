@@ -4,8 +4,11 @@
 //! ([`Scheduler`], continuous batching with chunked prefill) as one forward pass
 //! ([`Engine::serve_step`]), and the step's end is when its tokens exist. The running limit
 //! (the batch size knob) and the token budget are the knobs; TTFT, TPOT and queue waits are
-//! measured per request on the wall clock.
+//! measured per request on the wall clock. With an energy counter, each step's energy is
+//! its duration times the GPU's mean power over the last second ([`PowerEstimate`]), shared
+//! over the step's tokens; without one, a request's energy is unknown, never 0 J.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
@@ -27,6 +30,10 @@ const MAX_KEPT_RECORDS: usize = 1 << 20;
 /// How long the loop sleeps when nothing is admitted or waiting.
 const IDLE_SLEEP: Duration = Duration::from_micros(500);
 
+/// Reads the GPU's cumulative energy counter in joules (`None`: unreadable this time). The
+/// NVML counter is refreshed every 100 ms; it is read at most that often.
+pub type EnergyCounter = Box<dyn FnMut() -> Option<f64> + Send>;
+
 /// What to serve.
 pub struct CudaServeConfig {
     pub model: ModelShape,
@@ -45,6 +52,9 @@ pub struct CudaServeConfig {
     pub gpu_index: u32,
     pub engine: EngineOptions,
     pub requests: Box<dyn RequestSource>,
+    /// The GPU's energy counter, to give each request its share of each step's energy;
+    /// `None`: requests' energy is unknown.
+    pub energy: Option<EnergyCounter>,
 }
 
 impl std::fmt::Debug for CudaServeConfig {
@@ -57,6 +67,7 @@ impl std::fmt::Debug for CudaServeConfig {
             .field("max_batched_tokens", &self.max_batched_tokens)
             .field("queue_max", &self.queue_max)
             .field("device", &self.device)
+            .field("energy", &self.energy.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -69,6 +80,11 @@ struct Shared {
     failure: Mutex<Option<String>>,
     finished: Mutex<Vec<RequestRecord>>,
     dropped_records: AtomicU32,
+    /// Whether steps are given their energy (an energy counter was configured).
+    energy_counted: bool,
+    /// A step in the current window ran without its energy (the counter was unreadable or
+    /// not yet warm): the window's request energies are then not all known.
+    energy_gap: AtomicBool,
 }
 
 /// Requests served on one GPU by tokwatt's engine, stepping on a thread of its own.
@@ -101,6 +117,8 @@ impl CudaServe {
             failure: Mutex::new(None),
             finished: Mutex::new(Vec::new()),
             dropped_records: AtomicU32::new(0),
+            energy_counted: config.energy.is_some(),
+            energy_gap: AtomicBool::new(false),
         });
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(String, u32), CudaError>>();
         let thread_shared = shared.clone();
@@ -206,7 +224,7 @@ impl Workload for CudaServe {
     }
 
     /// Times are seconds from when the serving thread started (just before the run's
-    /// first tick); energy is unknown (`None`): the thread reads no energy counter.
+    /// first tick); energy is unknown (`None`) without an energy counter.
     fn take_finished_requests(&mut self, gpu: u32, into: &mut FinishedRequests) {
         if gpu != self.gpu_index {
             return;
@@ -251,8 +269,9 @@ impl Workload for CudaServe {
             .scheduler
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        // No energy counter on this thread: requests carry no energy (a gap, not zero).
-        Ok(scheduler.take_window(false))
+        // The window's request energies count only where every step had its energy.
+        let gap = self.shared.energy_gap.swap(false, Ordering::Relaxed);
+        Ok(scheduler.take_window(self.shared.energy_counted && !gap))
     }
 }
 
@@ -272,6 +291,61 @@ fn prompt_ids(chunk: &PrefillChunk, vocab: u32, out: &mut Vec<u32>) {
             (p.wrapping_mul(2_654_435_761) ^ chunk.slot.wrapping_mul(40_503)) % vocab.max(1)
         }),
     );
+}
+
+/// The GPU's mean power over the last second, from its cumulative energy counter read at
+/// most every 100 ms (NVML refreshes it no faster). A step's energy is its duration times
+/// this: an estimate whose sum over the steps follows the counter over busy time.
+struct PowerEstimate {
+    counter: EnergyCounter,
+    /// (seconds since the start, joules), oldest first, spanning about [`Self::SPAN_S`].
+    samples: VecDeque<(f64, f64)>,
+    last_read_s: f64,
+}
+
+impl PowerEstimate {
+    const PERIOD_S: f64 = 0.1;
+    const SPAN_S: f64 = 1.0;
+    /// Shorter than this, two readings may straddle no refresh of the counter.
+    const MIN_SPAN_S: f64 = 0.3;
+
+    fn new(counter: EnergyCounter) -> PowerEstimate {
+        PowerEstimate {
+            counter,
+            samples: VecDeque::new(),
+            last_read_s: f64::NEG_INFINITY,
+        }
+    }
+
+    fn update(&mut self, now_s: f64) {
+        // (Less a hair: readings a float's rounding short of the period are due.)
+        if now_s - self.last_read_s < Self::PERIOD_S - 1e-9 {
+            return;
+        }
+        self.last_read_s = now_s;
+        let Some(joules) = (self.counter)().filter(|j| j.is_finite()) else {
+            return;
+        };
+        // A counter that went back (driver reload) starts the estimate over.
+        if self.samples.back().is_some_and(|&(_, last)| joules < last) {
+            self.samples.clear();
+        }
+        self.samples.push_back((now_s, joules));
+        while self.samples.len() > 2
+            && self
+                .samples
+                .get(1)
+                .is_some_and(|&(t, _)| now_s - t >= Self::SPAN_S)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// `None` until the readings span [`Self::MIN_SPAN_S`].
+    fn watts(&self) -> Option<f64> {
+        let (&(t0, j0), &(t1, j1)) = (self.samples.front()?, self.samples.back()?);
+        (t1 - t0 >= Self::MIN_SPAN_S).then(|| (j1 - j0) / (t1 - t0))
+    }
 }
 
 fn run_plan(engine: &mut Engine, plan: &StepPlan, vocab: u32) -> Result<(), CudaError> {
@@ -337,6 +411,7 @@ fn serve_thread(
     }
     let vocab = config.model.vocab;
     let started = Instant::now();
+    let mut power = config.energy.take().map(PowerEstimate::new);
     let mut asked_until = 0.0;
     while !shared.stop.load(Ordering::Relaxed) {
         let now = started.elapsed().as_secs_f64();
@@ -360,9 +435,16 @@ fn serve_thread(
             return;
         }
         let end = started.elapsed().as_secs_f64();
+        let step_j = power.as_mut().and_then(|p| {
+            p.update(end);
+            p.watts().map(|w| w * (end - now))
+        });
+        if power.is_some() && step_j.is_none() {
+            shared.energy_gap.store(true, Ordering::Relaxed);
+        }
         let finished = {
             let mut scheduler = shared.scheduler.lock().unwrap_or_else(|p| p.into_inner());
-            scheduler.complete(&plan, end, end - now, None);
+            scheduler.complete(&plan, end, end - now, step_j);
             scheduler.take_finished()
         };
         if !finished.is_empty() {
@@ -375,5 +457,77 @@ fn serve_thread(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod power_tests {
+    use super::*;
+
+    fn counter(readings: Vec<Option<f64>>) -> EnergyCounter {
+        let mut readings = readings.into_iter();
+        Box::new(move || readings.next().flatten())
+    }
+
+    #[test]
+    fn the_power_is_the_counters_slope_over_the_last_second() {
+        // 300 W for the first second, then 500 W.
+        let joules = |t: f64| {
+            if t <= 1.0 {
+                300.0 * t
+            } else {
+                300.0 + 500.0 * (t - 1.0)
+            }
+        };
+        let times: Vec<f64> = (0..=30).map(|i| f64::from(i) * 0.1).collect();
+        let mut power =
+            PowerEstimate::new(counter(times.iter().map(|&t| Some(joules(t))).collect()));
+        power.update(0.0);
+        assert_eq!(power.watts(), None, "one reading has no slope");
+        power.update(0.1);
+        assert_eq!(
+            power.watts(),
+            None,
+            "0.1 s may straddle no refresh of the counter"
+        );
+        for &t in &times[2..=10] {
+            power.update(t);
+        }
+        assert!((power.watts().unwrap() - 300.0).abs() < 1e-6);
+        for &t in &times[11..] {
+            power.update(t);
+        }
+        // The last second is all at 500 W.
+        assert!((power.watts().unwrap() - 500.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn reads_faster_than_the_refresh_are_skipped_and_failed_reads_leave_no_zero() {
+        let mut power =
+            PowerEstimate::new(counter(vec![Some(0.0), None, Some(f64::NAN), Some(200.0)]));
+        power.update(0.0);
+        // Too soon: the counter is not read (its second reading stays for later).
+        power.update(0.05);
+        power.update(0.2); // None: skipped
+        power.update(0.3); // NaN: skipped
+        assert_eq!(power.watts(), None);
+        power.update(1.0);
+        assert!((power.watts().unwrap() - 200.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_counter_that_goes_back_starts_the_estimate_over() {
+        let mut power = PowerEstimate::new(counter(vec![
+            Some(1000.0),
+            Some(1100.0),
+            Some(1200.0),
+            Some(5.0),
+        ]));
+        for t in [0.0, 0.5, 1.0] {
+            power.update(t);
+        }
+        assert!((power.watts().unwrap() - 200.0).abs() < 1e-9);
+        power.update(1.5);
+        assert_eq!(power.watts(), None, "a reset leaves one reading");
     }
 }

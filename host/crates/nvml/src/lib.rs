@@ -216,6 +216,19 @@ impl SamplerConfig {
         }
     }
 
+    /// The energy counter alone every `period`, the gauges almost never (once at the
+    /// start, then every hour of samples): a counter for a workload to share energy over
+    /// its requests, at one NVML call per sample.
+    pub fn energy_only(period: Duration) -> Self {
+        let hour = (3600.0 / period.as_secs_f64().max(1e-3)).ceil() as u32;
+        Self {
+            period,
+            tick_gauges_every: hour.max(1),
+            slow_gauges_every: hour.max(1),
+            power_fields: false,
+        }
+    }
+
     fn validate(&self) -> Result<(), NvmlError> {
         if !(Duration::from_millis(1)..=Duration::from_secs(10)).contains(&self.period) {
             return Err(NvmlError::SamplingPeriod(self.period));

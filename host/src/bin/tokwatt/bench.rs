@@ -550,6 +550,10 @@ fn bench_serving(bench: ServingBench) -> Result<()> {
         .telemetry(SamplerConfig::everything_every(Duration::from_millis(100)))
         .context("starting NVML telemetry")?;
     let mut energy = || telemetry.read_window(0).ok().map(|w| w.energy_counter_j);
+    // The serving thread's own counter, to share each step's energy over its requests.
+    let mut step_telemetry = system
+        .telemetry(SamplerConfig::energy_only(Duration::from_millis(100)))
+        .context("starting the serving loop's energy counter")?;
     let mut serve = tokwatt::cuda::CudaServe::new(tokwatt::cuda::CudaServeConfig {
         model: scenario.model.clone(),
         context: bench.context,
@@ -561,6 +565,12 @@ fn bench_serving(bench: ServingBench) -> Result<()> {
         gpu_index: 0,
         engine: tokwatt::cuda::EngineOptions::default(),
         requests: Box::new(arrivals),
+        energy: Some(Box::new(move || {
+            step_telemetry
+                .read_window(0)
+                .ok()
+                .map(|w| w.energy_counter_j)
+        })),
     })?;
     println!(
         "tokwatt bench serving: {} on GPU {} ({}), {:.0} s, running limit {running_limit}, {slots} slots of {} positions, {budget} tokens per step; energy from the NVML counter",

@@ -5,19 +5,20 @@ use super::*;
 use crate::{CudaServe, CudaServeConfig};
 use tokwatt_core::workload::serving::{Request, RequestSource};
 
-/// Twenty requests at the start, then nothing.
+/// Twenty requests at `at_s` (from the first call at or after it), then nothing.
 struct Burst {
     sent: bool,
+    at_s: f64,
 }
 
 impl RequestSource for Burst {
-    fn arrivals(&mut self, _from_s: f64, _to_s: f64) -> Vec<Request> {
-        if std::mem::replace(&mut self.sent, true) {
+    fn arrivals(&mut self, _from_s: f64, to_s: f64) -> Vec<Request> {
+        if to_s < self.at_s || std::mem::replace(&mut self.sent, true) {
             return Vec::new();
         }
         (0..20)
             .map(|i| Request {
-                arrival_s: 0.0,
+                arrival_s: to_s,
                 prompt: 20 + 7 * i,
                 output: 10,
             })
@@ -38,7 +39,11 @@ fn requests_are_served_each_with_its_ttft_and_tpot() {
         device: 0,
         gpu_index: 0,
         engine: EngineOptions::default(),
-        requests: Box::new(Burst { sent: false }),
+        requests: Box::new(Burst {
+            sent: false,
+            at_s: 0.0,
+        }),
+        energy: None,
     };
     let mut serve = match CudaServe::new(config) {
         Ok(serve) => serve,
@@ -71,8 +76,78 @@ fn requests_are_served_each_with_its_ttft_and_tpot() {
         assert!(r.ttft_ms > 0.0 && r.first_token_s <= r.finish_s, "{r:?}");
         assert!(r.tpot_ms.is_some_and(|t| t > 0.0), "{r:?}");
         assert_eq!(r.output, 10);
+        // No energy counter: unknown, never 0 J.
+        assert_eq!(r.energy_j, None, "{r:?}");
     }
     // A lowered limit is taken; a limit beyond the slots is refused.
     serve.set_batch_size(0, 2).unwrap();
     assert!(serve.set_batch_size(0, 9).is_err());
+}
+
+/// With an energy counter (here a made-up steady 100 W), each request gets its share of
+/// each step's energy, and the shares add up to no more than the counter over the run.
+#[test]
+fn with_an_energy_counter_each_request_gets_its_share_of_the_steps_energy() {
+    let _lock = gpu_lock();
+    let started = std::time::Instant::now();
+    let config = CudaServeConfig {
+        model: tiny_shape(128, 8, 2),
+        context: 300,
+        slots: 8,
+        running_limit: 6,
+        max_batched_tokens: 64,
+        queue_max: 100,
+        device: 0,
+        gpu_index: 0,
+        engine: EngineOptions::default(),
+        // After the estimate has its first second of readings.
+        requests: Box::new(Burst {
+            sent: false,
+            at_s: 1.2,
+        }),
+        energy: Some(Box::new(move || {
+            Some(100.0 * started.elapsed().as_secs_f64())
+        })),
+    };
+    let mut serve = match CudaServe::new(config) {
+        Ok(serve) => serve,
+        Err(error) if no_cuda(&error) => {
+            tokwatt_test_support::skip_gpu(format_args!("no CUDA driver: {error}"));
+            return;
+        }
+        Err(error) => panic!("{error}"),
+    };
+    let mut records = Vec::new();
+    let mut window_energy_known = true;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while records.len() < 20 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let window = serve.read_window(0).unwrap();
+        window_energy_known &= window.requests.unwrap().energy.is_some();
+        records.extend(serve.take_finished().0);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    assert_eq!(records.len(), 20, "not every request finished in time");
+    assert!(
+        window_energy_known,
+        "every window's request energies are known"
+    );
+    let mut total = 0.0;
+    for r in &records {
+        let joules = r.energy_j.expect("a request's energy with a counter");
+        assert!(joules > 0.0, "{r:?}");
+        total += joules;
+    }
+    let first = records
+        .iter()
+        .map(|r| r.arrival_s)
+        .fold(f64::INFINITY, f64::min);
+    let last = records.iter().map(|r| r.finish_s).fold(0.0, f64::max);
+    // The steps ran within [first arrival, last finish]: at 100 W, no more than that.
+    assert!(
+        total <= 100.0 * (last - first) * 1.05 + 1e-9,
+        "{total} J over {:.3} s",
+        last - first
+    );
+    assert!(total > 0.0 && last <= elapsed);
 }
