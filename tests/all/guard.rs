@@ -468,7 +468,10 @@ mod serving {
             !message.contains("not-a-spec-secret") && !message.contains("root:"),
             "{message}"
         );
-        assert!(message.contains("tokwatt check --policy"), "{message}");
+        assert!(
+            message.contains(&format!("run `tokwatt check {}`", secret.display())),
+            "{message}"
+        );
         // A folder as the plugin is named as what it is.
         let folder = control
             .swap(&SwapRequest {

@@ -260,6 +260,55 @@ fn serve_runs_until_stopped_and_answers_the_cli_on_its_socket() {
         String::from_utf8_lossy(&swap.stdout)
     );
 
+    // A spec that is not one is refused with its reason, and the command the refusal
+    // names, run as printed, shows the line.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "name = \"bad\"\nplugin = \"x.wasm\"\nknob = [\"power-cap\"]\n",
+    )
+    .expect("bad spec");
+    let refused = tokwatt()
+        .args(["policy", "swap"])
+        .arg(&bad)
+        .arg("--socket")
+        .arg(&socket)
+        .output()
+        .expect("tokwatt policy swap");
+    assert!(!refused.status.success());
+    let message = stderr(&refused);
+    assert!(
+        message.contains(
+            "bad.toml:3:1 is not a valid policy spec: unknown field, expected one of `name`"
+        ) && message.contains("docs/book/src/reference/spec.md"),
+        "{message}"
+    );
+    // Read on this side, the reason comes in full.
+    assert!(message.contains("unknown field `knob`"), "{message}");
+    let suggested = message
+        .split("run `")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or_else(|| panic!("no command in {message}"));
+    let mut words = suggested.split(' ');
+    assert_eq!(words.next(), Some("tokwatt"), "{suggested}");
+    let check = tokwatt()
+        .args(words)
+        .output()
+        .expect("the suggested command");
+    let checked = stderr(&check);
+    assert!(
+        !check.status.success()
+            && checked.contains("unknown field `knob`")
+            && !checked.contains("unexpected argument"),
+        "{checked}"
+    );
+    assert!(
+        repo_root()
+            .join("docs/book/src/reference/spec.md")
+            .is_file()
+    );
+
     // SIGTERM: the loop ends at a tick boundary and the agent exits cleanly.
     let child = child.0.take().expect("still running");
     let pid = child.id().to_string();

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 
 use tokwatt::api::{ActionOutcome, SwapRequest};
 use tokwatt::plugin::sanitize_text;
+use tokwatt::spec::{PolicySpec, SpecError};
 
 use crate::status::ConnectionArgs;
 
@@ -63,9 +64,14 @@ pub fn policy(command: &PolicyCommand) -> Result<()> {
                 fresh: *fresh,
             };
             let client = connection.client()?;
-            client
-                .swap(&request)
-                .with_context(|| format!("swapping in {}", request.spec.display()))?
+            client.swap(&request).map_err(|refused| {
+                let refused = anyhow::Error::new(refused)
+                    .context(format!("swapping in {}", request.spec.display()));
+                match read_here(&request.spec) {
+                    Some(why) => anyhow::anyhow!("{refused:#}\n{why}"),
+                    None => refused,
+                }
+            })?
         }
         PolicyCommand::Rollback { connection } => connection.client()?.rollback()?,
         PolicyCommand::Pause { connection } => connection.client()?.pause()?,
@@ -74,6 +80,20 @@ pub fn policy(command: &PolicyCommand) -> Result<()> {
     };
     println!("{}", describe(&outcome));
     Ok(())
+}
+
+/// Why the spec, read here, is not a valid spec, where it is not. The agent's reply
+/// leaves out the file's text (anyone with the API may name any file the agent can read),
+/// so the reason in full comes from the operator's own reading of it; a file this side
+/// cannot read (an agent on another machine) adds nothing.
+fn read_here(spec: &Path) -> Option<String> {
+    match PolicySpec::load(spec) {
+        // What the reply shortens; any other refusal it carries whole.
+        Err(invalid @ (SpecError::Parse { .. } | SpecError::UnknownKnob { .. })) => {
+            Some(format!("read on this machine, {invalid}"))
+        }
+        _ => None,
+    }
 }
 
 /// The agent resolves paths on its own machine from its own folder, so a relative path is

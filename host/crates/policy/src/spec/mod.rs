@@ -19,7 +19,16 @@ pub enum SpecError {
         source: std::io::Error,
     },
     #[error("policy spec {path} is not valid: {message}")]
-    Parse { path: PathBuf, message: String },
+    Parse {
+        path: PathBuf,
+        /// The parser's message, with the line it stopped at quoted.
+        message: String,
+        /// Where it stopped (line and column, from 1), where it says.
+        at: Option<(usize, usize)>,
+        /// The parser's reason with nothing of the file's text in it: see
+        /// [`SpecError::without_contents`].
+        reason: String,
+    },
     #[error(
         "policy spec {path}: unknown knob `{knob}`; the knobs are \"power-cap\", \"sm-clock\" and \"batch-size\""
     )]
@@ -51,9 +60,13 @@ impl SpecError {
     /// the agent's own log.
     pub fn without_contents(&self) -> String {
         match self {
-            SpecError::Parse { path, .. } => format!(
-                "policy spec {} is not a valid policy spec (TOML with the keys of docs/book/src/policies/contract.md); run `tokwatt check --policy {}` on the node for where and why",
+            SpecError::Parse {
+                path, at, reason, ..
+            } => format!(
+                "policy spec {}{} is not a valid policy spec: {reason} (the file's text is left out of this reply; \
+                 run `tokwatt check {}` on the node to see the line, and see docs/book/src/reference/spec.md for the keys)",
                 path.display(),
+                at.map_or_else(String::new, |(line, column)| format!(":{line}:{column}")),
                 path.display()
             ),
             SpecError::UnknownKnob { path, .. } => format!(
@@ -127,6 +140,8 @@ impl PolicySpec {
         let raw: RawSpec = toml::from_str(text).map_err(|e| SpecError::Parse {
             path: path.to_owned(),
             message: e.to_string(),
+            at: e.span().map(|span| line_and_column(text, span.start)),
+            reason: reason_without_contents(e.message()),
         })?;
         let mut knobs = Knobs::default();
         for knob in &raw.knobs {
@@ -209,6 +224,34 @@ impl PolicySpec {
     }
 }
 
+/// The line and column (from 1) of byte `offset` of `text`.
+fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rfind('\n').map_or(before, |n| &before[n + 1..]);
+    (line, column.chars().count() + 1)
+}
+
+/// The TOML parser's reason without anything it quoted from the file. Its messages are
+/// `WHAT, expected WHAT'S ALLOWED`: the grammar's or the spec's words after "expected",
+/// and before it, where the file is quoted (`unknown field `k``, `invalid type: string
+/// "v"`), the quote cut off. A missing field is named by the spec, not the file.
+fn reason_without_contents(message: &str) -> String {
+    let message = message.trim();
+    if message.starts_with("missing field") {
+        return message.to_owned();
+    }
+    let (head, expected) = match message.find(", expected") {
+        Some(at) => message.split_at(at),
+        None => (message, ""),
+    };
+    let head = head
+        .find(['`', '"', '\''])
+        .map_or(head, |quote| &head[..quote])
+        .trim_end();
+    format!("{head}{expected}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,6 +311,42 @@ mod tests {
         assert!(missing.to_string().contains("plugin"), "{missing}");
         let tick = parse("name='x'\nplugin='x.wasm'\ntick_ms=0").expect_err("bad");
         assert!(tick.to_string().contains("tick_ms"), "{tick}");
+    }
+
+    #[test]
+    fn a_reply_without_contents_keeps_the_reason_and_its_place_but_nothing_of_the_file() {
+        let reply = |text: &str| parse(text).expect_err("bad").without_contents();
+        let unknown = reply("name='x'\nplugin='x.wasm'\nsecret_key='hunter2'\n");
+        assert!(
+            unknown.contains("/specs/p.toml:3:1 is not a valid policy spec: unknown field, expected one of `name`, `plugin`"),
+            "{unknown}"
+        );
+        let wrong_type =
+            reply("name='x'\nplugin='x.wasm'\n[objective]\ntpot_p99_limit_ms='hunter2'\n");
+        assert!(
+            wrong_type
+                .contains(":4:19 is not a valid policy spec: invalid type: string, expected f64"),
+            "{wrong_type}"
+        );
+        let missing = reply("name='hunter2'\n");
+        assert!(missing.contains("missing field `plugin`"), "{missing}");
+        let not_toml = reply("root:$6$hunter2:19000:0:99999:7:::\n");
+        assert!(
+            not_toml.contains(":1:35 is not a valid policy spec: key with no value, expected `=`"),
+            "{not_toml}"
+        );
+        for text in [unknown, wrong_type, missing, not_toml] {
+            assert!(
+                !text.contains("hunter2") && !text.contains("secret_key"),
+                "{text}"
+            );
+            // The command it names is the one `tokwatt check` accepts, and the page has the keys.
+            assert!(
+                text.contains("run `tokwatt check /specs/p.toml` on the node"),
+                "{text}"
+            );
+            assert!(text.contains("docs/book/src/reference/spec.md"), "{text}");
+        }
     }
 
     #[test]
