@@ -380,3 +380,97 @@ fn a_scenario_on_a_gpu_conflicting_with_the_workload_is_refused_with_the_fix() {
     model.extend(["--model", "llama-3.2-1b"]);
     fails_with(&model, &["names the model", "drop --model"]);
 }
+
+#[test]
+fn a_knob_withheld_by_batch_only_is_named_with_the_fix_that_works() {
+    let spec = repo_root().join("policies/hill-climb.toml");
+    let err = fails_with(
+        &[
+            "run",
+            "--sim",
+            "h200",
+            "--batch-only",
+            "--duration",
+            "10s",
+            "--quiet",
+            "--policy",
+            &spec.to_string_lossy(),
+        ],
+        &[
+            "the spec lists \"power-cap\", which this run withholds",
+            "drop --batch-only",
+            "policies/slo-batch.toml",
+        ],
+    );
+    // The spec lists the knob already: adding it is not the fix.
+    assert!(!err.contains("add \"power-cap\""), "{err}");
+}
+
+#[test]
+fn a_missing_python_or_javascript_plugin_gets_its_own_languages_build_command() {
+    let dir = tempdir();
+    for (lang, sources, expected) in [
+        (
+            "python",
+            &["app.py", "rules.py"][..],
+            &["componentize-py -d", "componentize app -o policy.wasm"][..],
+        ),
+        (
+            "js",
+            &["package.json", "policy.js"][..],
+            &["componentize-js", "npm ci && npm run build"][..],
+        ),
+    ] {
+        let folder = dir.path().join(lang);
+        std::fs::create_dir(&folder).expect("folder");
+        for source in sources {
+            std::fs::copy(
+                repo_root().join("examples").join(lang).join(source),
+                folder.join(source),
+            )
+            .expect("copy the example's source");
+        }
+        let spec = folder.join("policy.toml");
+        std::fs::copy(
+            repo_root().join("examples").join(lang).join("policy.toml"),
+            &spec,
+        )
+        .expect("copy the example's spec");
+        let err = fails_with(&["check", &spec.to_string_lossy()], expected);
+        assert!(
+            err.contains("policy.wasm` not found") && !err.contains("cargo build --target"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn plugin_test_of_a_policy_that_cannot_start_says_so_and_shows_no_nan() {
+    let dir = tempdir();
+    let spec = dir.path().join("no-cap.toml");
+    std::fs::write(
+        &spec,
+        "name = \"no-cap\"\nplugin = \"policy_hill_climb.wasm\"\nknobs = [\"batch-size\"]\n",
+    )
+    .expect("spec");
+    let output = tokwatt()
+        .args(["plugin", "test", "--duration", "2m"])
+        .arg(&spec)
+        .output()
+        .expect("tokwatt plugin test");
+    let out = String::from_utf8_lossy(&output.stdout);
+    let err = stderr(&output);
+    assert!(!output.status.success(), "{out}");
+    assert!(!out.contains("NaN") && !err.contains("NaN"), "{out}");
+    assert!(
+        out.contains("could not start") && out.contains("was not granted \"power-cap\""),
+        "{out}"
+    );
+    assert!(err.contains("could not start"), "{err}");
+    // The oracle still has its figures, from the baseline's seeds.
+    let oracle = out
+        .lines()
+        .find(|line| line.contains("oracle") && line.contains('%'))
+        .unwrap_or_else(|| panic!("no oracle row in {out}"));
+    assert!(oracle.chars().any(|c| c.is_ascii_digit()), "{oracle}");
+}

@@ -81,9 +81,10 @@ fn read_grid(params: &Params<'_>) -> Result<f64, String> {
 impl Policy for CapSearchPolicy {
     fn init(args: InitArgs) -> Result<(Self, Vec<Settings>), String> {
         if !args.knobs.contains(Knobs::POWER_CAP) {
-            return Err(
-                "cap-search turns the power cap: add \"power-cap\" to the spec's `knobs`".into(),
-            );
+            return Err("cap-search turns the power cap and was not granted \
+                 \"power-cap\": list it in the spec's `knobs`, or, where it is listed, \
+                 run where the agent does not withhold it (the agent says why it does)"
+                .into());
         }
         let params = Params::new(&args.params);
         let mut known = vec!["grid_w"];

@@ -77,9 +77,10 @@ fn clock_ladder(device: &DeviceFacts) -> Result<Vec<f64>, String> {
 impl Policy for ClockSearchPolicy {
     fn init(args: InitArgs) -> Result<(Self, Vec<Settings>), String> {
         if !args.knobs.contains(Knobs::SM_CLOCK) {
-            return Err(
-                "clock-search turns the SM clock: add \"sm-clock\" to the spec's `knobs`".into(),
-            );
+            return Err("clock-search turns the SM clock and was not granted \
+                 \"sm-clock\": list it in the spec's `knobs`, or, where it is listed, \
+                 run where the agent does not withhold it (the agent says why it does)"
+                .into());
         }
         let params = Params::new(&args.params);
         params.check_known(&LadderConfig::KEYS)?;

@@ -95,9 +95,10 @@ struct FixedClock {
 impl Policy for FixedClock {
     fn init(args: InitArgs) -> Result<(Self, Vec<Settings>), String> {
         if !args.knobs.contains(Knobs::SM_CLOCK) {
-            return Err(
-                "fixed-clock locks the SM clock: add \"sm-clock\" to the spec's `knobs`".into(),
-            );
+            return Err("fixed-clock locks the SM clock and was not granted \
+                 \"sm-clock\": list it in the spec's `knobs`, or, where it is listed, \
+                 run where the agent does not withhold it (the agent says why it does)"
+                .into());
         }
         let params = Params::new(&args.params);
         params.check_known(&["sm_clock_max_mhz", "batch_size"])?;

@@ -67,9 +67,10 @@ struct HillClimb {
 impl Policy for HillClimb {
     fn init(args: InitArgs) -> Result<(Self, Vec<Settings>), String> {
         if !args.knobs.contains(Knobs::POWER_CAP) {
-            return Err(
-                "hill-climb turns the power cap: add \"power-cap\" to the spec's `knobs`".into(),
-            );
+            return Err("hill-climb turns the power cap and was not granted \
+                 \"power-cap\": list it in the spec's `knobs`, or, where it is listed, \
+                 run where the agent does not withhold it (the agent says why it does)"
+                .into());
         }
         let config = CapConfig::from_params(&Params::new(&args.params))?;
         check_objective(&args.objective)?;

@@ -286,9 +286,10 @@ impl NodeBudget {
 impl Policy for NodeBudget {
     fn init(args: InitArgs) -> Result<(Self, Vec<Settings>), String> {
         if !args.knobs.contains(Knobs::POWER_CAP) {
-            return Err(
-                "node-budget sets power caps: add \"power-cap\" to the spec's `knobs`".into(),
-            );
+            return Err("node-budget sets power caps and was not granted \
+                 \"power-cap\": list it in the spec's `knobs`, or, where it is listed, \
+                 run where the agent does not withhold it (the agent says why it does)"
+                .into());
         }
         let config = Config::from_params(&Params::new(&args.params))?;
         check_objective(&args.objective)?;

@@ -357,9 +357,10 @@ impl ZeusGplo {
 impl Policy for ZeusGplo {
     fn init(args: InitArgs) -> Result<(Self, Vec<Settings>), String> {
         if !args.knobs.contains(Knobs::POWER_CAP) {
-            return Err(
-                "zeus-gplo sets the power limit: add \"power-cap\" to the spec's `knobs`".into(),
-            );
+            return Err("zeus-gplo sets the power limit and was not granted \
+                 \"power-cap\": list it in the spec's `knobs`, or, where it is listed, \
+                 run where the agent does not withhold it (the agent says why it does)"
+                .into());
         }
         let (config, pl_step_w) = read_config(&args)?;
         check_objective(&args.objective)?;

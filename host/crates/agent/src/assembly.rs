@@ -262,6 +262,38 @@ impl Default for Offered {
     }
 }
 
+/// For a policy that failed to start where the run withheld knobs its spec lists (a
+/// policy sees only what it is granted, so it cannot tell an unlisted knob from a withheld
+/// one): which knobs, why, and the fix. `batch_only` is whether the operator withheld them
+/// (`--batch-only`). `None` where nothing was withheld.
+pub fn withheld_hint(withheld: &[Withheld], batch_only: bool) -> Option<String> {
+    if withheld.is_empty() {
+        return None;
+    }
+    let knobs = withheld
+        .iter()
+        .map(|w| format!("\"{}\"", w.knob))
+        .collect::<Vec<_>>()
+        .join(" and ");
+    let them = if withheld.len() == 1 { "it" } else { "them" };
+    let fix = if batch_only && withheld.iter().all(|w| w.knob != "batch-size") {
+        format!(
+            "drop --batch-only (serve: node.batch_only) to grant {them}, or run a policy that \
+             turns only the batch size, such as policies/slo-batch.toml"
+        )
+    } else {
+        format!("run the policy where {them} can be granted, or run one that does without {them}")
+    };
+    let why = withheld
+        .iter()
+        .map(|w| format!("{}: {}", w.knob, w.reason))
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some(format!(
+        "the spec lists {knobs}, which this run withholds ({why}): {fix}"
+    ))
+}
+
 /// The knobs a policy gets: those its spec asks for and the backends offer. A knob the
 /// spec asks for that the backends do not offer is withheld with its reason.
 pub fn grant_knobs(asked: Knobs, offered: &Offered) -> (Knobs, Vec<Withheld>) {
@@ -826,6 +858,31 @@ mod tests {
         let (granted, withheld) = grant_knobs(Knobs::default(), &offered);
         assert_eq!(granted, Knobs::default());
         assert!(withheld.is_empty());
+    }
+
+    #[test]
+    fn a_withheld_knob_is_named_with_the_fix_that_grants_it() {
+        let request = BackendRequest {
+            target: Target::Sim(SimTarget::new("h200")),
+            seed: 1,
+            batch_only: true,
+        };
+        let (_, withheld) = grant_knobs(
+            Knobs {
+                power_cap: true,
+                sm_clock: false,
+                batch_size: true,
+            },
+            &operator_offer(&request),
+        );
+        let hint = withheld_hint(&withheld, true).expect("power-cap is withheld");
+        assert!(
+            hint.starts_with("the spec lists \"power-cap\", which this run withholds")
+                && hint.contains("drop --batch-only")
+                && hint.contains("policies/slo-batch.toml"),
+            "{hint}"
+        );
+        assert_eq!(withheld_hint(&[], true), None);
     }
 
     #[test]

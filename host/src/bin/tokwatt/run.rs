@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use tokwatt::agent::{self, RunRequest, RunSummary};
+use tokwatt::agent::{self, AgentError, RunRequest, RunSummary};
 use tokwatt::assembly;
 use tokwatt::control::Progress;
 use tokwatt::prometheus;
@@ -89,6 +89,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     for withheld in &assembled.withheld {
         eprintln!("tokwatt: policy `{}`: {withheld}", spec.name);
     }
+    let withheld_hint = assembly::withheld_hint(&assembled.withheld, request.batch_only);
     spec.knobs = assembled.knobs;
     let node_knobs = assembled.offered.knobs();
     // A simulated run keeps a state file only when asked (to test restoring).
@@ -142,6 +143,10 @@ pub fn run(args: RunArgs) -> Result<()> {
         ProgressReporter::new(args.quiet, args.debug_panic_after_ticks, engine_batch);
     let (summary, backends) = agent::run(&request, assembled.backends, meta, stop, &mut |p| {
         reporter.report(p)
+    })
+    .map_err(|error| match (&error, withheld_hint) {
+        (AgentError::PolicyStart { .. }, Some(hint)) => anyhow::anyhow!("{error}\n{hint}"),
+        _ => error.into(),
     })?;
     // Dropping the backends puts back every setting the run changed (SettingsGuard).
     drop(backends);

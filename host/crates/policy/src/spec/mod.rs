@@ -24,10 +24,10 @@ pub enum SpecError {
         /// The parser's message, with the line it stopped at quoted.
         message: String,
         /// Where it stopped (line and column, from 1), where it says.
-        at: Option<(usize, usize)>,
+        at: Option<(u32, u32)>,
         /// The parser's reason with nothing of the file's text in it: see
-        /// [`SpecError::without_contents`].
-        reason: String,
+        /// [`SpecError::without_contents`]. (Boxed, as `build` below: an error stays small.)
+        reason: Box<str>,
     },
     #[error(
         "policy spec {path}: unknown knob `{knob}`; the knobs are \"power-cap\", \"sm-clock\" and \"batch-size\""
@@ -44,12 +44,14 @@ pub enum SpecError {
         problem: String,
     },
     #[error(
-        "policy spec {spec}: plugin `{plugin}` not found (looked in {searched}). Build your policy crate with `cargo build --target wasm32-wasip2 --release` and point `plugin` at the .wasm it writes (target/wasm32-wasip2/release/NAME.wasm), or pass its folder with --plugin-dir (serve: policy.plugin_dirs); tokwatt's own policies are built by building tokwatt (`cargo build`)"
+        "policy spec {spec}: plugin `{plugin}` not found (looked in {searched}). {build}, or pass its folder with --plugin-dir (serve: policy.plugin_dirs); tokwatt's own policies are built by building tokwatt (`cargo build`)"
     )]
     PluginNotFound {
         spec: PathBuf,
         plugin: String,
-        searched: String,
+        searched: Box<str>,
+        /// How to build it, in the language of the sources beside the spec.
+        build: Box<str>,
     },
 }
 
@@ -141,7 +143,7 @@ impl PolicySpec {
             path: path.to_owned(),
             message: e.to_string(),
             at: e.span().map(|span| line_and_column(text, span.start)),
-            reason: reason_without_contents(e.message()),
+            reason: reason_without_contents(e.message()).into(),
         })?;
         let mut knobs = Knobs::default();
         for knob in &raw.knobs {
@@ -219,17 +221,96 @@ impl PolicySpec {
                 .iter()
                 .map(|c| c.display().to_string())
                 .collect::<Vec<_>>()
-                .join(", "),
+                .join(", ")
+                .into(),
+            build: build_hint(spec_dir, &self.plugin).into(),
         })
     }
 }
 
+/// How to build a missing plugin, by the sources beside its spec: a Python policy (a
+/// module, `app.py` in the scaffold) with componentize-py, a JavaScript one (a
+/// `package.json`, or a script) with componentize-js, anything else as a Rust crate.
+fn build_hint(spec_dir: &Path, plugin: &str) -> String {
+    // A spec named without a folder (`policy.toml`) is in the current one.
+    let spec_dir = if spec_dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        spec_dir
+    };
+    let files: Vec<String> = std::fs::read_dir(spec_dir)
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok())
+                .filter(|entry| entry.file_type().is_ok_and(|t| t.is_file()))
+                .filter_map(|entry| entry.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let has = |name: &str| files.iter().any(|f| f == name);
+    let with_ext = |ext: &str| files.iter().find(|f| f.ends_with(ext)).cloned();
+    let dir = spec_dir.display();
+    let pages = "docs/book/src/policies/python-js.md";
+    if has("Cargo.toml") {
+        // A crate beside its spec, whatever else is there.
+    } else if has("app.py") || with_ext(".py").is_some() {
+        let module = if has("app.py") { "app" } else { "MODULE" };
+        return format!(
+            "It is a Python policy (.py files beside the spec): build it with componentize-py \
+             in the spec's folder ({dir}): `componentize-py -d {} -w policy componentize {module} -o {plugin}` \
+             (once: `python3 -m pip install --user componentize-py==0.25.1`; see {pages})",
+            contract_dir(spec_dir)
+        );
+    } else if has("package.json") {
+        return format!(
+            "It is a JavaScript policy (package.json beside the spec): build it with \
+             componentize-js in the spec's folder ({dir}): `npm ci && npm run build` (its build script runs \
+             `componentize-js ... --world-name policy --disable http fetch-event -o {plugin}`; \
+             see {pages})"
+        );
+    } else if let Some(script) = with_ext(".js") {
+        return format!(
+            "It is a JavaScript policy (.js files beside the spec): build it with \
+             componentize-js in the spec's folder ({dir}): `npx @bytecodealliance/componentize-js {script} --wit {} \
+             --world-name policy --disable http fetch-event -o {plugin}` (see {pages})",
+            contract_dir(spec_dir)
+        );
+    }
+    "Build your policy crate with `cargo build --target wasm32-wasip2 --release` and point \
+     `plugin` at the .wasm it writes (target/wasm32-wasip2/release/NAME.wasm); a Python or \
+     JavaScript policy is built with componentize-py or componentize-js \
+     (docs/book/src/policies/python-js.md)"
+        .to_owned()
+}
+
+/// The contract's folder (`wit/`, holding `policy.wit`) as a path from `dir`: its own,
+/// or its parents' up to three levels (a scaffold copies it in; the examples use the
+/// repository's).
+fn contract_dir(dir: &Path) -> String {
+    let mut up = String::new();
+    let Ok(mut at) = dir.canonicalize() else {
+        return "PATH/TO/tokwatt/wit".to_owned();
+    };
+    for _ in 0..4 {
+        if at.join("wit").join("policy.wit").is_file() {
+            return format!("{up}wit");
+        }
+        match at.parent() {
+            Some(parent) => at = parent.to_owned(),
+            None => break,
+        }
+        up.push_str("../");
+    }
+    "PATH/TO/tokwatt/wit".to_owned()
+}
+
 /// The line and column (from 1) of byte `offset` of `text`.
-fn line_and_column(text: &str, offset: usize) -> (usize, usize) {
+fn line_and_column(text: &str, offset: usize) -> (u32, u32) {
     let before = text.get(..offset).unwrap_or(text);
     let line = before.matches('\n').count() + 1;
     let column = before.rfind('\n').map_or(before, |n| &before[n + 1..]);
-    (line, column.chars().count() + 1)
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    (count(line), count(column.chars().count() + 1))
 }
 
 /// The TOML parser's reason without anything it quoted from the file. Its messages are

@@ -96,7 +96,12 @@ pub fn test(args: &TestArgs) -> Result<()> {
     };
     let results = eval::evaluate(&request, Arc::new(AtomicBool::new(false)), &mut |_| {})?;
     print_results(&results)?;
-    if let Some(failure) = results.entries.first().and_then(|e| e.failure.as_ref()) {
+    if let Some(entry) = results.entries.first()
+        && let Some(failure) = &entry.failure
+    {
+        if could_not_start(entry) {
+            bail!("the policy could not start on the simulator: {failure}");
+        }
         bail!("the policy failed on the simulator: {failure}");
     }
     Ok(())
@@ -168,8 +173,14 @@ fn print_results(results: &EvalResults) -> Result<()> {
         (format!("policy {}", policy.policy), policy),
         (format!("baseline {}", baseline.policy), baseline),
     ] {
-        if entry.failure.is_some() {
-            table.add_row([label, "failed".into(), "-".into(), "-".into(), "-".into()]);
+        if could_not_start(entry) {
+            table.add_row([
+                label,
+                "could not start".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ]);
             continue;
         }
         table.add_row([
@@ -180,15 +191,29 @@ fn print_results(results: &EvalResults) -> Result<()> {
             format!("{:.1}%", entry.served_fraction * 100.0),
         ]);
     }
+    // The oracle's figures are over the seeds a policy ran: the baseline's where the
+    // policy ran none.
+    let oracle = [policy, baseline]
+        .into_iter()
+        .find(|entry| !could_not_start(entry));
+    let figure = |value: Option<f64>, text: &dyn Fn(f64) -> String| {
+        value
+            .filter(|v| v.is_finite())
+            .map_or_else(|| "-".to_owned(), text)
+    };
     table.add_row([
         "oracle".to_owned(),
-        format!("{:.4}", policy.oracle_tokens_per_joule),
+        figure(oracle.map(|o| o.oracle_tokens_per_joule), &|v| {
+            format!("{v:.4}")
+        }),
         "1.000".to_owned(),
-        format!(
-            "{:.2}%",
-            eval::oracle::violation_fraction(&scenario.oracle) * 100.0
+        figure(
+            Some(eval::oracle::violation_fraction(&scenario.oracle)),
+            &|v| format!("{:.2}%", v * 100.0),
         ),
-        format!("{:.1}%", policy.oracle_served_fraction * 100.0),
+        figure(oracle.map(|o| o.oracle_served_fraction), &|v| {
+            format!("{:.1}%", v * 100.0)
+        }),
     ]);
     println!("{table}");
     println!(
@@ -198,12 +223,22 @@ fn print_results(results: &EvalResults) -> Result<()> {
     );
     for entry in [policy, baseline] {
         if let Some(failure) = &entry.failure {
-            println!("{} could not run: {failure}", entry.policy);
+            if could_not_start(entry) {
+                println!("{} could not start: {failure}", entry.policy);
+            } else {
+                println!("{} could not run on every seed: {failure}", entry.policy);
+            }
         } else if let Some(why) = &entry.failed {
             println!("{} FAILED the scenario: {why}", entry.policy);
         }
     }
     Ok(())
+}
+
+/// Whether no seed of the policy ran: its start was refused (a plugin's `init`, a spec
+/// the node cannot serve), so it has no figures, not even the oracle's beside it.
+fn could_not_start(entry: &eval::EvalEntry) -> bool {
+    entry.failure.is_some() && entry.seeds.is_empty()
 }
 
 #[cfg(test)]
