@@ -367,12 +367,21 @@ fn an_arm_that_wins_tokens_per_joule_by_serving_less_does_not_win() {
         "{}",
         json["looks"]
     );
-    assert_eq!(json["decision"], "no-difference", "{}", json["looks"]);
+    // Refused, and said so: not "no difference" beside a ratio above 1.1.
+    assert_eq!(json["decision"], "b-refused", "{}", json["looks"]);
     let why = json["refused_because"].as_str().unwrap_or("");
     assert!(why.contains("served"), "{why}");
     assert!(
         json["served_fraction_b"].as_f64().unwrap() < json["served_fraction_a"].as_f64().unwrap()
     );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(
+            "B refused: more tokens per joule, but it served less demand than A (b-refused)"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("100.00 %"), "{stdout}");
 }
 
 #[test]

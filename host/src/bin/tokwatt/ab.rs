@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use tokwatt::ab::stats::{DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_SIM_BUDGET};
-use tokwatt::ab::{self, AbOutcome, AbRequest, Decision, Schedule, SequentialPlan};
+use tokwatt::ab::{self, AbOutcome, AbRequest, Schedule, SequentialPlan};
 use tokwatt::assembly::{
     self, Assembled, BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource,
 };
@@ -276,14 +276,14 @@ pub fn ab(args: AbArgs) -> Result<()> {
             .filter(|l| lines && l.pairs == p.pairs_done)
         {
             eprintln!(
-                "tokwatt: {}/{} pairs: B/A {:.4} [{:.4}, {:.4}] at {:.2} %: {}",
+                "tokwatt: {}/{} pairs: B/A {:.4} [{:.4}, {:.4}] at {}: {}",
                 p.pairs_done,
                 p.budget_pairs,
                 look.ratio_b_over_a,
                 look.ci_low,
                 look.ci_high,
-                look.confidence * 100.0,
-                decision_words(look.decision)
+                ab::confidence_percent(look.confidence),
+                look.decision_headline()
             );
         }
     };
@@ -394,15 +394,6 @@ fn guard(
     Ok((assembled.backends, assembled.meta))
 }
 
-fn decision_words(decision: Decision) -> &'static str {
-    match decision {
-        Decision::A => "A is more efficient",
-        Decision::B => "B is more efficient",
-        Decision::NoDifference => "no difference shown",
-        Decision::Continue => "not decided yet",
-    }
-}
-
 fn print_outcome(o: &AbOutcome, out: &Path) {
     let source = o.meta.source_line();
     println!();
@@ -412,21 +403,14 @@ fn print_outcome(o: &AbOutcome, out: &Path) {
     row("gpu", source);
     row(
         "decision",
-        format!(
-            "{} ({})",
-            decision_words(o.decision),
-            serde_json::to_value(o.decision)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()
-        ),
+        format!("{} ({})", o.decision_headline(), o.decision.code()),
     );
     row(
         "tokens/J B/A",
         format!(
-            "{:.4}, {:.2} % interval [{:.4}, {:.4}]",
+            "{:.4}, {} interval [{:.4}, {:.4}]",
             o.ratio_b_over_a,
-            o.confidence * 100.0,
+            ab::confidence_percent(o.confidence),
             o.ci_low,
             o.ci_high
         ),
@@ -493,7 +477,7 @@ fn print_outcome(o: &AbOutcome, out: &Path) {
         ),
     );
     if let Some(why) = &o.refused_because {
-        row("no winner because", why.clone());
+        row("refused because", why.clone());
     }
     if let Some(why) = o.winner_gave_up_within_noise() {
         row("objective", why.to_owned());

@@ -321,11 +321,12 @@ pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
             .map(|(pairs, winners)| format!("{winners} at {pairs}"))
             .collect();
         println!(
-            "{label:<24} {:>5.1} %  (a {}, b {}, none {} of {}; winners {}), mean pairs {:.1}, median B/A {:.4}, simulated {:.1} h",
+            "{label:<24} {:>5.1} %  (a {}, b {}, none {}, refused {} of {}; winners {}), mean pairs {:.1}, median B/A {:.4}, simulated {:.1} h",
             rate * 100.0,
             r.decided_a,
             r.decided_b,
             r.no_difference,
+            r.refused,
             r.comparisons,
             by_look.join(", "),
             r.mean_pairs,

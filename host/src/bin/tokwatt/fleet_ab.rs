@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 
+use tokwatt::ab::Arm;
 use tokwatt::ab::stats::DEFAULT_ALPHA;
-use tokwatt::ab::{Arm, Decision};
 use tokwatt::api::{ApiClient, SwapRequest};
 use tokwatt::fleet::etcd::EtcdFleet;
 use tokwatt::fleet::{FleetStore, Freeze, FreezeOutcome, FreezeSession, FrozenWrite};
@@ -523,15 +523,6 @@ fn print_plan(nodes: &[FleetNode], prepared: &Prepared, settings: &Settings) {
     );
 }
 
-fn decision_words(decision: Decision) -> &'static str {
-    match decision {
-        Decision::A => "A is more efficient",
-        Decision::B => "B is more efficient",
-        Decision::NoDifference => "no difference shown",
-        Decision::Continue => "not decided",
-    }
-}
-
 fn print_verdict(report: &FleetAbReport, path: &Path) {
     let v = &report.verdict;
     let row = |key: &str, value: String| println!("{key:<20} {value}");
@@ -549,21 +540,14 @@ fn print_verdict(report: &FleetAbReport, path: &Path) {
     }
     row(
         "decision",
-        format!(
-            "{} ({})",
-            decision_words(v.decision),
-            serde_json::to_value(v.decision)
-                .ok()
-                .and_then(|d| d.as_str().map(str::to_owned))
-                .unwrap_or_default()
-        ),
+        format!("{} ({})", v.decision_headline(), v.decision.code()),
     );
     row(
         "tokens/J B/A",
         format!(
-            "{:.4}, {:.2} % intervals: bootstrap [{:.4}, {:.4}], t [{:.4}, {:.4}]",
+            "{:.4}, {} intervals: bootstrap [{:.4}, {:.4}], t [{:.4}, {:.4}]",
             v.ratio_b_over_a,
-            v.confidence * 100.0,
+            tokwatt::ab::confidence_percent(v.confidence),
             v.ci_low,
             v.ci_high,
             v.t_ci_low,
@@ -616,7 +600,7 @@ fn print_verdict(report: &FleetAbReport, path: &Path) {
         ),
     );
     if let Some(why) = &v.refused_because {
-        row("no winner because", why.clone());
+        row("refused because", why.clone());
     }
     for pair in &report.pairs {
         row(

@@ -6,7 +6,7 @@ use std::io::IsTerminal as _;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tokwatt::ab::{AbOutcome, AbProgress, AbSummary, Decision};
+use tokwatt::ab::{AbOutcome, AbProgress, AbSummary, Decision, confidence_percent};
 
 /// How often the bar redraws on its own, so that the elapsed time moves during an epoch
 /// that takes minutes.
@@ -92,17 +92,19 @@ fn look_message(look: &AbSummary) -> String {
     let decision = match look.decision {
         Decision::A => "a wins",
         Decision::B => "b wins",
+        Decision::ARefused => "a refused",
+        Decision::BRefused => "b refused",
         Decision::NoDifference => "no difference",
         Decision::Continue => "continue",
     };
     format!(
-        "look {} ({} pairs): B/A {:.4} [{:.4}, {:.4}] at {:.2}%: {decision}",
+        "look {} ({} pairs): B/A {:.4} [{:.4}, {:.4}] at {}: {decision}",
         look.look,
         look.pairs,
         look.ratio_b_over_a,
         look.ci_low,
         look.ci_high,
-        look.confidence * 100.0
+        confidence_percent(look.confidence)
     )
 }
 
@@ -181,7 +183,14 @@ mod tests {
         progress.last_look = Some(look(Decision::B));
         assert_eq!(
             update_message(&progress),
-            "look 2 (8 pairs): B/A 1.0312 [1.0101, 1.0500] at 99.45%: b wins"
+            "look 2 (8 pairs): B/A 1.0312 [1.0101, 1.0500] at 99.45 %: b wins"
+        );
+        // A refused arm is said, and a level just under 100 % is not rounded up to it.
+        let mut refused = look(Decision::BRefused);
+        refused.confidence = 0.99996;
+        assert_eq!(
+            look_message(&refused),
+            "look 2 (8 pairs): B/A 1.0312 [1.0101, 1.0500] at 99.996 %: b refused"
         );
         assert!(look_message(&look(Decision::Continue)).ends_with(": continue"));
     }

@@ -69,6 +69,12 @@ pub struct TuneArgs {
     /// Seeds the simulator (its demand and its board), the arms' order and the policies; every A/B uses it.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Tune for tokens per joule with no latency bound. Without one, the search favours
+    /// the slowest settings of the ranges (the lowest clock or cap that still serves the
+    /// demand), so a spec whose [objective] bounds no latency is refused unless this is
+    /// given.
+    #[arg(long)]
+    without_objective: bool,
     /// Output folder (default: out/tune-POLICY-TIME).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -103,6 +109,7 @@ pub fn tune(args: TuneArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.policy)
         .with_context(|| format!("reading {}", args.policy.display()))?;
     let mut spec = PolicySpec::parse(&args.policy, &text)?;
+    check_objective(&spec, &args.policy, args.without_objective)?;
     if let Some(tick) = args.tick {
         spec.override_tick(tick)?;
     }
@@ -187,6 +194,35 @@ pub fn tune(args: TuneArgs) -> Result<()> {
     Ok(())
 }
 
+/// A search with no latency bound has nothing to hold it back from the slowest settings
+/// (fewer watts per token, however long each token takes): refused with the fix, or, with
+/// `--without-objective`, said once more before it starts.
+fn check_objective(spec: &PolicySpec, path: &Path, without_objective: bool) -> Result<()> {
+    let objective = &spec.objective;
+    if objective.tpot_p99_limit_ms.is_some()
+        || objective.queue_wait_p99_limit_ms.is_some()
+        || objective.ttft_p99_limit_ms.is_some()
+    {
+        return Ok(());
+    }
+    let why = format!(
+        "the spec `{}` ({}) bounds no latency in its [objective] (tpot_p99_limit_ms, \
+         queue_wait_p99_limit_ms or ttft_p99_limit_ms), so nothing holds the search back \
+         from the slowest settings of the ranges: it would pick the lowest clock or cap that \
+         still serves the demand, however long each token takes",
+        spec.name,
+        path.display()
+    );
+    if without_objective {
+        eprintln!("tokwatt: WARNING: {why} (--without-objective)");
+        return Ok(());
+    }
+    bail!(
+        "{why}. Set your service's bound in the spec, e.g. `tpot_p99_limit_ms = 25.0` under \
+         [objective], or pass --without-objective to tune for tokens per joule alone"
+    )
+}
+
 /// A/Bs the search runs if no candidate is dropped: n, ⌈n/η⌉, … down to one left.
 fn planned_runs(candidates: usize, eta: usize) -> usize {
     let mut total = 0;
@@ -235,13 +271,15 @@ fn print_round(round: &tune::Round) {
 fn print_outcome(outcome: &TuneOutcome, out_dir: &Path, tuned: Option<&Path>) {
     let e = &outcome.evidence;
     println!(
-        "winner: {} (simulator output): tokens per joule {:.4}x the spec as given [{:.4}, {:.4}] at {:.2} % over {} pairs; served {:.2} % (reference {:.2} %), violation ticks {} (reference {})",
+        "winner: {} (simulator output): tokens per joule {:.4}x the spec as given [{:.4}, {:.4}] at {} over {} pairs, {} ({}); served {:.2} % (reference {:.2} %), violation ticks {} (reference {})",
         format_params(&outcome.winner),
         e.ratio_b_over_a,
         e.ci_low,
         e.ci_high,
-        e.confidence * 100.0,
+        tokwatt::ab::confidence_percent(e.confidence),
         e.pairs,
+        tune::decision_text(e.decision),
+        e.decision.code(),
         e.served_fraction_winner * 100.0,
         e.served_fraction_reference * 100.0,
         e.violation_ticks_winner,

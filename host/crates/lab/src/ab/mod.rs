@@ -26,4 +26,5 @@ pub use run::{
 pub use sim_work::{SimWork, replicated_span_s};
 pub use stats::{
     AbError, AbSummary, Arm, ArmEpoch, Decision, EpochPair, SequentialPlan, Tolerances, Verdict,
+    confidence_percent, decision_headline,
 };

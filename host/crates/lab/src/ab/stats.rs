@@ -17,7 +17,7 @@ use tokwatt_core::rng::Rng;
 mod compliance;
 
 use compliance::ObjectiveMeans;
-pub use compliance::{Compliance, ObjectiveCheck, ObjectiveGap, objective_check};
+pub use compliance::{Compliance, ObjectiveCheck, ObjectiveGap, objective_check, shortfall_words};
 
 /// One arm's measurement over one epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -107,13 +107,20 @@ pub enum AbError {
     },
 }
 
-/// The outcome of a look. The issue's `ab.json` has `a`, `b` or `no-difference`; `continue`
-/// only appears between looks.
+/// The outcome of a look: `a`, `b`, `a-refused`, `b-refused` or `no-difference` in
+/// `ab.json`; `continue` only appears between looks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Decision {
     A,
     B,
+    /// A has more tokens per joule by both intervals but is not the winner: it does not
+    /// keep the objective as well as B (`refused_because` says how). Named apart from
+    /// `no-difference` because a refused arm is a finding, often a large one, and a
+    /// reader of the decision alone must not take it for "the arms are alike".
+    ARefused,
+    /// As [`Decision::ARefused`], for B.
+    BRefused,
     NoDifference,
     Continue,
 }
@@ -123,6 +130,86 @@ impl Decision {
     pub fn is_final(self) -> bool {
         self != Decision::Continue
     }
+
+    /// The decision that refuses `arm`, the one ahead on tokens per joule.
+    pub fn refused(arm: Arm) -> Self {
+        match arm {
+            Arm::A => Decision::ARefused,
+            Arm::B => Decision::BRefused,
+        }
+    }
+
+    /// The arm ahead on tokens per joule that was refused, if one was.
+    pub fn refused_arm(self) -> Option<Arm> {
+        match self {
+            Decision::ARefused => Some(Arm::A),
+            Decision::BRefused => Some(Arm::B),
+            _ => None,
+        }
+    }
+
+    /// The arm declared the winner, if one was.
+    pub fn winner(self) -> Option<Arm> {
+        match self {
+            Decision::A => Some(Arm::A),
+            Decision::B => Some(Arm::B),
+            _ => None,
+        }
+    }
+
+    /// The decision as `ab.json` writes it (`b-refused`), for the terminal and the reports.
+    pub fn code(self) -> &'static str {
+        match self {
+            Decision::A => "a",
+            Decision::B => "b",
+            Decision::ARefused => "a-refused",
+            Decision::BRefused => "b-refused",
+            Decision::NoDifference => "no-difference",
+            Decision::Continue => "continue",
+        }
+    }
+}
+
+/// A decision in a few words, for a verdict's first line: `B is more efficient`, or for a
+/// refused arm `B refused: more tokens per joule, but it served less demand than a`.
+/// `shortfall`: what the refused arm gave up ([`ObjectiveCheck::shortfall_words`]), where
+/// known.
+pub fn decision_headline(decision: Decision, shortfall: Option<&str>) -> String {
+    match decision {
+        Decision::A => "A is more efficient".to_owned(),
+        Decision::B => "B is more efficient".to_owned(),
+        Decision::ARefused | Decision::BRefused => {
+            let arm = if decision == Decision::ARefused {
+                "A"
+            } else {
+                "B"
+            };
+            format!(
+                "{arm} refused: more tokens per joule, but {}",
+                shortfall.unwrap_or("it does not keep the objective as well as the other arm")
+            )
+        }
+        Decision::NoDifference => "no difference shown".to_owned(),
+        Decision::Continue => "not decided yet".to_owned(),
+    }
+}
+
+/// A confidence level in percent that never rounds up to 100 %: the early looks of a plan
+/// spend a tiny share of α (a 99.99994 % interval), and `100.00 %` would claim a certainty
+/// no interval has. Two decimals where they keep the level below 100, up to four where
+/// needed, and `> 99.9999 %` beyond; `100 %` only for a level of exactly 1.
+pub fn confidence_percent(confidence: f64) -> String {
+    if !confidence.is_finite() {
+        return "n/a".to_owned();
+    }
+    if confidence >= 1.0 {
+        return "100 %".to_owned();
+    }
+    let percent = confidence * 100.0;
+    (2..=4)
+        .map(|decimals| format!("{percent:.decimals$}"))
+        .find(|shown| shown.parse::<f64>().is_ok_and(|value| value < 100.0))
+        .map_or_else(|| "> 99.9999 %".to_owned(), |shown| format!("{shown} %"))
 }
 
 /// How much an arm may give up on the objective and still win on tokens per joule.
@@ -172,6 +259,19 @@ pub struct AbSummary {
     /// The objective rule's reading of the arm that won on tokens per joule, if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub objective: Option<ObjectiveCheck>,
+}
+
+impl AbSummary {
+    /// The look's decision in a few words, a refused arm named as refused with what it
+    /// gave up ([`decision_headline`]).
+    pub fn decision_headline(&self) -> String {
+        let shortfall = self
+            .decision
+            .refused_arm()
+            .and(self.objective.as_ref())
+            .and_then(ObjectiveCheck::shortfall_words);
+        decision_headline(self.decision, shortfall.as_deref())
+    }
 }
 
 /// The verdict of one look.
@@ -360,7 +460,7 @@ impl SequentialPlan {
             (Some(winner), Some(check)) => match check.compliance {
                 // A refused winner is final: more pairs would not make it keep the objective.
                 Compliance::Breaks => (
-                    Decision::NoDifference,
+                    Decision::refused(winner),
                     Some(format!(
                         "{winner} has more tokens per joule but does not win: {}",
                         check

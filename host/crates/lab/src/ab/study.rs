@@ -55,6 +55,8 @@ pub struct StudyResult {
     pub decided_a: usize,
     pub decided_b: usize,
     pub no_difference: usize,
+    /// Comparisons whose arm ahead on tokens per joule was refused on the objective.
+    pub refused: usize,
     /// Mean pairs a comparison ran before it stopped.
     pub mean_pairs: f64,
     /// Median of the comparisons' final ratio B/A.
@@ -141,6 +143,10 @@ pub fn run_study(study: &Study) -> Result<StudyResult, AbRunError> {
         decided_a: count(Decision::A),
         decided_b: count(Decision::B),
         no_difference: count(Decision::NoDifference),
+        refused: results
+            .iter()
+            .filter(|r| r.0.refused_arm().is_some())
+            .count(),
         mean_pairs: results.iter().map(|r| r.1 as f64).sum::<f64>() / n.max(1) as f64,
         median_ratio: if n == 0 { f64::NAN } else { ratios[n / 2] },
         simulated_time_s: results.iter().map(|r| r.3).sum(),

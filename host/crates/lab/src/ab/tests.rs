@@ -3,7 +3,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may unwrap
 
 use super::stats::{
-    DEFAULT_ALPHA, DEFAULT_BUDGET, bootstrap_interval, student_t_upper_quantile, t_interval,
+    DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_SIM_BUDGET, bootstrap_interval,
+    student_t_upper_quantile, t_interval,
 };
 use super::*;
 use tokwatt_core::rng::Rng;
@@ -56,7 +57,8 @@ fn decision_rates(ratio: f64, experiments: u64) -> (f64, f64, f64) {
         match run_plan(&plan, &pairs).decision {
             Decision::A => a += 1,
             Decision::B => b += 1,
-            Decision::NoDifference => none += 1,
+            // No winner, refused or not: both arms keep the objective alike here.
+            Decision::NoDifference | Decision::ARefused | Decision::BRefused => none += 1,
             Decision::Continue => unreachable!(),
         }
     }
@@ -133,15 +135,27 @@ fn a_tpj_winner_that_serves_less_is_refused() {
     }
     let plan = SequentialPlan::new(DEFAULT_BUDGET, DEFAULT_ALPHA, 3).unwrap();
     let verdict = run_plan(&plan, &pairs);
-    assert_eq!(verdict.decision, Decision::NoDifference);
+    // Named as refused, not as "no difference": B is 10 % ahead.
+    assert_eq!(verdict.decision, Decision::BRefused);
+    assert_eq!(verdict.decision.refused_arm(), Some(stats::Arm::B));
+    assert_eq!(verdict.decision.winner(), None);
     assert!(
         verdict.summary.ci_low > 1.0,
         "B did win on tokens per joule"
     );
-    let why = verdict.summary.refused_because.expect("a reason");
+    let why = verdict.summary.refused_because.clone().expect("a reason");
     assert!(why.starts_with("b has more tokens per joule"), "{why}");
     assert!(why.contains("served 97.00 %"), "{why}");
     assert!(!why.contains("violated"), "{why}");
+    assert_eq!(
+        verdict.summary.decision_headline(),
+        "B refused: more tokens per joule, but it served less demand than A"
+    );
+    assert_eq!(
+        serde_json::to_value(verdict.decision).unwrap(),
+        serde_json::json!("b-refused")
+    );
+    assert_eq!(verdict.decision.code(), "b-refused");
 }
 
 #[test]
@@ -153,7 +167,11 @@ fn a_tpj_winner_that_violates_more_is_refused_and_a_small_slip_is_tolerated() {
     }
     let plan = SequentialPlan::new(DEFAULT_BUDGET, DEFAULT_ALPHA, 4).unwrap();
     let verdict = run_plan(&plan, &pairs);
-    assert_eq!(verdict.decision, Decision::NoDifference);
+    assert_eq!(verdict.decision, Decision::BRefused);
+    assert_eq!(
+        verdict.summary.decision_headline(),
+        "B refused: more tokens per joule, but it violated the objective on more ticks than A"
+    );
     let why = verdict.summary.refused_because.expect("a reason");
     assert!(why.contains("violated the objective on 3.00 %"), "{why}");
     assert_eq!(verdict.summary.violation_rate_b, 0.03);
@@ -268,7 +286,7 @@ fn a_winner_within_the_noise_of_the_objective_waits_for_more_pairs_then_wins() {
         pair.b.violation_ticks = 6;
     }
     let verdict = run_plan(&plan, &pairs);
-    assert_eq!(verdict.decision, Decision::NoDifference);
+    assert_eq!(verdict.decision, Decision::BRefused);
     let why = verdict.summary.refused_because.expect("refused");
     assert!(why.contains("(1.00 points more on average"), "{why}");
 }
@@ -282,7 +300,7 @@ fn the_objective_rule_is_symmetric() {
     }
     let plan = SequentialPlan::new(DEFAULT_BUDGET, DEFAULT_ALPHA, 6).unwrap();
     let verdict = run_plan(&plan, &pairs);
-    assert_eq!(verdict.decision, Decision::NoDifference);
+    assert_eq!(verdict.decision, Decision::ARefused);
     let why = verdict.summary.refused_because.expect("a reason");
     assert!(why.starts_with("a has more tokens per joule"), "{why}");
 }
@@ -430,4 +448,21 @@ fn the_summary_serialises_with_the_issues_keys() {
         assert!(json.get(key).is_some(), "{key} missing from {json}");
     }
     assert_eq!(json["decision"], "b");
+}
+
+#[test]
+fn a_confidence_level_is_never_printed_as_100_percent() {
+    // The default plan's early looks spend a tiny α: their levels sit just under 100 %.
+    assert_eq!(confidence_percent(0.98), "98.00 %");
+    assert_eq!(confidence_percent(0.994_53), "99.45 %");
+    assert_eq!(confidence_percent(0.999_96), "99.996 %");
+    assert_eq!(confidence_percent(0.999_999_4), "99.9999 %");
+    assert_eq!(confidence_percent(0.999_999_6), "> 99.9999 %");
+    let plan = SequentialPlan::new(DEFAULT_SIM_BUDGET, DEFAULT_ALPHA, 0).unwrap();
+    for alpha in plan.alpha_at_look() {
+        let shown = confidence_percent(1.0 - alpha);
+        assert!(!shown.starts_with("100"), "{alpha}: {shown}");
+    }
+    assert_eq!(confidence_percent(1.0), "100 %");
+    assert_eq!(confidence_percent(f64::NAN), "n/a");
 }

@@ -29,8 +29,10 @@ use tokwatt_policy::spec::PolicySpec;
 #[cfg(test)]
 mod tests;
 
-/// Version of `tune.json`'s layout.
-pub const TUNE_FORMAT_VERSION: u32 = 1;
+/// Version of `tune.json`'s layout. 2: a candidate (or reference) ahead on tokens per
+/// joule but refused on the objective has a decision of its own (`b-refused`,
+/// `a-refused`) where 1 wrote `no-difference`.
+pub const TUNE_FORMAT_VERSION: u32 = 2;
 /// The most candidates a search takes: beyond this, narrow the ranges or coarsen the steps.
 pub const MAX_CANDIDATES: usize = 4096;
 /// The ranges' values a numeric range may hold before it is refused as a typo.
@@ -925,10 +927,10 @@ pub fn report_html(outcome: &TuneOutcome) -> String {
             format_params(&outcome.winner),
             format!("{:.4}", e.ratio_b_over_a),
             format!(
-                "{:.4} – {:.4} ({:.1} %)",
+                "{:.4} – {:.4} ({})",
                 e.ci_low,
                 e.ci_high,
-                e.confidence * 100.0
+                super::stats::confidence_percent(e.confidence)
             ),
             decision_text(e.decision),
             e.pairs.to_string(),
@@ -1023,10 +1025,14 @@ pub fn report_html(outcome: &TuneOutcome) -> String {
     page.finish()
 }
 
-fn decision_text(decision: Decision) -> String {
+/// A candidate's decision against the reference (arm A) in a few words; a refused arm is
+/// named as refused, never as "no difference".
+pub fn decision_text(decision: Decision) -> String {
     match decision {
         Decision::A => "reference better",
         Decision::B => "candidate better",
+        Decision::ARefused => "reference refused: more tokens per joule, breaks the objective",
+        Decision::BRefused => "candidate refused: more tokens per joule, breaks the objective",
         Decision::NoDifference => "no difference",
         Decision::Continue => "undecided",
     }

@@ -12,8 +12,10 @@ use crate::ab::Arm;
 
 /// Version of `fleet-ab.json`'s layout. Keys added without a change of meaning (the power
 /// domains frozen, each node's grants) keep it: a reader that knows version 1 ignores
-/// them, and one that wants them finds them absent in an older file.
-pub const FLEET_AB_FORMAT_VERSION: u32 = 1;
+/// them, and one that wants them finds them absent in an older file. 2: an arm ahead on
+/// tokens per joule but refused (on the objective, or on unknown demand) has a decision
+/// of its own (`a-refused`, `b-refused`) where 1 wrote `no-difference`.
+pub const FLEET_AB_FORMAT_VERSION: u32 = 2;
 
 /// One node's half.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

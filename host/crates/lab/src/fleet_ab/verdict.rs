@@ -154,6 +154,30 @@ pub struct FleetVerdict {
     pub objective: Option<ObjectiveReading>,
 }
 
+impl FleetVerdict {
+    /// The decision in a few words, a refused arm named as refused with what it gave up,
+    /// or that its served demand is unknown.
+    pub fn decision_headline(&self) -> String {
+        let shortfall = self.decision.refused_arm().and_then(|arm| {
+            let reading = self.objective.as_ref();
+            reading
+                .and_then(|r| {
+                    crate::ab::stats::shortfall_words(r.arm, r.served.as_ref(), &r.violations)
+                })
+                .or_else(|| {
+                    reading.is_some_and(|r| r.served.is_none()).then(|| {
+                        let other = match arm {
+                            Arm::A => "B",
+                            Arm::B => "A",
+                        };
+                        format!("whether it served less demand than {other} is unknown")
+                    })
+                })
+        });
+        crate::ab::stats::decision_headline(self.decision, shortfall.as_deref())
+    }
+}
+
 /// The verdict over `pairs` at false-positive rate `alpha`: one look of `tokwatt ab`'s
 /// plan. Where served demand is unknown on the nodes `demand_unknown_on`, a winner on
 /// tokens per joule is refused (it might have served less) unless
@@ -183,7 +207,7 @@ pub fn verdict(
         (more_tokens_per_joule, demand_known, accept_unknown_demand)
         && matches!(decision, Decision::A | Decision::B)
     {
-        decision = Decision::NoDifference;
+        decision = Decision::refused(winner);
         refused_because = Some(format!(
             "{winner} has more tokens per joule, but served demand is unknown on {} (no \
              tokwatt_gpu_tokens_demanded_total: the workload does not report its demand), so \

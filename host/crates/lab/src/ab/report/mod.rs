@@ -17,7 +17,7 @@ pub use plots::round_field_section;
 use plots::{epoch_strip_svg, looks_svg, pair_ratio_chart, timeline_charts, trajectories_chart};
 
 use super::run::{AbOutcome, EpochRecord, Mode};
-use super::stats::{AbSummary, Arm, Decision};
+use super::stats::{AbSummary, Arm, Decision, confidence_percent};
 use tokwatt_core::types::Objective;
 use tokwatt_report::{Page, RUN_REPORT_FILE, ReportError};
 
@@ -55,7 +55,7 @@ pub fn ab_report(outcome: &AbOutcome) -> Result<String, ReportError> {
     page.table(&["", "value"], &headline_rows(outcome));
     if let Some(why) = &outcome.refused_because {
         page.notice(&format!(
-            "An arm won on tokens per joule but was refused as the winner: {why}"
+            "The arm ahead on tokens per joule was refused as the winner: {why}"
         ));
     }
     if let Some(why) = outcome.winner_gave_up_within_noise() {
@@ -233,12 +233,7 @@ fn data_source_line(outcome: &AbOutcome) -> String {
 }
 
 fn decision_code(decision: Decision) -> &'static str {
-    match decision {
-        Decision::A => "a",
-        Decision::B => "b",
-        Decision::NoDifference => "no-difference",
-        Decision::Continue => "continue",
-    }
+    decision.code()
 }
 
 /// The verdict in one sentence.
@@ -248,7 +243,7 @@ fn decision_words(outcome: &AbOutcome) -> String {
     let interval = format!(
         "ratio B/A {}, {} interval {} to {}",
         number(ratio, 4),
-        percent(outcome.confidence, 2),
+        confidence_percent(outcome.confidence),
         number(outcome.ci_low, 4),
         number(outcome.ci_high, 4)
     );
@@ -261,16 +256,25 @@ fn decision_words(outcome: &AbOutcome) -> String {
             "A wins: {a} made {} more tokens per joule than {b} ({interval}).",
             percent(1.0 / ratio - 1.0, 2)
         ),
-        Decision::NoDifference => match &outcome.refused_because {
-            Some(_) => format!(
-                "No winner: the arm ahead on tokens per joule gave up too much of the \
-                 objective ({interval})."
-            ),
-            None => format!(
-                "No difference: the interval does not exclude 1, so neither arm is shown to be \
-                 more efficient ({interval})."
-            ),
-        },
+        Decision::ARefused | Decision::BRefused => {
+            let (arm, name, other, more) = if outcome.decision == Decision::BRefused {
+                ("B", b, a, ratio - 1.0)
+            } else {
+                ("A", a, b, 1.0 / ratio - 1.0)
+            };
+            format!(
+                "{arm} refused: {name} made {} more tokens per joule than {other}, but {}, so \
+                 it is not the winner ({interval}).",
+                percent(more, 2),
+                outcome.refusal_shortfall().unwrap_or_else(|| {
+                    "it does not keep the objective as well as the other arm".to_owned()
+                })
+            )
+        }
+        Decision::NoDifference => format!(
+            "No difference: the interval does not exclude 1, so neither arm is shown to be \
+             more efficient ({interval})."
+        ),
         Decision::Continue => format!("Undecided: the run ended between looks ({interval})."),
     }
 }
@@ -352,7 +356,7 @@ fn headline_rows(outcome: &AbOutcome) -> Vec<Vec<String>> {
                 "{} to {} at {} confidence",
                 number(outcome.ci_low, 4),
                 number(outcome.ci_high, 4),
-                percent(outcome.confidence, 2)
+                confidence_percent(outcome.confidence)
             ),
         ),
     ];
@@ -537,7 +541,9 @@ fn plan_words(outcome: &AbOutcome) -> String {
          so stopping at any look keeps the false-positive rate at or below α. A winner needs \
          both intervals of its look to exclude 1 and must not serve less or violate the \
          objective more than the other arm beyond the tolerances. Thick bar: the bootstrap \
-         interval; thin bar below it: the t interval.",
+         interval; thin bar below it: the t interval; an arrow at the frame: an interval that \
+         runs on beyond the axis (the early looks spend little α, so their intervals are \
+         wide; the table gives every end).",
         looks.join(", "),
         spent.join(", "),
         number(outcome.alpha, 4)
@@ -555,7 +561,7 @@ fn look_row(look: &AbSummary) -> Vec<String> {
             number(look.t_ci_low, 4),
             number(look.t_ci_high, 4)
         ),
-        percent(look.confidence, 3),
+        confidence_percent(look.confidence),
         decision_code(look.decision).to_owned(),
         format!(
             "{} / {}",

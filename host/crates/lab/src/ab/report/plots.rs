@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::super::run::{AbOutcome, TickPoint};
-use super::super::stats::Arm;
-use super::{arm_epochs, arm_tokens_per_joule, decision_code, number, percent};
+use super::super::stats::{Arm, confidence_percent};
+use super::{arm_epochs, arm_tokens_per_joule, decision_code, number};
 use tokwatt_report::chart::Axis;
 use tokwatt_report::{LineChart, Series, escape};
 
@@ -300,7 +300,7 @@ pub(super) fn looks_svg(outcome: &AbOutcome) -> String {
             note: format!(
                 "{} at {}: {}",
                 number(look.ratio_b_over_a, 4),
-                percent(look.confidence, 2),
+                confidence_percent(look.confidence),
                 decision_code(look.decision)
             ),
         })
@@ -348,24 +348,77 @@ pub(super) struct RowPlot {
 }
 
 pub(super) const PLOT_WIDTH: f64 = 640.0;
+/// The plotting area keeps at least this width however long the labels: the page grows
+/// instead (the report scrolls sideways before a chart gets too narrow to read).
+pub(super) const MIN_PLOT_AREA: f64 = 360.0;
 pub(super) const ROW_HEIGHT: f64 = 30.0;
 pub(super) const TOP: f64 = 42.0;
 pub(super) const BOTTOM: f64 = 44.0;
-/// Approximate width of one character of 12 px sans-serif text, for layout.
-pub(super) const CHAR_WIDTH: f64 = 6.6;
+/// Width of one character of 12 px sans-serif text, for layout: generous (0.6 em; most
+/// letters and digits are 0.5-0.56 em), so that a label sized by it is never cut off.
+pub(super) const CHAR_WIDTH: f64 = 7.2;
+/// How far beyond the marks (estimates, dots, the reference line and the narrowest
+/// interval) an interval may widen the axis, in widths of that core. A wider one is
+/// clipped at the frame and marked with an arrow: the early looks' t intervals at a tiny
+/// α run from 0.06 to 39 when the verdict's lies within 1.44-1.54, and an axis covering
+/// them draws every interval a pixel wide.
+pub(super) const INTERVAL_REACH: f64 = 1.5;
+
+/// The smallest and largest finite value, if any.
+fn hull(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    values
+        .filter(|v| v.is_finite())
+        .fold(None, |acc, v| match acc {
+            None => Some((v, v)),
+            Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
+        })
+}
 
 impl RowPlot {
+    /// The range the axis covers: the estimates, the dots, the reference line, the
+    /// narrowest interval, and every interval end within [`INTERVAL_REACH`] of them;
+    /// `None` where the rows hold no finite value at all.
+    fn axis_range(&self) -> Option<(f64, f64)> {
+        let intervals = || self.rows.iter().flat_map(|r| r.intervals.iter());
+        let ends = || intervals().flat_map(|i| [i.low, i.high]);
+        let marks = || {
+            self.rows
+                .iter()
+                .flat_map(|r| r.dots.iter().copied().chain(r.point))
+        };
+        // The reference line widens the axis to include it, but is no data by itself.
+        hull(marks().chain(ends()))?;
+        let narrowest = intervals()
+            .filter(|i| i.low.is_finite() && i.high.is_finite() && i.low <= i.high)
+            .min_by(|x, y| (x.high - x.low).total_cmp(&(y.high - y.low)));
+        let reference = self.reference.map(|(x, _)| x);
+        let (lo, hi) = hull(
+            marks()
+                .chain(reference)
+                .chain(narrowest.into_iter().flat_map(|i| [i.low, i.high])),
+        )
+        .or_else(|| hull(ends()))?;
+        // A flat core (an A/A, every estimate at 1) still lets intervals of a percent in.
+        let span = (hi - lo).max(lo.abs().max(hi.abs()) * 0.01);
+        let (reach_lo, reach_hi) = (lo - INTERVAL_REACH * span, hi + INTERVAL_REACH * span);
+        hull(
+            [lo, hi]
+                .into_iter()
+                .chain(ends().filter(|v| (reach_lo..=reach_hi).contains(v))),
+        )
+    }
+
     fn to_svg(&self) -> String {
+        // Each column as wide as its longest text, so that no label is cut off.
         let text_width = |texts: &mut dyn Iterator<Item = &String>| {
             texts
                 .map(|t| t.chars().count() as f64 * CHAR_WIDTH)
-                .fold(0.0, f64::max)
-                .clamp(40.0, 220.0)
+                .fold(40.0, f64::max)
         };
         let left = text_width(&mut self.rows.iter().map(|r| &r.label)) + 16.0;
         let right = text_width(&mut self.rows.iter().map(|r| &r.note)) + 16.0;
         let plot_left = left;
-        let plot_width = (PLOT_WIDTH - left - right).max(120.0);
+        let plot_width = (PLOT_WIDTH - left - right).max(MIN_PLOT_AREA);
         let width = plot_left + plot_width + right;
         let plot_height = ROW_HEIGHT * self.rows.len().max(1) as f64;
         let height = TOP + plot_height + BOTTOM;
@@ -375,26 +428,7 @@ impl RowPlot {
             svg,
             r##"<svg xmlns="http://www.w3.org/2000/svg" class="chart row-plot" viewBox="0 0 {width:.0} {height:.0}" width="{width:.0}" height="{height:.0}" role="img" aria-label="{title}" font-family="sans-serif" font-size="12"><title>{title}</title><text x="{plot_left:.0}" y="17" font-size="14" font-weight="bold">{title}</text><rect x="{plot_left:.1}" y="{TOP}" width="{plot_width:.1}" height="{plot_height:.1}" fill="#fff" stroke="#bbb"/>"##,
         );
-        let values = self
-            .rows
-            .iter()
-            .flat_map(|r| {
-                r.dots
-                    .iter()
-                    .copied()
-                    .chain(r.point)
-                    .chain(r.intervals.iter().flat_map(|i| [i.low, i.high]))
-            })
-            .filter(|v| v.is_finite());
-        let data_range = values.fold(None, |acc: Option<(f64, f64)>, v| match acc {
-            None => Some((v, v)),
-            Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
-        });
-        // The reference line widens the axis to include it, but is no data by itself.
-        let Some((min, max)) = data_range.map(|(lo, hi)| match self.reference {
-            Some((x, _)) if x.is_finite() => (lo.min(x), hi.max(x)),
-            _ => (lo, hi),
-        }) else {
+        let Some((min, max)) = self.axis_range() else {
             let _ = write!(
                 svg,
                 r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#777">no data</text></svg>"##,
@@ -444,7 +478,9 @@ impl RowPlot {
                 escape(&row.label)
             );
             for interval in &row.intervals {
-                if !(interval.low.is_finite() && interval.high.is_finite()) {
+                // An unbounded end (infinite) is drawn to the frame like a clipped one;
+                // an end that is no number at all is not drawn.
+                if interval.low.is_nan() || interval.high.is_nan() {
                     continue;
                 }
                 let (y, stroke) = if interval.thick {
@@ -452,14 +488,38 @@ impl RowPlot {
                 } else {
                     (mid + 7.0, 1.5)
                 };
+                let low = interval.low.clamp(axis.lo, axis.hi);
+                let high = interval.high.clamp(axis.lo, axis.hi);
                 let _ = write!(
                     svg,
                     r##"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{colour}" stroke-width="{stroke}" stroke-opacity="0.6"><title>{} to {}</title></line>"##,
-                    to_x(interval.low),
-                    to_x(interval.high),
+                    to_x(low),
+                    to_x(high),
                     number(interval.low, 4),
                     number(interval.high, 4)
                 );
+                // An arrow at the frame where the interval runs on beyond the axis.
+                for (clipped, edge, outward, end) in [
+                    (interval.low < axis.lo, axis.lo, -1.0, interval.low),
+                    (interval.high > axis.hi, axis.hi, 1.0, interval.high),
+                ] {
+                    if !clipped {
+                        continue;
+                    }
+                    let tip = to_x(edge);
+                    let back = tip - outward * 7.0;
+                    let _ = write!(
+                        svg,
+                        r##"<polygon class="clipped" points="{tip:.1},{y:.1} {back:.1},{:.1} {back:.1},{:.1}" fill="{colour}"><title>continues beyond the axis to {}</title></polygon>"##,
+                        y - 4.5,
+                        y + 4.5,
+                        if end.is_finite() {
+                            number(end, 4)
+                        } else {
+                            "infinity (unbounded)".to_owned()
+                        }
+                    );
+                }
             }
             for (i, dot) in row.dots.iter().enumerate() {
                 if !dot.is_finite() {

@@ -1,7 +1,7 @@
 use super::plots::{ARM_B_COLOUR, FADED_COLOUR};
 use super::*;
 use crate::ab::run::{AB_FORMAT_VERSION, ArmInfo, Schedule, TickPoint};
-use crate::ab::stats::{ArmEpoch, EpochPair};
+use crate::ab::stats::{ArmEpoch, Compliance, EpochPair, ObjectiveCheck, ObjectiveGap};
 use tokwatt_agent::assembly::RunMeta;
 use tokwatt_report::chart::Axis;
 
@@ -219,7 +219,7 @@ fn assert_common(html: &str, outcome: &AbOutcome) {
     assert!(html.contains("B wins: &lt;script&gt;"), "decision in words");
     assert!(html.contains("4.17% more tokens per joule"), "the gain");
     assert!(html.contains(">1.0417<"), "ratio");
-    assert!(html.contains("1.0213 to 1.0625 at 99.22% confidence"));
+    assert!(html.contains("1.0213 to 1.0625 at 99.22 % confidence"));
     assert!(html.contains("1.0198 to 1.0641"), "t interval");
     assert!(
         html.contains("8 of a budget of 16"),
@@ -337,14 +337,39 @@ fn each_trajectory_is_a_line_and_the_estimand_and_spread_are_stated() {
 #[test]
 fn refusals_no_difference_and_interruptions_are_said_in_words() {
     let mut outcome = outcome(1, 4, true);
-    outcome.decision = Decision::NoDifference;
+    outcome.decision = Decision::BRefused;
     outcome.refused_because = Some("b served 1.2 points less <than a>".to_owned());
     outcome.interrupted = true;
     let html = ab_report(&outcome).expect("report");
-    assert!(html.contains("<td>decision</td><td>no-difference</td>"));
-    assert!(html.contains("No winner:"));
+    // The refused arm is named as refused, in the decision and in words, never as "no
+    // difference": it is 4 % ahead on tokens per joule.
+    assert!(html.contains("<td>decision</td><td>b-refused</td>"));
+    assert!(
+        html.contains("B refused: ") && html.contains("4.17% more tokens per joule than"),
+        "{html}"
+    );
+    assert!(html.contains("it does not keep the objective as well as the other arm"));
+    assert!(!html.contains("No difference"));
     assert!(html.contains("refused as the winner: b served 1.2 points less &lt;than a&gt;"));
     assert!(html.contains("The run was interrupted"));
+    // With the deciding look's reading of the objective, what B gave up is said.
+    let gap = |mean: f64, low: f64| ObjectiveGap {
+        mean,
+        low: Some(low),
+        tolerance: 0.005,
+    };
+    if let Some(last) = outcome.looks.last_mut() {
+        last.objective = Some(ObjectiveCheck {
+            arm: Arm::B,
+            served: gap(0.012, 0.006),
+            violations: gap(0.0, -0.01),
+            compliance: Compliance::Breaks,
+            because: Some("b served less".to_owned()),
+        });
+    }
+    let html = ab_report(&outcome).expect("report");
+    assert!(html.contains("but it served less demand than A, so it is not the winner"));
+    outcome.decision = Decision::NoDifference;
     outcome.refused_because = None;
     let html = ab_report(&outcome).expect("report");
     assert!(html.contains("No difference: the interval does not exclude 1"));
@@ -473,4 +498,78 @@ fn the_reference_line_sits_at_one() {
         !labels.iter().any(|l| l == "-0" || l == "-0.0"),
         "{labels:?}"
     );
+}
+
+/// `(x1, x2)` of every `<line>` drawn with `stroke-width="{width}"` (the intervals).
+fn line_spans(svg: &str, width: &str) -> Vec<(f64, f64)> {
+    let attribute = |line: &str, name: &str| -> f64 {
+        let start = line.find(&format!(" {name}=\"")).expect(name) + name.len() + 3;
+        let end = start + line[start..].find('"').expect("closing quote");
+        line[start..end].parse().expect("a number")
+    };
+    svg.split("<line")
+        .skip(1)
+        .filter(|line| line.contains(&format!("stroke-width=\"{width}\"")))
+        .map(|line| (attribute(line, "x1"), attribute(line, "x2")))
+        .collect()
+}
+
+#[test]
+fn the_looks_chart_is_scaled_to_the_intervals_and_marks_those_it_clips() {
+    // The issue's run: the first look's t interval at α ≈ 8e-8 runs from 0.056 to 39.
+    let mut outcome = outcome(1, 8, true);
+    let mut first = look(1, 4, Decision::Continue);
+    (first.ratio_b_over_a, first.ci_low, first.ci_high) = (1.4814, 1.4432, 1.5113);
+    (first.t_ci_low, first.t_ci_high) = (0.0560, 39.1889);
+    let mut second = look(2, 8, Decision::BRefused);
+    (second.ratio_b_over_a, second.ci_low, second.ci_high) = (1.4974, 1.4481, 1.5434);
+    (second.t_ci_low, second.t_ci_high) = (1.2770, 1.7558);
+    outcome.looks = vec![first, second];
+    let svg = super::plots::looks_svg(&outcome);
+    // Each bootstrap interval (thick) is drawn tens of pixels wide, not one.
+    let thick = line_spans(&svg, "4");
+    assert_eq!(thick.len(), 2, "{svg}");
+    for (x1, x2) in &thick {
+        assert!(x2 - x1 > 20.0, "{thick:?}");
+    }
+    // The first look's t interval is clipped at both ends of the frame, and says so.
+    assert_eq!(svg.matches("class=\"clipped\"").count(), 2, "{svg}");
+    assert!(svg.contains("continues beyond the axis to 39.1889"));
+    assert!(svg.contains("continues beyond the axis to 0.0560"));
+    // The second look's t interval fits and is drawn whole.
+    assert!(svg.contains("<title>1.2770 to 1.7558</title>"));
+    // No tick anywhere near 39.
+    assert!(!svg.contains(">40<") && !svg.contains(">20<"), "{svg}");
+
+    // An unbounded interval is clipped and marked too.
+    outcome.looks[0].t_ci_high = f64::INFINITY;
+    let svg = super::plots::looks_svg(&outcome);
+    assert!(svg.contains("continues beyond the axis to infinity (unbounded)"));
+    assert!(!svg.contains("inf<") && !svg.contains("NaN"), "{svg}");
+}
+
+#[test]
+fn a_round_field_sizes_its_label_column_to_the_longest_label() {
+    let long = "power_cap_w=450, sm_clock_max_mhz=1300, batch_target=64 (not compliant)";
+    let field = vec![
+        ("power_cap_w=350".to_owned(), 1.02, 1.01, 1.03, true),
+        (long.to_owned(), 1.05, 1.03, 1.07, false),
+    ];
+    let svg = round_field_section("Round 1", &field);
+    // The labels end 8 px left of the frame, right-aligned: the frame must start far
+    // enough right for the longest of them at 0.6 em a character.
+    let frame = svg.split("<rect").nth(1).expect("the frame");
+    let start = frame.find(" x=\"").expect("x") + 4;
+    let end = start + frame[start..].find('"').expect("quote");
+    let frame_left: f64 = frame[start..end].parse().expect("number");
+    assert!(
+        frame_left - 8.0 >= long.chars().count() as f64 * 7.2,
+        "{frame_left}"
+    );
+    // And the plotting area keeps its width.
+    let width = frame.split("width=\"").nth(1).expect("width");
+    let width: f64 = width[..width.find('"').expect("quote")]
+        .parse()
+        .expect("number");
+    assert!(width >= 360.0, "{width}");
 }

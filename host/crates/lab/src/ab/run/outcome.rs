@@ -15,8 +15,10 @@ use tokwatt_core::types::{InForce, Objective};
 use tokwatt_policy::spec::PolicySpec;
 
 /// Version of `ab.json`'s layout. 2: every epoch is an independent trajectory (a fresh
-/// instance), and the outcome states its estimand and the spread within each arm.
-pub const AB_FORMAT_VERSION: u32 = 2;
+/// instance), and the outcome states its estimand and the spread within each arm. 3: an
+/// arm ahead on tokens per joule but refused on the objective has a decision of its own
+/// (`a-refused`, `b-refused`) where 2 wrote `no-difference`.
+pub const AB_FORMAT_VERSION: u32 = 3;
 
 /// The parts of an epoch, in ticks of the arms' common tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -317,6 +319,20 @@ impl AbOutcome {
         (check.compliance == crate::ab::stats::Compliance::Unresolved)
             .then_some(check.because.as_deref())
             .flatten()
+    }
+}
+
+impl AbOutcome {
+    /// Where an arm was refused, what it gave up in a few words (`it served less demand
+    /// than A`), from the deciding look's reading of the objective.
+    pub fn refusal_shortfall(&self) -> Option<String> {
+        self.decision.refused_arm()?;
+        self.looks.last()?.objective.as_ref()?.shortfall_words()
+    }
+
+    /// The decision in a few words, a refused arm named as refused.
+    pub fn decision_headline(&self) -> String {
+        crate::ab::stats::decision_headline(self.decision, self.refusal_shortfall().as_deref())
     }
 }
 

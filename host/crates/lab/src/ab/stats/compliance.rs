@@ -123,6 +123,38 @@ pub struct ObjectiveCheck {
     pub because: Option<String>,
 }
 
+impl ObjectiveCheck {
+    /// The parts of the objective the arm is shown to break, in a few words (`it served
+    /// less demand than a`), or `None` where it breaks none.
+    pub fn shortfall_words(&self) -> Option<String> {
+        shortfall_words(self.arm, Some(&self.served), &self.violations)
+    }
+}
+
+/// The parts of the objective `arm` is shown to break, in a few words for a verdict's
+/// headline (the gaps' figures are in [`ObjectiveCheck::because`]); `served` is `None`
+/// where served demand was not checked. `None` where it breaks neither.
+pub fn shortfall_words(
+    arm: Arm,
+    served: Option<&ObjectiveGap>,
+    violations: &ObjectiveGap,
+) -> Option<String> {
+    // Upper case, as the headline names the arms.
+    let other = match arm {
+        Arm::A => "B",
+        Arm::B => "A",
+    };
+    let breaks = |gap: &ObjectiveGap| gap.compliance() == Compliance::Breaks;
+    let mut parts = Vec::new();
+    if served.is_some_and(breaks) {
+        parts.push(format!("served less demand than {other}"));
+    }
+    if breaks(violations) {
+        parts.push(format!("violated the objective on more ticks than {other}"));
+    }
+    (!parts.is_empty()).then(|| format!("it {}", parts.join(" and ")))
+}
+
 /// Judges `arm` against the other arm over `pairs` at false-positive rate `alpha` (see
 /// [`Compliance`]).
 pub fn objective_check(

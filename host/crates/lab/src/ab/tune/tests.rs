@@ -243,3 +243,100 @@ fn the_objective_ranks_first_and_a_breaking_survivor_gives_its_place_to_the_rese
     assert!(next.is_empty());
     assert_eq!(promoted, 0);
 }
+
+#[test]
+fn the_report_names_a_refused_candidate_as_refused_and_shows_its_whole_label() {
+    let long_params = vec![
+        ("power_cap_w".to_owned(), "450".to_owned()),
+        ("sm_clock_max_mhz".to_owned(), "1300".to_owned()),
+    ];
+    let mut refused = ranked("x", 1.4974, Compliance::Breaks);
+    refused.params = long_params.clone();
+    refused.decision = Decision::BRefused;
+    refused.not_compliant_because = Some("candidate served less".to_owned());
+    let schedule = Schedule {
+        cooldown_ticks: 2,
+        settle_ticks: 0,
+        warmup_ticks: 30,
+        measure_ticks: 15,
+    };
+    let outcome = TuneOutcome {
+        format_version: TUNE_FORMAT_VERSION,
+        policy: "static".to_owned(),
+        spec: "policies/static.toml".to_owned(),
+        reference_params: Vec::new(),
+        ranges: Vec::new(),
+        candidates: 1,
+        eta: 3,
+        first_round_pairs: 2,
+        alpha: 0.02,
+        tolerances: Tolerances::default(),
+        schedule,
+        tick_ms: 1000,
+        seed: 1,
+        rounds: vec![Round {
+            round: 1,
+            pairs_budget: 8,
+            seed: 1,
+            candidates: vec![refused],
+            dropped: Vec::new(),
+            kept: 0,
+            promoted: 0,
+            simulated_time_s: 10.0,
+        }],
+        winner: long_params.clone(),
+        winner_spec_params: long_params,
+        evidence: Evidence {
+            ratio_b_over_a: 1.4974,
+            ci_low: 1.4481,
+            ci_high: 1.5434,
+            confidence: 0.999_96,
+            decision: Decision::BRefused,
+            pairs: 8,
+            served_fraction_reference: 0.9986,
+            served_fraction_winner: 0.9819,
+            violation_ticks_reference: 0,
+            violation_ticks_winner: 1,
+            violation_rate_reference: 0.0,
+            violation_rate_winner: 0.0021,
+            refused_because: Some("candidate served less".to_owned()),
+            compliant: false,
+        },
+        dropped: Vec::new(),
+        simulated_time_s: 10.0,
+        simulated: true,
+        data_source: "simulator".to_owned(),
+        meta: RunMeta {
+            simulated: true,
+            gpu_profile: "h200".to_owned(),
+            gpu_name: "NVIDIA H200".to_owned(),
+            data_source: "simulator".to_owned(),
+            gpu_count: 1,
+            actuator: "sim".to_owned(),
+            workload: "sim".to_owned(),
+            seed: 1,
+        },
+        notes: Vec::new(),
+    };
+    let html = report_html(&outcome);
+    // The winner's table and the round's: refused, never "no difference".
+    assert_eq!(html.matches("candidate refused").count(), 2, "{html}");
+    assert!(!html.contains("no difference"));
+    // The confidence just under 100 % is not rounded up to it.
+    assert!(
+        html.contains("(99.996 %)") && !html.contains("(100"),
+        "{html}"
+    );
+    // The forest plot's label column holds the whole label.
+    let label = "power_cap_w=450, sm_clock_max_mhz=1300 (not compliant)";
+    assert!(html.contains(&format!(">{label}</text>")), "{html}");
+    let frame = html
+        .split("class=\"chart row-plot\"")
+        .nth(1)
+        .expect("the plot");
+    let frame = frame.split("<rect x=\"").nth(1).expect("its frame");
+    let frame_left: f64 = frame[..frame.find('"').expect("quote")]
+        .parse()
+        .expect("number");
+    assert!(frame_left - 8.0 >= label.len() as f64 * 7.2, "{frame_left}");
+}

@@ -520,7 +520,11 @@ fn a_clear_difference_wins_and_unknown_demand_refuses_the_win_unless_accepted() 
     let pairs = pairs_with_ratio(&[1.30, 1.28, 1.33, 1.31], false);
     let nodes = vec!["n1".to_owned(), "n2".to_owned()];
     let refused = verdict(&pairs, 0.02, 1, &nodes, false).expect("verdict");
-    assert_eq!(refused.decision, Decision::NoDifference);
+    assert_eq!(refused.decision, Decision::BRefused, "named as refused");
+    assert_eq!(
+        refused.decision_headline(),
+        "B refused: more tokens per joule, but whether it served less demand than A is unknown"
+    );
     assert_eq!(refused.more_tokens_per_joule, Some(Arm::B));
     let why = refused.refused_because.expect("why");
     assert!(
