@@ -25,9 +25,25 @@ const SCALE: [(u8, u8, u8); 5] = [
     (0xfd, 0xe7, 0x25),
 ];
 const NOT_AVAILABLE: &str = "#d9d9d9";
-const CHAR_WIDTH: f64 = 6.6;
+/// Width of one character of the 12 px labels, for layout: generous (0.6 em), so that a
+/// label sized by it is never cut off.
+const CHAR_WIDTH: f64 = 7.2;
+/// The labels' and values' size, in px. The map is laid out to be shown at this size
+/// (the page does not shrink it: it scrolls sideways instead), so no label is drawn
+/// smaller than this.
+pub const FONT_SIZE: f64 = 12.0;
 const CELL_HEIGHT: f64 = 28.0;
 const TITLE_HEIGHT: f64 = 28.0;
+/// The narrowest and widest cell. Cells are as wide as their values, not as their column
+/// labels (which are turned when longer): 13 scenarios of 25-character names used to make
+/// a map 1 740 px wide, shrunk to about 8 px text on a laptop's page.
+const MIN_CELL_WIDTH: f64 = 56.0;
+const MAX_CELL_WIDTH: f64 = 120.0;
+/// Cells widened for their column labels may make a grid this wide at most.
+const MAX_GRID_WIDTH: f64 = 720.0;
+/// Turned column labels rise at this angle: steep, so that they reach little past the
+/// last column.
+const TURN_DEGREES: f64 = 60.0;
 
 impl HeatMap {
     fn value(&self, row: usize, column: usize) -> Option<f64> {
@@ -40,15 +56,35 @@ impl HeatMap {
     }
 
     pub fn to_svg(&self) -> String {
-        let longest = |labels: &[String]| {
-            labels.iter().map(|l| l.chars().count()).max().unwrap_or(0) as f64 * CHAR_WIDTH
+        let longest = |labels: &mut dyn Iterator<Item = String>| {
+            labels.map(|l| l.chars().count()).max().unwrap_or(0) as f64 * CHAR_WIDTH
         };
-        let row_label_width = longest(&self.rows) + 12.0;
-        let cell_width = (longest(&self.columns) + 10.0).clamp(56.0, 120.0);
+        let row_label_width = longest(&mut self.rows.iter().cloned()) + 12.0;
+        let column_label_width = longest(&mut self.columns.iter().cloned());
+        let value_width = longest(
+            &mut (0..self.rows.len())
+                .flat_map(|r| (0..self.columns.len()).map(move |c| (r, c)))
+                .map(|(r, c)| {
+                    self.value(r, c)
+                        .map_or_else(|| "n/a".to_owned(), format_value)
+                }),
+        );
+        // Wide enough for its values; for its label too where the grid stays narrow
+        // enough to be read at full size, the labels turned otherwise.
+        let for_values = (value_width + 16.0).max(MIN_CELL_WIDTH);
+        let for_labels = (column_label_width + 10.0).max(for_values);
+        let cell_width = if for_labels <= MAX_CELL_WIDTH
+            && for_labels * self.columns.len() as f64 <= MAX_GRID_WIDTH
+        {
+            for_labels
+        } else {
+            for_values
+        };
         // Column labels wider than their cell are turned, so they never overlap.
-        let turned = longest(&self.columns) + 10.0 > cell_width;
+        let turned = column_label_width + 10.0 > cell_width;
+        let (sin, cos) = TURN_DEGREES.to_radians().sin_cos();
         let column_label_height = if turned {
-            (longest(&self.columns) * 0.6).min(160.0) + 16.0
+            column_label_width * sin + 16.0
         } else {
             22.0
         };
@@ -59,7 +95,7 @@ impl HeatMap {
         let scale_top = grid_top + grid_height + 14.0;
         // A turned label reaches past its cell to the right.
         let label_reach = if turned {
-            longest(&self.columns) * 0.82 - cell_width / 2.0
+            column_label_width * cos - cell_width / 2.0
         } else {
             0.0
         };
@@ -85,7 +121,7 @@ impl HeatMap {
         let mut svg = String::new();
         let _ = write!(
             svg,
-            r##"<svg xmlns="http://www.w3.org/2000/svg" class="chart heat-map" viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" aria-label="{title}" font-family="sans-serif" font-size="12"><title>{title}</title><text x="4" y="18" font-size="14" font-weight="bold">{title}</text>"##,
+            r##"<svg xmlns="http://www.w3.org/2000/svg" class="chart heat-map" viewBox="0 0 {width:.0} {height:.0}" width="{width:.0}" height="{height:.0}" role="img" aria-label="{title}" font-family="sans-serif" font-size="{FONT_SIZE}"><title>{title}</title><text x="4" y="18" font-size="14" font-weight="bold">{title}</text>"##,
             title = escape(&self.title),
         );
         for (c, label) in self.columns.iter().enumerate() {
@@ -94,7 +130,7 @@ impl HeatMap {
             if turned {
                 let _ = write!(
                     svg,
-                    r##"<text transform="translate({x:.1} {y:.1}) rotate(-35)">{}</text>"##,
+                    r##"<text transform="translate({x:.1} {y:.1}) rotate(-{TURN_DEGREES})">{}</text>"##,
                     escape(label)
                 );
             } else {
@@ -246,6 +282,54 @@ mod tests {
         assert!(!svg.contains("<script>"), "{svg}");
         assert!(svg.contains("&lt;script&gt;") && svg.contains("a&amp;b"));
         assert!(svg.contains("&quot;t&quot;"));
+    }
+
+    /// The width an SVG declares.
+    fn declared_width(svg: &str) -> f64 {
+        let rest = svg.split(" width=\"").nth(1).expect("a width");
+        rest[..rest.find('"').expect("quote")]
+            .parse()
+            .expect("a number")
+    }
+
+    #[test]
+    fn thirteen_long_scenario_names_fit_a_page_at_full_size() {
+        // The judging set: 13 scenarios, the longest 25 characters, ten policies.
+        let columns: Vec<String> = (0..13)
+            .map(|i| format!("h200-custom-shape-lat-{i:03}"))
+            .collect();
+        let rows: Vec<String> = (0..10).map(|i| format!("cap-and-batch-{i}")).collect();
+        let values = rows
+            .iter()
+            .map(|_| columns.iter().map(|_| Some(0.976)).collect())
+            .collect();
+        let map = HeatMap {
+            title: "tokens per joule over the oracle's".into(),
+            rows,
+            columns,
+            values,
+            value_label: "ratio".into(),
+        };
+        let svg = map.to_svg();
+        // Shown at full size (the page does not shrink a heat map), the labels are 12 px;
+        // and the map fits a laptop's page (main is 1 292 px at most) without scrolling.
+        assert!(svg.contains(&format!("font-size=\"{FONT_SIZE}\"")), "{svg}");
+        const { assert!(FONT_SIZE >= 11.0) };
+        assert!(!svg.contains("font-size=\"8") && !svg.contains("font-size=\"9"));
+        let width = declared_width(&svg);
+        assert!(width <= 1200.0, "{width} px wide");
+        // The long column labels are turned, and every value still fits its cell.
+        assert!(svg.contains("rotate(-60)"), "{svg}");
+        assert_eq!(
+            svg.matches(">0.976</text>").count(),
+            130 + 2,
+            "cells and scale ends"
+        );
+        // A few short columns keep their labels level.
+        let mut small = map.clone();
+        small.columns = vec!["steady".into(), "bursty".into()];
+        small.values = vec![vec![Some(1.0), Some(2.0)]; small.rows.len()];
+        assert!(!small.to_svg().contains("rotate("));
     }
 
     #[test]

@@ -24,6 +24,8 @@ enum Block {
     Svg(String),
 }
 
+/// A heat map is never shrunk to the page (its labels would fall below a readable size):
+/// a wider one scrolls sideways instead.
 const STYLE: &str = "\
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#222;background:#fafafa}\
 main{max-width:1340px;margin:0 auto;padding:16px 24px 48px}\
@@ -35,8 +37,9 @@ table{border-collapse:collapse;margin:0.5em 0;background:#fff}\
 th,td{border:1px solid #ddd;padding:4px 10px;text-align:left;vertical-align:top}\
 th{background:#f0f0f0}\
 td.number{text-align:right;font-variant-numeric:tabular-nums}\
-.charts{display:flex;flex-wrap:wrap;gap:12px}\
-.charts svg{background:#fff;border:1px solid #e2e2e2;max-width:100%;height:auto}";
+.charts{display:flex;flex-wrap:wrap;gap:12px;overflow-x:auto}\
+.charts svg{background:#fff;border:1px solid #e2e2e2;max-width:100%;height:auto}\
+.charts svg.heat-map{max-width:none;flex:none}";
 
 impl Page {
     pub fn new(title: &str) -> Page {

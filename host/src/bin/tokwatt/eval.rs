@@ -206,16 +206,18 @@ fn print_splits(tuning: &EvalResults, held_out: &EvalResults) {
         "failed",
         "worst",
     ]);
-    for h in &held_out.policies {
+    for h in eval::ranked_policies(held_out) {
         let t = tuning.policies.iter().find(|t| t.policy == h.policy);
         table.add_row([
             h.policy.clone(),
-            format!("{:.3}", h.ratio),
-            format!("{:.3}", h.causal_ratio),
-            format!("{:.2}", h.over_default),
+            eval::figure(h.ratio, 3, eval::NO_SCENARIO_RAN),
+            eval::figure(h.causal_ratio, 3, eval::NO_SCENARIO_RAN),
+            eval::figure(h.over_default, 2, eval::NO_SCENARIO_RAN),
             format!("{}/{}", h.failed, held_out.scenarios.len()),
             h.worst_text(),
-            t.map_or_else(String::new, |t| format!("{:.3}", t.ratio)),
+            t.map_or_else(String::new, |t| {
+                eval::figure(t.ratio, 3, eval::NO_SCENARIO_RAN)
+            }),
             t.map_or_else(String::new, |t| {
                 format!("{}/{}", t.failed, tuning.scenarios.len())
             }),
@@ -328,21 +330,23 @@ fn print_results(results: &EvalResults) {
         "served",
         "changes",
     ]);
-    for e in &results.entries {
+    for e in eval::ranked_entries(results) {
+        let why = e.missing_because();
         table.add_row([
             e.policy.clone(),
             e.scenario.clone(),
-            format!("{:.4}", e.tokens_per_joule.median),
-            format!("{:.4}", e.oracle_tokens_per_joule),
+            eval::figure(e.tokens_per_joule.median, 4, why),
+            eval::figure(e.oracle_tokens_per_joule, 4, why),
             e.ratio_text(),
-            format!("{:.4}", e.causal_tokens_per_joule),
+            eval::figure(e.causal_tokens_per_joule, 4, why),
             e.causal_ratio_text(),
-            fmt_option(e.over_default, 2),
-            fmt_option(e.ticks_to_95, 0),
-            fmt_option(e.ticks_to_98, 0),
-            format!("{:.2}%", e.slo_violation_fraction * 100.0),
-            format!("{:.3}", e.served_fraction),
-            format!("{:.0}", e.setting_changes),
+            e.over_default
+                .map_or_else(|| format!("n/a ({why})"), |v| format!("{v:.2}")),
+            e.ticks_text(e.ticks_to_95),
+            e.ticks_text(e.ticks_to_98),
+            eval::percent_figure(e.slo_violation_fraction, why),
+            eval::figure(e.served_fraction, 3, why),
+            eval::figure(e.setting_changes, 0, why),
         ]);
     }
     println!("{table}");
@@ -356,7 +360,7 @@ fn print_results(results: &EvalResults) {
     }
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header([
-        "policy (median over scenarios)",
+        "policy (best first; median over scenarios)",
         "ratio",
         "to causal",
         "× default",
@@ -368,19 +372,20 @@ fn print_results(results: &EvalResults) {
         "served",
         "oracle served",
     ]);
-    for p in &results.policies {
+    let none = eval::NO_SCENARIO_RAN;
+    for p in eval::ranked_policies(results) {
         table.add_row([
             p.policy.clone(),
-            format!("{:.3}", p.ratio),
-            format!("{:.3}", p.causal_ratio),
-            format!("{:.2}", p.over_default),
+            eval::figure(p.ratio, 3, none),
+            eval::figure(p.causal_ratio, 3, none),
+            eval::figure(p.over_default, 2, none),
             p.failed.to_string(),
             p.worst_text(),
             fmt_option(p.ticks_to_95, 0),
             fmt_option(p.ticks_to_98, 0),
-            format!("{:.2}%", p.slo_violation_fraction * 100.0),
-            format!("{:.3}", p.served_fraction),
-            format!("{:.3}", p.oracle_served_fraction),
+            eval::percent_figure(p.slo_violation_fraction, none),
+            eval::figure(p.served_fraction, 3, none),
+            eval::figure(p.oracle_served_fraction, 3, none),
         ]);
     }
     println!("{table}");

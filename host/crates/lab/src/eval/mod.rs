@@ -41,7 +41,9 @@ use serde::Serialize;
 use judge::{RunOutcome, judge};
 pub use judge::{Series, Spread, median, time_to_fraction};
 pub use oracle::{OracleSetting, PhaseOracle};
-pub use report::eval_report;
+pub use report::{
+    NO_SCENARIO_RAN, eval_report, figure, percent_figure, ranked_entries, ranked_policies,
+};
 use runner::{parallel, run_policy, run_references};
 pub use scenario::{EvalScenario, ScenarioError};
 use tokwatt_agent::AgentError;

@@ -4,7 +4,92 @@
 
 use tokwatt_report::{HeatMap, LineChart, Page, Series};
 
-use super::{EvalResults, TRAILING_WINDOW_S, fmt_option};
+use super::{EvalEntry, EvalResults, PolicyResult, TRAILING_WINDOW_S, fmt_option};
+
+/// The policies best first: by the headline score (the median ratio to the oracle, a
+/// failed scenario counting as 0), then fewer failed scenarios, then the ratio to the
+/// causal reference; the name breaks a tie. The report and the terminal list them so,
+/// whatever order the specs were given in.
+pub fn ranked_policies(results: &EvalResults) -> Vec<&PolicyResult> {
+    // A score that is no number (no scenario ran) ranks last.
+    let score = |value: f64| {
+        if value.is_nan() {
+            f64::NEG_INFINITY
+        } else {
+            value
+        }
+    };
+    let mut ranked: Vec<&PolicyResult> = results.policies.iter().collect();
+    ranked.sort_by(|x, y| {
+        score(y.ratio)
+            .total_cmp(&score(x.ratio))
+            .then(x.failed.cmp(&y.failed))
+            .then(score(y.causal_ratio).total_cmp(&score(x.causal_ratio)))
+            .then_with(|| x.policy.cmp(&y.policy))
+    });
+    ranked
+}
+
+/// The entries in the order of [`ranked_policies`], each policy's in scenario order.
+pub fn ranked_entries(results: &EvalResults) -> Vec<&EvalEntry> {
+    ranked_policies(results)
+        .into_iter()
+        .flat_map(|p| results.entries.iter().filter(|e| e.policy == p.policy))
+        .collect()
+}
+
+/// `value` with `decimals` places, or `n/a (why)` where it is no number: a policy that
+/// could not run a scenario has no figures there, and `NaN` says nothing of why.
+pub fn figure(value: f64, decimals: usize, why: &str) -> String {
+    if value.is_finite() {
+        format!("{value:.decimals$}")
+    } else {
+        format!("n/a ({why})")
+    }
+}
+
+/// A fraction as a percentage with two decimals, or `n/a (why)`.
+pub fn percent_figure(fraction: f64, why: &str) -> String {
+    if fraction.is_finite() {
+        format!("{:.2} %", fraction * 100.0)
+    } else {
+        format!("n/a ({why})")
+    }
+}
+
+impl EvalEntry {
+    /// Why the entry's figures are not numbers, where they are not.
+    pub fn missing_because(&self) -> &'static str {
+        if self.seeds.is_empty() {
+            "no seed ran"
+        } else {
+            "not measured"
+        }
+    }
+
+    /// Ticks to a fraction of the oracle, `never` where no phase reached it, or `n/a
+    /// (why)` where nothing ran.
+    pub fn ticks_text(&self, ticks: Option<f64>) -> String {
+        if self.seeds.is_empty() {
+            format!("n/a ({})", self.missing_because())
+        } else {
+            fmt_option(ticks, 0)
+        }
+    }
+
+    /// Median tokens per joule over seeds with its range, or `n/a (why)`.
+    pub fn tokens_per_joule_text(&self) -> String {
+        let spread = &self.tokens_per_joule;
+        if spread.median.is_finite() {
+            format!("{:.4} ({:.4}–{:.4})", spread.median, spread.min, spread.max)
+        } else {
+            format!("n/a ({})", self.missing_because())
+        }
+    }
+}
+
+/// Why a policy's medians over scenarios are not numbers, where they are not.
+pub const NO_SCENARIO_RAN: &str = "no scenario ran";
 
 /// The report of an evaluation as a self-contained HTML page.
 pub fn eval_report(results: &EvalResults) -> String {
@@ -13,22 +98,24 @@ pub fn eval_report(results: &EvalResults) -> String {
         "Every figure here is {}. Seeds: {:?}.",
         results.data_source, results.seeds
     ));
-    page.heading("Policies, median over scenarios");
-    let rows: Vec<Vec<String>> = results
-        .policies
+    page.heading("Policies, best first: median over scenarios");
+    let ranked = ranked_policies(results);
+    let rows: Vec<Vec<String>> = ranked
         .iter()
-        .map(|p| {
+        .enumerate()
+        .map(|(place, p)| {
             vec![
+                (place + 1).to_string(),
                 p.policy.clone(),
-                format!("{:.3}", p.ratio),
-                format!("{:.3}", p.causal_ratio),
-                format!("{:.2}", p.over_default),
+                figure(p.ratio, 3, NO_SCENARIO_RAN),
+                figure(p.causal_ratio, 3, NO_SCENARIO_RAN),
+                figure(p.over_default, 2, NO_SCENARIO_RAN),
                 p.failed.to_string(),
                 p.worst_text(),
                 fmt_option(p.ticks_to_95, 0),
                 fmt_option(p.ticks_to_98, 0),
-                format!("{:.2} %", p.slo_violation_fraction * 100.0),
-                format!("{:.3}", p.served_fraction),
+                percent_figure(p.slo_violation_fraction, NO_SCENARIO_RAN),
+                figure(p.served_fraction, 3, NO_SCENARIO_RAN),
                 p.failed_scenarios.join("; "),
             ]
         })
@@ -36,6 +123,7 @@ pub fn eval_report(results: &EvalResults) -> String {
     page.paragraph(&super::failure_rule_words());
     page.table(
         &[
+            "rank",
             "policy",
             "median ratio to oracle",
             "to causal reference",
@@ -50,7 +138,7 @@ pub fn eval_report(results: &EvalResults) -> String {
         ],
         &rows,
     );
-    let policies: Vec<String> = results.policies.iter().map(|p| p.policy.clone()).collect();
+    let policies: Vec<String> = ranked.iter().map(|p| p.policy.clone()).collect();
     let scenarios: Vec<String> = results.scenarios.iter().map(|s| s.name.clone()).collect();
     let values = policies
         .iter()
@@ -69,7 +157,8 @@ pub fn eval_report(results: &EvalResults) -> String {
         .collect();
     page.svg(
         HeatMap {
-            title: "tokens per joule over the oracle's (median over seeds; blank: failed)".into(),
+            title: "tokens per joule over the oracle's, best policy first (median over seeds; n/a: failed)"
+                .into(),
             rows: policies,
             columns: scenarios,
             values,
@@ -78,27 +167,25 @@ pub fn eval_report(results: &EvalResults) -> String {
         .to_svg(),
     );
     page.heading("Every policy on every scenario");
-    let rows: Vec<Vec<String>> = results
-        .entries
-        .iter()
+    let rows: Vec<Vec<String>> = ranked_entries(results)
+        .into_iter()
         .map(|e| {
+            let why = e.missing_because();
             vec![
                 e.policy.clone(),
                 e.scenario.clone(),
-                format!(
-                    "{:.4} ({:.4}–{:.4})",
-                    e.tokens_per_joule.median, e.tokens_per_joule.min, e.tokens_per_joule.max
-                ),
-                format!("{:.4}", e.oracle_tokens_per_joule),
+                e.tokens_per_joule_text(),
+                figure(e.oracle_tokens_per_joule, 4, why),
                 e.ratio_text(),
-                format!("{:.4}", e.causal_tokens_per_joule),
+                figure(e.causal_tokens_per_joule, 4, why),
                 e.causal_ratio_text(),
-                fmt_option(e.over_default, 2),
-                fmt_option(e.ticks_to_95, 0),
-                fmt_option(e.ticks_to_98, 0),
-                format!("{:.2} %", e.slo_violation_fraction * 100.0),
-                format!("{:.3}", e.served_fraction),
-                format!("{:.0}", e.setting_changes),
+                e.over_default
+                    .map_or_else(|| format!("n/a ({why})"), |v| format!("{v:.2}")),
+                e.ticks_text(e.ticks_to_95),
+                e.ticks_text(e.ticks_to_98),
+                percent_figure(e.slo_violation_fraction, why),
+                figure(e.served_fraction, 3, why),
+                figure(e.setting_changes, 0, why),
                 e.failed.clone().unwrap_or_default(),
             ]
         })

@@ -329,3 +329,91 @@ fn on_an_overload_a_policy_may_break_the_objective_as_often_as_the_default_setti
         super::objective_breach(0.37, 0.0, allowed_violations(0.31, 0.0, 0.37, true)).is_none()
     );
 }
+
+/// An entry of `policy` on `scenario` at `ratio` to the oracle, or one that could not run.
+fn entry(policy: &str, scenario: &str, ratio: Option<f64>) -> EvalEntry {
+    let ran = ratio.is_some();
+    let value = |v: f64| if ran { v } else { f64::NAN };
+    EvalEntry {
+        policy: policy.to_owned(),
+        scenario: scenario.to_owned(),
+        seeds: if ran { vec![1] } else { Vec::new() },
+        tokens_per_joule: Spread::of(&[value(2.0)]),
+        oracle_tokens_per_joule: 2.5,
+        causal_tokens_per_joule: 2.4,
+        default_tokens_per_joule: 2.0,
+        ratio,
+        measured_ratio: ratio,
+        causal_ratio: ratio,
+        measured_causal_ratio: ratio,
+        over_default: ratio.map(|r| r * 1.2),
+        causal_violation_fraction: 0.0,
+        failed: (!ran).then(|| "could not run: seed 1: refused".to_owned()),
+        ticks_to_95: ratio.map(|_| 12.0),
+        ticks_to_98: None,
+        slo_violation_fraction: value(0.001),
+        served_fraction: value(0.999),
+        oracle_served_fraction: 1.0,
+        setting_changes: value(3.0),
+        fallback_ticks: value(0.0),
+        failure: (!ran).then(|| "seed 1: refused".to_owned()),
+    }
+}
+
+#[test]
+fn the_report_ranks_policies_by_score_and_says_why_a_figure_is_missing() {
+    let entries = vec![
+        entry("alpha", "steady", Some(0.60)),
+        entry("alpha", "bursty", Some(0.70)),
+        entry("beta", "steady", Some(0.95)),
+        entry("beta", "bursty", Some(0.97)),
+        entry("gamma", "steady", None),
+        entry("gamma", "bursty", None),
+    ];
+    let policies = ["alpha", "beta", "gamma"]
+        .iter()
+        .map(|p| PolicyResult::of(p, &entries))
+        .collect();
+    let scenario = |name: &str| ScenarioResult {
+        name: name.to_owned(),
+        description: format!("{name} work"),
+        gpu: "h200".to_owned(),
+        gpus: 1,
+        duration_s: 60.0,
+        overload: false,
+        oracle: Vec::new(),
+    };
+    let results = EvalResults {
+        format_version: EVAL_FORMAT_VERSION,
+        data_source: "simulator output".to_owned(),
+        seeds: vec![1],
+        trailing_window_s: TRAILING_WINDOW_S,
+        hold_s: HOLD_S,
+        reaction_lag_s: REACTION_LAG_S,
+        scenarios: vec![scenario("steady"), scenario("bursty")],
+        entries,
+        policies,
+        wall_time_s: 1.0,
+        first_seed_series: Vec::new(),
+    };
+    // Best first, not in the order given (alphabetical here).
+    let ranked: Vec<&str> = ranked_policies(&results)
+        .iter()
+        .map(|p| p.policy.as_str())
+        .collect();
+    assert_eq!(ranked, ["beta", "alpha", "gamma"]);
+    let html = eval_report(&results);
+    let at = |name: &str| html.find(&format!("<td>{name}</td>")).expect(name);
+    assert!(at("beta") < at("alpha") && at("alpha") < at("gamma"));
+    // The heat map's rows in the same order.
+    let map = html
+        .split("class=\"chart heat-map\"")
+        .nth(1)
+        .expect("heat map");
+    let row = |name: &str| map.find(&format!(">{name}</text>")).expect(name);
+    assert!(row("beta") < row("alpha") && row("alpha") < row("gamma"));
+    // A policy that could not run says why its figures are missing, never NaN.
+    assert!(!html.contains("NaN"), "{html}");
+    assert!(html.contains("n/a (no seed ran)"), "{html}");
+    assert!(html.contains("FAILED"));
+}
