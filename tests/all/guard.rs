@@ -346,14 +346,24 @@ mod serving {
             "{refused:?}"
         );
 
-        // A valid policy that breaks the objective in its probation is rolled back.
+        // A valid policy that breaks the objective in its probation is rolled back, and
+        // the settings the restored policy had in force come back with it: the clock it
+        // does not own too, which it would never move back itself.
+        let before = control.status().gpus[0].in_force;
         swap(&slow).expect("its init is fine");
+        wait_for("the slow policy's clock", || {
+            control.status().gpus[0].in_force.sm_clock_max_mhz == 345
+        });
         wait_for("the objective's rollback", || {
             control.status().guard.objective_rollbacks == 1
         });
         let status = control.status();
         assert_eq!(status.policy.name, "batch-only", "{:?}", status.policy);
         assert_eq!(status.policy.rollbacks, 1);
+        // (The status shows the settings a tick's window ran under: the next tick's.)
+        wait_for("the restored policy's settings back in force", || {
+            control.status().gpus[0].in_force == before
+        });
 
         agent.stop();
         let summary = agent.join().expect("the agent ends cleanly");

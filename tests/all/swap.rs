@@ -220,6 +220,7 @@ fn a_swap_reaching_a_paused_loop_is_refused_not_kept() {
             envelope: &mut in_charge.envelope,
             objective: &mut in_charge.objective,
         },
+        &[],
     );
     assert!(taken.is_none(), "a refused swap took over after the pause");
     assert_eq!(swapper.counters.swaps, 0);

@@ -428,6 +428,31 @@ impl ControlLoop {
         }
     }
 
+    /// After a rollback: the settings the restored policy had in force when the failed one
+    /// took over, on every knob the failed one moved, straight through the actuator (the
+    /// restored policy resumes from its own settings, not from the failed policy's).
+    fn put_back(&mut self, before: &[InForce]) {
+        let mut settings: Vec<Settings> = self
+            .in_force
+            .iter()
+            .zip(before)
+            .map(|(now, then)| Settings {
+                power_cap_w: (now.power_cap_requested_w != then.power_cap_requested_w)
+                    .then_some(then.power_cap_requested_w),
+                sm_clock_max_mhz: (now.sm_clock_max_mhz != then.sm_clock_max_mhz)
+                    .then_some(then.sm_clock_max_mhz),
+                batch_size: (now.batch_size != then.batch_size).then_some(then.batch_size),
+            })
+            .collect();
+        if settings.iter().any(|s| *s != Settings::default()) {
+            tracing::info!(
+                policy = self.supervisor.policy_name(),
+                "rollback: the restored policy's settings are back in force"
+            );
+            self.apply_all(&mut settings);
+        }
+    }
+
     /// Device defaults on every GPU, straight through the actuator (the envelope limits
     /// steps a policy takes, not an operator's return to defaults).
     /// (Within the power allowance, where there is one: in fleet mode the defaults are
@@ -565,6 +590,7 @@ impl ControlLoop {
                     envelope: &mut self.envelope,
                     objective: &mut self.config.objective,
                 },
+                &self.in_force,
             )
         };
         if swapped_in.is_some() {
@@ -686,10 +712,11 @@ impl ControlLoop {
                     objective: &mut self.config.objective,
                 },
             );
-            if rolled_back {
+            if let Some(before) = rolled_back {
                 self.guard.policy_swapped();
                 // The one brought back had its counts added while it was in charge.
                 self.counters_seen = self.supervisor.counters();
+                self.put_back(&before);
             }
         }
         if guard_in_charge {

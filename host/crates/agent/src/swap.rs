@@ -11,7 +11,7 @@ use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 
 use serde::{Deserialize, Serialize};
 
-use tokwatt_core::types::{Objective, Settings};
+use tokwatt_core::types::{InForce, Objective, Settings};
 use tokwatt_policy::envelope::Envelope;
 use tokwatt_policy::supervisor::{PolicyState, Supervisor};
 
@@ -115,6 +115,9 @@ struct OnProbation {
     previous: Supervisor,
     previous_envelope: Envelope,
     previous_objective: Objective,
+    /// The settings in force when it took over: the previous policy's, put back on a
+    /// rollback so that it resumes from where it was, not from the failed policy's.
+    previous_in_force: Vec<InForce>,
     until_tick: u64,
     notify: Option<Sender<SwapEvent>>,
     /// The tick it took over: that tick's window is the previous policy's.
@@ -215,8 +218,14 @@ impl Swapper {
     }
 
     /// At a tick boundary: switch in a waiting policy, if any. Returns its first
-    /// settings, which decide this tick.
-    pub fn take_over(&mut self, tick: u64, in_charge: InCharge<'_>) -> Option<Vec<Settings>> {
+    /// settings, which decide this tick. `in_force`: each GPU's settings now, the outgoing
+    /// policy's, to put back if the new one is rolled back.
+    pub fn take_over(
+        &mut self,
+        tick: u64,
+        in_charge: InCharge<'_>,
+        in_force: &[InForce],
+    ) -> Option<Vec<Settings>> {
         let port = self.port.as_ref()?;
         let mut next = match port.0.try_recv() {
             Ok(next) => next,
@@ -286,6 +295,7 @@ impl Swapper {
             previous: next.supervisor,
             previous_envelope: next.envelope,
             previous_objective: next.objective,
+            previous_in_force: in_force.to_vec(),
             until_tick: tick + next.probation_ticks,
             notify: next.notify.take(),
             since_tick: tick,
@@ -298,21 +308,22 @@ impl Swapper {
     /// After a tick's decision: a policy in probation that failed, or that broke the
     /// objective more than the one before it, is replaced by that one; one that lasted its
     /// probation is kept for good. `violated`: this tick's window broke the objective under
-    /// the policy in charge (not under the guard's fallback or a pause). Returns whether
-    /// the policy in charge changed (a rollback).
+    /// the policy in charge (not under the guard's fallback or a pause). Returns, on a
+    /// rollback, the settings that were in force when the failed policy took over (the
+    /// restored policy's, for the loop to put back).
     pub fn judge(
         &mut self,
         tick: u64,
         failed: bool,
         violated: bool,
         in_charge: InCharge<'_>,
-    ) -> bool {
+    ) -> Option<Vec<InForce>> {
         if self.history.len() == MAX_HISTORY_TICKS {
             self.history.pop_front();
         }
         self.history.push_back(violated);
         let Some(mut probation) = self.probation.take() else {
-            return false;
+            return None;
         };
         // The swap tick's window shows the previous policy's settings.
         if tick > probation.since_tick {
@@ -348,13 +359,13 @@ impl Swapper {
             tell(&probation.notify, SwapEvent::RolledBack { tick });
             // The rolled-back policy's ticks are not the restored one's record.
             self.history.clear();
-            return true;
+            return Some(probation.previous_in_force);
         } else if tick < probation.until_tick {
             self.probation = Some(probation);
         } else {
             tell(&probation.notify, SwapEvent::Kept { tick });
         }
-        false
+        None
     }
 
     /// Whether a swapped-in policy is still on probation.

@@ -494,3 +494,126 @@ fn the_nodes_caps_stay_within_its_allowance_from_the_first_settings_on() {
     let raises = raises_past_it.lock().expect("lock");
     assert!(raises.is_empty(), "raises past the allowance: {raises:?}");
 }
+
+/// A policy that fails in its probation is rolled back, and the settings the restored
+/// policy had in force come back with it: a policy that holds what is in force (as an
+/// adaptive one steps from it) resumes from its own batch, not the failed one's.
+#[test]
+fn a_rollback_puts_back_the_settings_the_restored_policy_had_in_force() {
+    let clock = VirtualClock::new();
+    let sim = SimGpu::new(
+        SimConfig {
+            profile: GpuProfile::load("h200").expect("profile"),
+            scenario: Scenario::built_in().expect("scenario"),
+            gpus: 1,
+            seed: 1,
+            noise_seed: None,
+        },
+        clock.clone(),
+    )
+    .expect("sim");
+    let devices = sim.telemetry().devices();
+    let backends = Backends {
+        telemetry: sim.telemetry(),
+        actuator: sim.actuator(),
+        workload: sim.workload(),
+        clock,
+    };
+    let batch_only = Knobs {
+        batch_size: true,
+        ..Knobs::default()
+    };
+    let start = |policy: NativePolicy| {
+        let envelope =
+            Envelope::new(&devices, &[512], &Guardrails::default(), batch_only).expect("envelope");
+        let args = InitArgs {
+            devices: envelope.facts(&devices),
+            knobs: batch_only,
+            objective: Objective::default(),
+            params: vec![],
+            tick_ms: 1000,
+            seed: 1,
+        };
+        let (supervisor, first) =
+            Supervisor::start(Box::new(policy), args, BreakerConfig::default()).expect("starts");
+        (supervisor, first, envelope)
+    };
+    let hold = |batch: u32| {
+        move |call: u64, observations: &[Observation]| {
+            Ok(vec![
+                Settings {
+                    batch_size: (call == 0).then_some(batch),
+                    ..Settings::default()
+                };
+                observations.len()
+            ])
+        }
+    };
+    // Holds 256 from its first decision on.
+    let (supervisor, first, envelope) = start(NativePolicy::new(hold(256)));
+    // Asks for batch 1, then fails.
+    let (failing, failing_first, failing_envelope) =
+        start(NativePolicy::new(|call, observations: &[Observation]| {
+            if call == 0 {
+                Ok(vec![
+                    Settings {
+                        batch_size: Some(1),
+                        ..Settings::default()
+                    };
+                    observations.len()
+                ])
+            } else {
+                Err(tokwatt_policy::supervisor::PolicyFailure::Trap(
+                    "on purpose".into(),
+                ))
+            }
+        }));
+    let (sender, port) = crate::swap::swap_channel();
+    let mut next = Some(crate::swap::PreparedPolicy {
+        supervisor: failing,
+        first: failing_first,
+        envelope: failing_envelope,
+        objective: Objective::default(),
+        probation_ticks: 5,
+        notify: None,
+        state: crate::swap::StateOnSwap::Fresh,
+        operator_rollback: false,
+    });
+    let control = ControlLoop::new(
+        backends,
+        supervisor,
+        &first,
+        envelope,
+        LoopConfig::new(
+            Duration::from_secs(12),
+            Duration::from_secs(1),
+            Objective::default(),
+        ),
+        Arc::new(AtomicBool::new(false)),
+    )
+    .with_swaps(port);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut recorder = Recorder::create(dir.path(), false).expect("recorder");
+    let mut batches = Vec::new();
+    let (totals, _) = control
+        .run(&mut recorder, &mut |p| {
+            batches.push(p.in_force[0].batch_size);
+            if p.tick == 4
+                && let Some(prepared) = next.take()
+            {
+                sender.send(prepared).expect("the loop runs");
+            }
+        })
+        .expect("runs");
+    assert_eq!(totals.swaps.swaps, 1);
+    assert_eq!(totals.swaps.rollbacks, 1, "{:?}", totals.swaps);
+    assert!(
+        batches.contains(&1),
+        "the failing policy's batch: {batches:?}"
+    );
+    assert_eq!(
+        batches.last(),
+        Some(&256),
+        "the restored policy's batch is back: {batches:?}"
+    );
+}
