@@ -322,9 +322,7 @@ impl Swapper {
             self.history.pop_front();
         }
         self.history.push_back(violated);
-        let Some(mut probation) = self.probation.take() else {
-            return None;
-        };
+        let mut probation = self.probation.take()?;
         // The swap tick's window shows the previous policy's settings.
         if tick > probation.since_tick {
             probation.violations += u64::from(violated);
