@@ -474,3 +474,45 @@ fn plugin_test_of_a_policy_that_cannot_start_says_so_and_shows_no_nan() {
         .unwrap_or_else(|| panic!("no oracle row in {out}"));
     assert!(oracle.chars().any(|c| c.is_ascii_digit()), "{oracle}");
 }
+
+#[test]
+fn tune_without_a_latency_bound_is_refused_with_the_fix_or_warned_on_purpose() {
+    let spec = repo_root().join("policies/static.toml");
+    let spec = spec.to_string_lossy();
+    let dir = tempdir();
+    let out = dir.path().join("tune");
+    let out = out.to_string_lossy();
+    let args = [
+        "tune",
+        "--sim",
+        "h200",
+        "--quiet",
+        "--policy",
+        &spec,
+        "--param",
+        "power_cap_w=300,400",
+        "--out",
+        &out,
+    ];
+    fails_with(
+        &args,
+        &[
+            "bounds no latency",
+            "lowest clock or cap",
+            "tpot_p99_limit_ms = 25.0",
+            "--without-objective",
+        ],
+    );
+    assert!(!dir.path().join("tune").exists(), "nothing is written");
+    let on_purpose = tokwatt()
+        .args(args)
+        .arg("--without-objective")
+        .output()
+        .expect("runs");
+    let err = stderr(&on_purpose);
+    assert!(on_purpose.status.success(), "{err}");
+    assert!(
+        err.contains("WARNING") && err.contains("bounds no latency"),
+        "{err}"
+    );
+}

@@ -542,6 +542,91 @@ fn every_page_and_link_of_the_book_exists() {
     }
 }
 
+/// The repository's folders a page names files under, from its root (`policies/...`,
+/// `host/scenarios/...`): a command a reader copies must find them.
+const REPOSITORY_FOLDERS: [&str; 10] = [
+    "policies/",
+    "host/",
+    "examples/",
+    "docs/",
+    "deploy/",
+    "scripts/",
+    "tests/",
+    "wit/",
+    "plugins/",
+    "dist/",
+];
+
+/// Every path from the repository's root a page names, in its prose or its commands:
+/// `policies/slo-batch.toml`, `host/scenarios/steady.toml`. A link is checked by
+/// [`relative_links`] instead; a `*` names files by their start.
+fn repository_paths(text: &str) -> Vec<String> {
+    let in_path = |c: char| c.is_ascii_alphanumeric() || "_./*-".contains(c);
+    let mut paths = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(|c: char| in_path(c)) {
+        let before = &rest[..start];
+        let token_len = rest[start..]
+            .find(|c: char| !in_path(c))
+            .unwrap_or(rest.len() - start);
+        let token = &rest[start..start + token_len];
+        rest = &rest[start + token_len..];
+        // A link's target is relative to its page: `](policies/specs.md)`.
+        if before.ends_with("](") {
+            continue;
+        }
+        let token = token.trim_end_matches(['.', '-']);
+        if REPOSITORY_FOLDERS
+            .iter()
+            .any(|folder| token.starts_with(folder))
+        {
+            paths.push(token.to_owned());
+        }
+    }
+    paths
+}
+
+fn exists_in_repository(path: &str) -> bool {
+    let root = repo_root();
+    match path.split_once('*') {
+        None => root.join(path).exists(),
+        Some((start, _)) => {
+            let (folder, name) = start.rsplit_once('/').unwrap_or(("", start));
+            std::fs::read_dir(root.join(folder)).is_ok_and(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .any(|e| e.file_name().to_string_lossy().starts_with(name))
+            })
+        }
+    }
+}
+
+#[test]
+fn every_repository_path_the_readme_and_the_book_name_exists() {
+    let mut all = vec![repo_root().join("README.md")];
+    pages(&book(), &mut all);
+    let mut missing = Vec::new();
+    for page in &all {
+        let text = std::fs::read_to_string(page).expect("a page");
+        for path in repository_paths(&text) {
+            if !exists_in_repository(&path) {
+                missing.push(format!("{}: {path}", page.display()));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "paths to nothing (a command copied from the page would fail): {missing:#?}"
+    );
+    // The scan finds what it is for.
+    assert_eq!(
+        repository_paths(
+            "run `tokwatt tune --scenario host/scenarios/steady.toml`, [x](policies/specs.md) or tests/deploy/check_*.py."
+        ),
+        ["host/scenarios/steady.toml", "tests/deploy/check_*.py"]
+    );
+}
+
 #[test]
 fn the_book_builds_with_mdbook() {
     let Some(mdbook) = required_tool(
