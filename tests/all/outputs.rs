@@ -510,3 +510,85 @@ fn a_kill_9_loses_at_most_the_tick_in_flight() {
         "no tick is missing before the last one written"
     );
 }
+
+/// Runs `tokwatt ARGS` under `umask`, as a shell would start it.
+fn tokwatt_under_umask(umask: &str, args: &[std::ffi::OsString]) -> std::process::Output {
+    let mut command = std::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg(format!("umask {umask} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_tokwatt"))
+        .args(args);
+    for (key, value) in tokwatt().get_envs() {
+        match value {
+            Some(value) => command.env(key, value),
+            None => command.env_remove(key),
+        };
+    }
+    command.output().expect("sh runs tokwatt")
+}
+
+#[cfg(unix)]
+#[test]
+fn every_output_file_has_a_plain_files_mode_under_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = repo_root();
+    let spec = root.join("policies/static.toml");
+    for (umask, mode) in [("022", 0o644), ("077", 0o600)] {
+        let dir = tempdir();
+        let out = |name: &str| dir.path().join(name).into_os_string();
+        let commands: Vec<Vec<std::ffi::OsString>> = vec![
+            sim_run_args(&spec, "10s", dir.path().join("run").as_path()),
+            [
+                "ab", "--sim", "h200", "--quiet", "--budget", "4", "--epoch", "5s", "--warmup",
+                "5s",
+            ]
+            .map(Into::into)
+            .into_iter()
+            .chain([
+                "--a".into(),
+                spec.clone().into(),
+                "--b".into(),
+                spec.clone().into(),
+                "--scenario".into(),
+                root.join("host/scenarios/steady.toml").into(),
+                "--out".into(),
+                out("ab"),
+            ])
+            .collect(),
+            vec![
+                "eval".into(),
+                "--policies".into(),
+                spec.clone().into(),
+                "--scenarios".into(),
+                root.join("host/scenarios/eval/h200-1b-latency.toml").into(),
+                "--duration".into(),
+                "60s".into(),
+                "--out".into(),
+                out("eval"),
+            ],
+        ];
+        for args in &commands {
+            let output = tokwatt_under_umask(umask, args);
+            assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        }
+        for file in [
+            "run/summary.json",
+            "run/report.html",
+            "run/trace.csv",
+            "run/observations.jsonl",
+            "ab/ab.json",
+            "ab/report.html",
+            "eval/eval.json",
+            "eval/report.html",
+        ] {
+            let path = dir.path().join(file);
+            let found = std::fs::metadata(&path)
+                .unwrap_or_else(|e| panic!("{file}: {e}"))
+                .permissions()
+                .mode()
+                & 0o777;
+            assert_eq!(found, mode, "{file} under umask {umask}: {found:o}");
+        }
+    }
+}

@@ -356,7 +356,7 @@ impl Recorder {
         files.observations.flush()?;
         let json = serde_json::to_string_pretty(summary)
             .map_err(|e| self.write_error(SUMMARY_FILE, std::io::Error::other(e)))?;
-        let mut file = tempfile::NamedTempFile::new_in(&self.dir)
+        let mut file = tokwatt_report::output_tempfile(&self.dir)
             .map_err(|e| self.write_error(SUMMARY_FILE, e))?;
         file.write_all((json + "\n").as_bytes())
             .map_err(|e| self.write_error(SUMMARY_FILE, e))?;

@@ -28,8 +28,24 @@ pub enum ReportError {
     },
 }
 
+/// A temporary file in `dir` for an output written atomically (renamed over its name
+/// when complete), created as a plain file is: readable by others as the umask allows
+/// (0644 under the usual 022), as the run's trace is, not the temporary file's 0600. A
+/// run's outputs are read by others (a dashboard, a colleague, a CI job as another user).
+pub fn output_tempfile(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    let mut builder = tempfile::Builder::new();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // The mode asked of open(2), which takes the umask off, as for File::create.
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    builder.tempfile_in(dir)
+}
+
 /// Write `html` to `path` atomically: a reader never sees half a report, and a failed
-/// write leaves an earlier report as it was.
+/// write leaves an earlier report as it was. The file's mode is a plain file's
+/// ([`output_tempfile`]).
 pub fn write_atomically(path: &Path, html: &str) -> Result<(), ReportError> {
     let write_error = |source| ReportError::Write {
         path: path.to_owned(),
@@ -39,7 +55,7 @@ pub fn write_atomically(path: &Path, html: &str) -> Result<(), ReportError> {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
-    let mut file = tempfile::NamedTempFile::new_in(dir).map_err(write_error)?;
+    let mut file = output_tempfile(dir).map_err(write_error)?;
     file.write_all(html.as_bytes()).map_err(write_error)?;
     file.persist(path).map_err(|e| write_error(e.error))?;
     Ok(())
