@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokwatt_engines::prometheus::{Engine, request_metrics};
 use toml::Spanned;
 
-use super::raw::{RawConfig, RawFence, RawFleet, RawGpus, RawWorkload};
+use super::raw::{RawConfig, RawDuration, RawFence, RawFleet, RawGpus, RawWorkload};
 use super::{
     EngineEndpoint, FenceConfig, FenceWatch, FleetConfig, NodeBackend, ServeConfig, ServeWorkload,
 };
@@ -45,14 +45,41 @@ pub(super) fn line_at(text: &str, offset: usize) -> usize {
         + 1
 }
 
-fn duration(key: &'static str, value: &Spanned<String>) -> Result<Duration, Problem> {
-    humantime::parse_duration(value.get_ref().trim()).map_err(|e| {
-        problem(
+/// A duration key's value: a string with its unit. `accepted` says which values the key
+/// takes ("at least 1s"), for the refusal of one that is not a duration at all.
+fn duration(
+    key: &'static str,
+    value: &Spanned<RawDuration>,
+    accepted: &str,
+) -> Result<Duration, Problem> {
+    // The key as written in its table: `summary_every`, not `output.summary_every`.
+    let name = key.rsplit('.').next().unwrap_or(key);
+    match value.get_ref() {
+        RawDuration::Text(text) => humantime::parse_duration(text.trim()).map_err(|e| {
+            problem(
+                key,
+                value,
+                format!(
+                    "= \"{text}\" is not a duration ({e}): write it like \"1s\", \"500ms\" or \"5m\" (accepted: {accepted})"
+                ),
+            )
+        }),
+        RawDuration::Number(number) => Err(problem(
             key,
             value,
-            format!("is not a duration ({e}): write it like \"1s\", \"500ms\" or \"5m\""),
-        )
-    })
+            format!(
+                "= {number} is a number without a unit: write the duration as a string with its unit, e.g. {name} = \"{number}s\" for seconds (units: ms, s, m, h; accepted: {accepted})"
+            ),
+        )),
+        RawDuration::Other(other) => Err(problem(
+            key,
+            value,
+            format!(
+                "is a {}, not a duration: write it as a string with its unit, e.g. {name} = \"5s\" (units: ms, s, m, h; accepted: {accepted})",
+                other.type_str()
+            ),
+        )),
+    }
 }
 
 fn in_range(
@@ -219,19 +246,16 @@ pub(super) fn check(raw: RawConfig, base: &Path, _path: &Path) -> Result<ServeCo
         .tick
         .as_ref()
         .map(|t| {
-            let tick = duration("node.tick", t)?;
+            let accepted = format!(
+                "between {} and {}",
+                humantime::format_duration(tokwatt_policy::spec::MIN_TICK),
+                humantime::format_duration(tokwatt_policy::spec::MAX_TICK)
+            );
+            let tick = duration("node.tick", t, &accepted)?;
             if (tokwatt_policy::spec::MIN_TICK..=tokwatt_policy::spec::MAX_TICK).contains(&tick) {
                 Ok(tick)
             } else {
-                Err(problem(
-                    "node.tick",
-                    t,
-                    format!(
-                        "must be between {} and {}",
-                        humantime::format_duration(tokwatt_policy::spec::MIN_TICK),
-                        humantime::format_duration(tokwatt_policy::spec::MAX_TICK)
-                    ),
-                ))
+                Err(problem("node.tick", t, format!("must be {accepted}")))
             }
         })
         .transpose()?;
@@ -247,9 +271,16 @@ pub(super) fn check(raw: RawConfig, base: &Path, _path: &Path) -> Result<ServeCo
     };
     let watch_period = match &policy.watch_period {
         Some(p) => {
-            let period = duration("policy.watch_period", p)?;
+            let period = duration("policy.watch_period", p, "at least 100ms")?;
             if period < Duration::from_millis(100) {
-                return Err(problem("policy.watch_period", p, "must be at least 100ms"));
+                return Err(problem(
+                    "policy.watch_period",
+                    p,
+                    format!(
+                        "= {} must be at least 100ms, e.g. watch_period = \"2s\"",
+                        humantime::format_duration(period)
+                    ),
+                ));
             }
             period
         }
@@ -311,9 +342,16 @@ pub(super) fn check(raw: RawConfig, base: &Path, _path: &Path) -> Result<ServeCo
     };
     let summary_every = match &output.summary_every {
         Some(s) => {
-            let every = duration("output.summary_every", s)?;
+            let every = duration("output.summary_every", s, "at least 1s")?;
             if every < Duration::from_secs(1) {
-                return Err(problem("output.summary_every", s, "must be at least 1s"));
+                return Err(problem(
+                    "output.summary_every",
+                    s,
+                    format!(
+                        "= {} must be at least 1s, e.g. summary_every = \"5m\" (the default)",
+                        humantime::format_duration(every)
+                    ),
+                ));
             }
             every
         }
@@ -610,17 +648,38 @@ fn check_fleet(raw: RawFleet, resolve: &dyn Fn(&Path) -> PathBuf) -> Result<Flee
         }
     };
     let reserve_w = *raw.reserve_w.get_ref();
-    let optional = |key: &'static str, value: &Option<Spanned<String>>, default: Duration| {
-        value.as_ref().map_or(Ok(default), |v| duration(key, v))
+    let optional = |key: &'static str,
+                    value: &Option<Spanned<RawDuration>>,
+                    default: Duration,
+                    accepted: &str| {
+        value
+            .as_ref()
+            .map_or(Ok(default), |v| duration(key, v, accepted))
     };
-    let ttl = optional("fleet.lease_ttl", &raw.lease_ttl, Duration::from_secs(10))?;
-    let margin = optional("fleet.margin", &raw.margin, Duration::from_secs(3))?;
+    let ttl = optional(
+        "fleet.lease_ttl",
+        &raw.lease_ttl,
+        Duration::from_secs(10),
+        "at least 2s",
+    )?;
+    let margin = optional(
+        "fleet.margin",
+        &raw.margin,
+        Duration::from_secs(3),
+        "above zero and at least 1s under fleet.lease_ttl",
+    )?;
     let report_every = optional(
         "fleet.report_every",
         &raw.report_every,
         Duration::from_secs(1),
+        "above zero, fitting twice within fleet.margin",
     )?;
-    let timeout = optional("fleet.timeout", &raw.timeout, Duration::from_secs(1))?;
+    let timeout = optional(
+        "fleet.timeout",
+        &raw.timeout,
+        Duration::from_secs(1),
+        "at most fleet.margin",
+    )?;
     let link = tokwatt_fleet::NodeConfig {
         domain,
         node,

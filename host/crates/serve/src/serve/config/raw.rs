@@ -37,10 +37,10 @@ pub(super) struct RawFleet {
     pub(super) domain: Spanned<String>,
     pub(super) node: Option<Spanned<String>>,
     pub(super) reserve_w: Spanned<f64>,
-    pub(super) lease_ttl: Option<Spanned<String>>,
-    pub(super) margin: Option<Spanned<String>>,
-    pub(super) report_every: Option<Spanned<String>>,
-    pub(super) timeout: Option<Spanned<String>>,
+    pub(super) lease_ttl: Option<Spanned<RawDuration>>,
+    pub(super) margin: Option<Spanned<RawDuration>>,
+    pub(super) report_every: Option<Spanned<RawDuration>>,
+    pub(super) timeout: Option<Spanned<RawDuration>>,
     /// TLS to etcd (https:// endpoints): the CA that signed etcd's server certificate,
     /// and a client certificate and key where etcd requires one.
     pub(super) ca_file: Option<Spanned<PathBuf>>,
@@ -70,7 +70,7 @@ pub(super) struct RawPolicy {
     pub(super) plugin_dirs: Vec<PathBuf>,
     pub(super) cache_dir: Option<PathBuf>,
     pub(super) watch: Option<PathBuf>,
-    pub(super) watch_period: Option<Spanned<String>>,
+    pub(super) watch_period: Option<Spanned<RawDuration>>,
     pub(super) probation_ticks: Option<Spanned<i64>>,
     #[serde(default = "default_seed")]
     pub(super) seed: u64,
@@ -85,7 +85,7 @@ pub(super) fn default_seed() -> u64 {
 pub(super) struct RawNode {
     pub(super) backend: Option<Spanned<String>>,
     pub(super) gpus: Option<Spanned<RawGpus>>,
-    pub(super) tick: Option<Spanned<String>>,
+    pub(super) tick: Option<Spanned<RawDuration>>,
     #[serde(default)]
     pub(super) dry_run: bool,
     #[serde(default)]
@@ -95,6 +95,17 @@ pub(super) struct RawNode {
     pub(super) sim_scenario: Option<PathBuf>,
     pub(super) sim_realtime: Option<Spanned<bool>>,
     pub(super) sim_driver: Option<Spanned<PathBuf>>,
+}
+
+/// A duration as written: a string with its unit (`"5m"`). A bare number, or any other
+/// value, is kept so that the check can refuse it by key with the fix (a number has no
+/// unit to read it in), rather than the parser's "invalid type".
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawDuration {
+    Text(String),
+    Number(f64),
+    Other(toml::Value),
 }
 
 #[derive(Debug, Deserialize)]
@@ -149,7 +160,7 @@ pub(super) struct RawOutput {
     pub(super) dir: Option<PathBuf>,
     pub(super) max_file_mib: Option<Spanned<i64>>,
     pub(super) keep_files: Option<Spanned<i64>>,
-    pub(super) summary_every: Option<Spanned<String>>,
+    pub(super) summary_every: Option<Spanned<RawDuration>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -139,6 +139,49 @@ fn bad_values_name_the_key_its_line_and_the_fix() {
     }
 }
 
+/// A bare number has no unit to read it in: it is refused by key and line with the
+/// accepted range, the units and the line that works, not with the parser's "invalid
+/// type" (issue 43: `summary_every = 300`).
+#[test]
+fn a_duration_written_as_a_number_is_refused_with_the_fix() {
+    let message = error(&format!("{SIM}[output]\nsummary_every = 300\n"));
+    for piece in [
+        "output.summary_every",
+        ":10",
+        "= 300 is a number without a unit",
+        "summary_every = \"300s\"",
+        "units: ms, s, m, h",
+        "at least 1s",
+    ] {
+        assert!(message.contains(piece), "`{piece}` not in {message}");
+    }
+    assert!(!message.contains("invalid type"), "{message}");
+    // Every duration key reads the same way, with its own range.
+    let message = error(&SIM.replace("tick = \"100ms\"", "tick = 0.5"));
+    assert!(
+        message.contains("node.tick")
+            && message.contains("tick = \"0.5s\"")
+            && message.contains("between 10ms and 1h"),
+        "{message}"
+    );
+    let message = error(&SIM.replace(
+        "spec = \"policies/slo-batch.toml\"",
+        "spec = \"policies/slo-batch.toml\"\nwatch_period = true",
+    ));
+    assert!(
+        message.contains("policy.watch_period") && message.contains("is a boolean"),
+        "{message}"
+    );
+    let message = error(&format!("{SIM}[output]\nsummary_every = \"500ms\"\n"));
+    assert!(
+        message.contains("must be at least 1s") && message.contains("summary_every = \"5m\""),
+        "{message}"
+    );
+    // Written with its unit, it is read.
+    let config = parse(&format!("{SIM}[output]\nsummary_every = \"300s\"\n")).expect("valid");
+    assert_eq!(config.summary_every, Duration::from_secs(300));
+}
+
 #[test]
 fn the_http_api_is_loopback_only_and_needs_a_token() {
     let message = error(&format!(
