@@ -5,6 +5,7 @@
 mod support;
 
 mod ab;
+mod accepts;
 mod api;
 mod bad_input;
 mod book;

@@ -14,7 +14,7 @@ use nvml_wrapper::error::NvmlError as WrapperError;
 use nvml_wrapper::{Device, Nvml};
 
 use super::{ManagedGpu, current_sm_clock};
-use tokwatt_core::actuator::{Actuator, ActuatorError, Capabilities, GpuSettings};
+use tokwatt_core::actuator::{Actuator, ActuatorError, Capabilities, GpuSettings, accepts};
 use tokwatt_core::privileges::Privileges;
 use tokwatt_core::types::DeviceInfo;
 
@@ -132,34 +132,19 @@ fn nvml_error(gpu: u32, what: &'static str) -> impl FnOnce(WrapperError) -> Actu
     }
 }
 
-/// Watts to NVML's milliwatts, if `watts` lies within the GPU's power-limit range.
+/// Watts to NVML's milliwatts, if `watts` lies within the GPU's power-limit range
+/// (the rule every backend shares: [`accepts`]).
 fn power_cap_milliwatts(info: &DeviceInfo, watts: f64) -> Result<u32, String> {
-    if !watts.is_finite() {
-        return Err(format!("{watts} W is not a power"));
-    }
-    let (min, max) = (info.power_cap_min_w, info.power_cap_max_w);
-    if !(min..=max).contains(&watts) {
-        return Err(format!(
-            "{watts} W is outside this GPU's power-limit range {min:.0}-{max:.0} W"
-        ));
-    }
-    // In range, so finite, non-negative and far below u32::MAX milliwatts.
-    Ok((watts * 1000.0).round() as u32)
+    accepts::power_cap_milliwatts(info.power_cap_min_w, info.power_cap_max_w, watts)
+        .map_err(|refused| refused.to_string())
 }
 
-/// Check a clock lock range against the supported clocks (highest first).
+/// Check a clock lock range against the supported clocks (highest first), by the rule
+/// every backend shares ([`accepts`]).
 fn check_clock_range(supported: &[u32], (min, max): (u32, u32)) -> Result<(), String> {
-    if min > max {
-        return Err(format!("the lock range {min}-{max} MHz is reversed"));
-    }
-    if let (Some(&highest), Some(&lowest)) = (supported.first(), supported.last())
-        && (min < lowest || max > highest)
-    {
-        return Err(format!(
-            "the lock range {min}-{max} MHz is outside the supported {lowest}-{highest} MHz"
-        ));
-    }
-    Ok(())
+    accepts::clock_lock(supported, min, max)
+        .map(|_| ())
+        .map_err(|refused| refused.to_string())
 }
 
 impl Actuator for NvmlActuator {

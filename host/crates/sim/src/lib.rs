@@ -48,7 +48,7 @@ pub use scenario::{Phase, RequestLengths, Scenario};
 
 use driver::Snapshot;
 use gpu::GpuSim;
-use tokwatt_core::actuator::{Actuator, ActuatorError, Capabilities, GpuSettings};
+use tokwatt_core::actuator::{Actuator, ActuatorError, Capabilities, GpuSettings, accepts};
 use tokwatt_core::clock::Clock;
 use tokwatt_core::telemetry::{Telemetry, TelemetryError};
 use tokwatt_core::types::{DeviceInfo, TelemetryWindow, WorkloadWindow};
@@ -161,10 +161,10 @@ impl DriverLink {
         for (board, wanted) in gpus.iter_mut().zip(&self.seen.state.boards) {
             let sm_lock = wanted
                 .sm_clock_lock_mhz
-                .and_then(|(lo, hi)| lock_range(&self.sm_clocks_mhz, lo, hi));
+                .and_then(|(lo, hi)| accepts::clock_lock(&self.sm_clocks_mhz, lo, hi).ok());
             let mem_lock = wanted
                 .mem_clock_lock_mhz
-                .and_then(|(lo, hi)| lock_range(&self.mem_clocks_mhz, lo, hi));
+                .and_then(|(lo, hi)| accepts::clock_lock(&self.mem_clocks_mhz, lo, hi).ok());
             let batch = wanted
                 .batch_size
                 .unwrap_or(self.initial_batch)
@@ -496,14 +496,6 @@ fn device_info(profile: &GpuProfile, index: u32) -> DeviceInfo {
     }
 }
 
-/// Supported clocks (highest first) within `[lo, hi]`, as the range NVML would lock to.
-fn lock_range(supported: &[u32], lo: u32, hi: u32) -> Option<(u32, u32)> {
-    let mut inside = supported.iter().copied().filter(|f| (lo..=hi).contains(f));
-    let highest = inside.next()?;
-    let lowest = inside.next_back().unwrap_or(highest);
-    Some((lowest, highest))
-}
-
 #[derive(Debug)]
 struct SimTelemetry {
     sim: SimGpu,
@@ -591,7 +583,8 @@ impl Actuator for SimActuator {
 
     fn set_power_cap(&mut self, gpu: u32, watts: f64) -> Result<f64, ActuatorError> {
         let range = self.sim.profile.power_cap;
-        if !(watts.is_finite() && (range.min_w..=range.max_w).contains(&watts)) {
+        // The rule every backend shares, NVML's.
+        if let Err(refused) = accepts::power_cap_milliwatts(range.min_w, range.max_w, watts) {
             let count = self.sim.devices.len() as u32;
             if gpu >= count {
                 return Err(ActuatorError::NoSuchGpu { index: gpu, count });
@@ -599,10 +592,7 @@ impl Actuator for SimActuator {
             return Err(ActuatorError::Failed {
                 gpu,
                 what: "power cap",
-                reason: format!(
-                    "{watts} W is outside the device's range {}-{} W",
-                    range.min_w, range.max_w
-                ),
+                reason: refused.to_string(),
             });
         }
         let settings = self.change(
@@ -661,7 +651,8 @@ impl Actuator for SimActuator {
     }
 }
 
-/// The supported clocks a requested lock range covers, or the error NVML would give.
+/// The supported clocks a requested lock range covers, or the error NVML gives: the rule
+/// every backend shares ([`accepts::clock_lock`]).
 fn checked_lock(
     gpu: u32,
     what: &'static str,
@@ -669,21 +660,10 @@ fn checked_lock(
     lo: u32,
     hi: u32,
 ) -> Result<(u32, u32), ActuatorError> {
-    if lo > hi {
-        return Err(ActuatorError::Failed {
-            gpu,
-            what,
-            reason: format!("the minimum {lo} MHz is above the maximum {hi} MHz"),
-        });
-    }
-    lock_range(supported, lo, hi).ok_or_else(|| ActuatorError::Failed {
+    accepts::clock_lock(supported, lo, hi).map_err(|refused| ActuatorError::Failed {
         gpu,
         what,
-        reason: format!(
-            "no supported clock lies within {lo}-{hi} MHz (supported: {}-{} MHz)",
-            supported.last().copied().unwrap_or(0),
-            supported.first().copied().unwrap_or(0)
-        ),
+        reason: refused.to_string(),
     })
 }
 

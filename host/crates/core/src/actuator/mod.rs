@@ -6,6 +6,8 @@
 
 use crate::types::DeviceInfo;
 
+pub mod accepts;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ActuatorError {
     #[error("GPU index {index} is out of range: this backend manages {count} GPU(s)")]

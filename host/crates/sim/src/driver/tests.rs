@@ -94,7 +94,7 @@ fn settings_survive_the_simulation_that_set_them() {
         clock.sleep_until(secs(1.0));
         assert_eq!(actuator.set_power_cap(0, 450.0004).unwrap(), 450.0);
         actuator.set_sm_clock_lock(1, Some((1000, 1500))).unwrap();
-        actuator.set_mem_clock_lock(1, Some((1, 100_000))).unwrap();
+        actuator.set_mem_clock_lock(1, Some((2201, 3201))).unwrap();
         workload.set_batch_size(0, 64).unwrap();
         // The simulation (the agent's process) ends here; the file stays.
     }
