@@ -59,6 +59,19 @@ fn sample_status() -> NodeStatus {
         fleet: Some(FleetStatus {
             domain: "rack-7".into(),
             node: "gpu-node-3".into(),
+            allowance_w: Some(2800.0),
+            holding: Some(tokwatt::api::Holding::Grant),
+            reserve_w: Some(1000.0),
+            grant: Some(tokwatt::api::GrantStatus {
+                watts: 2800.0,
+                generation: 7,
+                acknowledged: true,
+            }),
+            lease: Some(tokwatt::api::LeaseStatus {
+                id: "694d".into(),
+                holds_for_s: 1.5,
+            }),
+            apart_because: None,
         }),
         ..NodeStatus::default()
     };
@@ -71,6 +84,7 @@ fn sample_status() -> NodeStatus {
         last_power_w: Some(412.0),
         ..GpuStatus::default()
     });
+    status.node = Some(tokwatt::api::NodeTotals::of(&status.gpus));
     status
 }
 
@@ -694,7 +708,8 @@ fn tokwatt_status_and_policy_swap_talk_to_a_served_agent() {
         "H200",
         "3.500",
         "412.0",
-        "node gpu-node-3 in power domain rack-7",
+        "node gpu-node-3 in power domain rack-7: holding its grant: 2800 W (#7, acknowledged)",
+        "lease 694d",
     ] {
         assert!(text.contains(expected), "{expected:?} missing:\n{text}");
     }
@@ -707,17 +722,53 @@ fn tokwatt_status_and_policy_swap_talk_to_a_served_agent() {
     assert!(output.status.success(), "{}", stderr(&output));
     let status: NodeStatus = serde_json::from_slice(&output.stdout).expect("JSON status");
     assert_eq!(status, sample_status());
-    // `fleet` is additive within API version 1: the key as scripts read it, and a status
-    // from an agent that predates it (no key) still parses, as a node in no domain.
+    // `fleet` and `node` are additive within API version 1: the keys as scripts read
+    // them, and a status from an agent that predates them (no key, or a `fleet` with its
+    // domain and node only) still parses.
     let mut json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
     assert_eq!(json["api_version"], 1);
     assert_eq!(
         json["fleet"],
-        serde_json::json!({"domain": "rack-7", "node": "gpu-node-3"})
+        serde_json::json!({
+            "domain": "rack-7",
+            "node": "gpu-node-3",
+            "allowance_w": 2800.0,
+            "holding": "grant",
+            "reserve_w": 1000.0,
+            "grant": {"watts": 2800.0, "generation": 7, "acknowledged": true},
+            "lease": {"id": "694d", "holds_for_s": 1.5},
+            "apart_because": null,
+        })
     );
-    json.as_object_mut().expect("an object").remove("fleet");
+    let node = &json["node"];
+    for key in [
+        "gpus",
+        "power_cap_w",
+        "last_power_w",
+        "last_tokens_per_s",
+        "last_tokens_per_joule",
+        "tokens",
+        "energy_j",
+        "tokens_per_joule",
+    ] {
+        assert!(node.get(key).is_some(), "`node.{key}` missing: {node}");
+    }
+    assert_eq!(node["gpus"], 1);
+    assert_eq!(node["last_power_w"], 412.0);
+    let mut older_fleet = json.clone();
+    older_fleet["fleet"] = serde_json::json!({"domain": "rack-7", "node": "gpu-node-3"});
+    let older: NodeStatus =
+        serde_json::from_value(older_fleet).expect("a fleet without its allowance");
+    let place = older.fleet.expect("a domain");
+    assert_eq!(
+        (place.allowance_w, place.grant, place.lease),
+        (None, None, None)
+    );
+    let object = json.as_object_mut().expect("an object");
+    object.remove("fleet");
+    object.remove("node");
     let older: NodeStatus = serde_json::from_value(json).expect("a status without `fleet`");
-    assert_eq!(older.fleet, None);
+    assert_eq!((older.fleet, older.node), (None, None));
 
     let work = tempdir();
     let output = tokwatt()

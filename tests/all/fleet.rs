@@ -157,6 +157,29 @@ fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off(
     assert_eq!(gauge("tokwatt_fleet_allowance_watts"), 2800.0);
     assert_eq!(gauge("tokwatt_fleet_lease_live"), 1.0);
     assert_eq!(gauge("tokwatt_fleet_joins_total"), 1.0);
+    // Its status shows the grant it holds, enforced, and its lease (`tokwatt status`).
+    wait_for("the grant acknowledged", Duration::from_secs(10), || {
+        control
+            .status()
+            .fleet
+            .and_then(|f| f.grant)
+            .is_some_and(|g| g.acknowledged)
+    });
+    let fleet = control.status().fleet.expect("a node in a domain");
+    assert_eq!(
+        fleet.holding,
+        Some(tokwatt::api::Holding::Grant),
+        "{fleet:?}"
+    );
+    assert_eq!(fleet.allowance_w, Some(2800.0), "{fleet:?}");
+    assert_eq!(fleet.reserve_w, Some(1000.0), "{fleet:?}");
+    let lease = fleet.lease.as_ref().expect("a lease");
+    // The lease's 4 s less the 2 s margin, counted from the last renewal.
+    assert!(
+        !lease.id.is_empty() && lease.holds_for_s > 0.0 && lease.holds_for_s <= 2.0,
+        "{fleet:?}"
+    );
+    assert_eq!(fleet.apart_because, None, "{fleet:?}");
 
     // etcd goes away: the node cannot renew and drops to its reserve on its own, before
     // its lease could lapse (4 s, less a 2 s margin).
@@ -173,6 +196,18 @@ fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off(
     });
     assert_eq!(gauge("tokwatt_fleet_allowance_watts"), 1000.0);
     assert!(gauge("tokwatt_fleet_store_errors_total") >= 1.0);
+    let fleet = control.status().fleet.expect("a node in a domain");
+    assert_eq!(
+        fleet.holding,
+        Some(tokwatt::api::Holding::Reserve),
+        "{fleet:?}"
+    );
+    assert_eq!(
+        (fleet.allowance_w, fleet.grant),
+        (Some(1000.0), None),
+        "{fleet:?}"
+    );
+    assert!(fleet.apart_because.is_some(), "says why: {fleet:?}");
     *ceiling.lock().expect("lock") = 1000.0;
     std::thread::sleep(Duration::from_millis(500));
     done.store(true, Ordering::Relaxed);

@@ -93,6 +93,15 @@ impl AllowanceSnapshot {
         }
     }
 
+    /// `grant`, held until `deadline` (by the node's clock), then `reserve_w`.
+    pub fn granted(grant: Grant, deadline: Instant, reserve_w: f64) -> Self {
+        Self {
+            grant: Some(grant),
+            deadline: Some(deadline),
+            reserve_w,
+        }
+    }
+
     pub fn allowance(&self, now: Instant) -> Allowance {
         match (self.grant, self.deadline) {
             (Some(grant), Some(deadline)) if now < deadline => Allowance::Granted(Grant {
@@ -103,6 +112,19 @@ impl AllowanceSnapshot {
             }),
             _ => Allowance::Reserve(self.reserve_w),
         }
+    }
+
+    /// The reserve held without a grant.
+    pub fn reserve_w(&self) -> f64 {
+        self.reserve_w
+    }
+
+    /// How long from `now` the node may still hold a grant without renewing its lease:
+    /// until the lease could lapse, less the margin, by this node's clock (zero once
+    /// passed; `None` where it holds no lease).
+    pub fn holds_for(&self, now: Instant) -> Option<Duration> {
+        self.deadline
+            .map(|deadline| deadline.saturating_duration_since(now))
     }
 }
 
@@ -188,6 +210,11 @@ impl NodeLink {
 
     pub fn session(&self) -> Option<&NodeSession> {
         self.session.as_ref()
+    }
+
+    /// The generation of the last grant the node enforced and read back (0: none).
+    pub fn acked_generation(&self) -> u64 {
+        self.acked_generation
     }
 
     /// What the node may hold at `now`: the grant while the lease is surely live, else

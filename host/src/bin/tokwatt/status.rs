@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-use tokwatt::api::{self, ApiClient, GpuStatus, NodeStatus};
+use tokwatt::api::{self, ApiClient, FleetStatus, GpuStatus, Holding, NodeStatus, NodeTotals};
 use tokwatt::plugin::sanitize_text;
 
 /// Where the agent's control API is.
@@ -105,11 +105,9 @@ fn render(status: &NodeStatus) -> String {
         policy.previous.as_deref().map_or("none".into(), shown)
     ));
     if let Some(fleet) = &status.fleet {
-        line(format!(
-            "fleet      node {} in power domain {} (its GPUs' caps fit the grant the domain's coordinator writes)",
-            shown(&fleet.node),
-            shown(&fleet.domain)
-        ));
+        for text in fleet_lines(fleet, NodeTotals::of(&status.gpus).power_cap_w) {
+            line(text);
+        }
     }
     line(if status.paused {
         "loop       PAUSED: the settings in force are held and the policy is not asked".into()
@@ -139,6 +137,7 @@ fn render(status: &NodeStatus) -> String {
     for gpu in &status.gpus {
         line(gpu_row(gpu, &status.workload));
     }
+    line(node_row(&NodeTotals::of(&status.gpus)));
     let failures = &status.failures;
     let counted = [
         ("fallback ticks", failures.fallback_ticks),
@@ -194,6 +193,70 @@ fn gpu_row(gpu: &GpuStatus, workload: &str) -> String {
         figure(gpu.last_tokens_per_s, 0),
         figure(gpu.last_tpot_p99_ms, 2),
     )
+}
+
+/// The node's GPUs together, under their rows: caps and power summed, the node's tokens
+/// per joule (its tokens per second over its power).
+fn node_row(node: &NodeTotals) -> String {
+    format!(
+        "{:<4} {:<16} {:>7.0} {:>9} {:>6} {:>7} {:>8} {:>8} {:>11}",
+        "node",
+        format!("{} GPUs", node.gpus),
+        node.power_cap_w,
+        "",
+        "",
+        figure(node.last_tokens_per_joule, 3),
+        figure(node.last_power_w, 1),
+        figure(node.last_tokens_per_s, 0),
+        "",
+    )
+}
+
+/// A node in a power domain: which allowance it holds and why, its grant, its lease.
+fn fleet_lines(fleet: &FleetStatus, caps_in_force_w: f64) -> Vec<String> {
+    let place = format!(
+        "fleet      node {} in power domain {}",
+        shown(&fleet.node),
+        shown(&fleet.domain)
+    );
+    let (Some(allowance_w), Some(holding)) = (fleet.allowance_w, fleet.holding) else {
+        // An agent from before the allowance was in its status.
+        return vec![format!(
+            "{place} (its GPUs' caps fit the grant the domain's coordinator writes)"
+        )];
+    };
+    let reserve = fleet
+        .reserve_w
+        .map_or_else(String::new, |w| format!(", reserve {w:.0} W"));
+    let holds = match (holding, &fleet.grant) {
+        (Holding::Grant, Some(grant)) => format!(
+            "holding its grant: {allowance_w:.0} W (#{}, {}){reserve}",
+            grant.generation,
+            if grant.acknowledged {
+                "acknowledged"
+            } else {
+                "not yet acknowledged: the caps read back are above it"
+            }
+        ),
+        _ => format!("holding its reserve: {allowance_w:.0} W (no grant in force)"),
+    };
+    let mut lines = vec![
+        format!("{place}: {holds}"),
+        format!("           caps in force {caps_in_force_w:.0} W of {allowance_w:.0} W allowed"),
+    ];
+    let lease = match &fleet.lease {
+        Some(lease) => format!(
+            "           lease {}: the grant holds {:.1} s without a renewal",
+            shown(&lease.id),
+            lease.holds_for_s
+        ),
+        None => "           no lease (not joined)".to_owned(),
+    };
+    lines.push(match &fleet.apart_because {
+        Some(why) => format!("{lease}; last exchange with etcd: {}", shown(why)),
+        None => lease,
+    });
+    lines
 }
 
 /// The objective in force, in words.
@@ -268,5 +331,100 @@ mod tests {
         }
         status.simulated = false;
         assert!(!render(&status).contains("SIMULATED"));
+    }
+
+    /// Under the GPUs' rows, the node's: caps and power summed, and its tokens per joule
+    /// (tokens per second over power), issue 43 item 9.
+    #[test]
+    fn the_human_status_has_a_node_total() {
+        let mut status = NodeStatus::default();
+        for (gpu, (power, rate)) in [(400.0, 1200.0), (600.0, 2800.0)].into_iter().enumerate() {
+            let mut row = GpuStatus {
+                gpu: gpu as u32,
+                name: "H200".into(),
+                last_power_w: Some(power),
+                last_tokens_per_s: Some(rate),
+                ..GpuStatus::default()
+            };
+            row.in_force.power_cap_w = 700.0;
+            status.gpus.push(row);
+        }
+        let text = render(&status);
+        let node = text
+            .lines()
+            .find(|l| l.starts_with("node"))
+            .unwrap_or_else(|| panic!("no node row in:\n{text}"));
+        for expected in ["2 GPUs", "1400", "4.000", "1000.0", "4000"] {
+            assert!(
+                node.contains(expected),
+                "{expected:?} missing from {node:?}"
+            );
+        }
+        // Before the first tick the figures are unknown, not 0.
+        status.gpus[1].last_power_w = None;
+        let node = render(&status)
+            .lines()
+            .find(|l| l.starts_with("node"))
+            .map(str::to_owned)
+            .unwrap_or_default();
+        assert!(!node.contains("4.000"), "{node}");
+    }
+
+    /// A node in a power domain shows what it may hold, its grant and whether it enforced
+    /// it, its lease, and why it is cut off (issue 43 item 8).
+    #[test]
+    fn the_human_status_shows_the_allowance_grant_and_lease() {
+        let mut status = NodeStatus::default();
+        let mut row = GpuStatus::default();
+        row.in_force.power_cap_w = 700.0;
+        status.gpus = vec![row.clone(), row.clone(), row.clone(), row];
+        status.fleet = Some(FleetStatus {
+            domain: "rack-s".into(),
+            node: "n1".into(),
+            allowance_w: Some(2800.0),
+            holding: Some(Holding::Grant),
+            reserve_w: Some(1000.0),
+            grant: Some(api::GrantStatus {
+                watts: 2800.0,
+                generation: 7,
+                acknowledged: true,
+            }),
+            lease: Some(api::LeaseStatus {
+                id: "694d".into(),
+                holds_for_s: 1.84,
+            }),
+            apart_because: None,
+        });
+        let text = render(&status);
+        for expected in [
+            "node n1 in power domain rack-s: holding its grant: 2800 W (#7, acknowledged), reserve 1000 W",
+            "caps in force 2800 W of 2800 W allowed",
+            "lease 694d: the grant holds 1.8 s without a renewal",
+        ] {
+            assert!(
+                text.contains(expected),
+                "{expected:?} missing from:\n{text}"
+            );
+        }
+        let fleet = status.fleet.as_mut().expect("fleet");
+        fleet.allowance_w = Some(1000.0);
+        fleet.holding = Some(Holding::Reserve);
+        fleet.grant = None;
+        fleet.lease = None;
+        fleet.apart_because = Some("cannot renew: no etcd member answered".into());
+        let text = render(&status);
+        for expected in [
+            "holding its reserve: 1000 W (no grant in force)",
+            "no lease (not joined); last exchange with etcd: cannot renew",
+        ] {
+            assert!(
+                text.contains(expected),
+                "{expected:?} missing from:\n{text}"
+            );
+        }
+        // An older agent's status names the domain only.
+        let fleet = status.fleet.as_mut().expect("fleet");
+        fleet.allowance_w = None;
+        assert!(render(&status).contains("node n1 in power domain rack-s (its GPUs' caps"));
     }
 }

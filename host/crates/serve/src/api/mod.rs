@@ -45,16 +45,128 @@ pub struct NodeStatus {
     /// where it has none. Added within API version 1 (an older agent omits it).
     #[serde(default)]
     pub fleet: Option<FleetStatus>,
+    /// The node's GPUs together, as of the last tick ([`NodeTotals::of`] the `gpus`).
+    /// Added within API version 1 (an older agent omits it).
+    #[serde(default)]
+    pub node: Option<NodeTotals>,
 }
 
 /// A node's place in a power domain: what `tokwatt fleet ab` reads to learn which nodes
-/// share a budget (their grants move through the coordinator unless frozen).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+/// share a budget (their grants move through the coordinator unless frozen), and what
+/// the node may hold now. Every key after `node` was added within API version 1: an
+/// older agent omits them (`None`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct FleetStatus {
     /// The domain, as its budget names it.
     pub domain: String,
     /// This node, as the budget names it.
     pub node: String,
+    /// What the node's GPUs' power caps must sum within now, W: its grant while its
+    /// lease is surely live, else its reserve.
+    #[serde(default)]
+    pub allowance_w: Option<f64>,
+    /// Which of the two the allowance is.
+    #[serde(default)]
+    pub holding: Option<Holding>,
+    /// What the node holds without a grant, W: `fleet.reserve_w`, or the domain
+    /// budget's reserve for the node where that is lower.
+    #[serde(default)]
+    pub reserve_w: Option<f64>,
+    /// The coordinator's grant in force (`None`: none yet, or the lease could have
+    /// lapsed, so the node holds its reserve).
+    #[serde(default)]
+    pub grant: Option<GrantStatus>,
+    /// The node's lease in etcd (`None`: not joined; `apart_because` says why).
+    #[serde(default)]
+    pub lease: Option<LeaseStatus>,
+    /// Why the node is not joined or could not renew or read its grant at its last
+    /// exchange with etcd (`None`: that exchange went through).
+    #[serde(default)]
+    pub apart_because: Option<String>,
+}
+
+/// Which allowance a node in a power domain holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Holding {
+    /// The coordinator's grant.
+    Grant,
+    /// Its reserve: no grant yet, or it could not renew its lease in time.
+    Reserve,
+}
+
+/// The coordinator's grant a node holds.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct GrantStatus {
+    pub watts: f64,
+    /// Rises with every grant the coordinator writes to the node.
+    pub generation: u64,
+    /// The node has enforced it: its GPUs' caps, read back, were within it when it last
+    /// reported (until then the coordinator charges the node its earlier, higher grants).
+    pub acknowledged: bool,
+}
+
+/// A node's lease, by its own clock.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct LeaseStatus {
+    /// etcd's lease ID, in hex (as `tokwatt fleet show` prints it).
+    pub id: String,
+    /// How long the node may still hold its grant without renewing, s: until the lease
+    /// could lapse less `fleet.margin`. At 0 the node holds its reserve.
+    pub holds_for_s: f64,
+}
+
+/// The node's GPUs together, as of the last tick.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct NodeTotals {
+    pub gpus: usize,
+    /// The GPUs' power caps in force, summed, W.
+    pub power_cap_w: f64,
+    /// The last tick's power, summed, W (`None` before the first tick).
+    pub last_power_w: Option<f64>,
+    /// The last tick's tokens per second, summed.
+    pub last_tokens_per_s: Option<f64>,
+    /// The node's tokens per joule over the last tick: its tokens per second over its
+    /// power (`None` before the first tick, or without power).
+    pub last_tokens_per_joule: Option<f64>,
+    /// Since the agent started.
+    pub tokens: u64,
+    pub energy_j: f64,
+    /// `tokens` over `energy_j` (0 before any energy).
+    pub tokens_per_joule: f64,
+}
+
+impl NodeTotals {
+    /// The sums over `gpus`. A last-tick figure is summed only where every GPU has it.
+    pub fn of(gpus: &[GpuStatus]) -> Self {
+        let sum = |figure: fn(&GpuStatus) -> Option<f64>| -> Option<f64> {
+            gpus.iter().map(figure).sum::<Option<f64>>()
+        };
+        let last_power_w = sum(|g| g.last_power_w).filter(|_| !gpus.is_empty());
+        let last_tokens_per_s = sum(|g| g.last_tokens_per_s).filter(|_| !gpus.is_empty());
+        let tokens = gpus
+            .iter()
+            .map(|g| g.tokens)
+            .fold(0u64, u64::saturating_add);
+        let energy_j: f64 = gpus.iter().map(|g| g.energy_j).sum();
+        Self {
+            gpus: gpus.len(),
+            power_cap_w: gpus.iter().map(|g| g.in_force.power_cap_w).sum(),
+            last_power_w,
+            last_tokens_per_s,
+            last_tokens_per_joule: match (last_tokens_per_s, last_power_w) {
+                (Some(rate), Some(power)) if power > 0.0 => Some(rate / power),
+                _ => None,
+            },
+            tokens,
+            energy_j,
+            tokens_per_joule: if energy_j > 0.0 {
+                tokens as f64 / energy_j
+            } else {
+                0.0
+            },
+        }
+    }
 }
 
 /// The node's objective in force and its guard, as of the last tick.

@@ -194,6 +194,11 @@ impl ServeControl {
         self.metrics.observe_fleet(reading);
     }
 
+    /// The node's place in its power domain as of this tick, for the status.
+    pub(super) fn observe_fleet_status(&self, fleet: crate::api::FleetStatus) {
+        self.live.lock().status.fleet = Some(fleet);
+    }
+
     pub(super) fn observe_allowance(&self, allowance: tokwatt_fleet::Allowance) {
         self.metrics.observe_allowance(
             allowance.watts(),
@@ -348,6 +353,7 @@ impl ServeControl {
                 gpu.slo_violation_ticks = run.slo_violation_ticks;
             }
         }
+        status.node = Some(crate::api::NodeTotals::of(&status.gpus));
         drop(live);
         self.live.notify();
     }

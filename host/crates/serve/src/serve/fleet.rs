@@ -19,6 +19,7 @@ use tokwatt_fleet::{Allowance, AllowanceSnapshot, FleetStore, LinkState, NodeLin
 use super::config::FleetConfig;
 use super::control::ServeControl;
 use super::fence::FenceDeclaration;
+use crate::api::{FleetStatus, GrantStatus, Holding, LeaseStatus};
 use crate::metrics::FleetReading;
 
 /// What the loop reads every tick: the fleet thread's latest snapshot.
@@ -38,7 +39,7 @@ impl SharedAllowance {
         *self.snapshot.lock().unwrap_or_else(PoisonError::into_inner) = snapshot;
     }
 
-    fn snapshot(&self) -> AllowanceSnapshot {
+    pub(super) fn snapshot(&self) -> AllowanceSnapshot {
         *self.snapshot.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -73,12 +74,76 @@ pub(super) struct Figures {
     pub ticks: u64,
 }
 
+/// What the fleet thread last learnt of the node's link, for the status.
+#[derive(Debug, Clone, PartialEq)]
+struct LinkView {
+    /// The lease the node's record lives under (`None`: not joined).
+    lease: Option<i64>,
+    /// Why the last exchange did not go through (`None`: it did).
+    apart_because: Option<String>,
+    /// The last grant generation the node enforced and read back.
+    acked_generation: u64,
+}
+
+impl LinkView {
+    fn of(link: &NodeLink) -> Self {
+        Self {
+            lease: link.session().map(|session| session.lease),
+            apart_because: match link.state() {
+                LinkState::Live => None,
+                LinkState::Apart(why) => Some(why.clone()),
+            },
+            acked_generation: link.acked_generation(),
+        }
+    }
+}
+
+/// The node's place in its domain at `now`: its allowance from the loop's snapshot, its
+/// lease and acknowledgement from the link.
+fn fleet_status(
+    place: &FleetStatus,
+    snapshot: &AllowanceSnapshot,
+    link: &LinkView,
+    now: Instant,
+) -> FleetStatus {
+    let allowance = snapshot.allowance(now);
+    let grant = match allowance {
+        Allowance::Granted(grant) => Some(GrantStatus {
+            watts: grant.watts,
+            generation: grant.generation,
+            acknowledged: link.acked_generation >= grant.generation,
+        }),
+        Allowance::Reserve(_) => None,
+    };
+    FleetStatus {
+        allowance_w: Some(allowance.watts()),
+        holding: Some(if grant.is_some() {
+            Holding::Grant
+        } else {
+            Holding::Reserve
+        }),
+        reserve_w: Some(snapshot.reserve_w()),
+        grant,
+        lease: link.lease.map(|id| LeaseStatus {
+            id: format!("{id:x}"),
+            holds_for_s: snapshot
+                .holds_for(now)
+                .map_or(0.0, |left| left.as_secs_f64()),
+        }),
+        apart_because: link.apart_because.clone(),
+        ..place.clone()
+    }
+}
+
 /// The node's side, shared by the loop (allowance, figures) and the fleet thread.
 #[derive(Debug)]
 pub(super) struct FleetNode {
     pub allowance: Arc<SharedAllowance>,
     figures: Mutex<Figures>,
     allowance_cuts_seen: Mutex<u64>,
+    /// The domain and node names (the rest of the status is filled in each tick).
+    place: FleetStatus,
+    link: Mutex<LinkView>,
 }
 
 impl FleetNode {
@@ -87,7 +152,33 @@ impl FleetNode {
             allowance: Arc::new(SharedAllowance::new(config.link.reserve_w)),
             figures: Mutex::new(Figures::default()),
             allowance_cuts_seen: Mutex::new(0),
+            place: FleetStatus {
+                domain: config.link.domain.clone(),
+                node: config.link.node.clone(),
+                ..FleetStatus::default()
+            },
+            link: Mutex::new(LinkView {
+                lease: None,
+                apart_because: Some("not joined yet".into()),
+                acked_generation: 0,
+            }),
         })
+    }
+
+    /// The node's place in its domain at `now`, for the status (on the loop's thread:
+    /// two short locks, no network).
+    pub(super) fn status(&self, now: Instant) -> FleetStatus {
+        let link = self
+            .link
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        fleet_status(&self.place, &self.allowance.snapshot(), &link, now)
+    }
+
+    /// After each exchange with the store, on the fleet thread.
+    fn observe_link(&self, link: &NodeLink) {
+        *self.link.lock().unwrap_or_else(PoisonError::into_inner) = LinkView::of(link);
     }
 
     /// After each tick, on the loop's thread.
@@ -270,6 +361,7 @@ fn run(
             );
             link.exchange(store, &report);
             node.allowance.publish(link.snapshot());
+            node.observe_link(&link);
             let now = link.allowance(Instant::now());
             let counts = link.counts();
             control.observe_fleet(&FleetReading {
@@ -294,13 +386,90 @@ fn run(
     if let Err(error) = link.leave(store) {
         tracing::warn!("fleet: leaving the domain: {error}; the lease lapses on its own");
     }
+    node.observe_link(&link);
 }
 
 #[cfg(test)]
 mod tests {
-    use tokwatt_core::types::{ClockEvents, Observation};
+    use std::time::{Duration, Instant};
 
-    use super::power_bound;
+    use tokwatt_core::types::{ClockEvents, Observation};
+    use tokwatt_fleet::{AllowanceSnapshot, Grant};
+
+    use super::{FleetStatus, Holding, LinkView, fleet_status, power_bound};
+
+    /// The status says which allowance the node holds, its grant and whether it enforced
+    /// it, its lease and how long the grant holds without a renewal, and why it is apart.
+    #[test]
+    fn the_status_shows_the_allowance_the_grant_and_the_lease() {
+        let place = FleetStatus {
+            domain: "rack-s".into(),
+            node: "n1".into(),
+            ..FleetStatus::default()
+        };
+        let now = Instant::now();
+        let grant = Grant {
+            generation: 7,
+            watts: 2800.0,
+            ceiling_w: 2800.0,
+            under_freeze: None,
+        };
+        let snapshot = AllowanceSnapshot::granted(grant, now + Duration::from_secs(2), 1000.0);
+        let link = LinkView {
+            lease: Some(0x694d),
+            apart_because: None,
+            acked_generation: 7,
+        };
+        let status = fleet_status(&place, &snapshot, &link, now);
+        assert_eq!(
+            (status.domain.as_str(), status.node.as_str()),
+            ("rack-s", "n1")
+        );
+        assert_eq!(status.allowance_w, Some(2800.0));
+        assert_eq!(status.holding, Some(Holding::Grant));
+        assert_eq!(status.reserve_w, Some(1000.0));
+        let held = status.grant.expect("a grant");
+        assert!(held.acknowledged && held.generation == 7 && held.watts == 2800.0);
+        let lease = status.lease.expect("a lease");
+        assert_eq!(lease.id, "694d");
+        assert!((lease.holds_for_s - 2.0).abs() < 1e-9, "{lease:?}");
+
+        // Not yet enforced: not acknowledged.
+        let behind = LinkView {
+            acked_generation: 6,
+            ..link.clone()
+        };
+        let status = fleet_status(&place, &snapshot, &behind, now);
+        assert!(!status.grant.expect("a grant").acknowledged);
+
+        // Past the deadline (etcd unreachable): the reserve, the lease held 0 s more.
+        let cut_off = LinkView {
+            apart_because: Some("cannot renew: no etcd member answered".into()),
+            ..link
+        };
+        let later = now + Duration::from_secs(3);
+        let status = fleet_status(&place, &snapshot, &cut_off, later);
+        assert_eq!(status.allowance_w, Some(1000.0));
+        assert_eq!(status.holding, Some(Holding::Reserve));
+        assert!(status.grant.is_none());
+        assert_eq!(status.lease.expect("still named").holds_for_s, 0.0);
+        assert!(
+            status
+                .apart_because
+                .as_deref()
+                .is_some_and(|why| why.contains("cannot renew"))
+        );
+
+        // Never joined: no lease, the reserve.
+        let apart = LinkView {
+            lease: None,
+            apart_because: Some("not joined yet".into()),
+            acked_generation: 0,
+        };
+        let status = fleet_status(&place, &AllowanceSnapshot::reserve(1000.0), &apart, now);
+        assert!(status.lease.is_none() && status.grant.is_none());
+        assert_eq!(status.holding, Some(Holding::Reserve));
+    }
 
     #[test]
     fn only_a_gpu_its_cap_holds_down_asks_for_more_watts() {

@@ -427,11 +427,11 @@ pub fn start(
     let (swap_sender, swap_port) = swap_channel();
     let (command_sender, commands) = std::sync::mpsc::channel::<LoopCommand>();
     let live = Arc::new(Live::new(&meta, &node.devices));
-    // The domain it shares a budget in: `tokwatt fleet ab` reads it to freeze the grants.
-    live.lock().status.fleet = config.fleet.as_ref().map(|fleet| crate::api::FleetStatus {
-        domain: fleet.link.domain.clone(),
-        node: fleet.link.node.clone(),
-    });
+    // The domain it shares a budget in (`tokwatt fleet ab` reads it to freeze the
+    // grants) and, from the first tick on, what it may hold there.
+    live.lock().status.fleet = fleet_node
+        .as_ref()
+        .map(|fleet| fleet.status(std::time::Instant::now()));
     let control = Arc::new(ServeControl::new(control::Parts {
         live: Arc::clone(&live),
         host,
@@ -522,6 +522,8 @@ pub fn start(
                             if let Some(fleet) = &fleet_node {
                                 fleet.observe(&progress);
                                 control.observe_allowance(fleet.allowance.now());
+                                control
+                                    .observe_fleet_status(fleet.status(std::time::Instant::now()));
                             }
                             if last_summary.elapsed() >= summary_every {
                                 last_summary = std::time::Instant::now();
