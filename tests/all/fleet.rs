@@ -402,6 +402,44 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
         text.contains("node a is fenced in the budget but declares no fence"),
         "{text}"
     );
+    // The same ledger for scripts: `--json`, the keys of the book's fleet page.
+    let show = tokwatt()
+        .args([
+            "fleet", "show", "--etcd", &endpoint, "--domain", "rack-c", "--json",
+        ])
+        .output()
+        .expect("runs");
+    assert!(
+        show.status.success(),
+        "{}",
+        String::from_utf8_lossy(&show.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&show.stdout).expect("only JSON");
+    assert_eq!(json["format_version"], 1);
+    assert_eq!(json["domain"], "rack-c");
+    assert_eq!(json["available_w"], 4000.0);
+    let nodes = json["nodes"].as_array().expect("nodes");
+    let a = nodes.iter().find(|n| n["node"] == "a").expect("node a");
+    let b = nodes.iter().find(|n| n["node"] == "b").expect("node b");
+    assert_eq!(
+        (&a["live"], &a["why"]),
+        (&true.into(), &"live".into()),
+        "{a}"
+    );
+    assert_eq!(a["lease"], format!("{:x}", node.lease), "{a}");
+    assert!(
+        a["grant"]["watts"]
+            .as_f64()
+            .is_some_and(|w| w > 1000.0 && w <= 3000.0 + 1e-6),
+        "{a}"
+    );
+    assert_eq!(a["fence_missing"], true, "{a}");
+    assert_eq!(a["report"]["caps_in_force_w"], 1000.0, "{a}");
+    assert_eq!(
+        (&b["live"], &b["why"]),
+        (&false.into(), &"never-heard".into()),
+        "{b}"
+    );
 
     // SIGTERM: the replica resigns, and another can lead at once, well inside the TTL.
     let status = std::process::Command::new("kill")

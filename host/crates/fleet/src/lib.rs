@@ -14,6 +14,7 @@ pub mod coordinator;
 pub mod etcd;
 pub mod ledger;
 pub mod node;
+pub mod show;
 pub mod store;
 
 pub use allocator::{Allocation, Allocator, MarginalAllocator};

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use tokwatt::fleet::etcd::{ClientFiles, EtcdFleet, EtcdTls, TlsError, TlsFile, TlsFiles};
-use tokwatt::fleet::ledger::{Entry, Why};
+use tokwatt::fleet::ledger::Why;
+use tokwatt::fleet::show::{LedgerDocument, acknowledged, why_words};
 use tokwatt::fleet::{
     Coordinator, CoordinatorConfig, DomainBudget, FleetStore, FrozenWrite, Hold, Ledger,
     MarginalAllocator, Round,
@@ -129,6 +130,10 @@ pub struct ShowArgs {
     etcd: EtcdArgs,
     #[arg(long)]
     domain: String,
+    /// Print the ledger as JSON (stable keys, `format_version` 1: the book's fleet page,
+    /// "Watching it") instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -202,33 +207,6 @@ fn budget(args: &BudgetArgs) -> Result<()> {
     Ok(())
 }
 
-/// Why a node is charged what it is, and until when, in words.
-fn why(entry: &Entry) -> String {
-    match entry.why {
-        Why::Live => "live".to_owned(),
-        Why::SilentFenced { frees_in, then_w } => match entry.silent_for {
-            Some(_) => format!(
-                "silent, fenced: {then_w:.0} W in {:.0} s",
-                frees_in.as_secs_f64()
-            ),
-            // A reader that does not lead does not know since when.
-            None => format!(
-                "silent, fenced: {then_w:.0} W at most {:.0} s after the leader saw it silent",
-                frees_in.as_secs_f64()
-            ),
-        },
-        Why::FenceElapsed if entry.charged_w > entry.budget.reserve_w => {
-            "silent, its fence acted; it does not cover a reboot (its board defaults)".to_owned()
-        }
-        Why::FenceElapsed => "silent, its fence acted".to_owned(),
-        Why::SilentUnfenced => {
-            "silent, no fence: until it reports again or `tokwatt fleet release`".to_owned()
-        }
-        Why::Released => "silent, released".to_owned(),
-        Why::NeverHeard => "never heard".to_owned(),
-    }
-}
-
 fn show(args: &ShowArgs) -> Result<()> {
     let store = args.etcd.connect()?;
     let Some(view) = store.read_domain(&args.domain)? else {
@@ -238,6 +216,12 @@ fn show(args: &ShowArgs) -> Result<()> {
         );
     };
     let ledger = Ledger::from_view(view);
+    if args.json {
+        let document = serde_json::to_string_pretty(&LedgerDocument::of(&ledger))
+            .context("writing the ledger as JSON")?;
+        println!("{document}");
+        return Ok(());
+    }
     let mut table = comfy_table::Table::new();
     table
         .load_preset(comfy_table::presets::NOTHING)
@@ -272,15 +256,15 @@ fn show(args: &ShowArgs) -> Result<()> {
                     None => format!("{:.0} (#{})", g.watts, g.generation),
                 },
             ),
-            match (entry.grant, report) {
-                (Some(g), Some(r)) if r.acked_generation >= g.generation => "yes".to_owned(),
-                (Some(g), Some(_)) => format!("no (ceiling {:.0} W)", g.ceiling_w),
+            match (entry.grant, acknowledged(entry)) {
+                (_, Some(true)) => "yes".to_owned(),
+                (Some(g), Some(false)) => format!("no (ceiling {:.0} W)", g.ceiling_w),
                 _ => "-".to_owned(),
             },
             report.map_or_else(|| "-".to_owned(), |r| format!("{:.0}", r.caps_in_force_w)),
             report.map_or_else(|| "-".to_owned(), |r| format!("{:.0}", r.draw_w)),
             format!("{:.0}", entry.charged_w),
-            why(entry),
+            why_words(entry),
             format!("{:.0}", entry.stranded_w),
             format!("{:.0}", entry.budget.reserve_w),
         ]);
@@ -360,7 +344,7 @@ fn release(args: &ReleaseArgs) -> Result<()> {
         args.node,
         args.domain,
         entry.charged_w,
-        why(entry),
+        why_words(entry),
         entry.stranded_w
     );
     println!(

@@ -44,6 +44,11 @@ pub struct RunArgs {
     /// No progress lines.
     #[arg(long, short)]
     quiet: bool,
+    /// Print the result as JSON on standard output instead of the summary's lines: the
+    /// run's summary.json in an envelope with the output folder and its files (progress
+    /// stays on standard error).
+    #[arg(long)]
+    json: bool,
     /// Testing aid: panic after this many ticks (to check that settings are restored).
     #[arg(long, hide = true)]
     debug_panic_after_ticks: Option<u64>,
@@ -150,6 +155,9 @@ pub fn run(args: RunArgs) -> Result<()> {
     })?;
     // Dropping the backends puts back every setting the run changed (SettingsGuard).
     drop(backends);
+    if args.json {
+        return crate::json_out::JsonResult::new("run", Some(&out_dir), &summary).print();
+    }
     print_summary(&summary, &out_dir);
     Ok(())
 }
