@@ -157,9 +157,9 @@ pub struct Assembled {
     /// Knobs the spec asked for and the policy does not get, with the reason (shown to
     /// the operator).
     pub withheld: Vec<Withheld>,
-    /// Whether settings on real hardware may change, so the original settings must be
-    /// saved before the first change and restored after (see [`crate::restore`]).
-    pub changes_hardware: bool,
+    /// Whether the actuator changes a real GPU's settings (a real GPU, not a dry run):
+    /// see [`Assembled::guard_settings`].
+    pub real_settings: bool,
     /// The simulator, for runs on it (ground truth for tests and judging).
     pub sim: Option<SimGpu>,
     /// What the operator and the backends offer, knob by knob: a policy swapped in later
@@ -168,6 +168,54 @@ pub struct Assembled {
     /// Knobs this process may not change on the hardware (no privileges), with why: a
     /// policy asking for one is refused, as the first one would have been.
     pub not_permitted: Vec<Withheld>,
+}
+
+impl Assembled {
+    /// Whether a GPU setting may change in the node's lifetime, turning `knobs` (a run's:
+    /// its policy's; a served node's: every hardware knob, for a policy swapped in later
+    /// may take any).
+    pub fn changes_hardware(&self, knobs: Knobs) -> bool {
+        self.real_settings && (knobs.power_cap || knobs.sm_clock)
+    }
+
+    /// The one rule for keeping a node's original settings, for every command that runs
+    /// one (`run`, `ab`, `serve`): where a GPU setting may change turning `knobs`, or where
+    /// the operator names a state file (on the simulator: to test restoring), the actuator
+    /// is wrapped in a [`SettingsGuard`] that saves every GPU's settings before the first
+    /// change (restoring first what a stopped run left behind) and puts them back when the
+    /// node ends, however it ends. `group`: one of several groups of GPUs run side by side
+    /// (`ab --crossover`), each with a state file of its own (`NAME.gpuG.json`).
+    /// `power_ceiling_w`: the most a restore may put back, summed (a fleet node's reserve).
+    /// Returns the state file kept, if any.
+    pub fn guard_settings(
+        &mut self,
+        named: Option<PathBuf>,
+        knobs: Knobs,
+        group: Option<usize>,
+        power_ceiling_w: Option<f64>,
+    ) -> Result<Option<PathBuf>, crate::restore::RestoreError> {
+        let path = match named {
+            Some(path) => path,
+            None if self.changes_hardware(knobs) => crate::restore::StateFile::default_path(),
+            None => return Ok(None),
+        };
+        let path = match group {
+            Some(g) => path.with_extension(format!("gpu{g}.json")),
+            None => path,
+        };
+        let placeholder: Box<dyn Actuator> = Box::new(DryRun::new(Vec::new(), Vec::new()));
+        let actuator = std::mem::replace(&mut self.backends.actuator, placeholder);
+        let mut guard = crate::restore::SettingsGuard::new(
+            crate::restore::StateFile::new(path.clone()),
+            actuator,
+        );
+        if let Some(watts) = power_ceiling_w {
+            guard = guard.with_power_ceiling(watts);
+        }
+        let armed = guard.arm();
+        self.backends.actuator = Box::new(guard);
+        armed.map(|()| Some(path))
+    }
 }
 
 /// A knob the spec asked for that the run does not grant.
@@ -445,7 +493,7 @@ fn assemble_sim(
         meta,
         knobs,
         withheld,
-        changes_hardware: false,
+        real_settings: false,
         sim: Some(sim),
         offered: operator_offer(request),
         not_permitted: Vec::new(),
@@ -495,7 +543,7 @@ pub fn assemble_sim_with_engine(
         meta,
         knobs,
         withheld,
-        changes_hardware: false,
+        real_settings: false,
         sim: Some(sim),
         offered,
         not_permitted: Vec::new(),
@@ -598,7 +646,7 @@ fn assemble_gpu(
         meta,
         knobs,
         withheld,
-        changes_hardware: !target.dry_run && (knobs.power_cap || knobs.sm_clock),
+        real_settings: !target.dry_run,
         sim: None,
         offered,
         not_permitted,
@@ -885,6 +933,45 @@ mod tests {
         assert_eq!(withheld_hint(&[], true), None);
     }
 
+    /// The one rule for keeping original settings, as `run`, `ab` and `serve` apply it:
+    /// a state file where a GPU setting may change or where one is named, none otherwise.
+    #[test]
+    fn the_original_settings_are_kept_by_one_rule() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let request = BackendRequest {
+            target: Target::Sim(SimTarget::new("h200")),
+            seed: 1,
+            batch_only: false,
+        };
+        let cap = Knobs {
+            power_cap: true,
+            ..Knobs::default()
+        };
+        let batch = Knobs {
+            batch_size: true,
+            ..Knobs::default()
+        };
+        // The simulator, nothing named: nothing kept.
+        let mut assembled = assemble(&request, "rule", cap).expect("assembles");
+        assert!(!assembled.changes_hardware(cap));
+        assert_eq!(
+            assembled.guard_settings(None, cap, None, None).unwrap(),
+            None
+        );
+        // Named: kept, on the simulator too (to test restoring), per group where asked.
+        let named = dir.path().join("state.json");
+        let kept = assembled
+            .guard_settings(Some(named.clone()), cap, Some(1), None)
+            .unwrap();
+        assert_eq!(kept, Some(dir.path().join("state.gpu1.json")));
+        assert!(dir.path().join("state.gpu1.json").exists(), "armed: saved");
+        // Real settings: kept where a cap or clock may change, not for the batch alone.
+        let mut real = assemble(&request, "rule", cap).expect("assembles");
+        real.real_settings = true;
+        assert!(real.changes_hardware(cap) && !real.changes_hardware(batch));
+        assert_eq!(real.guard_settings(None, batch, None, None).unwrap(), None);
+    }
+
     #[test]
     fn batch_only_withholds_caps_and_clocks_on_the_simulator_too() {
         let request = BackendRequest {
@@ -901,7 +988,7 @@ mod tests {
             }
         );
         assert_eq!(assembled.withheld.len(), 2);
-        assert!(assembled.meta.simulated && !assembled.changes_hardware);
+        assert!(assembled.meta.simulated && !assembled.real_settings);
     }
 
     #[test]

@@ -15,8 +15,7 @@ use tokwatt::ab::{self, AbOutcome, AbRequest, Schedule, SequentialPlan};
 use tokwatt::assembly::{
     self, Assembled, BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource,
 };
-use tokwatt::control::Backends;
-use tokwatt::restore::{SettingsGuard, StateFile};
+
 use tokwatt::spec::PolicySpec;
 
 use crate::plugin_places::PluginPlaces;
@@ -55,6 +54,11 @@ pub struct AbArgs {
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
+    /// Print the result as JSON on standard output instead of the verdict's lines: ab.json
+    /// in an envelope with the output folder and its files (progress stays on standard
+    /// error).
+    #[arg(long)]
+    json: bool,
     #[command(flatten)]
     target: TargetArgs,
 }
@@ -220,16 +224,23 @@ pub fn ab(args: AbArgs) -> Result<()> {
     for (g, group) in groups.iter().enumerate() {
         let assembled = assembly::assemble(group, &a.name, a.knobs)?;
         grant_both(&assembled, &mut a, &mut b, g == 0);
-        let state_file = args.target.state_file.clone().map(|path| {
-            if args.crossover {
-                path.with_extension(format!("gpu{g}.json"))
-            } else {
-                path
-            }
-        });
-        let (group_backends, group_meta) = guard(assembled, state_file, args.crossover, g)?;
-        backends.push(group_backends);
-        meta.get_or_insert(group_meta);
+        let mut assembled = assembled;
+        // The one rule for keeping the original settings, over both arms' knobs.
+        let knobs = tokwatt::types::Knobs {
+            power_cap: a.knobs.power_cap || b.knobs.power_cap,
+            sm_clock: a.knobs.sm_clock || b.knobs.sm_clock,
+            batch_size: a.knobs.batch_size || b.knobs.batch_size,
+        };
+        assembled
+            .guard_settings(
+                args.target.state_file.clone(),
+                knobs,
+                args.crossover.then_some(g),
+                None,
+            )
+            .context("saving the original GPU settings before the comparison")?;
+        backends.push(assembled.backends);
+        meta.get_or_insert(assembled.meta);
     }
     let mut meta = meta.context("no GPU to run on")?;
     std::fs::create_dir_all(&out_dir)
@@ -309,6 +320,9 @@ pub fn ab(args: AbArgs) -> Result<()> {
     // The backends (and their settings guards) are gone: every setting is restored.
     tokwatt::ab::report::write_ab_outputs(&out_dir, &outcome)
         .with_context(|| format!("writing ab.json and report.html in {}", out_dir.display()))?;
+    if args.json {
+        return crate::json_out::JsonResult::new("ab", Some(&out_dir), &outcome).print();
+    }
     print_outcome(&outcome, &out_dir);
     Ok(())
 }
@@ -366,32 +380,6 @@ fn grant_both(assembled: &Assembled, a: &mut PolicySpec, b: &mut PolicySpec, say
         }
         spec.knobs = knobs;
     }
-}
-
-/// The group's backends, with a settings guard where real settings may change (as
-/// `tokwatt run` does).
-fn guard(
-    mut assembled: Assembled,
-    state_file: Option<PathBuf>,
-    crossover: bool,
-    group: usize,
-) -> Result<(Backends, tokwatt::assembly::RunMeta)> {
-    if assembled.changes_hardware {
-        let path = state_file.unwrap_or_else(|| {
-            let default = StateFile::default_path();
-            if crossover {
-                default.with_extension(format!("gpu{group}.json"))
-            } else {
-                default
-            }
-        });
-        let mut guard = SettingsGuard::new(StateFile::new(path), assembled.backends.actuator);
-        guard
-            .arm()
-            .context("saving the original GPU settings before the comparison")?;
-        assembled.backends.actuator = Box::new(guard);
-    }
-    Ok((assembled.backends, assembled.meta))
 }
 
 fn print_outcome(o: &AbOutcome, out: &Path) {

@@ -12,7 +12,8 @@ use tokwatt::agent::{self, AgentError, RunRequest, RunSummary};
 use tokwatt::assembly;
 use tokwatt::control::Progress;
 use tokwatt::prometheus;
-use tokwatt::restore::{SettingsGuard, StateFile};
+use tokwatt::recorder::{OutputBounds, Rotation};
+
 use tokwatt::spec::PolicySpec;
 
 use crate::plugin_places::PluginPlaces;
@@ -36,6 +37,22 @@ pub struct RunArgs {
     /// Replace an earlier run's files in --out.
     #[arg(long)]
     overwrite: bool,
+    /// Size at which each output file (trace.csv, observations.jsonl, requests.jsonl) is
+    /// rotated, MiB: the full file becomes trace.1.csv (older ones shift up) and a new one
+    /// starts, each with its header.
+    #[arg(long, value_name = "MIB", default_value_t = OutputBounds::DEFAULT_MAX_FILE_MIB,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_file_mib: u64,
+    /// Rotated files kept of each kind: each kind holds at most (keep + 1) × --max-file-mib,
+    /// the oldest ticks rotated away first (replay and report read what is kept).
+    #[arg(long, value_name = "N", default_value_t = OutputBounds::DEFAULT_KEEP_FILES,
+          value_parser = clap::value_parser!(u32).range(0..=1000))]
+    keep_files: u32,
+    /// Lines requests.jsonl holds at most: the run's first finished requests. Later ones are
+    /// counted in summary.json (request_latency.requests_not_written), not written; the
+    /// latency quantiles cover every request. 0 writes none.
+    #[arg(long, value_name = "N", default_value_t = OutputBounds::DEFAULT_MAX_REQUEST_LINES)]
+    max_request_lines: u64,
     /// Seed for the simulator and the policy's random source.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -97,24 +114,11 @@ pub fn run(args: RunArgs) -> Result<()> {
     let withheld_hint = assembly::withheld_hint(&assembled.withheld, request.batch_only);
     spec.knobs = assembled.knobs;
     let node_knobs = assembled.offered.knobs();
-    // A simulated run keeps a state file only when asked (to test restoring).
-    let keeps_state = assembled.changes_hardware
-        || (assembled.meta.simulated && args.target.state_file.is_some());
-    if keeps_state {
-        // Saves the original settings before the first change (restoring first whatever
-        // a crashed run left behind) and puts them back when the run ends, however it ends.
-        let state = StateFile::new(
-            args.target
-                .state_file
-                .clone()
-                .unwrap_or_else(StateFile::default_path),
-        );
-        let mut guard = SettingsGuard::new(state, assembled.backends.actuator);
-        guard
-            .arm()
-            .context("saving the original GPU settings before the run")?;
-        assembled.backends.actuator = Box::new(guard);
-    }
+    // The one rule for keeping the original settings (assembly::Assembled::guard_settings).
+    let policy_knobs = spec.knobs;
+    assembled
+        .guard_settings(args.target.state_file.clone(), policy_knobs, None, None)
+        .context("saving the original GPU settings before the run")?;
     let out_dir = match &args.out {
         Some(dir) => dir.clone(),
         None => fresh_out_dir(Path::new("out"), &spec.name),
@@ -132,6 +136,13 @@ pub fn run(args: RunArgs) -> Result<()> {
         rules,
         rules_source,
         node_knobs,
+        output: OutputBounds {
+            rotation: Some(Rotation {
+                max_bytes: args.max_file_mib.saturating_mul(1024 * 1024),
+                keep: args.keep_files,
+            }),
+            max_request_lines: Some(args.max_request_lines),
+        },
     };
     let meta = assembled.meta;
     if !args.quiet {
@@ -158,7 +169,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     if args.json {
         return crate::json_out::JsonResult::new("run", Some(&out_dir), &summary).print();
     }
-    print_summary(&summary, &out_dir);
+    print_summary(&summary, &out_dir, &args);
     Ok(())
 }
 
@@ -255,7 +266,7 @@ impl ProgressReporter {
     }
 }
 
-fn print_summary(s: &RunSummary, out: &Path) {
+fn print_summary(s: &RunSummary, out: &Path, args: &RunArgs) {
     let t = &s.totals;
     let source = s.meta.source_line();
     println!();
@@ -302,6 +313,19 @@ fn print_summary(s: &RunSummary, out: &Path) {
             t.clamped_decisions, t.non_finite_values
         ),
     );
+    if let Some(latency) = t.request_latency.filter(|l| l.requests_not_written > 0) {
+        row(
+            "requests.jsonl",
+            format!(
+                "the first {} requests; {} more NOT written (--max-request-lines {}); the \
+                 latency quantiles cover all {}",
+                latency.requests - latency.requests_not_written,
+                latency.requests_not_written,
+                args.max_request_lines,
+                latency.requests
+            ),
+        );
+    }
     let engine_batch = s.meta.workload == prometheus::WORKLOAD_NAME;
     for g in &t.gpus {
         if let Some(f) = g.final_settings {
@@ -321,12 +345,22 @@ fn print_summary(s: &RunSummary, out: &Path) {
     }
     // The report is left out where it failed to render (the run logged why).
     let report = out.join(tokwatt::report::RUN_REPORT_FILE).exists();
+    let rotated = tokwatt::recorder::observation_files(out).map_or(0, |files| files.len() - 1);
     row(
         "wrote",
         format!(
-            "{}/summary.json, trace.csv, observations.jsonl{}",
+            "{}/summary.json, trace.csv, observations.jsonl{}{}",
             out.display(),
-            if report { ", report.html" } else { "" }
+            if report { ", report.html" } else { "" },
+            match rotated {
+                0 => String::new(),
+                n if n == args.keep_files as usize => format!(
+                    " (+ {n} rotated observation files; older ticks were rotated away: each \
+                     kind keeps at most {} MiB, --max-file-mib and --keep-files)",
+                    (u64::from(args.keep_files) + 1) * args.max_file_mib
+                ),
+                n => format!(" (+ {n} rotated observation files)"),
+            }
         ),
     );
 }

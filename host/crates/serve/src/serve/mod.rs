@@ -34,7 +34,6 @@ use tokwatt_agent::assembly::{
 };
 use tokwatt_agent::control::{ControlLoop, LoopCommand, LoopConfig};
 use tokwatt_agent::recorder::{Recorder, Rotation};
-use tokwatt_agent::restore::{SettingsGuard, StateFile};
 use tokwatt_agent::swap::swap_channel;
 use tokwatt_agent::{
     self as agent, NodeFacts, OutputFormats, RunMeta, RunSummary, SUMMARY_FORMAT_VERSION,
@@ -322,17 +321,9 @@ pub fn start(
     }
     let tick = Duration::from_millis(u64::from(spec.tick_ms));
     let request = backend_request(config, tick)?;
-    let Assembled {
-        mut backends,
-        meta,
-        knobs,
-        withheld,
-        offered,
-        not_permitted,
-        ..
-    } = assembly::assemble(&request, &spec.name, spec.knobs)?;
-    spec.knobs = knobs;
-    for w in &withheld {
+    let mut assembled = assembly::assemble(&request, &spec.name, spec.knobs)?;
+    spec.knobs = assembled.knobs;
+    for w in &assembled.withheld {
         tracing::warn!(policy = %spec.name, "{w}");
     }
 
@@ -343,14 +334,6 @@ pub fn start(
         None => None,
     };
 
-    // Real GPUs that may change: save every GPU's settings before the first change (a
-    // later policy may turn knobs the first one leaves alone). A simulated node keeps a
-    // state file only when the config names one (to test restoring).
-    let state_file = match (meta.simulated || config.dry_run, &config.state_file) {
-        (true, None) => None,
-        (_, Some(path)) => Some(path.clone()),
-        (false, None) => Some(StateFile::default_path()),
-    };
     let fleet_node = fleet_config.as_ref().map(fleet::FleetNode::new);
     let fence::FenceParts {
         feed: mut fence_feed,
@@ -358,14 +341,15 @@ pub fn start(
         systemd,
     } = fence::prepare(fleet_config.as_ref(), systemd, tick)?;
     // What a reboot or a driver reload leaves in force, declared in the node's reports.
-    let default_w: f64 = backends
+    let default_w: f64 = assembled
+        .backends
         .telemetry
         .devices()
         .iter()
         .map(|d| d.power_cap_default_w)
         .sum();
     if let Some(fleet) = &fleet_config {
-        let devices = backends.telemetry.devices();
+        let devices = assembled.backends.telemetry.devices();
         let floor: f64 = devices.iter().map(|d| d.power_cap_min_w).sum();
         if fleet.link.reserve_w < floor {
             return Err(ServeError::Fleet(format!(
@@ -380,14 +364,28 @@ pub fn start(
             );
         }
     }
-    if let Some(path) = &state_file {
-        let mut guard = SettingsGuard::new(StateFile::new(path.clone()), backends.actuator);
-        if let Some(fleet) = &fleet_config {
-            guard = guard.with_power_ceiling(fleet.link.reserve_w);
-        }
-        guard.arm()?;
-        backends.actuator = Box::new(guard);
-    }
+    // The one rule for keeping the original settings (Assembled::guard_settings), over
+    // every hardware knob: a policy swapped in later may turn knobs the first one leaves
+    // alone.
+    let every_knob = tokwatt_core::types::Knobs {
+        power_cap: true,
+        sm_clock: true,
+        batch_size: true,
+    };
+    let state_file = assembled.guard_settings(
+        config.state_file.clone(),
+        every_knob,
+        None,
+        fleet_config.as_ref().map(|fleet| fleet.link.reserve_w),
+    )?;
+    let Assembled {
+        backends,
+        meta,
+        withheld,
+        offered,
+        not_permitted,
+        ..
+    } = assembled;
 
     let plugin_dirs = config.plugin_dirs.clone();
     let plugin_path = spec.resolve_plugin(&agent::plugin_search_path(&plugin_dirs))?;
