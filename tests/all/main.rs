@@ -19,6 +19,7 @@ mod guard;
 mod guest_lang;
 mod hostile;
 mod js_policy;
+mod json;
 mod llamacpp;
 mod long_run;
 mod metrics;

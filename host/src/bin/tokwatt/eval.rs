@@ -48,8 +48,10 @@ pub struct EvalArgs {
     /// demand, the capacity within the objective and the oracle's settings.
     #[arg(long, num_args = 1.., value_name = "SCENARIO", conflicts_with_all = ["policies", "family", "scenarios"])]
     plan: Vec<PathBuf>,
-    /// With --plan: print the plans as JSON instead of tables.
-    #[arg(long, requires = "plan")]
+    /// Print the result as JSON on standard output instead of the tables: eval.json in an
+    /// envelope with the output folder and its files (with --family, `result` holds each
+    /// split's eval.json under its name). With --plan: the plans as JSON.
+    #[arg(long)]
     json: bool,
     /// Seeds per policy and scenario (1..=N).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
@@ -146,6 +148,9 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
     let Some(family) = &args.family else {
         let scenarios = EvalScenario::load_all(&scenarios_or_shipped(&args.scenarios)?)?;
         let results = judge(args, policies, scenarios, &out)?;
+        if args.json {
+            return crate::json_out::JsonResult::new("eval", Some(&out), &results).print();
+        }
         print_results(&results);
         return Ok(());
     };
@@ -180,6 +185,13 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
         let scenarios = drawn.into_iter().map(|d| d.scenario).collect();
         let results = judge(args, policies.clone(), scenarios, &folder)?;
         judged.push((split, results));
+    }
+    if args.json {
+        let splits: std::collections::BTreeMap<&str, &EvalResults> = judged
+            .iter()
+            .map(|(split, results)| (split.name(), results))
+            .collect();
+        return crate::json_out::JsonResult::new("eval", Some(&out), &splits).print();
     }
     for (split, results) in &judged {
         println!("\n{} split", split.name());
@@ -278,12 +290,17 @@ fn judge(
     let report_path = out.join("report.html");
     tokwatt::report::write_atomically(&report_path, &eval::eval_report(&results))
         .with_context(|| format!("writing {}", report_path.display()))?;
-    println!(
+    let wrote = format!(
         "{:.1} s wall. Wrote {} and {}",
         results.wall_time_s,
         json_path.display(),
         report_path.display()
     );
+    if args.json {
+        eprintln!("{wrote}");
+    } else {
+        println!("{wrote}");
+    }
     Ok(results)
 }
 

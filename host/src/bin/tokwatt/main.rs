@@ -12,6 +12,7 @@ mod fence;
 mod fleet;
 mod fleet_ab;
 mod gpus;
+mod json_out;
 mod node_rules;
 mod plugin;
 mod plugin_places;

@@ -86,6 +86,11 @@ pub struct TuneArgs {
     /// No progress bar or progress lines.
     #[arg(long, short)]
     quiet: bool,
+    /// Print the result as JSON on standard output: tune.json in an envelope with the
+    /// output folder and its files (the tuned spec among them). Each round's lines go to
+    /// standard error instead.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn tune(args: TuneArgs) -> Result<()> {
@@ -185,11 +190,21 @@ pub fn tune(args: TuneArgs) -> Result<()> {
                 );
             });
         }
-        TuneProgress::RoundDone { round } => bar.suspend(|| print_round(round)),
+        TuneProgress::RoundDone { round } => bar.suspend(|| {
+            let lines = round_lines(round);
+            if args.json {
+                eprintln!("{lines}");
+            } else {
+                println!("{lines}");
+            }
+        }),
     };
     let outcome = tune::tune(&request, stop, &mut progress)?;
     bar.finish();
     let tuned = tune::write_outputs(&out_dir, &outcome, &spec, &text)?;
+    if args.json {
+        return crate::json_out::JsonResult::new("tune", Some(&out_dir), &outcome).print();
+    }
     print_outcome(&outcome, &out_dir, tuned.as_deref());
     Ok(())
 }
@@ -239,8 +254,9 @@ fn planned_runs(candidates: usize, eta: usize) -> usize {
     }
 }
 
-fn print_round(round: &tune::Round) {
-    println!(
+/// A round's lines: its candidates ranked, and which were kept.
+fn round_lines(round: &tune::Round) -> String {
+    let mut lines = vec![format!(
         "round {}: {} candidates, {} pairs each, {} kept{}, {:.0} s simulated",
         round.round,
         round.candidates.len(),
@@ -248,9 +264,9 @@ fn print_round(round: &tune::Round) {
         round.kept,
         tune::promoted_words(round),
         round.simulated_time_s
-    );
+    )];
     for c in &round.candidates {
-        println!(
+        lines.push(format!(
             "  {:>3}. {:<40} B/A {:.4} [{:.4}, {:.4}] {} pairs{}{}",
             c.rank,
             format_params(&c.params),
@@ -264,8 +280,9 @@ fn print_round(round: &tune::Round) {
                 (Compliance::Breaks, Some(why)) => format!(", not compliant: {why}"),
             },
             if c.kept { "  kept" } else { "" }
-        );
+        ));
     }
+    lines.join("\n")
 }
 
 fn print_outcome(outcome: &TuneOutcome, out_dir: &Path, tuned: Option<&Path>) {

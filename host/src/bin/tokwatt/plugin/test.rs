@@ -38,6 +38,12 @@ pub struct TestArgs {
     baseline: Option<PathBuf>,
     #[command(flatten)]
     plugins: PluginPlaces,
+    /// Print the result as JSON on standard output instead of the table: the judge's
+    /// document (eval.json's keys, the policy's entry first, then the baseline's) in an
+    /// envelope. Nothing is written to disk. A policy that could not start or run still
+    /// exits non-zero, after the document.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn test(args: &TestArgs) -> Result<()> {
@@ -73,12 +79,17 @@ pub fn test(args: &TestArgs) -> Result<()> {
             .tempdir()
             .context("creating a folder for the minimal spec")?;
         let spec = minimal_spec(&args.policy, minimal_spec_dir.path())?;
-        println!(
+        let note = if args.json {
+            |text: &str| eprintln!("{text}")
+        } else {
+            |text: &str| println!("{text}")
+        };
+        note(&format!(
             "note: {} is a bare component, so it runs under a minimal spec: every knob \
              granted, tick 1 s, no parameters, the default sandbox limits. Write a spec to \
              set them.",
             args.policy.display()
-        );
+        ));
         spec
     } else {
         args.policy.clone()
@@ -95,7 +106,11 @@ pub fn test(args: &TestArgs) -> Result<()> {
         cache_dir: args.plugins.cache_dir.clone(),
     };
     let results = eval::evaluate(&request, Arc::new(AtomicBool::new(false)), &mut |_| {})?;
-    print_results(&results)?;
+    if args.json {
+        crate::json_out::JsonResult::new("plugin test", None, &results).print()?;
+    } else {
+        print_results(&results)?;
+    }
     if let Some(entry) = results.entries.first()
         && let Some(failure) = &entry.failure
     {
