@@ -328,7 +328,17 @@ fn the_output_files_reference_is_current() {
         "# Output files\n\n{GENERATED_NOTE}What `tokwatt run` (and `serve`) writes into its \
          output folder, as the keys of a real simulated run's files. `summary.json` has a \
          `format_version` and the versions of the trace and the observations \
-         (`output_formats`); a key is renamed or removed only with a new version.\n\n"
+         (`output_formats`); a key is renamed or removed only with a new version.\n\n\
+         The files are bounded. Each of `trace.csv`, `observations.jsonl` and `requests.jsonl` \
+         is rotated at `--max-file-mib` (64 MiB by default; `serve`: `[output] max_file_mib`): \
+         the full file becomes `trace.1.csv` (older ones shift up to `trace.<keep>.csv`, the \
+         oldest is deleted) and a new one starts with its header, so each kind holds at most \
+         (`--keep-files` + 1) × `--max-file-mib` (320 MiB by default) and each file reads on its \
+         own; `tokwatt replay` and `tokwatt report` read the kept files oldest first and say \
+         where they start. `requests.jsonl` also holds at most `--max-request-lines` lines (a \
+         million by default; `serve` has no cap): the run's first finished requests; later \
+         ones are counted in `request_latency.requests_not_written` and named in `run`'s \
+         summary lines, and the latency quantiles cover every request.\n\n"
     );
     let summary: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out.join("summary.json")).expect("summary.json"),

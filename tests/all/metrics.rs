@@ -177,6 +177,7 @@ fn observed_run() -> Observed {
         rules: tokwatt::rules::NodeRules::default(),
         rules_source: "the default node rules".into(),
         node_knobs: tokwatt::types::Knobs::all(),
+        output: tokwatt::recorder::OutputBounds::default(),
     };
     let (summary, _) = agent::run_with_swaps(
         &run,

@@ -592,3 +592,61 @@ fn every_output_file_has_a_plain_files_mode_under_the_umask() {
         }
     }
 }
+
+/// A long `tokwatt run` keeps its files within `--max-file-mib` and `--keep-files` and
+/// `requests.jsonl` within `--max-request-lines`; the requests not written are counted in
+/// the summary and named in the summary lines, and replay and the report read what is kept.
+#[test]
+fn a_long_run_keeps_its_output_bounded_and_says_what_it_left_out() {
+    let dir = tempdir();
+    let out = dir.path().join("run");
+    let spec = repo_root().join("policies/slo-batch.toml");
+    let output = sim_run(&spec, "40m", &out)
+        .args([
+            "--max-file-mib",
+            "1",
+            "--keep-files",
+            "1",
+            "--max-request-lines",
+            "500",
+        ])
+        .output()
+        .expect("tokwatt runs");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("summary.json")).expect("summary.json"),
+    )
+    .expect("JSON");
+    let latency = &summary["request_latency"];
+    let requests = latency["requests"].as_u64().expect("requests");
+    let not_written = latency["requests_not_written"].as_u64().expect("count");
+    assert_eq!(requests - not_written, 500, "{latency}");
+    assert!(not_written > 0);
+    let lines = std::fs::read_to_string(out.join("requests.jsonl")).expect("requests.jsonl");
+    assert_eq!(lines.lines().count(), 500);
+    assert!(
+        stdout.contains(&format!("{not_written} more NOT written (--max-request-lines 500)")),
+        "{stdout}"
+    );
+    // 2 400 ticks of observations are over 3 MiB: one rotated file kept, the oldest gone.
+    for name in ["observations.jsonl", "observations.1.jsonl", "trace.csv"] {
+        let size = std::fs::metadata(out.join(name)).expect(name).len();
+        assert!(size <= 1024 * 1024, "{name} is {size} bytes");
+    }
+    assert!(!out.join("observations.2.jsonl").exists());
+    assert!(stdout.contains("were rotated away"), "{stdout}");
+    let report = std::fs::read_to_string(out.join("report.html")).expect("report.html");
+    assert!(report.contains("Simulator output"));
+    let replay = tokwatt()
+        .args(["replay", "--ticks", "2390..", "--policy"])
+        .arg(&spec)
+        .arg(&out)
+        .output()
+        .expect("replay runs");
+    assert!(replay.status.success(), "{}", stderr(&replay));
+    assert!(
+        String::from_utf8_lossy(&replay.stdout).contains("rotated away"),
+        "replay says where the kept files start"
+    );
+}

@@ -91,6 +91,7 @@ fn swaps_every_few_ticks_miss_no_tick_carry_state_and_roll_back_a_broken_policy(
         rules: tokwatt::rules::NodeRules::judging(),
         rules_source: "the judge's node rules".into(),
         node_knobs: tokwatt::types::Knobs::all(),
+        output: tokwatt::recorder::OutputBounds::default(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (summary, _) = agent::run_with_swaps(

@@ -195,6 +195,7 @@ fn grid_point(spec: &PolicySpec, scenario: &Path) -> (f64, f64, f64) {
         rules: tokwatt::rules::NodeRules::judging(),
         rules_source: "the default node rules".into(),
         node_knobs: tokwatt::types::Knobs::all(),
+        output: tokwatt::recorder::OutputBounds::default(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (summary, _) = agent::run(&run, assembled.backends, assembled.meta, stop, &mut |_| {})

@@ -698,7 +698,10 @@ impl ControlLoop {
                 recorder.record_requests(gpu, &self.finished.records)?;
                 latency.add(&self.finished);
             }
-            self.totals.request_latency = Some(latency.totals());
+            self.totals.request_latency = Some(RequestLatencyTotals {
+                requests_not_written: recorder.requests_not_written(),
+                ..latency.totals()
+            });
         }
         recorder.end_tick()?;
         if !self.paused && !guard_in_charge {

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::assembly::RunMeta;
 use crate::control::{Backends, ControlLoop, LoopConfig, LoopTotals, Progress};
-use crate::recorder::Recorder;
+use crate::recorder::{OutputBounds, Recorder};
 use crate::swap::{PreparedPolicy, SwapPort};
 use tokwatt_core::types::{DeviceInfo, Knobs, Settings};
 use tokwatt_plugin::{ComponentCache, HostConfig, PluginHost};
@@ -199,6 +199,9 @@ pub struct RunRequest {
     pub rules_source: String,
     /// The knobs the node's backends offer ([`crate::assembly::Assembled::offered`]).
     pub node_knobs: Knobs,
+    /// How much the run's files may hold ([`OutputBounds`]: `tokwatt run`'s defaults, or its
+    /// `--max-file-mib`, `--keep-files` and `--max-request-lines`).
+    pub output: OutputBounds,
 }
 
 impl RunRequest {
@@ -218,6 +221,7 @@ impl RunRequest {
             rules: NodeRules::default(),
             rules_source: "tokwatt's default node rules".into(),
             node_knobs: Knobs::all(),
+            output: OutputBounds::default(),
         }
     }
 }
@@ -490,7 +494,7 @@ pub fn run_with_swaps(
         Settings::per_gpu(&first)
     );
     let mut recorder = if request.write_files {
-        Recorder::create(&request.out_dir, request.overwrite)?
+        Recorder::create_bounded(&request.out_dir, request.overwrite, request.output)?
     } else {
         Recorder::discard()
     };

@@ -8,10 +8,14 @@
 //! `format_version`), recorded in `summary.json`; a change that renames or removes a
 //! field raises it. The trace's header and the summary's keys are pinned by tests.
 //!
-//! A run of weeks (`tokwatt serve`) bounds its files with a [`Rotation`]: the current
-//! `trace.csv` holds the newest lines, `trace.1.csv` … `trace.<keep>.csv` older ones,
-//! each with its header; `observations.jsonl` likewise. [`Recorder::checkpoint`] keeps
-//! `summary.json` current while the run goes on.
+//! A long run bounds its files with a [`Rotation`] (`tokwatt serve` for weeks, `tokwatt run`
+//! by default, [`OutputBounds`]): the current `trace.csv` holds the newest lines,
+//! `trace.1.csv` … `trace.<keep>.csv` older ones, each with its header; `observations.jsonl`
+//! and `requests.jsonl` likewise. `requests.jsonl` may also be capped at a number of lines
+//! ([`OutputBounds::max_request_lines`]): the first requests of the run are written, the
+//! rest only counted ([`Recorder::requests_not_written`], the summary's
+//! `request_latency.requests_not_written`). [`Recorder::checkpoint`] keeps `summary.json`
+//! current while the run goes on.
 
 mod observations;
 mod output_file;
@@ -29,7 +33,7 @@ pub use observations::{ObservationError, ObservationReader, RecordedLine, observ
 use output_file::OutputFile;
 pub use output_file::Rotation;
 use trace::trace_header_line;
-pub use trace::{TraceError, TraceReader, TraceRow, trace_header};
+pub use trace::{TraceError, TraceReader, TraceRow, trace_files, trace_header};
 
 /// Version of `trace.csv`'s columns (2: the requests columns added at the end; a version 1
 /// trace, without them, still reads).
@@ -143,6 +147,53 @@ pub struct Recorder {
     files: Option<Files>,
 }
 
+/// How much a run may write: each file kind rotated within a bound, and a cap on the lines
+/// of `requests.jsonl` (one per finished request: the simulator finishes hundreds a second
+/// per GPU, so a day of 8 GPUs is about 20 million lines, 5 GB, and the time to write them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputBounds {
+    /// Each kind of file rotated within `(keep + 1) × max_bytes`; `None`: unbounded.
+    pub rotation: Option<Rotation>,
+    /// Lines `requests.jsonl` holds at most, the run's first finished requests; the rest
+    /// are counted, not written. `None`: every request is written.
+    pub max_request_lines: Option<u64>,
+}
+
+impl OutputBounds {
+    /// `tokwatt run`'s default size of one output file before it rotates, MiB (`serve`'s).
+    pub const DEFAULT_MAX_FILE_MIB: u64 = 64;
+    /// `tokwatt run`'s default number of rotated files kept per kind (`serve`'s).
+    pub const DEFAULT_KEEP_FILES: u32 = 4;
+    /// `tokwatt run`'s default cap on `requests.jsonl`: about 260 MB of lines, every request
+    /// of a 30-minute run of two simulated H200s under the built-in scenario.
+    pub const DEFAULT_MAX_REQUEST_LINES: u64 = 1_000_000;
+
+    /// Every file written whole, every request written: what a test or a short run of a
+    /// caller that bounds nothing gets.
+    pub const UNBOUNDED: OutputBounds = OutputBounds {
+        rotation: None,
+        max_request_lines: None,
+    };
+
+    /// `tokwatt run`'s defaults: each kind at most 5 × 64 MiB, the newest kept (as `serve`);
+    /// `requests.jsonl` at most a million lines.
+    pub fn run_default() -> Self {
+        Self {
+            rotation: Some(Rotation {
+                max_bytes: Self::DEFAULT_MAX_FILE_MIB * 1024 * 1024,
+                keep: Self::DEFAULT_KEEP_FILES,
+            }),
+            max_request_lines: Some(Self::DEFAULT_MAX_REQUEST_LINES),
+        }
+    }
+}
+
+impl Default for OutputBounds {
+    fn default() -> Self {
+        Self::run_default()
+    }
+}
+
 #[derive(Debug)]
 struct Files {
     trace: OutputFile,
@@ -150,6 +201,10 @@ struct Files {
     /// Made at the first finished request: a workload that sees none writes no file.
     requests: Option<OutputFile>,
     rotation: Option<Rotation>,
+    /// At most this many lines in `requests.jsonl`; those written, and those past the cap.
+    max_request_lines: Option<u64>,
+    requests_written: u64,
+    requests_not_written: u64,
     /// One row's CSV bytes, made before they are written (the buffer is reused).
     trace_line: Vec<u8>,
 }
@@ -185,8 +240,30 @@ impl Recorder {
         overwrite: bool,
         rotation: Rotation,
     ) -> Result<Self, RecorderError> {
-        rotation.validate()?;
-        Self::open(dir, overwrite, Some(rotation))
+        Self::create_bounded(
+            dir,
+            overwrite,
+            OutputBounds {
+                rotation: Some(rotation),
+                max_request_lines: None,
+            },
+        )
+    }
+
+    /// Like [`Recorder::create`], within `bounds` (see [`OutputBounds`]).
+    pub fn create_bounded(
+        dir: &Path,
+        overwrite: bool,
+        bounds: OutputBounds,
+    ) -> Result<Self, RecorderError> {
+        if let Some(rotation) = &bounds.rotation {
+            rotation.validate()?;
+        }
+        let mut recorder = Self::open(dir, overwrite, bounds.rotation)?;
+        if let Some(files) = recorder.files.as_mut() {
+            files.max_request_lines = bounds.max_request_lines;
+        }
+        Ok(recorder)
     }
 
     fn open(
@@ -230,6 +307,9 @@ impl Recorder {
                 observations,
                 requests: None,
                 rotation,
+                max_request_lines: None,
+                requests_written: 0,
+                requests_not_written: 0,
                 trace_line: Vec::new(),
             }),
         })
@@ -291,7 +371,8 @@ impl Recorder {
         files.observations.write_line(json.as_bytes())
     }
 
-    /// One line per request `gpu` finished, in `requests.jsonl`.
+    /// One line per request `gpu` finished, in `requests.jsonl`: up to the cap on its
+    /// lines, past which they are counted ([`Recorder::requests_not_written`]).
     pub fn record_requests(
         &mut self,
         gpu: u32,
@@ -300,6 +381,22 @@ impl Recorder {
         let Some(files) = self.files.as_mut() else {
             return Ok(());
         };
+        let room = files
+            .max_request_lines
+            .map_or(u64::MAX, |cap| cap.saturating_sub(files.requests_written));
+        let fits = records
+            .len()
+            .min(usize::try_from(room).unwrap_or(usize::MAX));
+        let (records, past_cap) = records.split_at(fits);
+        if !past_cap.is_empty() && files.requests_not_written == 0 {
+            tracing::warn!(
+                "requests.jsonl holds its cap of {} lines: later requests are counted \
+                 (summary.json's request_latency.requests_not_written), not written",
+                files.requests_written + records.len() as u64
+            );
+        }
+        files.requests_not_written += past_cap.len() as u64;
+        files.requests_written += records.len() as u64;
         if records.is_empty() {
             return Ok(());
         }
@@ -326,6 +423,11 @@ impl Recorder {
             requests.write_line(json.as_bytes())?;
         }
         Ok(())
+    }
+
+    /// Finished requests past the cap on `requests.jsonl`'s lines: counted, not written.
+    pub fn requests_not_written(&self) -> u64 {
+        self.files.as_ref().map_or(0, |f| f.requests_not_written)
     }
 
     /// End a tick: its rows are handed to the operating system, so a crash of the agent
@@ -402,6 +504,52 @@ mod tests {
         );
         recorder.record(&record).expect("record");
         recorder.finish(&"summary").expect("finish");
+    }
+
+    #[test]
+    fn requests_past_the_cap_are_counted_not_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bounds = OutputBounds {
+            rotation: None,
+            max_request_lines: Some(3),
+        };
+        let mut recorder = Recorder::create_bounded(dir.path(), false, bounds).expect("create");
+        let record = tokwatt_core::workload::serving::RequestRecord {
+            arrival_s: 0.5,
+            admitted_s: 0.5,
+            first_token_s: 0.6,
+            finish_s: 2.0,
+            prompt: 10,
+            output: 20,
+            ttft_ms: 100.0,
+            tpot_ms: Some(70.0),
+            energy_j: Some(3.0),
+        };
+        recorder.record_requests(0, &[record; 2]).expect("two");
+        recorder.record_requests(1, &[record; 2]).expect("one fits");
+        recorder.record_requests(1, &[record]).expect("none fits");
+        assert_eq!(recorder.requests_not_written(), 2);
+        recorder.finish(&"summary").expect("finish");
+        let text = std::fs::read_to_string(dir.path().join(REQUESTS_FILE)).expect("read");
+        let gpus: Vec<&str> = text
+            .lines()
+            .map(|line| if line.contains("\"gpu\":0") { "0" } else { "1" })
+            .collect();
+        assert_eq!(gpus, ["0", "0", "1"], "the first three requests");
+        // No cap: every request is written; a cap of 0 writes none (and no file).
+        let none = tempfile::tempdir().expect("tempdir");
+        let mut recorder = Recorder::create_bounded(
+            none.path(),
+            false,
+            OutputBounds {
+                rotation: None,
+                max_request_lines: Some(0),
+            },
+        )
+        .expect("create");
+        recorder.record_requests(0, &[record; 4]).expect("none");
+        assert_eq!(recorder.requests_not_written(), 4);
+        assert!(!none.path().join(REQUESTS_FILE).exists());
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use crate::control::GpuTotals;
-use crate::recorder::{TRACE_FILE, TraceError, TraceReader, TraceRow};
+use crate::recorder::{TraceError, TraceReader, TraceRow, trace_files};
 use crate::{RunSummary, SummaryError, read_summary};
 use tokwatt_core::types::Objective;
 use tokwatt_policy::spec::PolicySpec;
@@ -197,6 +197,9 @@ struct Trace {
     gpus: BTreeMap<u32, FinishedLines>,
     /// The policies in charge, in the order they took over (a hot swap changes it).
     policies: Vec<String>,
+    /// The time of the oldest row kept (later than the first tick where a bounded run
+    /// rotated its oldest rows away).
+    first_time: Option<f64>,
 }
 
 /// A row's values in [`COLUMNS`]' order.
@@ -222,20 +225,31 @@ fn chart_values(row: &TraceRow) -> [Option<f64>; COLUMNS.len()] {
     ]
 }
 
+/// Every row of the run's trace files, oldest first (a rotating run's older files, then
+/// `trace.csv`).
+fn trace_rows(files: &[PathBuf]) -> impl Iterator<Item = Result<TraceRow, TraceError>> + '_ {
+    files.iter().flat_map(|path| match TraceReader::open(path) {
+        Ok(reader) => Box::new(reader) as Box<dyn Iterator<Item = _>>,
+        Err(error) => Box::new(std::iter::once(Err(error))),
+    })
+}
+
 /// The latest `time_s` in the trace, for a summary that does not give the duration.
-fn last_time(path: &Path) -> Result<f64, TraceError> {
+fn last_time(files: &[PathBuf]) -> Result<f64, TraceError> {
     let mut last = 0.0f64;
-    for row in TraceReader::open(path)? {
+    for row in trace_rows(files) {
         last = last.max(row?.time_s);
     }
     Ok(last)
 }
 
-fn read_trace(path: &Path, x_range: (f64, f64)) -> Result<Trace, TraceError> {
+fn read_trace(files: &[PathBuf], x_range: (f64, f64)) -> Result<Trace, TraceError> {
     let mut gpus: BTreeMap<u32, GpuLines> = BTreeMap::new();
     let mut policies: Vec<String> = Vec::new();
-    for row in TraceReader::open(path)? {
+    let mut first_time: Option<f64> = None;
+    for row in trace_rows(files) {
         let row = row?;
+        first_time.get_or_insert(row.time_s);
         if !policies.contains(&row.policy) {
             policies.push(row.policy.clone());
         }
@@ -246,6 +260,7 @@ fn read_trace(path: &Path, x_range: (f64, f64)) -> Result<Trace, TraceError> {
     Ok(Trace {
         gpus: gpus.into_iter().map(|(g, l)| (g, l.finish())).collect(),
         policies,
+        first_time,
     })
 }
 
@@ -265,15 +280,15 @@ fn render(
     summary: &RunSummary,
     objective: &ObjectiveSource,
 ) -> Result<String, RunReportError> {
-    let trace_path = run_dir.join(TRACE_FILE);
+    let trace_files = trace_files(run_dir)?;
     let totals = &summary.totals;
     // A run stopped before its first tick records no duration; the trace gives the axis.
     let duration_s = if totals.duration_s.is_finite() && totals.duration_s > 0.0 {
         totals.duration_s
     } else {
-        last_time(&trace_path)?
+        last_time(&trace_files)?
     };
-    let trace = read_trace(&trace_path, (0.0, duration_s))?;
+    let trace = read_trace(&trace_files, (0.0, duration_s))?;
     let mut page = Page::new(&format!("tokwatt run report: {}", summary.policy));
 
     page.notice(&data_source_line(summary));
@@ -295,6 +310,14 @@ fn render(
     );
 
     let tick_s = f64::from(summary.tick_ms) / 1000.0;
+    if let Some(first) = trace.first_time.filter(|&t| t > 1.5 * tick_s) {
+        page.paragraph(&format!(
+            "The trace's oldest rows were rotated away (a long run keeps its newest output \
+             files; `tokwatt run --max-file-mib`, `--keep-files`): the charts start at {} s. \
+             The figures above are the whole run's.",
+            format_value(first)
+        ));
+    }
     let (scale, unit) = time_unit(duration_s);
     let x_label = format!("time since the start ({unit})");
     let objective = objective.objective();
@@ -588,7 +611,7 @@ mod tests {
     use super::*;
     use crate::assembly::RunMeta;
     use crate::control::LoopTotals;
-    use crate::recorder::{Recorder, TickRecord};
+    use crate::recorder::{Recorder, TRACE_FILE, TickRecord};
     use crate::{OutputFormats, SUMMARY_FORMAT_VERSION};
     use tokwatt_core::types::Observation;
 
@@ -667,6 +690,44 @@ mod tests {
     }
 
     #[test]
+    fn a_rotated_trace_is_read_across_its_files_and_the_page_says_where_it_starts() {
+        let summary = summary(true, 400.0);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rotation = crate::recorder::Rotation {
+            max_bytes: crate::recorder::Rotation::MIN_BYTES,
+            keep: 3,
+        };
+        let mut recorder = Recorder::create_rotating(dir.path(), true, rotation).expect("recorder");
+        for tick in 0..400 {
+            let observation = Observation::typical_h200(0, tick);
+            recorder
+                .record(&TickRecord::unchanged((tick + 1) as f64, "p", observation))
+                .expect("record");
+        }
+        recorder.finish(&summary).expect("finish");
+        let files = trace_files(dir.path()).expect("files");
+        assert_eq!(files.len(), 4, "three rotated files and the current one");
+        let trace = read_trace(&files, (0.0, 400.0)).expect("read");
+        let first = trace.first_time.expect("rows");
+        assert!(first > 2.0, "the oldest rows were rotated away: {first}");
+        let rows: u64 = trace.gpus[&0].rows;
+        assert_eq!(
+            rows,
+            400 - (first as u64) + 1,
+            "every kept row, across the files"
+        );
+        let html = run_report(dir.path()).expect("report");
+        assert!(
+            html.contains("oldest rows were rotated away"),
+            "the page says so"
+        );
+        // A run that kept everything says nothing of the kind.
+        let whole = run_folder(&summary, 40);
+        let html = run_report(whole.path()).expect("report");
+        assert!(!html.contains("rotated away"));
+    }
+
+    #[test]
     fn a_simulated_run_says_so_first() {
         let dir = run_folder(&summary(true, 40.0), 3);
         let html = run_report(dir.path()).expect("report");
@@ -679,7 +740,7 @@ mod tests {
     #[test]
     fn the_rolling_efficiency_is_tokens_over_energy_of_the_window() {
         let dir = run_folder(&summary(true, 40.0), 40);
-        let trace = read_trace(&dir.path().join(TRACE_FILE), (0.0, 40.0)).expect("read");
+        let trace = read_trace(&[dir.path().join(TRACE_FILE)], (0.0, 40.0)).expect("read");
         let rolling = &trace.gpus[&0].lines[ROLLING];
         let at = |t: f64| {
             rolling

@@ -196,6 +196,7 @@ pub fn measure(
         rules: tokwatt_policy::rules::NodeRules::default(),
         rules_source: "the default node rules".into(),
         node_knobs: tokwatt_core::types::Knobs::all(),
+        output: tokwatt_agent::recorder::OutputBounds::default(),
     };
     let mut first: Option<Point> = None;
     let mut last: Option<Point> = None;

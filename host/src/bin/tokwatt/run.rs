@@ -346,20 +346,26 @@ fn print_summary(s: &RunSummary, out: &Path, args: &RunArgs) {
     // The report is left out where it failed to render (the run logged why).
     let report = out.join(tokwatt::report::RUN_REPORT_FILE).exists();
     let rotated = tokwatt::recorder::observation_files(out).map_or(0, |files| files.len() - 1);
+    // The oldest tick kept: past 0 where the bound rotated the oldest ticks away.
+    let first_kept = tokwatt::recorder::ObservationReader::open(out)
+        .ok()
+        .and_then(|mut lines| lines.next())
+        .and_then(Result::ok)
+        .map_or(0, |line| line.record.observation.tick);
     row(
         "wrote",
         format!(
             "{}/summary.json, trace.csv, observations.jsonl{}{}",
             out.display(),
             if report { ", report.html" } else { "" },
-            match rotated {
-                0 => String::new(),
-                n if n == args.keep_files as usize => format!(
-                    " (+ {n} rotated observation files; older ticks were rotated away: each \
-                     kind keeps at most {} MiB, --max-file-mib and --keep-files)",
+            match (rotated, first_kept) {
+                (0, 0) => String::new(),
+                (n, 0) => format!(" (+ {n} rotated observation files)"),
+                (n, tick) => format!(
+                    " (+ {n} rotated observation files; the ticks before {tick} were rotated \
+                     away: each kind keeps at most {} MiB, --max-file-mib and --keep-files)",
                     (u64::from(args.keep_files) + 1) * args.max_file_mib
                 ),
-                n => format!(" (+ {n} rotated observation files)"),
             }
         ),
     );

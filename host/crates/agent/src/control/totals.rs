@@ -233,6 +233,11 @@ pub struct RequestLatencyTotals {
     /// Finished but not recorded (more than the workload keeps between two ticks): left
     /// out of the quantiles, and counted so that the gap shows.
     pub requests_unrecorded: u64,
+    /// In the quantiles but not in `requests.jsonl`: finished after the file held its cap
+    /// of lines (`tokwatt run --max-request-lines`), which keeps the run's first requests.
+    /// Absent from summaries written before the cap: read as 0.
+    #[serde(default)]
+    pub requests_not_written: u64,
     pub ttft_p50_ms: Option<f64>,
     pub ttft_p90_ms: Option<f64>,
     pub ttft_p99_ms: Option<f64>,
@@ -267,6 +272,7 @@ impl RequestLatency {
         RequestLatencyTotals {
             requests: self.requests,
             requests_unrecorded: self.unrecorded,
+            requests_not_written: 0,
             ttft_p50_ms: self.ttft.quantile(0.50),
             ttft_p90_ms: self.ttft.quantile(0.90),
             ttft_p99_ms: self.ttft.quantile(0.99),

@@ -75,6 +75,32 @@ pub(super) fn is_rotated_name(name: &str, file_name: &str) -> bool {
     number.is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// The files of kind `name` in `dir`, oldest first: `name.N.ext` … `name.1.ext` (a rotating
+/// run's older ones, by number), then `name` itself (listed whether or not it exists).
+pub(super) fn files_oldest_first(dir: &Path, name: &str) -> std::io::Result<Vec<PathBuf>> {
+    let (stem, ext) = name.rsplit_once('.').unwrap_or((name, ""));
+    let mut rotated: Vec<(u64, PathBuf)> = Vec::new();
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let file_name = entry.file_name();
+        let Some(file_name) = file_name.to_str() else {
+            continue;
+        };
+        if !is_rotated_name(name, file_name) {
+            continue;
+        }
+        let number = file_name[stem.len() + 1..]
+            .strip_suffix(ext)
+            .map_or(&file_name[stem.len() + 1..], |n| n.trim_end_matches('.'));
+        if let Ok(n) = number.parse::<u64>() {
+            rotated.push((n, entry.path()));
+        }
+    }
+    rotated.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
+    let mut files: Vec<PathBuf> = rotated.into_iter().map(|(_, path)| path).collect();
+    files.push(dir.join(name));
+    Ok(files)
+}
+
 /// The rotated files of `name` in `dir` (none if `dir` does not exist yet).
 pub(super) fn rotated_files(dir: &Path, name: &str) -> Result<Vec<PathBuf>, RecorderError> {
     let entries = match std::fs::read_dir(dir) {
@@ -247,6 +273,29 @@ mod tests {
         ] {
             assert!(!is_rotated_name("trace.csv", other), "{other}");
         }
+    }
+
+    #[test]
+    fn files_are_listed_oldest_first_by_number() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for name in [
+            "trace.csv",
+            "trace.1.csv",
+            "trace.2.csv",
+            "trace.10.csv",
+            "trace.x.csv",
+        ] {
+            std::fs::write(dir.path().join(name), "").expect("write");
+        }
+        let names: Vec<String> = files_oldest_first(dir.path(), "trace.csv")
+            .expect("list")
+            .iter()
+            .map(|p| p.file_name().expect("name").to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            ["trace.10.csv", "trace.2.csv", "trace.1.csv", "trace.csv"]
+        );
     }
 
     #[test]

@@ -166,6 +166,17 @@ pub fn trace_header() -> Vec<String> {
         .collect()
 }
 
+/// The trace files of the run in `dir`, oldest first: `trace.N.csv` … `trace.1.csv` (a
+/// rotating run's older ones, see [`super::Rotation`]), then `trace.csv`.
+pub fn trace_files(dir: &Path) -> Result<Vec<PathBuf>, TraceError> {
+    super::output_file::files_oldest_first(dir, super::TRACE_FILE).map_err(|source| {
+        TraceError::Read {
+            path: dir.to_owned(),
+            source: source.into(),
+        }
+    })
+}
+
 /// Reads `trace.csv` one row at a time, so that a week-long trace needs no more memory
 /// than a minute of it. Columns a row type marks optional (memory power, demand) may be
 /// absent or empty; every other column must be there and parse.

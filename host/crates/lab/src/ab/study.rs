@@ -264,6 +264,7 @@ pub fn long_run_ratio(
             rules: tokwatt_policy::rules::NodeRules::judging(),
             rules_source: "the judge's rules".into(),
             node_knobs: tokwatt_core::types::Knobs::all(),
+            output: tokwatt_agent::recorder::OutputBounds::default(),
         };
         let (summary, _) = agent::run(
             &request,

@@ -205,6 +205,7 @@ pub(super) fn run_policy(
         rules: tokwatt_policy::rules::NodeRules::judging(),
         rules_source: "the judge's rules".into(),
         node_knobs: tokwatt_core::types::Knobs::all(),
+        output: tokwatt_agent::recorder::OutputBounds::default(),
     };
     let mut series = Series::default();
     let gpus = scenario.gpus;
