@@ -34,6 +34,16 @@ use tokwatt_policy::rules::NodeRules;
 use tokwatt_policy::spec::PolicySpec;
 use tokwatt_policy::supervisor::{InitArgs, PolicyFailure, Supervisor};
 
+/// The plugin host every command starts its policies in, by one rule: compiled
+/// components cached in `cache_dir`, or the user's default cache
+/// ([`ComponentCache::default_dir`]: `$TOKWATT_CACHE_DIR`, else the user's cache folder),
+/// so that `plugin compile`, `run`, `serve`, `ab` and `replay` share one cache.
+pub fn plugin_host(cache_dir: Option<PathBuf>) -> Result<PluginHost, tokwatt_plugin::PluginError> {
+    PluginHost::new(&HostConfig {
+        cache_dir: cache_dir.or_else(ComponentCache::default_dir),
+    })
+}
+
 /// Where plugins are looked for, after the spec's own folder: `$TOKWATT_PLUGIN_DIR`,
 /// the folder of the running executable (a deployed bundle), and the build's folder.
 pub fn plugin_search_path(extra: &[PathBuf]) -> Vec<PathBuf> {
@@ -474,12 +484,7 @@ pub fn run_with_swaps(
         });
     }
     let plugin_path = spec.resolve_plugin(&plugin_search_path(&request.plugin_dirs))?;
-    let host = PluginHost::new(&HostConfig {
-        cache_dir: request
-            .cache_dir
-            .clone()
-            .or_else(ComponentCache::default_dir),
-    })?;
+    let host = plugin_host(request.cache_dir.clone())?;
     let node = NodeFacts::of(&backends);
     let node_envelope =
         request

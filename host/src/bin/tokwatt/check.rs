@@ -9,7 +9,6 @@ use anyhow::{Context, Result};
 use crate::plugin_places::PluginPlaces;
 use tokwatt::agent;
 use tokwatt::assembly::{self, BackendRequest, SimTarget, Target};
-use tokwatt::plugin::{ComponentCache, HostConfig, PluginHost};
 use tokwatt::spec::PolicySpec;
 use tokwatt::types::Settings;
 
@@ -32,13 +31,7 @@ pub fn check(args: &CheckArgs) -> Result<()> {
         .context("assembling a simulated H200 to start the policy on")?;
     spec.knobs = assembled.knobs;
     let plugin = spec.resolve_plugin(&agent::plugin_search_path(&args.plugins.plugin_dirs))?;
-    let host = PluginHost::new(&HostConfig {
-        cache_dir: args
-            .plugins
-            .cache_dir
-            .clone()
-            .or_else(ComponentCache::default_dir),
-    })?;
+    let host = tokwatt::agent::plugin_host(args.plugins.cache_dir.clone())?;
     let tick = Duration::from_millis(u64::from(spec.tick_ms));
     let (_, first, _) = agent::start_policy(
         &host,

@@ -29,7 +29,7 @@ use serde::Serialize;
 use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
 use tokwatt_agent::{self as agent, NodeFacts, RunSummary};
 use tokwatt_core::types::Settings;
-use tokwatt_plugin::{ComponentCache, GuestConsole, GuestOutput, HostConfig, PluginHost};
+use tokwatt_plugin::{GuestConsole, GuestOutput, PluginHost};
 use tokwatt_policy::spec::PolicySpec;
 use tokwatt_policy::supervisor::{DecisionSource, Supervisor};
 
@@ -253,13 +253,8 @@ pub fn replay(request: &ReplayRequest) -> Result<ReplayReport, ReplayError> {
     let plugin_path = spec
         .resolve_plugin(&agent::plugin_search_path(&request.plugin_dirs))
         .map_err(agent::AgentError::from)?;
-    let host = PluginHost::new(&HostConfig {
-        cache_dir: request
-            .cache_dir
-            .clone()
-            .or_else(ComponentCache::default_dir),
-    })
-    .map_err(agent::AgentError::from)?;
+    let host =
+        tokwatt_agent::plugin_host(request.cache_dir.clone()).map_err(agent::AgentError::from)?;
     let (mut supervisor, first, console) = start(&host, &spec, &plugin_path, &node, &summary)?;
 
     let mut notes = Vec::new();

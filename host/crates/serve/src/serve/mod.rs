@@ -38,7 +38,6 @@ use tokwatt_agent::swap::swap_channel;
 use tokwatt_agent::{
     self as agent, NodeFacts, OutputFormats, RunMeta, RunSummary, SUMMARY_FORMAT_VERSION,
 };
-use tokwatt_plugin::{ComponentCache, HostConfig, PluginHost};
 use tokwatt_policy::spec::PolicySpec;
 
 /// Ticks over which the status's tick-lateness p99 is taken.
@@ -390,12 +389,7 @@ pub fn start(
     let plugin_dirs = config.plugin_dirs.clone();
     let plugin_path = spec.resolve_plugin(&agent::plugin_search_path(&plugin_dirs))?;
     let version = plugin_version(&plugin_path)?;
-    let host = Arc::new(PluginHost::new(&HostConfig {
-        cache_dir: config
-            .cache_dir
-            .clone()
-            .or_else(ComponentCache::default_dir),
-    })?);
+    let host = Arc::new(agent::plugin_host(config.cache_dir.clone())?);
     let node = NodeFacts::of(&backends);
     let node_knobs = offered.knobs();
     let node_envelope = config

@@ -10,8 +10,8 @@ use anyhow::{Context, Result, bail};
 use tokwatt::agent;
 use tokwatt::assembly::{self, BackendRequest, SimTarget, Target};
 use tokwatt::envelope::{Envelope, Guardrails};
+use tokwatt::plugin::SandboxLimits;
 use tokwatt::plugin::inspect::{self, CallOutcome, Inspection, TrialInputs};
-use tokwatt::plugin::{ComponentCache, HostConfig, PluginHost, SandboxLimits};
 use tokwatt::policy::InitArgs;
 use tokwatt::types::{Knobs, Objective};
 
@@ -60,9 +60,7 @@ struct CheckReport<'a> {
 }
 
 pub fn check(args: &CheckArgs) -> Result<()> {
-    let host = PluginHost::new(&HostConfig {
-        cache_dir: args.cache_dir.clone().or_else(ComponentCache::default_dir),
-    })?;
+    let host = tokwatt::agent::plugin_host(args.cache_dir.clone())?;
     let inspection = inspect::inspect(&host, &args.file);
     let calls = if inspection.passed() {
         let inputs = trial_inputs(args)?;

@@ -15,7 +15,7 @@ use tokwatt_agent::recorder::Recorder;
 use tokwatt_agent::swap::{PreparedPolicy, StateOnSwap, SwapSender, swap_channel};
 use tokwatt_agent::{self as agent, AgentError, NodeFacts, plugin_search_path};
 use tokwatt_core::types::{Objective, Settings};
-use tokwatt_plugin::{ComponentCache, HostConfig, PluginHost};
+use tokwatt_plugin::PluginHost;
 use tokwatt_policy::envelope::Envelope;
 use tokwatt_policy::spec::PolicySpec;
 use tokwatt_policy::supervisor::Supervisor;
@@ -48,13 +48,8 @@ impl Arms {
                 })
         };
         let plugins = [resolve(Arm::A, &request.a)?, resolve(Arm::B, &request.b)?];
-        let host = PluginHost::new(&HostConfig {
-            cache_dir: request
-                .cache_dir
-                .clone()
-                .or_else(ComponentCache::default_dir),
-        })
-        .map_err(AgentError::from)?;
+        let host =
+            tokwatt_agent::plugin_host(request.cache_dir.clone()).map_err(AgentError::from)?;
         Ok(Self {
             host,
             specs: [request.a.clone(), request.b.clone()],
