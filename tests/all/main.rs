@@ -38,6 +38,7 @@ mod sdk_wit;
 mod serve;
 mod shipped_policies;
 mod sim_driver;
+mod shell;
 mod swap;
 mod tune;
 mod workspace_build;

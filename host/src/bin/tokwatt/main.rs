@@ -24,6 +24,7 @@ mod restore;
 mod run;
 mod serve;
 mod sim_driver;
+mod shell;
 mod status;
 mod target;
 mod tune;
@@ -38,7 +39,7 @@ use clap::{Parser, Subcommand};
     version,
     about = "Tunes GPU power caps, SM clocks and batch sizes for tokens per joule, through sandboxed WebAssembly policies"
 )]
-struct Cli {
+pub(crate) struct Cli {
     /// Log filter (e.g. `info`, `tokwatt=debug,plugin=info`); else TOKWATT_LOG, else
     /// RUST_LOG, else `warn`.
     #[arg(long, global = true)]
@@ -100,6 +101,10 @@ enum Command {
         what: sim_driver::SimDriverCommand,
     },
     /// Across nodes: a power budget on etcd (set a domain's budget, show its ledger, run a
+    /// Print a shell's completion script for tokwatt (bash, zsh, fish, elvish, powershell).
+    Completions(shell::CompletionsArgs),
+    /// Print tokwatt's man page (roff), or write a page per subcommand into a folder.
+    Man(shell::ManArgs),
     /// coordinator replica), and A/B experiments on serving nodes.
     Fleet {
         #[command(subcommand)]
@@ -135,6 +140,8 @@ fn main() -> std::process::ExitCode {
         Command::Fleet { what } => fleet::fleet(&what),
         Command::SimDriver { what } => sim_driver::sim_driver(&what),
     };
+        Command::Completions(args) => shell::completions(&args),
+        Command::Man(args) => shell::man(&args),
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -154,7 +161,9 @@ impl Command {
             | Command::Replay(_)
             | Command::Report(_)
             | Command::Status(_)
-            | Command::Plugin { .. } => true,
+            | Command::Plugin { .. }
+            | Command::Completions(_)
+            | Command::Man(_) => true,
             // Writes budgets and grants: it keeps Rust's default on a closed pipe.
             Command::Fleet { .. } => false,
             Command::SimDriver { what } => what.only_prints(),
