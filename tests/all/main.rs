@@ -34,6 +34,7 @@ mod readme;
 mod replay;
 mod report;
 mod restore;
+mod scale;
 mod sdk_wit;
 mod serve;
 mod shipped_policies;

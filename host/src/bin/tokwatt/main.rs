@@ -22,6 +22,7 @@ mod replay;
 mod report;
 mod restore;
 mod run;
+mod run_progress;
 mod serve;
 mod sim_driver;
 mod shell;

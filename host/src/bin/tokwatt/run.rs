@@ -232,37 +232,16 @@ impl ProgressReporter {
             return;
         }
         self.next_tenth = done * 10 / p.ticks + 1;
-        let settings: Vec<String> = p
-            .observations
-            .iter()
-            .map(|o| {
-                let batch = if self.engine_batch {
-                    "batch n/a (the engine's)".to_owned()
-                } else {
-                    format!("b{}", o.in_force.batch_size)
-                };
-                format!(
-                    "{:.0}W/{}MHz/{batch}",
-                    o.in_force.power_cap_w, o.in_force.sm_clock_max_mhz
-                )
-            })
-            .collect();
-        let energy = p.totals.energy_j;
-        eprintln!(
-            "[{:>3}%] t={:>6.0}s tokens={:>10} energy={:>10.0}J tok/J={:>7.3} fallback={} traps={} settings={}",
+        // Short lines however many GPUs: the node's sums and extremes beyond a few.
+        for line in crate::run_progress::progress_lines(
             done * 100 / p.ticks,
             p.time.as_secs_f64(),
-            p.totals.tokens,
-            energy,
-            if energy > 0.0 {
-                p.totals.tokens as f64 / energy
-            } else {
-                0.0
-            },
-            p.totals.fallback_ticks,
-            p.totals.plugin_traps,
-            settings.join(" "),
-        );
+            p.totals,
+            p.observations,
+            self.engine_batch,
+        ) {
+            eprintln!("{line}");
+        }
     }
 }
 
@@ -327,21 +306,9 @@ fn print_summary(s: &RunSummary, out: &Path, args: &RunArgs) {
         );
     }
     let engine_batch = s.meta.workload == prometheus::WORKLOAD_NAME;
-    for g in &t.gpus {
-        if let Some(f) = g.final_settings {
-            let batch = if engine_batch {
-                "n/a (the serving engine's)".to_owned()
-            } else {
-                f.batch_size.to_string()
-            };
-            row(
-                &format!("gpu {}", g.gpu),
-                format!(
-                    "{:.4} tok/J, final cap {:.0} W, SM max {} MHz, batch {batch}",
-                    g.tokens_per_joule, f.power_cap_w, f.sm_clock_max_mhz
-                ),
-            );
-        }
+    // A row a GPU for a few; for many, the node's spread and extremes.
+    for (key, value) in crate::run_progress::summary_gpu_rows(t, engine_batch) {
+        row(&key, value);
     }
     // The report is left out where it failed to render (the run logged why).
     let report = out.join(tokwatt::report::RUN_REPORT_FILE).exists();
