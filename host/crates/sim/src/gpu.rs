@@ -147,12 +147,16 @@ pub(super) struct GpuSim {
     sm_mhz: f64,
     target: FirmwareClock,
     cache: ModelCache,
+    /// The idle power at the clocks of the last substep, by their bits.
+    idle_power: Option<(u64, u64, f64)>,
     temperature_c: f64,
     last_power_w: f64,
     was_idle: bool,
 
     server: Server,
     arrivals: Vec<Arrival>,
+    /// The drawn arrival times of a substep (a buffer reused).
+    offsets: Vec<f64>,
 
     // NVML emulation.
     energy_true_j: f64,
@@ -225,11 +229,13 @@ impl GpuSim {
                 limit: ClockLimit::None,
             },
             cache: ModelCache::default(),
+            idle_power: None,
             temperature_c,
             last_power_w: idle_w,
             was_idle: true,
             server,
             arrivals: Vec::new(),
+            offsets: Vec::new(),
             energy_true_j: 0.0,
             bin_energy_j: 0.0,
             boxcar: std::iter::repeat_n(idle_w * gain, boxcar_len).collect(),
@@ -263,6 +269,11 @@ impl GpuSim {
         }
     }
 
+    /// Substeps still to simulate up to `now_ns`.
+    pub(super) fn substeps_behind(&self, now_ns: u64) -> u64 {
+        (now_ns / self.substep_ns).saturating_sub(self.substeps_done)
+    }
+
     fn now_s(&self) -> f64 {
         self.substeps_done as f64 * self.substep_s
     }
@@ -283,7 +294,7 @@ impl GpuSim {
         // With nothing to run: the model's clocked idle power at the current clock, which is
         // the profile's idle power at the idle clock (checked when the profile loads) and less
         // under a lower clock lock.
-        let idle_w = self.model.point(0, self.sm_mhz, self.mem_mhz).power_w;
+        let idle_w = self.idle_power_w();
         // A request finishing, arriving or finishing its prompt splits the substep.
         for _ in 0..MAX_EVENTS_PER_SUBSTEP {
             let remaining = dt - elapsed;
@@ -371,8 +382,11 @@ impl GpuSim {
         let slot_free = self.server.in_slots() < self.batch as usize && self.server.waiting() == 0;
         if slot_free && count <= MAX_TIMED_ARRIVALS {
             let times = &mut self.streams.arrival_times;
-            let offsets: Vec<f64> = (0..count).map(|_| times.uniform() * dt).collect();
-            self.arrivals.extend(offsets.into_iter().map(&mut draw));
+            self.offsets.clear();
+            self.offsets
+                .extend((0..count).map(|_| times.uniform() * dt));
+            self.arrivals
+                .extend(self.offsets.iter().map(|&offset| draw(offset)));
             self.arrivals
                 .sort_unstable_by(|a, b| a.offset_s.total_cmp(&b.offset_s));
         } else {
@@ -381,6 +395,20 @@ impl GpuSim {
                 let arrival = draw((i as f64 + 0.5) * spacing);
                 self.server
                     .arrive(start_s + arrival.offset_s, arrival.prompt, arrival.output);
+            }
+        }
+    }
+
+    /// The model's power with nothing to run at the current clocks, memoised by the clocks'
+    /// bits (the same value the model gives: it is a pure function of them).
+    fn idle_power_w(&mut self) -> f64 {
+        let key = (self.sm_mhz.to_bits(), self.mem_mhz.to_bits());
+        match self.idle_power {
+            Some((sm, mem, watts)) if (sm, mem) == key => watts,
+            _ => {
+                let watts = self.model.point(0, self.sm_mhz, self.mem_mhz).power_w;
+                self.idle_power = Some((key.0, key.1, watts));
+                watts
             }
         }
     }

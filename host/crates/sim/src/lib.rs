@@ -36,6 +36,7 @@ mod calibration;
 mod prefill_tests;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 pub use arrivals::ScenarioArrivals;
@@ -134,6 +135,125 @@ struct SimState {
     gpus: Vec<GpuSim>,
     /// Where the settings live when they outlive the process; `None`: in the boards alone.
     driver: Option<DriverLink>,
+    /// The thread that simulates half the boards while this one simulates the other half
+    /// (started at the first catch-up long enough to be worth it).
+    helper: Option<Helper>,
+}
+
+/// Boards caught up together by two threads at least this many substeps (a second of
+/// simulated time on the built-in profiles): shorter catch-ups (a real-time run's) stay on
+/// the caller's thread, where a hand-over would cost more than it saves.
+const PARALLEL_MIN_SUBSTEPS: u64 = 32;
+
+/// A thread that advances the boards it is handed to a time and hands them back. The
+/// boards are independent (each its own random streams), so which thread advances one
+/// changes nothing of what it simulates.
+///
+/// The hand-over is a flag both threads spin on for a while before sleeping: a simulated
+/// tick of 8 boards is about 100 µs of work, and waking a sleeping thread can take as long.
+#[derive(Debug)]
+struct Helper {
+    shared: Arc<HandOver>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+#[derive(Debug, Default)]
+struct HandOver {
+    /// [`IDLE`], [`WORK`] (boards waiting in `boards`), [`DONE`] (advanced, back in
+    /// `boards`) or [`CLOSED`] (the simulation is gone: the thread ends).
+    state: std::sync::atomic::AtomicU8,
+    boards: Mutex<(Vec<GpuSim>, u64)>,
+}
+
+const IDLE: u8 = 0;
+const WORK: u8 = 1;
+const DONE: u8 = 2;
+const CLOSED: u8 = 3;
+/// How long a waiting thread spins before it sleeps.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(500);
+
+impl HandOver {
+    fn boards(&self) -> MutexGuard<'_, (Vec<GpuSim>, u64)> {
+        self.boards.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Helper {
+    fn start() -> Option<Helper> {
+        let shared = Arc::new(HandOver::default());
+        let theirs = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("tokwatt-sim".into())
+            .spawn(move || helper_loop(&theirs))
+            .map_err(|error| {
+                tracing::warn!("the simulation runs on one thread (no helper thread: {error})");
+            })
+            .ok()?;
+        Some(Helper { shared, thread })
+    }
+
+    /// Hand `boards` over to be advanced to `now_ns`.
+    fn hand(&self, boards: Vec<GpuSim>, now_ns: u64) {
+        *self.shared.boards() = (boards, now_ns);
+        self.shared.state.store(WORK, Ordering::Release);
+        self.thread.thread().unpark();
+    }
+
+    /// The boards handed over, advanced; `None` if the thread stopped (a panic in a board).
+    fn take(&self) -> Option<Vec<GpuSim>> {
+        let started = std::time::Instant::now();
+        let mut spins = 0u32;
+        while self.shared.state.load(Ordering::Acquire) != DONE {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                if self.thread.is_finished() {
+                    return None;
+                }
+                if started.elapsed() > SPIN {
+                    std::thread::yield_now();
+                }
+            }
+            std::hint::spin_loop();
+        }
+        let boards = std::mem::take(&mut self.shared.boards().0);
+        self.shared.state.store(IDLE, Ordering::Release);
+        Some(boards)
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        self.shared.state.store(CLOSED, Ordering::Release);
+        self.thread.thread().unpark();
+    }
+}
+
+fn helper_loop(shared: &HandOver) {
+    loop {
+        let idle_since = std::time::Instant::now();
+        let mut spins = 0u32;
+        loop {
+            match shared.state.load(Ordering::Acquire) {
+                WORK => break,
+                CLOSED => return,
+                _ => {}
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) && idle_since.elapsed() > SPIN {
+                std::thread::park_timeout(std::time::Duration::from_millis(50));
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        {
+            let mut handed = shared.boards();
+            let now_ns = handed.1;
+            for board in &mut handed.0 {
+                board.advance_to(now_ns);
+            }
+        }
+        shared.state.store(DONE, Ordering::Release);
+    }
 }
 
 /// A simulation's link to its driver file.
@@ -244,7 +364,8 @@ impl SimState {
     }
 
     /// Board `index`, caught up to the clock's now (and to the driver's settings, where
-    /// another process changed them).
+    /// another process changed them). Every board is caught up with it: a control loop
+    /// reads them all at each tick, and two threads simulate them faster than one.
     fn gpu(&mut self, index: u32) -> Option<&mut GpuSim> {
         let now_ns = self.now_ns();
         if let Some(link) = &mut self.driver
@@ -252,6 +373,7 @@ impl SimState {
         {
             link.follow(&mut self.gpus, now_ns);
         }
+        self.catch_up_in_parallel(now_ns);
         let gpu = self.gpus.get_mut(usize::try_from(index).ok()?)?;
         gpu.advance_to(now_ns);
         Some(gpu)
@@ -293,6 +415,37 @@ impl SimState {
 
     fn count(&self) -> u32 {
         self.gpus.len() as u32
+    }
+
+    /// With two boards or more and a catch-up of at least [`PARALLEL_MIN_SUBSTEPS`], the
+    /// later half of the boards is advanced on the helper thread while this thread advances
+    /// the first half; they are back in their places, in order, when it returns.
+    fn catch_up_in_parallel(&mut self, now_ns: u64) {
+        if self.gpus.len() < 2
+            || self
+                .gpus
+                .iter()
+                .all(|board| board.substeps_behind(now_ns) < PARALLEL_MIN_SUBSTEPS)
+        {
+            return;
+        }
+        if self.helper.is_none() {
+            self.helper = Helper::start();
+        }
+        let Some(helper) = &self.helper else {
+            return;
+        };
+        let later = self.gpus.split_off(self.gpus.len() / 2);
+        helper.hand(later, now_ns);
+        for board in &mut self.gpus {
+            board.advance_to(now_ns);
+        }
+        match helper.take() {
+            Some(later) => self.gpus.extend(later),
+            // It stopped holding half the boards: only a panic in a board does that, and
+            // that is a bug here as it would be on this thread.
+            None => panic!("the simulation's helper thread stopped with its boards"),
+        }
     }
 }
 
@@ -423,6 +576,7 @@ impl SimGpu {
                 clock,
                 gpus: boards,
                 driver,
+                helper: None,
             })),
             profile,
             scenario,

@@ -348,9 +348,12 @@ impl Server {
             let at_s = end_s - steps_since * step_s;
             self.first_token(at_s, arrival_s);
             // Its record's first token: the sequence decodes, or waits paused by a cut.
+            // From the back: it was admitted a step ago, so it is among the latest to
+            // finish (ids are unique, so the order of the search changes nothing).
             let life = self
                 .running
                 .iter_mut()
+                .rev()
                 .map(|d| &mut d.life)
                 .chain(self.paused.iter_mut().map(|p| &mut p.life))
                 .find(|life| life.id == id);

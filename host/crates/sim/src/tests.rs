@@ -575,6 +575,44 @@ fn a_thirty_minute_eight_gpu_run_completes_through_the_traits() {
     }
 }
 
+/// Boards caught up together on two threads (a catch-up of a second or more) simulate
+/// exactly what boards caught up one at a time, on the caller's thread, do: every board's
+/// truth, bit for bit, with settings changed on the way.
+#[test]
+fn boards_caught_up_on_two_threads_match_boards_caught_up_one_by_one() {
+    let run = |step_s: f64| {
+        let (sim, clock) = sim_with("h200", Scenario::built_in().unwrap(), 5, 7);
+        let (mut telemetry, mut actuator, mut workload) =
+            (sim.telemetry(), sim.actuator(), sim.workload());
+        let steps = (120.0 / step_s).round() as u32;
+        for step in 1..=steps {
+            let t = f64::from(step) * step_s;
+            clock.sleep_until(secs(t));
+            for gpu in 0..5u32 {
+                telemetry.read_window(gpu).unwrap();
+                workload.read_window(gpu).unwrap();
+            }
+            if (t.round() - t).abs() < 1e-9 && (t as u32).is_multiple_of(10) {
+                for gpu in 0..5u32 {
+                    let batch = 32 + ((t as u32 / 10 + gpu) % 5) * 40;
+                    workload.set_batch_size(gpu, batch).unwrap();
+                    actuator
+                        .set_power_cap(gpu, 500.0 + f64::from(gpu) * 40.0)
+                        .unwrap();
+                }
+            }
+        }
+        (0..5)
+            .map(|gpu| sim.truth(gpu).unwrap())
+            .collect::<Vec<_>>()
+    };
+    // Reads every 2 s catch up 80 substeps (two threads); every 10 ms, one (this thread).
+    let parallel = run(2.0);
+    let one_by_one = run(0.01);
+    assert_eq!(parallel, one_by_one);
+    assert!(parallel.iter().all(|truth| truth.tokens > 1e5));
+}
+
 // ---- Demand accounting ----
 
 /// `output_tokens`-token requests arriving at `rps`, served at batch `batch`, with room for
