@@ -74,6 +74,10 @@
 //! probe mean a rung too slow or a rise in demand; where a higher rung served them at
 //! once, the search measures it again to tell: if the queue drains there, the probe was
 //! too slow (a floor); if not, the demand rose (a re-exploration).
+//!
+//! One file because it is one algorithm, described above: bracketing, settling, floors and
+//! re-exploration are rules over the same `LadderSearch` state (the bracket, the per-rung
+//! records, the floor), and each rule is read against the others.
 
 use crate::ladder_config::LadderConfig;
 use crate::measure::{

@@ -1,5 +1,9 @@
 //! The control of one GPU: the batch size held at the latency limit by the fitted line,
 //! and the SM clock lowered while the demand allows.
+//!
+//! One file because it is one state machine: every step `observe` takes (the demand, a long
+//! wait, a violation, the window, the clock's decision) reads and writes the same
+//! `GpuControl`, and each step's rule is read against the others.
 
 use crate::config::Config;
 use crate::fit::{Line, TpotFit};

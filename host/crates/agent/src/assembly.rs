@@ -3,6 +3,10 @@
 //! external serving engine's metrics). Every command and test builds its backends here,
 //! so `run`, `check`, `restore` and the commands still to come (`serve`, `eval`, `ab`)
 //! assemble runs the same way, and knobs are granted in one place ([`grant_knobs`]).
+//!
+//! One file because it is the one place the paragraph above promises: the simulated and the
+//! real-GPU paths share the operator's offer, the knob grant and the `Assembled` they
+//! return, and are kept alike by being read side by side.
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -3,10 +3,10 @@
 //! changes, and record everything. Simulated and real runs share every line of it: only
 //! the backends and the clock differ.
 //!
-//! Over 600 lines on purpose: `ControlLoop::tick` is the loop's one step, and observing,
-//! deciding, applying and recording a tick share that tick's borrowed state; what
-//! separates cleanly is already apart (the per-GPU steps and the host's own moves in
-//! `moves.rs`, what a run adds up in `totals.rs`, swaps in `crate::swap`).
+//! One file because `ControlLoop::tick` is the loop's one step, and observing, deciding,
+//! applying and recording a tick share that tick's borrowed state; what separates cleanly
+//! is already apart (the per-GPU steps and the host's own moves in `moves.rs`, what a run
+//! adds up in `totals.rs`, swaps in `crate::swap`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,9 +2,9 @@
 //! workspace, and the NVRTC-compiled kernels. Together with the engine this is the only code
 //! that knows cudarc.
 //!
-//! Over 600 lines on purpose: it is the one file of raw driver, NVRTC and cuBLAS calls (and
-//! their `unsafe` blocks), kept together so that the safety of each call can be read in one
-//! place; its parts (compile, kernel table, `Gpu`) are short and in that order.
+//! One file because it holds every raw driver, NVRTC and cuBLAS call (and their `unsafe`
+//! blocks), kept together so that the safety of each call can be read in one place; its
+//! parts (compile, kernel table, `Gpu`) are short and in that order.
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_void};

@@ -13,6 +13,10 @@
 //! check metrics` and Prometheus's classic parser want. prometheus-client's own counters
 //! name the family without it (OpenMetrics), which promtool reports as samples with no
 //! HELP; [`TotalCounter`] keeps the sample names and fixes the family's.
+//!
+//! One file because the families, the `Seen` totals and the fleet's series are one `Inner`
+//! behind one mutex, which every update reads and writes whole; what stands apart already
+//! is apart (the families' definitions in `registry.rs`, the coordinator's in its own).
 
 pub mod coordinator;
 mod registry;

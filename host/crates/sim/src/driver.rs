@@ -45,6 +45,10 @@
 //!   once agree on one.
 //! - A reboot puts every board back at the board defaults and, where a boot unit is
 //!   enabled (`boot_reserve_w`), fits the caps within its reserve in the same write.
+//!
+//! One file because it is one on-disk format and its write protocol, above: the layout, the
+//! sealing of each line, the checked reads and the one-`pwrite` setters all rest on the
+//! same offsets and widths, which a split would spread over files.
 
 use std::fs::File;
 use std::io::Write;

@@ -6,9 +6,9 @@
 //! steps is the elapsed time over the step time, split only where a request finishes,
 //! arrives, finishes its prompt or the KV cache fills — never one iteration per step.
 //!
-//! Longer than 600 lines on purpose: `GpuSim`'s queue, clock, power and NVML view advance
-//! together in every substep and share its fields; split by job, each part would pass the
-//! whole state around. The memo of model results (`ModelCache`) is the separable part.
+//! One file because `GpuSim`'s queue, clock, power and NVML view advance together in
+//! every substep and share its fields; split by job, each part would pass the whole state
+//! around. The memo of model results (`ModelCache`) is the separable part.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

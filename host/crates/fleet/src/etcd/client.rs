@@ -8,6 +8,9 @@
 //! A request goes to the first endpoint that answers; a member that does not is tried
 //! again only after the others. Every request has a deadline: a cut-off member costs
 //! one deadline, never a hang.
+//!
+//! One file because it is one wire protocol: the client's requests and the wire types they
+//! decode share the base64, string-number and omitted-zero rules above, kept in one place.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

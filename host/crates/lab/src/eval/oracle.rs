@@ -13,6 +13,10 @@
 //!    settings (arrivals, queueing, step jitter, the firmware's clock control), judged on
 //!    the simulator's true energy, and the best one that keeps the objective on ≥ 99 % of
 //!    its ticks and turns nothing away wins.
+//!
+//! One file because it is one search over one model: the steady-state model stage 1 scores
+//! with (`Requests`, the capacities and latency floors `family.rs` draws scenarios against)
+//! and stage 2's fixed-settings runs (`FixedRun`) define the oracle together.
 
 use std::sync::Arc;
 use std::time::Duration;

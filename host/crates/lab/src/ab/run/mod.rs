@@ -17,9 +17,8 @@
 //! The records a run writes (`ab.json`) are [`outcome`]'s; driving one loop through its
 //! epochs is [`driver`]'s.
 //!
-//! Just over 600 lines on purpose: the three ways to run (about a hundred lines each)
-//! share the seeding, pairing and finishing below, which would otherwise be passed
-//! between files.
+//! One file because the three ways to run (about a hundred lines each) share the seeding,
+//! pairing and finishing below, which would otherwise be passed between files.
 
 mod driver;
 mod outcome;

@@ -1,5 +1,9 @@
 //! Running what [`super::prepare`] planned: the power domains frozen, the two halves, the
 //! reading of their windows, putting every node back, and the domains thawed.
+//!
+//! One file because every step is a method of one `Runner`, which borrows the fleet and the
+//! plan and keeps what the run has changed, frozen and measured; the way out (put back,
+//! thaw, report) reads all of it, so split, its private fields would cross files.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
