@@ -11,7 +11,7 @@ use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 
 use crate::plugin_places::PluginPlaces;
 use tokwatt::eval::family::{self, Split};
-use tokwatt::eval::{self, EvalProgress, EvalRequest, EvalResults, EvalScenario, fmt_option};
+use tokwatt::eval::{self, EvalRequest, EvalResults, EvalScenario, fmt_option};
 
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
@@ -70,9 +70,17 @@ pub struct EvalArgs {
     overwrite: bool,
     #[command(flatten)]
     plugins: PluginPlaces,
-    /// No progress lines.
+    /// No progress bar or lines.
     #[arg(long, short)]
     quiet: bool,
+    /// A line for every oracle and every run as it ends (by default a progress bar on a
+    /// terminal, elsewhere a line at each tenth of the runs).
+    #[arg(long, short, conflicts_with = "quiet")]
+    verbose: bool,
+    /// After the summary, also the table of every policy on every scenario (always in
+    /// report.html and eval.json).
+    #[arg(long)]
+    details: bool,
 }
 
 /// Where the shipped specs and judging scenarios are, from the checkout's root.
@@ -151,7 +159,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
         if args.json {
             return crate::json_out::JsonResult::new("eval", Some(&out), &results).print();
         }
-        print_results(&results);
+        print_results(&results, args.details);
         return Ok(());
     };
     let splits: &[Split] = match args.split {
@@ -195,7 +203,7 @@ pub fn eval(args: &EvalArgs) -> Result<()> {
     }
     for (split, results) in &judged {
         println!("\n{} split", split.name());
-        print_results(results);
+        print_results(results, args.details);
     }
     if let [(_, tuning), (_, held_out)] = judged.as_slice() {
         print_splits(tuning, held_out);
@@ -276,12 +284,11 @@ fn judge(
         );
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let quiet = args.quiet;
-    let results = eval::evaluate(&request, stop, &mut |p| {
-        if !quiet {
-            print_progress(&p);
-        }
-    })?;
+    // Hundreds of runs: a bar, or a line a tenth; a line a run only with --verbose.
+    let mut progress = crate::progress::EvalBar::new(args.quiet, args.verbose);
+    let results = eval::evaluate(&request, stop, &mut |p| progress.update(&p));
+    progress.finish();
+    let results = results?;
     std::fs::create_dir_all(out)
         .with_context(|| format!("creating the output folder {}", out.display()))?;
     let json = serde_json::to_string_pretty(&results).context("serialising eval.json")?;
@@ -304,33 +311,60 @@ fn judge(
     Ok(results)
 }
 
-fn print_progress(p: &EvalProgress) {
-    match p {
-        EvalProgress::Oracle { scenario, done, of } => {
-            eprintln!("[oracle {done:>3}/{of}] {scenario}");
-        }
-        EvalProgress::Run {
-            policy,
-            scenario,
-            seed,
-            outcome,
-            done,
-            of,
-        } => match outcome {
-            Ok(tokens_per_joule) => eprintln!(
-                "[run {done:>4}/{of}] {policy} on {scenario}, seed {seed}: {tokens_per_joule:.4} tok/J"
-            ),
-            Err(reason) => {
-                eprintln!(
-                    "[run {done:>4}/{of}] {policy} on {scenario}, seed {seed}: FAILED: {reason}"
-                )
-            }
-        },
+/// The results: the summary first (each policy over the scenarios, best first) and the
+/// failures; every policy on every scenario only with `details` (the tables of
+/// report.html and eval.json hold it anyway).
+fn print_results(results: &EvalResults, details: bool) {
+    println!("\n{}", results.data_source);
+    let mut table = Table::new();
+    table.load_preset(UTF8_FULL_CONDENSED).set_header([
+        "policy (best first; median over scenarios)",
+        "ratio",
+        "to causal",
+        "× default",
+        "failed",
+        "worst scenario",
+        "t→0.95",
+        "t→0.98",
+        "violating",
+        "served",
+        "oracle served",
+    ]);
+    let none = eval::NO_SCENARIO_RAN;
+    for p in eval::ranked_policies(results) {
+        table.add_row([
+            p.policy.clone(),
+            eval::figure(p.ratio, 3, none),
+            eval::figure(p.causal_ratio, 3, none),
+            eval::figure(p.over_default, 2, none),
+            p.failed.to_string(),
+            p.worst_text(),
+            fmt_option(p.ticks_to_95, 0),
+            fmt_option(p.ticks_to_98, 0),
+            eval::percent_figure(p.slo_violation_fraction, none),
+            eval::figure(p.served_fraction, 3, none),
+            eval::figure(p.oracle_served_fraction, 3, none),
+        ]);
+    }
+    println!("{table}");
+    println!("{}", eval::failure_rule_words());
+    for e in results.entries.iter().filter(|e| e.failed.is_some()) {
+        println!(
+            "FAILED: {} on {}: {}",
+            e.policy,
+            e.scenario,
+            e.failed.as_deref().unwrap_or_default()
+        );
+    }
+    if details {
+        print_details(results);
+    } else {
+        println!("Each policy on each scenario: --details, or report.html beside eval.json.");
     }
 }
 
-fn print_results(results: &EvalResults) {
-    println!("\n{}", results.data_source);
+/// `--details`: every policy on every scenario, the policies ranked.
+fn print_details(results: &EvalResults) {
     let mut table = Table::new();
     table.load_preset(UTF8_FULL_CONDENSED).set_header([
         "policy",
@@ -367,46 +401,6 @@ fn print_results(results: &EvalResults) {
         ]);
     }
     println!("{table}");
-    for e in results.entries.iter().filter(|e| e.failed.is_some()) {
-        println!(
-            "FAILED: {} on {}: {}",
-            e.policy,
-            e.scenario,
-            e.failed.as_deref().unwrap_or_default()
-        );
-    }
-    let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED).set_header([
-        "policy (best first; median over scenarios)",
-        "ratio",
-        "to causal",
-        "× default",
-        "failed",
-        "worst scenario",
-        "t→0.95",
-        "t→0.98",
-        "violating",
-        "served",
-        "oracle served",
-    ]);
-    let none = eval::NO_SCENARIO_RAN;
-    for p in eval::ranked_policies(results) {
-        table.add_row([
-            p.policy.clone(),
-            eval::figure(p.ratio, 3, none),
-            eval::figure(p.causal_ratio, 3, none),
-            eval::figure(p.over_default, 2, none),
-            p.failed.to_string(),
-            p.worst_text(),
-            fmt_option(p.ticks_to_95, 0),
-            fmt_option(p.ticks_to_98, 0),
-            eval::percent_figure(p.slo_violation_fraction, none),
-            eval::figure(p.served_fraction, 3, none),
-            eval::figure(p.oracle_served_fraction, 3, none),
-        ]);
-    }
-    println!("{table}");
-    println!("{}", eval::failure_rule_words());
 }
 
 /// `--plan`: each scenario's phases, capacity and oracle, judged nothing.

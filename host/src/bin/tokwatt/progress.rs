@@ -1,12 +1,14 @@
-//! Progress bars for the long commands (`tokwatt ab`, `tokwatt tune`), drawn on stderr only
-//! when it is a terminal and the user did not ask for quiet: in a pipe, a log file or CI
-//! nothing is written per update, and each command prints its own final lines.
+//! Progress bars for the long commands (`tokwatt ab`, `tokwatt tune`, `tokwatt eval`), drawn
+//! on stderr only when it is a terminal and the user did not ask for quiet: in a pipe, a
+//! log file or CI nothing is written per update (`eval`: a line at each tenth of its
+//! runs), and each command prints its own final lines.
 
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokwatt::ab::{AbOutcome, AbProgress, AbSummary, Decision, confidence_percent};
+use tokwatt::eval::EvalProgress;
 
 /// How often the bar redraws on its own, so that the elapsed time moves during an epoch
 /// that takes minutes.
@@ -14,6 +16,7 @@ const STEADY_TICK: Duration = Duration::from_millis(250);
 
 const AB_TEMPLATE: &str = "{elapsed_precise} [{bar:30}] {pos}/{len} pairs  {msg}";
 const ROUND_TEMPLATE: &str = "{elapsed_precise} [{bar:30}] {pos}/{len} runs  {msg}";
+const EVAL_TEMPLATE: &str = "{elapsed_precise} [{bar:30}] {pos}/{len} runs  {msg}";
 
 /// A bar on stderr, or nothing when quiet or when stderr is not a terminal.
 fn terminal_bar(quiet: bool, length: u64, template: &str) -> Option<ProgressBar> {
@@ -144,9 +147,183 @@ impl RoundBar {
     }
 }
 
+/// `tokwatt eval`: hundreds of runs, and no line for each unless asked (`verbose`). On a
+/// terminal a bar of the runs done, with the failures so far; elsewhere a line at each
+/// tenth of the runs; quiet, nothing.
+#[derive(Debug)]
+pub struct EvalBar {
+    bar: Option<ProgressBar>,
+    quiet: bool,
+    verbose: bool,
+    failed: usize,
+    next_tenth: usize,
+}
+
+impl EvalBar {
+    pub fn new(quiet: bool, verbose: bool) -> Self {
+        let bar = terminal_bar(quiet, 0, EVAL_TEMPLATE);
+        if let Some(bar) = &bar {
+            bar.set_message("the oracle first");
+        }
+        Self {
+            bar,
+            quiet,
+            verbose,
+            failed: 0,
+            next_tenth: 1,
+        }
+    }
+
+    /// After each oracle and each run (the judge's progress callback).
+    pub fn update(&mut self, progress: &EvalProgress) {
+        if let EvalProgress::Run {
+            outcome: Err(_), ..
+        } = progress
+        {
+            self.failed += 1;
+        }
+        let line = (!self.quiet && self.verbose).then(|| run_line(progress));
+        match &self.bar {
+            Some(bar) => {
+                if let Some(line) = line {
+                    bar.println(line);
+                }
+                match progress {
+                    EvalProgress::Oracle { scenario, done, of } => {
+                        bar.set_message(format!("oracle {done}/{of}: {scenario}"));
+                    }
+                    EvalProgress::Run { done, of, .. } => {
+                        bar.set_length(*of as u64);
+                        bar.set_position(*done as u64);
+                        bar.set_message(failed_words(self.failed));
+                    }
+                }
+            }
+            None => {
+                if let Some(line) = line {
+                    eprintln!("{line}");
+                } else if !self.quiet
+                    && let EvalProgress::Run { done, of, .. } = progress
+                    && let Some(line) = tenth_line(*done, *of, self.failed, &mut self.next_tenth)
+                {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+
+    /// The runs are over; the command prints the results itself.
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn failed_words(failed: usize) -> String {
+    match failed {
+        0 => String::new(),
+        1 => "1 failed".to_owned(),
+        n => format!("{n} failed"),
+    }
+}
+
+/// A line at each tenth of the runs (where no bar is drawn): `[ 30%] 129/429 runs`.
+fn tenth_line(done: usize, of: usize, failed: usize, next_tenth: &mut usize) -> Option<String> {
+    if of == 0 || done * 10 < *next_tenth * of {
+        return None;
+    }
+    *next_tenth = done * 10 / of + 1;
+    let mut line = format!("[{:>3}%] {done}/{of} runs", done * 100 / of);
+    if failed > 0 {
+        line.push_str(&format!(", {}", failed_words(failed)));
+    }
+    Some(line)
+}
+
+/// One oracle's or one run's line (`--verbose`).
+pub fn run_line(progress: &EvalProgress) -> String {
+    match progress {
+        EvalProgress::Oracle { scenario, done, of } => {
+            format!("[oracle {done:>3}/{of}] {scenario}")
+        }
+        EvalProgress::Run {
+            policy,
+            scenario,
+            seed,
+            outcome,
+            done,
+            of,
+        } => match outcome {
+            Ok(tokens_per_joule) => format!(
+                "[run {done:>4}/{of}] {policy} on {scenario}, seed {seed}: {tokens_per_joule:.4} tok/J"
+            ),
+            Err(reason) => {
+                format!(
+                    "[run {done:>4}/{of}] {policy} on {scenario}, seed {seed}: FAILED: {reason}"
+                )
+            }
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run(done: usize, of: usize, failed: bool) -> EvalProgress {
+        EvalProgress::Run {
+            policy: "static".into(),
+            scenario: "h200-8b-latency".into(),
+            seed: 1,
+            outcome: if failed {
+                Err("could not start".into())
+            } else {
+                Ok(3.25)
+            },
+            done,
+            of,
+        }
+    }
+
+    /// 429 runs make ten lines, not 429 (issue 43 item 9); each run's own line is
+    /// `--verbose`'s.
+    #[test]
+    fn eval_progress_is_a_line_a_tenth_not_a_line_a_run() {
+        let mut next = 1;
+        let lines: Vec<String> = (1..=429)
+            .filter_map(|done| tenth_line(done, 429, usize::from(done > 200), &mut next))
+            .collect();
+        assert_eq!(lines.len(), 10, "{lines:?}");
+        assert_eq!(lines[0], "[ 10%] 43/429 runs");
+        assert_eq!(lines[9], "[100%] 429/429 runs, 1 failed");
+        assert_eq!(
+            run_line(&run(7, 429, false)),
+            "[run    7/429] static on h200-8b-latency, seed 1: 3.2500 tok/J"
+        );
+        assert!(run_line(&run(8, 429, true)).ends_with("FAILED: could not start"));
+
+        // A live bar counts the runs and the failures.
+        let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::hidden());
+        let mut eval = EvalBar {
+            bar: Some(bar.clone()),
+            quiet: false,
+            verbose: false,
+            failed: 0,
+            next_tenth: 1,
+        };
+        eval.update(&run(1, 429, false));
+        eval.update(&run(2, 429, true));
+        assert_eq!((bar.position(), bar.length()), (2, Some(429)));
+        assert_eq!(bar.message(), "1 failed");
+        eval.finish();
+        assert!(bar.is_finished());
+        // Quiet: nothing drawn, every call accepted.
+        let mut quiet = EvalBar::new(true, false);
+        assert!(quiet.bar.is_none());
+        quiet.update(&run(429, 429, false));
+        quiet.finish();
+    }
 
     fn look(decision: Decision) -> AbSummary {
         AbSummary {
@@ -197,7 +374,7 @@ mod tests {
 
     #[test]
     fn the_templates_are_valid() {
-        for template in [AB_TEMPLATE, ROUND_TEMPLATE] {
+        for template in [AB_TEMPLATE, ROUND_TEMPLATE, EVAL_TEMPLATE] {
             assert!(ProgressStyle::with_template(template).is_ok(), "{template}");
         }
     }
