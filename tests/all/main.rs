@@ -9,6 +9,7 @@ mod accepts;
 mod api;
 mod bad_input;
 mod book;
+mod compare;
 mod deploy;
 mod engines;
 mod eval;

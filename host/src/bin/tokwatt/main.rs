@@ -7,6 +7,7 @@ mod ab_studies;
 mod bench;
 mod bench_serve;
 mod check;
+mod compare;
 mod eval;
 mod fence;
 mod fleet;
@@ -24,8 +25,8 @@ mod restore;
 mod run;
 mod run_progress;
 mod serve;
-mod sim_driver;
 mod shell;
+mod sim_driver;
 mod status;
 mod target;
 mod tune;
@@ -81,7 +82,8 @@ enum Command {
     /// Feed a recorded run's observations to a policy and print its decisions beside the
     /// run's, with the guest's logs and standard error.
     Replay(replay::ReplayArgs),
-    /// Render a run's report.html again from its summary.json and trace.csv.
+    /// Render a run's report.html again from its summary.json and trace.csv; with several
+    /// run folders, compare them side by side and against the run with the default settings.
     Report(report::ReportArgs),
     /// What a running agent (`tokwatt serve`) is doing: policy, settings in force, failures.
     Status(status::StatusArgs),
@@ -101,11 +103,11 @@ enum Command {
         #[command(subcommand)]
         what: sim_driver::SimDriverCommand,
     },
-    /// Across nodes: a power budget on etcd (set a domain's budget, show its ledger, run a
     /// Print a shell's completion script for tokwatt (bash, zsh, fish, elvish, powershell).
     Completions(shell::CompletionsArgs),
     /// Print tokwatt's man page (roff), or write a page per subcommand into a folder.
     Man(shell::ManArgs),
+    /// Across nodes: a power budget on etcd (set a domain's budget, show its ledger, run a
     /// coordinator replica), and A/B experiments on serving nodes.
     Fleet {
         #[command(subcommand)]
@@ -140,9 +142,9 @@ fn main() -> std::process::ExitCode {
         Command::Plugin { what } => plugin::plugin(what),
         Command::Fleet { what } => fleet::fleet(&what),
         Command::SimDriver { what } => sim_driver::sim_driver(&what),
-    };
         Command::Completions(args) => shell::completions(&args),
         Command::Man(args) => shell::man(&args),
+    };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
