@@ -245,6 +245,42 @@ fn serve_runs_until_stopped_and_answers_the_cli_on_its_socket() {
     assert_eq!(json["policy"]["name"], "slo-batch");
     assert_eq!(json["simulated"], true);
     assert_eq!(json["gpus"].as_array().map(Vec::len), Some(2));
+    // The node's row: the GPUs summed, once a tick has been observed.
+    let status_json = || -> serde_json::Value {
+        let output = tokwatt()
+            .args(["status", "--json", "--socket"])
+            .arg(&socket)
+            .output()
+            .expect("tokwatt status");
+        serde_json::from_slice(&output.stdout).expect("status JSON")
+    };
+    wait_for("a tick observed", Duration::from_secs(30), || {
+        !status_json()["node"].is_null()
+    });
+    let json = status_json();
+    let node = &json["node"];
+    assert_eq!(node["gpus"], 2, "{node}");
+    let caps: f64 = json["gpus"]
+        .as_array()
+        .map(|gpus| {
+            gpus.iter()
+                .filter_map(|g| g["in_force"]["power_cap_w"].as_f64())
+                .sum()
+        })
+        .unwrap_or_default();
+    assert!(
+        node["power_cap_w"]
+            .as_f64()
+            .is_some_and(|w| (w - caps).abs() < 1e-6 && w > 0.0),
+        "{json}"
+    );
+    let human = tokwatt()
+        .args(["status", "--socket"])
+        .arg(&socket)
+        .output()
+        .expect("tokwatt status");
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.contains("node 2 GPUs"), "{text}");
 
     let swap = tokwatt()
         .args(["policy", "swap"])
