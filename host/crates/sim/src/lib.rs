@@ -135,8 +135,8 @@ struct SimState {
     gpus: Vec<GpuSim>,
     /// Where the settings live when they outlive the process; `None`: in the boards alone.
     driver: Option<DriverLink>,
-    /// The thread that simulates half the boards while this one simulates the other half
-    /// (started at the first catch-up long enough to be worth it).
+    /// The thread that simulates boards beside this one (started at the first catch-up
+    /// long enough to be worth it).
     helper: Option<Helper>,
 }
 
@@ -145,12 +145,10 @@ struct SimState {
 /// the caller's thread, where a hand-over would cost more than it saves.
 const PARALLEL_MIN_SUBSTEPS: u64 = 32;
 
-/// A thread that advances the boards it is handed to a time and hands them back. The
-/// boards are independent (each its own random streams), so which thread advances one
-/// changes nothing of what it simulates.
-///
-/// The hand-over is a flag both threads spin on for a while before sleeping: a simulated
-/// tick of 8 boards is about 100 µs of work, and waking a sleeping thread can take as long.
+/// A thread that advances boards beside the caller. Both take boards one at a time from a
+/// shared pool until it is empty, so a helper that wakes late (a busy machine) leaves its
+/// share to the caller instead of holding it up. The boards are independent (each its own
+/// random streams), so which thread advances one changes nothing of what it simulates.
 #[derive(Debug)]
 struct Helper {
     shared: Arc<HandOver>,
@@ -159,22 +157,37 @@ struct Helper {
 
 #[derive(Debug, Default)]
 struct HandOver {
-    /// [`IDLE`], [`WORK`] (boards waiting in `boards`), [`DONE`] (advanced, back in
-    /// `boards`) or [`CLOSED`] (the simulation is gone: the thread ends).
-    state: std::sync::atomic::AtomicU8,
-    boards: Mutex<(Vec<GpuSim>, u64)>,
+    /// Boards still to advance, with their places.
+    todo: Mutex<Vec<(usize, GpuSim)>>,
+    /// Boards advanced, with their places.
+    done: Mutex<Vec<(usize, GpuSim)>>,
+    now_ns: std::sync::atomic::AtomicU64,
+    /// Raised for every catch-up; the helper works whenever it sees a new one.
+    generation: std::sync::atomic::AtomicU64,
+    /// Boards handed out and not yet back in `done`.
+    pending: std::sync::atomic::AtomicUsize,
+    closed: std::sync::atomic::AtomicBool,
 }
 
-const IDLE: u8 = 0;
-const WORK: u8 = 1;
-const DONE: u8 = 2;
-const CLOSED: u8 = 3;
-/// How long a waiting thread spins before it sleeps.
-const SPIN: std::time::Duration = std::time::Duration::from_micros(500);
+/// How long the helper spins for the next catch-up before it sleeps.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 impl HandOver {
-    fn boards(&self) -> MutexGuard<'_, (Vec<GpuSim>, u64)> {
-        self.boards.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Advance boards from the pool until it is empty.
+    fn work(&self) {
+        let now_ns = self.now_ns.load(Ordering::Acquire);
+        loop {
+            let Some((place, mut board)) = locked(&self.todo).pop() else {
+                return;
+            };
+            board.advance_to(now_ns);
+            locked(&self.done).push((place, board));
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -192,51 +205,54 @@ impl Helper {
         Some(Helper { shared, thread })
     }
 
-    /// Hand `boards` over to be advanced to `now_ns`.
-    fn hand(&self, boards: Vec<GpuSim>, now_ns: u64) {
-        *self.shared.boards() = (boards, now_ns);
-        self.shared.state.store(WORK, Ordering::Release);
+    /// Every board of `boards` advanced to `now_ns`, by this thread and the helper, in
+    /// their places; `None` if the helper stopped holding one (a panic in a board).
+    fn advance(&self, boards: Vec<GpuSim>, now_ns: u64) -> Option<Vec<GpuSim>> {
+        let count = boards.len();
+        let shared = &self.shared;
+        shared.now_ns.store(now_ns, Ordering::Release);
+        shared.pending.store(count, Ordering::Release);
+        *locked(&shared.todo) = boards.into_iter().enumerate().rev().collect();
+        shared.generation.fetch_add(1, Ordering::AcqRel);
         self.thread.thread().unpark();
-    }
-
-    /// The boards handed over, advanced; `None` if the thread stopped (a panic in a board).
-    fn take(&self) -> Option<Vec<GpuSim>> {
-        let started = std::time::Instant::now();
+        shared.work();
         let mut spins = 0u32;
-        while self.shared.state.load(Ordering::Acquire) != DONE {
+        while shared.pending.load(Ordering::Acquire) > 0 {
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(64) {
                 if self.thread.is_finished() {
                     return None;
                 }
-                if started.elapsed() > SPIN {
-                    std::thread::yield_now();
-                }
+                std::thread::yield_now();
             }
             std::hint::spin_loop();
         }
-        let boards = std::mem::take(&mut self.shared.boards().0);
-        self.shared.state.store(IDLE, Ordering::Release);
-        Some(boards)
+        let mut done = std::mem::take(&mut *locked(&shared.done));
+        done.sort_unstable_by_key(|(place, _)| *place);
+        Some(done.into_iter().map(|(_, board)| board).collect())
     }
 }
 
 impl Drop for Helper {
     fn drop(&mut self) {
-        self.shared.state.store(CLOSED, Ordering::Release);
+        self.shared.closed.store(true, Ordering::Release);
         self.thread.thread().unpark();
     }
 }
 
 fn helper_loop(shared: &HandOver) {
+    let mut seen = 0;
     loop {
         let idle_since = std::time::Instant::now();
         let mut spins = 0u32;
         loop {
-            match shared.state.load(Ordering::Acquire) {
-                WORK => break,
-                CLOSED => return,
-                _ => {}
+            if shared.closed.load(Ordering::Acquire) {
+                return;
+            }
+            let generation = shared.generation.load(Ordering::Acquire);
+            if generation != seen {
+                seen = generation;
+                break;
             }
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(64) && idle_since.elapsed() > SPIN {
@@ -245,14 +261,7 @@ fn helper_loop(shared: &HandOver) {
                 std::hint::spin_loop();
             }
         }
-        {
-            let mut handed = shared.boards();
-            let now_ns = handed.1;
-            for board in &mut handed.0 {
-                board.advance_to(now_ns);
-            }
-        }
-        shared.state.store(DONE, Ordering::Release);
+        shared.work();
     }
 }
 
@@ -418,8 +427,8 @@ impl SimState {
     }
 
     /// With two boards or more and a catch-up of at least [`PARALLEL_MIN_SUBSTEPS`], the
-    /// later half of the boards is advanced on the helper thread while this thread advances
-    /// the first half; they are back in their places, in order, when it returns.
+    /// boards are advanced by this thread and the helper together; they are back in their
+    /// places, in order, when it returns.
     fn catch_up_in_parallel(&mut self, now_ns: u64) {
         if self.gpus.len() < 2
             || self
@@ -435,16 +444,12 @@ impl SimState {
         let Some(helper) = &self.helper else {
             return;
         };
-        let later = self.gpus.split_off(self.gpus.len() / 2);
-        helper.hand(later, now_ns);
-        for board in &mut self.gpus {
-            board.advance_to(now_ns);
-        }
-        match helper.take() {
-            Some(later) => self.gpus.extend(later),
-            // It stopped holding half the boards: only a panic in a board does that, and
-            // that is a bug here as it would be on this thread.
-            None => panic!("the simulation's helper thread stopped with its boards"),
+        let boards = std::mem::take(&mut self.gpus);
+        match helper.advance(boards, now_ns) {
+            Some(boards) => self.gpus = boards,
+            // It stopped holding a board: only a panic in a board does that, and that is a
+            // bug here as it would be on this thread.
+            None => panic!("the simulation's helper thread stopped with a board"),
         }
     }
 }
