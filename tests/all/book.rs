@@ -450,8 +450,11 @@ fn the_metrics_reference_is_current() {
          are there only on a node in a power domain (`[fleet]`), and \
          `tokwatt_gpu_tokens_demanded_total`, `tokwatt_gpu_prefill_tokens_total`, \
          `tokwatt_gpu_request_energy_joules` and `tokwatt_gpu_ttft_p99_seconds` only where \
-         the workload knows its demand and sees its requests through (the simulator).\n\n| metric | type | meaning |\n\
-         |---|---|---|\n"
+         the workload knows its demand and sees its requests through (the simulator). Every \
+         per-GPU series carries `gpu` (the index on the node) and, named as dcgm-exporter \
+         names them, `UUID` and `modelName` (the board's, which outlast a change of index: \
+         join on `UUID`).\n\n| metric | type | labels | meaning |\n\
+         |---|---|---|---|\n"
     );
     let mut kinds = std::collections::HashMap::new();
     for line in text.lines() {
@@ -466,8 +469,13 @@ fn the_metrics_reference_is_current() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
             let kind = kinds.get(name).map_or("", String::as_str);
+            let labels = label_names(&text, name)
+                .iter()
+                .map(|label| format!("`{label}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
             page.push_str(&format!(
-                "| `{name}` | {kind} | {} |\n",
+                "| `{name}` | {kind} | {labels} | {} |\n",
                 help.replace('|', "\\|")
             ));
         }
@@ -484,6 +492,30 @@ fn the_metrics_reference_is_current() {
         ));
     }
     check_current("metrics.md", &page);
+}
+
+/// The label names of family `name`'s first sample in `text` (a histogram's `le` left out),
+/// in the exposition's order.
+fn label_names(text: &str, name: &str) -> Vec<String> {
+    let sample = text.lines().filter(|l| !l.starts_with('#')).find(|line| {
+        line.strip_prefix(name).is_some_and(|rest| {
+            rest.starts_with('{')
+                || rest.starts_with(' ')
+                || ["_bucket{", "_sum{", "_count{"]
+                    .iter()
+                    .any(|suffix| rest.starts_with(suffix))
+        })
+    });
+    let Some((_, labels)) = sample.and_then(|line| line.split_once('{')) else {
+        return Vec::new();
+    };
+    let labels = labels.rsplit_once('}').map_or(labels, |(inside, _)| inside);
+    labels
+        .split("\",")
+        .filter_map(|pair| pair.trim_start_matches(',').split_once('='))
+        .map(|(label, _)| label.to_owned())
+        .filter(|label| !label.is_empty() && label != "le")
+        .collect()
 }
 
 /// Every relative link of `page` (a file under the book's `src`).

@@ -502,6 +502,24 @@ fn grafana_checker_rejects_an_unknown_metric_and_broken_json() {
     assert_rejected("check_grafana.py", &[&file], "not JSON");
 }
 
+#[test]
+fn grafana_checker_wants_an_energy_panel() {
+    let dir = tempdir();
+    let text = std::fs::read_to_string(deploy_file("grafana/tokwatt-dashboard.json"))
+        .expect("read the dashboard");
+    assert!(
+        text.contains("[$__range]"),
+        "the energy panel uses $__range"
+    );
+    let path = dir.path().join("tokwatt-dashboard.json");
+    std::fs::write(&path, text.replace("[$__range]", "[$__rate_interval]")).expect("write");
+    assert_rejected(
+        "check_grafana.py",
+        &[&path],
+        "no panel shows the energy used over the time range",
+    );
+}
+
 /// The `serve.toml` a ConfigMap in `manifest` carries, as the pod sees it (the
 /// render-config init container fills in the node's address and name).
 fn config_map_serve_toml(manifest: &str) -> String {

@@ -111,6 +111,10 @@ def main():
         used |= dc.promql_names(filled)[0]
     missing = [m for m in REQUIRED_METRICS if m not in used]
     report.check(not missing, f"no panel shows {missing}")
+    # The energy itself, not only ratios and power: what the GPUs used over the time range.
+    energy = [where for where, expr in expressions
+              if re.search(r"increase\(\s*tokwatt_gpu_energy_joules_total\b[^)]*\[\$\{?__range\}?\]", expr)]
+    report.check(energy, "no panel shows the energy used over the time range (increase(tokwatt_gpu_energy_joules_total[$__range]))")
 
     tool = dc.tool("promtool", report, "the dashboard's PromQL (apt-get install prometheus)")
     if tool:

@@ -33,8 +33,8 @@ use tokwatt_core::types::{ClockEvents, DeviceInfo, Observation};
 
 use registry::{
     AgentFamilies, CLOCK_EVENT_REASONS, DECIDE_BUCKETS_S, GaugeF64, GpuFamilies, GpuLabels,
-    GpuReasonLabels, LATENESS_BUCKETS_S, PolicyFamilies, PolicyLabels, TotalCounter,
-    register_agent, register_gpu, register_policy,
+    LATENESS_BUCKETS_S, PolicyFamilies, PolicyLabels, TotalCounter, register_agent, register_gpu,
+    register_policy,
 };
 
 /// The HTTP `Content-Type` of [`AgentMetrics::encode`]'s text.
@@ -89,8 +89,9 @@ fn advance(last: &mut u64, now: u64) -> u64 {
 
 #[derive(Debug)]
 struct Inner {
-    /// The GPUs' labels, for the series a policy announced before it takes over.
-    gpus: Vec<String>,
+    /// The GPUs' labels (index, UUID, model), for the series a policy announced before it
+    /// takes over and for every GPU's series.
+    gpus: Vec<GpuLabels>,
     /// The batch size belongs to a serving engine, which tokwatt neither reads nor sets:
     /// the batch gauge stays absent rather than showing the workload's placeholder.
     engine_batch: bool,
@@ -186,24 +187,17 @@ impl AgentMetrics {
         register_agent(&mut registry, &agent, simulated, dry_run);
         // Counters start at zero for every GPU, so a rate over the first scrapes is defined.
         for device in devices {
-            let gpu_label = device.index.to_string();
-            gpu.tpot_unknown_ticks
-                .get_or_create(&GpuLabels {
-                    gpu: gpu_label.clone(),
-                })
-                .inc_by(0);
+            let labels = GpuLabels::of(device);
+            gpu.tpot_unknown_ticks.get_or_create(&labels).inc_by(0);
             for reason in CLOCK_EVENT_REASONS {
                 gpu.clock_event_ticks
-                    .get_or_create(&GpuReasonLabels {
-                        gpu: gpu_label.clone(),
-                        reason,
-                    })
+                    .get_or_create(&labels.with_reason(reason))
                     .inc_by(0);
             }
         }
         Self {
             inner: Mutex::new(Inner {
-                gpus: devices.iter().map(|d| d.index.to_string()).collect(),
+                gpus: devices.iter().map(GpuLabels::of).collect(),
                 engine_batch: false,
                 knows_demand: false,
                 registry,
@@ -506,8 +500,12 @@ impl Inner {
         slo_total: Option<u64>,
         telemetry_missing: bool,
     ) {
-        let gpu = obs.gpu.to_string();
-        let labels = GpuLabels { gpu: gpu.clone() };
+        let labels = self
+            .gpus
+            .iter()
+            .find(|g| g.gpu == obs.gpu.to_string())
+            .cloned()
+            .unwrap_or_else(|| GpuLabels::index_only(obs.gpu));
         let families = &self.gpu;
         let set = |family: &Family<GpuLabels, GaugeF64>, value: f64| {
             family.get_or_create(&labels).set(value);
@@ -542,10 +540,9 @@ impl Inner {
                 unset(family);
             }
             for reason in CLOCK_EVENT_REASONS {
-                families.clock_event_active.remove(&GpuReasonLabels {
-                    gpu: gpu.clone(),
-                    reason,
-                });
+                families
+                    .clock_event_active
+                    .remove(&labels.with_reason(reason));
             }
         } else {
             set(&families.power_watts, obs.power_avg_w);
@@ -565,18 +562,15 @@ impl Inner {
             );
             set(&families.temperature_celsius, obs.temperature_c);
             for reason in CLOCK_EVENT_REASONS {
-                let labels = GpuReasonLabels {
-                    gpu: gpu.clone(),
-                    reason,
-                };
+                let by_reason = labels.with_reason(reason);
                 let active = clock_event_active(&obs.clock_events, reason);
                 families
                     .clock_event_active
-                    .get_or_create(&labels)
+                    .get_or_create(&by_reason)
                     .set(if active { 1.0 } else { 0.0 });
                 families
                     .clock_event_ticks
-                    .get_or_create(&labels)
+                    .get_or_create(&by_reason)
                     .inc_by(u64::from(active));
             }
         }
@@ -597,7 +591,7 @@ impl Inner {
             _ => unset(&families.ttft_p99_seconds),
         }
 
-        let by_policy = window_policy.on_gpu(&gpu);
+        let by_policy = window_policy.on_gpu(&labels);
         if let Some(requests) = &obs.requests {
             families
                 .prefill_tokens

@@ -106,20 +106,63 @@ impl EncodeLabelValue for LabelText {
     }
 }
 
+/// A GPU's labels on every per-GPU series: its index on the node (`gpu`), and, named as
+/// dcgm-exporter names them, its board's UUID (`UUID`) and model (`modelName`): an index
+/// can change across reboots or a board swap, the UUID cannot, so a dashboard or a join
+/// with dcgm-exporter's series follows the board.
+#[allow(non_snake_case)] // dcgm-exporter's label names.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct GpuLabels {
     pub(super) gpu: String,
+    pub(super) UUID: LabelText,
+    pub(super) modelName: LabelText,
 }
 
+impl GpuLabels {
+    /// The labels of the GPU `device` describes.
+    pub(super) fn of(device: &tokwatt_core::types::DeviceInfo) -> Self {
+        Self {
+            gpu: device.index.to_string(),
+            UUID: LabelText::new(&device.uuid),
+            modelName: LabelText::new(&device.name),
+        }
+    }
+
+    /// The labels of a GPU the agent was not told of at the start: its index alone (an
+    /// empty label is no label, to Prometheus).
+    pub(super) fn index_only(gpu: u32) -> Self {
+        Self {
+            gpu: gpu.to_string(),
+            UUID: LabelText::new(""),
+            modelName: LabelText::new(""),
+        }
+    }
+
+    pub(super) fn with_reason(&self, reason: &'static str) -> GpuReasonLabels {
+        GpuReasonLabels {
+            gpu: self.gpu.clone(),
+            UUID: self.UUID.clone(),
+            modelName: self.modelName.clone(),
+            reason,
+        }
+    }
+}
+
+#[allow(non_snake_case)] // dcgm-exporter's label names.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct GpuReasonLabels {
     pub(super) gpu: String,
+    pub(super) UUID: LabelText,
+    pub(super) modelName: LabelText,
     pub(super) reason: &'static str,
 }
 
+#[allow(non_snake_case)] // dcgm-exporter's label names.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct GpuPolicyLabels {
     pub(super) gpu: String,
+    pub(super) UUID: LabelText,
+    pub(super) modelName: LabelText,
     pub(super) policy: LabelText,
     pub(super) version: LabelText,
 }
@@ -138,9 +181,11 @@ impl PolicyLabels {
         }
     }
 
-    pub(super) fn on_gpu(&self, gpu: &str) -> GpuPolicyLabels {
+    pub(super) fn on_gpu(&self, gpu: &GpuLabels) -> GpuPolicyLabels {
         GpuPolicyLabels {
-            gpu: gpu.to_owned(),
+            gpu: gpu.gpu.clone(),
+            UUID: gpu.UUID.clone(),
+            modelName: gpu.modelName.clone(),
             policy: self.policy.clone(),
             version: self.version.clone(),
         }

@@ -156,7 +156,9 @@ fn gpu_count<N: Copy>(
 where
     AtomicU64: Atomic<N>,
 {
-    family.get(&labels.on_gpu("0")).map(|counter| counter.get())
+    family
+        .get(&labels.on_gpu(&GpuLabels::of(&device(0))))
+        .map(|counter| counter.get())
 }
 
 #[test]
@@ -182,10 +184,7 @@ fn run_totals_become_counter_increments() {
         2,
         "counted once, not per tick"
     );
-    let sw_power_cap = GpuReasonLabels {
-        gpu: "0".into(),
-        reason: "sw_power_cap",
-    };
+    let sw_power_cap = GpuLabels::of(&device(0)).with_reason("sw_power_cap");
     assert_eq!(
         inner
             .gpu
@@ -282,21 +281,29 @@ fn unknown_tpot_leaves_the_series_absent_and_is_counted() {
         !text.contains("tokwatt_gpu_tpot_p99_seconds{"),
         "no sample:\n{text}"
     );
-    assert!(text.contains("tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"0\"} 1\n"));
+    assert!(text.contains(
+        "tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\"} 1\n"
+    ));
     assert!(!text.contains("NaN"));
 
     tick.next(observation(0, 1, 100, 400.0));
     tick.feed(&metrics, "aaaaaaaaaaaa");
     let text = metrics.encode();
-    assert!(text.contains("tokwatt_gpu_tpot_p99_seconds{gpu=\"0\"} 0.012\n"));
-    assert!(text.contains("tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"0\"} 1\n"));
+    assert!(text.contains(
+        "tokwatt_gpu_tpot_p99_seconds{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\"} 0.012\n"
+    ));
+    assert!(text.contains(
+        "tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\"} 1\n"
+    ));
 
     // An idle window measured no step: no series, and not an unknown one.
     tick.next(observation(0, 2, 0, 100.0));
     tick.feed(&metrics, "aaaaaaaaaaaa");
     let text = metrics.encode();
     assert!(!text.contains("tokwatt_gpu_tpot_p99_seconds{"));
-    assert!(text.contains("tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"0\"} 1\n"));
+    assert!(text.contains(
+        "tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\"} 1\n"
+    ));
 }
 
 #[test]
@@ -308,7 +315,7 @@ fn a_failed_telemetry_read_leaves_that_gpus_readings_absent() {
     assert!(
         metrics
             .encode()
-            .contains("tokwatt_gpu_power_watts{gpu=\"0\"} 400")
+            .contains("tokwatt_gpu_power_watts{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\"} 400")
     );
 
     let mut empty = observation(0, 1, 100, 0.0);
@@ -332,7 +339,9 @@ fn a_failed_telemetry_read_leaves_that_gpus_readings_absent() {
     }
     assert!(text.contains("tokwatt_telemetry_errors_total 1\n"));
     // The settings in force are the loop's own, known either way.
-    assert!(text.contains("tokwatt_gpu_power_cap_enforced_watts{gpu=\"0\"} 500"));
+    assert!(text.contains(
+        "tokwatt_gpu_power_cap_enforced_watts{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\"} 500"
+    ));
 }
 
 #[test]
@@ -359,7 +368,7 @@ fn the_text_is_the_classic_format_with_escaped_labels() {
         "tokwatt_info{{version=\"{}\",simulated=\"true\",dry_run=\"false\"}} 1",
         env!("CARGO_PKG_VERSION")
     )));
-    assert!(text.contains("tokwatt_gpu_sm_clock_max_requested_hertz{gpu=\"0\"} 1500000000"));
+    assert!(text.contains("tokwatt_gpu_sm_clock_max_requested_hertz{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\"} 1500000000"));
 }
 
 /// In a dry run the cap and clock gauges show what the dry run pretends is set, so the
@@ -408,9 +417,11 @@ fn a_new_runs_totals_count_from_zero() {
 fn every_gpu_starts_with_its_counters_at_zero() {
     let metrics = AgentMetrics::new(&[device(0), device(1)], true, false);
     let text = metrics.encode();
-    assert!(text.contains("tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"1\"} 0\n"));
+    assert!(text.contains(
+        "tokwatt_gpu_tpot_unknown_ticks_total{gpu=\"1\",UUID=\"GPU-1\",modelName=\"sim\"} 0\n"
+    ));
     assert!(
-        text.contains("tokwatt_gpu_clock_event_ticks_total{gpu=\"1\",reason=\"hw_thermal\"} 0\n")
+        text.contains("tokwatt_gpu_clock_event_ticks_total{gpu=\"1\",UUID=\"GPU-1\",modelName=\"sim\",reason=\"hw_thermal\"} 0\n")
     );
 }
 
@@ -432,7 +443,7 @@ fn a_serving_engines_batch_size_is_absent_not_the_workloads_placeholder() {
         tick.feed(&metrics, "aaaaaaaaaaaa");
         let text = metrics.encode();
         assert_eq!(
-            text.contains("tokwatt_gpu_batch_size{gpu=\"0\"}"),
+            text.contains("tokwatt_gpu_batch_size{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\"}"),
             expected,
             "engine batch {engine_batch}:\n{text}"
         );
@@ -596,9 +607,9 @@ fn an_announced_policy_has_its_counters_at_zero_before_its_first_tick() {
     let text = metrics.encode();
     for series in [
         "tokwatt_policy_swaps_total{policy=\"next\",version=\"0123456789ab\"}",
-        "tokwatt_gpu_tokens_total{gpu=\"0\",policy=\"next\",version=\"0123456789ab\"}",
-        "tokwatt_gpu_energy_joules_total{gpu=\"0\",policy=\"next\",version=\"0123456789ab\"}",
-        "tokwatt_gpu_slo_violation_ticks_total{gpu=\"0\",policy=\"next\",version=\"0123456789ab\"}",
+        "tokwatt_gpu_tokens_total{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\",policy=\"next\",version=\"0123456789ab\"}",
+        "tokwatt_gpu_energy_joules_total{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\",policy=\"next\",version=\"0123456789ab\"}",
+        "tokwatt_gpu_slo_violation_ticks_total{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\",policy=\"next\",version=\"0123456789ab\"}",
     ] {
         assert_eq!(sample(&text, series), Some(0.0), "{series} in\n{text}");
     }
@@ -635,8 +646,7 @@ fn the_allowance_gauge_follows_every_tick_not_only_the_stores_answers() {
 /// must leave the demand series out, never let a reader take all of it as served.
 #[test]
 fn demand_is_counted_where_the_workload_knows_it_and_absent_elsewhere() {
-    let series =
-        "tokwatt_gpu_tokens_demanded_total{gpu=\"0\",policy=\"a\",version=\"aaaaaaaaaaaa\"}";
+    let series = "tokwatt_gpu_tokens_demanded_total{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\",policy=\"a\",version=\"aaaaaaaaaaaa\"}";
     let knows = AgentMetrics::new(&[device(0)], true, false).with_demand();
     knows.announce("a", "aaaaaaaaaaaa");
     assert_eq!(
@@ -704,10 +714,13 @@ fn requests_give_ttft_prefill_tokens_and_the_request_energy_histogram() {
     tick.feed(&metrics, "aaaaaaaaaaaa");
     let text = metrics.encode();
     assert_eq!(
-        sample(&text, "tokwatt_gpu_ttft_p99_seconds{gpu=\"0\"}"),
+        sample(
+            &text,
+            "tokwatt_gpu_ttft_p99_seconds{gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\"}"
+        ),
         Some(0.125)
     );
-    let labels = "gpu=\"0\",policy=\"a\",version=\"aaaaaaaaaaaa\"";
+    let labels = "gpu=\"0\",UUID=\"GPU-0\",modelName=\"sim\",policy=\"a\",version=\"aaaaaaaaaaaa\"";
     assert_eq!(
         sample(
             &text,
@@ -746,4 +759,43 @@ fn requests_give_ttft_prefill_tokens_and_the_request_energy_histogram() {
     tick.next(with_requests(3, None, &[]));
     tick.feed(&metrics, "aaaaaaaaaaaa");
     assert!(!metrics.encode().contains("tokwatt_gpu_ttft_p99_seconds{"));
+}
+
+/// dcgm-exporter's labels: every per-GPU series carries the board's UUID and model name
+/// beside its index (an index can change across reboots; a dashboard follows the UUID).
+#[test]
+fn every_gpu_series_names_its_board_by_uuid_and_model() {
+    let mut second = device(1);
+    second.uuid = "GPU-8f7d7400-cf3f-3d61-8883-624982a1b30e".into();
+    second.name = "NVIDIA H200".into();
+    let metrics = AgentMetrics::new(&[device(0), second], true, false);
+    let mut tick = Tick::first("a");
+    tick.next(observation(1, 0, 100, 400.0));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    let text = metrics.encode();
+    let board =
+        "gpu=\"1\",UUID=\"GPU-8f7d7400-cf3f-3d61-8883-624982a1b30e\",modelName=\"NVIDIA H200\"";
+    for series in [
+        format!("tokwatt_gpu_power_watts{{{board}}} 400"),
+        format!("tokwatt_gpu_clock_event_ticks_total{{{board},reason=\"sw_power_cap\"}} 1"),
+        format!("tokwatt_gpu_tokens_total{{{board},policy=\"a\",version=\"aaaaaaaaaaaa\"}} 100"),
+    ] {
+        assert!(text.contains(&series), "{series} in\n{text}");
+    }
+    for line in text.lines().filter(|l| l.starts_with("tokwatt_gpu_")) {
+        assert!(line.contains(",UUID=\"GPU-"), "{line}");
+        assert!(line.contains(",modelName=\""), "{line}");
+    }
+
+    // A GPU the agent was not told of at the start: its index, and empty labels (which
+    // Prometheus reads as none), never another board's.
+    let metrics = AgentMetrics::new(&[device(0)], true, false);
+    let mut tick = Tick::first("a");
+    tick.next(observation(3, 0, 100, 400.0));
+    tick.feed(&metrics, "aaaaaaaaaaaa");
+    assert!(
+        metrics
+            .encode()
+            .contains("tokwatt_gpu_power_watts{gpu=\"3\",UUID=\"\",modelName=\"\"} 400")
+    );
 }
