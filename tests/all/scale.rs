@@ -96,7 +96,7 @@ fn eval_prints_its_summary_first_and_its_details_on_request() {
     assert!(progress.lines().count() <= 8, "{progress}");
     assert!(progress.contains("4/4 runs"), "{progress}");
     let summary = stdout
-        .find("policy (best first")
+        .find("median ratio to oracle")
         .unwrap_or_else(|| panic!("no summary in:\n{stdout}"));
     assert!(
         stdout[summary..].contains("--details, or report.html"),
@@ -111,7 +111,7 @@ fn eval_prints_its_summary_first_and_its_details_on_request() {
         4,
         "{progress}"
     );
-    let summary = stdout.find("policy (best first").expect("the summary");
+    let summary = stdout.find("median ratio to oracle").expect("the summary");
     let details = stdout.find("┆ scenario ").expect("the per-scenario table");
     assert!(summary < details, "the summary first:\n{stdout}");
 }

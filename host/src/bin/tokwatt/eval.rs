@@ -11,7 +11,7 @@ use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 
 use crate::plugin_places::PluginPlaces;
 use tokwatt::eval::family::{self, Split};
-use tokwatt::eval::{self, EvalRequest, EvalResults, EvalScenario, fmt_option};
+use tokwatt::eval::{self, EvalRequest, EvalResults, EvalScenario};
 
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
@@ -316,35 +316,14 @@ fn judge(
 /// report.html and eval.json hold it anyway).
 fn print_results(results: &EvalResults, details: bool) {
     println!("\n{}", results.data_source);
+    // The same table as report.html's (built once, in the library).
+    let policies = eval::policy_table(results);
     let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED).set_header([
-        "policy (best first; median over scenarios)",
-        "ratio",
-        "to causal",
-        "× default",
-        "failed",
-        "worst scenario",
-        "t→0.95",
-        "t→0.98",
-        "violating",
-        "served",
-        "oracle served",
-    ]);
-    let none = eval::NO_SCENARIO_RAN;
-    for p in eval::ranked_policies(results) {
-        table.add_row([
-            p.policy.clone(),
-            eval::figure(p.ratio, 3, none),
-            eval::figure(p.causal_ratio, 3, none),
-            eval::figure(p.over_default, 2, none),
-            p.failed.to_string(),
-            p.worst_text(),
-            fmt_option(p.ticks_to_95, 0),
-            fmt_option(p.ticks_to_98, 0),
-            eval::percent_figure(p.slo_violation_fraction, none),
-            eval::figure(p.served_fraction, 3, none),
-            eval::figure(p.oracle_served_fraction, 3, none),
-        ]);
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_header(policies.header.clone());
+    for row in policies.rows {
+        table.add_row(row);
     }
     println!("{table}");
     println!("{}", eval::failure_rule_words());
@@ -363,42 +342,15 @@ fn print_results(results: &EvalResults, details: bool) {
     }
 }
 
-/// `--details`: every policy on every scenario, the policies ranked.
+/// `--details`: every policy on every scenario, the policies ranked (report.html's table).
 fn print_details(results: &EvalResults) {
+    let entries = eval::entry_table(results);
     let mut table = Table::new();
-    table.load_preset(UTF8_FULL_CONDENSED).set_header([
-        "policy",
-        "scenario",
-        "tok/J",
-        "oracle",
-        "ratio",
-        "causal",
-        "ratio",
-        "× default",
-        "t→0.95",
-        "t→0.98",
-        "violating",
-        "served",
-        "changes",
-    ]);
-    for e in eval::ranked_entries(results) {
-        let why = e.missing_because();
-        table.add_row([
-            e.policy.clone(),
-            e.scenario.clone(),
-            eval::figure(e.tokens_per_joule.median, 4, why),
-            eval::figure(e.oracle_tokens_per_joule, 4, why),
-            e.ratio_text(),
-            eval::figure(e.causal_tokens_per_joule, 4, why),
-            e.causal_ratio_text(),
-            e.over_default
-                .map_or_else(|| format!("n/a ({why})"), |v| format!("{v:.2}")),
-            e.ticks_text(e.ticks_to_95),
-            e.ticks_text(e.ticks_to_98),
-            eval::percent_figure(e.slo_violation_fraction, why),
-            eval::figure(e.served_fraction, 3, why),
-            eval::figure(e.setting_changes, 0, why),
-        ]);
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_header(entries.header.clone());
+    for row in entries.rows {
+        table.add_row(row);
     }
     println!("{table}");
 }

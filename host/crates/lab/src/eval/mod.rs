@@ -42,7 +42,8 @@ use judge::{RunOutcome, judge};
 pub use judge::{Series, Spread, median, time_to_fraction};
 pub use oracle::{OracleSetting, PhaseOracle};
 pub use report::{
-    NO_SCENARIO_RAN, eval_report, figure, percent_figure, ranked_entries, ranked_policies,
+    EvalTable, NO_SCENARIO_RAN, entry_table, eval_report, figure, percent_figure, policy_table,
+    ranked_entries, ranked_policies,
 };
 use runner::{parallel, run_policy, run_references};
 pub use scenario::{EvalScenario, ScenarioError};

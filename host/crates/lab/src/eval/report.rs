@@ -92,15 +92,16 @@ impl EvalEntry {
 pub const NO_SCENARIO_RAN: &str = "no scenario ran";
 
 /// The report of an evaluation as a self-contained HTML page.
-pub fn eval_report(results: &EvalResults) -> String {
-    let mut page = Page::new("tokwatt eval");
-    page.notice(&format!(
-        "Every figure here is {}. Seeds: {:?}.",
-        results.data_source, results.seeds
-    ));
-    page.heading("Policies, best first: median over scenarios");
-    let ranked = ranked_policies(results);
-    let rows: Vec<Vec<String>> = ranked
+/// A table's header and rows, built once for the terminal and for `report.html`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalTable {
+    pub header: Vec<&'static str>,
+    pub rows: Vec<Vec<String>>,
+}
+
+/// The policies, best first, with their medians over the scenarios.
+pub fn policy_table(results: &EvalResults) -> EvalTable {
+    let rows = ranked_policies(results)
         .iter()
         .enumerate()
         .map(|(place, p)| {
@@ -116,13 +117,13 @@ pub fn eval_report(results: &EvalResults) -> String {
                 fmt_option(p.ticks_to_98, 0),
                 percent_figure(p.slo_violation_fraction, NO_SCENARIO_RAN),
                 figure(p.served_fraction, 3, NO_SCENARIO_RAN),
+                figure(p.oracle_served_fraction, 3, NO_SCENARIO_RAN),
                 p.failed_scenarios.join("; "),
             ]
         })
         .collect();
-    page.paragraph(&super::failure_rule_words());
-    page.table(
-        &[
+    EvalTable {
+        header: vec![
             "rank",
             "policy",
             "median ratio to oracle",
@@ -134,10 +135,70 @@ pub fn eval_report(results: &EvalResults) -> String {
             "ticks to 0.98",
             "violating ticks",
             "served",
+            "oracle served",
             "failed on",
         ],
-        &rows,
-    );
+        rows,
+    }
+}
+
+/// Every policy on every scenario, the policies ranked.
+pub fn entry_table(results: &EvalResults) -> EvalTable {
+    let rows = ranked_entries(results)
+        .into_iter()
+        .map(|e| {
+            let why = e.missing_because();
+            vec![
+                e.policy.clone(),
+                e.scenario.clone(),
+                e.tokens_per_joule_text(),
+                figure(e.oracle_tokens_per_joule, 4, why),
+                e.ratio_text(),
+                figure(e.causal_tokens_per_joule, 4, why),
+                e.causal_ratio_text(),
+                e.over_default
+                    .map_or_else(|| format!("n/a ({why})"), |v| format!("{v:.2}")),
+                e.ticks_text(e.ticks_to_95),
+                e.ticks_text(e.ticks_to_98),
+                percent_figure(e.slo_violation_fraction, why),
+                figure(e.served_fraction, 3, why),
+                figure(e.setting_changes, 0, why),
+                e.failed.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    EvalTable {
+        header: vec![
+            "policy",
+            "scenario",
+            "tok/J (range)",
+            "oracle tok/J",
+            "ratio",
+            "causal tok/J",
+            "ratio to causal",
+            "× default",
+            "ticks to 0.95",
+            "ticks to 0.98",
+            "violating ticks",
+            "served",
+            "setting changes",
+            "failure",
+        ],
+        rows,
+    }
+}
+
+pub fn eval_report(results: &EvalResults) -> String {
+    let mut page = Page::new("tokwatt eval");
+    page.notice(&format!(
+        "Every figure here is {}. Seeds: {:?}.",
+        results.data_source, results.seeds
+    ));
+    page.heading("Policies, best first: median over scenarios");
+    let ranked = ranked_policies(results);
+    page.paragraph(&super::failure_rule_words());
+    let table = policy_table(results);
+    page.table(&table.header, &table.rows);
     let policies: Vec<String> = ranked.iter().map(|p| p.policy.clone()).collect();
     let scenarios: Vec<String> = results.scenarios.iter().map(|s| s.name.clone()).collect();
     let values = policies
@@ -167,48 +228,8 @@ pub fn eval_report(results: &EvalResults) -> String {
         .to_svg(),
     );
     page.heading("Every policy on every scenario");
-    let rows: Vec<Vec<String>> = ranked_entries(results)
-        .into_iter()
-        .map(|e| {
-            let why = e.missing_because();
-            vec![
-                e.policy.clone(),
-                e.scenario.clone(),
-                e.tokens_per_joule_text(),
-                figure(e.oracle_tokens_per_joule, 4, why),
-                e.ratio_text(),
-                figure(e.causal_tokens_per_joule, 4, why),
-                e.causal_ratio_text(),
-                e.over_default
-                    .map_or_else(|| format!("n/a ({why})"), |v| format!("{v:.2}")),
-                e.ticks_text(e.ticks_to_95),
-                e.ticks_text(e.ticks_to_98),
-                percent_figure(e.slo_violation_fraction, why),
-                figure(e.served_fraction, 3, why),
-                figure(e.setting_changes, 0, why),
-                e.failed.clone().unwrap_or_default(),
-            ]
-        })
-        .collect();
-    page.table(
-        &[
-            "policy",
-            "scenario",
-            "tok/J (range)",
-            "oracle tok/J",
-            "ratio",
-            "causal tok/J",
-            "ratio to causal",
-            "× default",
-            "ticks to 0.95",
-            "ticks to 0.98",
-            "violating ticks",
-            "served",
-            "setting changes",
-            "failure",
-        ],
-        &rows,
-    );
+    let table = entry_table(results);
+    page.table(&table.header, &table.rows);
     for scenario in &results.scenarios {
         page.heading(&format!("{}: {}", scenario.name, scenario.description));
         let oracle_rows: Vec<Vec<String>> = scenario
