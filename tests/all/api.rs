@@ -894,3 +894,59 @@ fn a_thousand_idle_and_slow_clients_cannot_hold_a_listener_shut() {
     assert_eq!(status.status, 200, "{status:?}");
     drop(held);
 }
+
+/// `status --watch`: a status every period, one JSON document a line with --json, and an
+/// agent that does not answer said so at every look, not an end.
+#[test]
+fn tokwatt_status_watches_an_agent() {
+    let served = Served::start();
+    let output = tokwatt()
+        .args(["status", "--watch", "100ms", "--count", "2", "--socket"])
+        .arg(&served.socket)
+        .output()
+        .expect("tokwatt runs");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(text.matches("(every 100ms)").count(), 2, "{text}");
+    assert_eq!(text.matches("fake-policy (version").count(), 2, "{text}");
+
+    let output = tokwatt()
+        .args([
+            "status", "--json", "--watch", "100ms", "--count", "3", "--socket",
+        ])
+        .arg(&served.socket)
+        .output()
+        .expect("tokwatt runs");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let lines: Vec<NodeStatus> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one status a line"))
+        .collect();
+    assert_eq!(lines.len(), 3);
+
+    let gone = served.socket.with_extension("gone");
+    let output = tokwatt()
+        .args(["status", "--watch", "100ms", "--count", "2", "--socket"])
+        .arg(&gone)
+        .output()
+        .expect("tokwatt runs");
+    assert!(!output.status.success(), "the last look failed");
+    assert_eq!(
+        stderr(&output).matches("not answering").count(),
+        2,
+        "{}",
+        stderr(&output)
+    );
+    // Faster than 10 a second is refused with the fix.
+    let output = tokwatt()
+        .args(["status", "--watch", "10ms", "--socket"])
+        .arg(&served.socket)
+        .output()
+        .expect("tokwatt runs");
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("100ms or more"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -38,22 +38,68 @@ impl ConnectionArgs {
 pub struct StatusArgs {
     #[command(flatten)]
     connection: ConnectionArgs,
-    /// Print the agent's status as JSON (the API's own document).
+    /// Print the agent's status as JSON (the API's own document; with --watch, one
+    /// document a line).
     #[arg(long)]
     json: bool,
+    /// Ask again every PERIOD (default 2s) until interrupted: on a terminal the screen is
+    /// redrawn, elsewhere each status follows the last. An agent that stops answering is
+    /// said so, and asked again.
+    #[arg(long, value_name = "PERIOD", num_args = 0..=1, default_missing_value = "2s",
+          value_parser = tokwatt::cli::parse_duration)]
+    watch: Option<std::time::Duration>,
+    /// With --watch: stop after this many statuses (for scripts); the exit status is the
+    /// last one's.
+    #[arg(long, requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
+    count: Option<u64>,
 }
 
 pub fn status(args: &StatusArgs) -> Result<()> {
     let client = args.connection.client()?;
-    let status = client
-        .status()
-        .with_context(|| format!("asking {} for its status", client.describe_target()))?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&status)?);
-    } else {
-        print!("{}", render(&status));
+    let Some(period) = args.watch else {
+        let status = client
+            .status()
+            .with_context(|| format!("asking {} for its status", client.describe_target()))?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&status)?);
+        } else {
+            print!("{}", render(&status));
+        }
+        return Ok(());
+    };
+    if period < std::time::Duration::from_millis(100) {
+        anyhow::bail!(
+            "--watch {period:?} would ask the agent more than 10 times a second: give 100ms or more (for example --watch 2s)"
+        );
     }
-    Ok(())
+    use std::io::IsTerminal;
+    let redraw = !args.json && std::io::stdout().is_terminal();
+    let mut shown = 0u64;
+    loop {
+        let asked = client
+            .status()
+            .with_context(|| format!("asking {} for its status", client.describe_target()));
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+        match (&asked, args.json) {
+            (Ok(status), true) => println!("{}", serde_json::to_string(status)?),
+            (Ok(status), false) => {
+                if redraw {
+                    // Home and clear: the screen shows the newest status only.
+                    print!("\x1b[H\x1b[2J");
+                } else if shown > 0 {
+                    println!();
+                }
+                println!("{stamp} (every {})", humantime::format_duration(period));
+                print!("{}", render(status));
+            }
+            (Err(error), _) => eprintln!("{stamp}: not answering: {error:#}"),
+        }
+        shown += 1;
+        if args.count.is_some_and(|count| shown >= count) {
+            return asked.map(|_| ());
+        }
+        std::thread::sleep(period);
+    }
 }
 
 /// Text the agent sent, safe for a terminal.
