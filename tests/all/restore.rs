@@ -95,6 +95,34 @@ fn kill_9_leaves_the_state_file_and_restore_puts_settings_back() {
     assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to restore"));
 }
 
+/// A run killed outright keeps a current summary.json (interrupted), so it can still be
+/// reported and replayed (issue 43 item 4: it had none, though its trace was whole).
+#[test]
+fn a_run_killed_with_kill_9_can_be_reported_and_replayed() {
+    let dir = tempdir();
+    let state = dir.path().join("state.json");
+    let out = dir.path().join("out");
+    let mut child = spawn_realtime(&state, &out);
+    wait_for_state_file(&state, &mut child);
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("summary.json")).expect("a summary from the first tick"),
+    )
+    .expect("whole JSON");
+    assert_eq!(summary["interrupted"], true, "{summary}");
+    let report = tokwatt().arg("report").arg(&out).output().expect("runs");
+    assert!(report.status.success(), "{}", stderr(&report));
+    let replay = tokwatt()
+        .arg("replay")
+        .arg(&out)
+        .arg("--policy")
+        .arg(repo_root().join("policies/static.toml"))
+        .output()
+        .expect("runs");
+    assert!(replay.status.success(), "{}", stderr(&replay));
+}
+
 #[test]
 fn the_next_start_restores_what_a_crash_left() {
     let dir = tempdir();

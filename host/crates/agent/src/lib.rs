@@ -61,6 +61,9 @@ pub fn plugin_search_path(extra: &[PathBuf]) -> Vec<PathBuf> {
     dirs
 }
 
+/// How often a run rewrites its current `summary.json` while it runs (wall time).
+pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(30);
+
 /// Version of `summary.json`'s layout: raised when a key is renamed or removed.
 pub const SUMMARY_FORMAT_VERSION: u32 = 1;
 
@@ -523,8 +526,7 @@ pub fn run_with_swaps(
     if let Some(port) = swaps {
         control = control.with_swaps(port);
     }
-    let (totals, backends) = control.run(&mut recorder, progress)?;
-    let summary = RunSummary {
+    let summary_of = |totals: LoopTotals| RunSummary {
         format_version: SUMMARY_FORMAT_VERSION,
         output_formats: OutputFormats::default(),
         policy: spec.name.clone(),
@@ -532,9 +534,25 @@ pub fn run_with_swaps(
         plugin: plugin_path.display().to_string(),
         tick_ms: u32::try_from(tick.as_millis()).unwrap_or(u32::MAX),
         objective: Some(spec.objective),
-        meta,
+        meta: meta.clone(),
         totals,
     };
+    // A current summary.json from the first tick on, rewritten every CHECKPOINT_EVERY of
+    // wall time and marked interrupted until the run ends: a run killed outright
+    // (`kill -9`, the node lost) can still be reported and replayed.
+    let mut last_checkpoint: Option<std::time::Instant> = None;
+    while let Some(ticked) = control.tick(&mut recorder)? {
+        if request.write_files && last_checkpoint.is_none_or(|at| at.elapsed() >= CHECKPOINT_EVERY)
+        {
+            let mut totals = ticked.totals.clone();
+            totals.interrupted = true;
+            recorder.checkpoint(&summary_of(totals))?;
+            last_checkpoint = Some(std::time::Instant::now());
+        }
+        progress(ticked);
+    }
+    let (totals, backends) = control.finish();
+    let summary = summary_of(totals);
     recorder.finish(&summary)?;
     if request.write_files {
         write_report(&request.out_dir, &spec.objective);
