@@ -794,6 +794,44 @@ fn one_gpu_workload(
     }
 }
 
+/// Real GPUs observed only, for measuring the agent itself (`tokwatt bench agent-cpu`):
+/// NVML telemetry sampled by `sampler`, a dry-run actuator starting from the settings in
+/// force (nothing changes), and `workload` as the token source. Returns the backends, the
+/// run's description and the counts of the NVML calls the sampler makes.
+pub fn assemble_observed_nvml(
+    system: &NvmlSystem,
+    sampler: SamplerConfig,
+    workload: Box<dyn Workload>,
+    data_source: String,
+) -> Result<(Backends, RunMeta, tokwatt_nvml::NvmlCallCounts), AssemblyError> {
+    let devices = system.devices();
+    let mut reader = system.actuator();
+    let current = (0..devices.len() as u32)
+        .map(|gpu| reader.read(gpu))
+        .collect::<Result<Vec<_>, _>>()?;
+    let actuator = DryRun::new(devices.clone(), current);
+    let telemetry = system.telemetry(sampler)?;
+    let calls = telemetry.call_counts();
+    let name = devices.first().map_or_else(String::new, |d| d.name.clone());
+    let meta = RunMeta {
+        simulated: false,
+        gpu_profile: name.clone(),
+        gpu_name: name,
+        data_source,
+        gpu_count: devices.len() as u32,
+        actuator: actuator.name().to_owned(),
+        workload: workload.name().to_owned(),
+        seed: 1,
+    };
+    let backends = Backends {
+        telemetry: Box::new(telemetry),
+        actuator: Box::new(actuator),
+        workload,
+        clock: WallClock::new(),
+    };
+    Ok((backends, meta, calls))
+}
+
 /// GPU `nvml_index`'s energy counter on a sampler of its own (one NVML call every 100 ms),
 /// for the serving loop to share each step's energy over its requests.
 #[cfg(feature = "cuda")]

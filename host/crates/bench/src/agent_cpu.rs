@@ -15,8 +15,6 @@ use std::time::{Duration, Instant};
 use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
 use tokwatt_agent::control::Backends;
 use tokwatt_agent::{self as agent, RunMeta, RunRequest};
-use tokwatt_core::actuator::{Actuator, DryRun};
-use tokwatt_core::clock::WallClock;
 use tokwatt_core::types::WorkloadWindow;
 use tokwatt_core::workload::{Workload, WorkloadError};
 use tokwatt_nvml::{NvmlCallCounts, NvmlSystem, SamplerConfig};
@@ -285,36 +283,18 @@ fn backends(target: &AgentCpuTarget, spec: &PolicySpec) -> Result<Assembled, Age
             sampler,
         } => (NvmlSystem::open_repeated(*index, *copies)?, sampler),
     };
-    let devices = system.devices();
-    // Observe only: the dry run starts from the settings in force and changes nothing.
-    let mut reader = system.actuator();
-    let current = (0..devices.len() as u32)
-        .map(|gpu| reader.read(gpu))
-        .collect::<Result<Vec<_>, _>>()?;
-    let actuator = DryRun::new(devices.clone(), current);
-    let telemetry = system.telemetry(*sampler)?;
-    let calls = telemetry.call_counts();
-    let workload = IdleTokens::new(devices.len(), BATCH_SIZE_MAX);
-    let name = devices.first().map_or_else(String::new, |d| d.name.clone());
-    let meta = RunMeta {
-        simulated: false,
-        gpu_profile: name.clone(),
-        gpu_name: name,
-        data_source: format!(
+    // Observe only, assembled where every backend is (the dry run starts from the
+    // settings in force and changes nothing).
+    let workload = IdleTokens::new(system.devices().len(), BATCH_SIZE_MAX);
+    let (backends, meta, calls) = assembly::assemble_observed_nvml(
+        &system,
+        *sampler,
+        Box::new(workload),
+        format!(
             "measured through NVML ({}); no tokens (bench agent-cpu's idle source)",
             describe(target)
         ),
-        gpu_count: target.gpus(),
-        actuator: actuator.name().to_owned(),
-        workload: workload.name().to_owned(),
-        seed: 1,
-    };
-    let backends = Backends {
-        telemetry: Box::new(telemetry),
-        actuator: Box::new(actuator),
-        workload: Box::new(workload),
-        clock: WallClock::new(),
-    };
+    )?;
     Ok((backends, meta, spec.knobs, Some(calls)))
 }
 
