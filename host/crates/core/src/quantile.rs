@@ -69,6 +69,37 @@ impl LatencyHistogram {
         self.count
     }
 
+    /// The quantiles `qs`, in ascending order, in one pass over the buckets: each what
+    /// [`LatencyHistogram::quantile`] gives (a control loop reads three every tick).
+    pub fn quantiles<const N: usize>(&self, qs: [f64; N]) -> [Option<f64>; N] {
+        let mut found = [None; N];
+        if self.count == 0 {
+            return found;
+        }
+        let ranks = qs.map(|q| ((q * self.count as f64).ceil() as u64).clamp(1, self.count));
+        let last = self.counts.len() - 1;
+        let mut next = 0;
+        let mut seen = 0;
+        for (bucket, &n) in self.counts.iter().enumerate() {
+            seen += n;
+            while next < N && seen >= ranks[next] {
+                found[next] = Some(if bucket == last {
+                    self.max_ms
+                } else {
+                    (Self::FLOOR_MS * Self::RATIO.powi(bucket as i32)).min(self.max_ms)
+                });
+                next += 1;
+            }
+            if next == N {
+                break;
+            }
+        }
+        for slot in &mut found[next..] {
+            *slot = Some(self.max_ms);
+        }
+        found
+    }
+
     /// The `q` quantile (nearest rank): the upper bound of the bucket holding that rank
     /// (the largest latency itself for the top bucket), `None` when empty.
     pub fn quantile(&self, q: f64) -> Option<f64> {
@@ -116,6 +147,12 @@ mod tests {
                 "q {q}: {read} against {exact}"
             );
         }
+        assert_eq!(
+            h.quantiles([0.5, 0.9, 0.99, 1.0]),
+            [0.5, 0.9, 0.99, 1.0].map(|q| h.quantile(q)),
+            "one pass reads what each quantile alone does"
+        );
+        assert_eq!(LatencyHistogram::new().quantiles([0.5, 0.9]), [None, None]);
         assert_eq!(LatencyHistogram::new().quantile(0.5), None);
         let mut one = LatencyHistogram::new();
         one.record(2e8);

@@ -269,16 +269,18 @@ impl RequestLatency {
     }
 
     pub(crate) fn totals(&self) -> RequestLatencyTotals {
+        let [ttft_p50_ms, ttft_p90_ms, ttft_p99_ms] = self.ttft.quantiles([0.50, 0.90, 0.99]);
+        let [tpot_p50_ms, tpot_p90_ms, tpot_p99_ms] = self.tpot.quantiles([0.50, 0.90, 0.99]);
         RequestLatencyTotals {
             requests: self.requests,
             requests_unrecorded: self.unrecorded,
             requests_not_written: 0,
-            ttft_p50_ms: self.ttft.quantile(0.50),
-            ttft_p90_ms: self.ttft.quantile(0.90),
-            ttft_p99_ms: self.ttft.quantile(0.99),
-            tpot_p50_ms: self.tpot.quantile(0.50),
-            tpot_p90_ms: self.tpot.quantile(0.90),
-            tpot_p99_ms: self.tpot.quantile(0.99),
+            ttft_p50_ms,
+            ttft_p90_ms,
+            ttft_p99_ms,
+            tpot_p50_ms,
+            tpot_p90_ms,
+            tpot_p99_ms,
         }
     }
 }

@@ -5,11 +5,14 @@
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
+#[cfg(test)]
 use serde::Serialize;
 
 use super::{OBSERVATIONS_FILE, OBSERVATIONS_FORMAT_VERSION, TickRecord};
 
-/// One line as written: the record with its format version.
+/// One line as written: the record with its format version (the recorder writes these
+/// bytes faster itself, `recorder::write_observation_line`; the tests pin them to this).
+#[cfg(test)]
 #[derive(Debug, Serialize)]
 pub(super) struct ObservationLine<'a> {
     pub(super) format_version: u32,
