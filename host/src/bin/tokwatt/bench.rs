@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+mod sim_run;
+
 use crate::plugin_places::PluginPlaces;
 use tokwatt::bench::DecideLatencies;
 use tokwatt::bench::agent_cpu::{
@@ -25,6 +27,11 @@ pub enum BenchCommand {
     /// scenario, the A/A false-positive rate and the power against a known true difference
     /// laid on one arm, over many seeds, with what a comparison costs. Simulator output.
     AbTable(crate::ab_studies::AbTableArgs),
+    /// How fast `tokwatt run` simulates: simulated GPU-hours per wall second of the real
+    /// command (8 GPUs for 24 h by default, report included) and the bytes it leaves on disk,
+    /// medians of repeated runs; with --compare-with, an earlier tokwatt binary runs the same
+    /// command alternately, side by side. Simulator output.
+    SimRun(sim_run::SimRunArgs),
     /// The CUDA decode workload on a real GPU: tokens/s, step time, watts (NVML energy
     /// counter) and tokens per joule per batch size. Changes no GPU setting.
     Workload {
@@ -205,6 +212,7 @@ pub fn bench(what: BenchCommand) -> Result<()> {
     match what {
         BenchCommand::AbErrorRates(args) => crate::ab_studies::error_rates(&args),
         BenchCommand::AbTable(args) => crate::ab_studies::ab_table(&args),
+        BenchCommand::SimRun(args) => sim_run::bench_sim_run(&args),
         BenchCommand::ServeApi {
             duration,
             rate,
