@@ -626,7 +626,9 @@ fn a_long_run_keeps_its_output_bounded_and_says_what_it_left_out() {
     let lines = std::fs::read_to_string(out.join("requests.jsonl")).expect("requests.jsonl");
     assert_eq!(lines.lines().count(), 500);
     assert!(
-        stdout.contains(&format!("{not_written} more NOT written (--max-request-lines 500)")),
+        stdout.contains(&format!(
+            "{not_written} more NOT written (--max-request-lines 500)"
+        )),
         "{stdout}"
     );
     // 2 400 ticks of observations are over 3 MiB: one rotated file kept, the oldest gone.
