@@ -506,6 +506,12 @@ pub fn run_with_swaps(
     } else {
         Recorder::discard()
     };
+    // On a virtual clock the ticks follow each other as fast as they are computed: the
+    // lines are written on a thread of their own meanwhile. In real time each tick's lines
+    // reach the files before the next tick, on the loop's thread.
+    if backends.clock.is_virtual() {
+        recorder.write_in_background()?;
+    }
     let mut control = ControlLoop::new(
         backends,
         supervisor,

@@ -145,7 +145,136 @@ pub struct InitRecord {
 #[derive(Debug)]
 pub struct Recorder {
     dir: PathBuf,
-    files: Option<Files>,
+    sink: Sink,
+    /// At most this many lines in `requests.jsonl`; those written, and those past the cap.
+    max_request_lines: Option<u64>,
+    requests_written: u64,
+    requests_not_written: u64,
+}
+
+/// Where the lines go: nowhere, the files (written on the caller's thread), or a thread
+/// that writes them ([`Recorder::write_in_background`]).
+#[derive(Debug)]
+enum Sink {
+    Discard,
+    Files(Box<Files>),
+    Background(Background),
+}
+
+/// The files, written on a thread of their own from a bounded queue.
+#[derive(Debug)]
+struct Background {
+    /// `None` once closed (the thread then drains the queue and ends).
+    to: Option<std::sync::mpsc::SyncSender<Message>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The first error the thread met; it writes nothing after it.
+    failed: std::sync::Arc<std::sync::Mutex<Option<RecorderError>>>,
+}
+
+#[derive(Debug)]
+enum Message {
+    Tick(Box<TickRecord>),
+    Requests(u32, Vec<tokwatt_core::workload::serving::RequestRecord>),
+    EndTick,
+    /// Flush, then answer.
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// Ticks' lines the background writer may fall behind by before the loop waits for it
+/// (each a GPU's tick: a few hundred bytes each, so memory stays bounded).
+const BACKGROUND_QUEUE: usize = 4096;
+
+impl Background {
+    fn start(dir: PathBuf, mut files: Box<Files>) -> Result<Self, RecorderError> {
+        let (to, from) = std::sync::mpsc::sync_channel::<Message>(BACKGROUND_QUEUE);
+        let failed = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let theirs = std::sync::Arc::clone(&failed);
+        let thread = std::thread::Builder::new()
+            .name("tokwatt-recorder".into())
+            .spawn(move || {
+                for message in from {
+                    let stopped = theirs
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .is_some();
+                    let (result, ack) = match message {
+                        _ if stopped => (Ok(()), None),
+                        Message::Tick(record) => (files.write_tick(&dir, &record), None),
+                        Message::Requests(gpu, records) => {
+                            (files.write_requests(&dir, gpu, &records), None)
+                        }
+                        Message::EndTick => (files.flush(), None),
+                        Message::Flush(ack) => (files.flush(), Some(ack)),
+                    };
+                    if let Err(error) = result {
+                        *theirs
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error);
+                    }
+                    if let Some(ack) = ack {
+                        let _ = ack.send(());
+                    }
+                }
+                let _ = files.flush();
+            })
+            .map_err(|source| RecorderError::Write {
+                path: PathBuf::from("(the output writer thread)"),
+                source,
+            })?;
+        Ok(Self {
+            to: Some(to),
+            thread: Some(thread),
+            failed,
+        })
+    }
+
+    /// The thread's first error, if it met one.
+    fn failed(&self) -> Result<(), RecorderError> {
+        match self
+            .failed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    fn send(&self, dir: &Path, message: Message) -> Result<(), RecorderError> {
+        self.failed()?;
+        let sent = self.to.as_ref().map(|to| to.send(message));
+        match sent {
+            Some(Ok(())) => Ok(()),
+            _ => Err(RecorderError::Write {
+                path: dir.to_owned(),
+                source: std::io::Error::other("the output writer thread stopped"),
+            }),
+        }
+    }
+
+    /// Everything queued written and flushed.
+    fn flush(&self, dir: &Path) -> Result<(), RecorderError> {
+        let (ack, answered) = std::sync::mpsc::channel();
+        self.send(dir, Message::Flush(ack))?;
+        if answered.recv().is_err() {
+            return Err(RecorderError::Write {
+                path: dir.to_owned(),
+                source: std::io::Error::other("the output writer thread stopped"),
+            });
+        }
+        self.failed()
+    }
+}
+
+impl Drop for Background {
+    /// What is queued is written before the recorder goes, however the run ends.
+    fn drop(&mut self) {
+        self.to = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// How much a run may write: each file kind rotated within a bound, and a cap on the lines
@@ -202,10 +331,6 @@ struct Files {
     /// Made at the first finished request: a workload that sees none writes no file.
     requests: Option<OutputFile>,
     rotation: Option<Rotation>,
-    /// At most this many lines in `requests.jsonl`; those written, and those past the cap.
-    max_request_lines: Option<u64>,
-    requests_written: u64,
-    requests_not_written: u64,
     /// One row's CSV bytes, made before they are written (the buffer is reused).
     trace_line: Vec<u8>,
     /// One JSON line, made before it is written (the buffer is reused).
@@ -317,9 +442,7 @@ impl Recorder {
             rotation.validate()?;
         }
         let mut recorder = Self::open(dir, overwrite, bounds.rotation)?;
-        if let Some(files) = recorder.files.as_mut() {
-            files.max_request_lines = bounds.max_request_lines;
-        }
+        recorder.max_request_lines = bounds.max_request_lines;
         Ok(recorder)
     }
 
@@ -359,17 +482,17 @@ impl Recorder {
         let observations = OutputFile::create(dir, OBSERVATIONS_FILE, None, rotation)?;
         Ok(Self {
             dir: dir.to_owned(),
-            files: Some(Files {
+            sink: Sink::Files(Box::new(Files {
                 trace,
                 observations,
                 requests: None,
                 rotation,
-                max_request_lines: None,
-                requests_written: 0,
-                requests_not_written: 0,
                 trace_line: Vec::new(),
                 json_line: Vec::new(),
-            }),
+            })),
+            max_request_lines: None,
+            requests_written: 0,
+            requests_not_written: 0,
         })
     }
 
@@ -377,13 +500,33 @@ impl Recorder {
     pub fn discard() -> Self {
         Self {
             dir: PathBuf::new(),
-            files: None,
+            sink: Sink::Discard,
+            max_request_lines: None,
+            requests_written: 0,
+            requests_not_written: 0,
         }
+    }
+
+    /// From now on the lines are written by a thread of their own, from a bounded queue,
+    /// while the caller goes on: for a run on a virtual clock, whose ticks follow each
+    /// other as fast as they are computed. Each tick's lines then reach the operating
+    /// system a little after the tick (a `kill -9` may lose the few ticks still queued, of
+    /// a run that repeats bit for bit); `checkpoint` and `finish` wait for everything
+    /// queued, so the files reach at least as far as the summary. A run in real time keeps
+    /// writing on its own thread, each tick before the next.
+    pub fn write_in_background(&mut self) -> Result<(), RecorderError> {
+        if let Sink::Files(_) = &self.sink {
+            let Sink::Files(files) = std::mem::replace(&mut self.sink, Sink::Discard) else {
+                return Ok(());
+            };
+            self.sink = Sink::Background(Background::start(self.dir.clone(), files)?);
+        }
+        Ok(())
     }
 
     /// Whether this recorder writes files.
     pub fn writes_files(&self) -> bool {
-        self.files.is_some()
+        !matches!(self.sink, Sink::Discard)
     }
 
     pub fn dir(&self) -> &Path {
@@ -398,30 +541,13 @@ impl Recorder {
     }
 
     pub fn record(&mut self, r: &TickRecord) -> Result<(), RecorderError> {
-        let Some(files) = self.files.as_mut() else {
-            return Ok(());
-        };
-        let dir = &self.dir;
-        let error = |name: &str, source: std::io::Error| RecorderError::Write {
-            path: dir.join(name),
-            source,
-        };
-        // Each line is made whole before it is written, so a rotation falls between lines;
-        // the header is not the csv writer's to write: `trace` writes it at each file's start.
-        files.trace_line.clear();
-        let mut row_writer = csv::WriterBuilder::new()
-            .has_headers(false)
-            .buffer_capacity(1024)
-            .from_writer(&mut files.trace_line);
-        row_writer
-            .serialize(TraceRow::new(r))
-            .and_then(|()| Ok(row_writer.flush()?))
-            .map_err(|e| error(TRACE_FILE, e.into()))?;
-        drop(row_writer);
-        files.trace.write_line(&files.trace_line)?;
-        write_observation_line(&mut files.json_line, r)
-            .map_err(|e| error(OBSERVATIONS_FILE, std::io::Error::other(e)))?;
-        files.observations.write_line(&files.json_line)
+        match &mut self.sink {
+            Sink::Discard => Ok(()),
+            Sink::Files(files) => files.write_tick(&self.dir, r),
+            Sink::Background(background) => {
+                background.send(&self.dir, Message::Tick(Box::new(r.clone())))
+            }
+        }
     }
 
     /// One line per request `gpu` finished, in `requests.jsonl`: up to the cap on its
@@ -431,83 +557,62 @@ impl Recorder {
         gpu: u32,
         records: &[tokwatt_core::workload::serving::RequestRecord],
     ) -> Result<(), RecorderError> {
-        let Some(files) = self.files.as_mut() else {
+        if let Sink::Discard = self.sink {
             return Ok(());
-        };
-        let room = files
+        }
+        let room = self
             .max_request_lines
-            .map_or(u64::MAX, |cap| cap.saturating_sub(files.requests_written));
+            .map_or(u64::MAX, |cap| cap.saturating_sub(self.requests_written));
         let fits = records
             .len()
             .min(usize::try_from(room).unwrap_or(usize::MAX));
         let (records, past_cap) = records.split_at(fits);
-        if !past_cap.is_empty() && files.requests_not_written == 0 {
+        if !past_cap.is_empty() && self.requests_not_written == 0 {
             tracing::warn!(
                 "requests.jsonl holds its cap of {} lines: later requests are counted \
                  (summary.json's request_latency.requests_not_written), not written",
-                files.requests_written + records.len() as u64
+                self.requests_written + records.len() as u64
             );
         }
-        files.requests_not_written += past_cap.len() as u64;
-        files.requests_written += records.len() as u64;
+        self.requests_not_written += past_cap.len() as u64;
+        self.requests_written += records.len() as u64;
         if records.is_empty() {
             return Ok(());
         }
-        let requests = match &mut files.requests {
-            Some(file) => file,
-            None => files.requests.insert(OutputFile::create(
-                &self.dir,
-                REQUESTS_FILE,
-                None,
-                files.rotation,
-            )?),
-        };
-        for record in records {
-            let line = RequestLine::new(gpu, record);
-            files.json_line.clear();
-            serde_json::to_writer(&mut files.json_line, &line).map_err(|e| {
-                RecorderError::Write {
-                    path: self.dir.join(REQUESTS_FILE),
-                    source: std::io::Error::other(e),
-                }
-            })?;
-            files.json_line.push(b'\n');
-            requests.write_line(&files.json_line)?;
+        match &mut self.sink {
+            Sink::Discard => Ok(()),
+            Sink::Files(files) => files.write_requests(&self.dir, gpu, records),
+            Sink::Background(background) => {
+                background.send(&self.dir, Message::Requests(gpu, records.to_vec()))
+            }
         }
-        Ok(())
     }
 
     /// Finished requests past the cap on `requests.jsonl`'s lines: counted, not written.
     pub fn requests_not_written(&self) -> u64 {
-        self.files.as_ref().map_or(0, |f| f.requests_not_written)
+        self.requests_not_written
     }
 
     /// End a tick: its rows are handed to the operating system, so a crash of the agent
     /// (`kill -9`) loses at most the tick in flight. Not an fsync: a crash of the machine
     /// may still lose what the kernel had not written.
     pub fn end_tick(&mut self) -> Result<(), RecorderError> {
-        let Some(files) = self.files.as_mut() else {
-            return Ok(());
-        };
-        files.trace.flush()?;
-        if let Some(requests) = files.requests.as_mut() {
-            requests.flush()?;
+        match &mut self.sink {
+            Sink::Discard => Ok(()),
+            Sink::Files(files) => files.flush(),
+            Sink::Background(background) => background.send(&self.dir, Message::EndTick),
         }
-        files.observations.flush()
     }
 
     /// Flush the trace and write `summary.json` (atomically: a reader never sees half a
     /// summary), keeping the recording going: a long run's current summary. The trace
     /// and observations on disk then reach at least as far as the summary.
     pub fn checkpoint<S: Serialize>(&mut self, summary: &S) -> Result<(), RecorderError> {
-        let Some(files) = self.files.as_mut() else {
-            return Ok(());
-        };
-        files.trace.flush()?;
-        if let Some(requests) = files.requests.as_mut() {
-            requests.flush()?;
+        match &mut self.sink {
+            Sink::Discard => return Ok(()),
+            Sink::Files(files) => files.flush()?,
+            Sink::Background(background) => background.flush(&self.dir)?,
         }
-        files.observations.flush()?;
         let json = serde_json::to_string_pretty(summary)
             .map_err(|e| self.write_error(SUMMARY_FILE, std::io::Error::other(e)))?;
         let mut file = tokwatt_report::output_tempfile(&self.dir)
@@ -522,6 +627,70 @@ impl Recorder {
     /// Flush the trace and write `summary.json` (atomically), ending the recording.
     pub fn finish<S: Serialize>(mut self, summary: &S) -> Result<(), RecorderError> {
         self.checkpoint(summary)
+    }
+}
+
+impl Files {
+    /// One GPU's tick: its trace row and its observation line.
+    fn write_tick(&mut self, dir: &Path, r: &TickRecord) -> Result<(), RecorderError> {
+        let error = |name: &str, source: std::io::Error| RecorderError::Write {
+            path: dir.join(name),
+            source,
+        };
+        // Each line is made whole before it is written, so a rotation falls between lines;
+        // the header is not the csv writer's to write: `trace` writes it at each file's start.
+        self.trace_line.clear();
+        let mut row_writer = csv::WriterBuilder::new()
+            .has_headers(false)
+            .buffer_capacity(1024)
+            .from_writer(&mut self.trace_line);
+        row_writer
+            .serialize(TraceRow::new(r))
+            .and_then(|()| Ok(row_writer.flush()?))
+            .map_err(|e| error(TRACE_FILE, e.into()))?;
+        drop(row_writer);
+        self.trace.write_line(&self.trace_line)?;
+        write_observation_line(&mut self.json_line, r)
+            .map_err(|e| error(OBSERVATIONS_FILE, std::io::Error::other(e)))?;
+        self.observations.write_line(&self.json_line)
+    }
+
+    /// Lines of `requests.jsonl` (made at the first).
+    fn write_requests(
+        &mut self,
+        dir: &Path,
+        gpu: u32,
+        records: &[tokwatt_core::workload::serving::RequestRecord],
+    ) -> Result<(), RecorderError> {
+        let requests = match &mut self.requests {
+            Some(file) => file,
+            None => {
+                self.requests
+                    .insert(OutputFile::create(dir, REQUESTS_FILE, None, self.rotation)?)
+            }
+        };
+        for record in records {
+            let line = RequestLine::new(gpu, record);
+            self.json_line.clear();
+            serde_json::to_writer(&mut self.json_line, &line).map_err(|e| {
+                RecorderError::Write {
+                    path: dir.join(REQUESTS_FILE),
+                    source: std::io::Error::other(e),
+                }
+            })?;
+            self.json_line.push(b'\n');
+            requests.write_line(&self.json_line)?;
+        }
+        Ok(())
+    }
+
+    /// Every file's lines handed to the operating system.
+    fn flush(&mut self) -> Result<(), RecorderError> {
+        self.trace.flush()?;
+        if let Some(requests) = self.requests.as_mut() {
+            requests.flush()?;
+        }
+        self.observations.flush()
     }
 }
 
@@ -625,6 +794,59 @@ mod tests {
             write_observation_line(&mut line, &record).expect("line");
             assert_eq!(String::from_utf8(line).expect("utf-8"), flat);
         }
+    }
+
+    #[test]
+    fn lines_written_in_the_background_are_the_lines_written_in_place() {
+        let bounds = OutputBounds {
+            rotation: Some(Rotation {
+                max_bytes: Rotation::MIN_BYTES,
+                keep: 100,
+            }),
+            max_request_lines: Some(30),
+        };
+        let write = |background: bool| {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut recorder = Recorder::create_bounded(dir.path(), false, bounds).expect("create");
+            if background {
+                recorder.write_in_background().expect("thread");
+            }
+            for tick in 0..50 {
+                for gpu in 0..2 {
+                    let observation = tokwatt_core::types::Observation::typical_h200(gpu, tick);
+                    let record = TickRecord::unchanged((tick + 1) as f64, "p", observation);
+                    recorder.record(&record).expect("record");
+                    recorder
+                        .record_requests(gpu, &[request(Some(1.0)); 2])
+                        .expect("requests");
+                }
+                recorder.end_tick().expect("end tick");
+                if tick == 20 {
+                    recorder.checkpoint(&tick).expect("checkpoint");
+                    // The files reach at least as far as the summary.
+                    let trace =
+                        std::fs::read_to_string(dir.path().join(TRACE_FILE)).expect("trace");
+                    assert!(trace.contains("\n21.0,20,1,"), "{trace}");
+                }
+            }
+            assert_eq!(recorder.requests_not_written(), 170);
+            recorder.finish(&"summary").expect("finish");
+            let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir.path())
+                .expect("dir")
+                .map(|entry| {
+                    let entry = entry.expect("entry");
+                    (
+                        entry.file_name().to_string_lossy().into_owned(),
+                        std::fs::read(entry.path()).expect("read"),
+                    )
+                })
+                .collect();
+            files.sort();
+            files
+        };
+        let in_place = write(false);
+        assert!(in_place.len() > 5, "rotated files");
+        assert_eq!(write(true), in_place);
     }
 
     #[test]

@@ -257,6 +257,9 @@ fn helper_loop(shared: &HandOver) {
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(64) && idle_since.elapsed() > SPIN {
                 std::thread::park_timeout(std::time::Duration::from_millis(50));
+            } else if spins.is_multiple_of(16) {
+                // A thread that has work (the run's output writer) gets this core.
+                std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
             }
