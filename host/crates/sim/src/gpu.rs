@@ -284,6 +284,11 @@ impl GpuSim {
         self.draw_arrivals(start_s, dt);
         self.server.rebalance(start_s, self.batch);
         self.steer_clock();
+        // The settings the model results depend on hold for the whole substep (a change
+        // applies from the next one): checked once here, not at every segment.
+        if !self.server.has_prompts() {
+            self.cache.check_settings(self.settings_key());
+        }
 
         let mut elapsed = 0.0;
         let mut energy = 0.0;
@@ -420,7 +425,7 @@ impl GpuSim {
         if self.server.has_prompts() {
             return model.point_load(load, sm_mhz, mem_mhz);
         }
-        self.cache.check_settings(self.settings_key());
+        // The cache holds this substep's settings: `substep` checked them.
         let active = load.decode;
         self.cache
             .point(active, sm_mhz, || model.point(active, sm_mhz, mem_mhz))

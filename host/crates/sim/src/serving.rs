@@ -399,6 +399,15 @@ impl Server {
 
     fn start_decoding(&mut self, sequence: Decoding) {
         self.context_base_sum += sequence.context_base;
+        // Usually the latest to finish (it started last): then its place is the end.
+        if self
+            .running
+            .back()
+            .is_none_or(|last| last.finish <= sequence.finish)
+        {
+            self.running.push_back(sequence);
+            return;
+        }
         let at = self
             .running
             .partition_point(|d| d.finish <= sequence.finish);
