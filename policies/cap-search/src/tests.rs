@@ -80,7 +80,7 @@ fn it_needs_the_power_cap_and_known_sensible_parameters() {
     let mut no_knob = args(&[], None);
     no_knob.knobs = Knobs::SM_CLOCK;
     let cases = [
-        (no_knob, "add \"power-cap\""),
+        (no_knob, "was not granted \"power-cap\""),
         (args(&[("grid", "5")], None), "unknown parameter `grid`"),
         (args(&[("grid_w", "0.5")], None), "`grid_w` = 0.5"),
         (args(&[("z", "0")], None), "`z` = 0"),

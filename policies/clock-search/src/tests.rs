@@ -97,7 +97,7 @@ fn it_needs_the_clock_knob_and_known_sensible_parameters() {
     let mut no_clocks = args(&[], None);
     no_clocks.devices[0].sm_clocks_mhz.clear();
     let cases = [
-        (no_knob, "add \"sm-clock\""),
+        (no_knob, "was not granted \"sm-clock\""),
         (
             args(&[("grid_w", "10")], None),
             "unknown parameter `grid_w`",
