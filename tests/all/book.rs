@@ -628,7 +628,25 @@ fn repository_paths(text: &str) -> Vec<String> {
     paths
 }
 
+/// `dist/` is the GPU bundle `scripts/gpu-bundle.sh` makes (git-ignored, absent from a clean
+/// checkout): a path in it is checked as the repository file the bundle copies.
+fn bundle_source(path: &str) -> Option<String> {
+    let inside = path.strip_prefix("dist/")?;
+    Some(if inside.is_empty() || inside == "tokwatt" {
+        "scripts/gpu-bundle.sh".to_owned()
+    } else if let Some(spec) = inside.strip_prefix("specs/") {
+        format!("policies/{spec}")
+    } else if let Some(scenario) = inside.strip_prefix("scenarios/") {
+        format!("host/scenarios/{scenario}")
+    } else {
+        format!("scripts/{inside}")
+    })
+}
+
 fn exists_in_repository(path: &str) -> bool {
+    if let Some(source) = bundle_source(path) {
+        return exists_in_repository(&source);
+    }
     let root = repo_root();
     match path.split_once('*') {
         None => root.join(path).exists(),
