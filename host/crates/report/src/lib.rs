@@ -46,6 +46,20 @@ pub fn output_tempfile(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
 /// Write `html` to `path` atomically: a reader never sees half a report, and a failed
 /// write leaves an earlier report as it was. The file's mode is a plain file's
 /// ([`output_tempfile`]).
+/// `name` made safe for a file name: every character but ASCII letters, digits, `-` and `_`
+/// becomes `_` (a policy's name in an output folder's or a tuned spec's name).
+pub fn file_name_safe(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 pub fn write_atomically(path: &Path, html: &str) -> Result<(), ReportError> {
     let write_error = |source| ReportError::Write {
         path: path.to_owned(),

@@ -178,16 +178,7 @@ pub fn fresh_out_dir(base: &Path, policy: &str) -> PathBuf {
     let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
         .to_string()
         .replace(':', "-");
-    let safe: String = policy
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let safe = tokwatt::report::file_name_safe(policy);
     let first = base.join(format!("{safe}-{stamp}"));
     if !first.exists() {
         return first;

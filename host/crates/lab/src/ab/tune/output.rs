@@ -90,17 +90,7 @@ pub fn write_outputs(
     if !outcome.evidence.compliant {
         return Ok(None);
     }
-    let safe: String = outcome
-        .policy
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let safe = tokwatt_report::file_name_safe(&outcome.policy);
     let spec_path = dir.join(format!("{safe}-tuned.toml"));
     let comment = format!(
         "Tuned by `tokwatt tune` on the simulator ({}), seed {}: {} (tokens per joule {:.4}x the spec it came from, {} pairs). See tune.json beside this file.",
