@@ -7,8 +7,8 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tokwatt::envelope::{Envelope, Guardrails};
-use tokwatt::types::{DeviceInfo, InForce, Knobs, Settings};
+use tokwatt_policy::envelope::{Envelope, Guardrails};
+use tokwatt_core::types::{DeviceInfo, InForce, Knobs, Settings};
 
 #[derive(Debug, Arbitrary)]
 struct Input {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use tokwatt::plugin::{HostConfig, PluginHost, SandboxLimits};
+use tokwatt_plugin::{HostConfig, PluginHost, SandboxLimits};
 
 fn host() -> &'static PluginHost {
     static HOST: OnceLock<PluginHost> = OnceLock::new();

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tokwatt::sim::GpuProfile;
+use tokwatt_sim::GpuProfile;
 
 fuzz_target!(|text: &str| {
     if let Ok(profile) = GpuProfile::from_toml_str(text, "fuzz") {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tokwatt::sim::Scenario;
+use tokwatt_sim::Scenario;
 
 fuzz_target!(|text: &str| {
     // `model = "<name>"` may name a model file: keep the fuzzer from naming devices or

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use tokwatt::spec::PolicySpec;
+use tokwatt_policy::spec::PolicySpec;
 
 fuzz_target!(|text: &str| {
     if let Ok(spec) = PolicySpec::parse(Path::new("/fuzz/spec.toml"), text) {

@@ -7,11 +7,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tokwatt::ab::Schedule;
-use tokwatt::ab::stats::{DEFAULT_ALPHA, DEFAULT_BUDGET};
-use tokwatt::ab::study::{Study, long_run_ratio, run_study};
-use tokwatt::assembly::SimTarget;
-use tokwatt::spec::PolicySpec;
+use tokwatt_agent::assembly::SimTarget;
+use tokwatt_lab::ab::Schedule;
+use tokwatt_lab::ab::stats::{DEFAULT_ALPHA, DEFAULT_BUDGET};
+use tokwatt_lab::ab::study::{Study, long_run_ratio, run_study};
+use tokwatt_policy::spec::PolicySpec;
 
 use crate::support::*;
 
@@ -40,7 +40,7 @@ fn study(a: PolicySpec, b: PolicySpec, schedule: Schedule) -> Study {
             ..SimTarget::new("h200")
         },
         judging: None,
-        mode: tokwatt::ab::Mode::Replicated,
+        mode: tokwatt_lab::ab::Mode::Replicated,
         schedule,
         budget_pairs: DEFAULT_BUDGET,
         alpha: DEFAULT_ALPHA,
@@ -450,9 +450,11 @@ fn an_interrupted_crossover_run_keeps_the_blocks_it_measured() {
         ..SimTarget::new("h200")
     };
     let (sims, groups): (Vec<_>, Vec<_>) = (0..2)
-        .map(|group| tokwatt::assembly::simulator(&sim, 11 + group).expect("a simulated H200"))
+        .map(|group| {
+            tokwatt_agent::assembly::simulator(&sim, 11 + group).expect("a simulated H200")
+        })
         .unzip();
-    let request = tokwatt::ab::AbRequest {
+    let request = tokwatt_lab::ab::AbRequest {
         // A/A, so that the first look (4 blocks) does not decide and end the run.
         a: static_spec(500),
         b: static_spec(500),
@@ -462,13 +464,14 @@ fn an_interrupted_crossover_run_keeps_the_blocks_it_measured() {
             warmup_ticks: 3,
             measure_ticks: 10,
         },
-        plan: tokwatt::ab::SequentialPlan::new(DEFAULT_BUDGET, DEFAULT_ALPHA, 11).expect("plan"),
+        plan: tokwatt_lab::ab::SequentialPlan::new(DEFAULT_BUDGET, DEFAULT_ALPHA, 11)
+            .expect("plan"),
         seed: 11,
         plugin_dirs: Vec::new(),
         cache_dir: Some(Path::new(env!("CARGO_TARGET_TMPDIR")).join("component-cache")),
         injected_ratio: None,
     };
-    let meta = tokwatt::assembly::RunMeta {
+    let meta = tokwatt_agent::assembly::RunMeta {
         simulated: true,
         gpu_profile: "h200".into(),
         gpu_name: "h200".into(),
@@ -481,12 +484,13 @@ fn an_interrupted_crossover_run_keeps_the_blocks_it_measured() {
     let stop = Arc::new(AtomicBool::new(false));
     let signal = Arc::clone(&stop);
     // The "signal" arrives after the first look (4 blocks): both groups are mid-run.
-    let outcome = tokwatt::ab::run_crossover(&request, groups, meta, stop, &mut move |progress| {
-        if progress.pairs_done >= 5 {
-            signal.store(true, Ordering::Relaxed);
-        }
-    })
-    .expect("an interrupted crossover keeps its blocks, it is not an error");
+    let outcome =
+        tokwatt_lab::ab::run_crossover(&request, groups, meta, stop, &mut move |progress| {
+            if progress.pairs_done >= 5 {
+                signal.store(true, Ordering::Relaxed);
+            }
+        })
+        .expect("an interrupted crossover keeps its blocks, it is not an error");
     drop(sims);
     assert!(outcome.interrupted);
     assert!(

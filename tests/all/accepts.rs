@@ -2,8 +2,8 @@
 //! and through the rule the NVML actuator checks before it calls the driver get the same
 //! answers, so code tested on the simulator is not refused on a GPU (issue 43).
 
-use tokwatt::actuator::accepts::{self, Request};
-use tokwatt::sim::{GpuProfile, Scenario, SimConfig, SimGpu};
+use tokwatt_core::actuator::accepts::{self, Request};
+use tokwatt_sim::{GpuProfile, Scenario, SimConfig, SimGpu};
 
 #[test]
 fn the_simulator_and_nvml_accept_and_refuse_the_same_requests() {
@@ -16,7 +16,7 @@ fn the_simulator_and_nvml_accept_and_refuse_the_same_requests() {
                 seed: 1,
                 noise_seed: None,
             },
-            tokwatt::clock::VirtualClock::new(),
+            tokwatt_core::clock::VirtualClock::new(),
         )
         .expect("sim");
         let device = sim.telemetry().devices().remove(0);

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use tokwatt::api::load::hammer;
-use tokwatt::api::{
+use tokwatt_serve::api::load::hammer;
+use tokwatt_serve::api::{
     ActionOutcome, ApiClient, ApiConfig, ApiError, ApiServer, ClientError, Control, ControlError,
     ENDPOINTS, FleetStatus, GpuStatus, MAX_BODY_BYTES, NodeStatus, SwapRequest,
 };
@@ -51,7 +51,7 @@ impl FakeControl {
 
 fn sample_status() -> NodeStatus {
     let mut status = NodeStatus {
-        api_version: tokwatt::api::API_VERSION,
+        api_version: tokwatt_serve::api::API_VERSION,
         agent_version: "test".into(),
         simulated: true,
         data_source: "simulator (h200 profile)".into(),
@@ -60,14 +60,14 @@ fn sample_status() -> NodeStatus {
             domain: "rack-7".into(),
             node: "gpu-node-3".into(),
             allowance_w: Some(2800.0),
-            holding: Some(tokwatt::api::Holding::Grant),
+            holding: Some(tokwatt_serve::api::Holding::Grant),
             reserve_w: Some(1000.0),
-            grant: Some(tokwatt::api::GrantStatus {
+            grant: Some(tokwatt_serve::api::GrantStatus {
                 watts: 2800.0,
                 generation: 7,
                 acknowledged: true,
             }),
-            lease: Some(tokwatt::api::LeaseStatus {
+            lease: Some(tokwatt_serve::api::LeaseStatus {
                 id: "694d".into(),
                 holds_for_s: 1.5,
             }),
@@ -84,7 +84,7 @@ fn sample_status() -> NodeStatus {
         last_power_w: Some(412.0),
         ..GpuStatus::default()
     });
-    status.node = Some(tokwatt::api::NodeTotals::of(&status.gpus));
+    status.node = Some(tokwatt_serve::api::NodeTotals::of(&status.gpus));
     status
 }
 

@@ -154,7 +154,7 @@ fn the_policy_spec_reference_is_current() {
     );
     for table in ["", "objective", "guardrails", "sandbox", "breaker"] {
         let text = format!("{}unknown_key_for_the_book = 1\n", header(table, &[]));
-        let error = tokwatt::spec::PolicySpec::parse(Path::new("book.toml"), &text)
+        let error = tokwatt_policy::spec::PolicySpec::parse(Path::new("book.toml"), &text)
             .expect_err("an unknown key is refused")
             .to_string();
         keys_section(&mut page, table, &accepted_keys(&error));
@@ -190,9 +190,10 @@ fn the_serve_toml_reference_is_current() {
             "{}unknown_key_for_the_book = 1\n",
             header(table, &["workload.engine"])
         );
-        let error = tokwatt::serve::config::ServeConfig::parse(Path::new("serve.toml"), &text)
-            .expect_err("an unknown key is refused")
-            .to_string();
+        let error =
+            tokwatt_serve::serve::config::ServeConfig::parse(Path::new("serve.toml"), &text)
+                .expect_err("an unknown key is refused")
+                .to_string();
         keys_section(&mut page, table, &accepted_keys(&error));
     }
     let shipped =
@@ -259,7 +260,7 @@ fn the_scenario_file_reference_is_current() {
             "{}unknown_key_for_the_book = 1\n",
             header(table, &["phases"])
         );
-        let error = tokwatt::sim::scenario::Scenario::from_toml_str(&text, "book.toml")
+        let error = tokwatt_sim::scenario::Scenario::from_toml_str(&text, "book.toml")
             .expect_err("an unknown key is refused")
             .to_string();
         let heading = if table.is_empty() { "" } else { "[phases]" };
@@ -271,7 +272,7 @@ fn the_scenario_file_reference_is_current() {
     );
     for table in ["", "objective", "sensor"] {
         let text = format!("{}unknown_key_for_the_book = 1\n", header(table, &[]));
-        let error = tokwatt::eval::EvalScenario::parse(Path::new("book.toml"), &text)
+        let error = tokwatt_lab::eval::EvalScenario::parse(Path::new("book.toml"), &text)
             .expect_err("an unknown key is refused")
             .to_string();
         keys_section(&mut page, table, &accepted_keys(&error));
@@ -390,7 +391,7 @@ fn the_output_files_reference_is_current() {
 
 #[test]
 fn the_metrics_reference_is_current() {
-    let devices = [tokwatt::types::DeviceInfo {
+    let devices = [tokwatt_core::types::DeviceInfo {
         index: 0,
         uuid: "SIM-0".into(),
         name: "simulated H200".into(),
@@ -402,27 +403,27 @@ fn the_metrics_reference_is_current() {
         mem_clocks_mhz: vec![3201],
     }];
     // A policy announced, so that the families labelled by policy have a sample to show.
-    let metrics = tokwatt::metrics::AgentMetrics::new(&devices, true, false)
+    let metrics = tokwatt_serve::metrics::AgentMetrics::new(&devices, true, false)
         .with_fleet()
         .with_demand();
     metrics.announce("static", "000000000000");
     // One tick of a simulated GPU serving requests with prompts, so that every family
     // has a sample (a family without one writes no help line).
-    let mut observation = tokwatt::types::Observation::typical_h200(0, 0);
-    observation.demand = Some(tokwatt::types::DemandWindow::default());
-    let mut energy = tokwatt::types::RequestEnergy::default();
+    let mut observation = tokwatt_core::types::Observation::typical_h200(0, 0);
+    observation.demand = Some(tokwatt_core::types::DemandWindow::default());
+    let mut energy = tokwatt_core::types::RequestEnergy::default();
     energy.record(40.0);
-    observation.requests = Some(tokwatt::types::RequestsWindow {
+    observation.requests = Some(tokwatt_core::types::RequestsWindow {
         ttft_p99_ms: Some(200.0),
         energy: Some(energy),
         ..Default::default()
     });
-    let totals = tokwatt::control::LoopTotals {
-        gpus: vec![tokwatt::control::GpuTotals::default()],
+    let totals = tokwatt_agent::control::LoopTotals {
+        gpus: vec![tokwatt_agent::control::GpuTotals::default()],
         ..Default::default()
     };
     metrics.observe(
-        &tokwatt::control::Progress {
+        &tokwatt_agent::control::Progress {
             tick: 0,
             ticks: 1,
             time: std::time::Duration::from_secs(1),
@@ -430,14 +431,14 @@ fn the_metrics_reference_is_current() {
             observations: &[observation],
             in_force: &[observation.in_force],
             policy: "static",
-            requested: &[tokwatt::types::Settings::default()],
+            requested: &[tokwatt_core::types::Settings::default()],
             decide_time: Some(std::time::Duration::from_micros(40)),
             lateness: std::time::Duration::from_micros(3),
             paused: false,
             on_probation: false,
             guard_in_charge: false,
             guard_enabled: true,
-            objective: tokwatt::types::Objective::default(),
+            objective: tokwatt_core::types::Objective::default(),
             commands_taken: 0,
         },
         "000000000000",
@@ -485,7 +486,7 @@ fn the_metrics_reference_is_current() {
          exports. The ledger's series come from the leading replica only: a follower reads no \
          ledger, and exports none.\n\n| metric | type | meaning |\n|---|---|---|\n",
     );
-    for (name, kind, help) in tokwatt::metrics::coordinator::COORDINATOR_METRICS {
+    for (name, kind, help) in tokwatt_serve::metrics::coordinator::COORDINATOR_METRICS {
         page.push_str(&format!(
             "| `{name}` | {kind} | {} |\n",
             help.replace('|', "\\|")

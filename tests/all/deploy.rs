@@ -574,7 +574,7 @@ fn every_shipped_serve_config_is_accepted_by_the_agent() {
     }
     for (name, text) in configs {
         let path = Path::new("/etc/tokwatt/serve.toml");
-        let parsed = tokwatt::serve::config::ServeConfig::parse(path, &text);
+        let parsed = tokwatt_serve::serve::config::ServeConfig::parse(path, &text);
         assert!(
             parsed.is_ok(),
             "{name} is refused by tokwatt serve: {}",

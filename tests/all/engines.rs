@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokwatt::prometheus::{Engine, PrometheusConfig, PrometheusTokens};
-use tokwatt::types::WorkloadWindow;
-use tokwatt::workload::Workload;
+use tokwatt_core::types::WorkloadWindow;
+use tokwatt_core::workload::Workload;
+use tokwatt_engines::prometheus::{Engine, PrometheusConfig, PrometheusTokens};
 
 use crate::support::{repo_root, tempdir};
 
@@ -293,7 +293,7 @@ fn llamacpp_counts_predicted_tokens_and_its_latencies_stay_unknown() {
     // refuses the start, naming the flag.
     let server = Server::start("127.0.0.1:0", bodies, false).expect("loopback");
     let named = PrometheusConfig {
-        request_metrics: tokwatt::prometheus::request_metrics(
+        request_metrics: tokwatt_engines::prometheus::request_metrics(
             Engine::Llamacpp,
             Some("llamacpp:time_to_first_token_seconds".into()),
             None,

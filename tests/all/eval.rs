@@ -107,9 +107,10 @@ fn eval_writes_every_field_for_every_policy_and_scenario() {
 #[test]
 fn the_shipped_scenario_set_covers_what_the_judge_promises() {
     let dir = repo_root().join("host/scenarios/eval");
-    let scenarios = tokwatt::eval::EvalScenario::load_all(&[dir]).expect("the shipped set loads");
+    let scenarios =
+        tokwatt_lab::eval::EvalScenario::load_all(&[dir]).expect("the shipped set loads");
     assert!(scenarios.len() >= 12, "{} scenarios", scenarios.len());
-    let has = |f: &dyn Fn(&tokwatt::eval::EvalScenario) -> bool| scenarios.iter().any(f);
+    let has = |f: &dyn Fn(&tokwatt_lab::eval::EvalScenario) -> bool| scenarios.iter().any(f);
     for gpu in ["h200", "h100", "a100"] {
         assert!(has(&|s| s.profile.id == gpu), "no {gpu} scenario");
     }
@@ -256,7 +257,7 @@ fn eval_without_arguments_judges_the_shipped_policies_on_the_shipped_scenarios()
         })
         .count();
     let shipped_scenarios =
-        tokwatt::eval::EvalScenario::load_all(&[repo_root().join("host/scenarios/eval")])
+        tokwatt_lab::eval::EvalScenario::load_all(&[repo_root().join("host/scenarios/eval")])
             .expect("the shipped set")
             .len();
     assert_eq!(
@@ -328,7 +329,7 @@ fn a_family_is_judged_on_its_tuning_and_held_out_splits_side_by_side() {
         for name in names {
             // The drawn files judge as any scenario file.
             let file = drawn.join(split).join(format!("{name}.toml"));
-            tokwatt::eval::EvalScenario::load(&file).expect("a drawn file loads");
+            tokwatt_lab::eval::EvalScenario::load(&file).expect("a drawn file loads");
         }
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -348,9 +349,9 @@ fn the_held_out_set_written_elsewhere_loads_and_covers_what_the_generator_draws(
     // Written without the family generator, to check that the generated held-out split
     // says what a policy does on scenarios nobody drew from it.
     let dir = repo_root().join("host/scenarios/held-out-elsewhere");
-    let scenarios = tokwatt::eval::EvalScenario::load_all(&[dir]).expect("the set loads");
+    let scenarios = tokwatt_lab::eval::EvalScenario::load_all(&[dir]).expect("the set loads");
     assert!(scenarios.len() >= 8, "{} scenarios", scenarios.len());
-    let has = |f: &dyn Fn(&tokwatt::eval::EvalScenario) -> bool| scenarios.iter().any(f);
+    let has = |f: &dyn Fn(&tokwatt_lab::eval::EvalScenario) -> bool| scenarios.iter().any(f);
     for gpu in ["h200", "h100", "a100"] {
         assert!(has(&|s| s.profile.id == gpu), "no {gpu} scenario");
     }

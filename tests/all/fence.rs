@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use tokwatt::fence::status::FenceStatus;
-use tokwatt::fleet::etcd::EtcdFleet;
-use tokwatt::fleet::{FenceKind, FleetStore};
-use tokwatt::sim::{GpuProfile, SimDriver};
+use tokwatt_fleet::etcd::EtcdFleet;
+use tokwatt_fleet::{FenceKind, FleetStore};
+use tokwatt_serve::fence::status::FenceStatus;
+use tokwatt_sim::{GpuProfile, SimDriver};
 use tokwatt_test_support::{EtcdCluster, wait_for};
 
 use crate::support::*;

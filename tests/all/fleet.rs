@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokwatt::api::Control;
-use tokwatt::fleet::etcd::EtcdFleet;
-use tokwatt::fleet::{
+use tokwatt_fleet::etcd::EtcdFleet;
+use tokwatt_fleet::{
     Coordinator, CoordinatorConfig, DomainBudget, FleetStore, MarginalAllocator, NodeBudget,
 };
-use tokwatt::serve::{self, ServeConfig};
+use tokwatt_serve::api::Control;
+use tokwatt_serve::serve::{self, ServeConfig};
 use tokwatt_test_support::{EtcdCluster, wait_for};
 
 /// A static policy that asks every GPU for 700 W, and a four-GPU simulated node in the
@@ -168,7 +168,7 @@ fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off(
     let fleet = control.status().fleet.expect("a node in a domain");
     assert_eq!(
         fleet.holding,
-        Some(tokwatt::api::Holding::Grant),
+        Some(tokwatt_serve::api::Holding::Grant),
         "{fleet:?}"
     );
     assert_eq!(fleet.allowance_w, Some(2800.0), "{fleet:?}");
@@ -199,7 +199,7 @@ fn a_served_node_holds_its_reserve_then_its_grant_then_its_reserve_when_cut_off(
     let fleet = control.status().fleet.expect("a node in a domain");
     assert_eq!(
         fleet.holding,
-        Some(tokwatt::api::Holding::Reserve),
+        Some(tokwatt_serve::api::Holding::Reserve),
         "{fleet:?}"
     );
     assert_eq!(
@@ -281,7 +281,7 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
             "rack-c",
             "a",
             Duration::from_secs(30),
-            &tokwatt::fleet::NodeReport {
+            &tokwatt_fleet::NodeReport {
                 acked_generation: 0,
                 caps_in_force_w: 1000.0,
                 draw_w: 900.0,
@@ -554,9 +554,9 @@ fn a_served_node_joins_over_tls_with_its_client_certificate() {
     let Some((pki, cluster)) = EtcdCluster::start_tls_one() else {
         return;
     };
-    let tls = tokwatt::fleet::etcd::EtcdTls::load(&tokwatt::fleet::etcd::TlsFiles {
+    let tls = tokwatt_fleet::etcd::EtcdTls::load(&tokwatt_fleet::etcd::TlsFiles {
         ca_file: pki.ca.clone(),
-        client: Some(tokwatt::fleet::etcd::ClientFiles {
+        client: Some(tokwatt_fleet::etcd::ClientFiles {
             cert_file: pki.client_cert.clone(),
             key_file: pki.client_key.clone(),
         }),
@@ -595,7 +595,7 @@ fn a_served_node_joins_over_tls_with_its_client_certificate() {
 fn a_budget_that_gives_the_node_less_than_its_config_lowers_what_a_restore_puts_back() {
     // serve.toml says 1 kW; the domain's budget says 900 W. A crash must restore within
     // 900 W (what the ledger charges a node without a lease), not 1 kW.
-    use tokwatt::restore::StateFile;
+    use tokwatt_agent::restore::StateFile;
     let Some(cluster) = EtcdCluster::start(1) else {
         return;
     };

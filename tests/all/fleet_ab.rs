@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tokwatt::api::ApiClient;
-use tokwatt::fleet::FleetStore;
-use tokwatt::fleet::etcd::EtcdFleet;
+use tokwatt_fleet::FleetStore;
+use tokwatt_fleet::etcd::EtcdFleet;
+use tokwatt_serve::api::ApiClient;
 use tokwatt_test_support::{free_port, wait_for};
 
 use crate::prometheus_server::{Killed, prometheus, query, start_prometheus};
@@ -113,7 +113,7 @@ fn fleet_ab(
 
 /// Every node answers and has swapped nothing (a refused experiment changed nothing);
 /// their statuses, for further checks.
-fn assert_nothing_swapped(sockets: &[PathBuf]) -> Vec<tokwatt::api::NodeStatus> {
+fn assert_nothing_swapped(sockets: &[PathBuf]) -> Vec<tokwatt_serve::api::NodeStatus> {
     sockets
         .iter()
         .map(|socket| {
@@ -450,8 +450,8 @@ fn profile_defaulting_to(dir: &Path, default_w: u32) -> PathBuf {
 
 /// The grants of every node of the domain (by its name there, `gpu-N`), and its freeze.
 type DomainNow = (
-    Vec<Option<tokwatt::fleet::Grant>>,
-    Option<tokwatt::fleet::StoredFreeze>,
+    Vec<Option<tokwatt_fleet::Grant>>,
+    Option<tokwatt_fleet::StoredFreeze>,
 );
 
 /// The domain now, read from etcd.
@@ -459,7 +459,7 @@ fn grants_and_freeze(store: &EtcdFleet) -> DomainNow {
     try_grants_and_freeze(store).expect("etcd answers")
 }
 
-fn try_grants_and_freeze(store: &EtcdFleet) -> Result<DomainNow, tokwatt::fleet::StoreError> {
+fn try_grants_and_freeze(store: &EtcdFleet) -> Result<DomainNow, tokwatt_fleet::StoreError> {
     let view = store.read_domain(DOMAIN)?.expect("the budget is there");
     let grants = (0..NODES)
         .map(|i| {
@@ -637,7 +637,7 @@ fn grants_line(report: &serde_json::Value) -> String {
 
 #[test]
 fn a_fleet_ab_in_one_power_domain_freezes_its_grants_through_an_a_a_and_a_greedy_vs_modest_a_b() {
-    use tokwatt::fleet::{DomainBudget, NodeBudget};
+    use tokwatt_fleet::{DomainBudget, NodeBudget};
     let Some(prometheus) = prometheus() else {
         return;
     };
@@ -850,7 +850,7 @@ fn a_fleet_ab_in_one_power_domain_freezes_its_grants_through_an_a_a_and_a_greedy
         let spec = if node % 2 == 0 { &b } else { &a };
         ApiClient::unix(socket)
             .expect("client")
-            .swap(&tokwatt::api::SwapRequest {
+            .swap(&tokwatt_serve::api::SwapRequest {
                 spec: spec.clone(),
                 plugin: None,
                 fresh: true,

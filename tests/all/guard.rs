@@ -222,8 +222,8 @@ mod serving {
     use std::sync::atomic::AtomicBool;
     use std::time::{Duration, Instant};
 
-    use tokwatt::api::{Control, ControlError, SwapRequest};
-    use tokwatt::serve::{self, ServeConfig};
+    use tokwatt_serve::api::{Control, ControlError, SwapRequest};
+    use tokwatt_serve::serve::{self, ServeConfig};
 
     use crate::support::*;
 

@@ -12,12 +12,12 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use tokwatt::agent::{self, NodeFacts, RunRequest, RunSummary};
-use tokwatt::assembly::{self, BackendRequest, SimTarget, Target};
-use tokwatt::metrics::AgentMetrics;
-use tokwatt::plugin::{HostConfig, PluginHost};
-use tokwatt::spec::PolicySpec;
-use tokwatt::swap::swap_channel;
+use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
+use tokwatt_agent::swap::swap_channel;
+use tokwatt_agent::{self as agent, NodeFacts, RunRequest, RunSummary};
+use tokwatt_plugin::{HostConfig, PluginHost};
+use tokwatt_policy::spec::PolicySpec;
+use tokwatt_serve::metrics::AgentMetrics;
 
 use crate::support::*;
 
@@ -174,10 +174,10 @@ fn observed_run() -> Observed {
         seed: 11,
         overwrite: false,
         write_files: false,
-        rules: tokwatt::rules::NodeRules::default(),
+        rules: tokwatt_policy::rules::NodeRules::default(),
         rules_source: "the default node rules".into(),
-        node_knobs: tokwatt::types::Knobs::all(),
-        output: tokwatt::recorder::OutputBounds::default(),
+        node_knobs: tokwatt_core::types::Knobs::all(),
+        output: tokwatt_agent::recorder::OutputBounds::default(),
     };
     let (summary, _) = agent::run_with_swaps(
         &run,

@@ -1,5 +1,5 @@
 //! The output files are an API boundary: their layouts are pinned here. Changing a key
-//! or a column means raising the file's format version (see `tokwatt::recorder`).
+//! or a column means raising the file's format version (see `tokwatt_agent::recorder`).
 
 use crate::support::*;
 
@@ -11,7 +11,7 @@ fn the_summary_reads_back_exactly_what_the_run_wrote() {
     let spec = repo_root().join("policies/slo-batch.toml");
     let out = dir.path().join("run");
     let r = run_sim(&spec, "20s", &out, &["--gpus", "2"]);
-    let summary = tokwatt::agent::read_summary(&out).expect("the run's summary reads");
+    let summary = tokwatt_agent::read_summary(&out).expect("the run's summary reads");
     assert_eq!(summary.meta.gpu_count, 2);
     assert!(summary.meta.simulated);
     assert_eq!(summary.totals.gpus.len(), 2);
@@ -113,7 +113,7 @@ fn trace_header_and_observation_lines_carry_their_format() {
     run_sim(&spec, "3s", &out, &[]);
     let trace = std::fs::read_to_string(out.join("trace.csv")).expect("trace");
     let header = trace.lines().next().expect("header");
-    assert_eq!(header, tokwatt::recorder::trace_header().join(","));
+    assert_eq!(header, tokwatt_agent::recorder::trace_header().join(","));
     let observations = std::fs::read_to_string(out.join("observations.jsonl")).expect("jsonl");
     for line in observations.lines() {
         let record: serde_json::Value = serde_json::from_str(line).expect("JSON line");
@@ -153,14 +153,14 @@ fn the_first_ticks_lines_hold_what_init_asked_for() {
 }
 
 /// A tick record for GPU `gpu` at `tick`, as the loop writes it.
-fn tick_record(gpu: u32, tick: u64) -> tokwatt::recorder::TickRecord {
-    let observation = tokwatt::types::Observation::typical_h200(gpu, tick);
-    tokwatt::recorder::TickRecord {
+fn tick_record(gpu: u32, tick: u64) -> tokwatt_agent::recorder::TickRecord {
+    let observation = tokwatt_core::types::Observation::typical_h200(gpu, tick);
+    tokwatt_agent::recorder::TickRecord {
         time_s: tick as f64 + 1.0,
         policy: "static".into(),
         observation,
-        requested: tokwatt::types::Settings::default(),
-        applied: tokwatt::types::Settings::default(),
+        requested: tokwatt_core::types::Settings::default(),
+        applied: tokwatt_core::types::Settings::default(),
         in_force_after: observation.in_force,
         fallback: false,
         clamped: false,
@@ -210,16 +210,16 @@ fn rotation_chain(
 }
 
 /// A summary as the loop writes it, for a recording made tick by tick in a test.
-fn recorded_summary(duration_s: f64) -> tokwatt::agent::RunSummary {
-    tokwatt::agent::RunSummary {
-        format_version: tokwatt::agent::SUMMARY_FORMAT_VERSION,
-        output_formats: tokwatt::agent::OutputFormats::default(),
+fn recorded_summary(duration_s: f64) -> tokwatt_agent::RunSummary {
+    tokwatt_agent::RunSummary {
+        format_version: tokwatt_agent::SUMMARY_FORMAT_VERSION,
+        output_formats: tokwatt_agent::OutputFormats::default(),
         policy: "static".into(),
         policy_spec: "policies/static.toml".into(),
         plugin: "static.wasm".into(),
         tick_ms: 1000,
-        objective: Some(tokwatt::types::Objective::default()),
-        meta: tokwatt::agent::RunMeta {
+        objective: Some(tokwatt_core::types::Objective::default()),
+        meta: tokwatt_agent::RunMeta {
             simulated: true,
             gpu_profile: "h200".into(),
             gpu_name: "NVIDIA H200".into(),
@@ -229,7 +229,7 @@ fn recorded_summary(duration_s: f64) -> tokwatt::agent::RunSummary {
             workload: "sim".into(),
             seed: 1,
         },
-        totals: tokwatt::control::LoopTotals {
+        totals: tokwatt_agent::control::LoopTotals {
             duration_s,
             ..Default::default()
         },
@@ -238,7 +238,7 @@ fn recorded_summary(duration_s: f64) -> tokwatt::agent::RunSummary {
 
 #[test]
 fn rotated_outputs_stay_bounded_each_file_reads_on_its_own_and_no_tick_is_lost() {
-    use tokwatt::recorder::{Recorder, Rotation};
+    use tokwatt_agent::recorder::{Recorder, Rotation};
     let dir = tempdir();
     let out = dir.path().join("run");
     let rotation = Rotation {
@@ -259,7 +259,7 @@ fn rotated_outputs_stay_bounded_each_file_reads_on_its_own_and_no_tick_is_lost()
 
     // The trace: every file within the bound, each with the header, and the ticks one
     // run without a gap from the oldest kept file to the current one.
-    let header = tokwatt::recorder::trace_header().join(",");
+    let header = tokwatt_agent::recorder::trace_header().join(",");
     let mut last: Option<(u64, u32)> = None;
     let trace_files = rotation_chain(&out, "trace", "csv", rotation.keep);
     for path in &trace_files {
@@ -350,13 +350,13 @@ fn rotated_outputs_stay_bounded_each_file_reads_on_its_own_and_no_tick_is_lost()
         first_kept[1].parse::<u64>().expect("tick") > 0,
         "nothing was rotated away"
     );
-    let html = tokwatt::report::run_report(&out).expect("report from the current trace");
+    let html = tokwatt_agent::run_report::run_report(&out).expect("report from the current trace");
     assert!(html.contains("GPU 1"));
 }
 
 #[test]
 fn a_checkpoint_writes_the_summary_and_the_recording_goes_on() {
-    use tokwatt::recorder::{Recorder, Rotation};
+    use tokwatt_agent::recorder::{Recorder, Rotation};
     let dir = tempdir();
     let out = dir.path().join("run");
     let rotation = Rotation {
@@ -400,7 +400,7 @@ fn a_checkpoint_writes_the_summary_and_the_recording_goes_on() {
 
 #[test]
 fn rotated_files_of_an_earlier_run_count_as_a_run_and_overwrite_clears_them() {
-    use tokwatt::recorder::{Recorder, Rotation};
+    use tokwatt_agent::recorder::{Recorder, Rotation};
     let dir = tempdir();
     let out = dir.path().join("run");
     std::fs::create_dir_all(&out).expect("dir");

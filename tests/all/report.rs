@@ -86,7 +86,7 @@ fn a_simulated_run_writes_a_report_with_each_panel_for_each_gpu() {
     // Simulator output says so, with the run's data source.
     let source = r.summary["data_source"].as_str().expect("data_source");
     assert!(html.contains("Simulator output"), "simulator label");
-    assert!(html.contains(&tokwatt::report::escape(source)), "{source}");
+    assert!(html.contains(&tokwatt_report::escape(source)), "{source}");
     // The headline figures are the summary's.
     let tpj = num(&r.summary, "tokens_per_joule");
     for figure in [

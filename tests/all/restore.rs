@@ -187,9 +187,9 @@ fn spawn_changing(spec: &Path, state: &Path, out: &Path) -> Child {
 
 /// What a run had in force on each GPU when it died: the last whole observation of each
 /// (the line being written at the kill may be cut short).
-fn last_in_force(observations: &Path) -> Vec<tokwatt::types::InForce> {
+fn last_in_force(observations: &Path) -> Vec<tokwatt_core::types::InForce> {
     let text = std::fs::read_to_string(observations).unwrap_or_default();
-    let mut last: Vec<Option<tokwatt::types::InForce>> = Vec::new();
+    let mut last: Vec<Option<tokwatt_core::types::InForce>> = Vec::new();
     for line in text.lines() {
         let Ok(row) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
@@ -224,10 +224,10 @@ impl Delays {
 /// originals — themselves checked to be the profile's stock settings.
 #[test]
 fn random_kill_9s_are_all_restored_by_value() {
-    use tokwatt::assembly::{self, SimTarget};
-    use tokwatt::restore::{Outcome, Setting, StateFile, restore_all};
+    use tokwatt_agent::assembly::{self, SimTarget};
+    use tokwatt_agent::restore::{Outcome, Setting, StateFile, restore_all};
 
-    let profile = tokwatt::sim::GpuProfile::load("h200").expect("h200 profile");
+    let profile = tokwatt_sim::GpuProfile::load("h200").expect("h200 profile");
     let stock_w = profile.power_cap.default_w;
     let sm_max = profile.sm_max_mhz();
     let dir = tempdir();

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use tokwatt::api::{Control, ControlError, SwapRequest};
-use tokwatt::serve::{self, ServeConfig};
+use tokwatt_serve::api::{Control, ControlError, SwapRequest};
+use tokwatt_serve::serve::{self, ServeConfig};
 
 use crate::support::*;
 use tokwatt_test_support::wait_for;

@@ -7,11 +7,11 @@ use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use tokwatt::agent::{self, NodeFacts, RunRequest};
-use tokwatt::assembly::{self, BackendRequest, SimTarget, Target};
-use tokwatt::plugin::{HostConfig, PluginHost};
-use tokwatt::spec::PolicySpec;
-use tokwatt::swap::swap_channel;
+use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
+use tokwatt_agent::swap::swap_channel;
+use tokwatt_agent::{self as agent, NodeFacts, RunRequest};
+use tokwatt_plugin::{HostConfig, PluginHost};
+use tokwatt_policy::spec::PolicySpec;
 
 use crate::support::*;
 
@@ -88,10 +88,10 @@ fn swaps_every_few_ticks_miss_no_tick_carry_state_and_roll_back_a_broken_policy(
         overwrite: false,
         write_files: true,
         // Failures roll back here; the objective's rollbacks are tests/all/guard.rs's.
-        rules: tokwatt::rules::NodeRules::judging(),
+        rules: tokwatt_policy::rules::NodeRules::judging(),
         rules_source: "the judge's node rules".into(),
-        node_knobs: tokwatt::types::Knobs::all(),
-        output: tokwatt::recorder::OutputBounds::default(),
+        node_knobs: tokwatt_core::types::Knobs::all(),
+        output: tokwatt_agent::recorder::OutputBounds::default(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (summary, _) = agent::run_with_swaps(
@@ -173,7 +173,7 @@ fn swaps_every_few_ticks_miss_no_tick_carry_state_and_roll_back_a_broken_policy(
 /// over unseen at the next resume.
 #[test]
 fn a_swap_reaching_a_paused_loop_is_refused_not_kept() {
-    use tokwatt::swap::{InCharge, SwapEvent, Swapper};
+    use tokwatt_agent::swap::{InCharge, SwapEvent, Swapper};
 
     let dir = tempdir();
     let spec = write_spec(

@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use tokwatt::ab::stats::{Compliance, Tolerances, objective_check};
-use tokwatt::ab::tune::{self, ParamRange, TuneRequest};
-use tokwatt::ab::{AbRequest, Arm, Schedule, SequentialPlan, SimWork, run_replicated};
-use tokwatt::agent::{self, RunRequest};
-use tokwatt::assembly::{self, BackendRequest, SimTarget, Target};
-use tokwatt::spec::PolicySpec;
+use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
+use tokwatt_agent::{self as agent, RunRequest};
+use tokwatt_lab::ab::stats::{Compliance, Tolerances, objective_check};
+use tokwatt_lab::ab::tune::{self, ParamRange, TuneRequest};
+use tokwatt_lab::ab::{AbRequest, Arm, Schedule, SequentialPlan, SimWork, run_replicated};
+use tokwatt_policy::spec::PolicySpec;
 
 use crate::support::{self, stderr, tokwatt};
 
@@ -192,10 +192,10 @@ fn grid_point(spec: &PolicySpec, scenario: &Path) -> (f64, f64, f64) {
         seed: SEED,
         overwrite: false,
         write_files: false,
-        rules: tokwatt::rules::NodeRules::judging(),
+        rules: tokwatt_policy::rules::NodeRules::judging(),
         rules_source: "the default node rules".into(),
-        node_knobs: tokwatt::types::Knobs::all(),
-        output: tokwatt::recorder::OutputBounds::default(),
+        node_knobs: tokwatt_core::types::Knobs::all(),
+        output: tokwatt_agent::recorder::OutputBounds::default(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (summary, _) = agent::run(&run, assembled.backends, assembled.meta, stop, &mut |_| {})

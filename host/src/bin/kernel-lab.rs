@@ -16,12 +16,12 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use tokwatt::cuda::engine::Engine;
-use tokwatt::cuda::{
+use tokwatt_core::model::ModelShape;
+use tokwatt_cuda::engine::Engine;
+use tokwatt_cuda::{
     AttentionChoice, AttentionImpl, BenchConfig, EngineOptions, MatmulChoice, Tuning, bench_with,
     format_table,
 };
-use tokwatt::model::ModelShape;
 
 #[derive(Debug, Parser)]
 #[command(about = "Kernel timings for work on tokwatt's CUDA decode kernels")]

@@ -2,16 +2,16 @@
 
 use std::time::Duration;
 
-use tokwatt::agent::{self, NodeFacts};
-use tokwatt::assembly::{self, BackendRequest, SimTarget, Target};
-use tokwatt::plugin::{HostConfig, PluginHost};
-use tokwatt::policy::PolicyFailure;
-use tokwatt::spec::PolicySpec;
-use tokwatt::swap::PreparedPolicy;
+use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
+use tokwatt_agent::swap::PreparedPolicy;
+use tokwatt_agent::{self as agent, NodeFacts};
+use tokwatt_plugin::{HostConfig, PluginHost};
+use tokwatt_policy::spec::PolicySpec;
+use tokwatt_policy::supervisor::PolicyFailure;
 
 use super::*;
 
-fn prepare(mode: &str, extra: &str) -> Result<PreparedPolicy, tokwatt::agent::AgentError> {
+fn prepare(mode: &str, extra: &str) -> Result<PreparedPolicy, tokwatt_agent::AgentError> {
     let dir = tempdir();
     let spec = write_spec(
         dir.path(),
@@ -65,7 +65,7 @@ fn a_panicking_snapshot_is_a_named_trap() {
 #[test]
 fn a_trapping_restore_is_refused_with_its_cause() {
     let mut new = prepare("trap-restore", "").expect("starts");
-    let state = tokwatt::policy::PolicyState {
+    let state = tokwatt_policy::supervisor::PolicyState {
         schema_version: 1,
         bytes: vec![1, 2, 3],
     };
@@ -78,7 +78,7 @@ fn a_trapping_restore_is_refused_with_its_cause() {
 #[test]
 fn a_hostile_restore_refusal_is_escaped() {
     let mut new = prepare("hostile-restore-error", "").expect("starts");
-    let state = tokwatt::policy::PolicyState::default();
+    let state = tokwatt_policy::supervisor::PolicyState::default();
     let Err(PolicyFailure::Refused(text)) = new.supervisor.restore(&state) else {
         panic!("refused");
     };

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use tokwatt::ab::stats::{DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_SIM_BUDGET};
-use tokwatt::ab::{self, AbOutcome, AbRequest, Schedule, SequentialPlan};
-use tokwatt::assembly::{
+use tokwatt_agent::assembly::{
     self, Assembled, BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource,
 };
+use tokwatt_lab::ab::stats::{DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_SIM_BUDGET};
+use tokwatt_lab::ab::{self, AbOutcome, AbRequest, Schedule, SequentialPlan};
 
-use tokwatt::spec::PolicySpec;
+use tokwatt_policy::spec::PolicySpec;
 
 use crate::plugin_places::PluginPlaces;
 use crate::target::TargetArgs;
@@ -226,7 +226,7 @@ pub fn ab(args: AbArgs) -> Result<()> {
         grant_both(&assembled, &mut a, &mut b, g == 0);
         let mut assembled = assembled;
         // The one rule for keeping the original settings, over both arms' knobs.
-        let knobs = tokwatt::types::Knobs {
+        let knobs = tokwatt_core::types::Knobs {
             power_cap: a.knobs.power_cap || b.knobs.power_cap,
             sm_clock: a.knobs.sm_clock || b.knobs.sm_clock,
             batch_size: a.knobs.batch_size || b.knobs.batch_size,
@@ -318,7 +318,7 @@ pub fn ab(args: AbArgs) -> Result<()> {
     };
     bar.finish(&outcome);
     // The backends (and their settings guards) are gone: every setting is restored.
-    tokwatt::ab::report::write_ab_outputs(&out_dir, &outcome)
+    tokwatt_lab::ab::report::write_ab_outputs(&out_dir, &outcome)
         .with_context(|| format!("writing ab.json and report.html in {}", out_dir.display()))?;
     if args.json {
         return crate::json_out::JsonResult::new("ab", Some(&out_dir), &outcome).print();
@@ -473,7 +473,7 @@ fn print_outcome(o: &AbOutcome, out: &Path) {
     if let Some(difference) = &o.gpu_difference {
         row(
             "gpu difference",
-            tokwatt::ab::report::gpu_difference_words(difference, o.ratio_b_over_a),
+            tokwatt_lab::ab::report::gpu_difference_words(difference, o.ratio_b_over_a),
         );
     }
     for note in &o.notes {

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use tokwatt::ab::study::Study;
-use tokwatt::ab::{self, Schedule};
-use tokwatt::assembly::SimTarget;
-use tokwatt::spec::PolicySpec;
+use tokwatt_agent::assembly::SimTarget;
+use tokwatt_lab::ab::study::Study;
+use tokwatt_lab::ab::{self, Schedule};
+use tokwatt_policy::spec::PolicySpec;
 
 use crate::ab::EpochArgs;
 
@@ -103,7 +103,7 @@ pub struct AbTableArgs {
 }
 
 pub fn ab_table(args: &AbTableArgs) -> Result<()> {
-    use tokwatt::ab::study::run_study;
+    use tokwatt_lab::ab::study::run_study;
     if !(args.true_ratio.is_finite() && args.true_ratio > 0.0) {
         bail!(
             "--true-ratio {} is not a ratio of tokens per joule; give a positive number such as 1.03",
@@ -123,9 +123,9 @@ pub fn ab_table(args: &AbTableArgs) -> Result<()> {
                 return Ok((name.clone(), None));
             }
             let path = Path::new(name);
-            match tokwatt::eval::EvalScenario::load(path) {
+            match tokwatt_lab::eval::EvalScenario::load(path) {
                 Ok(judging) => Ok((name.clone(), Some(judging))),
-                Err(judging_error) => tokwatt::sim::Scenario::load(path)
+                Err(judging_error) => tokwatt_sim::Scenario::load(path)
                     .map(|_| (name.clone(), None))
                     .map_err(|sim_error| {
                         anyhow::anyhow!(
@@ -258,7 +258,7 @@ pub struct ErrorRatesArgs {
 }
 
 pub fn error_rates(args: &ErrorRatesArgs) -> Result<()> {
-    use tokwatt::ab::study::{long_run_ratio, run_study};
+    use tokwatt_lab::ab::study::{long_run_ratio, run_study};
     let mut a = PolicySpec::load(&args.policy)?;
     if let Some(tick) = args.epochs.tick {
         a.override_tick(tick)?;

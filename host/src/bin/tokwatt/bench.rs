@@ -9,13 +9,13 @@ use anyhow::{Context, Result, bail};
 mod sim_run;
 
 use crate::plugin_places::PluginPlaces;
-use tokwatt::bench::DecideLatencies;
-use tokwatt::bench::agent_cpu::{
+use tokwatt_bench::DecideLatencies;
+use tokwatt_bench::agent_cpu::{
     self, AgentCpuRequest, AgentCpuRun, AgentCpuTarget, CPU_TIME_RESOLUTION,
 };
-use tokwatt::nvml::SamplerConfig;
-use tokwatt::plugin::{ComponentCache, HostConfig, PluginHost};
-use tokwatt::spec::PolicySpec;
+use tokwatt_nvml::SamplerConfig;
+use tokwatt_plugin::{ComponentCache, HostConfig, PluginHost};
+use tokwatt_policy::spec::PolicySpec;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchCommand {
@@ -536,24 +536,24 @@ fn bench_serving(_bench: ServingBench) -> Result<()> {
 
 #[cfg(feature = "cuda")]
 fn bench_serving(bench: ServingBench) -> Result<()> {
-    use tokwatt::telemetry::Telemetry;
-    use tokwatt::workload::Workload;
+    use tokwatt_core::telemetry::Telemetry;
+    use tokwatt_core::workload::Workload;
     if !(bench.seconds.is_finite() && bench.seconds > 0.0 && bench.seconds <= 86_400.0) {
         bail!(
             "--seconds must be above 0 and at most 86400 (a day), not {}",
             bench.seconds
         );
     }
-    let scenario = tokwatt::sim::Scenario::load(&bench.scenario)
+    let scenario = tokwatt_sim::Scenario::load(&bench.scenario)
         .with_context(|| format!("reading the scenario {}", bench.scenario.display()))?;
     let arrivals =
-        tokwatt::sim::ScenarioArrivals::new(&scenario, bench.seed).map_err(anyhow::Error::msg)?;
+        tokwatt_sim::ScenarioArrivals::new(&scenario, bench.seed).map_err(anyhow::Error::msg)?;
     let running_limit = bench.running_limit.unwrap_or(scenario.initial_batch_size);
     let slots = bench.slots.unwrap_or(running_limit).max(running_limit);
     let budget = bench
         .max_batched_tokens
         .unwrap_or(scenario.max_batched_tokens);
-    let system = tokwatt::nvml::NvmlSystem::open(Some(&[bench.gpu]))?;
+    let system = tokwatt_nvml::NvmlSystem::open(Some(&[bench.gpu]))?;
     let mut telemetry = system
         .telemetry(SamplerConfig::everything_every(Duration::from_millis(100)))
         .context("starting NVML telemetry")?;
@@ -562,7 +562,7 @@ fn bench_serving(bench: ServingBench) -> Result<()> {
     let mut step_telemetry = system
         .telemetry(SamplerConfig::energy_only(Duration::from_millis(100)))
         .context("starting the serving loop's energy counter")?;
-    let mut serve = tokwatt::cuda::CudaServe::new(tokwatt::cuda::CudaServeConfig {
+    let mut serve = tokwatt_cuda::CudaServe::new(tokwatt_cuda::CudaServeConfig {
         model: scenario.model.clone(),
         context: bench.context,
         slots,
@@ -571,7 +571,7 @@ fn bench_serving(bench: ServingBench) -> Result<()> {
         queue_max: scenario.queue_max,
         device: bench.gpu,
         gpu_index: 0,
-        engine: tokwatt::cuda::EngineOptions::default(),
+        engine: tokwatt_cuda::EngineOptions::default(),
         requests: Box::new(arrivals),
         energy: Some(Box::new(move || {
             step_telemetry
@@ -620,7 +620,7 @@ fn bench_serving(bench: ServingBench) -> Result<()> {
     let truncated = serve.truncated();
     drop(serve);
     let quantile = |values: &mut Vec<f64>, q: f64| {
-        tokwatt::quantile::nearest_rank(values, q).unwrap_or(f64::NAN)
+        tokwatt_core::quantile::nearest_rank(values, q).unwrap_or(f64::NAN)
     };
     let mut ttfts: Vec<f64> = records.iter().map(|r| r.ttft_ms).collect();
     let mut tpots: Vec<f64> = records.iter().filter_map(|r| r.tpot_ms).collect();
@@ -699,7 +699,7 @@ fn bench_prefill(
     seconds: f64,
     json: Option<PathBuf>,
 ) -> Result<()> {
-    use tokwatt::cuda::PrefillAttention;
+    use tokwatt_cuda::PrefillAttention;
     let tilings = if attention.is_empty() {
         vec![PrefillAttention::default()]
     } else {
@@ -715,18 +715,18 @@ fn bench_prefill(
             })
             .collect::<Result<Vec<_>>>()?
     };
-    let system = tokwatt::nvml::NvmlSystem::open(Some(&[gpu]))?;
+    let system = tokwatt_nvml::NvmlSystem::open(Some(&[gpu]))?;
     let mut telemetry = system
         .telemetry(SamplerConfig::everything_every(Duration::from_millis(100)))
         .context("starting NVML telemetry")?;
-    let shape = tokwatt::cuda::ModelShape::load(model)?;
+    let shape = tokwatt_cuda::ModelShape::load(model)?;
     let cases = if cases.is_empty() {
-        tokwatt::cuda::REFERENCE_PREFILL_CASES.to_vec()
+        tokwatt_cuda::REFERENCE_PREFILL_CASES.to_vec()
     } else {
         cases
     };
     let mut energy = || {
-        use tokwatt::telemetry::Telemetry;
+        use tokwatt_core::telemetry::Telemetry;
         telemetry.read_window(0).ok().map(|w| w.energy_counter_j)
     };
     println!(
@@ -734,7 +734,7 @@ fn bench_prefill(
         system.devices().first().map_or("?", |d| d.name.as_str())
     );
     let mut lines = Vec::new();
-    let rows = tokwatt::cuda::bench_prefill(
+    let rows = tokwatt_cuda::bench_prefill(
         &shape,
         &cases,
         &tilings,
@@ -786,26 +786,26 @@ fn bench_workload(
     seconds: f64,
     json: Option<PathBuf>,
 ) -> Result<()> {
-    let system = tokwatt::nvml::NvmlSystem::open(Some(&[gpu]))?;
+    let system = tokwatt_nvml::NvmlSystem::open(Some(&[gpu]))?;
     // The freshest energy counter for per-batch measurements: every 100 ms, as NVML
     // refreshes it (a cost the agent does not pay; this is a measurement).
     let mut telemetry = system
         .telemetry(SamplerConfig::everything_every(Duration::from_millis(100)))
         .context("starting NVML telemetry")?;
-    let shape = tokwatt::cuda::ModelShape::load(model)?;
-    let mut config = tokwatt::cuda::BenchConfig::new(shape, context, batches, seconds);
+    let shape = tokwatt_cuda::ModelShape::load(model)?;
+    let mut config = tokwatt_cuda::BenchConfig::new(shape, context, batches, seconds);
     config.device = gpu;
     // Energy from the NVML energy counter (the sampler's latest reading), never from
     // integrated power samples.
     let mut energy = || {
-        use tokwatt::telemetry::Telemetry;
+        use tokwatt_core::telemetry::Telemetry;
         telemetry.read_window(0).ok().map(|w| w.energy_counter_j)
     };
     println!(
         "tokwatt bench workload: {model}, context {context}, GPU {gpu} ({}); energy from the NVML counter",
         system.devices().first().map_or("?", |d| d.name.as_str())
     );
-    let rows = tokwatt::cuda::bench_with(&config, &mut energy, &mut |row| {
+    let rows = tokwatt_cuda::bench_with(&config, &mut energy, &mut |row| {
         eprintln!(
             "batch {:>4}: {:>9.1} tok/s  {:>7.3} ms/step  {:>6.1} W  {:>7.3} tok/J",
             row.batch,
@@ -815,7 +815,7 @@ fn bench_workload(
             row.tokens_per_j.unwrap_or(f64::NAN)
         )
     })?;
-    println!("{}", tokwatt::cuda::format_table(&rows, &|_| None));
+    println!("{}", tokwatt_cuda::format_table(&rows, &|_| None));
     if let Some(path) = json {
         std::fs::write(&path, serde_json::to_string_pretty(&rows)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -836,10 +836,10 @@ fn bench_decide(
     })?;
     let hits_before = host.cache().map(ComponentCache::hits);
     let DecideLatencies { start, mut times } =
-        tokwatt::bench::decide_latencies(&host, &plugin, gpus, calls)
+        tokwatt_bench::decide_latencies(&host, &plugin, gpus, calls)
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("benchmarking {}", plugin.display()))?;
-    let q = |times: &mut [Duration], q: f64| tokwatt::bench::quantile(times, q).as_secs_f64() * 1e6;
+    let q = |times: &mut [Duration], q: f64| tokwatt_bench::quantile(times, q).as_secs_f64() * 1e6;
     println!(
         "decide, {gpus} GPUs, {calls} calls through the plugin host ({}):",
         plugin.display()

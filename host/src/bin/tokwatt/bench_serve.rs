@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use tokwatt::serve::bench::{self, LatenessRun};
+use tokwatt_serve::serve::bench::{self, LatenessRun};
 
 pub fn bench_serve_api(
     duration: Duration,

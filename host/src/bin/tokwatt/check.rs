@@ -7,10 +7,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::plugin_places::PluginPlaces;
-use tokwatt::agent;
-use tokwatt::assembly::{self, BackendRequest, SimTarget, Target};
-use tokwatt::spec::PolicySpec;
-use tokwatt::types::Settings;
+use tokwatt_agent as agent;
+use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
+use tokwatt_core::types::Settings;
+use tokwatt_policy::spec::PolicySpec;
 
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
@@ -31,7 +31,7 @@ pub fn check(args: &CheckArgs) -> Result<()> {
         .context("assembling a simulated H200 to start the policy on")?;
     spec.knobs = assembled.knobs;
     let plugin = spec.resolve_plugin(&agent::plugin_search_path(&args.plugins.plugin_dirs))?;
-    let host = tokwatt::agent::plugin_host(args.plugins.cache_dir.clone())?;
+    let host = tokwatt_agent::plugin_host(args.plugins.cache_dir.clone())?;
     let tick = Duration::from_millis(u64::from(spec.tick_ms));
     let (_, first, _) = agent::start_policy(
         &host,

@@ -10,7 +10,7 @@ use anyhow::{Result, bail};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use serde::Serialize;
 
-use tokwatt::agent::{RunSummary, read_summary};
+use tokwatt_agent::{RunSummary, read_summary};
 
 /// The comparison's own version (its keys in `--json`).
 pub const COMPARISON_FORMAT_VERSION: u32 = 1;
@@ -402,7 +402,7 @@ impl Comparison {
 
     /// The comparison as a self-contained HTML page.
     pub fn page(&self) -> String {
-        let mut page = tokwatt::report::Page::new("tokwatt: runs compared");
+        let mut page = tokwatt_report::Page::new("tokwatt: runs compared");
         if self.runs.iter().any(|r| r.simulated) {
             page.notice("Simulator output: the simulated runs' figures are the simulator's.");
         }
@@ -429,14 +429,14 @@ mod tests {
 
     fn summary(policy: &str, tokens: u64, energy_j: f64, served: Option<f64>) -> RunSummary {
         RunSummary {
-            format_version: tokwatt::agent::SUMMARY_FORMAT_VERSION,
-            output_formats: tokwatt::agent::OutputFormats::default(),
+            format_version: tokwatt_agent::SUMMARY_FORMAT_VERSION,
+            output_formats: tokwatt_agent::OutputFormats::default(),
             policy: policy.to_owned(),
             policy_spec: String::new(),
             plugin: String::new(),
             tick_ms: 1000,
             objective: None,
-            meta: tokwatt::assembly::RunMeta {
+            meta: tokwatt_agent::assembly::RunMeta {
                 simulated: true,
                 gpu_profile: "h200".into(),
                 gpu_name: "H200".into(),
@@ -446,13 +446,13 @@ mod tests {
                 workload: "sim".into(),
                 seed: 1,
             },
-            totals: tokwatt::control::LoopTotals {
+            totals: tokwatt_agent::control::LoopTotals {
                 tokens,
                 energy_j,
                 tokens_per_joule: tokens as f64 / energy_j,
                 ticks: 100,
                 duration_s: 100.0,
-                demand: served.map(|f| tokwatt::control::DemandTotals {
+                demand: served.map(|f| tokwatt_agent::control::DemandTotals {
                     served_fraction: f,
                     ..Default::default()
                 }),

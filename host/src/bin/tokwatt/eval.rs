@@ -10,8 +10,8 @@ use anyhow::{Context, Result, bail};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 
 use crate::plugin_places::PluginPlaces;
-use tokwatt::eval::family::{self, Split};
-use tokwatt::eval::{self, EvalRequest, EvalResults, EvalScenario};
+use tokwatt_lab::eval::family::{self, Split};
+use tokwatt_lab::eval::{self, EvalRequest, EvalResults, EvalScenario};
 
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
@@ -292,10 +292,10 @@ fn judge(
     std::fs::create_dir_all(out)
         .with_context(|| format!("creating the output folder {}", out.display()))?;
     let json = serde_json::to_string_pretty(&results).context("serialising eval.json")?;
-    tokwatt::report::write_atomically(&json_path, &(json + "\n"))
+    tokwatt_report::write_atomically(&json_path, &(json + "\n"))
         .with_context(|| format!("writing {}", json_path.display()))?;
     let report_path = out.join("report.html");
-    tokwatt::report::write_atomically(&report_path, &eval::eval_report(&results))
+    tokwatt_report::write_atomically(&report_path, &eval::eval_report(&results))
         .with_context(|| format!("writing {}", report_path.display()))?;
     let wrote = format!(
         "{:.1} s wall. Wrote {} and {}",

@@ -2,7 +2,7 @@
 //! agent (a sidecar container, a node-level unit), it watches the heartbeat the agent's
 //! loop touches after every on-time tick and holds the caps within the reserve while it
 //! stalls; with `--once` it applies the reserve and exits (a boot unit, a pod's init
-//! container). The logic is `tokwatt::fence`; this file parses and opens the GPUs.
+//! container). The logic is `tokwatt_serve::fence`; this file parses and opens the GPUs.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use tokwatt::actuator::Actuator;
-use tokwatt::assembly;
-use tokwatt::fence::watch::FenceSettings;
-use tokwatt::nvml::NvmlSystem;
+use tokwatt_agent::assembly;
+use tokwatt_core::actuator::Actuator;
+use tokwatt_nvml::NvmlSystem;
+use tokwatt_serve::fence::watch::FenceSettings;
 
 #[derive(Debug, clap::Args)]
 pub struct FenceArgs {
@@ -63,7 +63,7 @@ pub fn fence(args: &FenceArgs) -> Result<()> {
     }
     if args.once {
         let mut actuator = open_gpus(args)?;
-        let applied = tokwatt::fence::apply_reserve(actuator.as_mut(), args.reserve)
+        let applied = tokwatt_serve::fence::apply_reserve(actuator.as_mut(), args.reserve)
             .with_context(|| format!("applying the reserve ({} W)", args.reserve))?;
         println!("tokwatt fence: reserve {} W: {applied}", args.reserve);
         if applied.unmet {
@@ -106,7 +106,7 @@ pub fn fence(args: &FenceArgs) -> Result<()> {
         args.reserve,
         status.display()
     );
-    tokwatt::fence::watch::run(
+    tokwatt_serve::fence::watch::run(
         FenceSettings {
             heartbeat,
             stall,

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use tokwatt::fleet::etcd::{ClientFiles, EtcdFleet, EtcdTls, TlsError, TlsFile, TlsFiles};
-use tokwatt::fleet::ledger::Why;
-use tokwatt::fleet::show::{LedgerDocument, acknowledged, why_words};
-use tokwatt::fleet::{
+use tokwatt_fleet::etcd::{ClientFiles, EtcdFleet, EtcdTls, TlsError, TlsFile, TlsFiles};
+use tokwatt_fleet::ledger::Why;
+use tokwatt_fleet::show::{LedgerDocument, acknowledged, why_words};
+use tokwatt_fleet::{
     Coordinator, CoordinatorConfig, DomainBudget, FleetStore, FrozenWrite, Hold, Ledger,
     MarginalAllocator, Round,
 };
@@ -390,7 +390,7 @@ fn coordinate(args: &CoordinateArgs) -> Result<()> {
     let name = match &args.name {
         Some(name) => name.clone(),
         None => {
-            let host = tokwatt::fleet::budget::host_name();
+            let host = tokwatt_fleet::budget::host_name();
             let host = if host.is_empty() {
                 "coordinator".into()
             } else {
@@ -406,12 +406,11 @@ fn coordinate(args: &CoordinateArgs) -> Result<()> {
             args.ttl
         );
     }
-    let metrics = Arc::new(tokwatt::metrics::coordinator::CoordinatorMetrics::new(
-        &args.domain,
-    ));
+    let metrics =
+        Arc::new(tokwatt_serve::metrics::coordinator::CoordinatorMetrics::new(&args.domain));
     let _metrics_server = match args.metrics {
         Some(addr) => {
-            let server = tokwatt::api::ApiServer::start_metrics_only(addr, metrics.clone())
+            let server = tokwatt_serve::api::ApiServer::start_metrics_only(addr, metrics.clone())
                 .context("the metrics address (--metrics)")?;
             if let Some(addr) = server.metrics_addr() {
                 eprintln!("coordinator {name}: metrics on http://{addr}/metrics");

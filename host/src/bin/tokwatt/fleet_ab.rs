@@ -1,6 +1,6 @@
 //! `tokwatt fleet ab`: is policy B more efficient than A across a fleet of `tokwatt serve`
 //! nodes? Nodes paired by load, each pair's nodes on opposite arms and swapped halfway,
-//! driven through their control APIs and read from Prometheus (`tokwatt::fleet_ab`);
+//! driven through their control APIs and read from Prometheus (`tokwatt_lab::fleet_ab`);
 //! prints the verdict and writes `fleet-ab.json`. Nodes in a power domain have its grants
 //! frozen in the fleet's etcd for the experiment (`--etcd`).
 
@@ -12,17 +12,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 
-use tokwatt::ab::Arm;
-use tokwatt::ab::stats::DEFAULT_ALPHA;
-use tokwatt::api::{ApiClient, SwapRequest};
-use tokwatt::fleet::etcd::EtcdFleet;
-use tokwatt::fleet::{FleetStore, Freeze, FreezeOutcome, FreezeSession, FrozenWrite};
-use tokwatt::fleet_ab::{
+use tokwatt_fleet::etcd::EtcdFleet;
+use tokwatt_fleet::{FleetStore, Freeze, FreezeOutcome, FreezeSession, FrozenWrite};
+use tokwatt_lab::ab::Arm;
+use tokwatt_lab::ab::stats::DEFAULT_ALPHA;
+use tokwatt_lab::fleet_ab::{
     self, ApiAddress, BoxError, DomainReading, Fleet, FleetAbError, FleetAbReport, FleetNode,
     GrantSeen, LoadSource, NodeControl, NodePlace, NodePolicy, NodeState, PowerDomains, Prepared,
     Prometheus, Settings, Swapped,
 };
-use tokwatt::plugin::sanitize_text;
+use tokwatt_plugin::sanitize_text;
+use tokwatt_serve::api::{ApiClient, SwapRequest};
 
 mod etcd_domains;
 use etcd_domains::EtcdDomains;
@@ -275,7 +275,7 @@ pub fn fleet_ab(args: &FleetAbArgs) -> Result<()> {
 
 fn write_report(report: &FleetAbReport, path: &Path) -> Result<()> {
     let json = serde_json::to_string_pretty(report).context("writing fleet-ab.json")?;
-    tokwatt::report::write_atomically(path, &json)
+    tokwatt_report::write_atomically(path, &json)
         .with_context(|| format!("writing {}", path.display()))
 }
 
@@ -388,7 +388,7 @@ fn print_verdict(report: &FleetAbReport, path: &Path) {
         format!(
             "{:.4}, {} intervals: bootstrap [{:.4}, {:.4}], t [{:.4}, {:.4}]",
             v.ratio_b_over_a,
-            tokwatt::ab::confidence_percent(v.confidence),
+            tokwatt_lab::ab::confidence_percent(v.confidence),
             v.ci_low,
             v.ci_high,
             v.t_ci_low,

@@ -11,11 +11,11 @@ pub struct GpusArgs {
 }
 
 pub fn gpus(args: &GpusArgs) -> Result<()> {
-    let reports = tokwatt::nvml::list_gpus()?;
+    let reports = tokwatt_nvml::list_gpus()?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     } else {
-        print!("{}", tokwatt::nvml::GpuTable(&reports));
+        print!("{}", tokwatt_nvml::GpuTable(&reports));
     }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! `tokwatt`: the node agent's command line. This file only parses and dispatches; each
 //! subcommand has a module of its own, and runs are assembled by the library
-//! (`tokwatt::assembly`), so every command and test builds them the same way.
+//! (`tokwatt_agent::assembly`), so every command and test builds them the same way.
 
 mod ab;
 mod ab_studies;

@@ -3,8 +3,8 @@
 
 use anyhow::Result;
 use clap::Args;
-use tokwatt::guard::GuardConfig;
-use tokwatt::rules::NodeRules;
+use tokwatt_policy::guard::GuardConfig;
+use tokwatt_policy::rules::NodeRules;
 
 #[derive(Debug, Clone, Args)]
 pub struct NodeRulesArgs {
@@ -23,7 +23,7 @@ pub struct NodeRulesArgs {
     ttft_p99_limit_ms: Option<f64>,
     /// The largest power cap raise per tick and GPU, W (cuts are never slowed; the spec may only set a smaller
     /// one).
-    #[arg(long, value_name = "W", default_value_t = tokwatt::rules::DEFAULT_MAX_POWER_CAP_RAISE_W)]
+    #[arg(long, value_name = "W", default_value_t = tokwatt_policy::rules::DEFAULT_MAX_POWER_CAP_RAISE_W)]
     max_power_cap_raise_w: f64,
     /// Count objective violations but never take over from the policy.
     #[arg(long)]
@@ -72,13 +72,13 @@ impl NodeRulesArgs {
             anyhow::anyhow!("{}: fix the --guard-{} flag", e, e.key.replace('_', "-"))
         })?;
         let rules = NodeRules {
-            objective: tokwatt::types::Objective {
+            objective: tokwatt_core::types::Objective {
                 tpot_p99_limit_ms: self.tpot_p99_limit_ms,
                 min_tokens_per_s: self.min_tokens_per_s,
                 queue_wait_p99_limit_ms: self.queue_wait_p99_limit_ms,
                 ttft_p99_limit_ms: self.ttft_p99_limit_ms,
             },
-            guardrails: tokwatt::envelope::Guardrails {
+            guardrails: tokwatt_policy::envelope::Guardrails {
                 max_power_cap_raise_w: Some(self.max_power_cap_raise_w),
                 ..defaults.guardrails
             },

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use tokwatt::api::{ActionOutcome, SwapRequest};
-use tokwatt::plugin::sanitize_text;
-use tokwatt::spec::{PolicySpec, SpecError};
+use tokwatt_plugin::sanitize_text;
+use tokwatt_policy::spec::{PolicySpec, SpecError};
+use tokwatt_serve::api::{ActionOutcome, SwapRequest};
 
 use crate::status::ConnectionArgs;
 

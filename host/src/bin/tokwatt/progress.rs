@@ -7,8 +7,8 @@ use std::io::IsTerminal as _;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tokwatt::ab::{AbOutcome, AbProgress, AbSummary, Decision, confidence_percent};
-use tokwatt::eval::EvalProgress;
+use tokwatt_lab::ab::{AbOutcome, AbProgress, AbSummary, Decision, confidence_percent};
+use tokwatt_lab::eval::EvalProgress;
 
 /// How often the bar redraws on its own, so that the elapsed time moves during an epoch
 /// that takes minutes.

@@ -1,13 +1,13 @@
 //! `tokwatt replay RUN_DIR --policy SPEC`: a recorded run's observations fed to a policy,
-//! its decisions printed beside the run's (`tokwatt::replay`).
+//! its decisions printed beside the run's (`tokwatt_lab::replay`).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
 use crate::plugin_places::PluginPlaces;
-use tokwatt::replay::{self, ReplayRequest, TickRange};
-use tokwatt::spec::PolicySpec;
+use tokwatt_lab::replay::{self, ReplayRequest, TickRange};
+use tokwatt_policy::spec::PolicySpec;
 
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {

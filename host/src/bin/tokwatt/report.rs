@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use tokwatt::report;
+use tokwatt_report as report;
 
 #[derive(Debug, clap::Args)]
 #[command(
@@ -46,7 +46,7 @@ pub fn report(args: &ReportArgs) -> Result<()> {
                 "--baseline compares runs: give two or more folders (`tokwatt report A B --baseline A`)"
             );
         }
-        let html = report::run_report(run_dir)?;
+        let html = tokwatt_agent::run_report::run_report(run_dir)?;
         let path = args
             .out
             .clone()

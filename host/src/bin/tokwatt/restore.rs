@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 
-use tokwatt::actuator::Actuator;
-use tokwatt::assembly::{self, SimTarget};
-use tokwatt::nvml::NvmlSystem;
-use tokwatt::restore::{StateFile, restore_all};
+use tokwatt_agent::assembly::{self, SimTarget};
+use tokwatt_agent::restore::{StateFile, restore_all};
+use tokwatt_core::actuator::Actuator;
+use tokwatt_nvml::NvmlSystem;
 
 #[derive(Debug, clap::Args)]
 pub struct RestoreArgs {

@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use tokwatt::agent::{self, AgentError, RunRequest, RunSummary};
-use tokwatt::assembly;
-use tokwatt::control::Progress;
-use tokwatt::prometheus;
-use tokwatt::recorder::{OutputBounds, Rotation};
+use tokwatt_agent::assembly;
+use tokwatt_agent::control::Progress;
+use tokwatt_agent::recorder::{OutputBounds, Rotation};
+use tokwatt_agent::{self as agent, AgentError, RunRequest, RunSummary};
+use tokwatt_engines::prometheus;
 
-use tokwatt::spec::PolicySpec;
+use tokwatt_policy::spec::PolicySpec;
 
 use crate::plugin_places::PluginPlaces;
 use crate::target::TargetArgs;
@@ -178,7 +178,7 @@ pub fn fresh_out_dir(base: &Path, policy: &str) -> PathBuf {
     let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
         .to_string()
         .replace(':', "-");
-    let safe = tokwatt::report::file_name_safe(policy);
+    let safe = tokwatt_report::file_name_safe(policy);
     let first = base.join(format!("{safe}-{stamp}"));
     if !first.exists() {
         return first;
@@ -302,10 +302,11 @@ fn print_summary(s: &RunSummary, out: &Path, args: &RunArgs) {
         row(&key, value);
     }
     // The report is left out where it failed to render (the run logged why).
-    let report = out.join(tokwatt::report::RUN_REPORT_FILE).exists();
-    let rotated = tokwatt::recorder::observation_files(out).map_or(0, |files| files.len() - 1);
+    let report = out.join(tokwatt_report::RUN_REPORT_FILE).exists();
+    let rotated =
+        tokwatt_agent::recorder::observation_files(out).map_or(0, |files| files.len() - 1);
     // The oldest tick kept: past 0 where the bound rotated the oldest ticks away.
-    let first_kept = tokwatt::recorder::ObservationReader::open(out)
+    let first_kept = tokwatt_agent::recorder::ObservationReader::open(out)
         .ok()
         .and_then(|mut lines| lines.next())
         .and_then(Result::ok)

@@ -5,8 +5,8 @@
 //! GPU stays in `trace.csv` and `summary.json`. (Issue 43: 64 simulated GPUs made progress
 //! lines of 1,247 characters.)
 
-use tokwatt::control::LoopTotals;
-use tokwatt::types::{InForce, Observation};
+use tokwatt_agent::control::LoopTotals;
+use tokwatt_core::types::{InForce, Observation};
 
 /// GPUs whose settings a progress line lists one by one.
 pub const LISTED_GPUS: usize = 3;
@@ -176,7 +176,7 @@ pub fn summary_gpu_rows(totals: &LoopTotals, engine_batch: bool) -> Vec<(String,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokwatt::control::GpuTotals;
+    use tokwatt_agent::control::GpuTotals;
 
     /// A node of `gpus` GPUs after a while: GPU i at a cap of 450 + 4·i W, batch 64, and
     /// tokens per joule rising with i.

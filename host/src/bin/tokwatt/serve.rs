@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use tokwatt::api::{self, ApiConfig, ApiServer};
-use tokwatt::serve::{self, ServeConfig};
+use tokwatt_serve::api::{self, ApiConfig, ApiServer};
+use tokwatt_serve::serve::{self, ServeConfig};
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use tokwatt::sim::{DriverState, SimDriver};
+use tokwatt_sim::{DriverState, SimDriver};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum SimDriverCommand {

@@ -5,8 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-use tokwatt::api::{self, ApiClient, FleetStatus, GpuStatus, Holding, NodeStatus, NodeTotals};
-use tokwatt::plugin::sanitize_text;
+use tokwatt_plugin::sanitize_text;
+use tokwatt_serve::api::{
+    self, ApiClient, FleetStatus, GpuStatus, Holding, NodeStatus, NodeTotals,
+};
 
 /// Where the agent's control API is.
 #[derive(Debug, Clone, clap::Args)]
@@ -222,7 +224,7 @@ fn render(status: &NodeStatus) -> String {
 /// One GPU's line. A serving engine's batch size is its own: tokwatt neither knows nor
 /// sets it, so it shows as n/a.
 fn gpu_row(gpu: &GpuStatus, workload: &str) -> String {
-    let batch = if workload == tokwatt::prometheus::WORKLOAD_NAME {
+    let batch = if workload == tokwatt_engines::prometheus::WORKLOAD_NAME {
         "n/a".to_owned()
     } else {
         gpu.in_force.batch_size.to_string()
@@ -306,7 +308,7 @@ fn fleet_lines(fleet: &FleetStatus, caps_in_force_w: f64) -> Vec<String> {
 }
 
 /// The objective in force, in words.
-fn objective_words(objective: &tokwatt::types::Objective) -> String {
+fn objective_words(objective: &tokwatt_core::types::Objective) -> String {
     let mut parts = Vec::new();
     if let Some(ms) = objective.tpot_p99_limit_ms {
         parts.push(format!("TPOT p99 <= {ms} ms"));
@@ -334,7 +336,7 @@ mod tests {
     #[test]
     fn a_serving_engines_batch_shows_as_not_known() {
         let gpu = GpuStatus::default();
-        let engine = gpu_row(&gpu, tokwatt::prometheus::WORKLOAD_NAME);
+        let engine = gpu_row(&gpu, tokwatt_engines::prometheus::WORKLOAD_NAME);
         let own = gpu_row(&gpu, "cuda-decode");
         assert!(engine.contains("n/a"), "{engine}");
         assert!(!own.contains("n/a"), "{own}");

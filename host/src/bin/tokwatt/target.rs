@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use tokwatt::assembly::{BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource};
-use tokwatt::prometheus::Engine;
-use tokwatt::types::Objective;
+use tokwatt_agent::assembly::{BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource};
+use tokwatt_core::types::Objective;
+use tokwatt_engines::prometheus::Engine;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum WorkloadKind {
@@ -125,7 +125,7 @@ impl TargetArgs {
         // deployment may lack the preset's, and nothing else needs it.
         let request_metrics =
             if objective.ttft_p99_limit_ms.is_some() || self.ttft_histogram.is_some() {
-                tokwatt::prometheus::request_metrics(
+                tokwatt_engines::prometheus::request_metrics(
                     self.engine,
                     self.ttft_histogram.clone(),
                     self.prompt_counter.clone(),

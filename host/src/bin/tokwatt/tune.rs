@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use tokwatt::ab::Schedule;
-use tokwatt::ab::stats::{Compliance, DEFAULT_ALPHA};
-use tokwatt::ab::tune::{self, ParamRange, TuneOutcome, TuneProgress, TuneRequest, format_params};
-use tokwatt::assembly::SimTarget;
-use tokwatt::spec::PolicySpec;
+use tokwatt_agent::assembly::SimTarget;
+use tokwatt_lab::ab::Schedule;
+use tokwatt_lab::ab::stats::{Compliance, DEFAULT_ALPHA};
+use tokwatt_lab::ab::tune::{
+    self, ParamRange, TuneOutcome, TuneProgress, TuneRequest, format_params,
+};
+use tokwatt_policy::spec::PolicySpec;
 
 use crate::plugin_places::PluginPlaces;
 use crate::progress::RoundBar;
@@ -293,7 +295,7 @@ fn print_outcome(outcome: &TuneOutcome, out_dir: &Path, tuned: Option<&Path>) {
         e.ratio_b_over_a,
         e.ci_low,
         e.ci_high,
-        tokwatt::ab::confidence_percent(e.confidence),
+        tokwatt_lab::ab::confidence_percent(e.confidence),
         e.pairs,
         tune::decision_text(e.decision),
         e.decision.code(),

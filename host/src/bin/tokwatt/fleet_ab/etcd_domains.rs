@@ -26,7 +26,7 @@ struct HeldFreeze {
 
 impl EtcdDomains {
     pub(super) fn new(store: EtcdFleet) -> Self {
-        let host = tokwatt::fleet::budget::host_name();
+        let host = tokwatt_fleet::budget::host_name();
         Self {
             store: Arc::new(store),
             by: format!(

@@ -7,13 +7,13 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 
-use tokwatt::agent;
-use tokwatt::assembly::{self, BackendRequest, SimTarget, Target};
-use tokwatt::envelope::{Envelope, Guardrails};
-use tokwatt::plugin::SandboxLimits;
-use tokwatt::plugin::inspect::{self, CallOutcome, Inspection, TrialInputs};
-use tokwatt::policy::InitArgs;
-use tokwatt::types::{Knobs, Objective};
+use tokwatt_agent as agent;
+use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
+use tokwatt_core::types::{Knobs, Objective};
+use tokwatt_plugin::SandboxLimits;
+use tokwatt_plugin::inspect::{self, CallOutcome, Inspection, TrialInputs};
+use tokwatt_policy::envelope::{Envelope, Guardrails};
+use tokwatt_policy::supervisor::InitArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
@@ -60,7 +60,7 @@ struct CheckReport<'a> {
 }
 
 pub fn check(args: &CheckArgs) -> Result<()> {
-    let host = tokwatt::agent::plugin_host(args.cache_dir.clone())?;
+    let host = tokwatt_agent::plugin_host(args.cache_dir.clone())?;
     let inspection = inspect::inspect(&host, &args.file);
     let calls = if inspection.passed() {
         let inputs = trial_inputs(args)?;

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 
-use tokwatt::plugin::inspect;
-use tokwatt::plugin::{ComponentCache, HostConfig, PluginHost};
+use tokwatt_plugin::inspect;
+use tokwatt_plugin::{ComponentCache, HostConfig, PluginHost};
 
 #[derive(Debug, clap::Args)]
 pub struct CompileArgs {

@@ -1,6 +1,6 @@
 //! `tokwatt plugin test FILE.wasm|SPEC`: a plugin on one judging scenario of the
 //! simulator, beside the shipped `default` policy and the oracle, through the judge
-//! (`tokwatt::eval::evaluate`), so the figures are the ones `tokwatt eval` would give.
+//! (`tokwatt_lab::eval::evaluate`), so the figures are the ones `tokwatt eval` would give.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 
 use crate::plugin_places::PluginPlaces;
-use tokwatt::eval::{self, EvalRequest, EvalResults, EvalScenario};
+use tokwatt_lab::eval::{self, EvalRequest, EvalResults, EvalScenario};
 
 /// The judging scenario used when none is given: one H200, a latency objective, three
 /// demand phases.
@@ -259,7 +259,7 @@ fn could_not_start(entry: &eval::EvalEntry) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokwatt::eval::PhaseOracle;
+    use tokwatt_lab::eval::PhaseOracle;
 
     fn phase(start_s: f64, end_s: f64, violation: f64) -> PhaseOracle {
         PhaseOracle {
@@ -303,7 +303,7 @@ mod tests {
         let wasm = dir.path().join("my_policy.wasm");
         std::fs::write(&wasm, b"\0asm").expect("write");
         let path = minimal_spec(&wasm, dir.path()).expect("spec written");
-        let spec = tokwatt::spec::PolicySpec::load(&path).expect("the spec loads");
+        let spec = tokwatt_policy::spec::PolicySpec::load(&path).expect("the spec loads");
         assert_eq!(spec.name, "my_policy");
         assert_eq!(spec.tick_ms, 1000);
         assert!(spec.knobs.power_cap && spec.knobs.sm_clock && spec.knobs.batch_size);
