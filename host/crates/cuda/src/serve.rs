@@ -341,6 +341,17 @@ impl PowerEstimate {
         }
     }
 
+    /// Reads the counter until the readings span [`Self::MIN_SPAN_S`] (at most
+    /// [`Self::SPAN_S`]: an unreadable counter is then a counted gap, not a hang), so that
+    /// the first step served has its energy.
+    fn prime(&mut self, now_s: impl Fn() -> f64) {
+        let start = now_s();
+        while self.watts().is_none() && now_s() - start < Self::SPAN_S {
+            self.update(now_s());
+            std::thread::sleep(std::time::Duration::from_secs_f64(Self::PERIOD_S / 4.0));
+        }
+    }
+
     /// `None` until the readings span [`Self::MIN_SPAN_S`].
     fn watts(&self) -> Option<f64> {
         let (&(t0, j0), &(t1, j1)) = (self.samples.front()?, self.samples.back()?);
@@ -410,8 +421,15 @@ fn serve_thread(
         return;
     }
     let vocab = config.model.vocab;
-    let started = Instant::now();
+    // The estimate keeps its own origin and is read while idle too, so the first step
+    // after a start or an idle spell already has the last second of readings.
+    let power_origin = Instant::now();
+    let power_now = || power_origin.elapsed().as_secs_f64();
     let mut power = config.energy.take().map(PowerEstimate::new);
+    if let Some(power) = power.as_mut() {
+        power.prime(power_now);
+    }
+    let started = Instant::now();
     let mut asked_until = 0.0;
     while !shared.stop.load(Ordering::Relaxed) {
         let now = started.elapsed().as_secs_f64();
@@ -426,6 +444,9 @@ fn serve_thread(
             scheduler.plan(now)
         };
         if plan.is_empty() {
+            if let Some(power) = power.as_mut() {
+                power.update(power_now());
+            }
             std::thread::sleep(IDLE_SLEEP);
             continue;
         }
@@ -436,7 +457,7 @@ fn serve_thread(
         }
         let end = started.elapsed().as_secs_f64();
         let step_j = power.as_mut().and_then(|p| {
-            p.update(end);
+            p.update(power_now());
             p.watts().map(|w| w * (end - now))
         });
         if power.is_some() && step_j.is_none() {
@@ -529,5 +550,33 @@ mod power_tests {
         assert!((power.watts().unwrap() - 200.0).abs() < 1e-9);
         power.update(1.5);
         assert_eq!(power.watts(), None, "a reset leaves one reading");
+    }
+
+    /// A clock that moves `step_s` each time it is read.
+    fn stepping_clock(step_s: f64) -> impl Fn() -> f64 {
+        let now = std::cell::Cell::new(0.0);
+        move || {
+            let t = now.get();
+            now.set(t + step_s);
+            t
+        }
+    }
+
+    #[test]
+    fn priming_gives_the_first_step_its_power() {
+        let readings = (0..100)
+            .map(|i| Some(400.0 * 0.05 * f64::from(i)))
+            .collect();
+        let mut power = PowerEstimate::new(counter(readings));
+        power.prime(stepping_clock(0.05));
+        let watts = power.watts().expect("primed");
+        assert!(watts > 0.0, "{watts}");
+    }
+
+    #[test]
+    fn priming_an_unreadable_counter_gives_up_and_leaves_no_power() {
+        let mut power = PowerEstimate::new(Box::new(|| None));
+        power.prime(stepping_clock(0.05));
+        assert_eq!(power.watts(), None);
     }
 }
