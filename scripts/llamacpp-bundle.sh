@@ -3,7 +3,7 @@
 # travels to the GPU machine (which has no network):
 #
 #   scripts/llamacpp-bundle.sh [DIR]     # default DIR: dist-llamacpp/ (git-ignored)
-#   (copy DIR, and dist/ from scripts/gpu-bundle.sh for the tokwatt binary, to the GPU machine)
+#   (copy DIR to the GPU machine: it carries tokwatt itself, see below)
 #   DIR/llamacpp-check.sh OUT            # there: CUDA build, model, server, load, tokwatt
 #
 # The engine's source is the llama.cpp tree that the `llama-cpp-python` source package
@@ -11,7 +11,9 @@
 # packed without the folders neither the server nor gguf-py need (models/ docs/ tests/
 # benches/ media/ examples/: about 10.5 MB compressed); the vocab-only
 # models/ggml-vocab-llama-bpe.gguf travels beside it, for the random-weight model's
-# tokenizer. The test's CPU server (scripts/llamacpp/build-cpu.sh) is built from the same
+# tokenizer. The release `tokwatt` travels gzipped (tokwatt.gz, ~10 MB instead of 32: the
+# device call carries at most 64 MiB with the checkout) with the two specs the check runs
+# and their plugins beside them (specs/), so DIR alone is enough. The test's CPU server (scripts/llamacpp/build-cpu.sh) is built from the same
 # folder.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -45,6 +47,14 @@ tar czf "$dist/llama.cpp-src.tgz" -C "$tree/.." \
   llama.cpp
 echo "llama-cpp-python $version" > "$dist/SOURCE"
 cp "$root"/scripts/llamacpp/{make_model.py,loadgen.py,llamacpp-check.sh,build-server.sh} "$dist/"
+(cd "$root" && cargo build --release -p tokwatt)
+strip -o "$download/tokwatt" "$root/target/release/tokwatt"
+gzip -9 -c "$download/tokwatt" > "$dist/tokwatt.gz"
+mkdir -p "$dist/specs"
+for spec in static cap-and-batch; do
+  cp "$root/policies/$spec.toml" "$dist/specs/"
+  cp "$root/target/plugins/wasm32-wasip2/plugin/policy_${spec//-/_}.wasm" "$dist/specs/"
+done
 chmod +x "$dist"/*.sh
 du -sh "$dist"/* | sed 's/^/  /'
 echo "bundle in $dist: run $dist/llamacpp-check.sh OUT on the GPU machine"

@@ -33,6 +33,10 @@ prompt="${PROMPT:-512}"; predict="${PREDICT:-256}"; port="${PORT:-18080}"
 build="${BUILD:-cuda}"; shape="${SHAPE:-llama-3-8b}"
 read -r -a run_on <<< "${RUN_ON:---gpu 0 --dry-run}"
 tokwatt="${TOKWATT:-}"
+# The bundle carries tokwatt gzipped (scripts/llamacpp-bundle.sh).
+if [[ -z "$tokwatt" && -f "$here/tokwatt.gz" && ! -x "$here/tokwatt" ]]; then
+  gunzip -c "$here/tokwatt.gz" > "$here/tokwatt" && chmod +x "$here/tokwatt"
+fi
 for candidate in "$here/tokwatt" "$here/../dist/tokwatt"; do
   [[ -z "$tokwatt" && -x "$candidate" ]] && tokwatt="$candidate"
 done
