@@ -44,7 +44,8 @@ pub struct CudaServeConfig {
     pub slots: u32,
     /// Sequences admitted at first (the batch size knob).
     pub running_limit: u32,
-    /// Tokens one step may process.
+    /// Tokens one step may process at first, and the most the token budget knob may
+    /// raise it to.
     pub max_batched_tokens: u32,
     pub queue_max: u32,
     pub device: u32,
@@ -76,6 +77,8 @@ impl std::fmt::Debug for CudaServeConfig {
 struct Shared {
     scheduler: Mutex<Scheduler>,
     requested_limit: AtomicU32,
+    /// The token budget per step the loop asked for, taken up before the next plan.
+    requested_budget: AtomicU32,
     stop: AtomicBool,
     failure: Mutex<Option<String>>,
     finished: Mutex<Vec<RequestRecord>>,
@@ -92,6 +95,8 @@ struct Shared {
 pub struct CudaServe {
     gpu_index: u32,
     slots: u32,
+    /// The most tokens a step may process: the budget it started with.
+    budget_max: u32,
     gpu_name: String,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
@@ -110,8 +115,10 @@ impl CudaServe {
         };
         let scheduler = Scheduler::new(limits, config.running_limit)
             .map_err(|e| CudaError::Config(e.to_string()))?;
+        let budget_max = scheduler.limits().max_batched_tokens;
         let shared = Arc::new(Shared {
             requested_limit: AtomicU32::new(scheduler.running_limit()),
+            requested_budget: AtomicU32::new(scheduler.token_budget()),
             scheduler: Mutex::new(scheduler),
             stop: AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -134,6 +141,7 @@ impl CudaServe {
             Ok(Ok((gpu_name, slots))) => Ok(CudaServe {
                 gpu_index,
                 slots,
+                budget_max,
                 gpu_name,
                 shared,
                 thread: Some(thread),
@@ -258,6 +266,33 @@ impl Workload for CudaServe {
         }
         self.check_running()?;
         self.shared.requested_limit.store(batch, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// 1 to the budget it started with: the engine grows its prompt buffers to a step's
+    /// rows on first use, and the start's budget is what its memory was planned for.
+    fn token_budget_range(&self, gpu: u32) -> Option<(u32, u32)> {
+        (gpu == self.gpu_index).then_some((1, self.budget_max))
+    }
+
+    fn token_budget(&self, gpu: u32) -> Option<u32> {
+        (gpu == self.gpu_index).then(|| self.shared.requested_budget.load(Ordering::Relaxed))
+    }
+
+    /// Taken up before the next step is planned: its prompt chunks fit the new budget (a
+    /// step under way finishes as planned).
+    fn set_token_budget(&mut self, gpu: u32, tokens: u32) -> Result<(), WorkloadError> {
+        self.check_gpu(gpu)?;
+        tokwatt_core::workload::check_token_budget(
+            self.name(),
+            gpu,
+            self.token_budget_range(gpu),
+            tokens,
+        )?;
+        self.check_running()?;
+        self.shared
+            .requested_budget
+            .store(tokens, Ordering::Relaxed);
         Ok(())
     }
 
@@ -438,6 +473,7 @@ fn serve_thread(
         let plan = {
             let mut scheduler = shared.scheduler.lock().unwrap_or_else(|p| p.into_inner());
             scheduler.set_running_limit(shared.requested_limit.load(Ordering::Relaxed));
+            scheduler.set_token_budget(shared.requested_budget.load(Ordering::Relaxed));
             for request in arrivals {
                 scheduler.arrive(request);
             }

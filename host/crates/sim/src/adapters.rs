@@ -263,6 +263,29 @@ impl Workload for SimWorkload {
         }
     }
 
+    /// A scenario with prompts has one: 1 to its `max_batched_tokens`; a decode-only
+    /// one has none.
+    fn token_budget_range(&self, gpu: u32) -> Option<(u32, u32)> {
+        self.sim.lock().gpu(gpu)?.token_budget_range()
+    }
+
+    fn token_budget(&self, gpu: u32) -> Option<u32> {
+        self.sim.lock().gpu(gpu)?.token_budget()
+    }
+
+    /// Kept by the board, not the simulated driver: a serving engine's budget is the
+    /// engine's own (as its batch limit would be), gone with the process.
+    fn set_token_budget(&mut self, gpu: u32, tokens: u32) -> Result<(), WorkloadError> {
+        let mut state = self.sim.lock();
+        let count = state.count();
+        let board = state
+            .gpu(gpu)
+            .ok_or(WorkloadError::NoSuchGpu { index: gpu, count })?;
+        tokwatt_core::workload::check_token_budget("sim", gpu, board.token_budget_range(), tokens)?;
+        board.set_token_budget(tokens);
+        Ok(())
+    }
+
     fn read_window(&mut self, gpu: u32) -> Result<WorkloadWindow, WorkloadError> {
         let mut state = self.sim.lock();
         let count = state.count();

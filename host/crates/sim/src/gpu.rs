@@ -697,6 +697,21 @@ impl GpuSim {
         self.batch = batch;
     }
 
+    /// The token budget per step's range; `None` for a decode-only scenario.
+    pub(super) fn token_budget_range(&self) -> Option<(u32, u32)> {
+        self.server.budget_range()
+    }
+
+    /// The token budget per step in force; `None` for a decode-only scenario.
+    pub(super) fn token_budget(&self) -> Option<u32> {
+        self.server.has_prompts().then(|| self.server.budget())
+    }
+
+    /// Takes effect from the next step: the next substep's prompt chunks fit it.
+    pub(super) fn set_token_budget(&mut self, tokens: u32) {
+        self.server.set_budget(tokens);
+    }
+
     pub(super) fn settings(&self) -> GpuSettings {
         GpuSettings {
             power_cap_w: self.cap_w,

@@ -114,6 +114,73 @@ fn prompt_chunks_slow_the_decode_steps_they_share_and_a_smaller_budget_trades_tt
 }
 
 #[test]
+fn the_token_budget_knob_moves_the_budget_between_steps_and_ttft_follows() {
+    // The same prompt-heavy load as above, on one board whose budget is cut from the
+    // scenario's 8192 to 512 a minute in: the prompt tokens each step serves follow the
+    // budget from then on, and prompts take more steps, so their first tokens come later.
+    let (sim, clock) = sim(
+        h200(),
+        with_prompts("4096", "256", 10.0, "max_batched_tokens = 8192"),
+        9,
+    );
+    let mut workload = sim.workload();
+    assert_eq!(workload.token_budget_range(0), Some((1, 8192)));
+    assert_eq!(workload.token_budget(0), Some(8192));
+    let before = window(&sim, &clock, 20.0, 80.0);
+    workload.set_token_budget(0, 512).unwrap();
+    assert_eq!(workload.token_budget(0), Some(512));
+    let after = window(&sim, &clock, 100.0, 160.0);
+    let per_step =
+        |w: &WorkloadWindow| w.requests.unwrap().prefill_tokens as f64 / w.steps.max(1) as f64;
+    assert!(per_step(&before) > 512.0, "{} a step", per_step(&before));
+    assert!(per_step(&after) <= 512.0, "{} a step", per_step(&after));
+    let ttft = |w: &WorkloadWindow| w.requests.unwrap().ttft_p99_ms.unwrap();
+    assert!(
+        ttft(&after) > ttft(&before),
+        "TTFT p99 {} ms at 512 against {} ms at 8192",
+        ttft(&after),
+        ttft(&before)
+    );
+    // Out of range or on another board: refused by type, nothing changed.
+    assert!(matches!(
+        workload.set_token_budget(0, 8193),
+        Err(WorkloadError::TokenBudgetOutOfRange {
+            requested: 8193,
+            min: 1,
+            max: 8192
+        })
+    ));
+    assert!(matches!(
+        workload.set_token_budget(0, 0),
+        Err(WorkloadError::TokenBudgetOutOfRange { .. })
+    ));
+    assert!(matches!(
+        workload.set_token_budget(3, 512),
+        Err(WorkloadError::NoSuchGpu { index: 3, .. })
+    ));
+    assert_eq!(workload.token_budget(0), Some(512));
+}
+
+#[test]
+fn a_decode_only_scenario_has_no_token_budget_to_turn() {
+    let (sim, _clock) = sim(h200(), Scenario::built_in().unwrap(), 3);
+    let mut workload = sim.workload();
+    assert_eq!(workload.token_budget_range(0), None);
+    assert_eq!(workload.token_budget(0), None);
+    let refused = workload.set_token_budget(0, 512).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            WorkloadError::NoTokenBudget {
+                workload: "sim",
+                gpu: 0
+            }
+        ),
+        "{refused}"
+    );
+}
+
+#[test]
 fn contexts_grow_as_sequences_decode() {
     // 64 sequences of short prompts and long outputs, started together: their KV caches
     // grow a position a step, and attention reads all of it, so the decode step slows.

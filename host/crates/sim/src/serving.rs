@@ -3,8 +3,9 @@
 //! until their output is done.
 //!
 //! Each step processes every decoding sequence's next token, then as many prompt tokens as
-//! the step's token budget (`max_batched_tokens`) leaves, oldest prompt first: vLLM's and
-//! SGLang's chunked prefill. The last prompt token's step gives the request its first
+//! the step's token budget leaves, oldest prompt first: vLLM's and SGLang's chunked
+//! prefill. The budget starts at the scenario's `max_batched_tokens`, the most it may be;
+//! the token budget knob ([`Server::set_budget`]) moves it between steps. The last prompt token's step gives the request its first
 //! token (time to first token: arrival to then). A decoding sequence's KV cache grows a
 //! position a step; when the cache is full, the latest arrival among the decoding
 //! sequences is preempted (its cache dropped, its prompt and output so far prefilled again
@@ -113,8 +114,10 @@ pub(super) struct ServerWindow {
 
 #[derive(Debug)]
 pub(super) struct Server {
-    /// Tokens one step may process.
+    /// Tokens one step may process: 1 to `budget_max`.
     budget: u32,
+    /// The scenario's `max_batched_tokens`: what the engine was sized for.
+    budget_max: u32,
     /// 1 when contexts grow as sequences decode; 0 for a decode-only scenario.
     growth: f64,
     /// The fixed context of a decode-only scenario.
@@ -160,6 +163,7 @@ impl Server {
         let with_prompts = scenario.requests.is_some();
         Self {
             budget: scenario.max_batched_tokens,
+            budget_max: scenario.max_batched_tokens,
             growth: if with_prompts { 1.0 } else { 0.0 },
             fixed_context: f64::from(scenario.context_tokens),
             kv_capacity: with_prompts.then_some(kv_capacity_tokens),
@@ -188,6 +192,23 @@ impl Server {
     /// Whether requests bring prompts to prefill.
     pub(super) fn has_prompts(&self) -> bool {
         self.kv_capacity.is_some()
+    }
+
+    /// The token budget's range, where requests bring prompts: 1 to the scenario's
+    /// `max_batched_tokens`. A decode-only scenario has no budget to move (its steps
+    /// are its decoding sequences, whatever the budget).
+    pub(super) fn budget_range(&self) -> Option<(u32, u32)> {
+        self.has_prompts().then_some((1, self.budget_max))
+    }
+
+    pub(super) fn budget(&self) -> u32 {
+        self.budget
+    }
+
+    /// The token budget from the next step on (the caller checked it against
+    /// [`Server::budget_range`]; held within it all the same).
+    pub(super) fn set_budget(&mut self, tokens: u32) {
+        self.budget = tokens.clamp(1, self.budget_max);
     }
 
     pub(super) fn decode_steps(&self) -> f64 {

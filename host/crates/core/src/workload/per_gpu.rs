@@ -67,6 +67,21 @@ impl Workload for PerGpu {
         source.set_batch_size(*inner, batch)
     }
 
+    fn token_budget_range(&self, gpu: u32) -> Option<(u32, u32)> {
+        let (source, inner) = self.source(gpu).ok()?;
+        source.token_budget_range(*inner)
+    }
+
+    fn token_budget(&self, gpu: u32) -> Option<u32> {
+        let (source, inner) = self.source(gpu).ok()?;
+        source.token_budget(*inner)
+    }
+
+    fn set_token_budget(&mut self, gpu: u32, tokens: u32) -> Result<(), WorkloadError> {
+        let (source, inner) = self.source_mut(gpu)?;
+        source.set_token_budget(*inner, tokens)
+    }
+
     fn read_window(&mut self, gpu: u32) -> Result<WorkloadWindow, WorkloadError> {
         let (source, inner) = self.source_mut(gpu)?;
         source.read_window(*inner)
@@ -174,5 +189,20 @@ mod tests {
             node.read_window(2),
             Err(WorkloadError::NoSuchGpu { index: 2, count: 2 })
         ));
+        // A source without a token budget says so by its type, named.
+        assert_eq!(node.token_budget_range(1), None);
+        assert_eq!(node.token_budget(1), None);
+        let refused = node.set_token_budget(1, 512).expect_err("no budget");
+        assert!(
+            matches!(
+                refused,
+                WorkloadError::NoTokenBudget {
+                    workload: "fixed",
+                    gpu: 3
+                }
+            ),
+            "{refused}"
+        );
+        assert!(refused.to_string().contains("decodes only"), "{refused}");
     }
 }

@@ -25,7 +25,8 @@ pub struct ServingLimits {
     pub slots: u32,
     /// KV positions per slot: a request's prompt plus output, less one, must fit.
     pub context: u32,
-    /// Tokens one step may process (decoding sequences' tokens, then prompt chunks).
+    /// Tokens one step may process (decoding sequences' tokens, then prompt chunks): the
+    /// budget at the start, and the most [`Scheduler::set_token_budget`] may raise it to.
     pub max_batched_tokens: u32,
     /// Waiting requests beyond this are turned away.
     pub queue_max: u32,
@@ -138,6 +139,8 @@ struct Window {
 pub struct Scheduler {
     limits: ServingLimits,
     running_limit: u32,
+    /// Tokens one step may process now: 1 to `limits.max_batched_tokens`.
+    token_budget: u32,
     queue: VecDeque<Request>,
     /// Indexed by slot.
     slots: Vec<Option<Sequence>>,
@@ -170,6 +173,7 @@ impl Scheduler {
         Ok(Scheduler {
             limits,
             running_limit: running_limit.clamp(1, limits.slots),
+            token_budget: limits.max_batched_tokens,
             queue: VecDeque::new(),
             slots: vec![None; limits.slots as usize],
             free: (0..limits.slots).rev().collect(),
@@ -192,6 +196,16 @@ impl Scheduler {
 
     pub fn running_limit(&self) -> u32 {
         self.running_limit
+    }
+
+    /// The token budget per step (the token budget knob), from the next plan on: 1 to
+    /// [`ServingLimits::max_batched_tokens`], what the engine was sized for.
+    pub fn set_token_budget(&mut self, tokens: u32) {
+        self.token_budget = tokens.clamp(1, self.limits.max_batched_tokens);
+    }
+
+    pub fn token_budget(&self) -> u32 {
+        self.token_budget
     }
 
     /// Sequences holding a slot.
@@ -264,10 +278,7 @@ impl Scheduler {
                 });
             }
         }
-        let mut budget = self
-            .limits
-            .max_batched_tokens
-            .saturating_sub(plan.decodes.len() as u32);
+        let mut budget = self.token_budget.saturating_sub(plan.decodes.len() as u32);
         for &slot in &self.admitted {
             if budget == 0 {
                 break;
@@ -483,6 +494,27 @@ mod tests {
             ]
         );
         assert!(third.prompts.is_empty());
+    }
+
+    #[test]
+    fn a_lowered_token_budget_chunks_the_next_steps_finer_within_what_the_engine_holds() {
+        let mut s = Scheduler::new(limits(), 4).unwrap();
+        assert_eq!(s.token_budget(), 100, "the start's budget");
+        s.arrive(request(0.0, 150, 3));
+        s.set_token_budget(40);
+        let first = s.plan(0.0);
+        assert_eq!(first.tokens(), 40);
+        s.complete(&first, 0.01, 0.01, None);
+        // Raised past what the engine was sized for: held at its most.
+        s.set_token_budget(1_000);
+        assert_eq!(s.token_budget(), 100);
+        let second = s.plan(0.01);
+        assert_eq!((second.prompts[0].start, second.prompts[0].len), (40, 100));
+        s.complete(&second, 0.02, 0.01, None);
+        // Never below one token: a step always moves.
+        s.set_token_budget(0);
+        assert_eq!(s.token_budget(), 1);
+        assert_eq!(s.plan(0.02).tokens(), 1);
     }
 
     #[test]

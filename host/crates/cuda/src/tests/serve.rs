@@ -84,6 +84,69 @@ fn requests_are_served_each_with_its_ttft_and_tpot() {
     assert!(serve.set_batch_size(0, 9).is_err());
 }
 
+/// The token budget is a knob between steps: 1 to the budget it started with; a budget
+/// cut to 8 tokens still serves every request (in more, smaller prompt chunks).
+#[test]
+fn the_token_budget_moves_between_steps_within_what_the_engine_started_with() {
+    let _lock = gpu_lock();
+    let config = CudaServeConfig {
+        model: tiny_shape(128, 8, 2),
+        context: 300,
+        slots: 8,
+        running_limit: 6,
+        max_batched_tokens: 64,
+        queue_max: 100,
+        device: 0,
+        gpu_index: 0,
+        engine: EngineOptions::default(),
+        requests: Box::new(Burst {
+            sent: false,
+            at_s: 0.2,
+        }),
+        energy: None,
+    };
+    let mut serve = match CudaServe::new(config) {
+        Ok(serve) => serve,
+        Err(error) if no_cuda(&error) => {
+            tokwatt_test_support::skip_gpu(format_args!("no CUDA driver: {error}"));
+            return;
+        }
+        Err(error) => panic!("{error}"),
+    };
+    assert_eq!(serve.token_budget_range(0), Some((1, 64)));
+    assert_eq!(serve.token_budget(0), Some(64));
+    serve.set_token_budget(0, 8).unwrap();
+    assert_eq!(serve.token_budget(0), Some(8));
+    assert!(matches!(
+        serve.set_token_budget(0, 65),
+        Err(WorkloadError::TokenBudgetOutOfRange { max: 64, .. })
+    ));
+    assert!(serve.set_token_budget(0, 0).is_err());
+    assert!(serve.set_token_budget(1, 8).is_err(), "one GPU only");
+    let mut records = Vec::new();
+    let mut prefilled = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while records.len() < 20 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        prefilled += serve
+            .read_window(0)
+            .unwrap()
+            .requests
+            .unwrap()
+            .prefill_tokens;
+        records.extend(serve.take_finished().0);
+    }
+    prefilled += serve
+        .read_window(0)
+        .unwrap()
+        .requests
+        .unwrap()
+        .prefill_tokens;
+    assert_eq!(records.len(), 20, "not every request finished in time");
+    // Every prompt token prefilled once: 20 prompts of 20 + 7 i tokens.
+    assert_eq!(prefilled, (0..20).map(|i| 20 + 7 * i).sum::<u64>());
+}
+
 /// With an energy counter (here a made-up steady 100 W), each request gets its share of
 /// each step's energy, and the shares add up to no more than the counter over the run.
 #[test]
