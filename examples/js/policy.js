@@ -28,8 +28,8 @@
 //
 // - package.json NAMES @bytecodealliance/preview2-shim: componentize-js 0.23.0 imports it
 //   but lists it only as an optional peer dependency, so `npm ci` may leave it out.
-// - THE IMPORT CARRIES THE PACKAGE VERSION: `tokwatt:policy/host@0.3.0`. Without
-//   `@0.3.0` componentize-js does not match it to the world's import.
+// - THE IMPORT CARRIES THE PACKAGE VERSION: `tokwatt:policy/host@0.4.0`. Without
+//   `@0.4.0` componentize-js does not match it to the world's import.
 // - BUILD WITH `--disable http fetch-event`. By default componentize-js links `fetch`,
 //   which imports `wasi:http`; the sandbox gives a policy no network, so tokwatt refuses
 //   such a component (`tokwatt plugin check` names the import).
@@ -47,7 +47,7 @@
 //   `init` to the last `decide`.
 // - One answer per observation, in order: the host refuses any other number.
 
-import { log } from "tokwatt:policy/host@0.3.0";
+import { log } from "tokwatt:policy/host@0.4.0";
 
 import { batchStep, capToAsk, newGpu, parseParams, restoreGpus, saveGpus, SCHEMA_VERSION } from "./rules.js";
 
@@ -69,12 +69,18 @@ export const guest = {
       powerCapW: gpu.powerCapW,
       smClockMaxMhz: undefined,
       batchSize: steerBatch ? gpu.batchTarget : undefined,
+      tokenBudget: undefined,
     }));
   },
 
   decide(observations) {
     return observations.map((observation, index) => {
-      const settings = { powerCapW: undefined, smClockMaxMhz: undefined, batchSize: undefined };
+      const settings = {
+        powerCapW: undefined,
+        smClockMaxMhz: undefined,
+        batchSize: undefined,
+        tokenBudget: undefined,
+      };
       // The host sends one observation per GPU in init's device order; a mismatch would
       // be a host bug, and leaving that GPU alone is safe.
       const gpu = policy.gpus[index];

@@ -80,6 +80,7 @@ class Guest(exports.Guest):
                 power_cap_w=gpu.power_cap_w,
                 sm_clock_max_mhz=None,
                 batch_size=gpu.batch_target if steer_batch else None,
+                token_budget=None,
             )
             for gpu in gpus
         ]
@@ -87,7 +88,9 @@ class Guest(exports.Guest):
     def decide(self, observations: List[Observation]) -> List[Settings]:
         answers = []
         for index, observation in enumerate(observations):
-            settings = Settings(power_cap_w=None, sm_clock_max_mhz=None, batch_size=None)
+            settings = Settings(
+                power_cap_w=None, sm_clock_max_mhz=None, batch_size=None, token_budget=None
+            )
             # The host sends one observation per GPU in init's device order; a mismatch
             # would be a host bug, and leaving that GPU alone is safe.
             if index < len(_POLICY.gpus):

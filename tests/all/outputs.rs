@@ -75,7 +75,7 @@ fn summary_keys_are_stable() {
         "summary.json's keys changed: update this list, and raise SUMMARY_FORMAT_VERSION where a key was renamed or removed"
     );
     assert_eq!(r.summary["format_version"], 1);
-    assert_eq!(r.summary["output_formats"]["trace_csv"], 2);
+    assert_eq!(r.summary["output_formats"]["trace_csv"], 3);
     assert_eq!(r.summary["output_formats"]["observations_jsonl"], 1);
     assert_eq!(r.summary["output_formats"]["requests_jsonl"], 1);
     assert_eq!(r.summary["gpu_count"], 2);

@@ -49,7 +49,7 @@ fn the_json_report_lists_every_call() {
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
     assert_eq!(report["fine"], true);
     assert_eq!(report["format_version"], 1);
-    assert_eq!(report["inspection"]["contract_version"], "0.3.0");
+    assert_eq!(report["inspection"]["contract_version"], "0.4.0");
     let calls = report["calls"].as_array().expect("calls");
     let functions: Vec<&str> = calls
         .iter()
@@ -71,7 +71,7 @@ fn the_wrong_contract_version_is_named_with_the_one_served() {
     assert_eq!(output.status.code(), Some(1), "{text}");
     assert!(
         text.contains("implements `tokwatt:policy/guest@1.0.0`")
-            && text.contains("serves tokwatt:policy@0.3.* or 0.2.* or 0.1.*"),
+            && text.contains("serves tokwatt:policy@0.4.* or 0.3.* or 0.2.* or 0.1.*"),
         "{text}"
     );
     assert!(text.contains("verdict: NOT FINE"), "{text}");

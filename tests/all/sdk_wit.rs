@@ -148,3 +148,24 @@ fn the_0_2_contract_stays_as_it_shipped() {
          Change wit/policy.wit (the current line) instead"
     );
 }
+
+/// The 0.3 contract, served beside the current one for plugins built against it.
+const FROZEN_0_3_WIT: &str = "wit/0.3/policy.wit";
+/// FNV-1a of the 0.3 contract as it shipped (from its `package` line on).
+const FROZEN_0_3_FNV: u64 = 0x1eb6_e60d_4215_a9e2;
+
+#[test]
+fn the_0_3_contract_stays_as_it_shipped() {
+    let text = String::from_utf8(read(&repo_root(), FROZEN_0_3_WIT)).expect("UTF-8");
+    let body = text
+        .find("package tokwatt:policy@0.3.0;")
+        .map(|start| &text[start..])
+        .unwrap_or_else(|| panic!("{FROZEN_0_3_WIT} must declare package tokwatt:policy@0.3.0"));
+    assert_eq!(
+        fnv1a(body.as_bytes()),
+        FROZEN_0_3_FNV,
+        "{FROZEN_0_3_WIT} changed: it is the contract plugins built against 0.3 were built \
+         with, and the host generates their bindings from it, so a change breaks them. \
+         Change wit/policy.wit (the current line) instead"
+    );
+}

@@ -1,6 +1,6 @@
 //! `cargo build --workspace` builds every member for the machine it runs on, the policy
 //! plugins included. A plugin's component exports have symbol names that a native linker
-//! refuses (`tokwatt:policy/guest@0.3.0#decide`), so the SDK's `export_policy!` (and the
+//! refuses (`tokwatt:policy/guest@0.4.0#decide`), so the SDK's `export_policy!` (and the
 //! fixture that uses wit-bindgen directly) must emit them only for WebAssembly; this
 //! checks that every plugin crate builds and links natively.
 //!

@@ -2,13 +2,14 @@
 //!
 //! A policy is a WebAssembly component that the tokwatt agent calls once per control tick
 //! with one [`Observation`] per managed GPU; it answers with one [`Settings`] per GPU
-//! (power cap, SM clock ceiling, batch size, each optional). The agent clamps every
+//! (power cap, SM clock ceiling, batch size and, where the workload serves prompts, the
+//! token budget per step, each optional). The agent clamps every
 //! answer to the device's range and the operator's guardrails, so a policy can be wrong
 //! but never dangerous, and a policy that traps, hangs or answers nonsense costs one tick.
 //!
 //! You implement one trait, [`Policy`], and export it with one macro,
 //! [`export_policy!`]. This crate generates the bindings to the WIT contract
-//! (`tokwatt:policy@0.3.0`, world `policy`) and re-exports its types under short names.
+//! (`tokwatt:policy@0.4.0`, world `policy`) and re-exports its types under short names.
 //!
 //! # Example
 //!
@@ -221,7 +222,7 @@ pub trait Policy: Sized + 'static {
 /// run single-threaded); see the crate documentation for how calls out of order behave.
 ///
 /// The exports are emitted only when the policy's crate is compiled for WebAssembly
-/// (`target_arch = "wasm32"`): their symbol names (`tokwatt:policy/guest@0.3.0#decide`)
+/// (`target_arch = "wasm32"`): their symbol names (`tokwatt:policy/guest@0.4.0#decide`)
 /// are for the component model, and a native linker refuses them. Built natively — a
 /// plain `cargo build`, or `cargo test` for the policy's unit tests — the macro only
 /// checks that the type implements [`Policy`], so the crate still builds and links.

@@ -9,6 +9,7 @@ impl Settings {
             power_cap_w: None,
             sm_clock_max_mhz: None,
             batch_size: None,
+            token_budget: None,
         }
     }
 
@@ -33,9 +34,22 @@ impl Settings {
         self
     }
 
+    /// The same settings with the token budget per step set to `tokens` (prompt chunks
+    /// and decoding sequences together; the host applies it only where the spec grants
+    /// `token-budget` and the workload has one: see [`crate::DeviceFacts`]'s
+    /// `token_budget_max`, 0 where it has none).
+    #[must_use]
+    pub const fn with_token_budget(mut self, tokens: u32) -> Self {
+        self.token_budget = Some(tokens);
+        self
+    }
+
     /// True when no knob is set.
     pub const fn is_unchanged(&self) -> bool {
-        self.power_cap_w.is_none() && self.sm_clock_max_mhz.is_none() && self.batch_size.is_none()
+        self.power_cap_w.is_none()
+            && self.sm_clock_max_mhz.is_none()
+            && self.batch_size.is_none()
+            && self.token_budget.is_none()
     }
 }
 
@@ -67,5 +81,9 @@ mod tests {
                 .sm_clock_max_mhz,
             Some(1410)
         );
+        let budget = Settings::unchanged().with_token_budget(2048);
+        assert_eq!(budget.token_budget, Some(2048));
+        assert_eq!(budget.batch_size, None);
+        assert!(!budget.is_unchanged());
     }
 }

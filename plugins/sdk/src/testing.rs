@@ -13,7 +13,8 @@ use crate::{
 };
 
 /// An H200 as the host describes it without guardrails: power cap 200–700 W (default
-/// 700 W), SM clocks 1980 MHz down to 345 MHz in 15 MHz steps, batch size up to 512.
+/// 700 W), SM clocks 1980 MHz down to 345 MHz in 15 MHz steps, batch size up to 512, and
+/// no token budget (a decode-only workload: see [`h200_serving`]).
 pub fn h200(index: u32) -> DeviceFacts {
     DeviceFacts {
         index,
@@ -25,6 +26,18 @@ pub fn h200(index: u32) -> DeviceFacts {
         power_cap_default_w: 700.0,
         sm_clocks_mhz: (0..110).map(|step| 1980 - 15 * step).collect(),
         batch_size_max: 512,
+        token_budget_min: 0,
+        token_budget_max: 0,
+    }
+}
+
+/// [`h200`] serving requests with prompts: a token budget per step of 1 to 8192 tokens
+/// (the range [`crate::Settings::with_token_budget`] is clamped to).
+pub fn h200_serving(index: u32) -> DeviceFacts {
+    DeviceFacts {
+        token_budget_min: 1,
+        token_budget_max: 8192,
+        ..h200(index)
     }
 }
 
@@ -56,7 +69,8 @@ pub fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 
 /// One busy, settled second on GPU `gpu` at tick `tick`: 8865 tokens for 692 J under
 /// a 700 W cap, batch 64, nothing clamped, and no demand or requests known (a
-/// closed-loop workload: set `demand` and `requests` to test a policy on a serving one).
+/// closed-loop workload: set `demand`, `requests` and `in_force.token_budget` to test a
+/// policy on a serving one).
 pub fn observation(gpu: u32, tick: u64) -> Observation {
     let interval_s = 1.0;
     let tokens = 8865;
@@ -86,6 +100,7 @@ pub fn observation(gpu: u32, tick: u64) -> Observation {
             power_cap_w: 700.0,
             sm_clock_max_mhz: 1980,
             batch_size: 64,
+            token_budget: 0,
         },
         last_clamped: false,
         settling: false,

@@ -118,6 +118,7 @@ impl GpuControl {
             power_cap_w,
             sm_clock_max_mhz: None,
             batch_size: self.batch.request(in_force.batch_size),
+            token_budget: None,
         }
     }
 }

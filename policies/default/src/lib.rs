@@ -65,6 +65,7 @@ impl GpuDefault {
             power_cap_w: self.cap_w,
             sm_clock_max_mhz: self.clock_mhz,
             batch_size: self.batch.as_ref().map(|guard| guard.target),
+            token_budget: None,
         }
     }
 
@@ -87,6 +88,7 @@ impl GpuDefault {
                 .batch
                 .as_mut()
                 .and_then(|guard| guard.observe(observation, limit_ms, config)),
+            token_budget: None,
         }
     }
 }
@@ -209,6 +211,7 @@ mod tests {
                 power_cap_w: Some(600.0),
                 sm_clock_max_mhz: Some(1980),
                 batch_size: Some(512),
+                token_budget: None,
             }]
         );
         let (_, batch_only) = policy(Knobs::BATCH_SIZE, None, &[]);

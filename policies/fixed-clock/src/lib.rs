@@ -70,6 +70,7 @@ impl Held {
             power_cap_w: self.cap_w,
             sm_clock_max_mhz: Some(self.clock_mhz),
             batch_size: self.batch_size,
+            token_budget: None,
         }
     }
 
@@ -83,6 +84,7 @@ impl Held {
             sm_clock_max_mhz: Some(self.clock_mhz)
                 .filter(|&clock| clock != in_force.sm_clock_max_mhz),
             batch_size: self.batch_size.filter(|&size| size != in_force.batch_size),
+            token_budget: None,
         }
     }
 }
@@ -169,6 +171,7 @@ mod tests {
             power_cap_w: Some(700.0),
             sm_clock_max_mhz: Some(1410),
             batch_size: Some(512),
+            token_budget: None,
         };
         assert_eq!(first, vec![expected, expected]);
         let (_, first) = init(Knobs::SM_CLOCK, &[("sm_clock_max_mhz", "1400")]).unwrap();

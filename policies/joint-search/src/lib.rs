@@ -75,6 +75,7 @@ fn settings(bandit: &Bandit, observation: Option<&Observation>) -> Settings {
         sm_clock_max_mhz: (in_force.map(|f| f.sm_clock_max_mhz) != Some(clock_mhz))
             .then_some(clock_mhz),
         batch_size: (in_force.map(|f| f.batch_size) != Some(batch_size)).then_some(batch_size),
+        token_budget: None,
     }
 }
 

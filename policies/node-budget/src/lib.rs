@@ -345,6 +345,7 @@ impl Policy for NodeBudget {
                 ),
                 sm_clock_max_mhz: None,
                 batch_size: gpu.batch.as_ref().map(|guard| guard.target),
+                token_budget: None,
             })
             .collect();
         info!(
@@ -404,6 +405,7 @@ impl Policy for NodeBudget {
                     power_cap_w: position.and_then(|i| caps[i]),
                     sm_clock_max_mhz: None,
                     batch_size,
+                    token_budget: None,
                 }
             })
             .collect()

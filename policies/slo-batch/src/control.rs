@@ -329,6 +329,7 @@ impl GpuControl {
             power_cap_w: None,
             sm_clock_max_mhz: self.clock(),
             batch_size: self.batch_knob.then_some(self.batch_target),
+            token_budget: None,
         }
     }
 
@@ -340,6 +341,7 @@ impl GpuControl {
             sm_clock_max_mhz: self.clock().filter(|&mhz| mhz != in_force.sm_clock_max_mhz),
             batch_size: Some(self.batch_target)
                 .filter(|&size| self.batch_knob && size != in_force.batch_size),
+            token_budget: None,
         }
     }
 

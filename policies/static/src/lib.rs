@@ -130,6 +130,7 @@ impl Requested {
             power_cap_w,
             sm_clock_max_mhz,
             batch_size,
+            token_budget: None,
         }
     }
 }
@@ -159,6 +160,7 @@ fn drifted(target: &Settings, in_force: &InForce) -> Settings {
         batch_size: target
             .batch_size
             .filter(|&sequences| in_force.batch_size != sequences),
+        token_budget: None,
     }
 }
 

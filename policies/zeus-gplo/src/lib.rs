@@ -434,6 +434,7 @@ impl Policy for ZeusGplo {
             power_cap_w: Some(max_w),
             sm_clock_max_mhz: None,
             batch_size,
+            token_budget: None,
         };
         Ok((policy, vec![settings; args.devices.len()]))
     }
@@ -449,6 +450,7 @@ impl Policy for ZeusGplo {
                     power_cap_w: Some(cap_w).filter(|cap| (cap - in_force.power_cap_w).abs() > 0.5),
                     sm_clock_max_mhz: None,
                     batch_size: self.batch_size.filter(|&size| size != in_force.batch_size),
+                    token_budget: None,
                 }
             })
             .collect()

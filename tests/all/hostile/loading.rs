@@ -52,7 +52,7 @@ fn other_contract_versions_are_refused() {
     assert!(!output.status.success());
     let err = stderr(&output);
     assert!(
-        err.contains("1.0.0") && err.contains("0.3.* or 0.2.* or 0.1.*"),
+        err.contains("1.0.0") && err.contains("0.4.* or 0.3.* or 0.2.* or 0.1.*"),
         "{err}"
     );
 }

@@ -116,7 +116,8 @@ pub struct BackendRequest {
     pub target: Target,
     /// Seeds the simulator (and, through the run, the policy's random source).
     pub seed: u64,
-    /// The operator allows only the batch size (running without privileges).
+    /// The operator allows only the batch size (running without privileges), and the
+    /// workload's other knob, the token budget: neither needs privileges.
     pub batch_only: bool,
 }
 
@@ -290,6 +291,11 @@ pub struct Offered {
     pub power_cap: Result<(), String>,
     pub sm_clock: Result<(), String>,
     pub batch_size: Result<(), String>,
+    /// The token budget per step: a workload knob, as the batch size, offered unless an
+    /// engine outside tokwatt keeps its own. Whether the workload has a budget at all
+    /// (it serves prompts) is checked when a policy starts (`crate::start_policy`),
+    /// which refuses a spec that lists it where there is none.
+    pub token_budget: Result<(), String>,
 }
 
 impl Offered {
@@ -299,6 +305,7 @@ impl Offered {
             power_cap: self.power_cap.is_ok(),
             sm_clock: self.sm_clock.is_ok(),
             batch_size: self.batch_size.is_ok(),
+            token_budget: self.token_budget.is_ok(),
         }
     }
 }
@@ -310,6 +317,7 @@ impl Default for Offered {
             power_cap: Ok(()),
             sm_clock: Ok(()),
             batch_size: Ok(()),
+            token_budget: Ok(()),
         }
     }
 }
@@ -366,6 +374,7 @@ pub fn grant_knobs(asked: Knobs, offered: &Offered) -> (Knobs, Vec<Withheld>) {
     granted.power_cap = grant(asked.power_cap, &offered.power_cap, "power-cap");
     granted.sm_clock = grant(asked.sm_clock, &offered.sm_clock, "sm-clock");
     granted.batch_size = grant(asked.batch_size, &offered.batch_size, "batch-size");
+    granted.token_budget = grant(asked.token_budget, &offered.token_budget, "token-budget");
     (granted, withheld)
 }
 
@@ -465,10 +474,12 @@ fn operator_offer(request: &BackendRequest) -> Offered {
         )
     };
     if request.batch_only {
+        // The workload's knobs need no privileges: the token budget stays offered.
         Offered {
             power_cap: batch_only(),
             sm_clock: batch_only(),
             batch_size: Ok(()),
+            token_budget: Ok(()),
         }
     } else {
         Offered::default()
@@ -528,6 +539,7 @@ pub fn assemble_sim_with_engine(
     backends.workload = workload;
     let mut offered = operator_offer(request);
     offered.batch_size = Err("the external serving engine sets its own batch size".into());
+    offered.token_budget = Err("the external serving engine sets its own token budget".into());
     let (knobs, withheld) = grant_knobs(knobs, &offered);
     let meta = RunMeta {
         simulated: true,
@@ -579,6 +591,7 @@ fn assemble_gpu(
     let mut offered = operator_offer(request);
     if target.workload.is_external() {
         offered.batch_size = Err("the external serving engine sets its own batch size".into());
+        offered.token_budget = Err("the external serving engine sets its own token budget".into());
     }
     let (knobs, withheld) = grant_knobs(knobs, &offered);
 
@@ -920,11 +933,7 @@ mod tests {
     }
 
     fn all() -> Knobs {
-        Knobs {
-            power_cap: true,
-            sm_clock: true,
-            batch_size: true,
-        }
+        Knobs::all()
     }
 
     #[test]
@@ -933,6 +942,7 @@ mod tests {
             power_cap: Ok(()),
             sm_clock: Err("not supported".into()),
             batch_size: Err("external engine".into()),
+            token_budget: Err("external engine".into()),
         };
         let (granted, withheld) = grant_knobs(all(), &offered);
         assert_eq!(
@@ -943,7 +953,7 @@ mod tests {
             }
         );
         let names: Vec<_> = withheld.iter().map(|w| w.knob).collect();
-        assert_eq!(names, ["sm-clock", "batch-size"]);
+        assert_eq!(names, ["sm-clock", "batch-size", "token-budget"]);
         // A knob the spec never asked for is neither granted nor reported.
         let (granted, withheld) = grant_knobs(Knobs::default(), &offered);
         assert_eq!(granted, Knobs::default());
@@ -957,13 +967,18 @@ mod tests {
             seed: 1,
             batch_only: true,
         };
-        let (_, withheld) = grant_knobs(
+        let (granted, withheld) = grant_knobs(
             Knobs {
                 power_cap: true,
                 sm_clock: false,
                 batch_size: true,
+                token_budget: true,
             },
             &operator_offer(&request),
+        );
+        assert!(
+            granted.batch_size && granted.token_budget,
+            "the workload's knobs need no privileges"
         );
         let hint = withheld_hint(&withheld, true).expect("power-cap is withheld");
         assert!(
@@ -1022,10 +1037,12 @@ mod tests {
             batch_only: true,
         };
         let assembled = assemble(&request, "p", all()).expect("assembles");
+        // The workload's knobs need no privileges.
         assert_eq!(
             assembled.knobs,
             Knobs {
                 batch_size: true,
+                token_budget: true,
                 ..Knobs::default()
             }
         );

@@ -20,7 +20,7 @@ use tokwatt_core::clock::Clock;
 use tokwatt_core::telemetry::Telemetry;
 use tokwatt_core::types::{InForce, Knobs, Objective, Observation, Settings, TelemetryWindow};
 use tokwatt_core::workload::{FinishedRequests, Workload};
-use tokwatt_policy::envelope::{Envelope, Guardrails};
+use tokwatt_policy::envelope::{Envelope, Guardrails, WorkloadLimits};
 use tokwatt_policy::guard::{Decider, GuardConfig, GuardEvent, ObjectiveGuard};
 use tokwatt_policy::supervisor::{DecisionSource, PolicyCounters, Supervisor};
 
@@ -148,7 +148,7 @@ pub enum LoopCommand {
     /// Ask the policy again.
     Resume,
     /// Put every GPU back to its device defaults (default power cap, no clock lock, the
-    /// batch size the run started with) and pause.
+    /// batch size and token budget the run started with) and pause.
     RestoreDefaults,
 }
 
@@ -261,19 +261,18 @@ impl ControlLoop {
                 power_cap_requested_w: requested,
                 sm_clock_max_mhz: sm_max,
                 batch_size: backends.workload.batch_size(gpu),
+                token_budget: backends.workload.token_budget(gpu).unwrap_or(0),
             });
         }
         let n = devices.len();
         let initial_batch: Vec<u32> = in_force.iter().map(|f| f.batch_size).collect();
-        let batch_size_max: Vec<u32> = devices
-            .iter()
-            .map(|d| backends.workload.batch_size_max(d.index))
-            .collect();
+        let indices: Vec<u32> = devices.iter().map(|d| d.index).collect();
+        let workload_limits = WorkloadLimits::of(backends.workload.as_ref(), &indices);
         let node_envelope = match config.node_envelope.clone() {
             Some(checked) => Ok(checked),
-            None => Envelope::new(
+            None => Envelope::for_workload(
                 &devices,
-                &batch_size_max,
+                &workload_limits,
                 &config.node_guardrails,
                 config.node_knobs,
             ),
@@ -283,16 +282,23 @@ impl ControlLoop {
             // (`NodeRules::check`); were one to slip through, the device's own limits
             // still bound the host's moves.
             tracing::error!("the node's guardrails do not fit the devices ({error}); the host's own moves keep to the devices' limits");
-            Envelope::new(&devices, &batch_size_max, &Guardrails::default(), config.node_knobs)
-                .unwrap_or_else(|_| envelope.clone())
+            Envelope::for_workload(
+                &devices,
+                &workload_limits,
+                &Guardrails::default(),
+                config.node_knobs,
+            )
+            .unwrap_or_else(|_| envelope.clone())
         });
         let defaults = devices
             .iter()
-            .zip(&initial_batch)
-            .map(|(d, &batch)| Settings {
+            .zip(&in_force)
+            .map(|(d, start)| Settings {
                 power_cap_w: Some(d.power_cap_default_w),
                 sm_clock_max_mhz: Some(d.sm_clock_max_mhz()),
-                batch_size: Some(batch),
+                batch_size: Some(start.batch_size),
+                // The workload's own budget, as it started (none where it has none).
+                token_budget: (start.token_budget > 0).then_some(start.token_budget),
             })
             .collect();
         let baseline = in_force.clone();
@@ -442,6 +448,7 @@ impl ControlLoop {
                 sm_clock_max_mhz: (now.sm_clock_max_mhz != then.sm_clock_max_mhz)
                     .then_some(then.sm_clock_max_mhz),
                 batch_size: (now.batch_size != then.batch_size).then_some(then.batch_size),
+                token_budget: (now.token_budget != then.token_budget).then_some(then.token_budget),
             })
             .collect();
         if settings.iter().any(|s| *s != Settings::default()) {
@@ -467,10 +474,13 @@ impl ControlLoop {
             else {
                 continue;
             };
+            let budget = self.baseline.get(g).map_or(0, |start| start.token_budget);
             *slot = Settings {
                 power_cap_w: Some(device.power_cap_default_w),
                 sm_clock_max_mhz: Some(device.sm_clock_max_mhz()),
                 batch_size: (self.in_force[g].batch_size != batch).then_some(batch),
+                token_budget: (budget > 0 && self.in_force[g].token_budget != budget)
+                    .then_some(budget),
             };
         }
         self.apply_all(&mut settings);

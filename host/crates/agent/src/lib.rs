@@ -29,7 +29,7 @@ use crate::recorder::{OutputBounds, Recorder};
 use crate::swap::{PreparedPolicy, SwapPort};
 use tokwatt_core::types::{DeviceInfo, Knobs, Settings};
 use tokwatt_plugin::{ComponentCache, HostConfig, PluginHost};
-use tokwatt_policy::envelope::Envelope;
+use tokwatt_policy::envelope::{Envelope, WorkloadLimits};
 use tokwatt_policy::rules::NodeRules;
 use tokwatt_policy::spec::PolicySpec;
 use tokwatt_policy::supervisor::{InitArgs, PolicyFailure, Supervisor};
@@ -266,6 +266,14 @@ pub enum AgentError {
         "policy `{policy}`: the objective's time-to-first-token bound (ttft_p99_limit_ms = {limit}) cannot be checked on this workload, which does not report when each request's first token came (a closed decode loop, or an engine preset without a TTFT histogram): remove ttft_p99_limit_ms from the spec and the node's [objective], or run on a workload that reports it (the simulator; an engine that exports TTFT)"
     )]
     TtftUnchecked { policy: String, limit: f64 },
+    #[error(
+        "policy `{policy}`: its spec lists \"token-budget\" in `knobs`, but the {workload} workload has no token budget per step on GPU {gpu}: it decodes only (its requests bring no prompts to prefill), or an engine outside tokwatt fixes its budget. Remove \"token-budget\" from the spec's `knobs`, or run the policy on a workload that serves prompts (a scenario with `prompt_tokens`, such as host/scenarios/chat.toml, on the simulator or tokwatt's CUDA engine: `--workload cuda --scenario FILE`)"
+    )]
+    NoTokenBudget {
+        policy: String,
+        workload: &'static str,
+        gpu: u32,
+    },
     #[error("the run's duration ({duration:?}) is shorter than one tick ({tick:?})")]
     TooShort { duration: Duration, tick: Duration },
 }
@@ -276,13 +284,17 @@ impl From<Box<tokwatt_policy::rules::Loosened>> for AgentError {
     }
 }
 
-/// What a policy is started against: the node's GPUs and each one's largest batch size.
-/// Taken from the backends before the loop owns them, so a policy can be started off
-/// the loop (for a hot swap).
+/// What a policy is started against: the node's GPUs and what each one's workload
+/// accepts (its largest batch size, its token budget's range where it has one). Taken
+/// from the backends before the loop owns them, so a policy can be started off the loop
+/// (for a hot swap).
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeFacts {
     pub devices: Vec<DeviceInfo>,
-    pub batch_size_max: Vec<u32>,
+    /// In the devices' order.
+    pub workload: Vec<WorkloadLimits>,
+    /// The workload's name, for messages.
+    pub workload_name: &'static str,
     /// How the workload knows work is waiting: a throughput floor needs it.
     pub work_waiting: tokwatt_core::workload::WorkWaiting,
     /// Whether the workload reports time to first token: a TTFT bound needs it.
@@ -292,13 +304,11 @@ pub struct NodeFacts {
 impl NodeFacts {
     pub fn of(backends: &Backends) -> Self {
         let devices = backends.telemetry.devices();
-        let batch_size_max = devices
-            .iter()
-            .map(|d| backends.workload.batch_size_max(d.index))
-            .collect();
+        let indices: Vec<u32> = devices.iter().map(|d| d.index).collect();
         Self {
+            workload: WorkloadLimits::of(backends.workload.as_ref(), &indices),
+            workload_name: backends.workload.name(),
             devices,
-            batch_size_max,
             work_waiting: backends.workload.work_waiting(),
             reports_ttft: backends.workload.reports_ttft(),
         }
@@ -368,6 +378,27 @@ fn check_measurable(spec: &PolicySpec, node: &NodeFacts) -> Result<(), AgentErro
     Ok(())
 }
 
+/// A knob the spec lists is one the workload has, or the spec is refused here: a token
+/// budget granted on a workload without one would be a knob that silently turns nothing.
+fn check_knobs(spec: &PolicySpec, node: &NodeFacts) -> Result<(), AgentError> {
+    if !spec.knobs.token_budget {
+        return Ok(());
+    }
+    match node
+        .devices
+        .iter()
+        .zip(&node.workload)
+        .find(|(_, accepts)| accepts.token_budget.is_none())
+    {
+        Some((device, _)) => Err(AgentError::NoTokenBudget {
+            policy: spec.name.clone(),
+            workload: node.workload_name,
+            gpu: device.index,
+        }),
+        None => Ok(()),
+    }
+}
+
 /// A live agent never takes the transcript of the guest's logs, so only a watching tool
 /// turns it on (`transcribe_logs`).
 fn start_policy_inner(
@@ -380,12 +411,9 @@ fn start_policy_inner(
     transcribe_logs: bool,
 ) -> Result<WatchedStart, AgentError> {
     check_measurable(spec, node)?;
-    let envelope = Envelope::new(
-        &node.devices,
-        &node.batch_size_max,
-        &spec.guardrails,
-        spec.knobs,
-    )?;
+    check_knobs(spec, node)?;
+    let envelope =
+        Envelope::for_workload(&node.devices, &node.workload, &spec.guardrails, spec.knobs)?;
     let loaded = Arc::new(host.load(plugin_path, &spec.name, spec.sandbox)?);
     let args = InitArgs {
         devices: envelope.facts(&node.devices),
@@ -492,7 +520,7 @@ pub fn run_with_swaps(
     let node_envelope =
         request
             .rules
-            .envelope(&node.devices, &node.batch_size_max, request.node_knobs)?;
+            .envelope(&node.devices, &node.workload, request.node_knobs)?;
     let (supervisor, first, envelope) =
         start_policy(&host, spec, &plugin_path, &node, request.seed, tick)?;
     tracing::info!(
@@ -598,10 +626,57 @@ mod tests {
     fn node(reports_ttft: bool) -> NodeFacts {
         NodeFacts {
             devices: Vec::new(),
-            batch_size_max: Vec::new(),
+            workload: Vec::new(),
+            workload_name: "test",
             work_waiting: tokwatt_core::workload::WorkWaiting::Reported,
             reports_ttft,
         }
+    }
+
+    #[test]
+    fn a_token_budget_granted_on_a_workload_without_one_is_refused_with_the_fix() {
+        let spec = |knobs: &str| {
+            PolicySpec::parse(
+                Path::new("/specs/p.toml"),
+                &format!("name = \"p\"\nplugin = \"p.wasm\"\nknobs = [{knobs}]\n"),
+            )
+            .unwrap()
+        };
+        let device = tokwatt_core::types::DeviceInfo {
+            index: 0,
+            uuid: "SIM-0".into(),
+            name: "sim".into(),
+            simulated: true,
+            power_cap_min_w: 200.0,
+            power_cap_max_w: 700.0,
+            power_cap_default_w: 700.0,
+            sm_clocks_mhz: vec![1980],
+            mem_clocks_mhz: vec![3201],
+        };
+        let decode_only = NodeFacts {
+            devices: vec![device.clone()],
+            workload: vec![WorkloadLimits::batch_only(512)],
+            workload_name: "sim",
+            ..node(true)
+        };
+        let granted = spec("\"batch-size\", \"token-budget\"");
+        let err = check_knobs(&granted, &decode_only).unwrap_err().to_string();
+        assert!(
+            err.contains("policy `p`")
+                && err.contains("no token budget per step on GPU 0")
+                && err.contains("Remove \"token-budget\" from the spec's `knobs`")
+                && err.contains("prompt_tokens"),
+            "{err}"
+        );
+        check_knobs(&spec("\"batch-size\""), &decode_only).unwrap();
+        let serving = NodeFacts {
+            workload: vec![WorkloadLimits {
+                batch_size_max: 512,
+                token_budget: Some((1, 8192)),
+            }],
+            ..decode_only
+        };
+        check_knobs(&granted, &serving).unwrap();
     }
 
     #[test]

@@ -38,9 +38,9 @@ pub use output_file::Rotation;
 use trace::trace_header_line;
 pub use trace::{TraceError, TraceReader, TraceRow, trace_files, trace_header};
 
-/// Version of `trace.csv`'s columns (2: the requests columns added at the end; a version 1
-/// trace, without them, still reads).
-pub const TRACE_FORMAT_VERSION: u32 = 2;
+/// Version of `trace.csv`'s columns (2: the requests columns added at the end; 3: the
+/// token budget beside the batch size; a version 1 or 2 trace, without them, still reads).
+pub const TRACE_FORMAT_VERSION: u32 = 3;
 /// Version of the records in `observations.jsonl`.
 pub const OBSERVATIONS_FORMAT_VERSION: u32 = 1;
 
@@ -587,11 +587,11 @@ mod tests {
     #[test]
     fn the_trace_header_is_stable() {
         // A compatibility promise: change TRACE_FORMAT_VERSION with this list.
-        assert_eq!(TRACE_FORMAT_VERSION, 2);
+        assert_eq!(TRACE_FORMAT_VERSION, 3);
         assert_eq!(
             trace_header().join(","),
             "time_s,tick,gpu,policy,power_cap_w,power_cap_requested_w,sm_clock_max_mhz,batch_size,\
-             power_avg_w,power_peak_w,energy_j,energy_counter_j,tokens,tokens_per_joule,\
+             token_budget,power_avg_w,power_peak_w,energy_j,energy_counter_j,tokens,tokens_per_joule,\
              tokens_per_s,sm_clock_mhz,mem_clock_mhz,temperature_c,gpu_util_pct,tpot_p50_ms,\
              tpot_p99_ms,active_sequences,queue_depth,sw_power_cap,settling,clamped,fallback,\
              slo_violation,power_mem_w,requests_arrived,requests_turned_away,tokens_demanded,\

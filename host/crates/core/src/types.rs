@@ -8,6 +8,10 @@ pub struct Knobs {
     pub power_cap: bool,
     pub sm_clock: bool,
     pub batch_size: bool,
+    /// The workload's token budget per step (chunked prefill): only a workload that
+    /// serves prompts has one ([`crate::workload::Workload::token_budget_range`]).
+    #[serde(default)]
+    pub token_budget: bool,
 }
 
 impl Knobs {
@@ -17,7 +21,13 @@ impl Knobs {
             power_cap: true,
             sm_clock: true,
             batch_size: true,
+            token_budget: true,
         }
+    }
+
+    /// Whether no knob is set.
+    pub const fn none(self) -> bool {
+        !(self.power_cap || self.sm_clock || self.batch_size || self.token_budget)
     }
 }
 
@@ -77,10 +87,14 @@ pub struct Settings {
     pub power_cap_w: Option<f64>,
     pub sm_clock_max_mhz: Option<u32>,
     pub batch_size: Option<u32>,
+    /// Tokens one engine step may process. Written only where set, so the files of a
+    /// run that never turns it keep their layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_budget: Option<u32>,
 }
 
-/// For people: `power cap 450 W, SM clock ≤ 1500 MHz, batch 256`, naming only the knobs
-/// it changes (`unchanged` when none).
+/// For people: `power cap 450 W, SM clock ≤ 1500 MHz, batch 256, token budget 2048`,
+/// naming only the knobs it changes (`unchanged` when none).
 impl std::fmt::Display for Settings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut parts = Vec::new();
@@ -92,6 +106,9 @@ impl std::fmt::Display for Settings {
         }
         if let Some(batch) = self.batch_size {
             parts.push(format!("batch {batch}"));
+        }
+        if let Some(tokens) = self.token_budget {
+            parts.push(format!("token budget {tokens}"));
         }
         if parts.is_empty() {
             f.write_str("unchanged")
@@ -126,6 +143,14 @@ pub struct InForce {
     /// Upper bound of the SM clock lock (the maximum supported clock when unlocked).
     pub sm_clock_max_mhz: u32,
     pub batch_size: u32,
+    /// Tokens one engine step may process; 0 where the workload has no token budget
+    /// (it decodes only), and then not written.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub token_budget: u32,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
 }
 
 /// What the telemetry backend saw on one GPU since the previous window was read.
@@ -346,6 +371,7 @@ impl Observation {
                 power_cap_requested_w: 700.0,
                 sm_clock_max_mhz: 1980,
                 batch_size: 128,
+                token_budget: 0,
             },
             last_clamped: false,
             settling: false,
@@ -542,10 +568,19 @@ mod tests {
             power_cap_w: Some(450.0),
             sm_clock_max_mhz: Some(1500),
             batch_size: Some(256),
+            token_budget: None,
         };
         assert_eq!(
             all.to_string(),
             "power cap 450 W, SM clock ≤ 1500 MHz, batch 256"
+        );
+        let budget = Settings {
+            token_budget: Some(2048),
+            ..all
+        };
+        assert_eq!(
+            budget.to_string(),
+            "power cap 450 W, SM clock ≤ 1500 MHz, batch 256, token budget 2048"
         );
         let batch_only = Settings {
             batch_size: Some(8),

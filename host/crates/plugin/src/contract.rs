@@ -88,7 +88,7 @@ pub(super) fn check_guest_signatures(
 }
 
 /// Accept `tokwatt:policy/guest` of a served line (for 0.x versions the minor is the
-/// compatibility line: 0.1.*, 0.2.* and 0.3.*). Returns the guest interface's export name and
+/// compatibility line: 0.1.*, 0.2.*, 0.3.* and 0.4.*). Returns the guest interface's export name and
 /// its line.
 pub(super) fn check_contract_version(
     engine: &Engine,
@@ -125,7 +125,7 @@ pub(super) fn compatible_version(version: &str) -> bool {
     Line::of(version).is_some()
 }
 
-/// The versions this host accepts, newest first: `0.3.* or 0.2.* or 0.1.*`.
+/// The versions this host accepts, newest first: `0.4.* or 0.3.* or 0.2.* or 0.1.*`.
 pub(super) fn accepted_versions() -> String {
     let patterns: Vec<&str> = Line::SERVED
         .iter()

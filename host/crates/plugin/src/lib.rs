@@ -1,8 +1,8 @@
 //! The WebAssembly plugin host: the only code that knows wasmtime.
 //!
-//! A policy is a component implementing `tokwatt:policy@0.3.*` (see `wit/policy.wit`) or
-//! an earlier line, 0.2 or 0.1 (`wit/0.2/policy.wit`, `wit/0.1/policy.wit`), each served
-//! on its own bindings (`lines`).
+//! A policy is a component implementing `tokwatt:policy@0.4.*` (see `wit/policy.wit`) or
+//! an earlier line, 0.3, 0.2 or 0.1 (`wit/0.3/policy.wit`, `wit/0.2/policy.wit`,
+//! `wit/0.1/policy.wit`), each served on its own bindings (`lines`).
 //! Loading validates the file, checks the contract version, compiles it (or takes the
 //! compiled form from the on-disk cache) and links it once into an `InstancePre`, so
 //! instantiating a fresh copy after a trap is cheap. Each instance runs sandboxed: a
@@ -42,7 +42,7 @@ use tokwatt_policy::supervisor::{InitArgs, PolicyEngine, PolicyFailure, PolicySt
 pub const CONTRACT_PACKAGE: &str = "tokwatt:policy";
 /// The newest contract this host implements; [`served_versions`] lists every line it
 /// accepts.
-pub const CONTRACT_VERSION: &str = "0.3.0";
+pub const CONTRACT_VERSION: &str = "0.4.0";
 const GUEST_INTERFACE: &str = "tokwatt:policy/guest";
 
 /// How often the epoch ticker advances; deadlines are rounded up to it.
@@ -312,7 +312,7 @@ impl LoadedPlugin {
     }
 
     /// The contract line the plugin was built against and is served on (`0.1.*`, `0.2.*`,
-    /// `0.3.*`).
+    /// `0.3.*`, `0.4.*`).
     pub fn contract_line(&self) -> &'static str {
         self.pre.line().pattern()
     }
@@ -554,11 +554,12 @@ mod unit_tests {
         assert!(compatible_version("0.1.7"));
         assert!(compatible_version("0.2.0"));
         assert!(compatible_version("0.3.0"));
+        assert!(compatible_version("0.4.0"));
         assert!(compatible_version(CONTRACT_VERSION));
-        assert!(!compatible_version("0.4.0"));
+        assert!(!compatible_version("0.5.0"));
         assert!(!compatible_version("1.0.0"));
         assert!(!compatible_version(""));
-        assert_eq!(accepted_versions(), "0.3.* or 0.2.* or 0.1.*");
+        assert_eq!(accepted_versions(), "0.4.* or 0.3.* or 0.2.* or 0.1.*");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The contract lines this host serves, side by side: each has its generated bindings,
 //! its conversions from the host's types, its `tokwatt:policy/host` imports and its
 //! type checks. A plugin is served on the line it was built for, so a plugin built
-//! against 0.1 or 0.2 keeps loading after later lines added fields, and simply never
-//! sees them.
+//! against 0.1, 0.2 or 0.3 keeps loading after later lines added fields, and simply never
+//! sees them: a line without the token budget (before 0.4) is never told of it, and its
+//! settings never move it.
 //!
 //! Everything the lines share is written once, in [`contract_line!`]; what differs
 //! (the fields a line added) is passed in.
@@ -20,13 +21,14 @@ pub(super) enum Line {
     V0_1,
     V0_2,
     V0_3,
+    V0_4,
 }
 
 impl Line {
     /// Every line this host serves, oldest first.
-    pub(super) const SERVED: [Line; 3] = [Line::V0_1, Line::V0_2, Line::V0_3];
+    pub(super) const SERVED: [Line; 4] = [Line::V0_1, Line::V0_2, Line::V0_3, Line::V0_4];
     /// The line of [`super::CONTRACT_VERSION`], the one new plugins are built against.
-    pub(super) const NEWEST: Line = Line::V0_3;
+    pub(super) const NEWEST: Line = Line::V0_4;
 
     /// The line of a version string (`0.1.3` → 0.1), if this host serves it.
     pub(super) fn of(version: &str) -> Option<Line> {
@@ -36,6 +38,7 @@ impl Line {
             (0, 1) => Some(Line::V0_1),
             (0, 2) => Some(Line::V0_2),
             (0, 3) => Some(Line::V0_3),
+            (0, 4) => Some(Line::V0_4),
             _ => None,
         }
     }
@@ -46,6 +49,7 @@ impl Line {
             Line::V0_1 => "0.1.*",
             Line::V0_2 => "0.2.*",
             Line::V0_3 => "0.3.*",
+            Line::V0_4 => "0.4.*",
         }
     }
 
@@ -62,6 +66,9 @@ impl Line {
             Line::V0_3 => {
                 v0_3::Policy::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)
             }
+            Line::V0_4 => {
+                v0_4::Policy::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)
+            }
         }
     }
 
@@ -77,6 +84,7 @@ impl Line {
             Line::V0_1 => v0_1::check_function(instance, store, index, function),
             Line::V0_2 => v0_2::check_function(instance, store, index, function),
             Line::V0_3 => v0_3::check_function(instance, store, index, function),
+            Line::V0_4 => v0_4::check_function(instance, store, index, function),
         }
     }
 
@@ -91,6 +99,7 @@ impl Line {
             Line::V0_1 => v0_1::typecheck(function, func, cx),
             Line::V0_2 => v0_2::typecheck(function, func, cx),
             Line::V0_3 => v0_3::typecheck(function, func, cx),
+            Line::V0_4 => v0_4::typecheck(function, func, cx),
         }
     }
 }
@@ -100,6 +109,7 @@ pub(super) enum PolicyPre {
     V0_1(v0_1::PolicyPre<HostState>),
     V0_2(v0_2::PolicyPre<HostState>),
     V0_3(v0_3::PolicyPre<HostState>),
+    V0_4(v0_4::PolicyPre<HostState>),
 }
 
 /// One instance's guest exports, on its line.
@@ -107,6 +117,7 @@ pub(super) enum Guest {
     V0_1(v0_1::Policy),
     V0_2(v0_2::Policy),
     V0_3(v0_3::Policy),
+    V0_4(v0_4::Policy),
 }
 
 impl PolicyPre {
@@ -115,6 +126,7 @@ impl PolicyPre {
             Line::V0_1 => Self::V0_1(v0_1::PolicyPre::new(pre)?),
             Line::V0_2 => Self::V0_2(v0_2::PolicyPre::new(pre)?),
             Line::V0_3 => Self::V0_3(v0_3::PolicyPre::new(pre)?),
+            Line::V0_4 => Self::V0_4(v0_4::PolicyPre::new(pre)?),
         })
     }
 
@@ -123,6 +135,7 @@ impl PolicyPre {
             Self::V0_1(_) => Line::V0_1,
             Self::V0_2(_) => Line::V0_2,
             Self::V0_3(_) => Line::V0_3,
+            Self::V0_4(_) => Line::V0_4,
         }
     }
 
@@ -131,6 +144,7 @@ impl PolicyPre {
             Self::V0_1(pre) => Guest::V0_1(pre.instantiate(store)?),
             Self::V0_2(pre) => Guest::V0_2(pre.instantiate(store)?),
             Self::V0_3(pre) => Guest::V0_3(pre.instantiate(store)?),
+            Self::V0_4(pre) => Guest::V0_4(pre.instantiate(store)?),
         })
     }
 }
@@ -147,6 +161,7 @@ impl Guest {
             Self::V0_1(policy) => v0_1::init(policy, store, args),
             Self::V0_2(policy) => v0_2::init(policy, store, args),
             Self::V0_3(policy) => v0_3::init(policy, store, args),
+            Self::V0_4(policy) => v0_4::init(policy, store, args),
         }
     }
 
@@ -159,6 +174,7 @@ impl Guest {
             Self::V0_1(policy) => v0_1::decide(policy, store, observations),
             Self::V0_2(policy) => v0_2::decide(policy, store, observations),
             Self::V0_3(policy) => v0_3::decide(policy, store, observations),
+            Self::V0_4(policy) => v0_4::decide(policy, store, observations),
         }
     }
 
@@ -167,6 +183,7 @@ impl Guest {
             Self::V0_1(policy) => v0_1::snapshot(policy, store),
             Self::V0_2(policy) => v0_2::snapshot(policy, store),
             Self::V0_3(policy) => v0_3::snapshot(policy, store),
+            Self::V0_4(policy) => v0_4::snapshot(policy, store),
         }
     }
 
@@ -179,16 +196,24 @@ impl Guest {
             Self::V0_1(policy) => v0_1::restore(policy, store, state),
             Self::V0_2(policy) => v0_2::restore(policy, store, state),
             Self::V0_3(policy) => v0_3::restore(policy, store, state),
+            Self::V0_4(policy) => v0_4::restore(policy, store, state),
         }
     }
 }
 
-/// One contract line: its bindings and everything written against them. `$objective`
-/// and `$observation` name the host value (`&Objective`, `&Observation`) that the
-/// line's added fields (`{ … }`, field initialisers) are read from.
+/// One contract line: its bindings and everything written against them. `$objective`,
+/// `$observation`, `$device` and `$in_force` name the host value (`&Objective`,
+/// `&Observation`, `&DeviceFacts`, `&InForce`) that the line's added fields (`{ … }`,
+/// field initialisers) are read from; `knobs` lists the line's added flags (`(granted,
+/// flag)`, read from the host's `Knobs`), and `settings` says what the line's settings
+/// give of the knobs it added (read from the line's own `wit::Settings`).
 macro_rules! contract_line {
     (
         $line:ident, $wit_path:literal,
+        knobs: |$knobs:ident| [ $($knobs_added:tt)* ],
+        device: |$device:ident| { $($device_added:tt)* },
+        settings: |$settings:ident| { $($settings_added:tt)* },
+        in_force: |$in_force:ident| { $($in_force_added:tt)* },
         objective: |$objective:ident| { $($objective_added:tt)* },
         observation: |$observation:ident| { $($observation_added:tt)* } $(,)?
     ) => {
@@ -229,12 +254,14 @@ macro_rules! contract_line {
                 }
             }
 
-            fn knobs(k: Knobs) -> wit::Knobs {
+            fn knobs($knobs: Knobs) -> wit::Knobs {
+                let k = $knobs;
                 let mut out = wit::Knobs::empty();
                 for (set, flag) in [
                     (k.power_cap, wit::Knobs::POWER_CAP),
                     (k.sm_clock, wit::Knobs::SM_CLOCK),
                     (k.batch_size, wit::Knobs::BATCH_SIZE),
+                    $($knobs_added)*
                 ] {
                     if set {
                         out |= flag;
@@ -266,16 +293,20 @@ macro_rules! contract_line {
                     devices: args
                         .devices
                         .iter()
-                        .map(|d| wit::DeviceFacts {
-                            index: d.index,
-                            uuid: d.uuid.clone(),
-                            name: d.name.clone(),
-                            simulated: d.simulated,
-                            power_cap_min_w: d.power_cap_min_w,
-                            power_cap_max_w: d.power_cap_max_w,
-                            power_cap_default_w: d.power_cap_default_w,
-                            sm_clocks_mhz: d.sm_clocks_mhz.clone(),
-                            batch_size_max: d.batch_size_max,
+                        .map(|$device| {
+                            let d = $device;
+                            wit::DeviceFacts {
+                                index: d.index,
+                                uuid: d.uuid.clone(),
+                                name: d.name.clone(),
+                                simulated: d.simulated,
+                                power_cap_min_w: d.power_cap_min_w,
+                                power_cap_max_w: d.power_cap_max_w,
+                                power_cap_default_w: d.power_cap_default_w,
+                                sm_clocks_mhz: d.sm_clocks_mhz.clone(),
+                                batch_size_max: d.batch_size_max,
+                                $($device_added)*
+                            }
                         })
                         .collect(),
                     knobs: knobs(args.knobs),
@@ -311,10 +342,14 @@ macro_rules! contract_line {
                     tpot_p99_ms: o.tpot_p99_ms,
                     active_sequences: o.active_sequences,
                     queue_depth: o.queue_depth,
-                    in_force: wit::InForce {
-                        power_cap_w: o.in_force.power_cap_w,
-                        sm_clock_max_mhz: o.in_force.sm_clock_max_mhz,
-                        batch_size: o.in_force.batch_size,
+                    in_force: {
+                        let $in_force = &o.in_force;
+                        wit::InForce {
+                            power_cap_w: $in_force.power_cap_w,
+                            sm_clock_max_mhz: $in_force.sm_clock_max_mhz,
+                            batch_size: $in_force.batch_size,
+                            $($in_force_added)*
+                        }
                     },
                     last_clamped: o.last_clamped,
                     settling: o.settling,
@@ -322,11 +357,13 @@ macro_rules! contract_line {
                 }
             }
 
-            fn settings(s: &wit::Settings) -> Settings {
+            fn settings($settings: &wit::Settings) -> Settings {
+                let s = $settings;
                 Settings {
                     power_cap_w: s.power_cap_w,
                     sm_clock_max_mhz: s.sm_clock_max_mhz,
                     batch_size: s.batch_size,
+                    $($settings_added)*
                 }
             }
 
@@ -420,9 +457,14 @@ macro_rules! contract_line {
     };
 }
 
-// 0.1 as it shipped (`wit/0.1/policy.wit`, frozen): nothing added.
+// 0.1 as it shipped (`wit/0.1/policy.wit`, frozen): nothing added. The lines before 0.4
+// name no token budget: their settings never move it.
 contract_line!(
     v0_1, "../../../wit/0.1",
+    knobs: |k| [],
+    device: |d| {},
+    settings: |s| { token_budget: None },
+    in_force: |f| {},
     objective: |objective| {},
     observation: |observation| {},
 );
@@ -431,6 +473,10 @@ contract_line!(
 // queue-wait bound.
 contract_line!(
     v0_2, "../../../wit/0.2",
+    knobs: |k| [],
+    device: |d| {},
+    settings: |s| { token_budget: None },
+    in_force: |f| {},
     objective: |objective| {
         queue_wait_p99_limit_ms: objective.queue_wait_p99_limit_ms,
     },
@@ -445,9 +491,49 @@ contract_line!(
     },
 );
 
-// 0.3 (`wit/policy.wit`): prompts — the requests window and the TTFT bound.
+// 0.3 as it shipped (`wit/0.3/policy.wit`, frozen): prompts — the requests window and
+// the TTFT bound.
 contract_line!(
-    v0_3, "../../../wit",
+    v0_3, "../../../wit/0.3",
+    knobs: |k| [],
+    device: |d| {},
+    settings: |s| { token_budget: None },
+    in_force: |f| {},
+    objective: |objective| {
+        queue_wait_p99_limit_ms: objective.queue_wait_p99_limit_ms,
+        ttft_p99_limit_ms: objective.ttft_p99_limit_ms,
+    },
+    observation: |observation| {
+        demand: observation.demand.map(|d| wit::Demand {
+            requests_arrived: d.requests_arrived,
+            requests_completed: d.requests_completed,
+            requests_turned_away: d.requests_turned_away,
+            tokens_demanded: d.tokens_demanded,
+            queue_wait_p99_ms: d.queue_wait_p99_ms,
+        }),
+        requests: observation.requests.map(|r| wit::Requests {
+            prefill_tokens: r.prefill_tokens,
+            first_tokens: r.first_tokens,
+            ttft_p99_ms: r.ttft_p99_ms,
+            prefill_time_share: r.prefill_time_share,
+            preemptions: r.preemptions,
+            requests_finished: r.energy.map(|e| e.count),
+            energy_per_request_j: r.energy.and_then(|e| e.mean_j()),
+        }),
+    },
+);
+
+// 0.4 (`wit/policy.wit`): the token budget per step as a knob — its flag, its setting,
+// the budget in force and the range it may take.
+contract_line!(
+    v0_4, "../../../wit",
+    knobs: |k| [(k.token_budget, wit::Knobs::TOKEN_BUDGET),],
+    device: |d| {
+        token_budget_min: d.token_budget_min,
+        token_budget_max: d.token_budget_max,
+    },
+    settings: |s| { token_budget: s.token_budget },
+    in_force: |f| { token_budget: f.token_budget, },
     objective: |objective| {
         queue_wait_p99_limit_ms: objective.queue_wait_p99_limit_ms,
         ttft_p99_limit_ms: objective.ttft_p99_limit_ms,

@@ -140,7 +140,8 @@ fn other_contract_versions_are_refused_by_name() {
         .expect_err("refused");
     let text = error.to_string();
     assert!(
-        text.contains("tokwatt:policy/guest@1.0.0") && text.contains("0.3.* or 0.2.* or 0.1.*"),
+        text.contains("tokwatt:policy/guest@1.0.0")
+            && text.contains("0.4.* or 0.3.* or 0.2.* or 0.1.*"),
         "{text}"
     );
 }
@@ -394,11 +395,11 @@ fn a_plugin_built_against_0_1_keeps_loading_and_running() {
     let current = host
         .load(&built("policy_static"), "static", SandboxLimits::default())
         .expect("loads");
-    assert_eq!(current.contract_line(), "0.3.*");
+    assert_eq!(current.contract_line(), "0.4.*");
 }
 
 #[test]
-fn state_hands_over_from_a_0_1_build_to_a_0_3_build() {
+fn state_hands_over_from_a_0_1_build_to_a_0_4_build() {
     // An operator's hot swap from last release's hill-climb to this one's: the policy's
     // own state crosses contract lines unchanged.
     let host = PluginHost::new(&HostConfig::default()).expect("host");
@@ -424,7 +425,7 @@ fn state_hands_over_from_a_0_1_build_to_a_0_3_build() {
     let mut new = instance(&host, "policy_hill_climb", SandboxLimits::default());
     new.init(&init_args).expect("init");
     new.restore(&state)
-        .expect("the 0.3 build takes over the 0.1 build's state");
+        .expect("the 0.4 build takes over the 0.1 build's state");
     assert_eq!(new.snapshot().expect("snapshot"), state);
 }
 
@@ -536,7 +537,7 @@ fn a_plugin_built_against_0_2_keeps_loading_and_running() {
 }
 
 #[test]
-fn state_hands_over_from_a_0_2_build_to_a_0_3_build() {
+fn state_hands_over_from_a_0_2_build_to_a_0_4_build() {
     let host = PluginHost::new(&HostConfig::default()).expect("host");
     let mut old = Arc::new(load_0_2(&host, "hill-climb"))
         .instantiate(1)
@@ -559,6 +560,136 @@ fn state_hands_over_from_a_0_2_build_to_a_0_3_build() {
     let mut new = instance(&host, "policy_hill_climb", SandboxLimits::default());
     new.init(&init_args).expect("init");
     new.restore(&state)
-        .expect("the 0.3 build takes over the 0.2 build's state");
+        .expect("the 0.4 build takes over the 0.2 build's state");
+    assert_eq!(new.snapshot().expect("snapshot"), state);
+}
+
+/// A GPU serving prompts, with the token budget granted: what 0.4 added, set, so a test
+/// sees it arrive on the 0.4 line and converted away on the earlier ones.
+fn serving_args(gpus: u32) -> InitArgs {
+    let mut init_args = args(gpus);
+    init_args.knobs.token_budget = true;
+    for device in &mut init_args.devices {
+        device.token_budget_min = 256;
+        device.token_budget_max = 8192;
+    }
+    init_args
+}
+
+fn serving_observation(gpu: u32, tick: u64, token_budget: u32) -> Observation {
+    let mut observation = Observation::typical_h200(gpu, tick);
+    observation.in_force.token_budget = token_budget;
+    observation.requests = Some(tokwatt_core::types::RequestsWindow {
+        prefill_tokens: 4096,
+        first_tokens: 2,
+        ttft_p99_ms: Some(180.0),
+        ..Default::default()
+    });
+    observation
+}
+
+#[test]
+fn a_0_4_plugin_is_told_of_the_token_budget_and_turns_it() {
+    let host = PluginHost::new(&HostConfig::default()).expect("host");
+    let mut policy = instance(&host, "fixture_echo_demand", SandboxLimits::default());
+    // The flag and the range arrive: the fixture answers the smallest budget.
+    let first = policy.init(&serving_args(2)).expect("init");
+    assert!(
+        first.iter().all(|s| s.token_budget == Some(256)),
+        "{first:?}"
+    );
+    // Not granted: the flag is not set, and the fixture leaves the budget alone.
+    let first = policy.init(&args(2)).expect("init");
+    assert!(first.iter().all(|s| s.token_budget.is_none()), "{first:?}");
+    // The budget in force arrives: the fixture answers half of it.
+    let answer = policy
+        .decide(
+            Duration::from_secs(1),
+            &[
+                serving_observation(0, 1, 4096),
+                Observation::typical_h200(1, 1),
+            ],
+        )
+        .expect("decide");
+    assert_eq!(answer[0].token_budget, Some(2048), "{answer:?}");
+    assert_eq!(
+        answer[1].token_budget, None,
+        "no budget in force: {answer:?}"
+    );
+}
+
+/// A plugin built against contract 0.3 before 0.4 existed (`tests/fixtures/contract-0.3`,
+/// built by the 0.3 SDK from the shipped policy of that name), loaded.
+fn load_0_3(host: &PluginHost, name: &str) -> LoadedPlugin {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../tests/fixtures/contract-0.3")
+        .join(format!("{name}.wasm"));
+    host.load(&path, name, SandboxLimits::default())
+        .expect("a 0.3 plugin loads")
+}
+
+#[test]
+fn a_plugin_built_against_0_3_keeps_loading_and_running_and_never_moves_the_token_budget() {
+    let host = PluginHost::new(&HostConfig::default()).expect("host");
+    let loaded = load_0_3(&host, "static");
+    assert_eq!(loaded.contract_line(), "0.3.*");
+    let mut policy = Arc::new(loaded).instantiate(1).expect("instantiates");
+    // Granted the token budget and told its range: the 0.3 plugin cannot see either,
+    // and its settings never name a budget.
+    let mut init_args = serving_args(2);
+    init_args.params = vec![
+        ("power_cap_w".to_owned(), "450".to_owned()),
+        ("batch_size".to_owned(), "128".to_owned()),
+    ];
+    let first = policy.init(&init_args).expect("init");
+    assert!(
+        first
+            .iter()
+            .all(|s| s.power_cap_w == Some(450.0) && s.token_budget.is_none()),
+        "{first:?}"
+    );
+    for tick in 1..4 {
+        let answer = policy
+            .decide(
+                Duration::from_secs(tick),
+                &[
+                    serving_observation(0, tick, 2048),
+                    serving_observation(1, tick, 8192),
+                ],
+            )
+            .expect("decide");
+        assert_eq!(answer.len(), 2);
+        assert!(
+            answer.iter().all(|s| s.token_budget.is_none()),
+            "{answer:?}"
+        );
+    }
+}
+
+#[test]
+fn state_hands_over_from_a_0_3_build_to_a_0_4_build() {
+    let host = PluginHost::new(&HostConfig::default()).expect("host");
+    let mut old = Arc::new(load_0_3(&host, "hill-climb"))
+        .instantiate(1)
+        .expect("instantiates");
+    let mut init_args = args(1);
+    init_args.knobs = tokwatt_core::types::Knobs {
+        power_cap: true,
+        ..Default::default()
+    };
+    old.init(&init_args).expect("init");
+    for tick in 0..5 {
+        old.decide(
+            Duration::from_secs(tick),
+            &[Observation::typical_h200(0, tick)],
+        )
+        .expect("decide");
+    }
+    let state = old.snapshot().expect("snapshot");
+    assert!(!state.bytes.is_empty(), "hill-climb keeps state");
+    let mut new = instance(&host, "policy_hill_climb", SandboxLimits::default());
+    new.init(&init_args).expect("init");
+    new.restore(&state)
+        .expect("the 0.4 build takes over the 0.3 build's state");
     assert_eq!(new.snapshot().expect("snapshot"), state);
 }

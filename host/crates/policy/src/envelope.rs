@@ -29,6 +29,14 @@ pub struct Guardrails {
     pub max_sm_clock_step_mhz: Option<u32>,
     /// Largest batch size change per tick.
     pub max_batch_size_step: Option<u32>,
+    /// The token budget per step's range, where the workload has one (tokens a step).
+    #[serde(default)]
+    pub token_budget_min: Option<u32>,
+    #[serde(default)]
+    pub token_budget_max: Option<u32>,
+    /// Largest token budget change per tick.
+    #[serde(default)]
+    pub max_token_budget_step: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -48,6 +56,36 @@ pub enum EnvelopeError {
     BadValue(&'static str),
 }
 
+/// What the workload accepts on one GPU: the envelope's view of its knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkloadLimits {
+    /// The largest batch size ([`tokwatt_core::workload::Workload::batch_size_max`]).
+    pub batch_size_max: u32,
+    /// The token budget per step's range, `(min, max)`; `None` where the workload has no
+    /// token budget ([`tokwatt_core::workload::Workload::token_budget_range`]).
+    pub token_budget: Option<(u32, u32)>,
+}
+
+impl WorkloadLimits {
+    /// A workload of batches up to `batch_size_max` and no token budget (it decodes only).
+    pub const fn batch_only(batch_size_max: u32) -> Self {
+        Self {
+            batch_size_max,
+            token_budget: None,
+        }
+    }
+
+    /// What `workload` accepts on each of `gpus`.
+    pub fn of(workload: &dyn tokwatt_core::workload::Workload, gpus: &[u32]) -> Vec<Self> {
+        gpus.iter()
+            .map(|&gpu| Self {
+                batch_size_max: workload.batch_size_max(gpu),
+                token_budget: workload.token_budget_range(gpu),
+            })
+            .collect()
+    }
+}
+
 /// The effective limits of one GPU.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GpuLimits {
@@ -57,11 +95,15 @@ pub struct GpuLimits {
     /// The device's highest clock: asking for it releases the lock.
     pub sm_clock_device_max_mhz: u32,
     pub batch_size: (u32, u32),
+    /// The token budget per step's range within the guardrails; `None` where the workload
+    /// has no token budget (the knob then turns nothing).
+    pub token_budget: Option<(u32, u32)>,
     pub max_power_cap_step_w: f64,
     /// The largest raise per tick: the step, or less.
     pub max_power_cap_raise_w: f64,
     pub max_sm_clock_step_mhz: u32,
     pub max_batch_size_step: u32,
+    pub max_token_budget_step: u32,
 }
 
 /// What survives the envelope for one GPU: only the knobs that change.
@@ -88,9 +130,30 @@ fn check_positive(value: Option<f64>, name: &'static str) -> Result<(), Envelope
 }
 
 impl Envelope {
+    /// The envelope of a workload without a token budget, whose largest batch on each
+    /// GPU is `batch_size_max`: [`Envelope::for_workload`] with
+    /// [`WorkloadLimits::batch_only`].
     pub fn new(
         devices: &[DeviceInfo],
         batch_size_max: &[u32],
+        guardrails: &Guardrails,
+        knobs: Knobs,
+    ) -> Result<Self, EnvelopeError> {
+        let workload: Vec<WorkloadLimits> = batch_size_max
+            .iter()
+            .map(|&max| WorkloadLimits::batch_only(max))
+            .collect();
+        Self::for_workload(devices, &workload, guardrails, knobs)
+    }
+
+    /// The envelope of `devices` running a workload that accepts `workload` on each (in
+    /// the devices' order), within `guardrails`, for a policy granted `knobs`. The token
+    /// budget knob turns nothing on a GPU whose workload has none: a policy granted it
+    /// there is refused before it starts (`tokwatt_agent`), and a node's own envelope
+    /// simply has no budget to move.
+    pub fn for_workload(
+        devices: &[DeviceInfo],
+        workload: &[WorkloadLimits],
         guardrails: &Guardrails,
         knobs: Knobs,
     ) -> Result<Self, EnvelopeError> {
@@ -99,7 +162,8 @@ impl Envelope {
         check_positive(guardrails.max_power_cap_step_w, "max_power_cap_step_w")?;
         check_positive(guardrails.max_power_cap_raise_w, "max_power_cap_raise_w")?;
         let mut gpus = Vec::with_capacity(devices.len());
-        for (device, &workload_max) in devices.iter().zip(batch_size_max) {
+        for (device, accepts) in devices.iter().zip(workload) {
+            let workload_max = accepts.batch_size_max;
             let gpu = device.index;
             let lo = guardrails
                 .power_cap_min_w
@@ -151,11 +215,34 @@ impl Envelope {
                     dev_hi: f64::from(workload_max),
                 });
             }
+            let token_budget = match accepts.token_budget {
+                None => None,
+                Some((workload_lo, workload_hi)) => {
+                    let lo = guardrails
+                        .token_budget_min
+                        .map_or(workload_lo, |g| g.max(workload_lo));
+                    let hi = guardrails
+                        .token_budget_max
+                        .map_or(workload_hi, |g| g.min(workload_hi));
+                    if lo > hi {
+                        return Err(EnvelopeError::Disjoint {
+                            gpu,
+                            what: "token budget (tokens a step)",
+                            lo: f64::from(guardrails.token_budget_min.unwrap_or(lo)),
+                            hi: f64::from(guardrails.token_budget_max.unwrap_or(hi)),
+                            dev_lo: f64::from(workload_lo),
+                            dev_hi: f64::from(workload_hi),
+                        });
+                    }
+                    Some((lo, hi))
+                }
+            };
             gpus.push(GpuLimits {
                 power_cap_w: (lo, hi),
                 sm_clocks_mhz: sm_clocks,
                 sm_clock_device_max_mhz: device.sm_clock_max_mhz(),
                 batch_size: (batch_lo, batch_hi),
+                token_budget,
                 max_power_cap_step_w: guardrails.max_power_cap_step_w.unwrap_or(f64::INFINITY),
                 max_power_cap_raise_w: guardrails
                     .max_power_cap_raise_w
@@ -163,6 +250,7 @@ impl Envelope {
                     .min(guardrails.max_power_cap_step_w.unwrap_or(f64::INFINITY)),
                 max_sm_clock_step_mhz: guardrails.max_sm_clock_step_mhz.unwrap_or(u32::MAX),
                 max_batch_size_step: guardrails.max_batch_size_step.unwrap_or(u32::MAX),
+                max_token_budget_step: guardrails.max_token_budget_step.unwrap_or(u32::MAX),
             });
         }
         Ok(Self { knobs, gpus })
@@ -192,6 +280,8 @@ impl Envelope {
                 power_cap_default_w: d.power_cap_default_w,
                 sm_clocks_mhz: limits.sm_clocks_mhz.clone(),
                 batch_size_max: limits.batch_size.1,
+                token_budget_min: limits.token_budget.map_or(0, |(lo, _)| lo),
+                token_budget_max: limits.token_budget.map_or(0, |(_, hi)| hi),
             })
             .collect()
     }
@@ -200,7 +290,9 @@ impl Envelope {
     ///
     /// Ranges win over step limits, for every knob alike: a value outside the allowed
     /// range is brought inside at once, whatever the step limit; within the range, a
-    /// change is limited per tick. A granted knob whose setting in force lies outside the
+    /// change is limited per tick. A token budget asked of a GPU whose workload has none
+    /// is dropped and counted as clamped, as a knob not granted is. A granted knob whose
+    /// setting in force lies outside the
     /// range is brought inside even when nothing asks for it (the workload's initial
     /// batch size, a fallback's "hold"), so no setting the host keeps escapes the
     /// envelope.
@@ -215,6 +307,7 @@ impl Envelope {
             power_cap_w: requested.power_cap_w.or(inside.power_cap_w),
             sm_clock_max_mhz: requested.sm_clock_max_mhz.or(inside.sm_clock_max_mhz),
             batch_size: requested.batch_size.or(inside.batch_size),
+            token_budget: requested.token_budget.or(inside.token_budget),
         };
 
         if let Some(want) = requested.power_cap_w {
@@ -264,6 +357,23 @@ impl Envelope {
                 applied.clamped = true;
             }
         }
+        if let Some(want) = requested.token_budget {
+            match limits.token_budget.filter(|_| self.knobs.token_budget) {
+                Some((lo, hi)) => {
+                    let (stepped, _) = step_limited_u32(
+                        want.clamp(lo, hi),
+                        in_force.token_budget,
+                        limits.max_token_budget_step,
+                    );
+                    let tokens = stepped.clamp(lo, hi);
+                    applied.clamped |= tokens != want;
+                    if tokens != in_force.token_budget {
+                        applied.settings.token_budget = Some(tokens);
+                    }
+                }
+                None => applied.clamped = true,
+            }
+        }
         applied
     }
 
@@ -290,6 +400,12 @@ impl Envelope {
         let (lo, hi) = limits.batch_size;
         if self.knobs.batch_size && !(lo..=hi).contains(&in_force.batch_size) {
             inside.batch_size = Some(in_force.batch_size.clamp(lo, hi));
+        }
+        if let Some((lo, hi)) = limits.token_budget
+            && self.knobs.token_budget
+            && !(lo..=hi).contains(&in_force.token_budget)
+        {
+            inside.token_budget = Some(in_force.token_budget.clamp(lo, hi));
         }
         inside
     }
@@ -364,11 +480,7 @@ mod tests {
     }
 
     fn all_knobs() -> Knobs {
-        Knobs {
-            power_cap: true,
-            sm_clock: true,
-            batch_size: true,
-        }
+        Knobs::all()
     }
 
     fn in_force() -> InForce {
@@ -377,6 +489,33 @@ mod tests {
             power_cap_requested_w: 700.0,
             sm_clock_max_mhz: 1980,
             batch_size: 64,
+            token_budget: 0,
+        }
+    }
+
+    /// A serving workload: batches to 512, 1 to 8192 tokens a step, 8192 in force.
+    fn serving() -> WorkloadLimits {
+        WorkloadLimits {
+            batch_size_max: 512,
+            token_budget: Some((1, 8192)),
+        }
+    }
+
+    fn serving_in_force() -> InForce {
+        InForce {
+            token_budget: 8192,
+            ..in_force()
+        }
+    }
+
+    fn serving_envelope(g: Guardrails, knobs: Knobs) -> Envelope {
+        Envelope::for_workload(&[h200()], &[serving()], &g, knobs).expect("valid")
+    }
+
+    fn budget(tokens: u32) -> Settings {
+        Settings {
+            token_budget: Some(tokens),
+            ..Settings::default()
         }
     }
 
@@ -407,6 +546,7 @@ mod tests {
                         power_cap_w: Some(watts),
                         sm_clock_max_mhz: Some(mhz),
                         batch_size: Some(batch),
+                        token_budget: Some(batch),
                     };
                     let out = env.apply(0, &req, &in_force());
                     assert!(out.clamped);
@@ -420,6 +560,7 @@ mod tests {
                     if let Some(b) = out.settings.batch_size {
                         assert!((1..=512).contains(&b));
                     }
+                    assert_eq!(out.settings.token_budget, None, "no budget to move");
                 }
             }
         }
@@ -465,6 +606,7 @@ mod tests {
             power_cap_w: Some(450.0),
             sm_clock_max_mhz: Some(1500),
             batch_size: Some(128),
+            token_budget: None,
         };
         let out = env.apply(0, &req, &in_force());
         assert!(!out.clamped);
@@ -478,6 +620,7 @@ mod tests {
             power_cap_w: Some(700.0),
             sm_clock_max_mhz: Some(1980),
             batch_size: Some(64),
+            token_budget: None,
         };
         let out = env.apply(0, &req, &in_force());
         assert_eq!(out.settings, Settings::default());
@@ -496,6 +639,7 @@ mod tests {
             power_cap_w: Some(200.0),
             sm_clock_max_mhz: Some(800),
             batch_size: Some(512),
+            token_budget: None,
         };
         let out = env.apply(0, &req, &in_force());
         assert_eq!(out.settings.power_cap_w, Some(650.0));
@@ -526,6 +670,7 @@ mod tests {
             power_cap_w: Some(390.0),
             sm_clock_max_mhz: Some(1400),
             batch_size: Some(200),
+            token_budget: None,
         };
         let out = env.apply(0, &asked, &in_force());
         assert_eq!(out.settings.power_cap_w, Some(400.0));
@@ -543,6 +688,7 @@ mod tests {
                 power_cap_w: Some(400.0),
                 sm_clock_max_mhz: Some(1500),
                 batch_size: Some(256),
+                token_budget: None,
             }
         );
         assert!(
@@ -569,6 +715,7 @@ mod tests {
                 power_cap_w: Some(500.0),
                 sm_clock_max_mhz: Some(1500),
                 batch_size: Some(8),
+                token_budget: None,
             },
             &in_force(),
         );
@@ -605,5 +752,115 @@ mod tests {
         assert_eq!(facts[0].power_cap_max_w, 600.0);
         assert_eq!(facts[0].batch_size_max, 256);
         assert!(facts[0].sm_clocks_mhz.iter().all(|&c| c >= 1000));
+        assert_eq!(
+            (facts[0].token_budget_min, facts[0].token_budget_max),
+            (0, 0),
+            "a decode-only workload has no token budget"
+        );
+        let serving = serving_envelope(
+            Guardrails {
+                token_budget_min: Some(256),
+                token_budget_max: Some(4096),
+                ..Guardrails::default()
+            },
+            all_knobs(),
+        );
+        let facts = serving.facts(&[h200()]);
+        assert_eq!(
+            (facts[0].token_budget_min, facts[0].token_budget_max),
+            (256, 4096)
+        );
+    }
+
+    #[test]
+    fn the_token_budget_is_clamped_to_its_range_and_stepped() {
+        let env = serving_envelope(
+            Guardrails {
+                token_budget_min: Some(256),
+                token_budget_max: Some(4096),
+                max_token_budget_step: Some(1024),
+                ..Guardrails::default()
+            },
+            all_knobs(),
+        );
+        let inside = InForce {
+            token_budget: 2048,
+            ..in_force()
+        };
+        // Within the range and the step: as asked.
+        let out = env.apply(0, &budget(1536), &inside);
+        assert_eq!(out.settings.token_budget, Some(1536));
+        assert!(!out.clamped);
+        // Past the range: its edge, then the step from what is in force.
+        let out = env.apply(0, &budget(100_000), &inside);
+        assert_eq!(out.settings.token_budget, Some(3072));
+        assert!(out.clamped);
+        let out = env.apply(0, &budget(0), &inside);
+        assert_eq!(out.settings.token_budget, Some(1024));
+        assert!(out.clamped);
+        // The range wins over the step: the start's 8192 comes down to 4096 at once,
+        // asked or not.
+        let out = env.apply(0, &budget(3000), &serving_in_force());
+        assert_eq!(out.settings.token_budget, Some(4096));
+        let held = env.apply(0, &Settings::default(), &serving_in_force());
+        assert_eq!(held.settings.token_budget, Some(4096));
+        assert!(!held.clamped, "nothing was asked");
+        // What is in force is not asked again.
+        let out = env.apply(0, &budget(2048), &inside);
+        assert_eq!(out.settings, Settings::default());
+    }
+
+    #[test]
+    fn a_token_budget_not_granted_or_without_a_workload_budget_is_dropped_and_counted() {
+        let batch_only = Knobs {
+            batch_size: true,
+            ..Knobs::default()
+        };
+        let env = serving_envelope(Guardrails::default(), batch_only);
+        let out = env.apply(0, &budget(1024), &serving_in_force());
+        assert_eq!(out.settings.token_budget, None);
+        assert!(out.clamped, "a knob not granted counts as clamped");
+        // Not granted, it is left where it is even outside the guardrails.
+        let narrow = serving_envelope(
+            Guardrails {
+                token_budget_max: Some(1024),
+                ..Guardrails::default()
+            },
+            batch_only,
+        );
+        let held = narrow.apply(0, &Settings::default(), &serving_in_force());
+        assert_eq!(held.settings.token_budget, None);
+        // Granted on a workload without a budget (decode only): nothing to move.
+        let decode_only = envelope(Guardrails::default());
+        let out = decode_only.apply(0, &budget(1024), &in_force());
+        assert_eq!(out.settings.token_budget, None);
+        assert!(out.clamped);
+    }
+
+    #[test]
+    fn token_budget_guardrails_outside_the_workloads_range_are_refused() {
+        let err = Envelope::for_workload(
+            &[h200()],
+            &[serving()],
+            &Guardrails {
+                token_budget_min: Some(10_000),
+                ..Guardrails::default()
+            },
+            all_knobs(),
+        )
+        .expect_err("disjoint");
+        assert!(err.to_string().contains("token budget"), "{err}");
+        // On a workload without a budget they bound nothing and refuse nothing (a node's
+        // guardrails serve every workload it runs).
+        Envelope::new(
+            &[h200()],
+            &[512],
+            &Guardrails {
+                token_budget_min: Some(10_000),
+                ..Guardrails::default()
+            },
+            all_knobs(),
+        )
+        .expect("no budget to bound");
     }
 }

@@ -134,10 +134,10 @@ impl NodeRules {
     pub fn envelope(
         &self,
         devices: &[tokwatt_core::types::DeviceInfo],
-        batch_size_max: &[u32],
+        workload: &[crate::envelope::WorkloadLimits],
         knobs: tokwatt_core::types::Knobs,
     ) -> Result<crate::envelope::Envelope, crate::envelope::EnvelopeError> {
-        crate::envelope::Envelope::new(devices, batch_size_max, &self.guardrails, knobs)
+        crate::envelope::Envelope::for_workload(devices, workload, &self.guardrails, knobs)
     }
 
     /// The spec's objective and guardrails within the node's: every bound the spec leaves
@@ -253,6 +253,27 @@ impl NodeRules {
                 Tighter::Lower,
                 &mut loosened,
             ),
+            token_budget_min: narrow_u32(
+                "guardrails.token_budget_min",
+                n.token_budget_min,
+                s.token_budget_min,
+                Tighter::Higher,
+                &mut loosened,
+            ),
+            token_budget_max: narrow_u32(
+                "guardrails.token_budget_max",
+                n.token_budget_max,
+                s.token_budget_max,
+                Tighter::Lower,
+                &mut loosened,
+            ),
+            max_token_budget_step: narrow_u32(
+                "guardrails.max_token_budget_step",
+                n.max_token_budget_step,
+                s.max_token_budget_step,
+                Tighter::Lower,
+                &mut loosened,
+            ),
         };
         if let Some((key, asked, node, fix)) = loosened.into_iter().next() {
             return Err(Box::new(Loosened {
@@ -296,6 +317,9 @@ mod tests {
                 power_cap_max_w: Some(600.0),
                 max_power_cap_step_w: Some(100.0),
                 max_power_cap_raise_w: Some(200.0),
+                token_budget_min: Some(256),
+                token_budget_max: Some(8192),
+                max_token_budget_step: Some(2048),
                 ..Guardrails::default()
             },
             guard: GuardConfig::default(),
@@ -324,6 +348,16 @@ mod tests {
         assert_eq!(narrowed.guardrails.power_cap_min_w, Some(300.0));
         assert_eq!(narrowed.guardrails.power_cap_max_w, Some(500.0));
         assert_eq!(narrowed.guardrails.max_power_cap_step_w, Some(50.0));
+        // The token budget's range is narrowed as the others: a spec may tighten it.
+        let budget = node()
+            .narrow(
+                &spec("[guardrails]\ntoken_budget_min = 512\ntoken_budget_max = 4096\n"),
+                "serve.toml",
+            )
+            .expect("narrows");
+        assert_eq!(budget.guardrails.token_budget_min, Some(512));
+        assert_eq!(budget.guardrails.token_budget_max, Some(4096));
+        assert_eq!(budget.guardrails.max_token_budget_step, Some(2048));
     }
 
     #[test]
@@ -358,6 +392,21 @@ mod tests {
                 "[guardrails]\nmax_power_cap_raise_w = 400.0\n",
                 "guardrails.max_power_cap_raise_w",
                 "at most 200",
+            ),
+            (
+                "[guardrails]\ntoken_budget_min = 128\n",
+                "guardrails.token_budget_min",
+                "at least 256",
+            ),
+            (
+                "[guardrails]\ntoken_budget_max = 16384\n",
+                "guardrails.token_budget_max",
+                "at most 8192",
+            ),
+            (
+                "[guardrails]\nmax_token_budget_step = 4096\n",
+                "guardrails.max_token_budget_step",
+                "at most 2048",
             ),
         ];
         for (text, key, fix) in cases {

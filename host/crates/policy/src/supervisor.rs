@@ -21,6 +21,9 @@ pub struct DeviceFacts {
     /// Highest first.
     pub sm_clocks_mhz: Vec<u32>,
     pub batch_size_max: u32,
+    /// The token budget per step's range; both 0 where the workload has none.
+    pub token_budget_min: u32,
+    pub token_budget_max: u32,
 }
 
 /// What `init` receives.
@@ -36,7 +39,8 @@ pub struct InitArgs {
 
 impl DeviceFacts {
     /// A plausible H200 as a policy is told about it (110 SM clocks from 1980 MHz down,
-    /// caps 200 to 700 W, batches to 512), for benchmarks and tests.
+    /// caps 200 to 700 W, batches to 512, decoding only: no token budget), for benchmarks
+    /// and tests.
     pub fn typical_h200(gpu: u32) -> Self {
         Self {
             index: gpu,
@@ -48,13 +52,16 @@ impl DeviceFacts {
             power_cap_default_w: 700.0,
             sm_clocks_mhz: (0..110).map(|i| 1980 - 15 * i).collect(),
             batch_size_max: 512,
+            token_budget_min: 0,
+            token_budget_max: 0,
         }
     }
 }
 
 impl InitArgs {
-    /// What `init` gets for `gpus` typical H200s with every knob granted and the default
-    /// objective, for benchmarks and tests.
+    /// What `init` gets for `gpus` typical H200s with every knob they have granted (not
+    /// the token budget: they decode only) and the default objective, for benchmarks and
+    /// tests.
     pub fn typical_h200(gpus: u32) -> Self {
         Self {
             devices: (0..gpus).map(DeviceFacts::typical_h200).collect(),
@@ -62,6 +69,7 @@ impl InitArgs {
                 power_cap: true,
                 sm_clock: true,
                 batch_size: true,
+                token_budget: false,
             },
             objective: Objective::default(),
             params: vec![],

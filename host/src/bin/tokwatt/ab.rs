@@ -230,6 +230,7 @@ pub fn ab(args: AbArgs) -> Result<()> {
             power_cap: a.knobs.power_cap || b.knobs.power_cap,
             sm_clock: a.knobs.sm_clock || b.knobs.sm_clock,
             batch_size: a.knobs.batch_size || b.knobs.batch_size,
+            token_budget: a.knobs.token_budget || b.knobs.token_budget,
         };
         assembled
             .guard_settings(

@@ -31,9 +31,10 @@ impl ControlLoop {
                 power_cap: node.power_cap && !owned.power_cap,
                 sm_clock: node.sm_clock && !owned.sm_clock,
                 batch_size: node.batch_size && !owned.batch_size,
+                token_budget: node.token_budget && !owned.token_budget,
             }
         };
-        if !(moved.power_cap || moved.sm_clock || moved.batch_size) {
+        if moved.none() {
             return Settings::default();
         }
         let target = if guard_in_charge {
@@ -47,6 +48,7 @@ impl ControlLoop {
                     power_cap_w: Some(b.power_cap_requested_w),
                     sm_clock_max_mhz: Some(b.sm_clock_max_mhz),
                     batch_size: Some(b.batch_size),
+                    token_budget: (b.token_budget > 0).then_some(b.token_budget),
                 })
         };
         let stepped = self
@@ -209,6 +211,18 @@ impl ControlLoop {
                 }
             }
         }
+        if let Some(tokens) = settings.token_budget {
+            match self.backends.workload.set_token_budget(gpu, tokens) {
+                Ok(()) => {
+                    self.in_force[g].token_budget = tokens;
+                    self.changed(gpu);
+                }
+                Err(e) => {
+                    self.totals.actuator_errors += 1;
+                    tracing::warn!(gpu, "token budget change failed: {e}");
+                }
+            }
+        }
     }
 
     pub(super) fn changed(&mut self, gpu: u32) {
@@ -228,6 +242,7 @@ pub(super) fn only(settings: Settings, knobs: Knobs) -> Settings {
         power_cap_w: settings.power_cap_w.filter(|_| knobs.power_cap),
         sm_clock_max_mhz: settings.sm_clock_max_mhz.filter(|_| knobs.sm_clock),
         batch_size: settings.batch_size.filter(|_| knobs.batch_size),
+        token_budget: settings.token_budget.filter(|_| knobs.token_budget),
     }
 }
 
@@ -237,5 +252,6 @@ pub(super) fn merged(a: Settings, b: Settings) -> Settings {
         power_cap_w: a.power_cap_w.or(b.power_cap_w),
         sm_clock_max_mhz: a.sm_clock_max_mhz.or(b.sm_clock_max_mhz),
         batch_size: a.batch_size.or(b.batch_size),
+        token_budget: a.token_budget.or(b.token_budget),
     }
 }

@@ -617,3 +617,146 @@ fn a_rollback_puts_back_the_settings_the_restored_policy_had_in_force() {
         "the restored policy's batch is back: {batches:?}"
     );
 }
+
+/// The token budget through the loop: a policy granted it moves the workload's budget,
+/// within its guardrails; once a policy that does not own it takes over, the host puts
+/// the budget back where the run started (invariant 9), as it does every other knob.
+#[test]
+fn a_granted_token_budget_reaches_the_workload_and_goes_back_when_no_policy_owns_it() {
+    let clock = VirtualClock::new();
+    let scenario = Scenario::from_toml_str(
+        "model = \"llama-3-8b\"\nprompt_tokens = 2048\noutput_tokens = 128\n\
+         max_batched_tokens = 4096\n[[phases]]\nstart_s = 0\narrival_rps = 4\n",
+        "prompts",
+    )
+    .expect("scenario");
+    let sim = SimGpu::new(
+        SimConfig {
+            profile: GpuProfile::load("h200").expect("profile"),
+            scenario,
+            gpus: 1,
+            seed: 1,
+            noise_seed: None,
+        },
+        clock.clone(),
+    )
+    .expect("sim");
+    let devices = sim.telemetry().devices();
+    let backends = Backends {
+        telemetry: sim.telemetry(),
+        actuator: sim.actuator(),
+        workload: sim.workload(),
+        clock,
+    };
+    let workload = tokwatt_policy::envelope::WorkloadLimits::of(backends.workload.as_ref(), &[0]);
+    assert_eq!(workload[0].token_budget, Some((1, 4096)));
+    let start = |knobs: Knobs, ask: Option<u32>| {
+        let guardrails = Guardrails {
+            token_budget_min: Some(512),
+            ..Guardrails::default()
+        };
+        let envelope =
+            Envelope::for_workload(&devices, &workload, &guardrails, knobs).expect("envelope");
+        let args = InitArgs {
+            devices: envelope.facts(&devices),
+            knobs,
+            objective: Objective::default(),
+            params: vec![],
+            tick_ms: 1000,
+            seed: 1,
+        };
+        assert_eq!(
+            (
+                args.devices[0].token_budget_min,
+                args.devices[0].token_budget_max
+            ),
+            (512, 4096)
+        );
+        let policy = NativePolicy::new(move |_, observations: &[Observation]| {
+            Ok(vec![
+                Settings {
+                    token_budget: ask,
+                    ..Settings::default()
+                };
+                observations.len()
+            ])
+        });
+        let (supervisor, first) =
+            Supervisor::start(Box::new(policy), args, BreakerConfig::default()).expect("starts");
+        (supervisor, first, envelope)
+    };
+    let budget_only = Knobs {
+        token_budget: true,
+        ..Knobs::default()
+    };
+    // Asks for 100 tokens a step: the guardrails' 512 is what it gets.
+    let (supervisor, first, envelope) = start(budget_only, Some(100));
+    let batch_only = Knobs {
+        batch_size: true,
+        ..Knobs::default()
+    };
+    let (other, other_first, other_envelope) = start(batch_only, None);
+    let (sender, port) = crate::swap::swap_channel();
+    let mut next = Some(crate::swap::PreparedPolicy {
+        supervisor: other,
+        first: other_first,
+        envelope: other_envelope,
+        objective: Objective::default(),
+        probation_ticks: 2,
+        notify: None,
+        state: crate::swap::StateOnSwap::Fresh,
+        operator_rollback: false,
+    });
+    let control = ControlLoop::new(
+        backends,
+        supervisor,
+        &first,
+        envelope,
+        LoopConfig::new(
+            Duration::from_secs(10),
+            Duration::from_secs(1),
+            Objective::default(),
+        ),
+        Arc::new(AtomicBool::new(false)),
+    )
+    .with_swaps(port);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut recorder = Recorder::create(dir.path(), false).expect("recorder");
+    let mut budgets = Vec::new();
+    let mut seen = Vec::new();
+    let (totals, _) = control
+        .run(&mut recorder, &mut |p| {
+            budgets.push(p.in_force[0].token_budget);
+            seen.push(p.observations[0].in_force.token_budget);
+            if p.tick == 3
+                && let Some(prepared) = next.take()
+            {
+                sender.send(prepared).expect("the loop runs");
+            }
+        })
+        .expect("runs");
+    assert_eq!(totals.swaps.swaps, 1);
+    assert_eq!(budgets[0], 512, "the first tick: {budgets:?}");
+    assert_eq!(seen[1], 512, "the policy sees it in force: {seen:?}");
+    assert!(totals.clamped_decisions > 0, "100 was clamped to 512");
+    assert_eq!(
+        budgets.last(),
+        Some(&4096),
+        "back to the start's budget: {budgets:?}"
+    );
+    // The trace has it beside the batch size.
+    let trace = std::fs::read_to_string(dir.path().join("trace.csv")).expect("trace");
+    let header: Vec<&str> = trace.lines().next().expect("header").split(',').collect();
+    let column = header
+        .iter()
+        .position(|c| *c == "token_budget")
+        .expect("a token_budget column");
+    assert_eq!(header[column - 1], "batch_size");
+    let recorded: Vec<&str> = trace
+        .lines()
+        .skip(1)
+        .map(|line| line.split(',').nth(column).expect("a value"))
+        .collect();
+    assert_eq!(recorded[1], "512", "{recorded:?}");
+    assert_eq!(recorded.last(), Some(&"4096"), "{recorded:?}");
+}

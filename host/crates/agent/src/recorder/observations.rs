@@ -203,6 +203,7 @@ mod tests {
                 power_cap_w: Some(f64::NAN),
                 sm_clock_max_mhz: None,
                 batch_size: Some(8),
+                token_budget: None,
             },
             guard: tick == 1,
             energy_counter_j: 1.5,

@@ -42,6 +42,9 @@ pub struct TraceRow {
     pub power_cap_requested_w: f64,
     pub sm_clock_max_mhz: u32,
     pub batch_size: u32,
+    /// The token budget per step during the window; empty where the workload has none
+    /// (format 3 on).
+    pub token_budget: Option<u32>,
     pub power_avg_w: f64,
     pub power_peak_w: f64,
     pub energy_j: f64,
@@ -98,6 +101,7 @@ impl TraceRow {
             power_cap_requested_w: round(o.in_force.power_cap_requested_w, 1),
             sm_clock_max_mhz: o.in_force.sm_clock_max_mhz,
             batch_size: o.in_force.batch_size,
+            token_budget: (o.in_force.token_budget > 0).then_some(o.in_force.token_budget),
             power_avg_w: round(o.power_avg_w, 2),
             power_peak_w: round(o.power_peak_w, 2),
             energy_j: round(o.energy_j, 4),
@@ -278,8 +282,9 @@ impl Iterator for TraceReader {
 }
 
 /// The columns a trace may lack: those [`TraceRow`] reads as `Option`.
-fn optional_columns() -> [String; 10] {
+fn optional_columns() -> [String; 11] {
     [
+        "token_budget",
         "power_mem_w",
         "requests_arrived",
         "requests_turned_away",

@@ -454,6 +454,7 @@ mod tests {
             power_cap_w: Some(f64::NAN),
             sm_clock_max_mhz: None,
             batch_size: Some(8),
+            token_budget: None,
         };
         let observation = Observation::typical_h200(0, 1);
         let mut recorder = Recorder::create(dir.path(), false).expect("recorder");

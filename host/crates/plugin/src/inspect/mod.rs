@@ -97,7 +97,7 @@ pub struct ExportEntry {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Inspection {
     pub path: PathBuf,
-    /// The guest interface the component exports (`tokwatt:policy/guest@0.3.0`).
+    /// The guest interface the component exports (`tokwatt:policy/guest@0.4.0`).
     pub guest_interface: Option<String>,
     /// The contract version it was built against, and whether this host serves it.
     pub contract_version: Option<String>,
@@ -578,11 +578,12 @@ mod tests {
         assert!(import_verdict("tokwatt:policy/types@0.1.3").is_ok());
         assert!(import_verdict("tokwatt:policy/host@0.2.0").is_ok());
         assert!(import_verdict("tokwatt:policy/host@0.3.0").is_ok());
+        assert!(import_verdict("tokwatt:policy/host@0.4.0").is_ok());
         assert!(import_verdict("wasi:io/streams@0.2.6").is_ok());
         assert!(import_verdict("wasi:cli/environment@0.2.0").is_ok());
-        let other_contract = import_verdict("tokwatt:policy/host@0.4.0").expect_err("0.4");
+        let other_contract = import_verdict("tokwatt:policy/host@0.5.0").expect_err("0.5");
         assert!(
-            other_contract.contains("0.3.* or 0.2.* or 0.1.*"),
+            other_contract.contains("0.4.* or 0.3.* or 0.2.* or 0.1.*"),
             "{other_contract}"
         );
         let http = import_verdict("wasi:http/outgoing-handler@0.2.0").expect_err("http");

@@ -141,6 +141,8 @@ pub(super) fn sample_observation(
             power_cap_requested_w: cap,
             sm_clock_max_mhz: sm_clock_max,
             batch_size: batch,
+            // The workload's budget, where it has one: the most the range allows.
+            token_budget: device.token_budget_max,
         },
         last_clamped: false,
         settling: false,

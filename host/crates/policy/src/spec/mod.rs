@@ -30,7 +30,7 @@ pub enum SpecError {
         reason: Box<str>,
     },
     #[error(
-        "policy spec {path}: unknown knob `{knob}`; the knobs are \"power-cap\", \"sm-clock\" and \"batch-size\""
+        "policy spec {path}: unknown knob `{knob}`; the knobs are \"power-cap\", \"sm-clock\", \"batch-size\" and \"token-budget\""
     )]
     UnknownKnob { path: PathBuf, knob: String },
     #[error("policy spec {}{}: `{key}` {problem}", path.display(), line.map_or_else(String::new, |l| format!(":{l}")))]
@@ -72,7 +72,7 @@ impl SpecError {
                 path.display()
             ),
             SpecError::UnknownKnob { path, .. } => format!(
-                "policy spec {}: `knobs` names an unknown knob; the knobs are \"power-cap\", \"sm-clock\" and \"batch-size\"",
+                "policy spec {}: `knobs` names an unknown knob; the knobs are \"power-cap\", \"sm-clock\", \"batch-size\" and \"token-budget\"",
                 path.display()
             ),
             other => other.to_string(),
@@ -151,6 +151,7 @@ impl PolicySpec {
                 "power-cap" => knobs.power_cap = true,
                 "sm-clock" => knobs.sm_clock = true,
                 "batch-size" => knobs.batch_size = true,
+                "token-budget" => knobs.token_budget = true,
                 _ => {
                     return Err(SpecError::UnknownKnob {
                         path: path.to_owned(),
@@ -375,6 +376,22 @@ mod tests {
         assert_eq!(spec.guardrails.power_cap_min_w, Some(300.0));
         assert_eq!(spec.sandbox.fuel_per_call, 1000);
         assert_eq!(spec.sandbox.memory_mib, SandboxLimits::default().memory_mib);
+    }
+
+    #[test]
+    fn the_token_budget_is_a_knob_with_guardrails_of_its_own() {
+        let spec = parse(
+            "name='x'\nplugin='x.wasm'\nknobs=['batch-size', 'token-budget']\n\
+             [guardrails]\ntoken_budget_min = 256\ntoken_budget_max = 4096\n\
+             max_token_budget_step = 1024",
+        )
+        .expect("valid");
+        assert!(spec.knobs.token_budget && spec.knobs.batch_size && !spec.knobs.power_cap);
+        assert_eq!(spec.guardrails.token_budget_min, Some(256));
+        assert_eq!(spec.guardrails.token_budget_max, Some(4096));
+        assert_eq!(spec.guardrails.max_token_budget_step, Some(1024));
+        let listed = parse("name='x'\nplugin='x.wasm'\nknobs=['prefill']").expect_err("bad");
+        assert!(listed.to_string().contains("\"token-budget\""), "{listed}");
     }
 
     #[test]

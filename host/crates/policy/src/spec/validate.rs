@@ -176,6 +176,9 @@ fn check_guardrails(raw: &RawSpec) -> Result<(), Problem> {
     positive_u32(T, "batch_size_max", g.batch_size_max)?;
     positive_u32(T, "max_sm_clock_step_mhz", g.max_sm_clock_step_mhz)?;
     positive_u32(T, "max_batch_size_step", g.max_batch_size_step)?;
+    positive_u32(T, "token_budget_min", g.token_budget_min)?;
+    positive_u32(T, "token_budget_max", g.token_budget_max)?;
+    positive_u32(T, "max_token_budget_step", g.max_token_budget_step)?;
     ordered(
         T,
         ("power_cap_min_w", g.power_cap_min_w),
@@ -190,6 +193,11 @@ fn check_guardrails(raw: &RawSpec) -> Result<(), Problem> {
         T,
         ("batch_size_min", g.batch_size_min),
         ("batch_size_max", g.batch_size_max),
+    )?;
+    ordered(
+        T,
+        ("token_budget_min", g.token_budget_min),
+        ("token_budget_max", g.token_budget_max),
     )
 }
 

@@ -39,6 +39,7 @@ fn observation() -> Observation {
             power_cap_requested_w: 700.0,
             sm_clock_max_mhz: 1980,
             batch_size: 1,
+            token_budget: 0,
         },
         ..Observation::nothing(0, 0)
     }

@@ -56,6 +56,7 @@ fn observation(gpu: u32, tick: u64, tokens: u64, energy_j: f64) -> Observation {
             power_cap_requested_w: 550.0,
             sm_clock_max_mhz: 1500,
             batch_size: 8,
+            token_budget: 0,
         },
         last_clamped: false,
         settling: false,

@@ -366,11 +366,7 @@ pub fn start(
     // The one rule for keeping the original settings (Assembled::guard_settings), over
     // every hardware knob: a policy swapped in later may turn knobs the first one leaves
     // alone.
-    let every_knob = tokwatt_core::types::Knobs {
-        power_cap: true,
-        sm_clock: true,
-        batch_size: true,
-    };
+    let every_knob = tokwatt_core::types::Knobs::all();
     let state_file = assembled.guard_settings(
         config.state_file.clone(),
         every_knob,
@@ -394,7 +390,7 @@ pub fn start(
     let node_knobs = offered.knobs();
     let node_envelope = config
         .rules
-        .envelope(&node.devices, &node.batch_size_max, node_knobs)
+        .envelope(&node.devices, &node.workload, node_knobs)
         .map_err(tokwatt_agent::AgentError::from)?;
     let (supervisor, first, envelope) =
         agent::start_policy(&host, &spec, &plugin_path, &node, config.seed, tick)?;

@@ -97,13 +97,15 @@ pub fn check(args: &CheckArgs) -> Result<()> {
     }
 }
 
-/// Simulated H200s as the agent would describe them (every knob granted, the device's
-/// own limits), the flags' parameters, a 1 s tick.
+/// Simulated H200s as the agent would describe them (every knob of the built-in
+/// scenario granted: it decodes only, so there is no token budget; the device's own
+/// limits), the flags' parameters, a 1 s tick.
 fn trial_inputs(args: &CheckArgs) -> Result<TrialInputs> {
     let all_knobs = Knobs {
         power_cap: true,
         sm_clock: true,
         batch_size: true,
+        token_budget: false,
     };
     let request = BackendRequest {
         target: Target::Sim(SimTarget {
@@ -116,9 +118,9 @@ fn trial_inputs(args: &CheckArgs) -> Result<TrialInputs> {
     let assembled = assembly::assemble(&request, "plugin-check", all_knobs)
         .context("assembling simulated H200s to describe to the plugin")?;
     let node = agent::NodeFacts::of(&assembled.backends);
-    let envelope = Envelope::new(
+    let envelope = Envelope::for_workload(
         &node.devices,
-        &node.batch_size_max,
+        &node.workload,
         &Guardrails::default(),
         assembled.knobs,
     )?;

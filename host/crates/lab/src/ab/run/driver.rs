@@ -404,6 +404,7 @@ pub(super) fn drive_group(
                     power_cap: a.power_cap || b.power_cap,
                     sm_clock: a.sm_clock || b.sm_clock,
                     batch_size: a.batch_size || b.batch_size,
+                    token_budget: a.token_budget || b.token_budget,
                 },
                 guard: tokwatt_policy::rules::NodeRules::judging().guard,
                 power_allowance: None,
