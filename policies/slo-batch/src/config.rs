@@ -22,10 +22,12 @@ pub(crate) struct Config {
     pub hold_windows: u32,
     /// A change of tokens/s by this factor (either way) is a workload shift.
     pub shift_factor: f64,
+    /// The largest change of the token budget in one step, as a fraction of it.
+    pub token_budget_step: f64,
 }
 
 impl Config {
-    pub const KEYS: [&str; 9] = [
+    pub const KEYS: [&str; 10] = [
         "headroom",
         "start_batch_size",
         "max_batch_growth",
@@ -35,6 +37,7 @@ impl Config {
         "clock_elasticity",
         "hold_windows",
         "shift_factor",
+        "token_budget_step",
     ];
 
     pub fn from_params(params: &Params<'_>) -> Result<Config, String> {
@@ -49,6 +52,7 @@ impl Config {
             clock_elasticity: params.get("clock_elasticity", 2.0)?,
             hold_windows: params.get("hold_windows", 10)?,
             shift_factor: params.get("shift_factor", 2.0)?,
+            token_budget_step: params.get("token_budget_step", 0.25)?,
         };
         let fraction = |name: &str, value: f64, top_open: bool| {
             let inside = value > 0.0 && if top_open { value < 1.0 } else { value <= 1.0 };
@@ -64,6 +68,7 @@ impl Config {
         fraction("headroom", config.headroom, false)?;
         fraction("clock_step_down", config.clock_step_down, true)?;
         fraction("clock_step_up", config.clock_step_up, false)?;
+        fraction("token_budget_step", config.token_budget_step, true)?;
         if config.start_batch_size == 0 {
             return Err("parameter `start_batch_size` must be at least 1".into());
         }
@@ -118,6 +123,7 @@ mod tests {
             ("clock_elasticity", "1.5"),
             ("hold_windows", "7"),
             ("shift_factor", "3"),
+            ("token_budget_step", "0.5"),
         ])
         .unwrap();
         assert_eq!(
@@ -132,6 +138,7 @@ mod tests {
                 clock_elasticity: 1.5,
                 hold_windows: 7,
                 shift_factor: 3.0,
+                token_budget_step: 0.5,
             }
         );
     }
@@ -149,6 +156,8 @@ mod tests {
             ("clock_elasticity", "0.5"),
             ("shift_factor", "1"),
             ("shift_factor", "inf"),
+            ("token_budget_step", "0"),
+            ("token_budget_step", "1"),
         ] {
             let error = config(&[(key, value)]).err().unwrap_or_default();
             assert!(error.contains(key), "{key}={value}: {error}");

@@ -5,6 +5,7 @@
 //! wait, a violation, the window, the clock's decision) reads and writes the same
 //! `GpuControl`, and each step's rule is read against the others.
 
+use crate::budget::BudgetControl;
 use crate::config::Config;
 use crate::fit::{Line, TpotFit};
 use tokwatt_policy_kit::batch_guard::has_demand;
@@ -190,6 +191,8 @@ pub(crate) struct GpuControl {
     /// more than the shipped headroom allows for, so the target keeps its margin in these
     /// units too.
     pub p99_scatter_sq: f64,
+    /// The token budget, where granted and the workload has one (`budget.rs`).
+    pub budget: Option<BudgetControl>,
 }
 
 /// What the objective asks of one GPU.
@@ -202,6 +205,9 @@ pub(crate) struct Limits {
     /// The p99 wait for a batch slot, where the objective bounds it (checked on the
     /// ticks whose workload reports its demand).
     pub queue_wait_p99_ms: Option<f64>,
+    /// The p99 time to first token, where the objective bounds it: the token budget
+    /// trades it against the time per token.
+    pub ttft_p99_ms: Option<f64>,
 }
 
 /// How long requests wait for a batch slot, as one tick's demand tells it.
@@ -304,7 +310,22 @@ impl GpuControl {
             // No move yet: nothing to settle.
             since_clock_move_s: MAX_SETTLE_S,
             p99_scatter_sq: START_SCATTER * START_SCATTER,
+            budget: BudgetControl::new(device, knobs),
         })
+    }
+
+    /// The token budget to ask for this tick, where this GPU has one to turn (see
+    /// `budget.rs`); `None` leaves it.
+    pub fn steer_budget(
+        &mut self,
+        observation: &Observation,
+        limits: Limits,
+        config: &Config,
+    ) -> Option<u32> {
+        let target_ms = self.target_ms(limits, config);
+        self.budget
+            .as_mut()?
+            .observe(observation, limits, target_ms, config)
     }
 
     /// Where the p99 is steered: `headroom` × the limit, or lower where the p99 strays
@@ -955,6 +976,7 @@ mod tests {
             tpot_p99_ms: Some(20.0),
             min_tokens_per_s: None,
             queue_wait_p99_ms: queue_wait_ms,
+            ttft_p99_ms: None,
         }
     }
 

@@ -79,6 +79,15 @@
 //! | `clock_elasticity` | 2.0 | assumed p99 growth exponent for a lower clock |
 //! | `hold_windows` | 10 | windows to stay above a clock that failed |
 //! | `shift_factor` | 2.0 | tokens/s change that counts as a workload shift |
+//! | `token_budget_step` | 0.25 | largest token budget change per step, fraction |
+//!
+//! # The token budget
+//!
+//! Where the spec also grants `token-budget`, the workload has one (it serves prompts)
+//! and the objective bounds the time to first token (`ttft_p99_limit_ms`), the token
+//! budget per step trades the two latencies (`budget.rs`): late first tokens with room
+//! in the time per token grow it, a time per token over target with first tokens to
+//! spare shrinks it, by `token_budget_step` per window. Otherwise it is left alone.
 //!
 //! The policy needs the `batch-size` or `sm-clock` knob (or both). Without a
 //! `tpot_p99_limit_ms` objective (a throughput objective) the batch grows to the largest
@@ -86,6 +95,7 @@
 //! counts as "not keeping up" while requests wait. The state (schema version 1, see
 //! `state.rs`) goes to a new version at a hot swap.
 
+mod budget;
 mod config;
 mod control;
 mod fit;
@@ -118,6 +128,7 @@ impl Policy for SloBatch {
             tpot_p99_ms: args.objective.tpot_p99_limit_ms,
             min_tokens_per_s: args.objective.min_tokens_per_s,
             queue_wait_p99_ms: args.objective.queue_wait_p99_limit_ms,
+            ttft_p99_ms: args.objective.ttft_p99_limit_ms,
         };
         let gpus = args
             .devices
@@ -155,7 +166,11 @@ impl Policy for SloBatch {
 
     fn decide(&mut self, observations: &[Observation]) -> Vec<Settings> {
         decide_per_gpu(&mut self.gpus, observations, |control, observation| {
-            control.observe(observation, self.limits, &self.config)
+            let settings = control.observe(observation, self.limits, &self.config);
+            Settings {
+                token_budget: control.steer_budget(observation, self.limits, &self.config),
+                ..settings
+            }
         })
     }
 
