@@ -16,7 +16,7 @@ const MARKER: &str = "One file because";
 
 /// Product Rust sources under `dir`: not test modules (`tests.rs`, `tests/`), not build
 /// output.
-fn product_sources(dir: &Path, found: &mut Vec<PathBuf>) {
+pub(crate) fn product_sources(dir: &Path, found: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -52,17 +52,7 @@ fn a_long_product_file_says_why_it_is_one_file() {
             continue;
         };
         // The product part: an inline test module at the end is not counted.
-        let all: Vec<&str> = text.lines().collect();
-        // (`#[cfg(test)]`, any further attributes, then `mod tests`.)
-        let lines = (0..all.len())
-            .find(|&i| {
-                all[i].trim() == "#[cfg(test)]"
-                    && all[i + 1..]
-                        .iter()
-                        .find(|line| !line.trim_start().starts_with("#["))
-                        .is_some_and(|line| line.trim_start().starts_with("mod tests"))
-            })
-            .unwrap_or(all.len());
+        let lines = product_part(&text).lines().count();
         let header: String = text
             .lines()
             .take_while(|line| line.starts_with("//!") || line.trim().is_empty())
@@ -94,4 +84,23 @@ fn a_long_product_file_says_why_it_is_one_file() {
         "these files say why now (or are short): remove them from PENDING in tests/all/file_size.rs:\n  {}",
         stale.join("\n  ")
     );
+}
+
+/// `text` up to its inline test module (`#[cfg(test)]`, any further attributes, then
+/// `mod tests`), if it has one.
+pub(crate) fn product_part(text: &str) -> &str {
+    let mut offset = 0;
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim() == "#[cfg(test)]"
+            && lines[i + 1..]
+                .iter()
+                .find(|next| !next.trim_start().starts_with("#["))
+                .is_some_and(|next| next.trim_start().starts_with("mod tests"))
+        {
+            return &text[..offset];
+        }
+        offset += line.len();
+    }
+    text
 }

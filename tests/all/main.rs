@@ -10,6 +10,8 @@ mod api;
 mod bad_input;
 mod book;
 mod compare;
+mod composition_root;
+mod crate_deps;
 mod deploy;
 mod engines;
 mod eval;

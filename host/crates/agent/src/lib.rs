@@ -2,6 +2,8 @@
 //! envelope and the loop) and running it. The `tokwatt` binary, the daemon, the lab and the
 //! tests all go through here, so what the tests check is what operators run.
 //!
+//! - [`node`]: where a node is put together (backends, the settings guard, the plugin
+//!   host), by one rule for every command.
 //! - [`assembly`]: the backends a run asks for (simulator, NVML, CUDA decode, a serving
 //!   engine), assembled behind the boundary traits.
 //! - [`control`]: the control loop, one tick at a time.
@@ -11,6 +13,7 @@
 
 pub mod assembly;
 pub mod control;
+pub mod node;
 pub mod recorder;
 pub mod restore;
 pub mod run_report;
@@ -501,6 +504,20 @@ pub fn run_with_swaps(
     swaps: Option<SwapPort>,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<(RunSummary, Backends), AgentError> {
+    let host = plugin_host(request.cache_dir.clone())?;
+    run_in(&host, request, backends, meta, stop, swaps, progress)
+}
+
+/// [`run_with_swaps`] in `host` (a [`node::Node`]'s).
+pub(crate) fn run_in(
+    host: &PluginHost,
+    request: &RunRequest,
+    backends: Backends,
+    meta: RunMeta,
+    stop: Arc<AtomicBool>,
+    swaps: Option<SwapPort>,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<(RunSummary, Backends), AgentError> {
     // The node's rules first: what the spec narrows is in force, and its `init` is told.
     let mut spec = request.rules.narrow(&request.spec, &request.rules_source)?;
     if let Some(tick) = request.tick {
@@ -515,14 +532,13 @@ pub fn run_with_swaps(
         });
     }
     let plugin_path = spec.resolve_plugin(&plugin_search_path(&request.plugin_dirs))?;
-    let host = plugin_host(request.cache_dir.clone())?;
     let node = NodeFacts::of(&backends);
     let node_envelope =
         request
             .rules
             .envelope(&node.devices, &node.workload, request.node_knobs)?;
     let (supervisor, first, envelope) =
-        start_policy(&host, spec, &plugin_path, &node, request.seed, tick)?;
+        start_policy(host, spec, &plugin_path, &node, request.seed, tick)?;
     tracing::info!(
         policy = %spec.name,
         plugin = %plugin_path.display(),

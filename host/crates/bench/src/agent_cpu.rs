@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
 use tokwatt_agent::control::Backends;
+use tokwatt_agent::node::{Node, NodeRequest};
 use tokwatt_agent::{self as agent, RunMeta, RunRequest};
 use tokwatt_core::types::WorkloadWindow;
 use tokwatt_core::workload::{Workload, WorkloadError};
@@ -29,6 +30,8 @@ pub enum AgentCpuError {
     Spec(#[from] tokwatt_policy::spec::SpecError),
     #[error(transparent)]
     Assembly(#[from] tokwatt_agent::assembly::AssemblyError),
+    #[error(transparent)]
+    Node(#[from] tokwatt_agent::node::NodeError),
     #[error(transparent)]
     Nvml(#[from] tokwatt_nvml::NvmlError),
     #[error("reading the GPU settings in force: {0}")]
@@ -273,7 +276,9 @@ fn backends(target: &AgentCpuTarget, spec: &PolicySpec) -> Result<Assembled, Age
                 seed: 1,
                 batch_only: false,
             };
-            let assembled = assembly::assemble(&request, &spec.name, spec.knobs)?;
+            // Put together as every command's node is; nothing to keep on a simulator.
+            let node = Node::open(NodeRequest::new(request, spec))?;
+            let assembled = node.assembled;
             return Ok((assembled.backends, assembled.meta, assembled.knobs, None));
         }
         AgentCpuTarget::Nvml { indices, sampler } => (NvmlSystem::open(Some(indices))?, sampler),

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use tokwatt_agent::assembly::{
     self, Assembled, BackendRequest, GpuTarget, SimTarget, Target, WorkloadSource,
 };
+use tokwatt_agent::node::{Keep, KeepFor, Node, NodeRequest};
 use tokwatt_lab::ab::stats::{DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_SIM_BUDGET};
 use tokwatt_lab::ab::{self, AbOutcome, AbRequest, Schedule, SequentialPlan};
 
@@ -222,24 +223,23 @@ pub fn ab(args: AbArgs) -> Result<()> {
     let mut backends = Vec::with_capacity(groups.len());
     let mut meta = None;
     for (g, group) in groups.iter().enumerate() {
-        let assembled = assembly::assemble(group, &a.name, a.knobs)?;
-        grant_both(&assembled, &mut a, &mut b, g == 0);
-        let mut assembled = assembled;
-        // The one rule for keeping the original settings, over both arms' knobs.
-        let knobs = tokwatt_core::types::Knobs {
-            power_cap: a.knobs.power_cap || b.knobs.power_cap,
-            sm_clock: a.knobs.sm_clock || b.knobs.sm_clock,
-            batch_size: a.knobs.batch_size || b.knobs.batch_size,
-            token_budget: a.knobs.token_budget || b.knobs.token_budget,
-        };
-        assembled
-            .guard_settings(
-                args.target.state_file.clone(),
-                knobs,
-                args.crossover.then_some(g),
-                None,
-            )
-            .context("saving the original GPU settings before the comparison")?;
+        // Each group a node put together by the one rule (tokwatt_agent::node), its
+        // original settings kept over both arms' knobs, a state file a group.
+        let draft = Node::assemble(NodeRequest {
+            keep: Keep {
+                state_file: args.target.state_file.clone(),
+                knobs: KeepFor::GrantedAnd(b.knobs),
+                group: args.crossover.then_some(g),
+                power_ceiling_w: None,
+            },
+            plugins: args.plugins.for_node(),
+            ..NodeRequest::new(group.clone(), &a)
+        })?;
+        grant_both(&draft.assembled, &mut a, &mut b, g == 0);
+        let assembled = draft
+            .open()
+            .context("saving the original GPU settings before the comparison")?
+            .assembled;
         backends.push(assembled.backends);
         meta.get_or_insert(assembled.meta);
     }

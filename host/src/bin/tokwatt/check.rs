@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::plugin_places::PluginPlaces;
-use tokwatt_agent as agent;
-use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
+use tokwatt_agent::assembly::{BackendRequest, SimTarget, Target};
+use tokwatt_agent::node::{Node, NodeRequest};
 use tokwatt_core::types::Settings;
 use tokwatt_policy::spec::PolicySpec;
 
@@ -27,20 +27,18 @@ pub fn check(args: &CheckArgs) -> Result<()> {
         seed: 1,
         batch_only: false,
     };
-    let assembled = assembly::assemble(&request, &spec.name, spec.knobs)
-        .context("assembling a simulated H200 to start the policy on")?;
-    spec.knobs = assembled.knobs;
-    let plugin = spec.resolve_plugin(&agent::plugin_search_path(&args.plugins.plugin_dirs))?;
-    let host = tokwatt_agent::plugin_host(args.plugins.cache_dir.clone())?;
+    // A simulated node, put together as every command's is (nothing on it outlives the
+    // check: no GPU setting can change, so no state file is kept).
+    let node = Node::open(NodeRequest {
+        plugins: args.plugins.for_node(),
+        ..NodeRequest::new(request, &spec)
+    })
+    .context("putting a simulated H200 together to start the policy on")?;
+    spec.knobs = node.assembled.knobs;
+    let plugin = node.plugin_for(&spec)?;
     let tick = Duration::from_millis(u64::from(spec.tick_ms));
-    let (_, first, _) = agent::start_policy(
-        &host,
-        &spec,
-        &plugin,
-        &agent::NodeFacts::of(&assembled.backends),
-        1,
-        tick,
-    )?;
+    let (_, first, _) = node.start_policy(&spec, 1, tick)?;
+    let host = &node.host;
     // Started, so it loads: a second load takes the compiled form from the cache.
     let contract_line = host
         .load(&plugin, &spec.name, spec.sandbox)

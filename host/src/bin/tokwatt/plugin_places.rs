@@ -14,3 +14,13 @@ pub struct PluginPlaces {
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
 }
+
+impl PluginPlaces {
+    /// The places as the node takes them (tokwatt_agent::node).
+    pub fn for_node(&self) -> tokwatt_agent::node::PluginPlaces {
+        tokwatt_agent::node::PluginPlaces {
+            dirs: self.plugin_dirs.clone(),
+            cache_dir: self.cache_dir.clone(),
+        }
+    }
+}

@@ -10,8 +10,9 @@ use anyhow::{Context, Result};
 
 use tokwatt_agent::assembly;
 use tokwatt_agent::control::Progress;
+use tokwatt_agent::node::{Keep, Node, NodeRequest};
 use tokwatt_agent::recorder::{OutputBounds, Rotation};
-use tokwatt_agent::{self as agent, AgentError, RunRequest, RunSummary};
+use tokwatt_agent::{AgentError, RunRequest, RunSummary};
 use tokwatt_engines::prometheus;
 
 use tokwatt_policy::spec::PolicySpec;
@@ -102,23 +103,24 @@ pub fn run(args: RunArgs) -> Result<()> {
     if let assembly::Target::Sim(sim) = &mut request.target {
         sim.driver.clone_from(&args.sim_driver);
     }
-    let mut assembled = match (&request.target, &engine_beside_sim) {
-        (assembly::Target::Sim(sim), Some(engine)) => {
-            assembly::assemble_sim_with_engine(sim, engine, &request, spec.knobs)?
-        }
-        _ => assembly::assemble(&request, &spec.name, spec.knobs)?,
-    };
-    for withheld in &assembled.withheld {
+    // The node, put together by the one rule (tokwatt_agent::node): its backends, the
+    // state file keeping the original settings, the plugin host.
+    let node = Node::open(NodeRequest {
+        engine_beside_sim,
+        keep: Keep {
+            state_file: args.target.state_file.clone(),
+            ..Keep::default()
+        },
+        plugins: args.plugins.for_node(),
+        ..NodeRequest::new(request.clone(), &spec)
+    })
+    .context("putting the node together")?;
+    for withheld in &node.assembled.withheld {
         eprintln!("tokwatt: policy `{}`: {withheld}", spec.name);
     }
-    let withheld_hint = assembly::withheld_hint(&assembled.withheld, request.batch_only);
-    spec.knobs = assembled.knobs;
-    let node_knobs = assembled.offered.knobs();
-    // The one rule for keeping the original settings (assembly::Assembled::guard_settings).
-    let policy_knobs = spec.knobs;
-    assembled
-        .guard_settings(args.target.state_file.clone(), policy_knobs, None, None)
-        .context("saving the original GPU settings before the run")?;
+    let withheld_hint = assembly::withheld_hint(&node.assembled.withheld, request.batch_only);
+    spec.knobs = node.assembled.knobs;
+    let node_knobs = node.assembled.offered.knobs();
     let out_dir = match &args.out {
         Some(dir) => dir.clone(),
         None => fresh_out_dir(Path::new("out"), &spec.name),
@@ -144,7 +146,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             max_request_lines: Some(args.max_request_lines),
         },
     };
-    let meta = assembled.meta;
+    let meta = node.assembled.meta.clone();
     if !args.quiet {
         eprintln!(
             "tokwatt: running policy `{}` for {} on {} [{}]",
@@ -157,13 +159,12 @@ pub fn run(args: RunArgs) -> Result<()> {
     let engine_batch = meta.workload == prometheus::WORKLOAD_NAME;
     let mut reporter =
         ProgressReporter::new(args.quiet, args.debug_panic_after_ticks, engine_batch);
-    let (summary, backends) = agent::run(&request, assembled.backends, meta, stop, &mut |p| {
-        reporter.report(p)
-    })
-    .map_err(|error| match (&error, withheld_hint) {
-        (AgentError::PolicyStart { .. }, Some(hint)) => anyhow::anyhow!("{error}\n{hint}"),
-        _ => error.into(),
-    })?;
+    let (summary, backends) = node
+        .run(&request, stop, None, &mut |p| reporter.report(p))
+        .map_err(|error| match (&error, withheld_hint) {
+            (AgentError::PolicyStart { .. }, Some(hint)) => anyhow::anyhow!("{error}\n{hint}"),
+            _ => error.into(),
+        })?;
     // Dropping the backends puts back every setting the run changed (SettingsGuard).
     drop(backends);
     if args.json {

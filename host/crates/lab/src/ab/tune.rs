@@ -24,6 +24,7 @@ use super::stats::{
 };
 use tokwatt_agent::AgentError;
 use tokwatt_agent::assembly::{self, BackendRequest, RunMeta, SimTarget, Target};
+use tokwatt_agent::node::{Node, NodeRequest};
 use tokwatt_policy::spec::PolicySpec;
 
 mod output;
@@ -71,6 +72,8 @@ pub enum TuneError {
     EveryCandidateRefused { policy: String, first: String },
     #[error("setting up the simulator: {0}")]
     Assembly(#[from] Box<assembly::AssemblyError>),
+    #[error("setting up the simulator: {0}")]
+    Node(Box<tokwatt_agent::node::NodeError>),
     #[error(transparent)]
     Stats(#[from] AbError),
     #[error("round {round}, candidate {params}: {source}")]
@@ -486,8 +489,11 @@ fn run_one(
         seed,
         batch_only: false,
     };
-    let assembled = assembly::assemble(&backend, &request.reference.name, request.reference.knobs)
-        .map_err(|e| RunOne::Setup(Box::new(TuneError::Assembly(Box::new(e)))))?;
+    // The knobs a node on this simulator grants the reference (nothing is opened: the
+    // comparison below puts its own nodes together).
+    let assembled = Node::assemble(NodeRequest::new(backend, &request.reference))
+        .map_err(|e| RunOne::Setup(Box::new(TuneError::Node(Box::new(e)))))?
+        .assembled;
     let mut reference = request.reference.clone();
     reference.knobs = assembled.knobs;
     let candidate = candidate_spec(&reference, params);

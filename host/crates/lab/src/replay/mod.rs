@@ -27,6 +27,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
+use tokwatt_agent::node::{Node, NodeRequest, PluginPlaces};
 use tokwatt_agent::{self as agent, NodeFacts, RunSummary};
 use tokwatt_core::types::Settings;
 use tokwatt_plugin::{GuestConsole, GuestOutput, PluginHost};
@@ -98,6 +99,8 @@ pub enum ReplayError {
     BadRange(String),
     #[error("assembling the simulator for the run's device facts: {0}")]
     Assembly(#[from] assembly::AssemblyError),
+    #[error(transparent)]
+    Node(#[from] tokwatt_agent::node::NodeError),
     #[error(transparent)]
     Agent(#[from] agent::AgentError),
 }
@@ -237,7 +240,11 @@ pub struct ReplayTotals {
 pub fn replay(request: &ReplayRequest) -> Result<ReplayReport, ReplayError> {
     let dir = &request.run_dir;
     let summary = read_summary(dir)?;
-    let (node, knobs, device_facts) = node_facts(request, &summary)?;
+    // A simulated node, put together as every command's is: its devices describe the
+    // run's to the policy; nothing on it can change a GPU.
+    let (opened, device_facts) = open_node(request, &summary)?;
+    let node = opened.facts();
+    let knobs = opened.assembled.knobs;
     if node.devices.len() != summary.meta.gpu_count as usize {
         return Err(ReplayError::DeviceCount {
             profile: request
@@ -250,12 +257,9 @@ pub fn replay(request: &ReplayRequest) -> Result<ReplayReport, ReplayError> {
     }
     let mut spec = request.spec.clone();
     spec.knobs = knobs;
-    let plugin_path = spec
-        .resolve_plugin(&agent::plugin_search_path(&request.plugin_dirs))
-        .map_err(agent::AgentError::from)?;
-    let host =
-        tokwatt_agent::plugin_host(request.cache_dir.clone()).map_err(agent::AgentError::from)?;
-    let (mut supervisor, first, console) = start(&host, &spec, &plugin_path, &node, &summary)?;
+    let plugin_path = opened.plugin_for(&spec)?;
+    let host = &opened.host;
+    let (mut supervisor, first, console) = start(host, &spec, &plugin_path, &node, &summary)?;
 
     let mut notes = Vec::new();
     if spec.name != summary.policy {
@@ -386,12 +390,9 @@ fn start(
     Ok((supervisor, first, console))
 }
 
-/// The run's devices and the knobs the simulator grants the spec, and where they came
-/// from in words.
-fn node_facts(
-    request: &ReplayRequest,
-    summary: &RunSummary,
-) -> Result<(NodeFacts, tokwatt_core::types::Knobs, String), ReplayError> {
+/// A simulated node standing for the run's (its devices, the knobs the simulator grants
+/// the spec, the plugin host), and where its devices came from in words.
+fn open_node(request: &ReplayRequest, summary: &RunSummary) -> Result<(Node, String), ReplayError> {
     let (profile, words) = match (&request.sim_profile, summary.meta.simulated) {
         (Some(profile), _) => (
             profile.clone(),
@@ -418,8 +419,14 @@ fn node_facts(
         seed: summary.meta.seed,
         batch_only: false,
     };
-    let assembled = assembly::assemble(&backend_request, &request.spec.name, request.spec.knobs)?;
-    Ok((NodeFacts::of(&assembled.backends), assembled.knobs, words))
+    let node = Node::open(NodeRequest {
+        plugins: PluginPlaces {
+            dirs: request.plugin_dirs.clone(),
+            cache_dir: request.cache_dir.clone(),
+        },
+        ..NodeRequest::new(backend_request, &request.spec)
+    })?;
+    Ok((node, words))
 }
 
 #[cfg(test)]

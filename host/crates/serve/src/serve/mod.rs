@@ -30,14 +30,13 @@ pub use control::ServeControl;
 
 use live::Live;
 use tokwatt_agent::assembly::{
-    self, Assembled, BackendRequest, GpuTarget, SimTarget, Target, Withheld, WorkloadSource,
+    Assembled, BackendRequest, GpuTarget, SimTarget, Target, Withheld, WorkloadSource,
 };
 use tokwatt_agent::control::{ControlLoop, LoopCommand, LoopConfig};
+use tokwatt_agent::node::{Keep, KeepFor, Node, NodeRequest, PluginPlaces};
 use tokwatt_agent::recorder::{Recorder, Rotation};
 use tokwatt_agent::swap::swap_channel;
-use tokwatt_agent::{
-    self as agent, NodeFacts, OutputFormats, RunMeta, RunSummary, SUMMARY_FORMAT_VERSION,
-};
+use tokwatt_agent::{NodeFacts, OutputFormats, RunMeta, RunSummary, SUMMARY_FORMAT_VERSION};
 use tokwatt_policy::spec::PolicySpec;
 
 /// Ticks over which the status's tick-lateness p99 is taken.
@@ -55,6 +54,8 @@ pub enum ServeError {
     Spec(#[from] tokwatt_policy::spec::SpecError),
     #[error(transparent)]
     Assembly(#[from] tokwatt_agent::assembly::AssemblyError),
+    #[error(transparent)]
+    Node(#[from] tokwatt_agent::node::NodeError),
     #[error(transparent)]
     Nvml(#[from] tokwatt_nvml::NvmlError),
     #[error(transparent)]
@@ -320,7 +321,23 @@ pub fn start(
     }
     let tick = Duration::from_millis(u64::from(spec.tick_ms));
     let request = backend_request(config, tick)?;
-    let mut assembled = assembly::assemble(&request, &spec.name, spec.knobs)?;
+    // The node, put together by the one rule (tokwatt_agent::node): its original settings
+    // kept over every hardware knob (a policy swapped in later may turn knobs the first
+    // one leaves alone), a restore never putting back more than the fleet's reserve.
+    let draft = Node::assemble(NodeRequest {
+        keep: Keep {
+            state_file: config.state_file.clone(),
+            knobs: KeepFor::Every,
+            group: None,
+            power_ceiling_w: fleet_config.as_ref().map(|fleet| fleet.link.reserve_w),
+        },
+        plugins: PluginPlaces {
+            dirs: config.plugin_dirs.clone(),
+            cache_dir: config.cache_dir.clone(),
+        },
+        ..NodeRequest::new(request, &spec)
+    })?;
+    let assembled = &draft.assembled;
     spec.knobs = assembled.knobs;
     for w in &assembled.withheld {
         tracing::warn!(policy = %spec.name, "{w}");
@@ -363,37 +380,32 @@ pub fn start(
             );
         }
     }
-    // The one rule for keeping the original settings (Assembled::guard_settings), over
-    // every hardware knob: a policy swapped in later may turn knobs the first one leaves
-    // alone.
-    let every_knob = tokwatt_core::types::Knobs::all();
-    let state_file = assembled.guard_settings(
-        config.state_file.clone(),
-        every_knob,
-        None,
-        fleet_config.as_ref().map(|fleet| fleet.link.reserve_w),
-    )?;
-    let Assembled {
-        backends,
-        meta,
-        withheld,
-        offered,
-        not_permitted,
-        ..
-    } = assembled;
-
-    let plugin_dirs = config.plugin_dirs.clone();
-    let plugin_path = spec.resolve_plugin(&agent::plugin_search_path(&plugin_dirs))?;
+    // Nothing was changed up to here: the refusals above leave the GPUs as they were.
+    let node = draft.open()?;
+    let plugin_path = node.plugin_for(&spec)?;
     let version = plugin_version(&plugin_path)?;
-    let host = Arc::new(agent::plugin_host(config.cache_dir.clone())?);
+    let (supervisor, first, envelope) = node.start_policy(&spec, config.seed, tick)?;
+    let Node {
+        assembled:
+            Assembled {
+                backends,
+                meta,
+                withheld,
+                offered,
+                not_permitted,
+                ..
+            },
+        state_file,
+        host,
+        plugins,
+    } = node;
+    let plugin_dirs = plugins.dirs;
     let node = NodeFacts::of(&backends);
     let node_knobs = offered.knobs();
     let node_envelope = config
         .rules
         .envelope(&node.devices, &node.workload, node_knobs)
         .map_err(tokwatt_agent::AgentError::from)?;
-    let (supervisor, first, envelope) =
-        agent::start_policy(&host, &spec, &plugin_path, &node, config.seed, tick)?;
     // A signal during start-up (a slow compile) ends it here, before `init`'s settings are
     // applied; dropping the backends puts back anything the leftover restore changed.
     if stop.load(Ordering::Relaxed) {

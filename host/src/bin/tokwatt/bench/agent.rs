@@ -11,7 +11,7 @@ use tokwatt_bench::agent_cpu::{
     self, AgentCpuRequest, AgentCpuRun, AgentCpuTarget, CPU_TIME_RESOLUTION,
 };
 use tokwatt_nvml::SamplerConfig;
-use tokwatt_plugin::{ComponentCache, HostConfig, PluginHost};
+use tokwatt_plugin::ComponentCache;
 
 pub(super) fn agent_cpu_targets(
     gpus: &[u32],
@@ -188,9 +188,7 @@ pub(super) fn bench_decide(
 ) -> Result<()> {
     let plugin = plugin
         .unwrap_or_else(|| tokwatt_plugin_artifacts::built_plugin_dir().join("policy_static.wasm"));
-    let host = PluginHost::new(&HostConfig {
-        cache_dir: cache_dir.or_else(ComponentCache::default_dir),
-    })?;
+    let host = tokwatt_agent::plugin_host(cache_dir)?;
     let hits_before = host.cache().map(ComponentCache::hits);
     let DecideLatencies { start, mut times } =
         tokwatt_bench::decide_latencies(&host, &plugin, gpus, calls)

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 
 use tokwatt_agent as agent;
-use tokwatt_agent::assembly::{self, BackendRequest, SimTarget, Target};
+use tokwatt_agent::assembly::{BackendRequest, SimTarget, Target};
+use tokwatt_agent::node::{Keep, Node, NodeRequest, PluginPlaces};
 use tokwatt_core::types::{Knobs, Objective};
 use tokwatt_plugin::SandboxLimits;
 use tokwatt_plugin::inspect::{self, CallOutcome, Inspection, TrialInputs};
@@ -115,8 +116,17 @@ fn trial_inputs(args: &CheckArgs) -> Result<TrialInputs> {
         seed: 1,
         batch_only: false,
     };
-    let assembled = assembly::assemble(&request, "plugin-check", all_knobs)
-        .context("assembling simulated H200s to describe to the plugin")?;
+    // Simulated nodes are described as every command's are; none is opened (nothing runs).
+    let assembled = Node::assemble(NodeRequest {
+        policy: "plugin-check".into(),
+        knobs: all_knobs,
+        backends: request,
+        engine_beside_sim: None,
+        keep: Keep::default(),
+        plugins: PluginPlaces::default(),
+    })
+    .context("assembling simulated H200s to describe to the plugin")?
+    .assembled;
     let node = agent::NodeFacts::of(&assembled.backends);
     let envelope = Envelope::for_workload(
         &node.devices,
