@@ -7,6 +7,7 @@
 //! | `power_cap_w` | power cap, watts |
 //! | `sm_clock_max_mhz` | upper bound of the SM clock lock, MHz |
 //! | `batch_size` | the workload's batch size, sequences |
+//! | `token_budget` | tokens one engine step may process (prefill and decode), where the workload serves prompts |
 //!
 //! `init` fits each value to each GPU's range (the device's limits after the operator's
 //! guardrails): the power cap and batch size are clamped, and the SM clock becomes the
@@ -32,16 +33,23 @@ struct Requested {
     power_cap_w: Option<f64>,
     sm_clock_max_mhz: Option<u32>,
     batch_size: Option<u32>,
+    token_budget: Option<u32>,
 }
 
 impl Requested {
     fn from_params(args: &InitArgs) -> Result<Requested, String> {
         let params = Params::new(&args.params);
-        params.check_known(&["power_cap_w", "sm_clock_max_mhz", "batch_size"])?;
+        params.check_known(&[
+            "power_cap_w",
+            "sm_clock_max_mhz",
+            "batch_size",
+            "token_budget",
+        ])?;
         let requested = Requested {
             power_cap_w: params.get_optional("power_cap_w")?,
             sm_clock_max_mhz: params.get_optional("sm_clock_max_mhz")?,
             batch_size: params.get_optional("batch_size")?,
+            token_budget: params.get_optional("token_budget")?,
         };
         if let Some(watts) = requested.power_cap_w
             && !(watts.is_finite() && watts > 0.0)
@@ -55,6 +63,9 @@ impl Requested {
         }
         if requested.batch_size == Some(0) {
             return Err("parameter `batch_size` must be at least 1".into());
+        }
+        if requested.token_budget == Some(0) {
+            return Err("parameter `token_budget` must be at least 1".into());
         }
         let grants = [
             (
@@ -75,6 +86,12 @@ impl Requested {
                 "batch_size",
                 "batch-size",
             ),
+            (
+                requested.token_budget.is_some(),
+                Knobs::TOKEN_BUDGET,
+                "token_budget",
+                "token-budget",
+            ),
         ];
         for (asked, knob, param, knob_name) in grants {
             if asked && !args.knobs.contains(knob) {
@@ -88,7 +105,10 @@ impl Requested {
     }
 
     fn is_empty(&self) -> bool {
-        self.power_cap_w.is_none() && self.sm_clock_max_mhz.is_none() && self.batch_size.is_none()
+        self.power_cap_w.is_none()
+            && self.sm_clock_max_mhz.is_none()
+            && self.batch_size.is_none()
+            && self.token_budget.is_none()
     }
 
     /// The settings to hold on `device`: the requested ones, fitted to its range.
@@ -126,11 +146,27 @@ impl Requested {
             }
             fitted
         });
+        // A workload without a token budget (max 0) gets none asked of it.
+        let token_budget = self
+            .token_budget
+            .filter(|_| device.token_budget_max > 0)
+            .map(|tokens| {
+                let fitted = tokens
+                    .max(device.token_budget_min)
+                    .min(device.token_budget_max);
+                if fitted != tokens {
+                    warn!(
+                        "gpu {}: token budget {tokens} is outside {}-{}; holding {fitted}",
+                        device.index, device.token_budget_min, device.token_budget_max
+                    );
+                }
+                fitted
+            });
         Settings {
             power_cap_w,
             sm_clock_max_mhz,
             batch_size,
-            token_budget: None,
+            token_budget,
         }
     }
 }
@@ -160,7 +196,9 @@ fn drifted(target: &Settings, in_force: &InForce) -> Settings {
         batch_size: target
             .batch_size
             .filter(|&sequences| in_force.batch_size != sequences),
-        token_budget: None,
+        token_budget: target
+            .token_budget
+            .filter(|&tokens| in_force.token_budget != tokens),
     }
 }
 
@@ -235,6 +273,30 @@ mod tests {
             .with_sm_clock_max_mhz(1410)
             .with_batch_size(64);
         assert_eq!(first, vec![expected; 2]);
+    }
+
+    #[test]
+    fn the_token_budget_is_held_where_the_workload_has_one_and_fitted_to_its_range() {
+        let mut args = testing::init_args(
+            vec![testing::h200_serving(0), testing::h200(1)],
+            Knobs::TOKEN_BUDGET,
+        );
+        args.params = testing::params(&[("token_budget", "9000")]);
+        let Ok((mut policy, first)) = Static::init(args) else {
+            panic!("init fails");
+        };
+        // Fitted to the serving GPU's 1-8192; the decode-only GPU has no budget to set.
+        assert_eq!(first[0].token_budget, Some(8192));
+        assert_eq!(first[1].token_budget, None);
+        let mut drifted = testing::observation(0, 1);
+        drifted.in_force.token_budget = 512;
+        assert_eq!(policy.decide(&[drifted])[0].token_budget, Some(8192));
+        // Not granted: refused, naming the knob.
+        let error = init(Knobs::BATCH_SIZE, &[("token_budget", "512")])
+            .err()
+            .expect("refused");
+        assert!(error.contains("token-budget"), "{error}");
+        assert!(init(Knobs::all(), &[("token_budget", "0")]).is_err());
     }
 
     #[test]
