@@ -9,10 +9,14 @@
 //! - first tokens late (TTFT p99 over `headroom` × its bound) while the time per token has
 //!   room (under `headroom` × its bound, or no bound): the budget grows by
 //!   `token_budget_step`;
-//! - the time per token over its target while first tokens have room to spare (TTFT p99
-//!   under half its bound): the budget shrinks by `token_budget_step`, never below the
-//!   batch size in force (the decoding sequences take their tokens first: a budget at or
-//!   under them leaves prompts no room at all);
+//! - the time per token over its target: the budget shrinks by `token_budget_step`, never
+//!   below the batch size in force (the decoding sequences take their tokens first: a
+//!   budget at or under them leaves prompts no room at all). It does so even with first
+//!   tokens late: a chunk that breaks the time per token also holds the batch down (the
+//!   batch loop cuts at every violation), and a smaller batch queues more prompts, so the
+//!   late first tokens are the queue's, which a larger chunk does not shorten (on the
+//!   simulated H100, holding 8,192 tokens a step kept the batch at 2-8 with 60 requests
+//!   queued);
 //! - else it stays.
 //!
 //! Without a TTFT bound, or without the knob, the budget is left where it is and the
@@ -22,9 +26,6 @@
 use crate::config::Config;
 use crate::control::Limits;
 use tokwatt_policy_sdk::{DeviceFacts, Knobs, Observation, debug};
-
-/// First tokens this far under their bound leave room to slow them.
-const TTFT_CALM: f64 = 0.5;
 
 /// The token budget of one GPU.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,6 +52,28 @@ impl BudgetControl {
         })
     }
 
+    /// Whether this budget answers the time per token on `observation`: the objective
+    /// bounds first tokens, the workload is serving prompts, and the budget can still
+    /// shrink (it is above the decoding sequences' own tokens).
+    pub fn answers(&self, observation: &Observation, limits: Limits) -> bool {
+        let prompts = observation
+            .requests
+            .as_ref()
+            .is_some_and(|requests| requests.prefill_tokens > 0);
+        limits.ttft_p99_ms.is_some()
+            && prompts
+            && observation.in_force.token_budget > self.floor(observation)
+    }
+
+    /// The least budget: above the batch in force (its decodes take their tokens first).
+    fn floor(&self, observation: &Observation) -> u32 {
+        observation
+            .in_force
+            .batch_size
+            .saturating_add(1)
+            .max(self.min)
+    }
+
     /// One tick: the budget to ask for, `None` to leave it. `tpot_target_ms` is where the
     /// batch loop steers the p99 time per token.
     pub fn observe(
@@ -70,6 +93,21 @@ impl BudgetControl {
             .as_ref()
             .and_then(|requests| requests.ttft_p99_ms)
             .filter(|ms| ms.is_finite())?;
+        // A time per token over its bound is answered at once, not at the window's end:
+        // the batch loop leaves it to the budget (`GpuControl::observe`).
+        if let Some(limit) = limits.tpot_p99_ms
+            && observation.tpot_p99_ms.is_finite()
+            && observation.tpot_p99_ms > limit
+            && self.answers(observation, limits)
+        {
+            *self = BudgetControl {
+                ticks: 0,
+                ttft_worst_ms: 0.0,
+                tpot_worst_ms: 0.0,
+                ..self.clone()
+            };
+            return self.shrunk(observation, in_force, config.token_budget_step);
+        }
         self.ticks += 1;
         self.ttft_worst_ms = self.ttft_worst_ms.max(ttft);
         if observation.tpot_p99_ms.is_finite() {
@@ -89,11 +127,8 @@ impl BudgetControl {
         let tpot_room = tpot <= tpot_target_ms;
         let wanted = if ttft > config.headroom * ttft_limit && tpot_room {
             (f64::from(in_force) * (1.0 + step)).ceil()
-        } else if !tpot_room && ttft < TTFT_CALM * ttft_limit {
-            let floor = observation.in_force.batch_size.saturating_add(1);
-            (f64::from(in_force) * (1.0 - step))
-                .floor()
-                .max(f64::from(floor))
+        } else if !tpot_room {
+            return self.shrunk(observation, in_force, step);
         } else {
             return None;
         };
@@ -107,6 +142,24 @@ impl BudgetControl {
             observation.gpu
         );
         Some(tokens)
+    }
+}
+
+impl BudgetControl {
+    /// `in_force` less `step` of it, not under [`Self::floor`]; `None` where that is no move.
+    fn shrunk(&self, observation: &Observation, in_force: u32, step: f64) -> Option<u32> {
+        let floor = self.floor(observation);
+        let wanted = (f64::from(in_force) * (1.0 - step))
+            .floor()
+            .max(f64::from(floor));
+        let tokens = (wanted.min(f64::from(u32::MAX)) as u32).clamp(self.min, self.max);
+        (tokens != in_force).then(|| {
+            debug!(
+                "gpu {}: token budget {in_force} -> {tokens} (TPOT p99 {:.1} ms)",
+                observation.gpu, observation.tpot_p99_ms
+            );
+            tokens
+        })
     }
 }
 
@@ -183,11 +236,37 @@ mod tests {
             decide(&mut control, limits(Some(800.0)), &tick(8000, 900.0, 10.0)),
             Some(8192)
         );
-        // Without TPOT room it stays: a larger chunk would slow every decode step.
+        // Without TPOT room it does not grow (a larger chunk would slow every decode
+        // step): it shrinks, the late first tokens being the queue's.
         assert_eq!(
             decide(&mut control, limits(Some(800.0)), &tick(2048, 900.0, 19.0)),
+            Some(1536)
+        );
+    }
+
+    #[test]
+    fn a_time_per_token_over_its_bound_is_answered_at_once_while_the_budget_can_shrink() {
+        let config = config();
+        let mut control = control();
+        // Over the 20 ms bound: the first tick shrinks, not the window's end.
+        let broken = tick(2048, 900.0, 25.0);
+        assert!(control.answers(&broken, limits(Some(800.0))));
+        assert_eq!(
+            control.observe(&broken, limits(Some(800.0)), 18.0, &config),
+            Some(1536)
+        );
+        // At the floor (the batch of 64 in force, plus one) the batch loop answers.
+        let floor = tick(65, 900.0, 25.0);
+        assert!(!control.answers(&floor, limits(Some(800.0))));
+        assert_eq!(
+            control.observe(&floor, limits(Some(800.0)), 18.0, &config),
             None
         );
+        // Without a TTFT bound, or without prompts, neither.
+        assert!(!control.answers(&broken, limits(None)));
+        let mut decode_only = broken;
+        decode_only.requests = None;
+        assert!(!control.answers(&decode_only, limits(Some(800.0))));
     }
 
     #[test]
@@ -204,10 +283,10 @@ mod tests {
             decide(&mut control, limits(Some(800.0)), &tick(65, 100.0, 19.0)),
             None
         );
-        // First tokens near their bound: no room to slow them.
+        // First tokens late too: the chunk still shrinks (the lateness is the queue's).
         assert_eq!(
-            decide(&mut control, limits(Some(800.0)), &tick(2048, 600.0, 19.0)),
-            None
+            decide(&mut control, limits(Some(800.0)), &tick(2048, 900.0, 19.0)),
+            Some(1536)
         );
     }
 

@@ -425,9 +425,19 @@ impl GpuControl {
             self.serving_first = false;
         }
         let serving_first = self.serving_first;
+        // With prompts, a step's time follows its prefill chunk more than its decoding
+        // sequences: where the token budget is turned (and can still shrink), it answers a
+        // time per token over its bound (`budget.rs`), and the batch follows the demand. A
+        // batch cut there queues prompts behind a batch that was not the cause (on the
+        // simulated H100: batch 1-8 with 60-85 requests queued, first tokens 20 s late).
+        let budget_answers = self
+            .budget
+            .as_ref()
+            .is_some_and(|budget| budget.answers(observation, limits));
         if let Some(limit_ms) = limits.tpot_p99_ms
             && observation.tpot_p99_ms > limit_ms
             && !serving_first
+            && !budget_answers
         {
             self.on_violation(observation, sequences, line, target_ms, limit_ms, config);
             self.window = Window::default();
@@ -487,6 +497,22 @@ impl GpuControl {
                     .saturating_add((in_force_batch / 4).max(1))
                     .min(self.batch_max);
             }
+            // Where the token budget answers the time per token, a line over batch sizes
+            // can hold the batch under the demand while the p99 has room (on the
+            // simulated H100, batch 4 with 100 requests queued and the p99 at half its
+            // bound): a full batch with requests queued behind it and the p99 under the
+            // ceiling grows toward the queue, at most `max_batch_growth` a move.
+            if budget_answers
+                && observation.queue_depth > 0
+                && sequences >= in_force_batch
+                && observation.tpot_p99_ms < ceiling_ms
+            {
+                wanted = wanted.max(
+                    in_force_batch
+                        .saturating_add(observation.queue_depth)
+                        .min(self.batch_max),
+                );
+            }
             let before = self.batch_target;
             // Changes under 5 % are not worth a settling tick; one sequence always is
             // (it is 100 % at a batch of 1).
@@ -497,7 +523,10 @@ impl GpuControl {
                 if worth(grown) {
                     self.batch_target = grown;
                 }
-            } else if wanted < in_force_batch {
+            } else if wanted < in_force_batch && !budget_answers {
+                // (Where the budget answers the time per token, the batch is a ceiling the
+                // demand fills, and trimming it to a lull's sequences queued the next
+                // surge behind it.)
                 // Never below the sequences decoding (that would pause them), but no
                 // higher than the latency allows: a burst then waits instead of
                 // breaking the limit.
