@@ -43,7 +43,7 @@ cp target/plugins/wasm32-wasip2/plugin/policy_*.wasm "$dist/"
 cp target/plugins/wasm32-wasip2/plugin/fixture_*.wasm "$dist/"
 cp policies/*.toml "$dist/specs/"
 cp host/scenarios/*.toml "$dist/scenarios/"
-cp scripts/gpu-check.sh scripts/guard-summary.py "$dist/"
+cp scripts/gpu-check.sh scripts/guard-summary.py scripts/budget-sweep.sh "$dist/"
 # promtool checks the agent's /metrics on the GPU machine (a static Go binary, compressed:
 # it is twice the size of tokwatt).
 if command -v promtool >/dev/null; then

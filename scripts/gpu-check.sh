@@ -22,7 +22,10 @@
 # (issue 42): `tokwatt run` dry run, batch only, static batch 64, with tokwatt's CUDA engine
 # serving scenarios/serving-check.toml's requests for SERVING_SECONDS (default 120), then the
 # simulator (the profile matching the GPU) on the same scenario and policy, side by side:
-# tokens/s, watts, tokens/J, TTFT and TPOT quantiles from each run's requests. A short
+# tokens/s, watts, tokens/J, TTFT and TPOT quantiles from each run's requests. budget
+# (issue 42, item 4): budget-sweep.sh, a fixed batch x token budget sweep and the
+# slo-batch-budget policy on scenarios/serving-budget.toml (dry run, batch only), each
+# SECONDS_PER_RUN (default 60), judged on request TTFT and TPOT p99. A short
 # side-by-side check:
 #   gpu-check.sh OUT 3 bench
 #
@@ -36,8 +39,8 @@ seconds="${2:-6}"
 parts="${3:-tests,bench,dryrun,slo}"
 for part in ${parts//,/ }; do
   case "$part" in
-    tests | bench | prefill | dryrun | slo | serve | guard | ab | serving) ;;
-    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, prefill, dryrun, slo, serve, guard, ab and/or serving, comma-separated" >&2; exit 2 ;;
+    tests | bench | prefill | dryrun | slo | serve | guard | ab | serving | budget) ;;
+    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, prefill, dryrun, slo, serve, guard, ab, serving and/or budget, comma-separated" >&2; exit 2 ;;
   esac
 done
 wants() { [[ ",$parts," == *",$1,"* ]]; }
@@ -403,6 +406,11 @@ for key in g:
     print(f"{key:20} {a:>28.3f} {b:>12.3f} {b / a:>8.3f}")
 sys.exit(1 if missing else 0)
 PY
+fi
+
+if wants budget; then
+  step "token-budget sweep and policy on the GPU (dry run, batch and token budget only)"
+  ./budget-sweep.sh "$out/budget" || status=1
 fi
 
 step "GPU settings after (must equal before)"

@@ -116,6 +116,72 @@ fn a_starving_policy_is_taken_over_and_the_objective_holds_but_for_the_guards_ti
     );
 }
 
+/// On a workload serving prompts, a step's time follows its prefill chunk: the guard
+/// defends a time-per-token bound by shrinking the token budget (never back up to the
+/// start's largest, which broke it) and leaves the batch, which was not the cause.
+#[test]
+fn on_prompts_the_guard_answers_a_broken_time_per_token_with_the_token_budget() {
+    let dir = tempdir();
+    let path = dir.path().join("chunky.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "name = \"chunky\"\nplugin = \"{}\"\nknobs = [\"batch-size\", \"token-budget\"]\n\
+             [params]\nbatch_size = \"64\"\ntoken_budget = \"8192\"\n\
+             [objective]\ntpot_p99_limit_ms = 10.0\nttft_p99_limit_ms = 800.0\n",
+            built_plugin("policy_static").display()
+        ),
+    )
+    .expect("spec");
+    let scenario = repo_root().join("host/scenarios/serving-budget.toml");
+    let run = run_sim(
+        &path,
+        "40s",
+        &dir.path().join("out"),
+        &[
+            "--batch-only",
+            "--scenario",
+            scenario.to_str().expect("utf-8"),
+        ],
+    );
+    assert!(
+        guard_count(&run.summary, "takeovers") >= 1,
+        "{}",
+        run.summary
+    );
+    let text = std::fs::read_to_string(dir.path().join("out/observations.jsonl")).expect("obs");
+    let guard_ticks: Vec<u64> = text
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).expect("json line"))
+        .filter(|line| line["guard"] == true)
+        .filter_map(|line| line["observation"]["tick"].as_u64())
+        .collect();
+    assert!(!guard_ticks.is_empty());
+    let budgets: Vec<f64> = guard_ticks
+        .iter()
+        .filter_map(|&tick| run.trace.get(tick as usize + 1))
+        .map(|row| row.f64("token_budget"))
+        .collect();
+    assert!(
+        budgets.iter().all(|&tokens| tokens < 8192.0),
+        "the guard never puts back the budget that broke the bound: {budgets:?}"
+    );
+    assert!(
+        budgets.iter().any(|&tokens| tokens < 2048.0),
+        "it shrinks as the bound stays broken: {budgets:?}"
+    );
+    for &tick in &guard_ticks {
+        if let Some(row) = run.trace.get(tick as usize + 1) {
+            assert_eq!(
+                row.f64("batch_size"),
+                64.0,
+                "the batch is left: {:?}",
+                row.fields
+            );
+        }
+    }
+}
+
 #[test]
 fn the_guards_settings_are_flags_of_run() {
     let dir = tempdir();

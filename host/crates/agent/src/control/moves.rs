@@ -39,7 +39,19 @@ impl ControlLoop {
         }
         let target = if guard_in_charge {
             let mut defaults = self.defaults.get(g).copied().unwrap_or_default();
-            defaults.batch_size = Some(self.fallback_batch(g, obs));
+            match self.fallback_token_budget(g, obs) {
+                Some(FallbackBudget { tokens, answers }) => {
+                    defaults.token_budget = Some(tokens);
+                    // A time per token the budget answers leaves the batch where it is.
+                    let current = self.in_force.get(g).map_or(1, |f| f.batch_size);
+                    defaults.batch_size = Some(if answers {
+                        current
+                    } else {
+                        self.fallback_batch(g, obs)
+                    });
+                }
+                None => defaults.batch_size = Some(self.fallback_batch(g, obs)),
+            }
             defaults
         } else {
             self.baseline
@@ -91,6 +103,41 @@ impl ControlLoop {
         } else {
             current
         }
+    }
+
+    /// The guard's token budget on GPU `g`, where the node turns it, the workload serves
+    /// prompts and the objective bounds the time per token; `None` elsewhere (the
+    /// device default: the budget the run started with). A step's time follows its
+    /// prefill chunk there, so the start's budget (the workload's largest) is the one
+    /// most likely to break the bound the guard defends: the budget in force is held,
+    /// and a time per token over the bound shrinks it in proportion (aiming 5 % under),
+    /// not under the batch in force plus one. `answers`: it shrank, so the batch stays.
+    pub(super) fn fallback_token_budget(
+        &self,
+        g: usize,
+        obs: &Observation,
+    ) -> Option<FallbackBudget> {
+        let limit = self.config.objective.tpot_p99_limit_ms?;
+        let in_force = self.in_force.get(g)?;
+        let serves_prompts = obs.requests.is_some_and(|r| r.prefill_tokens > 0);
+        if !self.config.node_knobs.token_budget || !serves_prompts || in_force.token_budget == 0 {
+            return None;
+        }
+        let floor = in_force.batch_size.saturating_add(1);
+        let tpot = obs.tpot_p99_ms;
+        if obs.tokens > 0 && tpot.is_finite() && tpot > limit && in_force.token_budget > floor {
+            let fitted = (f64::from(in_force.token_budget) * limit / tpot * 0.95).floor();
+            let tokens =
+                (fitted.min(f64::from(u32::MAX)) as u32).clamp(floor, in_force.token_budget);
+            return Some(FallbackBudget {
+                tokens,
+                answers: true,
+            });
+        }
+        Some(FallbackBudget {
+            tokens: in_force.token_budget,
+            answers: false,
+        })
     }
 
     pub(super) fn read_telemetry(&mut self, gpu: u32) -> TelemetryWindow {
@@ -254,4 +301,12 @@ pub(super) fn merged(a: Settings, b: Settings) -> Settings {
         batch_size: a.batch_size.or(b.batch_size),
         token_budget: a.token_budget.or(b.token_budget),
     }
+}
+
+/// The guard's token budget ([`ControlLoop::fallback_token_budget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FallbackBudget {
+    pub tokens: u32,
+    /// It shrank to answer a time per token over its bound.
+    pub answers: bool,
 }
