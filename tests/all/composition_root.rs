@@ -19,6 +19,7 @@ const RULES: &[(&str, &[&str])] = &[
     (".guard_settings(", &[]),
     ("assembly::assemble(", &[]),
     ("assemble_sim_with_engine(", &[]),
+    ("simulator_from(", &[]),
     (
         "plugin_host(",
         &[

@@ -24,6 +24,7 @@ use tokwatt_plugin::PluginHost;
 use tokwatt_policy::envelope::Envelope;
 use tokwatt_policy::spec::PolicySpec;
 use tokwatt_policy::supervisor::Supervisor;
+use tokwatt_sim::{SimConfig, SimGpu};
 
 use crate::assembly::{
     self, Assembled, AssemblyError, BackendRequest, Offered, Target, WorkloadSource,
@@ -213,6 +214,14 @@ impl Node {
     /// The plugin `spec` names, looked up where this node looks.
     pub fn plugin_for(&self, spec: &PolicySpec) -> Result<PathBuf, AgentError> {
         Ok(spec.resolve_plugin(&crate::plugin_search_path(&self.plugins.dirs))?)
+    }
+
+    /// A simulated node of an already loaded profile and scenario, for the lab's judging
+    /// loops (`eval`, `plugin test`, `ab`'s trajectories on the simulator): in memory and
+    /// on a virtual clock, nothing on it outlives the loop, so the keep rule has nothing
+    /// to keep; the loop brings its own plugin host (one for many short runs).
+    pub fn simulated(config: SimConfig) -> Result<(SimGpu, Backends), AssemblyError> {
+        assembly::simulator_from(config, false)
     }
 
     /// What a policy is started against.

@@ -58,16 +58,13 @@ impl SimWork {
 
     /// A fresh simulator for one trajectory.
     pub fn build(&self, work: TrajectoryWork) -> Result<Backends, String> {
-        assembly::simulator_from(
-            SimConfig {
-                profile: self.profile.clone(),
-                scenario: self.scenario.starting_at(work.offset_s),
-                gpus: self.gpus,
-                seed: work.work_seed,
-                noise_seed: Some(work.noise_seed),
-            },
-            false,
-        )
+        tokwatt_agent::node::Node::simulated(SimConfig {
+            profile: self.profile.clone(),
+            scenario: self.scenario.starting_at(work.offset_s),
+            gpus: self.gpus,
+            seed: work.work_seed,
+            noise_seed: Some(work.noise_seed),
+        })
         .map(|(_, backends)| backends)
         .map_err(|e| e.to_string())
     }

@@ -168,16 +168,13 @@ pub(super) fn run_policy(
 ) -> Result<RunOutcome, EvalError> {
     let mut spec = spec.clone();
     spec.objective = scenario.objective;
-    let (sim, backends) = tokwatt_agent::assembly::simulator_from(
-        SimConfig {
-            profile: scenario.profile.clone(),
-            scenario: scenario.workload.clone(),
-            gpus: scenario.gpus,
-            seed,
-            noise_seed: None,
-        },
-        false,
-    )
+    let (sim, backends) = tokwatt_agent::node::Node::simulated(SimConfig {
+        profile: scenario.profile.clone(),
+        scenario: scenario.workload.clone(),
+        gpus: scenario.gpus,
+        seed,
+        noise_seed: None,
+    })
     .map_err(|source| EvalError::Assembly {
         scenario: scenario.name.clone(),
         source,
