@@ -348,8 +348,10 @@ pub(crate) fn default_policy(file: &str) -> Result<PathBuf> {
         })
 }
 
-/// What `tokwatt bench serving` was asked.
+/// What `tokwatt bench serving` was asked. (Read by the CUDA build only: without the
+/// `cuda` feature the command is refused with the fix before any field is used.)
 #[derive(Debug)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 struct ServingBench {
     gpu: u32,
     scenario: PathBuf,
