@@ -167,6 +167,10 @@ fn on_prompts_the_guard_answers_a_broken_time_per_token_with_the_token_budget() 
         "the guard never puts back the budget that broke the bound: {budgets:?}"
     );
     assert!(
+        budgets.windows(2).all(|pair| pair[1] <= pair[0]),
+        "nor raises it, quiet ticks included: {budgets:?}"
+    );
+    assert!(
         budgets.iter().any(|&tokens| tokens < 2048.0),
         "it shrinks as the bound stays broken: {budgets:?}"
     );

@@ -105,8 +105,8 @@ impl ControlLoop {
         }
     }
 
-    /// The guard's token budget on GPU `g`, where the node turns it, the workload serves
-    /// prompts and the objective bounds the time per token; `None` elsewhere (the
+    /// The guard's token budget on GPU `g`, where the node turns it, the workload has one
+    /// and the objective bounds the time per token; `None` elsewhere (the
     /// device default: the budget the run started with). A step's time follows its
     /// prefill chunk there, so the start's budget (the workload's largest) is the one
     /// most likely to break the bound the guard defends: the budget in force is held,
@@ -120,12 +120,19 @@ impl ControlLoop {
         let limit = self.config.objective.tpot_p99_limit_ms?;
         let in_force = self.in_force.get(g)?;
         let serves_prompts = obs.requests.is_some_and(|r| r.prefill_tokens > 0);
-        if !self.config.node_knobs.token_budget || !serves_prompts || in_force.token_budget == 0 {
+        // Held on a tick without prompts too: the default is the budget that broke the
+        // bound (on the H100 a quiet tick under the guard put 8,192 back, stepping up).
+        if !self.config.node_knobs.token_budget || in_force.token_budget == 0 {
             return None;
         }
         let floor = in_force.batch_size.saturating_add(1);
         let tpot = obs.tpot_p99_ms;
-        if obs.tokens > 0 && tpot.is_finite() && tpot > limit && in_force.token_budget > floor {
+        if serves_prompts
+            && obs.tokens > 0
+            && tpot.is_finite()
+            && tpot > limit
+            && in_force.token_budget > floor
+        {
             let fitted = (f64::from(in_force.token_budget) * limit / tpot * 0.95).floor();
             let tokens =
                 (fitted.min(f64::from(u32::MAX)) as u32).clamp(floor, in_force.token_budget);
