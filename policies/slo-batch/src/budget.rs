@@ -100,12 +100,7 @@ impl BudgetControl {
             && observation.tpot_p99_ms > limit
             && self.answers(observation, limits)
         {
-            *self = BudgetControl {
-                ticks: 0,
-                ttft_worst_ms: 0.0,
-                tpot_worst_ms: 0.0,
-                ..self.clone()
-            };
+            self.start_window();
             return self.shrunk(observation, in_force, config.token_budget_step);
         }
         self.ticks += 1;
@@ -117,12 +112,7 @@ impl BudgetControl {
             return None;
         }
         let (ttft, tpot) = (self.ttft_worst_ms, self.tpot_worst_ms);
-        *self = BudgetControl {
-            ticks: 0,
-            ttft_worst_ms: 0.0,
-            tpot_worst_ms: 0.0,
-            ..self.clone()
-        };
+        self.start_window();
         let step = config.token_budget_step;
         let tpot_room = tpot <= tpot_target_ms;
         let wanted = if ttft > config.headroom * ttft_limit && tpot_room {
@@ -132,7 +122,7 @@ impl BudgetControl {
         } else {
             return None;
         };
-        let tokens = (wanted.min(f64::from(u32::MAX)) as u32).clamp(self.min, self.max);
+        let tokens = self.within(wanted);
         if tokens == in_force {
             return None;
         }
@@ -143,16 +133,26 @@ impl BudgetControl {
         );
         Some(tokens)
     }
-}
 
-impl BudgetControl {
+    /// A new window of ticks: nothing counted, no worst seen.
+    fn start_window(&mut self) {
+        self.ticks = 0;
+        self.ttft_worst_ms = 0.0;
+        self.tpot_worst_ms = 0.0;
+    }
+
+    /// `wanted` tokens as a budget within this GPU's range.
+    fn within(&self, wanted: f64) -> u32 {
+        (wanted.min(f64::from(u32::MAX)) as u32).clamp(self.min, self.max)
+    }
+
     /// `in_force` less `step` of it, not under [`Self::floor`]; `None` where that is no move.
     fn shrunk(&self, observation: &Observation, in_force: u32, step: f64) -> Option<u32> {
         let floor = self.floor(observation);
         let wanted = (f64::from(in_force) * (1.0 - step))
             .floor()
             .max(f64::from(floor));
-        let tokens = (wanted.min(f64::from(u32::MAX)) as u32).clamp(self.min, self.max);
+        let tokens = self.within(wanted);
         (tokens != in_force).then(|| {
             debug!(
                 "gpu {}: token budget {in_force} -> {tokens} (TPOT p99 {:.1} ms)",

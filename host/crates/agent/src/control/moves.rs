@@ -95,9 +95,8 @@ impl ControlLoop {
             || obs.demand.is_some_and(|d| d.requests_turned_away > 0);
         if obs.tokens > 0 && tpot.is_finite() && tpot > limit {
             // A decode step's time grows about in proportion to the batch at large
-            // batches: aim 5 % under the bound.
-            let fitted = (f64::from(current) * limit / tpot * 0.95).floor();
-            (fitted as u32).clamp(1, current.max(1))
+            // batches.
+            (aimed_under(current, limit, tpot) as u32).clamp(1, current.max(1))
         } else if waiting && tpot.is_finite() && tpot < 0.85 * limit && current < start {
             (current + current.div_ceil(10)).min(start)
         } else {
@@ -119,7 +118,6 @@ impl ControlLoop {
     ) -> Option<FallbackBudget> {
         let limit = self.config.objective.tpot_p99_limit_ms?;
         let in_force = self.in_force.get(g)?;
-        let serves_prompts = obs.requests.is_some_and(|r| r.prefill_tokens > 0);
         // Held on a tick without prompts too: the default is the budget that broke the
         // bound (on the H100 a quiet tick under the guard put 8,192 back, stepping up).
         if !self.config.node_knobs.token_budget || in_force.token_budget == 0 {
@@ -127,15 +125,15 @@ impl ControlLoop {
         }
         let floor = in_force.batch_size.saturating_add(1);
         let tpot = obs.tpot_p99_ms;
+        let serves_prompts = obs.requests.is_some_and(|r| r.prefill_tokens > 0);
         if serves_prompts
             && obs.tokens > 0
             && tpot.is_finite()
             && tpot > limit
             && in_force.token_budget > floor
         {
-            let fitted = (f64::from(in_force.token_budget) * limit / tpot * 0.95).floor();
-            let tokens =
-                (fitted.min(f64::from(u32::MAX)) as u32).clamp(floor, in_force.token_budget);
+            let fitted = aimed_under(in_force.token_budget, limit, tpot);
+            let tokens = (fitted as u32).clamp(floor, in_force.token_budget);
             return Some(FallbackBudget {
                 tokens,
                 answers: true,
@@ -308,6 +306,13 @@ pub(super) fn merged(a: Settings, b: Settings) -> Settings {
         batch_size: a.batch_size.or(b.batch_size),
         token_budget: a.token_budget.or(b.token_budget),
     }
+}
+
+/// `current` scaled down in proportion to a p99 `tpot` over its `limit`, aiming 5 % under
+/// the bound: the guard's fit of a batch or a token budget, whose step time grows about in
+/// proportion to it.
+fn aimed_under(current: u32, limit: f64, tpot: f64) -> f64 {
+    (f64::from(current) * limit / tpot * 0.95).floor()
 }
 
 /// The guard's token budget ([`ControlLoop::fallback_token_budget`]).
