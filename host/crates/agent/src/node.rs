@@ -62,7 +62,7 @@ impl KeepFor {
     pub fn knobs(self, granted: Knobs, offered: &Offered) -> Knobs {
         match self {
             KeepFor::Granted => granted,
-            KeepFor::GrantedAnd(also) => either(granted, assembly::grant_knobs(also, offered).0),
+            KeepFor::GrantedAnd(also) => granted.union(assembly::grant_knobs(also, offered).0),
             KeepFor::Every => Knobs::all(),
         }
     }
@@ -264,16 +264,6 @@ impl Node {
     }
 }
 
-/// The knobs turned in either set.
-fn either(a: Knobs, b: Knobs) -> Knobs {
-    Knobs {
-        power_cap: a.power_cap || b.power_cap,
-        sm_clock: a.sm_clock || b.sm_clock,
-        batch_size: a.batch_size || b.batch_size,
-        token_budget: a.token_budget || b.token_budget,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,7 +339,7 @@ mod tests {
         let full = Node::assemble(request(sim(1, false), BATCH)).expect("assembles");
         assert_eq!(
             KeepFor::GrantedAnd(CAP).knobs(full.assembled.knobs, &full.assembled.offered),
-            either(BATCH, CAP)
+            BATCH.union(CAP)
         );
     }
 

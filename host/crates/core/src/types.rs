@@ -29,6 +29,16 @@ impl Knobs {
     pub const fn none(self) -> bool {
         !(self.power_cap || self.sm_clock || self.batch_size || self.token_budget)
     }
+
+    /// The knobs set in either.
+    pub const fn union(self, other: Knobs) -> Knobs {
+        Knobs {
+            power_cap: self.power_cap || other.power_cap,
+            sm_clock: self.sm_clock || other.sm_clock,
+            batch_size: self.batch_size || other.batch_size,
+            token_budget: self.token_budget || other.token_budget,
+        }
+    }
 }
 
 /// NVML clock-event reasons, reduced to what a policy can act on.

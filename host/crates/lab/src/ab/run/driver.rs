@@ -400,12 +400,7 @@ pub(super) fn drive_group(
             // the policies themselves.
             let (a, b) = (arms.spec(Arm::A).knobs, arms.spec(Arm::B).knobs);
             LoopConfig {
-                node_knobs: tokwatt_core::types::Knobs {
-                    power_cap: a.power_cap || b.power_cap,
-                    sm_clock: a.sm_clock || b.sm_clock,
-                    batch_size: a.batch_size || b.batch_size,
-                    token_budget: a.token_budget || b.token_budget,
-                },
+                node_knobs: a.union(b),
                 guard: tokwatt_policy::rules::NodeRules::judging().guard,
                 power_allowance: None,
                 ..LoopConfig::new(duration, arms.tick, arms.spec(first_arm).objective)
