@@ -26,9 +26,9 @@ impl RequestSource for Burst {
     }
 }
 
-#[test]
-fn requests_are_served_each_with_its_ttft_and_tpot() {
-    let _lock = gpu_lock();
+/// The tiny model serving a [`Burst`] at `at_s` (8 slots, running limit 6, 64 tokens a
+/// step); `None` (the test skips, saying why) where there is no CUDA driver.
+fn burst_served(at_s: f64, energy: Option<crate::EnergyCounter>) -> Option<CudaServe> {
     let config = CudaServeConfig {
         model: tiny_shape(128, 8, 2),
         context: 300,
@@ -39,19 +39,24 @@ fn requests_are_served_each_with_its_ttft_and_tpot() {
         device: 0,
         gpu_index: 0,
         engine: EngineOptions::default(),
-        requests: Box::new(Burst {
-            sent: false,
-            at_s: 0.0,
-        }),
-        energy: None,
+        requests: Box::new(Burst { sent: false, at_s }),
+        energy,
     };
-    let mut serve = match CudaServe::new(config) {
-        Ok(serve) => serve,
+    match CudaServe::new(config) {
+        Ok(serve) => Some(serve),
         Err(error) if no_cuda(&error) => {
             tokwatt_test_support::skip_gpu(format_args!("no CUDA driver: {error}"));
-            return;
+            None
         }
         Err(error) => panic!("{error}"),
+    }
+}
+
+#[test]
+fn requests_are_served_each_with_its_ttft_and_tpot() {
+    let _lock = gpu_lock();
+    let Some(mut serve) = burst_served(0.0, None) else {
+        return;
     };
     let mut records = Vec::new();
     let mut tokens = 0;
@@ -89,29 +94,8 @@ fn requests_are_served_each_with_its_ttft_and_tpot() {
 #[test]
 fn the_token_budget_moves_between_steps_within_what_the_engine_started_with() {
     let _lock = gpu_lock();
-    let config = CudaServeConfig {
-        model: tiny_shape(128, 8, 2),
-        context: 300,
-        slots: 8,
-        running_limit: 6,
-        max_batched_tokens: 64,
-        queue_max: 100,
-        device: 0,
-        gpu_index: 0,
-        engine: EngineOptions::default(),
-        requests: Box::new(Burst {
-            sent: false,
-            at_s: 0.2,
-        }),
-        energy: None,
-    };
-    let mut serve = match CudaServe::new(config) {
-        Ok(serve) => serve,
-        Err(error) if no_cuda(&error) => {
-            tokwatt_test_support::skip_gpu(format_args!("no CUDA driver: {error}"));
-            return;
-        }
-        Err(error) => panic!("{error}"),
+    let Some(mut serve) = burst_served(0.2, None) else {
+        return;
     };
     assert_eq!(serve.token_budget_range(0), Some((1, 64)));
     assert_eq!(serve.token_budget(0), Some(64));
@@ -153,32 +137,14 @@ fn the_token_budget_moves_between_steps_within_what_the_engine_started_with() {
 fn with_an_energy_counter_each_request_gets_its_share_of_the_steps_energy() {
     let _lock = gpu_lock();
     let started = std::time::Instant::now();
-    let config = CudaServeConfig {
-        model: tiny_shape(128, 8, 2),
-        context: 300,
-        slots: 8,
-        running_limit: 6,
-        max_batched_tokens: 64,
-        queue_max: 100,
-        device: 0,
-        gpu_index: 0,
-        engine: EngineOptions::default(),
-        // After the estimate has its first second of readings.
-        requests: Box::new(Burst {
-            sent: false,
-            at_s: 1.2,
-        }),
-        energy: Some(Box::new(move || {
+    // After the estimate has its first second of readings.
+    let Some(mut serve) = burst_served(
+        1.2,
+        Some(Box::new(move || {
             Some(100.0 * started.elapsed().as_secs_f64())
         })),
-    };
-    let mut serve = match CudaServe::new(config) {
-        Ok(serve) => serve,
-        Err(error) if no_cuda(&error) => {
-            tokwatt_test_support::skip_gpu(format_args!("no CUDA driver: {error}"));
-            return;
-        }
-        Err(error) => panic!("{error}"),
+    ) else {
+        return;
     };
     let mut records = Vec::new();
     let mut window_energy_known = true;
