@@ -8,7 +8,9 @@
 # PARTS (comma-separated, default all): tests (the unit tests of the agent, NVML and CUDA crates), bench (tokwatt bench
 # workload beside the PyTorch reference), prefill (tokwatt bench prefill beside the PyTorch
 # causal-SDPA prefill reference, the same nine cases, same call; PREFILL_ATTENTION=m1n64,m2n32,m2n64
-# measures each tiling of the prefill attention), dryrun (a 60 s dry-run `tokwatt run`), slo (the
+# measures each tiling of the prefill attention), steps (tokwatt bench serving-steps: the serving
+# loop's step time, watts and SM clock over a grid of decoding rows and prompt chunks, the table a
+# profile's [serving] constants are fitted to; STEP_SECONDS per case, default 1), dryrun (a 60 s dry-run `tokwatt run`), slo (the
 # slo-batch controller against an exhaustive batch sweep under the same objective). The GPU's
 # settings are compared before and after whatever runs. serve: `tokwatt serve` for 2 minutes
 # on the CUDA decode (dry run, batch only) with a policy swap in the middle, /metrics
@@ -39,8 +41,8 @@ seconds="${2:-6}"
 parts="${3:-tests,bench,dryrun,slo}"
 for part in ${parts//,/ }; do
   case "$part" in
-    tests | bench | prefill | dryrun | slo | serve | guard | ab | serving | budget) ;;
-    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, prefill, dryrun, slo, serve, guard, ab, serving and/or budget, comma-separated" >&2; exit 2 ;;
+    tests | bench | prefill | steps | dryrun | slo | serve | guard | ab | serving | budget) ;;
+    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, prefill, steps, dryrun, slo, serve, guard, ab, serving and/or budget, comma-separated" >&2; exit 2 ;;
   esac
 done
 wants() { [[ ",$parts," == *",$1,"* ]]; }
@@ -105,6 +107,13 @@ for b in sorted(ours):
           f"{float(r.get('watts', 'nan')):>6.1f} {float(r.get('tok_per_j', 'nan')):>9.3f}")
 PY
   fi
+fi
+
+if wants steps; then
+  step "tokwatt bench serving-steps (llama-3-8b, the serving loop's steps)"
+  ./tokwatt bench serving-steps --model llama-3-8b --seconds "${STEP_SECONDS:-1}" \
+    --json "$out/serving-steps.jsonl" 2>&1 | tee "$out/serving-steps.txt"
+  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
 fi
 
 if wants prefill; then

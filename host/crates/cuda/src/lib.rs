@@ -31,6 +31,7 @@ mod error;
 mod plan;
 mod prefill_bench;
 mod serve;
+mod serving_step_bench;
 pub mod shape;
 
 #[cfg(test)]
@@ -48,4 +49,8 @@ pub use error::CudaError;
 pub use plan::{AttentionSplit, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT};
 pub use prefill_bench::{PrefillRow, REFERENCE_PREFILL_CASES, bench_prefill};
 pub use serve::{CudaServe, CudaServeConfig, EnergyCounter};
+pub use serving_step_bench::{
+    GpuReading, ServingStepCase, ServingStepRow, bench_serving_steps, default_serving_step_cases,
+    validate_serving_step_cases,
+};
 pub use shape::{ModelError, ModelShape, ShapeError};

@@ -15,7 +15,7 @@ mod sim_run;
 
 use crate::plugin_places::PluginPlaces;
 use agent::{agent_cpu_targets, bench_agent_cpu, bench_decide};
-use gpu::{bench_prefill, bench_serving, bench_workload};
+use gpu::{bench_prefill, bench_serving, bench_serving_steps, bench_workload};
 use tokwatt_bench::agent_cpu::{AgentCpuRequest, AgentCpuTarget};
 use tokwatt_nvml::SamplerConfig;
 use tokwatt_policy::spec::PolicySpec;
@@ -77,6 +77,24 @@ pub enum BenchCommand {
         attention: Vec<String>,
         /// Measured seconds per case (after two warm-up calls).
         #[arg(long, default_value_t = 4.0)]
+        seconds: f64,
+        /// Also write the rows as JSON lines here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// The serving loop's steps on a real GPU, one composition at a time: decoding rows at a
+    /// context beside prompt chunks, each step waited for as the serving thread waits. Step
+    /// time, watts (NVML energy counter) and SM clock per case: the table a profile's
+    /// `[serving]` constants are fitted to. Changes no GPU setting.
+    ServingSteps {
+        /// CUDA device / NVML index.
+        #[arg(long, default_value_t = 0)]
+        gpu: u32,
+        /// Model preset (llama-3-8b, llama-3.2-1b) or a model shape file.
+        #[arg(long, default_value = "llama-3-8b")]
+        model: String,
+        /// Measured seconds per case (after three warm-up steps).
+        #[arg(long, default_value_t = 1.0)]
         seconds: f64,
         /// Also write the rows as JSON lines here.
         #[arg(long)]
@@ -263,6 +281,12 @@ pub fn bench(what: BenchCommand) -> Result<()> {
             seconds,
             json,
         } => bench_prefill(gpu, &model, cases, attention, seconds, json),
+        BenchCommand::ServingSteps {
+            gpu,
+            model,
+            seconds,
+            json,
+        } => bench_serving_steps(gpu, &model, seconds, json),
         BenchCommand::Decide {
             gpus,
             calls,

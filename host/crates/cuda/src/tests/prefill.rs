@@ -252,3 +252,52 @@ fn a_decoding_row_continues_its_prompt_as_a_longer_prefill_would() {
     let next = engine.tokens(4).unwrap();
     assert_eq!(next[0], next[1], "the decode row's next token differs");
 }
+
+#[test]
+fn the_serving_step_bench_measures_each_case_it_is_given() {
+    use crate::serving_step_bench::{GpuReading, ServingStepCase, bench_serving_steps};
+    let _lock = gpu_lock();
+    if open_gpu().is_none() {
+        return;
+    }
+    let shape = tiny_shape(64, 4, 2);
+    let cases = [
+        ServingStepCase {
+            decodes: 3,
+            decode_context: 40,
+            chunks: 0,
+            chunk_len: 0,
+            chunk_start: 0,
+        },
+        ServingStepCase {
+            decodes: 2,
+            decode_context: 10,
+            chunks: 2,
+            chunk_len: 33,
+            chunk_start: 20,
+        },
+    ];
+    let mut counter = 0.0;
+    let mut read = || {
+        counter += 5.0;
+        GpuReading {
+            energy_counter_j: Some(counter),
+            sm_mhz: Some(1500),
+        }
+    };
+    let mut seen = Vec::new();
+    let rows = bench_serving_steps(&shape, &cases, 0.05, 0, &mut read, &mut |row| {
+        seen.push(row.case)
+    })
+    .unwrap();
+    assert_eq!(seen, cases);
+    for (row, case) in rows.iter().zip(&cases) {
+        assert_eq!(row.case, *case);
+        assert!(row.steps >= 1);
+        assert!(row.step_ms > 0.0 && row.step_ms_p50 > 0.0, "{row:?}");
+        // 5 J over the case's wall time, which is at least the 0.05 s asked for.
+        let watts = row.watts.unwrap();
+        assert!(watts > 0.0 && watts <= 5.0 / 0.05, "{row:?}");
+        assert_eq!(row.sm_mhz, Some(1500));
+    }
+}

@@ -297,3 +297,75 @@ pub(super) fn bench_workload(
     }
     Ok(())
 }
+
+#[cfg(not(feature = "cuda"))]
+pub(super) fn bench_serving_steps(
+    _gpu: u32,
+    _model: &str,
+    _seconds: f64,
+    _json: Option<PathBuf>,
+) -> Result<()> {
+    anyhow::bail!(
+        "this tokwatt was built without its CUDA workload (the `cuda` feature): rebuild with `cargo build -p tokwatt --features cuda` (on by default)"
+    )
+}
+
+#[cfg(feature = "cuda")]
+pub(super) fn bench_serving_steps(
+    gpu: u32,
+    model: &str,
+    seconds: f64,
+    json: Option<PathBuf>,
+) -> Result<()> {
+    use tokwatt_core::telemetry::Telemetry;
+    let shape = tokwatt_cuda::ModelShape::load(model)?;
+    let cases = tokwatt_cuda::default_serving_step_cases();
+    tokwatt_cuda::validate_serving_step_cases(&cases)?;
+    let system = tokwatt_nvml::NvmlSystem::open(Some(&[gpu]))?;
+    let mut telemetry = system
+        .telemetry(SamplerConfig::everything_every(Duration::from_millis(50)))
+        .context("starting NVML telemetry")?;
+    // A window is read before and after each case: the second one's SM clock is the case's.
+    let mut read = || match telemetry.read_window(0) {
+        Ok(window) => tokwatt_cuda::GpuReading {
+            energy_counter_j: Some(window.energy_counter_j),
+            sm_mhz: (window.samples > 0 && window.sm_clock_mhz > 0).then_some(window.sm_clock_mhz),
+        },
+        Err(_) => tokwatt_cuda::GpuReading::default(),
+    };
+    println!(
+        "tokwatt bench serving-steps: {model}, GPU {gpu} ({}), {} cases of {seconds} s; energy from the NVML counter",
+        system.devices().first().map_or("?", |d| d.name.as_str()),
+        cases.len()
+    );
+    let mut lines = Vec::new();
+    let rows = tokwatt_cuda::bench_serving_steps(
+        &shape,
+        &cases,
+        seconds,
+        gpu,
+        &mut read,
+        &mut |row| {
+            let c = &row.case;
+            eprintln!(
+                "decodes {:>3} @ {:>4}  prompt {} x {:>4} @ {:>4}: {:>8.3} ms/step (p50 {:>8.3})  {:>6.1} W  {:>5} MHz",
+                c.decodes,
+                c.decode_context,
+                c.chunks,
+                c.chunk_len,
+                c.chunk_start,
+                row.step_ms,
+                row.step_ms_p50,
+                row.watts.unwrap_or(f64::NAN),
+                row.sm_mhz.map_or_else(|| "?".to_owned(), |m| m.to_string()),
+            );
+            lines.push(serde_json::to_string(row).unwrap_or_default());
+        },
+    )?;
+    println!("{} cases measured", rows.len());
+    if let Some(path) = json {
+        std::fs::write(&path, lines.join("\n") + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
