@@ -154,6 +154,66 @@ fn parse_prefill(text: &str) -> Vec<PrefillRow> {
         .collect()
 }
 
+/// Nelder–Mead with restarts.
+pub(super) fn nelder_mead(
+    f: impl Fn(&[f64]) -> f64,
+    start: Vec<f64>,
+    iterations: usize,
+) -> (Vec<f64>, f64) {
+    let n = start.len();
+    let mut simplex: Vec<Vec<f64>> = vec![start.clone()];
+    for i in 0..n {
+        let mut vertex = start.clone();
+        vertex[i] *= 1.1;
+        simplex.push(vertex);
+    }
+    let mut values: Vec<f64> = simplex.iter().map(|v| f(v)).collect();
+    for _ in 0..iterations {
+        let mut order: Vec<usize> = (0..=n).collect();
+        order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
+        simplex = order.iter().map(|&i| simplex[i].clone()).collect();
+        values = order.iter().map(|&i| values[i]).collect();
+        let centroid: Vec<f64> = (0..n)
+            .map(|j| simplex[..n].iter().map(|v| v[j]).sum::<f64>() / n as f64)
+            .collect();
+        let towards = |t: f64| -> Vec<f64> {
+            (0..n)
+                .map(|j| centroid[j] + t * (simplex[n][j] - centroid[j]))
+                .collect()
+        };
+        let reflected = towards(-1.0);
+        let fr = f(&reflected);
+        if fr < values[0] {
+            let expanded = towards(-2.0);
+            let fe = f(&expanded);
+            (simplex[n], values[n]) = if fe < fr {
+                (expanded, fe)
+            } else {
+                (reflected, fr)
+            };
+        } else if fr < values[n - 1] {
+            (simplex[n], values[n]) = (reflected, fr);
+        } else {
+            let contracted = towards(0.5);
+            let fc = f(&contracted);
+            if fc < values[n] {
+                (simplex[n], values[n]) = (contracted, fc);
+            } else {
+                for i in 1..=n {
+                    simplex[i] = (0..n)
+                        .map(|j| simplex[0][j] + 0.5 * (simplex[i][j] - simplex[0][j]))
+                        .collect();
+                    values[i] = f(&simplex[i]);
+                }
+            }
+        }
+    }
+    let best = (0..=n)
+        .min_by(|&a, &b| values[a].total_cmp(&values[b]))
+        .unwrap_or(0);
+    (simplex[best].clone(), values[best])
+}
+
 mod tests {
     use super::*;
 
@@ -538,66 +598,6 @@ mod tests {
             }
         }
         total
-    }
-
-    /// Nelder–Mead with restarts.
-    fn nelder_mead(
-        f: impl Fn(&[f64]) -> f64,
-        start: Vec<f64>,
-        iterations: usize,
-    ) -> (Vec<f64>, f64) {
-        let n = start.len();
-        let mut simplex: Vec<Vec<f64>> = vec![start.clone()];
-        for i in 0..n {
-            let mut vertex = start.clone();
-            vertex[i] *= 1.1;
-            simplex.push(vertex);
-        }
-        let mut values: Vec<f64> = simplex.iter().map(|v| f(v)).collect();
-        for _ in 0..iterations {
-            let mut order: Vec<usize> = (0..=n).collect();
-            order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
-            simplex = order.iter().map(|&i| simplex[i].clone()).collect();
-            values = order.iter().map(|&i| values[i]).collect();
-            let centroid: Vec<f64> = (0..n)
-                .map(|j| simplex[..n].iter().map(|v| v[j]).sum::<f64>() / n as f64)
-                .collect();
-            let towards = |t: f64| -> Vec<f64> {
-                (0..n)
-                    .map(|j| centroid[j] + t * (simplex[n][j] - centroid[j]))
-                    .collect()
-            };
-            let reflected = towards(-1.0);
-            let fr = f(&reflected);
-            if fr < values[0] {
-                let expanded = towards(-2.0);
-                let fe = f(&expanded);
-                (simplex[n], values[n]) = if fe < fr {
-                    (expanded, fe)
-                } else {
-                    (reflected, fr)
-                };
-            } else if fr < values[n - 1] {
-                (simplex[n], values[n]) = (reflected, fr);
-            } else {
-                let contracted = towards(0.5);
-                let fc = f(&contracted);
-                if fc < values[n] {
-                    (simplex[n], values[n]) = (contracted, fc);
-                } else {
-                    for i in 1..=n {
-                        simplex[i] = (0..n)
-                            .map(|j| simplex[0][j] + 0.5 * (simplex[i][j] - simplex[0][j]))
-                            .collect();
-                        values[i] = f(&simplex[i]);
-                    }
-                }
-            }
-        }
-        let best = (0..=n)
-            .min_by(|&a, &b| values[a].total_cmp(&values[b]))
-            .unwrap_or(0);
-        (simplex[best].clone(), values[best])
     }
 
     #[test]

@@ -310,11 +310,13 @@ impl GpuSim {
                 .arrivals
                 .get(next_arrival)
                 .map_or(f64::INFINITY, |a| (a.offset_s - elapsed).max(0.0));
-            let segment = match self.server.next() {
+            // The step the server is in when the segment ends (0 when idle): an arrival
+            // then is seen at that step's end.
+            let (segment, step_in_progress_s) = match self.server.next() {
                 Next::Idle => {
                     let segment = remaining.min(until_arrival);
                     energy += idle_w * segment;
-                    segment
+                    (segment, 0.0)
                 }
                 Next::Steps { load, until_event } => {
                     let point = self.point(&load);
@@ -339,7 +341,7 @@ impl GpuSim {
                     if load.prefill > 0.0 {
                         self.workload.prefill_busy_s += segment;
                     }
-                    segment
+                    (segment, point.step_s)
                 }
             };
             elapsed += segment;
@@ -347,8 +349,12 @@ impl GpuSim {
                 if arrival.offset_s > elapsed + 1e-12 {
                     break;
                 }
-                self.server
-                    .arrive(start_s + arrival.offset_s, arrival.prompt, arrival.output);
+                self.server.arrive_during_step(
+                    start_s + arrival.offset_s,
+                    arrival.prompt,
+                    arrival.output,
+                    step_in_progress_s,
+                );
                 next_arrival += 1;
             }
             self.server.rebalance(start_s + elapsed, self.batch);

@@ -27,6 +27,11 @@
 //! u_c  = stream_activity · (step - t_ovh')/step + (t_c + core_activity · t_p)/step
 //! ```
 //!
+//! A serving step ([`DecodeModel::point_load`]) takes the same form with the profile's
+//! `[serving]` constants where it has them (the serving loop's own overhead, KV bandwidth,
+//! tensor rate and attention efficiency, fitted to measured serving steps); the whole-prompt
+//! prefill ([`DecodeModel::prefill_steady_state`]) keeps `[decode]` and `[prefill]`'s.
+//!
 //! The constants live in the profile files (`host/profiles/*.toml`), fitted to measurements.
 
 use super::profile::GpuProfile;
@@ -154,20 +159,61 @@ pub struct DecodeModel {
     /// Supported SM clocks, highest first.
     sm_grid: Vec<u32>,
     kv_bytes_per_token: f64,
+    /// A step of a load as the measured whole-prompt and closed-loop tables run it.
+    forward: LoadTerms,
+    /// A step of a load as the serving loop runs it: the profile's `[serving]`, else
+    /// `forward`.
+    serving: LoadTerms,
+    prefill_activity: f64,
+}
+
+/// The per-step and per-token terms of a step of a [`StepLoad`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct LoadTerms {
+    /// Launch gaps of a step without prompt tokens, and of one with.
+    decode_overhead_s: f64,
+    prefill_overhead_s: f64,
     kv_s_per_token: f64,
     /// Seconds of decode arithmetic per decoded token (weights) and per position attended.
     decode_linear_s_per_token: f64,
     attention_s_per_position: f64,
-    prefill_overhead_s: f64,
     prefill_s_per_token: f64,
     prefill_attention_s_per_position: f64,
-    prefill_activity: f64,
 }
 
 impl DecodeModel {
     pub fn new(profile: &GpuProfile, cost: &DecodeCost) -> Self {
         let d = &profile.decode;
         let pre = profile.prefill();
+        let layers = f64::from(cost.layers);
+        let decode_overhead_s = layers * d.overhead_per_layer_us * 1e-6;
+        let forward = LoadTerms {
+            decode_overhead_s,
+            prefill_overhead_s: (layers * pre.overhead_per_layer_us * 1e-6).max(decode_overhead_s),
+            kv_s_per_token: cost.kv_bytes_per_token / (d.kv_bandwidth_tbs * 1e12),
+            decode_linear_s_per_token: cost.decode_linear_flops_per_token
+                / (d.tensor_tflops * 1e12),
+            attention_s_per_position: cost.attention_flops_per_position / (d.tensor_tflops * 1e12),
+            prefill_s_per_token: cost.prefill_flops_per_token / (pre.tensor_tflops * 1e12),
+            prefill_attention_s_per_position: cost.attention_flops_per_position
+                / (pre.tensor_tflops * 1e12 * pre.attention_efficiency),
+        };
+        // The serving loop launches every step alike and runs its decoding rows through the
+        // prompt's GEMMs: one overhead, one tensor rate for every row.
+        let serving = profile.serving.map_or(forward, |sv| {
+            let overhead_s = layers * sv.overhead_per_layer_us * 1e-6;
+            let tensor = sv.tensor_tflops * 1e12;
+            LoadTerms {
+                decode_overhead_s: overhead_s,
+                prefill_overhead_s: overhead_s,
+                kv_s_per_token: cost.kv_bytes_per_token / (sv.kv_bandwidth_tbs * 1e12),
+                decode_linear_s_per_token: cost.decode_linear_flops_per_token / tensor,
+                attention_s_per_position: cost.attention_flops_per_position / tensor,
+                prefill_s_per_token: cost.prefill_flops_per_token / tensor,
+                prefill_attention_s_per_position: cost.attention_flops_per_position
+                    / (tensor * sv.attention_efficiency),
+            }
+        });
         Self {
             sm_max_mhz: f64::from(profile.sm_max_mhz()),
             mem_max_mhz: f64::from(profile.mem_max_mhz()),
@@ -183,14 +229,8 @@ impl DecodeModel {
             power: profile.power,
             sm_grid: profile.sm_clocks_mhz(),
             kv_bytes_per_token: cost.kv_bytes_per_token,
-            kv_s_per_token: cost.kv_bytes_per_token / (d.kv_bandwidth_tbs * 1e12),
-            decode_linear_s_per_token: cost.decode_linear_flops_per_token
-                / (d.tensor_tflops * 1e12),
-            attention_s_per_position: cost.attention_flops_per_position / (d.tensor_tflops * 1e12),
-            prefill_overhead_s: f64::from(cost.layers) * pre.overhead_per_layer_us * 1e-6,
-            prefill_s_per_token: cost.prefill_flops_per_token / (pre.tensor_tflops * 1e12),
-            prefill_attention_s_per_position: cost.attention_flops_per_position
-                / (pre.tensor_tflops * 1e12 * pre.attention_efficiency),
+            forward,
+            serving,
             prefill_activity: pre.core_activity,
         }
     }
@@ -232,9 +272,19 @@ impl DecodeModel {
         )
     }
 
-    /// Time and power of one step of `load` (decode and prefill together) at `sm_mhz` and
-    /// `mem_mhz`; an empty load is [`DecodeModel::point`]'s idle.
+    /// Time and power of one serving step of `load` (decode and prefill together) at
+    /// `sm_mhz` and `mem_mhz`; an empty load is [`DecodeModel::point`]'s idle.
     pub fn point_load(&self, load: &StepLoad, sm_mhz: f64, mem_mhz: f64) -> StepPoint {
+        self.point_terms(&self.serving, load, sm_mhz, mem_mhz)
+    }
+
+    fn point_terms(
+        &self,
+        terms: &LoadTerms,
+        load: &StepLoad,
+        sm_mhz: f64,
+        mem_mhz: f64,
+    ) -> StepPoint {
         if load.prefill <= 0.0 && load.decode == 0 {
             return self.point(0, sm_mhz, mem_mhz);
         }
@@ -243,20 +293,20 @@ impl DecodeModel {
         let (memory_speed, below_knee) = self.memory_speed(sm_mhz, mem_mhz);
         let n = f64::from(load.decode);
         let overhead_s = if load.prefill > 0.0 {
-            self.prefill_overhead_s.max(self.overhead_s)
+            terms.prefill_overhead_s
         } else {
-            self.overhead_s
+            terms.decode_overhead_s
         };
         self.combine(
             Phases {
                 overhead_s: overhead_s / below_knee,
                 weights_s: self.weights_s / memory_speed,
-                kv_s: load.decode_positions * self.kv_s_per_token / memory_speed,
-                decode_arithmetic_s: (n * self.decode_linear_s_per_token
-                    + load.decode_positions * self.attention_s_per_position)
+                kv_s: load.decode_positions * terms.kv_s_per_token / memory_speed,
+                decode_arithmetic_s: (n * terms.decode_linear_s_per_token
+                    + load.decode_positions * terms.attention_s_per_position)
                     / x,
-                prefill_arithmetic_s: (load.prefill * self.prefill_s_per_token
-                    + load.prefill_positions * self.prefill_attention_s_per_position)
+                prefill_arithmetic_s: (load.prefill * terms.prefill_s_per_token
+                    + load.prefill_positions * terms.prefill_attention_s_per_position)
                     / x,
                 bytes: self.weight_bytes + load.decode_positions * self.kv_bytes_per_token,
             },
@@ -324,8 +374,19 @@ impl DecodeModel {
         lock_max_mhz: u32,
         mem_mhz: f64,
     ) -> FirmwareClock {
+        self.firmware_clock_terms(&self.serving, load, cap_w, lock_max_mhz, mem_mhz)
+    }
+
+    fn firmware_clock_terms(
+        &self,
+        terms: &LoadTerms,
+        load: &StepLoad,
+        cap_w: f64,
+        lock_max_mhz: u32,
+        mem_mhz: f64,
+    ) -> FirmwareClock {
         self.firmware_clock_for(cap_w, lock_max_mhz, |f| {
-            self.point_load(load, f64::from(f), mem_mhz).power_w
+            self.point_terms(terms, load, f64::from(f), mem_mhz).power_w
         })
     }
 
@@ -392,8 +453,9 @@ impl DecodeModel {
             prefill_positions: tokens * f64::from(prompt) / 2.0,
             ..StepLoad::default()
         };
-        let clock = self.firmware_clock_load(&load, cap_w, lock_max_mhz, mem_mhz);
-        let point = self.point_load(&load, f64::from(clock.sm_mhz), mem_mhz);
+        // The measured prefill table is a whole-prompt forward, not a serving step.
+        let clock = self.firmware_clock_terms(&self.forward, &load, cap_w, lock_max_mhz, mem_mhz);
+        let point = self.point_terms(&self.forward, &load, f64::from(clock.sm_mhz), mem_mhz);
         SteadyState {
             sm_mhz: clock.sm_mhz,
             step_s: point.step_s,

@@ -42,6 +42,11 @@ pub struct GpuProfile {
     /// decode constants (see [`GpuProfile::prefill`]).
     #[serde(default)]
     pub prefill: Option<PrefillConstants>,
+    /// The serving loop's steps (decoding rows beside prompt chunks, no CUDA graph), fitted
+    /// to `tokwatt bench serving-steps`; without it a serving step is costed from
+    /// `[decode]` and `[prefill]`, the closed-loop and whole-prompt tables.
+    #[serde(default)]
+    pub serving: Option<ServingConstants>,
     pub power: PowerConstants,
     pub nvml: NvmlBehaviour,
     pub thermal: Thermal,
@@ -132,6 +137,24 @@ pub struct PrefillConstants {
     /// SM activity per second of prefill arithmetic, relative to decode's arithmetic in
     /// `power.core_w` (large GEMMs keep the tensor cores fed with less switching per FLOP).
     pub core_activity: f64,
+}
+
+/// Constants of one serving step as the serving loop runs it (tokwatt's CUDA engine:
+/// every step launched without a CUDA graph, decoding rows and prompt tokens through the
+/// same GEMMs and the same attention kernel), fitted to measured steps. The weights' stream,
+/// the roofline and the power constants stay the profile's.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServingConstants {
+    /// Launch gaps, small kernels and the host's share of a step (its plan, uploads and the
+    /// wait for it), per transformer layer, microseconds.
+    pub overhead_per_layer_us: f64,
+    /// Effective bandwidth of the decoding rows' KV-cache reads, TB/s.
+    pub kv_bandwidth_tbs: f64,
+    /// Effective tensor rate of the step's GEMMs (decoding rows and prompt tokens), TFLOP/s.
+    pub tensor_tflops: f64,
+    /// Prompt attention's rate relative to `tensor_tflops`.
+    pub attention_efficiency: f64,
 }
 
 impl PrefillConstants {
@@ -423,6 +446,21 @@ impl GpuProfile {
             1.0,
         );
         checks.in_range("prefill.core_activity", pre.core_activity, 0.0, 2.0);
+
+        if let Some(serving) = &self.serving {
+            checks.positive(
+                "serving.overhead_per_layer_us",
+                serving.overhead_per_layer_us,
+            );
+            checks.positive("serving.kv_bandwidth_tbs", serving.kv_bandwidth_tbs);
+            checks.positive("serving.tensor_tflops", serving.tensor_tflops);
+            checks.in_range(
+                "serving.attention_efficiency",
+                serving.attention_efficiency,
+                0.01,
+                1.0,
+            );
+        }
 
         let p = &self.power;
         checks.non_negative("power.p0_w", p.p0_w);

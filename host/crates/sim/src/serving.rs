@@ -24,6 +24,7 @@ use std::collections::VecDeque;
 
 use super::model::StepLoad;
 use super::scenario::Scenario;
+use tokwatt_core::rng::SplitMix64;
 use tokwatt_core::types::RequestEnergy;
 use tokwatt_core::workload::FinishedRequests;
 use tokwatt_core::workload::serving::RequestRecord;
@@ -236,6 +237,22 @@ impl Server {
 
     /// One arrival of `prompt` and `output` tokens at `arrival_s`: queued, or turned away
     /// when the queue is full.
+    /// A request that arrives while a step of `step_s` runs (0: none runs). An engine
+    /// takes arrivals in at step boundaries, so it waits for that step to end: a fraction
+    /// of it, uniform and fixed by the request's number (no random stream moves). The fluid
+    /// server admits it now, so the wait is counted by dating its arrival back by as much
+    /// (Poisson arrivals: the same distribution of times to a first token and of queue
+    /// waits as a delay would give).
+    pub(super) fn arrive_during_step(&mut self, now_s: f64, prompt: u32, output: u32, step_s: f64) {
+        let residual = if step_s > 0.0 {
+            let draw = SplitMix64::new((self.arrived + 1) ^ 0x7374_6570).next_u64();
+            step_s * (draw >> 11) as f64 / (1u64 << 53) as f64
+        } else {
+            0.0
+        };
+        self.arrive(now_s - residual, prompt, output);
+    }
+
     pub(super) fn arrive(&mut self, arrival_s: f64, prompt: u32, output: u32) {
         self.arrived += 1;
         self.tokens_demanded += u64::from(output);
@@ -286,12 +303,19 @@ impl Server {
         if decode == 0 && prefill <= 0.0 {
             return Next::Idle;
         }
-        // The chunk's tokens attend to the prompt before them: the oldest prompt's done
-        // part and half the chunk (causal), to the first order.
-        let prefill_positions = self
-            .prefilling
-            .front()
-            .map_or(0.0, |head| prefill * (head.prefilled + prefill / 2.0));
+        // Each prompt's share of the chunk (oldest first, as `advance` fills them) attends
+        // to that prompt's done part and half its share (causal), to the first order: a
+        // large budget packs several short prompts, none of which sees the others.
+        let mut prefill_positions = 0.0;
+        let mut left = prefill;
+        for pending in &self.prefilling {
+            if left <= 0.0 {
+                break;
+            }
+            let take = pending.remaining().min(left);
+            prefill_positions += take * (pending.prefilled + take / 2.0);
+            left -= take;
+        }
         let load = StepLoad {
             decode,
             decode_positions: self.decode_positions(),

@@ -697,7 +697,8 @@ fn a_batch_1_policy_under_heavy_load_turns_demand_away() {
     let (large, _) = turned_away(64);
     assert_eq!(large.requests_turned_away, 0, "{large:?}");
     assert_eq!(large.requests_arrived, small.requests_arrived);
-    assert!(large.queue_wait_p99_ms.unwrap() < 1.0, "{large:?}");
+    // No queue: a request waits only for the step in progress to end (a few ms).
+    assert!(large.queue_wait_p99_ms.unwrap() < 20.0, "{large:?}");
 }
 
 #[test]
