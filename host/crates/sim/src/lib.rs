@@ -41,6 +41,8 @@ mod serving;
 mod calibration;
 #[cfg(test)]
 mod prefill_tests;
+#[cfg(test)]
+mod serving_calibration;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

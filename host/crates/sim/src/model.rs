@@ -164,7 +164,6 @@ pub struct DecodeModel {
     /// A step of a load as the serving loop runs it: the profile's `[serving]`, else
     /// `forward`.
     serving: LoadTerms,
-    prefill_activity: f64,
 }
 
 /// The per-step and per-token terms of a step of a [`StepLoad`].
@@ -179,6 +178,8 @@ struct LoadTerms {
     attention_s_per_position: f64,
     prefill_s_per_token: f64,
     prefill_attention_s_per_position: f64,
+    /// SM activity per second of prompt arithmetic, relative to decode's.
+    prefill_activity: f64,
 }
 
 impl DecodeModel {
@@ -197,6 +198,7 @@ impl DecodeModel {
             prefill_s_per_token: cost.prefill_flops_per_token / (pre.tensor_tflops * 1e12),
             prefill_attention_s_per_position: cost.attention_flops_per_position
                 / (pre.tensor_tflops * 1e12 * pre.attention_efficiency),
+            prefill_activity: pre.core_activity,
         };
         // The serving loop launches every step alike and runs its decoding rows through the
         // prompt's GEMMs: one overhead, one tensor rate for every row.
@@ -212,6 +214,7 @@ impl DecodeModel {
                 prefill_s_per_token: cost.prefill_flops_per_token / tensor,
                 prefill_attention_s_per_position: cost.attention_flops_per_position
                     / (tensor * sv.attention_efficiency),
+                prefill_activity: sv.core_activity,
             }
         });
         Self {
@@ -231,7 +234,6 @@ impl DecodeModel {
             kv_bytes_per_token: cost.kv_bytes_per_token,
             forward,
             serving,
-            prefill_activity: pre.core_activity,
         }
     }
 
@@ -269,6 +271,7 @@ impl DecodeModel {
                 bytes: self.weight_bytes + n * self.kv_bytes_per_sequence,
             },
             xv2,
+            0.0,
         )
     }
 
@@ -311,6 +314,7 @@ impl DecodeModel {
                 bytes: self.weight_bytes + load.decode_positions * self.kv_bytes_per_token,
             },
             xv2,
+            terms.prefill_activity,
         )
     }
 
@@ -327,7 +331,7 @@ impl DecodeModel {
 
     /// One step from its parts: the smooth roofline over the GEMMs, and the power of what
     /// the step keeps busy.
-    fn combine(&self, parts: Phases, xv2: f64) -> StepPoint {
+    fn combine(&self, parts: Phases, xv2: f64, prefill_activity: f64) -> StepPoint {
         let p = &self.power;
         let arithmetic = parts.decode_arithmetic_s + parts.prefill_arithmetic_s;
         let gemm = (parts.weights_s.powf(self.sharpness) + arithmetic.powf(self.sharpness))
@@ -335,8 +339,7 @@ impl DecodeModel {
         let step_s = parts.overhead_s + parts.kv_s + gemm;
         let memory_util = parts.bytes / (step_s * self.peak_bytes_per_s);
         let core_util = p.stream_activity * (step_s - parts.overhead_s) / step_s
-            + (parts.decode_arithmetic_s + self.prefill_activity * parts.prefill_arithmetic_s)
-                / step_s;
+            + (parts.decode_arithmetic_s + prefill_activity * parts.prefill_arithmetic_s) / step_s;
         StepPoint {
             step_s,
             power_w: p.p0_w

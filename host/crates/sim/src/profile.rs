@@ -155,6 +155,9 @@ pub struct ServingConstants {
     pub tensor_tflops: f64,
     /// Prompt attention's rate relative to `tensor_tflops`.
     pub attention_efficiency: f64,
+    /// SM activity per second of prompt arithmetic, relative to decode's arithmetic in
+    /// `power.core_w` (as `[prefill]`'s).
+    pub core_activity: f64,
 }
 
 impl PrefillConstants {
@@ -460,6 +463,7 @@ impl GpuProfile {
                 0.01,
                 1.0,
             );
+            checks.in_range("serving.core_activity", serving.core_activity, 0.0, 2.0);
         }
 
         let p = &self.power;

@@ -77,55 +77,81 @@ fn parse(text: &str) -> Vec<StepRow> {
         .collect()
 }
 
-/// The model's step time (ms) and power (W) for each row, at the row's measured SM clock.
-fn predictions(profile: &GpuProfile, preset: &str, rows: &[StepRow]) -> Vec<(f64, f64)> {
+/// What the model gives for one row: step time (ms), power (W) and SM clock (MHz).
+#[derive(Debug, Clone, Copy)]
+struct Predicted {
+    step_ms: f64,
+    watts: f64,
+    sm_mhz: f64,
+}
+
+fn model_of(profile: &GpuProfile, preset: &str) -> DecodeModel {
     let shape = ModelShape::preset(preset).unwrap();
     // The context only sizes the closed-loop decode's KV term, which a load does not use.
-    let model = DecodeModel::new(profile, &DecodeCost::new(&shape, 1024));
+    DecodeModel::new(profile, &DecodeCost::new(&shape, 1024))
+}
+
+/// The model's step for each row as the simulator runs it: at the clock its firmware
+/// picks under the default power cap (the measured steps ran at the defaults).
+fn predictions(profile: &GpuProfile, preset: &str, rows: &[StepRow]) -> Vec<Predicted> {
+    let model = model_of(profile, preset);
     let mem = f64::from(profile.mem_max_mhz());
     rows.iter()
         .map(|row| {
-            let point = model.point_load(&row.load(), row.sm_mhz, mem);
-            (point.step_s * 1e3, point.power_w)
+            let state =
+                model.steady_state_load(&row.load(), profile.power_cap.default_w, u32::MAX, mem);
+            Predicted {
+                step_ms: state.step_s * 1e3,
+                watts: state.power_w,
+                sm_mhz: f64::from(state.sm_mhz),
+            }
         })
         .collect()
 }
 
-/// Relative errors (step time, power) of every row.
-fn errors(profile: &GpuProfile, preset: &str, rows: &[StepRow]) -> Vec<[f64; 2]> {
+/// Relative errors (step time, power, SM clock) of every row.
+fn errors(profile: &GpuProfile, preset: &str, rows: &[StepRow]) -> Vec<[f64; 3]> {
     predictions(profile, preset, rows)
         .iter()
         .zip(rows)
-        .map(|(&(ms, w), row)| [ms / row.step_ms - 1.0, w / row.watts - 1.0])
+        .map(|(p, row)| {
+            [
+                p.step_ms / row.step_ms - 1.0,
+                p.watts / row.watts - 1.0,
+                p.sm_mhz / row.sm_mhz - 1.0,
+            ]
+        })
         .collect()
 }
 
 fn print_table(title: &str, profile: &GpuProfile, preset: &str, rows: &[StepRow]) {
     println!("\n{title}");
     println!(
-        "{:<30} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7}",
-        "decodes @ ctx + prompt", "ms", "sim ms", "err", "W", "sim W", "err"
+        "{:<30} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6}",
+        "decodes @ ctx + prompt", "ms", "sim ms", "err", "W", "sim W", "err", "MHz", "sim"
     );
-    for ((row, (ms, w)), e) in rows
+    for ((row, p), e) in rows
         .iter()
         .zip(predictions(profile, preset, rows))
         .zip(errors(profile, preset, rows))
     {
         println!(
-            "{:<30} {:>9.3} {:>9.3} {:>+6.1}% {:>7.1} {:>7.1} {:>+6.1}%",
+            "{:<30} {:>9.3} {:>9.3} {:>+6.1}% {:>7.1} {:>7.1} {:>+6.1}% {:>6.0} {:>6.0}",
             row.label(),
             row.step_ms,
-            ms,
+            p.step_ms,
             100.0 * e[0],
             row.watts,
-            w,
-            100.0 * e[1]
+            p.watts,
+            100.0 * e[1],
+            row.sm_mhz,
+            p.sm_mhz
         );
     }
 }
 
 /// Share of rows within `limit` on step time and on power.
-fn within(errors: &[[f64; 2]], limit: f64) -> [f64; 2] {
+fn within(errors: &[[f64; 3]], limit: f64) -> [f64; 2] {
     let n = errors.len() as f64;
     [0, 1].map(|i| errors.iter().filter(|e| e[i].abs() <= limit).count() as f64 / n)
 }
@@ -162,14 +188,23 @@ fn every_measured_serving_table_is_reproduced_by_its_profile() {
 }
 
 #[test]
-fn without_serving_constants_a_serving_step_is_the_forward_tables() {
+fn the_forward_tables_alone_miss_the_serving_loop() {
+    // Without [serving], a serving step is costed from the closed-loop decode (CUDA graphs,
+    // its own attention kernel) and the whole-prompt prefill: the measured steps are not.
     let mut profile = GpuProfile::load("h100").unwrap();
     let rows = parse(TABLES[0].2);
-    let fitted = predictions(&profile, "llama-3-8b", &rows);
+    let fitted = within(&errors(&profile, "llama-3-8b", &rows), 0.10)[0];
     profile.serving = None;
-    let forward = predictions(&profile, "llama-3-8b", &rows);
-    // The serving loop has no CUDA graph: every step costs more than the forward tables'.
-    assert!(fitted.iter().zip(&forward).all(|(s, f)| s.0 > f.0));
+    let forward_errors = errors(&profile, "llama-3-8b", &rows);
+    let forward = within(&forward_errors, 0.10)[0];
+    let worst = forward_errors
+        .iter()
+        .map(|e| e[0].abs())
+        .fold(0.0, f64::max);
+    println!(
+        "step times within 10 %: {fitted:.2} with [serving], {forward:.2} without (worst {worst:.2})"
+    );
+    assert!(forward < 0.8 && forward < fitted && worst > 0.25);
 }
 
 // ---- The fit behind a profile's [serving] (run by hand) ----
@@ -181,22 +216,46 @@ fn with_params(base: &GpuProfile, p: &[f64]) -> GpuProfile {
         kv_bandwidth_tbs: p[1],
         tensor_tflops: p[2],
         attention_efficiency: p[3],
+        core_activity: p[4],
     });
     profile
 }
 
-/// Squared log errors of the step times, with errors beyond 8 % pushed back in.
+/// Squared log errors of step time and power (the clock at half weight), each at the clock
+/// the model's firmware solves for continuously (a smooth loss), errors beyond 8 % pushed
+/// back in.
 fn loss(base: &GpuProfile, preset: &str, rows: &[StepRow], p: &[f64]) -> f64 {
-    if p.iter().any(|&v| !(v.is_finite() && v > 0.0)) || p[3] > 1.0 {
+    if p.iter().any(|&v| !(v.is_finite() && v > 0.0)) || p[3] > 1.0 || p[4] > 2.0 {
         return f64::MAX;
     }
     let profile = with_params(base, p);
-    predictions(&profile, preset, rows)
-        .iter()
-        .zip(rows)
-        .map(|(&(ms, _), row)| {
-            let e = (ms / row.step_ms).ln();
-            e * e + 100.0 * (e.abs() - 0.08).max(0.0).powi(2)
+    let model = model_of(&profile, preset);
+    let mem = f64::from(profile.mem_max_mhz());
+    let cap = profile.power_cap.default_w;
+    let top = f64::from(profile.sm_max_mhz());
+    rows.iter()
+        .map(|row| {
+            let load = row.load();
+            let power = |f: f64| model.point_load(&load, f, mem).power_w;
+            let f = if power(top) <= cap {
+                top
+            } else {
+                let (mut lo, mut hi) = (f64::from(profile.clocks.sm_min_mhz.unwrap_or(345)), top);
+                for _ in 0..40 {
+                    let mid = 0.5 * (lo + hi);
+                    if power(mid) > cap { hi = mid } else { lo = mid }
+                }
+                lo
+            };
+            let point = model.point_load(&load, f, mem);
+            let errs = [
+                (point.step_s * 1e3 / row.step_ms).ln(),
+                (point.power_w / row.watts).ln(),
+                0.5 * (f / row.sm_mhz).ln(),
+            ];
+            errs.iter()
+                .map(|e| e * e + 100.0 * (e.abs() - 0.08).max(0.0).powi(2))
+                .sum::<f64>()
         })
         .sum()
 }
@@ -208,13 +267,14 @@ fn fit() {
         let base = GpuProfile::load(id).unwrap();
         let rows = parse(text);
         // Neutral start: the decode table's overhead doubled, its KV bandwidth halved, the
-        // prefill table's tensor rate and attention efficiency.
+        // prefill table's tensor rate, attention efficiency and core activity.
         let pre = base.prefill();
         let mut best = vec![
             2.0 * base.decode.overhead_per_layer_us,
             0.5 * base.decode.kv_bandwidth_tbs,
             pre.tensor_tflops,
             pre.attention_efficiency,
+            pre.core_activity,
         ];
         let mut best_loss = loss(&base, preset, &rows, &best);
         for _ in 0..4 {
@@ -233,6 +293,7 @@ fn fit() {
             "kv_bandwidth_tbs",
             "tensor_tflops",
             "attention_efficiency",
+            "core_activity",
         ];
         for (name, value) in names.iter().zip(&best) {
             println!("{name} = {value:.4}");
