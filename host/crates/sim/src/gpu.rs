@@ -18,7 +18,7 @@ use super::profile::GpuProfile;
 use super::scenario::Scenario;
 use super::serving::{Next, Server};
 use tokwatt_core::actuator::GpuSettings;
-use tokwatt_core::rng::Rng;
+use tokwatt_core::rng::{Rng, SplitMix64};
 use tokwatt_core::types::{
     ClockEvents, DemandWindow, RequestsWindow, TelemetryWindow, WorkloadWindow,
 };
@@ -120,6 +120,9 @@ struct Arrival {
     offset_s: f64,
     prompt: u32,
     output: u32,
+    /// When it arrived, where it waited for a step in progress to end before the engine
+    /// saw it (`None`: it arrived at `offset_s`).
+    arrived_s: Option<f64>,
 }
 
 #[derive(Debug)]
@@ -157,6 +160,11 @@ pub(super) struct GpuSim {
     arrivals: Vec<Arrival>,
     /// The drawn arrival times of a substep (a buffer reused).
     offsets: Vec<f64>,
+    /// Arrivals waiting past the substep's end for the step in progress to end.
+    carried: Vec<Arrival>,
+    /// Arrivals timed so far (each one's wait for the step in progress is drawn from its
+    /// number, so no random stream moves).
+    timed_arrivals: u64,
 
     // NVML emulation.
     energy_true_j: f64,
@@ -236,6 +244,8 @@ impl GpuSim {
             server,
             arrivals: Vec::new(),
             offsets: Vec::new(),
+            carried: Vec::new(),
+            timed_arrivals: 0,
             energy_true_j: 0.0,
             bin_energy_j: 0.0,
             boxcar: std::iter::repeat_n(idle_w * gain, boxcar_len).collect(),
@@ -349,15 +359,47 @@ impl GpuSim {
                 if arrival.offset_s > elapsed + 1e-12 {
                     break;
                 }
-                self.server.arrive_during_step(
-                    start_s + arrival.offset_s,
+                let arrival = *arrival;
+                next_arrival += 1;
+                // An engine takes requests in at step boundaries: one arriving while a
+                // step runs waits for that step to end, unseen (its step stays as it was).
+                if arrival.arrived_s.is_none() && step_in_progress_s > 0.0 {
+                    self.timed_arrivals += 1;
+                    let draw = SplitMix64::new(self.timed_arrivals ^ 0x7374_6570).next_u64();
+                    let fraction = (draw >> 11) as f64 / (1u64 << 53) as f64;
+                    let waiting = Arrival {
+                        offset_s: arrival.offset_s + fraction * step_in_progress_s,
+                        arrived_s: Some(start_s + arrival.offset_s),
+                        ..arrival
+                    };
+                    if waiting.offset_s < dt {
+                        let at = next_arrival
+                            + self.arrivals[next_arrival..]
+                                .partition_point(|a| a.offset_s <= waiting.offset_s);
+                        self.arrivals.insert(at, waiting);
+                    } else {
+                        self.carried.push(Arrival {
+                            offset_s: waiting.offset_s - dt,
+                            ..waiting
+                        });
+                    }
+                    continue;
+                }
+                self.server.arrive(
+                    arrival.arrived_s.unwrap_or(start_s + arrival.offset_s),
                     arrival.prompt,
                     arrival.output,
-                    step_in_progress_s,
                 );
-                next_arrival += 1;
             }
             self.server.rebalance(start_s + elapsed, self.batch);
+        }
+        // Arrivals the substep did not reach (a step longer than what was left of it) wait
+        // on into the next one.
+        for arrival in self.arrivals.drain(next_arrival.min(self.arrivals.len())..) {
+            self.carried.push(Arrival {
+                offset_s: (arrival.offset_s - dt).max(0.0),
+                ..arrival
+            });
         }
         self.workload.busy_s += busy;
         self.finish_substep(energy, busy, decode_busy, decode_steps);
@@ -370,6 +412,9 @@ impl GpuSim {
     /// exact to a fraction of a substep, at no cost.
     fn draw_arrivals(&mut self, start_s: f64, dt: f64) {
         self.arrivals.clear();
+        // Those still waiting for a step to end come first (a step is shorter than a
+        // substep, so they enter in this one).
+        self.arrivals.append(&mut self.carried);
         let rate = self.scenario.arrival_rps_at(start_s);
         let count = self.streams.arrival_counts.poisson(rate * dt);
         if count == 0 {
@@ -383,11 +428,13 @@ impl GpuSim {
                 offset_s,
                 prompt: l.prompt.draw(lengths_stream),
                 output: l.output.draw(lengths_stream),
+                arrived_s: None,
             },
             None => Arrival {
                 offset_s,
                 prompt: 0,
                 output: fixed_output,
+                arrived_s: None,
             },
         };
         let slot_free = self.server.in_slots() < self.batch as usize && self.server.waiting() == 0;

@@ -24,7 +24,6 @@ use std::collections::VecDeque;
 
 use super::model::StepLoad;
 use super::scenario::Scenario;
-use tokwatt_core::rng::SplitMix64;
 use tokwatt_core::types::RequestEnergy;
 use tokwatt_core::workload::FinishedRequests;
 use tokwatt_core::workload::serving::RequestRecord;
@@ -60,6 +59,9 @@ struct Pending {
     output_left: u32,
     /// Its first token came already (a preempted sequence prefilled again).
     first_token_done: bool,
+    /// The tokens of the step that ends its prompt, fixed when that step starts (0: not
+    /// yet): every prompt a step holds whole ends with that step, together.
+    final_chunk: f64,
     /// Its wait for a first slot was counted.
     slotted_before: bool,
     energy_j: f64,
@@ -68,6 +70,27 @@ struct Pending {
 impl Pending {
     fn remaining(&self) -> f64 {
         (f64::from(self.prompt) - self.prefilled).max(0.0)
+    }
+
+    /// Its tokens in a step with `left` tokens of room: its final chunk once that started
+    /// (a step's composition is fixed at its start: a step cut by an event goes on with
+    /// the same chunk), else as much of the rest as fits.
+    fn step_take(&self, left: f64) -> f64 {
+        let want = if self.final_chunk > 0.0 {
+            self.final_chunk
+        } else {
+            self.remaining()
+        };
+        want.min(left).max(0.0)
+    }
+
+    /// The prompt position its chunk in the step starts at.
+    fn chunk_start(&self) -> f64 {
+        if self.final_chunk > 0.0 {
+            f64::from(self.prompt) - self.final_chunk
+        } else {
+            self.prefilled
+        }
     }
 }
 
@@ -237,22 +260,6 @@ impl Server {
 
     /// One arrival of `prompt` and `output` tokens at `arrival_s`: queued, or turned away
     /// when the queue is full.
-    /// A request that arrives while a step of `step_s` runs (0: none runs). An engine
-    /// takes arrivals in at step boundaries, so it waits for that step to end: a fraction
-    /// of it, uniform and fixed by the request's number (no random stream moves). The fluid
-    /// server admits it now, so the wait is counted by dating its arrival back by as much
-    /// (Poisson arrivals: the same distribution of times to a first token and of queue
-    /// waits as a delay would give).
-    pub(super) fn arrive_during_step(&mut self, now_s: f64, prompt: u32, output: u32, step_s: f64) {
-        let residual = if step_s > 0.0 {
-            let draw = SplitMix64::new((self.arrived + 1) ^ 0x7374_6570).next_u64();
-            step_s * (draw >> 11) as f64 / (1u64 << 53) as f64
-        } else {
-            0.0
-        };
-        self.arrive(now_s - residual, prompt, output);
-    }
-
     pub(super) fn arrive(&mut self, arrival_s: f64, prompt: u32, output: u32) {
         self.arrived += 1;
         self.tokens_demanded += u64::from(output);
@@ -274,6 +281,7 @@ impl Server {
             prefilled: 0.0,
             output_left: output,
             first_token_done: false,
+            final_chunk: 0.0,
             slotted_before: false,
             energy_j: 0.0,
         });
@@ -297,24 +305,29 @@ impl Server {
     /// The step the server would run now, and how many of it until the next event.
     pub(super) fn next(&self) -> Next {
         let decode = self.decoding();
-        let pending: f64 = self.prefilling.iter().map(Pending::remaining).sum();
-        let room = f64::from(self.budget.saturating_sub(decode));
-        let prefill = pending.min(room);
-        if decode == 0 && prefill <= 0.0 {
-            return Next::Idle;
-        }
-        // Each prompt's share of the chunk (oldest first, as `advance` fills them) attends
-        // to that prompt's done part and half its share (causal), to the first order: a
-        // large budget packs several short prompts, none of which sees the others.
+        let mut left = f64::from(self.budget.saturating_sub(decode));
+        // Each prompt's share of the step (oldest first) attends to that prompt before it
+        // and half its share (causal), to the first order: a large budget packs several
+        // short prompts, none of which sees the others. A prompt's event is the end of the
+        // step that holds the rest of it whole.
+        let mut prefill = 0.0;
         let mut prefill_positions = 0.0;
-        let mut left = prefill;
+        let mut until_prompt = f64::INFINITY;
         for pending in &self.prefilling {
             if left <= 0.0 {
                 break;
             }
-            let take = pending.remaining().min(left);
-            prefill_positions += take * (pending.prefilled + take / 2.0);
+            let take = pending.step_take(left);
+            if take <= 0.0 {
+                continue;
+            }
+            prefill += take;
+            prefill_positions += take * (pending.chunk_start() + take / 2.0);
+            until_prompt = until_prompt.min(pending.remaining() / take);
             left -= take;
+        }
+        if decode == 0 && prefill <= 0.0 {
+            return Next::Idle;
         }
         let load = StepLoad {
             decode,
@@ -326,11 +339,7 @@ impl Server {
         if let Some(head) = self.running.front() {
             until = until.min((head.finish - self.decode_steps).max(0.0));
         }
-        if prefill > 0.0
-            && let Some(head) = self.prefilling.front()
-        {
-            until = until.min(head.remaining() / prefill);
-        }
+        until = until.min(until_prompt);
         if let Some(capacity) = self.kv_capacity {
             let grows = self.growth * f64::from(decode) + prefill;
             if grows > 0.0 {
@@ -365,16 +374,25 @@ impl Server {
             self.decode_energy_per_sequence += per_token_j * steps;
             self.note_due_first_tokens(step_s, end_s);
         }
-        let mut chunk = load.prefill * steps;
-        self.window.prefill_tokens += chunk;
+        self.window.prefill_tokens += load.prefill * steps;
+        // The same shares as `next` gave the step (they sum to its prefill).
+        let mut left = load.prefill;
         for pending in self.prefilling.iter_mut() {
-            if chunk <= 0.0 {
+            if left <= 0.0 {
                 break;
             }
-            let take = pending.remaining().min(chunk);
-            pending.prefilled += take;
-            pending.energy_j += take * per_token_j;
-            chunk -= take;
+            let take = pending.step_take(left);
+            if take <= 0.0 {
+                continue;
+            }
+            left -= take;
+            let remaining = pending.remaining();
+            if pending.final_chunk <= 0.0 && take >= remaining - EPSILON {
+                pending.final_chunk = take;
+            }
+            let done = (take * steps).min(remaining);
+            pending.prefilled += done;
+            pending.energy_j += done * per_token_j;
         }
         self.promote_prefilled(end_s);
         self.retire_finished(step_s, end_s);
@@ -543,11 +561,13 @@ impl Server {
                     prefilled: 0.0,
                     output_left: whole_left as u32,
                     first_token_done: true,
+                    final_chunk: 0.0,
                     slotted_before: true,
                     energy_j: victim.energy_base + self.decode_energy_per_sequence,
                 }
             } else if let Some(mut victim) = self.prefilling.pop_back() {
                 victim.prefilled = 0.0;
+                victim.final_chunk = 0.0;
                 victim
             } else {
                 break;
@@ -643,5 +663,61 @@ impl Server {
         ttfts.clear();
         self.window.queue_waits_ms = waits;
         self.window.ttfts_ms = ttfts;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may unwrap
+mod tests {
+    use super::*;
+
+    fn server(budget: u32) -> Server {
+        let scenario = Scenario::from_toml_str(
+            &format!(
+                "model = \"llama-3-8b\"\nprompt_tokens = 600\noutput_tokens = 50\n\
+                 max_batched_tokens = {budget}\n[[phases]]\nstart_s = 0\narrival_rps = 1.0\n"
+            ),
+            "test scenario",
+        )
+        .unwrap();
+        let mut server = Server::new(&scenario, 1e9);
+        server.rebalance(0.0, 64);
+        server
+    }
+
+    /// Runs the server's own steps (10 ms each) until `t_end`, cutting every step into
+    /// `cuts` segments as arrivals and finishing sequences do; the first-token times.
+    fn first_tokens(server: &mut Server, cuts: u32, t_end: f64) -> Vec<f64> {
+        let mut now = 0.0;
+        while now < t_end {
+            let Next::Steps { load, until_event } = server.next() else {
+                break;
+            };
+            let steps = until_event.min(1.0 / f64::from(cuts)).max(1e-9);
+            now += steps * 0.01;
+            server.advance(&load, steps, 0.01, 0.0, now);
+            server.rebalance(now, 64);
+        }
+        let mut records = FinishedRequests::default();
+        server.take_finished(&mut records);
+        let window = server.take_window();
+        window.ttfts_ms
+    }
+
+    #[test]
+    fn prompts_a_step_holds_whole_get_their_first_tokens_together_after_one_step() {
+        for cuts in [1, 3] {
+            let mut server = server(8192);
+            for _ in 0..3 {
+                server.arrive(0.0, 600, 50);
+            }
+            server.rebalance(0.0, 64);
+            let ttfts = first_tokens(&mut server, cuts, 0.05);
+            // One step of 1,800 prompt tokens, however often events cut it: 10 ms each.
+            assert_eq!(ttfts.len(), 3, "{ttfts:?}");
+            for ttft in ttfts {
+                assert!((ttft - 10.0).abs() < 1e-6, "cut {cuts}: {ttft}");
+            }
+        }
     }
 }
