@@ -76,16 +76,29 @@ impl Pending {
         (f64::from(self.prompt) - self.prefilled).max(0.0)
     }
 
-    /// Its tokens in a step with `left` tokens of room: its final chunk once that started
-    /// (a step's composition is fixed at its start: a step cut by an event goes on with
-    /// the same chunk), else as much of the rest as fits.
-    fn step_take(&self, left: f64) -> f64 {
-        let want = if self.final_chunk > 0.0 {
-            self.final_chunk
-        } else {
-            self.remaining()
-        };
-        want.min(left).max(0.0)
+    /// Its tokens in a step with `left` tokens of room, and the steps to its next event
+    /// at that share. Its final chunk once that started (a step's composition is fixed at
+    /// its start: a step cut by an event goes on with the same chunk). The oldest prompt
+    /// (`first`), longer than the room, goes in chunks of the room from its start: a chunk
+    /// under way goes on to its end, and the rest is its final chunk only from a chunk's
+    /// end, a step of its own shared with the next prompts. Else as much as fits.
+    fn step_take(&self, left: f64, first: bool) -> (f64, f64) {
+        let remaining = self.remaining();
+        if self.final_chunk > 0.0 {
+            let take = self.final_chunk.min(left).max(0.0);
+            return (take, remaining / take);
+        }
+        if first && left > 0.0 {
+            let chunks_done = (self.prefilled / left + EPSILON).floor();
+            let boundary = (chunks_done + 1.0) * left;
+            let to_boundary = (boundary - self.prefilled) / left;
+            let mid_chunk = to_boundary < 1.0 - EPSILON && boundary < f64::from(self.prompt);
+            if mid_chunk || remaining > left {
+                return (left, to_boundary.max(EPSILON));
+            }
+        }
+        let take = remaining.min(left).max(0.0);
+        (take, remaining / take)
     }
 
     /// The prompt position its chunk in the step starts at.
@@ -321,13 +334,13 @@ impl Server {
             if left <= 0.0 {
                 break;
             }
-            let take = pending.step_take(left);
+            let (take, until) = pending.step_take(left, prefill <= 0.0);
             if take <= 0.0 {
                 continue;
             }
             prefill += take;
             prefill_positions += take * (pending.chunk_start() + take / 2.0);
-            until_prompt = until_prompt.min(pending.remaining() / take);
+            until_prompt = until_prompt.min(until);
             left -= take;
         }
         if decode == 0 && prefill <= 0.0 {
@@ -385,13 +398,15 @@ impl Server {
             if left <= 0.0 {
                 break;
             }
-            let take = pending.step_take(left);
+            let (take, _) = pending.step_take(left, left >= load.prefill);
             if take <= 0.0 {
                 continue;
             }
             left -= take;
             let remaining = pending.remaining();
-            if pending.final_chunk <= 0.0 && take >= remaining - EPSILON {
+            // Its final step starts when its whole rest is its share (a chunk under way
+            // may take more than is left of the prompt's rest: not its final chunk).
+            if pending.final_chunk <= 0.0 && (take - remaining).abs() <= EPSILON {
                 pending.final_chunk = take;
             }
             let done = (take * steps).min(remaining);

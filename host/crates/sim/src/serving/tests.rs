@@ -51,3 +51,17 @@ fn prompts_a_step_holds_whole_get_their_first_tokens_together_after_one_step() {
         }
     }
 }
+
+#[test]
+fn a_prompt_longer_than_the_budget_ends_with_the_step_that_holds_its_last_chunk() {
+    for cuts in [1, 3] {
+        // 600 tokens under a budget of 256: chunks of 256, 256 and 88, three steps (not the
+        // 2.34 a continuous flow would give), however often events cut them.
+        let mut server = server(256);
+        server.arrive(0.0, 600, 50);
+        server.rebalance(0.0, 64);
+        let ttfts = first_tokens(&mut server, cuts, 0.05);
+        assert_eq!(ttfts.len(), 1);
+        assert!((ttfts[0] - 30.0).abs() < 1e-6, "cut {cuts}: {ttfts:?}");
+    }
+}
