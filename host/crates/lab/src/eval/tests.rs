@@ -304,8 +304,11 @@ mlp = 8192
 vocab = 128256
 [[workload.phases]]
 start_s = 0
-arrival_rps = 4.6
+arrival_rps = 4.2
 "#;
+    // 4.2 requests/s: at the 4.6 this case was found with, the h100's measured serving
+    // steps (slower prompt attention than the forward tables) leave no setting that keeps
+    // the objective, and the case is then about an overload, not the climb.
     let scenario = EvalScenario::parse(std::path::Path::new("agent.toml"), text).expect("parses");
     let phases = oracle::search(&scenario, 240.0, 1).expect("oracle");
     let phase = &phases[0];
