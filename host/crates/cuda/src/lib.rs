@@ -51,6 +51,5 @@ pub use prefill_bench::{PrefillRow, REFERENCE_PREFILL_CASES, bench_prefill};
 pub use serve::{CudaServe, CudaServeConfig, EnergyCounter};
 pub use serving_step_bench::{
     GpuReading, ServingStepCase, ServingStepRow, bench_serving_steps, default_serving_step_cases,
-    validate_serving_step_cases,
 };
 pub use shape::{ModelError, ModelShape, ShapeError};

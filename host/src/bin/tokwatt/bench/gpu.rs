@@ -11,14 +11,26 @@ use anyhow::Result;
 use anyhow::{Context, bail};
 
 use super::ServingBench;
+
+#[cfg(not(feature = "cuda"))]
+const WITHOUT_CUDA: &str = "this tokwatt was built without its CUDA workload (the `cuda` feature): rebuild with `cargo build -p tokwatt --features cuda` (on by default)";
+
+/// Writes `rows` as JSON lines to `path`.
+#[cfg(feature = "cuda")]
+fn write_json_lines<T: serde::Serialize>(path: &std::path::Path, rows: &[T]) -> Result<()> {
+    let lines: Vec<String> = rows
+        .iter()
+        .map(serde_json::to_string)
+        .collect::<Result<_, _>>()?;
+    std::fs::write(path, lines.join("\n") + "\n")
+        .with_context(|| format!("writing {}", path.display()))
+}
 #[cfg(feature = "cuda")]
 use tokwatt_nvml::SamplerConfig;
 
 #[cfg(not(feature = "cuda"))]
 pub(super) fn bench_serving(_bench: ServingBench) -> Result<()> {
-    anyhow::bail!(
-        "this tokwatt was built without its CUDA workload (the `cuda` feature): rebuild with `cargo build -p tokwatt --features cuda` (on by default)"
-    )
+    anyhow::bail!(WITHOUT_CUDA)
 }
 
 #[cfg(feature = "cuda")]
@@ -141,12 +153,7 @@ pub(super) fn bench_serving(bench: ServingBench) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(path) = &bench.requests {
-        let lines: Vec<String> = records
-            .iter()
-            .map(serde_json::to_string)
-            .collect::<Result<_, _>>()?;
-        std::fs::write(path, lines.join("\n") + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_json_lines(path, &records)?;
     }
     Ok(())
 }
@@ -160,9 +167,7 @@ pub(super) fn bench_prefill(
     _seconds: f64,
     _json: Option<PathBuf>,
 ) -> Result<()> {
-    anyhow::bail!(
-        "this tokwatt was built without its CUDA workload (the `cuda` feature): rebuild with `cargo build -p tokwatt --features cuda` (on by default)"
-    )
+    anyhow::bail!(WITHOUT_CUDA)
 }
 
 #[cfg(feature = "cuda")]
@@ -208,7 +213,6 @@ pub(super) fn bench_prefill(
         "tokwatt bench prefill: {model}, GPU {gpu} ({}); energy from the NVML counter",
         system.devices().first().map_or("?", |d| d.name.as_str())
     );
-    let mut lines = Vec::new();
     let rows = tokwatt_cuda::bench_prefill(
         &shape,
         &cases,
@@ -227,13 +231,11 @@ pub(super) fn bench_prefill(
                 row.watts.unwrap_or(f64::NAN),
                 row.tokens_per_j.unwrap_or(f64::NAN)
             );
-            lines.push(serde_json::to_string(row).unwrap_or_default());
         },
     )?;
     println!("{} cases measured", rows.len());
     if let Some(path) = json {
-        std::fs::write(&path, lines.join("\n") + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_json_lines(&path, &rows)?;
     }
     Ok(())
 }
@@ -305,9 +307,7 @@ pub(super) fn bench_serving_steps(
     _seconds: f64,
     _json: Option<PathBuf>,
 ) -> Result<()> {
-    anyhow::bail!(
-        "this tokwatt was built without its CUDA workload (the `cuda` feature): rebuild with `cargo build -p tokwatt --features cuda` (on by default)"
-    )
+    anyhow::bail!(WITHOUT_CUDA)
 }
 
 #[cfg(feature = "cuda")]
@@ -320,7 +320,6 @@ pub(super) fn bench_serving_steps(
     use tokwatt_core::telemetry::Telemetry;
     let shape = tokwatt_cuda::ModelShape::load(model)?;
     let cases = tokwatt_cuda::default_serving_step_cases();
-    tokwatt_cuda::validate_serving_step_cases(&cases)?;
     let system = tokwatt_nvml::NvmlSystem::open(Some(&[gpu]))?;
     let mut telemetry = system
         .telemetry(SamplerConfig::everything_every(Duration::from_millis(50)))
@@ -338,7 +337,6 @@ pub(super) fn bench_serving_steps(
         system.devices().first().map_or("?", |d| d.name.as_str()),
         cases.len()
     );
-    let mut lines = Vec::new();
     let rows = tokwatt_cuda::bench_serving_steps(
         &shape,
         &cases,
@@ -359,13 +357,11 @@ pub(super) fn bench_serving_steps(
                 row.watts.unwrap_or(f64::NAN),
                 row.sm_mhz.map_or_else(|| "?".to_owned(), |m| m.to_string()),
             );
-            lines.push(serde_json::to_string(row).unwrap_or_default());
         },
     )?;
     println!("{} cases measured", rows.len());
     if let Some(path) = json {
-        std::fs::write(&path, lines.join("\n") + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
+        write_json_lines(&path, &rows)?;
     }
     Ok(())
 }
