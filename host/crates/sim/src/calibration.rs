@@ -38,20 +38,29 @@ const H200_TABLES: [(&str, u32, &str); 3] = [
     ),
 ];
 
-fn parse_table(text: &str) -> Vec<MeasuredRow> {
+/// The numeric rows of a measured CSV table (its `#` comments, its header line, named by
+/// `header`, and blank lines skipped), each checked to have `columns` fields.
+pub(super) fn csv_rows(text: &str, header: &str, columns: usize) -> Vec<Vec<f64>> {
     text.lines()
         .filter(|line| {
-            !line.starts_with('#') && !line.starts_with("batch") && !line.trim().is_empty()
+            !line.starts_with('#') && !line.starts_with(header) && !line.trim().is_empty()
         })
         .map(|line| {
             let fields: Vec<f64> = line.split(',').map(|f| f.trim().parse().unwrap()).collect();
-            assert_eq!(fields.len(), 5, "row {line}");
-            MeasuredRow {
-                batch: fields[0] as u32,
-                tokens_per_s: fields[1],
-                watts: fields[2],
-                sm_mhz: fields[4],
-            }
+            assert_eq!(fields.len(), columns, "row {line}");
+            fields
+        })
+        .collect()
+}
+
+fn parse_table(text: &str) -> Vec<MeasuredRow> {
+    csv_rows(text, "batch", 5)
+        .into_iter()
+        .map(|f| MeasuredRow {
+            batch: f[0] as u32,
+            tokens_per_s: f[1],
+            watts: f[2],
+            sm_mhz: f[4],
         })
         .collect()
 }
@@ -136,20 +145,14 @@ const H200_PREFILL: &str =
     include_str!("../../../profiles/calibration/h200_prefill_llama-3-8b.csv");
 
 fn parse_prefill(text: &str) -> Vec<PrefillRow> {
-    text.lines()
-        .filter(|line| {
-            !line.starts_with('#') && !line.starts_with("prompt") && !line.trim().is_empty()
-        })
-        .map(|line| {
-            let f: Vec<f64> = line.split(',').map(|f| f.trim().parse().unwrap()).collect();
-            assert_eq!(f.len(), 6, "row {line}");
-            PrefillRow {
-                prompt: f[0] as u32,
-                sequences: f[1] as u32,
-                tokens_per_s: f[2],
-                watts: f[3],
-                sm_mhz: f[5],
-            }
+    csv_rows(text, "prompt", 6)
+        .into_iter()
+        .map(|f| PrefillRow {
+            prompt: f[0] as u32,
+            sequences: f[1] as u32,
+            tokens_per_s: f[2],
+            watts: f[3],
+            sm_mhz: f[5],
         })
         .collect()
 }

@@ -56,23 +56,17 @@ const TABLES: [(&str, &str, &str); 1] = [(
 )];
 
 fn parse(text: &str) -> Vec<StepRow> {
-    text.lines()
-        .filter(|line| {
-            !line.starts_with('#') && !line.starts_with("decodes") && !line.trim().is_empty()
-        })
-        .map(|line| {
-            let f: Vec<f64> = line.split(',').map(|f| f.trim().parse().unwrap()).collect();
-            assert_eq!(f.len(), 8, "row {line}");
-            StepRow {
-                decodes: f[0] as u32,
-                decode_context: f[1] as u32,
-                chunks: f[2] as u32,
-                chunk_len: f[3] as u32,
-                chunk_start: f[4] as u32,
-                step_ms: f[5],
-                watts: f[6],
-                sm_mhz: f[7],
-            }
+    super::calibration::csv_rows(text, "decodes", 8)
+        .into_iter()
+        .map(|f| StepRow {
+            decodes: f[0] as u32,
+            decode_context: f[1] as u32,
+            chunks: f[2] as u32,
+            chunk_len: f[3] as u32,
+            chunk_start: f[4] as u32,
+            step_ms: f[5],
+            watts: f[6],
+            sm_mhz: f[7],
         })
         .collect()
 }
