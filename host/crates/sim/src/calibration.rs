@@ -157,6 +157,20 @@ fn parse_prefill(text: &str) -> Vec<PrefillRow> {
         .collect()
 }
 
+/// The highest clock in `lowest..=top` whose `power` fits under `cap`, solved continuously
+/// (bisection) so that a fit's loss is smooth; `lowest` where none fits.
+pub(super) fn clock_under_cap(power: impl Fn(f64) -> f64, cap: f64, lowest: f64, top: f64) -> f64 {
+    if power(top) <= cap {
+        return top;
+    }
+    let (mut lo, mut hi) = (lowest, top);
+    for _ in 0..40 {
+        let mid = 0.5 * (lo + hi);
+        if power(mid) > cap { hi = mid } else { lo = mid }
+    }
+    lo
+}
+
 /// Nelder–Mead with restarts.
 pub(super) fn nelder_mead(
     f: impl Fn(&[f64]) -> f64,
@@ -568,20 +582,7 @@ mod tests {
             let (weight, tolerated) = if i == 0 { (3.0, 0.04) } else { (1.0, 0.045) };
             for row in parse_table(text) {
                 let power = |f: f64| model.point(row.batch, f, 3201.0).power_w;
-                let (mut lo, mut hi) = (345.0, 1980.0);
-                let f = if power(hi) <= 700.0 {
-                    hi
-                } else {
-                    for _ in 0..40 {
-                        let mid = 0.5 * (lo + hi);
-                        if power(mid) > 700.0 {
-                            hi = mid
-                        } else {
-                            lo = mid
-                        }
-                    }
-                    lo
-                };
+                let f = clock_under_cap(power, 700.0, 345.0, 1980.0);
                 let point = model.point(row.batch, f, 3201.0);
                 let errs = [
                     f64::from(row.batch) / point.step_s / row.tokens_per_s - 1.0,

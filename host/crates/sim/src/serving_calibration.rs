@@ -231,16 +231,8 @@ fn loss(base: &GpuProfile, preset: &str, rows: &[StepRow], p: &[f64]) -> f64 {
         .map(|row| {
             let load = row.load();
             let power = |f: f64| model.point_load(&load, f, mem).power_w;
-            let f = if power(top) <= cap {
-                top
-            } else {
-                let (mut lo, mut hi) = (f64::from(profile.clocks.sm_min_mhz.unwrap_or(345)), top);
-                for _ in 0..40 {
-                    let mid = 0.5 * (lo + hi);
-                    if power(mid) > cap { hi = mid } else { lo = mid }
-                }
-                lo
-            };
+            let lowest = f64::from(profile.clocks.sm_min_mhz.unwrap_or(345));
+            let f = super::calibration::clock_under_cap(power, cap, lowest, top);
             let point = model.point_load(&load, f, mem);
             let errs = [
                 (point.step_s * 1e3 / row.step_ms).ln(),
