@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::arrivals::ScenarioArrivals;
 use super::model::{ClockLimit, DecodeCost, DecodeModel, FirmwareClock, StepLoad, StepPoint};
 use super::profile::GpuProfile;
 use super::scenario::Scenario;
@@ -22,6 +23,7 @@ use tokwatt_core::rng::{Rng, SplitMix64};
 use tokwatt_core::types::{
     ClockEvents, DemandWindow, RequestsWindow, TelemetryWindow, WorkloadWindow,
 };
+use tokwatt_core::workload::serving::RequestSource;
 
 /// Substeps per NVML update period.
 const SUBSTEPS_PER_UPDATE: u64 = 4;
@@ -106,10 +108,13 @@ struct WorkloadAccumulator {
 /// a slot is free) never shifts another (the arrival counts every policy must face).
 #[derive(Debug)]
 struct Streams {
+    /// A scenario with prompts: its requests, the very ones tokwatt's CUDA serving loop is
+    /// given for the same seed and GPU index (so a run on the GPU and one on its simulator
+    /// serve the same requests, and their TTFT and TPOT compare the engines, not two draws).
+    requests: Option<ScenarioArrivals>,
+    /// A decode-only scenario: arrival counts per substep and their times.
     arrival_counts: Rng,
     arrival_times: Rng,
-    /// Each arrival's prompt and output lengths, drawn as it arrives.
-    lengths: Rng,
     sensor: Rng,
     step_jitter: Rng,
 }
@@ -219,9 +224,11 @@ impl GpuSim {
         Self {
             model,
             streams: Streams {
+                // The CUDA serving loop of GPU `index` draws from `seed + index` (the agent's
+                // assembly); a decode-only scenario has no requests to draw.
+                requests: ScenarioArrivals::new(&scenario, seed.wrapping_add(index.into())).ok(),
                 arrival_counts: Rng::stream(seed, stream_base),
                 arrival_times: Rng::stream(seed, stream_base | 1),
-                lengths: Rng::stream(seed, stream_base | 5),
                 sensor: Rng::stream(noise_seed, stream_base | 2),
                 step_jitter: Rng::stream(noise_seed, stream_base | 3),
             },
@@ -405,54 +412,65 @@ impl GpuSim {
         self.finish_substep(energy, busy, decode_busy, decode_steps);
     }
 
-    /// Arrivals of this substep: the count from its own stream (identical for every policy),
-    /// each arrival's lengths from another. When a slot is free their times decide when
-    /// serving starts, so they are drawn (from a stream of their own); when none is, they
-    /// queue behind others and are spread evenly over the substep — their waits are then
-    /// exact to a fraction of a substep, at no cost.
+    /// Arrivals of this substep, identical for every policy. A scenario with prompts: its
+    /// requests up to the substep's end, each at its own time. A decode-only one: the count
+    /// from its own stream; when a slot is free their times decide when serving starts, so
+    /// they are drawn (from a stream of their own); when none is, they queue behind others
+    /// and are spread evenly over the substep — their waits are then exact to a fraction of
+    /// a substep, at no cost.
     fn draw_arrivals(&mut self, start_s: f64, dt: f64) {
         self.arrivals.clear();
         // Those still waiting for a step to end come first (a step is shorter than a
         // substep, so they enter in this one).
         self.arrivals.append(&mut self.carried);
+        let slot_free = self.server.in_slots() < self.batch as usize && self.server.waiting() == 0;
+        if let Some(requests) = self.streams.requests.as_mut() {
+            // Every request before the substep's end, from the start of time: no request
+            // is lost to the float rounding between one substep's end and the next's start.
+            let due = requests.arrivals(f64::NEG_INFINITY, start_s + dt);
+            if slot_free && due.len() as u64 <= MAX_TIMED_ARRIVALS {
+                self.arrivals.extend(due.iter().map(|r| Arrival {
+                    offset_s: (r.arrival_s - start_s).max(0.0),
+                    prompt: r.prompt,
+                    output: r.output,
+                    arrived_s: None,
+                }));
+                self.arrivals
+                    .sort_by(|a, b| a.offset_s.total_cmp(&b.offset_s));
+            } else {
+                for r in due {
+                    self.server.arrive(r.arrival_s, r.prompt, r.output);
+                }
+            }
+            return;
+        }
         let rate = self.scenario.arrival_rps_at(start_s);
         let count = self.streams.arrival_counts.poisson(rate * dt);
         if count == 0 {
             return;
         }
-        let lengths = self.scenario.requests.as_ref();
-        let fixed_output = self.scenario.output_tokens;
-        let lengths_stream = &mut self.streams.lengths;
-        let mut draw = |offset_s: f64| match lengths {
-            Some(l) => Arrival {
-                offset_s,
-                prompt: l.prompt.draw(lengths_stream),
-                output: l.output.draw(lengths_stream),
-                arrived_s: None,
-            },
-            None => Arrival {
-                offset_s,
-                prompt: 0,
-                output: fixed_output,
-                arrived_s: None,
-            },
+        let output = self.scenario.output_tokens;
+        let arrival = |offset_s: f64| Arrival {
+            offset_s,
+            prompt: 0,
+            output,
+            arrived_s: None,
         };
-        let slot_free = self.server.in_slots() < self.batch as usize && self.server.waiting() == 0;
         if slot_free && count <= MAX_TIMED_ARRIVALS {
             let times = &mut self.streams.arrival_times;
             self.offsets.clear();
             self.offsets
                 .extend((0..count).map(|_| times.uniform() * dt));
             self.arrivals
-                .extend(self.offsets.iter().map(|&offset| draw(offset)));
+                .extend(self.offsets.iter().map(|&offset| arrival(offset)));
             self.arrivals
                 .sort_unstable_by(|a, b| a.offset_s.total_cmp(&b.offset_s));
         } else {
             let spacing = dt / count as f64;
             for i in 0..count {
-                let arrival = draw((i as f64 + 0.5) * spacing);
+                let queued = arrival((i as f64 + 0.5) * spacing);
                 self.server
-                    .arrive(start_s + arrival.offset_s, arrival.prompt, arrival.output);
+                    .arrive(start_s + queued.offset_s, queued.prompt, queued.output);
             }
         }
     }
