@@ -10,7 +10,9 @@
 # causal-SDPA prefill reference, the same nine cases, same call; PREFILL_ATTENTION=m1n64,m2n32,m2n64
 # measures each tiling of the prefill attention), steps (tokwatt bench serving-steps: the serving
 # loop's step time, watts and SM clock over a grid of decoding rows and prompt chunks, the table a
-# profile's [serving] constants are fitted to; STEP_SECONDS per case, default 1), dryrun (a 60 s dry-run `tokwatt run`), slo (the
+# profile's [serving] constants are fitted to; STEP_SECONDS per case, default 1; STEP_GRIDS,
+# default "standard", or "standard long" for long prompts and contexts too), dryrun (a 60 s
+# dry-run `tokwatt run`), slo (the
 # slo-batch controller against an exhaustive batch sweep under the same objective). The GPU's
 # settings are compared before and after whatever runs. serve: `tokwatt serve` for 2 minutes
 # on the CUDA decode (dry run, batch only) with a policy swap in the middle, /metrics
@@ -110,10 +112,14 @@ PY
 fi
 
 if wants steps; then
-  step "tokwatt bench serving-steps (llama-3-8b, the serving loop's steps)"
-  ./tokwatt bench serving-steps --model llama-3-8b --seconds "${STEP_SECONDS:-1}" \
-    --json "$out/serving-steps.jsonl" 2>&1 | tee "$out/serving-steps.txt"
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  for grid in ${STEP_GRIDS:-standard}; do
+    # The standard grid's files keep their first name; another grid's carry its name.
+    name="serving-steps"; [[ $grid == standard ]] || name="serving-steps-$grid"
+    step "tokwatt bench serving-steps (llama-3-8b, the serving loop's steps, $grid grid)"
+    ./tokwatt bench serving-steps --model llama-3-8b --seconds "${STEP_SECONDS:-1}" --grid "$grid" \
+      --json "$out/$name.jsonl" 2>&1 | tee "$out/$name.txt"
+    [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
+  done
 fi
 
 if wants prefill; then

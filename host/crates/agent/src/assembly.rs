@@ -769,6 +769,7 @@ fn one_gpu_workload(
                 engine: tokwatt_cuda::EngineOptions::default(),
                 requests: Box::new(arrivals),
                 energy: Some(energy_counter(nvml_index)?),
+                step_log: None,
             })?;
             Ok((
                 Box::new(workload),

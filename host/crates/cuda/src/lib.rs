@@ -33,6 +33,7 @@ mod prefill_bench;
 mod serve;
 mod serving_step_bench;
 pub mod shape;
+mod step_log;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // tests may unwrap
@@ -50,6 +51,7 @@ pub use plan::{AttentionSplit, GEMV_MAX_BATCH, MAX_BATCH, MAX_CONTEXT};
 pub use prefill_bench::{PrefillRow, REFERENCE_PREFILL_CASES, bench_prefill};
 pub use serve::{CudaServe, CudaServeConfig, EnergyCounter};
 pub use serving_step_bench::{
-    GpuReading, ServingStepCase, ServingStepRow, bench_serving_steps, default_serving_step_cases,
+    GpuReading, ServingStepCase, ServingStepGrid, ServingStepRow, bench_serving_steps,
 };
 pub use shape::{ModelError, ModelShape, ShapeError};
+pub use step_log::StepRecord;

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use super::engine::{DecodeInput, Engine, EngineOptions, PrefillChunk};
 use super::error::CudaError;
 use super::shape::ModelShape;
+use super::step_log::{StepLog, StepRecord};
 use tokwatt_core::types::WorkloadWindow;
 use tokwatt_core::workload::serving::{
     RequestRecord, RequestSource, Scheduler, ServingLimits, StepPlan,
@@ -56,6 +57,9 @@ pub struct CudaServeConfig {
     /// The GPU's energy counter, to give each request its share of each step's energy;
     /// `None`: requests' energy is unknown.
     pub energy: Option<EnergyCounter>,
+    /// Keep a record of every step, at most this many between two reads
+    /// ([`CudaServe::take_steps`]); `None`: keep none.
+    pub step_log: Option<usize>,
 }
 
 impl std::fmt::Debug for CudaServeConfig {
@@ -88,6 +92,7 @@ struct Shared {
     /// A step in the current window ran without its energy (the counter was unreadable or
     /// not yet warm): the window's request energies are then not all known.
     energy_gap: AtomicBool,
+    steps: Option<Mutex<StepLog>>,
 }
 
 /// Requests served on one GPU by tokwatt's engine, stepping on a thread of its own.
@@ -126,6 +131,9 @@ impl CudaServe {
             dropped_records: AtomicU32::new(0),
             energy_counted: config.energy.is_some(),
             energy_gap: AtomicBool::new(false),
+            steps: config
+                .step_log
+                .map(|capacity| Mutex::new(StepLog::new(capacity))),
         });
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(String, u32), CudaError>>();
         let thread_shared = shared.clone();
@@ -177,6 +185,15 @@ impl CudaServe {
             records,
             self.shared.dropped_records.swap(0, Ordering::Relaxed),
         )
+    }
+
+    /// The steps run since the last call, and how many were dropped because nobody read
+    /// them in time; none unless the config asked for a step log.
+    pub fn take_steps(&self) -> (Vec<StepRecord>, u64) {
+        match &self.shared.steps {
+            Some(log) => log.lock().unwrap_or_else(|p| p.into_inner()).take(),
+            None => (Vec::new(), 0),
+        }
     }
 
     /// Requests cut to fit a slot's context so far.
@@ -486,12 +503,17 @@ fn serve_thread(
             std::thread::sleep(IDLE_SLEEP);
             continue;
         }
+        let engine_start = started.elapsed().as_secs_f64();
         if let Err(error) = run_plan(&mut engine, &plan, vocab) {
             *shared.failure.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some(format!("a serving step failed: {error}"));
             return;
         }
         let end = started.elapsed().as_secs_f64();
+        if let Some(log) = &shared.steps {
+            let record = StepRecord::of(&plan, now, engine_start, end);
+            log.lock().unwrap_or_else(|p| p.into_inner()).push(record);
+        }
         let step_j = power.as_mut().and_then(|p| {
             p.update(power_now());
             p.watts().map(|w| w * (end - now))

@@ -41,21 +41,52 @@ impl ServingStepCase {
     }
 }
 
-/// The default grid: decoding rows 0-128 at contexts 256-2,047, beside no prompt, one chunk
-/// of 128, 512 or 2,048 tokens from a prompt's start, four of 2,048 (a step of 8,192 prompt
-/// tokens, as a large token budget packs several prompts) and one 512-token chunk late in its
-/// prompt (positions 1,536-2,047: the attention over what came before).
-pub fn default_serving_step_cases() -> Vec<ServingStepCase> {
-    let prompts: [(u32, u32, u32); 6] = [
-        (0, 0, 0),
-        (1, 128, 0),
-        (1, 512, 0),
-        (1, 2048, 0),
-        (4, 2048, 0),
-        (1, 512, 1536),
-    ];
+/// Which compositions `tokwatt bench serving-steps` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServingStepGrid {
+    /// Decoding rows 0-128 at contexts 256-2,047 beside no prompt, one chunk of 128, 512 or
+    /// 2,048 tokens from a prompt's start, four of 2,048 (a step of 8,192 prompt tokens, as
+    /// a large token budget packs several prompts) and one 512-token chunk late in its
+    /// prompt (positions 1,536-2,047: the attention over what came before).
+    Standard,
+    /// Long prompts and contexts, as a scenario whose requests fill KV slots of 4,096
+    /// positions serves them (`serving-budget.toml`: prompts to 3,072, contexts to 4,095):
+    /// decoding rows 0-64 at contexts 3,072 and 4,095 beside no prompt, a whole 3,072-token
+    /// prompt, two of them, the second half of one (2,048 from position 1,024) and its last
+    /// 512. Fewer rows than the standard grid: 66 slots of 4,096 positions are 35 GB of
+    /// llama-3-8b's KV cache.
+    Long,
+}
+
+impl ServingStepGrid {
+    /// The grid's cases, each valid for [`bench_serving_steps`].
+    pub fn cases(self) -> Vec<ServingStepCase> {
+        match self {
+            Self::Standard => grid(
+                &[
+                    (1, 128, 0),
+                    (1, 512, 0),
+                    (1, 2048, 0),
+                    (4, 2048, 0),
+                    (1, 512, 1536),
+                ],
+                &[1, 8, 32, 64, 128],
+                &[256, 1024, 2047],
+            ),
+            Self::Long => grid(
+                &[(1, 3072, 0), (2, 3072, 0), (1, 2048, 1024), (1, 512, 2560)],
+                &[1, 8, 32, 64],
+                &[3072, 4095],
+            ),
+        }
+    }
+}
+
+/// Each prompt composition `(chunks, chunk_len, chunk_start)` alone, then every count of
+/// decoding rows at every context beside no prompt and beside each composition.
+fn grid(prompts: &[(u32, u32, u32)], decodes: &[u32], contexts: &[u32]) -> Vec<ServingStepCase> {
     let mut cases = Vec::new();
-    for &(chunks, chunk_len, chunk_start) in &prompts[1..] {
+    for &(chunks, chunk_len, chunk_start) in prompts {
         cases.push(ServingStepCase {
             decodes: 0,
             decode_context: 0,
@@ -64,11 +95,14 @@ pub fn default_serving_step_cases() -> Vec<ServingStepCase> {
             chunk_start,
         });
     }
-    for decodes in [1, 8, 32, 64, 128] {
-        for decode_context in [256, 1024, 2047] {
-            for &(chunks, chunk_len, chunk_start) in &prompts {
+    let with_no_prompt: Vec<_> = std::iter::once((0, 0, 0))
+        .chain(prompts.iter().copied())
+        .collect();
+    for &rows in decodes {
+        for &decode_context in contexts {
+            for &(chunks, chunk_len, chunk_start) in &with_no_prompt {
                 cases.push(ServingStepCase {
-                    decodes,
+                    decodes: rows,
                     decode_context,
                     chunks,
                     chunk_len,
@@ -226,13 +260,30 @@ mod tests {
 
     #[test]
     fn the_default_grid_is_valid_and_fits_one_engine() {
-        let cases = default_serving_step_cases();
+        let cases = ServingStepGrid::Standard.cases();
         validate_serving_step_cases(&cases).expect("valid");
         assert_eq!(cases.len(), 5 + 5 * 3 * 6);
         let context = cases.iter().map(ServingStepCase::context).max();
         let slots = cases.iter().map(ServingStepCase::slots).max();
         // 132 slots of 2,048 positions: 35 GB of llama-3-8b's KV cache, beside 16 GB of weights.
         assert_eq!((context, slots), (Some(2048), Some(132)));
+    }
+
+    #[test]
+    fn the_long_grid_reaches_a_4096_slot_within_the_standard_grids_memory() {
+        let cases = ServingStepGrid::Long.cases();
+        validate_serving_step_cases(&cases).expect("valid");
+        assert_eq!(cases.len(), 4 + 4 * 2 * 5);
+        let context = cases.iter().map(ServingStepCase::context).max();
+        let slots = cases.iter().map(ServingStepCase::slots).max();
+        // 66 slots of 4,096 positions: no more KV cache than the standard grid's 132 of 2,048.
+        assert_eq!((context, slots), (Some(4096), Some(66)));
+        // Every prompt composition stays within a 3,072-token prompt, as serving-budget's do.
+        assert!(
+            cases
+                .iter()
+                .all(|c| c.chunks == 0 || c.chunk_start + c.chunk_len <= 3072)
+        );
     }
 
     #[test]

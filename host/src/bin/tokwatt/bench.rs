@@ -15,7 +15,7 @@ mod sim_run;
 
 use crate::plugin_places::PluginPlaces;
 use agent::{agent_cpu_targets, bench_agent_cpu, bench_decide};
-use gpu::{bench_prefill, bench_serving, bench_serving_steps, bench_workload};
+use gpu::{StepGrid, bench_prefill, bench_serving, bench_serving_steps, bench_workload};
 use tokwatt_bench::agent_cpu::{AgentCpuRequest, AgentCpuTarget};
 use tokwatt_nvml::SamplerConfig;
 use tokwatt_policy::spec::PolicySpec;
@@ -96,6 +96,11 @@ pub enum BenchCommand {
         /// Measured seconds per case (after three warm-up steps).
         #[arg(long, default_value_t = 1.0)]
         seconds: f64,
+        /// The compositions: `standard` (decoding rows to 128 at contexts to 2,047, prompt
+        /// chunks to 4 x 2,048) or `long` (rows to 64 at contexts 3,072 and 4,095, prompts
+        /// of 3,072 whole, in halves and late chunks).
+        #[arg(long, value_enum, default_value_t = StepGrid::Standard)]
+        grid: StepGrid,
         /// Also write the rows as JSON lines here.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -135,6 +140,10 @@ pub enum BenchCommand {
         /// Write every finished request (arrival, TTFT, TPOT, lengths) as JSON lines here.
         #[arg(long)]
         requests: Option<PathBuf>,
+        /// Write every step (its decoding rows and prompt chunks, when the loop began it,
+        /// when the engine began and ended it) as JSON lines here.
+        #[arg(long)]
+        steps: Option<PathBuf>,
     },
     /// Host overhead of one `decide` call (plugin host + supervisor): p50, p90, p99 and
     /// the worst call (a deadline is judged against the worst), and the plugin's start.
@@ -261,6 +270,7 @@ pub fn bench(what: BenchCommand) -> Result<()> {
             seed,
             json,
             requests,
+            steps,
         } => bench_serving(ServingBench {
             gpu,
             scenario,
@@ -272,6 +282,7 @@ pub fn bench(what: BenchCommand) -> Result<()> {
             seed,
             json,
             requests,
+            steps,
         }),
         BenchCommand::Prefill {
             gpu,
@@ -285,8 +296,9 @@ pub fn bench(what: BenchCommand) -> Result<()> {
             gpu,
             model,
             seconds,
+            grid,
             json,
-        } => bench_serving_steps(gpu, &model, seconds, json),
+        } => bench_serving_steps(gpu, &model, seconds, grid, json),
         BenchCommand::Decide {
             gpus,
             calls,
@@ -387,6 +399,7 @@ struct ServingBench {
     seed: u64,
     json: Option<PathBuf>,
     requests: Option<PathBuf>,
+    steps: Option<PathBuf>,
 }
 
 /// `2048x4`: a prompt of 2048 tokens, 4 sequences per call.

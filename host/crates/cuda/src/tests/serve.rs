@@ -41,6 +41,7 @@ fn burst_served(at_s: f64, energy: Option<crate::EnergyCounter>) -> Option<CudaS
         engine: EngineOptions::default(),
         requests: Box::new(Burst { sent: false, at_s }),
         energy,
+        step_log: Some(10_000),
     };
     match CudaServe::new(config) {
         Ok(serve) => Some(serve),
@@ -84,6 +85,20 @@ fn requests_are_served_each_with_its_ttft_and_tpot() {
         // No energy counter: unknown, never 0 J.
         assert_eq!(r.energy_j, None, "{r:?}");
     }
+    // The step log holds every step: each prompt token once, each later token as a decode.
+    let (steps, dropped) = serve.take_steps();
+    assert_eq!(dropped, 0);
+    let prompt_tokens: u32 = (0..20).map(|i| 20 + 7 * i).sum();
+    assert_eq!(
+        steps.iter().map(|s| s.prompt_tokens).sum::<u32>(),
+        prompt_tokens
+    );
+    assert_eq!(steps.iter().map(|s| s.decodes).sum::<u32>(), 20 * 9);
+    for step in &steps {
+        assert!(step.start_s <= step.engine_start_s && step.engine_start_s < step.engine_end_s);
+        assert!(step.decodes <= 6, "{step:?}");
+    }
+    assert!(steps.windows(2).all(|w| w[0].engine_end_s <= w[1].start_s));
     // A lowered limit is taken; a limit beyond the slots is refused.
     serve.set_batch_size(0, 2).unwrap();
     assert!(serve.set_batch_size(0, 9).is_err());

@@ -78,6 +78,8 @@ pub(super) fn bench_serving(bench: ServingBench) -> Result<()> {
                 .ok()
                 .map(|w| w.energy_counter_j)
         })),
+        // A second of steps is a few hundred; read every second.
+        step_log: bench.steps.is_some().then_some(100_000),
     })?;
     println!(
         "tokwatt bench serving: {} on GPU {} ({}), {:.0} s, running limit {running_limit}, {slots} slots of {} positions, {budget} tokens per step; energy from the NVML counter",
@@ -93,6 +95,7 @@ pub(super) fn bench_serving(bench: ServingBench) -> Result<()> {
     let (mut tokens, mut prefill_tokens, mut arrived, mut turned_away) = (0u64, 0u64, 0u64, 0u64);
     let mut step_p99s = Vec::new();
     let mut dropped = 0u32;
+    let (mut steps, mut steps_dropped) = (Vec::new(), 0u64);
     while started.elapsed().as_secs_f64() < bench.seconds {
         std::thread::sleep(Duration::from_secs(1));
         let window = serve.read_window(0)?;
@@ -110,6 +113,9 @@ pub(super) fn bench_serving(bench: ServingBench) -> Result<()> {
         let (finished, lost) = serve.take_finished();
         records.extend(finished);
         dropped += lost;
+        let (kept, lost) = serve.take_steps();
+        steps.extend(kept);
+        steps_dropped += lost;
     }
     let wall = started.elapsed().as_secs_f64();
     let joules = match (e0, energy()) {
@@ -137,6 +143,8 @@ pub(super) fn bench_serving(bench: ServingBench) -> Result<()> {
         "requests_finished": records.len(),
         "requests_truncated": truncated,
         "records_dropped": dropped,
+        "steps_logged": steps.len(),
+        "steps_dropped": steps_dropped,
         "tokens_per_s": tokens as f64 / wall,
         "prefill_tokens_per_s": prefill_tokens as f64 / wall,
         "watts": joules.map(|j| j / wall),
@@ -154,6 +162,9 @@ pub(super) fn bench_serving(bench: ServingBench) -> Result<()> {
     }
     if let Some(path) = &bench.requests {
         write_json_lines(path, &records)?;
+    }
+    if let Some(path) = &bench.steps {
+        write_json_lines(path, &steps)?;
     }
     Ok(())
 }
@@ -300,11 +311,19 @@ pub(super) fn bench_workload(
     Ok(())
 }
 
+/// `tokwatt bench serving-steps --grid`: which step compositions it measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum StepGrid {
+    Standard,
+    Long,
+}
+
 #[cfg(not(feature = "cuda"))]
 pub(super) fn bench_serving_steps(
     _gpu: u32,
     _model: &str,
     _seconds: f64,
+    _grid: StepGrid,
     _json: Option<PathBuf>,
 ) -> Result<()> {
     anyhow::bail!(WITHOUT_CUDA)
@@ -315,11 +334,16 @@ pub(super) fn bench_serving_steps(
     gpu: u32,
     model: &str,
     seconds: f64,
+    grid: StepGrid,
     json: Option<PathBuf>,
 ) -> Result<()> {
     use tokwatt_core::telemetry::Telemetry;
     let shape = tokwatt_cuda::ModelShape::load(model)?;
-    let cases = tokwatt_cuda::default_serving_step_cases();
+    let cases = match grid {
+        StepGrid::Standard => tokwatt_cuda::ServingStepGrid::Standard,
+        StepGrid::Long => tokwatt_cuda::ServingStepGrid::Long,
+    }
+    .cases();
     let system = tokwatt_nvml::NvmlSystem::open(Some(&[gpu]))?;
     let mut telemetry = system
         .telemetry(SamplerConfig::everything_every(Duration::from_millis(50)))
@@ -333,7 +357,7 @@ pub(super) fn bench_serving_steps(
         Err(_) => tokwatt_cuda::GpuReading::default(),
     };
     println!(
-        "tokwatt bench serving-steps: {model}, GPU {gpu} ({}), {} cases of {seconds} s; energy from the NVML counter",
+        "tokwatt bench serving-steps: {model}, GPU {gpu} ({}), {grid:?} grid, {} cases of {seconds} s; energy from the NVML counter",
         system.devices().first().map_or("?", |d| d.name.as_str()),
         cases.len()
     );
