@@ -11,6 +11,9 @@
 # SPECS (default specs/ beside it, else policies/), SCENARIO (default serving-budget.toml),
 # SECONDS_PER_RUN (60), BATCHES ("16 64"), BUDGETS ("512 2048 8192"), and the objective:
 # TTFT_MS (800) and TPOT_MS (30), which the policy's spec and the judging share.
+# The fixed settings run with --no-guard (their violations are counted, never taken over:
+# a take-over would judge the guard's fallback under the setting's name); the policy runs
+# under the guard, as an operator runs it.
 # Writes OUT/fixed-B-T/ and OUT/policy/ (each run's files), OUT/sweep.json and
 # OUT/sweep.txt (every run's tokens/J, whether the objective held, the verdict).
 set -uo pipefail
@@ -38,11 +41,12 @@ seconds="${SECONDS_PER_RUN:-60}"
 ttft="${TTFT_MS:-800}"; tpot="${TPOT_MS:-30}"
 status=0
 
-# One run: NAME SPEC. The objective is the same for every run (the judging one).
+# One run: NAME SPEC [FLAG...]. The objective is the same for every run (the judging one).
 run() {
   local name=$1 spec=$2
+  shift 2
   echo "== $name"
-  "$tokwatt" run "${run_on[@]}" --batch-only --policy "$spec" --scenario "$scenario" \
+  "$tokwatt" run "${run_on[@]}" --batch-only "$@" --policy "$spec" --scenario "$scenario" \
     --duration "${seconds}s" --out "$out/$name" --overwrite --quiet \
     > "$out/$name.txt" 2> "$out/$name.log" || { echo "$name failed:"; tail -5 "$out/$name.log"; status=1; }
 }
@@ -60,7 +64,9 @@ text = re.sub(r'(?m)^batch_size = .*$', f'batch_size = "{batch}"\ntoken_budget =
 text = re.sub(r'(?m)^\[objective\]$', f'[objective]\nttft_p99_limit_ms = {ttft}\ntpot_p99_limit_ms = {tpot}', text, count=1)
 open(dst, "w").write(text)
 PY
-    run "fixed-$batch-$budget" "$spec"
+    # A fixed setting stays fixed: the guard counts its violations but never takes over
+    # (a take-over would judge the guard's fallback under the fixed setting's name).
+    run "fixed-$batch-$budget" "$spec" --no-guard
   done
 done
 policy_spec="$out/policy.toml"
