@@ -87,6 +87,9 @@ pub struct StepLoad {
     pub decode: u32,
     /// KV-cache positions the decoding sequences attend to, all together.
     pub decode_positions: f64,
+    /// Positions the longest decoding row attends to (its own reads, a few blocks wide,
+    /// bound a step with few rows).
+    pub decode_position_max: f64,
     /// Prompt tokens prefilled in the step.
     pub prefill: f64,
     /// Positions the prompt tokens attend to, all together (causal: a token sees the
@@ -173,6 +176,8 @@ struct LoadTerms {
     decode_overhead_s: f64,
     prefill_overhead_s: f64,
     kv_s_per_token: f64,
+    /// Seconds per position of the longest decoding row's attention (0: none apart).
+    row_s_per_position: f64,
     /// Seconds of decode arithmetic per decoded token (weights) and per position attended.
     decode_linear_s_per_token: f64,
     attention_s_per_position: f64,
@@ -192,6 +197,7 @@ impl DecodeModel {
             decode_overhead_s,
             prefill_overhead_s: (layers * pre.overhead_per_layer_us * 1e-6).max(decode_overhead_s),
             kv_s_per_token: cost.kv_bytes_per_token / (d.kv_bandwidth_tbs * 1e12),
+            row_s_per_position: 0.0,
             decode_linear_s_per_token: cost.decode_linear_flops_per_token
                 / (d.tensor_tflops * 1e12),
             attention_s_per_position: cost.attention_flops_per_position / (d.tensor_tflops * 1e12),
@@ -209,6 +215,7 @@ impl DecodeModel {
                 decode_overhead_s: overhead_s,
                 prefill_overhead_s: overhead_s,
                 kv_s_per_token: cost.kv_bytes_per_token / (sv.kv_bandwidth_tbs * 1e12),
+                row_s_per_position: sv.row_attention_ns_per_position * 1e-9,
                 decode_linear_s_per_token: cost.decode_linear_flops_per_token / tensor,
                 attention_s_per_position: cost.attention_flops_per_position / tensor,
                 prefill_s_per_token: cost.prefill_flops_per_token / tensor,
@@ -304,7 +311,11 @@ impl DecodeModel {
             Phases {
                 overhead_s: overhead_s / below_knee,
                 weights_s: self.weights_s / memory_speed,
-                kv_s: load.decode_positions * terms.kv_s_per_token / memory_speed,
+                // The rows' reads together at the KV bandwidth, or the longest row's alone
+                // where few rows leave the GPU idle beside it: whichever is longer.
+                kv_s: (load.decode_positions * terms.kv_s_per_token
+                    + load.decode_position_max * terms.row_s_per_position)
+                    / memory_speed,
                 decode_arithmetic_s: (n * terms.decode_linear_s_per_token
                     + load.decode_positions * terms.attention_s_per_position)
                     / x,

@@ -175,6 +175,8 @@ pub(super) struct Server {
     /// Ascending by `finish`.
     running: VecDeque<Decoding>,
     context_base_sum: f64,
+    /// The largest `context_base` of `running` (the longest row's context, less growth).
+    context_base_max: f64,
     paused: Vec<Paused>,
     paused_context_sum: f64,
     /// Oldest first; at most `queue_max` that never had a slot.
@@ -213,6 +215,7 @@ impl Server {
             decode_energy_per_sequence: 0.0,
             running: VecDeque::new(),
             context_base_sum: 0.0,
+            context_base_max: f64::NEG_INFINITY,
             paused: Vec::new(),
             paused_context_sum: 0.0,
             queue: VecDeque::new(),
@@ -315,6 +318,15 @@ impl Server {
         self.context_base_sum + self.growth * self.running.len() as f64 * self.decode_steps
     }
 
+    /// The longest decoding row's attended positions (0 with none).
+    fn decode_position_max(&self) -> f64 {
+        if self.running.is_empty() {
+            0.0
+        } else {
+            self.context_base_max + self.growth * self.decode_steps
+        }
+    }
+
     fn context_of(&self, d: &Decoding) -> f64 {
         d.context_base + self.growth * self.decode_steps
     }
@@ -349,6 +361,7 @@ impl Server {
         let load = StepLoad {
             decode,
             decode_positions: self.decode_positions(),
+            decode_position_max: self.decode_position_max(),
             prefill,
             prefill_positions,
         };
@@ -481,6 +494,7 @@ impl Server {
 
     fn start_decoding(&mut self, sequence: Decoding) {
         self.context_base_sum += sequence.context_base;
+        self.context_base_max = self.context_base_max.max(sequence.context_base);
         // Usually the latest to finish (it started last): then its place is the end.
         if self
             .running
@@ -501,6 +515,14 @@ impl Server {
         if self.running.is_empty() {
             // No drift survives an empty batch.
             self.context_base_sum = 0.0;
+        }
+        // Only the longest row leaving moves the maximum: then it is found again.
+        if sequence.context_base >= self.context_base_max {
+            self.context_base_max = self
+                .running
+                .iter()
+                .map(|d| d.context_base)
+                .fold(f64::NEG_INFINITY, f64::max);
         }
     }
 

@@ -257,6 +257,12 @@ fn serving_state(
     let load = StepLoad {
         decode: decoding,
         decode_positions: n * requests.context_mean,
+        // The steady state's typical row, not its longest.
+        decode_position_max: if decoding > 0 {
+            requests.context_mean
+        } else {
+            0.0
+        },
         prefill,
         // Causal: a prompt token attends to the half of its prompt before it, on average.
         prefill_positions: prefill * requests.prompt_mean / 2.0,
@@ -286,6 +292,11 @@ fn tail_latencies(
     let load = StepLoad {
         decode: decoding,
         decode_positions: f64::from(decoding) * requests.context_mean,
+        decode_position_max: if decoding > 0 {
+            requests.context_mean
+        } else {
+            0.0
+        },
         prefill: chunk,
         prefill_positions: chunk * prompt / 2.0,
     };
