@@ -139,6 +139,8 @@ pub(super) struct GpuSim {
     substep_ns: u64,
     substep_s: f64,
     clock_alpha: f64,
+    /// The lag's step toward a lower target.
+    throttle_alpha: f64,
     thermal_alpha: f64,
     gain: f64,
     streams: Streams,
@@ -202,12 +204,17 @@ impl GpuSim {
         let substep_s = nvml.energy_update_s / SUBSTEPS_PER_UPDATE as f64;
         let substep_ns = ((substep_s * 1e9).round() as u64).max(1);
         let substep_s = substep_ns as f64 * 1e-9;
-        // The clock follows its target as a first-order lag reaching 95 % after `settle_s`.
-        let clock_alpha = if nvml.settle_s > 0.0 {
-            1.0 - (-substep_s * 3.0 / nvml.settle_s).exp()
-        } else {
-            1.0
+        // The clock follows its target as a first-order lag reaching 95 % after `settle_s`
+        // (up) or `throttle_s` (down).
+        let lag = |settle_s: f64| {
+            if settle_s > 0.0 {
+                1.0 - (-substep_s * 3.0 / settle_s).exp()
+            } else {
+                1.0
+            }
         };
+        let clock_alpha = lag(nvml.settle_s);
+        let throttle_alpha = lag(nvml.throttle_s.unwrap_or(nvml.settle_s));
         let thermal_alpha = 1.0 - (-substep_s / profile.thermal.time_constant_s).exp();
         let stream_base = u64::from(index) << 8;
         // Drawn whether or not the profile fixes this board's gain, so a fixed gain on one
@@ -271,6 +278,7 @@ impl GpuSim {
             substep_ns,
             substep_s,
             clock_alpha,
+            throttle_alpha,
             thermal_alpha,
             gain,
             scenario,
@@ -555,7 +563,12 @@ impl GpuSim {
             }
         };
         let target = f64::from(self.target.sm_mhz);
-        self.sm_mhz += (target - self.sm_mhz) * self.clock_alpha;
+        let alpha = if target < self.sm_mhz {
+            self.throttle_alpha
+        } else {
+            self.clock_alpha
+        };
+        self.sm_mhz += (target - self.sm_mhz) * alpha;
         if (target - self.sm_mhz).abs() < 0.5 {
             self.sm_mhz = target;
         }

@@ -34,6 +34,7 @@ pub mod lengths;
 pub mod model;
 mod parallel;
 pub mod profile;
+mod profile_validation;
 pub mod scenario;
 mod serving;
 

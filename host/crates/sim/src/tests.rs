@@ -348,6 +348,34 @@ fn the_clock_settles_to_a_new_target_over_about_200_ms() {
 }
 
 #[test]
+fn with_a_throttle_time_the_clock_falls_within_a_substep_and_rises_over_the_settle_time() {
+    // The h100 profile: throttle_s 0.025 (down), settle_s 0.2 (up).
+    let (sim, clock) = sim_with("h100", saturated("llama-3-8b", 1024, 256), 1, 13);
+    let mut actuator = sim.actuator();
+    clock.sleep_until(secs(3.0));
+    let old = sim.truth(0).unwrap().sm_mhz;
+    actuator.set_power_cap(0, 350.0).unwrap();
+    clock.sleep_until(secs(3.05));
+    let cut = sim.truth(0).unwrap();
+    let low = f64::from(cut.target_sm_mhz);
+    assert!(low < old - 300.0, "target {low} from {old}");
+    assert!(
+        (cut.sm_mhz - low).abs() < 0.01 * (old - low),
+        "after 50 ms: {cut:?}"
+    );
+    // Back up: the same 50 ms leaves it well short of its target.
+    actuator.set_power_cap(0, 700.0).unwrap();
+    clock.sleep_until(secs(3.1));
+    let raised = sim.truth(0).unwrap();
+    let high = f64::from(raised.target_sm_mhz);
+    assert!(high > low + 300.0, "target {high}");
+    assert!(
+        raised.sm_mhz < high - 0.2 * (high - low),
+        "after 50 ms up: {raised:?}"
+    );
+}
+
+#[test]
 fn a_clock_lock_binds_and_is_reported() {
     let (sim, clock) = sim_with("h200", saturated("llama-3-8b", 1024, 16), 1, 17);
     let (mut telemetry, mut actuator) = (sim.telemetry(), sim.actuator());
