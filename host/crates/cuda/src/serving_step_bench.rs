@@ -168,6 +168,14 @@ pub fn validate_serving_step_cases(cases: &[ServingStepCase]) -> Result<(), Cuda
     Ok(())
 }
 
+/// The engine the cases need: KV positions a slot (the longest case's) and slots (the
+/// most rows and chunks of any case); at least 1 each.
+fn engine_size(cases: &[ServingStepCase]) -> (u32, u32) {
+    let context = cases.iter().map(ServingStepCase::context).max();
+    let slots = cases.iter().map(ServingStepCase::slots).max();
+    (context.unwrap_or(1), slots.unwrap_or(1))
+}
+
 /// Measures each case for `seconds` on GPU `device`, each step prepared on the host and
 /// waited for, as [`crate::CudaServe`]'s thread does; `read` is called before and after
 /// each case.
@@ -185,12 +193,7 @@ pub fn bench_serving_steps(
             "seconds per case must be above 0 and at most 86400 (a day), not {seconds}"
         )));
     }
-    let context = cases
-        .iter()
-        .map(ServingStepCase::context)
-        .max()
-        .unwrap_or(1);
-    let slots = cases.iter().map(ServingStepCase::slots).max().unwrap_or(1);
+    let (context, slots) = engine_size(cases);
     let mut engine = Engine::new(model, context, slots, device, EngineOptions::default())?;
     if engine.batch_max() < slots {
         return Err(CudaError::Config(format!(
@@ -263,10 +266,8 @@ mod tests {
         let cases = ServingStepGrid::Standard.cases();
         validate_serving_step_cases(&cases).expect("valid");
         assert_eq!(cases.len(), 5 + 5 * 3 * 6);
-        let context = cases.iter().map(ServingStepCase::context).max();
-        let slots = cases.iter().map(ServingStepCase::slots).max();
         // 132 slots of 2,048 positions: 35 GB of llama-3-8b's KV cache, beside 16 GB of weights.
-        assert_eq!((context, slots), (Some(2048), Some(132)));
+        assert_eq!(engine_size(&cases), (2048, 132));
     }
 
     #[test]
@@ -274,10 +275,8 @@ mod tests {
         let cases = ServingStepGrid::Long.cases();
         validate_serving_step_cases(&cases).expect("valid");
         assert_eq!(cases.len(), 4 + 4 * 2 * 5);
-        let context = cases.iter().map(ServingStepCase::context).max();
-        let slots = cases.iter().map(ServingStepCase::slots).max();
         // 66 slots of 4,096 positions: no more KV cache than the standard grid's 132 of 2,048.
-        assert_eq!((context, slots), (Some(4096), Some(66)));
+        assert_eq!(engine_size(&cases), (4096, 66));
         // Every prompt composition stays within a 3,072-token prompt, as serving-budget's do.
         assert!(
             cases

@@ -88,7 +88,7 @@ pub struct StepLoad {
     /// KV-cache positions the decoding sequences attend to, all together.
     pub decode_positions: f64,
     /// Positions the longest decoding row attends to (its own reads, a few blocks wide,
-    /// bound a step with few rows).
+    /// finish after the rest).
     pub decode_position_max: f64,
     /// Prompt tokens prefilled in the step.
     pub prefill: f64,
@@ -311,8 +311,8 @@ impl DecodeModel {
             Phases {
                 overhead_s: overhead_s / below_knee,
                 weights_s: self.weights_s / memory_speed,
-                // The rows' reads together at the KV bandwidth, or the longest row's alone
-                // where few rows leave the GPU idle beside it: whichever is longer.
+                // The rows' reads together at the KV bandwidth, and the longest row's own
+                // attention on top (its few blocks finish last).
                 kv_s: (load.decode_positions * terms.kv_s_per_token
                     + load.decode_position_max * terms.row_s_per_position)
                     / memory_speed,

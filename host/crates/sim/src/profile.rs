@@ -145,9 +145,8 @@ pub struct ServingConstants {
     /// Effective bandwidth of the decoding rows' KV-cache reads, TB/s.
     pub kv_bandwidth_tbs: f64,
     /// A decoding row's attention reads its cache with a few blocks (one per KV head), so
-    /// a step with few rows lasts at least its longest row's positions times this, all
-    /// layers, nanoseconds per position; 0 (the default): the rows' positions together
-    /// at `kv_bandwidth_tbs` alone.
+    /// the longest row's positions times this (all layers, nanoseconds per position) add
+    /// to the rows' shared read at `kv_bandwidth_tbs`; 0 (the default): that read alone.
     #[serde(default)]
     pub row_attention_ns_per_position: f64,
     /// Effective tensor rate of the step's GEMMs (decoding rows and prompt tokens), TFLOP/s.
