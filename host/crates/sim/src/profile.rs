@@ -517,6 +517,31 @@ mod tests {
     }
 
     #[test]
+    fn the_serving_and_clock_terms_added_to_profiles_are_range_checked() {
+        let h100 = BUILT_IN[1].1;
+        let edited = |key: &str, line: &str| {
+            GpuProfile::from_toml_str(&replace_line(h100, key, line), "edited.toml")
+                .unwrap_err()
+                .to_string()
+        };
+        let message = edited(
+            "row_attention_ns_per_position",
+            "row_attention_ns_per_position = -1.0",
+        );
+        assert!(
+            message.contains(
+                "serving.row_attention_ns_per_position must be a number of 0 or more (got -1)"
+            ),
+            "{message}"
+        );
+        let message = edited("throttle_s", "throttle_s = 90.0");
+        assert!(
+            message.contains("nvml.throttle_s must lie between 0 and 60 (got 90)"),
+            "{message}"
+        );
+    }
+
+    #[test]
     fn decode_bandwidth_above_the_memory_peak_is_refused() {
         let err = refusal("weights_bandwidth_tbs", "weights_bandwidth_tbs = 5.2");
         assert!(

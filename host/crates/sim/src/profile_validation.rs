@@ -106,6 +106,10 @@ impl GpuProfile {
                 1.0,
             );
             checks.in_range("serving.core_activity", serving.core_activity, 0.0, 2.0);
+            checks.non_negative(
+                "serving.row_attention_ns_per_position",
+                serving.row_attention_ns_per_position,
+            );
         }
 
         let p = &self.power;
