@@ -308,8 +308,8 @@ fn kubernetes_checker_rejects_a_fence_with_another_reserve_or_without_the_shared
     let file = broken_copy(
         dir.path(),
         "kubernetes/daemonset-fleet.yaml",
-        "          volumeMounts:\n            - name: fence\n              mountPath: /run/tokwatt-fence\n      volumes:",
-        "          volumeMounts:\n            - name: config\n              mountPath: /run/tokwatt-fence\n      volumes:",
+        "          volumeMounts:\n            - name: fence\n              mountPath: /run/tokwatt-fence\n            - name: fence-etcd-tls",
+        "          volumeMounts:\n            - name: config\n              mountPath: /run/tokwatt-fence\n            - name: fence-etcd-tls",
     );
     assert_rejected(
         "check_kubernetes.py",
@@ -319,8 +319,8 @@ fn kubernetes_checker_rejects_a_fence_with_another_reserve_or_without_the_shared
     let file = broken_copy(
         dir.path(),
         "kubernetes/daemonset-fleet.yaml",
-        "args: [\"fence\", \"--once\", \"--reserve\", \"2400\"]",
-        "args: [\"restore\"]",
+        "          args:\n            - fence\n            - --once\n            - --reserve\n            - \"2400\"\n",
+        "          args:\n            - restore\n            - --reserve\n            - \"2400\"\n",
     );
     assert_rejected(
         "check_kubernetes.py",

@@ -13,7 +13,8 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokwatt_fleet::etcd::EtcdFleet;
-use tokwatt_fleet::{FenceKind, FleetStore};
+use tokwatt_fleet::ledger::Why;
+use tokwatt_fleet::{FenceKind, FleetStore, Ledger, ProofSource, boot_of};
 use tokwatt_serve::fence::status::FenceStatus;
 use tokwatt_sim::{GpuProfile, SimDriver};
 use tokwatt_test_support::{EtcdCluster, wait_for};
@@ -81,6 +82,8 @@ fn granted_for(driver: &Path, window: Duration) -> bool {
 
 struct Node {
     dir: tempfile::TempDir,
+    /// The fleet's etcd, where the fence writes its records.
+    etcd: String,
     config: PathBuf,
     driver: PathBuf,
     heartbeat: PathBuf,
@@ -122,6 +125,7 @@ fn node(etcd: &str) -> Node {
     .expect("config");
     Node {
         dir,
+        etcd: etcd.to_owned(),
         config,
         driver,
         heartbeat,
@@ -151,6 +155,12 @@ impl Node {
                 &self.status.display().to_string(),
                 "--sim-driver",
                 &self.driver.display().to_string(),
+                "--etcd",
+                &self.etcd,
+                "--domain",
+                "rack-f",
+                "--node",
+                "n1",
             ],
             &self.dir.path().join(log),
         )
@@ -257,6 +267,26 @@ fn a_paused_killed_or_failing_agent_is_back_at_its_reserve_within_its_fences_dea
         });
     };
     fenced_and_granted("the grant in force, the fence declared", &mut agent);
+    // The agent wrote down the reserve it applied at its start, with a lease of its own.
+    let ledger = || {
+        Ledger::from_view(
+            store
+                .read_domain("rack-f")
+                .expect("read")
+                .expect("the budget"),
+        )
+    };
+    let start_record = ledger().entries[0]
+        .proofs
+        .iter()
+        .find(|p| p.proof.source == ProofSource::Agent)
+        .cloned()
+        .expect("the agent's record of its start");
+    assert!(
+        start_record.proof.sum_w <= RESERVE_W + 1e-6,
+        "{start_record:?}"
+    );
+    assert_eq!(start_record.proof.caps_w.len(), 4);
 
     // Paused: the fence brings the caps to the reserve within the deadline.
     assert!(caps_sum(&node.driver) > 2000.0, "granted when paused");
@@ -264,6 +294,21 @@ fn a_paused_killed_or_failing_agent_is_back_at_its_reserve_within_its_fences_dea
     agent.signal("STOP");
     let took = time_to_reserve(&node, paused, deadline);
     eprintln!("SIGSTOP: at the reserve {took:?} after the pause (deadline {deadline:?})");
+    // The node's lease lapses: its watts are freed on the fence's record, written after
+    // its last grant, not on the deadline it declared.
+    wait_for(
+        "the ledger to free the paused node on its fence's record",
+        Duration::from_secs(20),
+        || {
+            let ledger = ledger();
+            let n1 = &ledger.entries[0];
+            n1.why == Why::Proven(ProofSource::Fence)
+                && n1.proof.as_ref().is_some_and(|p| {
+                    p.proof.sum_w <= RESERVE_W + 1e-6
+                        && n1.hold.is_some_and(|h| p.mod_revision > h.mod_revision)
+                })
+        },
+    );
     fence.assert_alive("the fence", &node.log("fence.log"));
     wait_for(
         "the fence's status to say it holds",
@@ -370,6 +415,112 @@ fn the_fence_once_applies_the_reserve_and_never_raises() {
     let output = once("100");
     assert!(!output.status.success());
     assert!(stderr(&output).contains("lowest"), "{}", stderr(&output));
+}
+
+/// The boot unit with the fleet's store (`tokwatt fence --once --etcd …`): it applies the
+/// reserve, reads the caps back and writes its record of this boot, which proves a reboot
+/// lands at the reserve. After a reboot without it, the node's new boot is unproven: a
+/// node the budget calls fenced is charged its board defaults, whatever it claims.
+#[test]
+fn a_boot_unit_proves_itself_for_its_boot_and_a_reboot_without_it_is_charged_its_defaults() {
+    let Some(cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let endpoint = cluster.endpoints()[0].clone();
+    let node = node(&endpoint);
+    let budget = node.dir.path().join("budget.toml");
+    std::fs::write(
+        &budget,
+        format!(
+            "domain = \"rack-f\"\nbudget_w = 3000\n[[nodes]]\nnode = \"n1\"\nreserve_w = {RESERVE_W}\nmax_w = 2800\nfenced = true\n"
+        ),
+    )
+    .expect("budget");
+    let written = tokwatt()
+        .args(["fleet", "budget", "--etcd", &endpoint, "--file"])
+        .arg(&budget)
+        .output()
+        .expect("tokwatt fleet budget");
+    assert!(written.status.success(), "{}", stderr(&written));
+    let store = EtcdFleet::connect(&cluster.endpoints(), Duration::from_secs(1)).expect("etcd");
+    let ledger = || {
+        Ledger::from_view(
+            store
+                .read_domain("rack-f")
+                .expect("read")
+                .expect("the budget"),
+        )
+    };
+    // Before any record: the operator's `fenced = true` is a claim; charged the defaults.
+    assert_eq!(ledger().entries[0].charged_w, 2800.0);
+
+    let driver = node.driver.display().to_string();
+    let boot_unit = tokwatt()
+        .args([
+            "fence",
+            "--once",
+            "--reserve",
+            "1000",
+            "--sim-driver",
+            &driver,
+            "--etcd",
+            &endpoint,
+            "--domain",
+            "rack-f",
+            "--node",
+            "n1",
+        ])
+        .output()
+        .expect("tokwatt fence --once");
+    assert!(boot_unit.status.success(), "{}", stderr(&boot_unit));
+    let said = String::from_utf8_lossy(&boot_unit.stdout).into_owned();
+    assert!(said.contains("boot record"), "{said}");
+    let canonical = std::fs::canonicalize(&node.driver).expect("the driver file");
+    let first_boot = boot_of(&format!("sim-driver {} boot 0", canonical.display()));
+    let proven = ledger();
+    let record = proven.entries[0]
+        .proofs
+        .iter()
+        .find(|p| p.proof.source == ProofSource::Boot)
+        .cloned()
+        .expect("the boot unit's record");
+    assert_eq!(record.proof.boot, first_boot);
+    assert!(record.proof.sum_w <= RESERVE_W + 1e-6);
+    assert!(proven.entries[0].boot_proven);
+    assert_eq!(proven.entries[0].charged_w, RESERVE_W);
+
+    // The node reboots without the unit: its defaults are in force, and its agent
+    // reports the new boot, which no record proves.
+    SimDriver::at(&node.driver).reboot().expect("reboot");
+    assert_eq!(caps_sum(&node.driver), 2800.0);
+    let second_boot = boot_of(&format!("sim-driver {} boot 1", canonical.display()));
+    let session = store
+        .join(
+            "rack-f",
+            "n1",
+            Duration::from_secs(30),
+            &tokwatt_fleet::NodeReport {
+                acked_generation: 0,
+                caps_in_force_w: 1000.0,
+                draw_w: 0.0,
+                tokens_per_s: 0.0,
+                wants_more: false,
+                requested_w: 0.0,
+                fence: Some(tokwatt_fleet::Fence {
+                    kind: FenceKind::Heartbeat,
+                    deadline_s: 4.0,
+                    covers_reboot: true,
+                }),
+                default_w: 2800.0,
+                boot: second_boot,
+            },
+        )
+        .expect("joins");
+    let rebooted = ledger();
+    assert!(!rebooted.entries[0].boot_proven);
+    assert_eq!(rebooted.entries[0].charged_w, 2800.0);
+    assert_eq!(rebooted.fence_missing(), ["n1"]);
+    store.leave(&session).expect("leaves");
 }
 
 #[test]

@@ -272,10 +272,29 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // A node joins (declaring no fence: charged at its 2.8 kW of defaults, and named);
-    // a coordinator replica grants it watts; stopped, it resigns at once.
+    // A node joins (declaring no fence: named); a coordinator replica grants it watts;
+    // stopped, it resigns at once. Both nodes' boot units wrote their records (as
+    // `tokwatt fence --once --etcd …` does), so a reboot of either lands at its reserve.
     let store = EtcdFleet::connect(std::slice::from_ref(&endpoint), Duration::from_secs(1))
         .expect("client");
+    for name in ["a", "b"] {
+        store
+            .prove(
+                "rack-c",
+                name,
+                &tokwatt_fleet::ReleaseProof {
+                    source: tokwatt_fleet::ProofSource::Boot,
+                    by: format!("the boot unit of {name}"),
+                    caps_w: vec![500.0, 500.0],
+                    sum_w: 1000.0,
+                    at_unix_ms: 0,
+                    boot: 0,
+                    detail: String::new(),
+                },
+                Duration::from_secs(600),
+            )
+            .expect("a boot record");
+    }
     let node = store
         .join(
             "rack-c",
@@ -290,6 +309,7 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
                 requested_w: 0.0,
                 fence: None,
                 default_w: 0.0,
+                boot: 0,
             },
         )
         .expect("joins");
@@ -399,7 +419,7 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
     );
     assert!(text.contains("of 4000 W available"), "{text}");
     assert!(
-        text.contains("node a is fenced in the budget but declares no fence"),
+        text.contains("node a is fenced in the budget but declares no fence, or no boot unit"),
         "{text}"
     );
     // The same ledger for scripts: `--json`, the keys of the book's fleet page.
@@ -415,7 +435,7 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
         String::from_utf8_lossy(&show.stderr)
     );
     let json: serde_json::Value = serde_json::from_slice(&show.stdout).expect("only JSON");
-    assert_eq!(json["format_version"], 1);
+    assert_eq!(json["format_version"], 2);
     assert_eq!(json["domain"], "rack-c");
     assert_eq!(json["available_w"], 4000.0);
     let nodes = json["nodes"].as_array().expect("nodes");
@@ -458,7 +478,17 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
     let release = |node: &str| {
         tokwatt()
             .args([
-                "fleet", "release", node, "--etcd", &endpoint, "--domain", "rack-c",
+                "fleet",
+                "release",
+                node,
+                "--etcd",
+                &endpoint,
+                "--domain",
+                "rack-c",
+                "--why",
+                "powered off at the PDU",
+                "--by",
+                "alice",
             ])
             .output()
             .expect("runs")
@@ -486,7 +516,10 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
         .output()
         .expect("runs");
     let text = String::from_utf8_lossy(&show.stdout);
-    assert!(text.contains("silent, released"), "{text}");
+    assert!(
+        text.contains("silent, released by alice: powered off at the PDU"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -269,3 +269,157 @@ fn restore_puts_back_through_the_driver_what_a_killed_run_changed() {
     );
     assert!(!dir.path().join("nope.json").exists());
 }
+
+/// The samples of the unlabelled `family` (`None`: absent) and of a per-GPU `family` (by
+/// GPU index) in a scrape of `/metrics`.
+fn scraped(text: &str, family: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(family)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+fn scraped_by_gpu(text: &str, family: &str) -> Vec<f64> {
+    let mut samples: Vec<(String, f64)> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix(family)?.strip_prefix('{'))
+        .filter_map(|rest| {
+            let gpu = rest.split("gpu=\"").nth(1)?.split('"').next()?.to_owned();
+            let value = rest.rsplit(' ').next()?.trim().parse().ok()?;
+            Some((gpu, value))
+        })
+        .collect();
+    samples.sort_by(|a, b| a.0.cmp(&b.0));
+    samples.into_iter().map(|(_, value)| value).collect()
+}
+
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    text
+}
+
+/// Issue 52: a paused agent does not know time passed, and showed the caps it had set
+/// (2,215 W) while its driver held what a fence lowered them to (1,200 W). Now the first
+/// tick after the pause finds the loop stalled, counts it and reads every GPU back before
+/// it shows or acts on anything: from the scrape that counts the stall on, `/metrics`
+/// shows the driver's caps, never the ones set before the pause, and the policy's cap
+/// comes back from the fence's as its guardrails allow (1 W a tick here), not at once
+/// from a cap the loop only remembers.
+#[test]
+fn a_paused_agent_shows_and_acts_on_the_caps_its_driver_holds_once_it_runs_again() {
+    let dir = tempdir();
+    let driver = dir.path().join("node/driver.json");
+    let spec = dir.path().join("slow-raise.toml");
+    std::fs::write(
+        &spec,
+        format!(
+            "name = \"slow-raise\"\nplugin = \"{}\"\nknobs = [\"power-cap\"]\ntick_ms = 200\n[params]\npower_cap_w = \"500\"\n[guardrails]\nmax_power_cap_raise_w = 1.0\n",
+            built_plugin("policy_static").display()
+        ),
+    )
+    .expect("spec");
+    let config = serve_config(dir.path(), &spec, "paused");
+    let port = tokwatt_test_support::free_port();
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(
+        &config,
+        format!("{text}[metrics]\nlisten = \"127.0.0.1:{port}\"\n"),
+    )
+    .expect("config");
+    let log = dir.path().join("paused.log");
+    let mut agent = serve(dir.path(), &config, &log);
+    wait_for_caps(&driver, 500.0, &mut agent, &log);
+    wait_for("500 W on /metrics", Duration::from_secs(30), || {
+        agent.assert_alive("the agent", &log);
+        scraped_by_gpu(&scrape(port), "tokwatt_gpu_power_cap_requested_watts") == [500.0, 500.0]
+    });
+    // Present from the start (at zero, unless a loaded machine already held a tick back).
+    let stalls_before = scraped(&scrape(port), "tokwatt_stalls_total").expect("the stall counter");
+
+    // Paused for a second (five ticks); meanwhile a fence fits the caps within 600 W.
+    agent.signal("STOP");
+    std::thread::sleep(Duration::from_millis(1000));
+    let fenced = tokwatt()
+        .args(["fence", "--once", "--reserve", "600", "--sim-driver"])
+        .arg(&driver)
+        .output()
+        .expect("tokwatt fence --once");
+    assert!(fenced.status.success(), "{}", stderr(&fenced));
+    assert_eq!(caps(&show(&driver)), [300.0, 300.0]);
+    agent.signal("CONT");
+
+    // Until the loop's first tick, a scrape may show what it last read (before the pause);
+    // from the scrape that counts the stall on, every one shows the driver's caps.
+    let mut after_the_stall = 0;
+    let watching = std::time::Instant::now();
+    while after_the_stall < 40 {
+        assert!(
+            watching.elapsed() < Duration::from_secs(30),
+            "no stall counted 30 s after the pause\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        let text = scrape(port);
+        let held = caps(&show(&driver));
+        if scraped(&text, "tokwatt_stalls_total").is_some_and(|n| n > stalls_before) {
+            after_the_stall += 1;
+            assert!(
+                scraped(&text, "tokwatt_stall_seconds_total").is_some_and(|s| s >= 0.5),
+                "{text}"
+            );
+            for family in [
+                "tokwatt_gpu_power_cap_requested_watts",
+                "tokwatt_gpu_power_cap_enforced_watts",
+            ] {
+                let shown = scraped_by_gpu(&text, family);
+                assert_eq!(shown.len(), 2, "{family}: {text}");
+                for (shown, held) in shown.iter().zip(&held) {
+                    // The gauge is the window's setting, the driver's may be a tick or
+                    // two of 1 W raises further on; the 500 W of before is far off.
+                    assert!(
+                        (300.0..=330.0).contains(shown) && (held - shown).abs() <= 3.0,
+                        "{family} shows {shown} W while the driver holds {held} W: {text}"
+                    );
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    // The status says the same, and the policy's cap comes back 1 W a tick from the
+    // fence's, not at once.
+    let output = tokwatt()
+        .args(["status", "--json", "--socket"])
+        .arg(socket(dir.path(), "paused"))
+        .output()
+        .expect("tokwatt status");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).expect("status JSON");
+    let held = caps(&show(&driver));
+    for (gpu, held) in status["gpus"].as_array().expect("gpus").iter().zip(&held) {
+        let requested = gpu["in_force"]["power_cap_requested_w"]
+            .as_f64()
+            .expect("a cap");
+        assert!(
+            (300.0..=330.0).contains(&requested) && (held - requested).abs() <= 3.0,
+            "{gpu} while the driver holds {held} W"
+        );
+    }
+    assert!(held.iter().all(|&c| c > 300.0 && c < 340.0), "{held:?}");
+    agent.signal("TERM");
+    let exited = agent.0.wait().expect("serve exits");
+    assert!(
+        exited.success(),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        log_text.contains("the control loop stalled"),
+        "one warning for the stall: {log_text}"
+    );
+}

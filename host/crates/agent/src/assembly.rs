@@ -262,6 +262,8 @@ pub enum AssemblyError {
     },
     #[error("reading the GPU settings in force: {0}")]
     ReadSettings(#[from] tokwatt_core::actuator::ActuatorError),
+    #[error("reading this boot's identity from {path}: {reason} (a Linux kernel has it)")]
+    BootId { path: &'static str, reason: String },
     #[error("reading tokens from {url}: {reason}")]
     External { url: String, reason: String },
     #[error(
@@ -421,6 +423,31 @@ pub fn simulated_node_actuator(
     };
     Ok(simulator(&target, 1)?.1.actuator)
 }
+
+/// Which boot a node runs in, as the fleet compares boots (`tokwatt_fleet::boot_of` of it): a
+/// simulated node's driver file and its reboots so far, else the kernel's boot id. A boot
+/// unit's record carries it, and the agent reports it: the record proves that a reboot
+/// lands at the reserve only for the boot it was written in.
+pub fn boot_identity(driver: Option<&std::path::Path>) -> Result<String, AssemblyError> {
+    match driver {
+        Some(path) => {
+            let held = tokwatt_sim::SimDriver::at(path)
+                .read()
+                .map_err(tokwatt_sim::SimError::from)?;
+            let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+            Ok(format!("sim-driver {} boot {}", path.display(), held.boots))
+        }
+        None => std::fs::read_to_string(BOOT_ID)
+            .map(|id| id.trim().to_owned())
+            .map_err(|error| AssemblyError::BootId {
+                path: BOOT_ID,
+                reason: error.to_string(),
+            }),
+    }
+}
+
+/// The kernel's identity of this boot (a random UUID, new at every boot).
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 /// `target`'s GPU profile and scenario (the built-in one where it names none), loaded.
 pub fn sim_work(target: &SimTarget) -> Result<(GpuProfile, Scenario), AssemblyError> {

@@ -26,11 +26,12 @@ use tokwatt_policy::supervisor::{DecisionSource, PolicyCounters, Supervisor};
 
 mod allowance;
 mod moves;
+mod stall;
 mod totals;
 
 pub use allowance::PowerAllowance;
 pub use allowance::{Fit, fit_caps};
-use moves::merged;
+pub use stall::{STALL_TICKS, stall_threshold};
 use totals::RequestLatency;
 pub use totals::{DemandTotals, GpuTotals, LoopTotals, RequestLatencyTotals, RequestsTotals};
 
@@ -114,7 +115,7 @@ pub struct Progress<'a> {
     pub totals: &'a LoopTotals,
     pub observations: &'a [Observation],
     /// Each GPU's settings in force after this tick's changes (the observations show
-    /// the window before them); power caps as read back from the device.
+    /// the window before them); power caps and clock locks as read back from the device.
     pub in_force: &'a [InForce],
     /// The policy in charge after this tick (a swap or a rollback may have changed it).
     pub policy: &'a str,
@@ -202,19 +203,36 @@ pub struct ControlLoop {
     finished: FinishedRequests,
 }
 
-/// A run's schedule: tick `k` (from 0) is due at `start + (k + 1) × tick`.
+/// A run's schedule: tick `k` (from 0) is due at `start + slip + (k + 1) × tick`.
 #[derive(Debug, Clone, Copy)]
 struct Schedule {
     /// Wall time at the first tick's start, for the run's wall time.
     started: Instant,
     /// The run's clock at the first tick's start.
     start: Duration,
+    /// Whole tick periods skipped after stalls (see `stall.rs`): the ticks a stall missed
+    /// are not run back to back once it ends.
+    slip: Duration,
     /// Ticks in the configured duration.
     ticks: u64,
     /// The tick the next call of [`ControlLoop::tick`] runs.
     next_tick: u64,
     /// Where the window the next tick observes began.
     window_start: Duration,
+}
+
+impl Schedule {
+    /// When tick `tick` is due, with ticks `period` apart.
+    fn due(&self, tick: u64, period: Duration) -> Duration {
+        // In nanoseconds: `Duration * u32` would stop advancing after 2^32 ticks (497
+        // days of `serve` at a 10 ms tick) and the loop would spin.
+        let offset_ns = period.as_nanos().saturating_mul(u128::from(tick) + 1);
+        self.start
+            .saturating_add(self.slip)
+            .saturating_add(Duration::from_nanos(
+                u64::try_from(offset_ns).unwrap_or(u64::MAX),
+            ))
+    }
 }
 
 impl std::fmt::Debug for ControlLoop {
@@ -503,8 +521,10 @@ impl ControlLoop {
     /// One control tick: wait until it is due, observe every GPU over the window since
     /// the last one, take operator commands and a waiting swap, ask the policy (or the
     /// guard's fallback), put the answer through the envelope, apply it and record it.
-    /// `None` once the configured duration is over or `stop` was raised; the first call
-    /// fixes the schedule. What it returns borrows the loop until the next call.
+    /// A tick that finds the loop stalled (more than [`STALL_TICKS`] periods behind,
+    /// before it observes or before it applies) first reads every GPU's settings back
+    /// (`stall.rs`). `None` once the configured duration is over or `stop` was raised; the
+    /// first call fixes the schedule. What it returns borrows the loop until the next call.
     pub fn tick(&mut self, recorder: &mut Recorder) -> Result<Option<Progress<'_>>, ControlError> {
         let tick_len = self.config.tick;
         let schedule = *self.schedule.get_or_insert_with(|| {
@@ -512,6 +532,7 @@ impl ControlLoop {
             Schedule {
                 started: Instant::now(),
                 start,
+                slip: Duration::ZERO,
                 ticks: (self.config.duration.as_nanos() / tick_len.as_nanos().max(1)) as u64,
                 next_tick: 0,
                 window_start: start,
@@ -532,19 +553,23 @@ impl ControlLoop {
             return Ok(None);
         }
         let n = self.in_force.len();
-        // In nanoseconds: `Duration * u32` would stop advancing after 2^32 ticks (497
-        // days of `serve` at a 10 ms tick) and the loop would spin.
-        let offset_ns = tick_len.as_nanos().saturating_mul(u128::from(tick + 1));
-        let deadline = start + Duration::from_nanos(u64::try_from(offset_ns).unwrap_or(u64::MAX));
+        let deadline = schedule.due(tick, tick_len);
         self.backends.clock.sleep_until(deadline);
         let now = self.backends.clock.now();
         let lateness = now.saturating_sub(deadline);
-        self.take_commands();
         let interval = now.saturating_sub(window_start);
         if let Some(schedule) = &mut self.schedule {
             schedule.next_tick = tick + 1;
             schedule.window_start = now;
         }
+        // Before anything reads what the loop knows of the GPUs' settings (an operator's
+        // command, the observations, the status and metrics they feed): after a stall,
+        // what it knows is as old as the stall, and something else (a fence) may have
+        // changed the driver meanwhile.
+        if lateness > stall_threshold(tick_len) {
+            self.after_stall(lateness, now, stall::StallAt::BeforeTick);
+        }
+        self.take_commands();
 
         let mut observations = Vec::with_capacity(n);
         for gpu in 0..n as u32 {
@@ -634,25 +659,27 @@ impl ControlLoop {
         let mut any_tpot_unknown = false;
         // First every GPU's settings, then all applied at once (the caps fitted within
         // the node's allowance, falling ones first), then each GPU's record.
+        let mut applied = self.settle(&decision.settings, &observations, guard_in_charge);
+        // A stall inside this tick, between its reads and its changes (the process stopped
+        // while the policy decided): the settings were worked out from what the loop knew
+        // before it, so they are read back and worked out again before any is applied.
+        let acting = self.backends.clock.now();
+        let before_acting = acting.saturating_sub(now);
+        if before_acting > stall_threshold(tick_len) {
+            self.after_stall(before_acting, acting, stall::StallAt::WithinTick);
+            // The tick reports (records, status, metrics) what it read back, not what it
+            // had read before the stall; the policy has decided on the window already.
+            for (observation, in_force) in observations.iter_mut().zip(&self.in_force) {
+                observation.in_force = *in_force;
+            }
+            applied = self.settle(&decision.settings, &observations, guard_in_charge);
+        }
         let mut clamped = Vec::with_capacity(n);
         let mut settings = Vec::with_capacity(n);
-        for (gpu, obs) in observations.iter().enumerate() {
-            let requested = decision.settings.get(gpu).copied().unwrap_or_default();
-            let mut applied = if guard_in_charge {
-                tokwatt_policy::envelope::Applied::default()
-            } else {
-                self.envelope
-                    .apply(gpu as u32, &requested, &self.in_force[gpu])
-            };
+        for (gpu, applied) in applied.into_iter().enumerate() {
             self.last_clamped[gpu] = applied.clamped;
             self.totals.clamped_decisions += u64::from(applied.clamped);
             self.totals.non_finite_values += u64::from(applied.non_finite);
-            let host_moves = if self.paused {
-                Settings::default()
-            } else {
-                self.host_moves(gpu as u32, guard_in_charge, obs)
-            };
-            applied.settings = merged(applied.settings, host_moves);
             clamped.push(applied.clamped);
             settings.push(applied.settings);
         }

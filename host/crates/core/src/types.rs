@@ -140,17 +140,20 @@ impl Settings {
     }
 }
 
-/// The settings actually in force on one GPU.
+/// The settings actually in force on one GPU. The control loop's power cap and clock lock
+/// are what it last read back from the device (at its start, after each change it makes,
+/// after a stall; the enforced limit every tick), never what it asked for unread.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct InForce {
     /// The power limit the GPU enforces (what a policy sees as `power-cap-w`). Something
     /// outside tokwatt (another tool, a firmware limit) may hold it below the request.
     pub power_cap_w: f64,
-    /// The power limit tokwatt last requested (the device's own setting before the first
-    /// change). The envelope compares a new request with this one, never with the
-    /// enforced limit, so a cap held lower from outside is not re-applied every tick.
+    /// The power limit requested of the device (the driver's setting, whoever made it),
+    /// as last read back. The envelope compares a new request with this one, never with
+    /// the enforced limit, so a cap held lower from outside is not re-applied every tick.
     pub power_cap_requested_w: f64,
-    /// Upper bound of the SM clock lock (the maximum supported clock when unlocked).
+    /// Upper bound of the SM clock lock (the maximum supported clock when unlocked), as
+    /// last read back.
     pub sm_clock_max_mhz: u32,
     pub batch_size: u32,
     /// Tokens one engine step may process; 0 where the workload has no token budget

@@ -512,6 +512,7 @@ mod tests {
                 record: Some(NodeRecord {
                     lease: i as i64 + 1,
                     report: NodeReport {
+                        boot: 0,
                         acked_generation: 1,
                         caps_in_force_w: 3000.0,
                         draw_w: *draw_w,
@@ -532,6 +533,7 @@ mod tests {
             })
             .collect();
         Ledger::from_view(DomainView {
+            proofs: Vec::new(),
             revision: 1,
             budget,
             nodes: views,
@@ -732,6 +734,7 @@ mod tests {
         let mut budget = view.budget.clone();
         budget.nodes[2].default_w = None;
         view = Ledger::from_view(DomainView {
+            proofs: Vec::new(),
             revision: 2,
             budget,
             nodes: vec![
@@ -825,6 +828,7 @@ mod tests {
                         record: Some(NodeRecord {
                             lease: i as i64 + 1,
                             report: NodeReport {
+                                boot: 0,
                                 acked_generation: grants[i].map_or(0, |g| g.generation),
                                 caps_in_force_w: cap,
                                 draw_w: used * jitter(0.04),
@@ -841,6 +845,7 @@ mod tests {
                 })
                 .collect();
             let ledger = Ledger::from_view(DomainView {
+                proofs: Vec::new(),
                 revision: round,
                 budget: budget.clone(),
                 nodes: views,

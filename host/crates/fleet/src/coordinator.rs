@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::allocator::{Allocator, frozen_allocation};
 use crate::ledger::{Ledger, Why};
+use crate::offnode::OffNodeFence;
 use crate::store::{FleetStore, GrantWrite, HoldWrite, Leadership, StoreError, Written};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +69,8 @@ pub struct Coordinator {
     budget_warning: Option<String>,
     /// Who froze the domain, as last said in the log (a change is said once).
     frozen_by: Option<String>,
+    /// Powers frozen hosts off through their BMCs, while this replica leads.
+    off_node: Option<OffNodeFence>,
 }
 
 impl Coordinator {
@@ -81,7 +84,21 @@ impl Coordinator {
             named_fence_missing: BTreeSet::new(),
             budget_warning: None,
             frozen_by: None,
+            off_node: None,
         }
+    }
+
+    /// Runs `fence` after each round this replica leads: a node silent long enough with
+    /// watts stranded and no proof is powered off through its BMC, and proven so
+    /// ([`crate::offnode`]).
+    pub fn with_off_node(mut self, fence: OffNodeFence) -> Self {
+        self.off_node = Some(fence);
+        self
+    }
+
+    /// The off-node fence, where one is configured (its counts: the metrics).
+    pub fn off_node(&self) -> Option<&OffNodeFence> {
+        self.off_node.as_ref()
     }
 
     pub fn config(&self) -> &CoordinatorConfig {
@@ -148,7 +165,7 @@ impl Coordinator {
         };
         let planned = ledger.plan(&allocation.targets, &allocation.order);
         let after = ledger.after(&planned);
-        let holds = after.holds();
+        let holds = after.holds(&planned);
         let grant_writes: Vec<GrantWrite<'_>> = planned
             .iter()
             .map(|p| GrantWrite {
@@ -186,6 +203,8 @@ impl Coordinator {
                 // Planned for a domain that is frozen or thawed now: nothing was written,
                 // and the next round plans from what the store says then.
                 tracing::info!(domain = %self.config.domain, "fleet: the domain's freeze changed while the round planned; nothing written, planned again next round");
+                // Still the leader: a frozen host's watts are freed under a freeze too.
+                self.tend_off_node(store, &ledger);
                 return Ok(Round::Leader {
                     took_over,
                     charged_w: ledger.charged_w(),
@@ -198,6 +217,7 @@ impl Coordinator {
                 });
             }
         }
+        self.tend_off_node(store, &after);
         Ok(Round::Leader {
             took_over,
             charged_w: after.charged_w(),
@@ -214,6 +234,17 @@ impl Coordinator {
         self.leadership = None;
         self.since = None;
         self.silent_since.clear();
+        if let Some(fence) = &mut self.off_node {
+            fence.stand_down();
+        }
+    }
+
+    /// Hands the leader's ledger to the off-node fence, where one is configured (it
+    /// starts and collects actions; it never waits on one).
+    fn tend_off_node(&mut self, store: &dyn FleetStore, ledger: &Ledger) {
+        if let Some(fence) = &mut self.off_node {
+            fence.tend(store, &self.config.domain, ledger);
+        }
     }
 
     /// How long this leader has seen each budgeted node silent, counted from the first
@@ -272,7 +303,7 @@ impl Coordinator {
                 tracing::warn!(
                     domain = %domain,
                     node = %node,
-                    "fleet: the budget calls node `{node}` fenced, but it declares no fence that covers stops and reboots: it is charged as unfenced, {:.0} W once silent instead of its {:.0} W reserve; run its fence (the systemd watchdog or `tokwatt fence`, and the boot unit) or set fenced = false in the budget",
+                    "fleet: the budget calls node `{node}` fenced, but it declares no fence, or no boot unit proved it puts the reserve in force at this boot (a record from `tokwatt fence --once --etcd …`): it is charged {:.0} W, what a reboot may leave, instead of its {:.0} W reserve; run its fence and its boot unit with etcd access, or set fenced = false in the budget",
                     entry.floor_w,
                     entry.budget.reserve_w
                 );
@@ -299,11 +330,11 @@ impl Coordinator {
             let first_round_silent = entry.silent_for == Some(Duration::ZERO);
             if first_round_silent && entry.hold.is_some() && entry.stranded_w > 0.0 {
                 let until = match entry.why {
-                    Why::SilentFenced { frees_in, then_w } => format!(
-                        "until its fence's deadline has passed ({:.1} s), then {then_w:.0} W",
-                        frees_in.as_secs_f64()
+                    Why::Proven(source) => format!(
+                        "on the {} record of the caps read back, until it reports again",
+                        source.label()
                     ),
-                    _ => "until it reports again or an operator releases it (`tokwatt fleet release`)".to_owned(),
+                    _ => "until a record proves its caps lower (its fence, its boot unit, a restarted agent, an off-node fence), it reports again, or an operator releases it (`tokwatt fleet release`)".to_owned(),
                 };
                 tracing::warn!(
                     domain = %domain,
@@ -322,6 +353,9 @@ impl Coordinator {
     pub fn resign(&mut self, store: &dyn FleetStore) -> Result<(), StoreError> {
         self.since = None;
         self.silent_since.clear();
+        if let Some(fence) = &mut self.off_node {
+            fence.stand_down();
+        }
         match self.leadership.take() {
             Some(leadership) => store.resign(&leadership),
             None => Ok(()),

@@ -2,26 +2,32 @@
 //! and the grants that move watts without the sum ever passing the budget.
 //!
 //! A power cap outlives the process that set it: a hung, paused or killed agent's GPUs
-//! keep their caps, and a reboot leaves the board defaults. So a node's charge never
-//! falls on a guess, only on proof: its own report of the caps it read back, an
-//! acknowledged cut, its fence's deadline, or an operator's release.
+//! keep their caps, a frozen host keeps them with its fence frozen beside it, and a
+//! reboot leaves the board defaults. So a node's charge never falls on a promise (a
+//! fence's deadline, a declared boot unit), only on proof: its own report of the caps it
+//! read back, an acknowledged cut, a [`ReleaseProof`] written after the node's last grant
+//! by whatever lowered its caps and read them back, or an operator's release.
 //!
+//! - A node's **reboot floor** is what a reboot leaves in force: its reserve where the
+//!   boot unit proved it runs (a [`ProofSource::Boot`] record of the boot the node last
+//!   reported, holding the reserve), else the higher of its reserve and its GPUs' board
+//!   defaults. A declared `covers_reboot` is a claim, never counted.
 //! - A **live** node (a record under a live lease) is charged the highest of its
 //!   reserve, the caps it reported in force, its grant (or, while that grant is not
 //!   acknowledged, every grant since the last acknowledgement: the grant's ceiling), and
-//!   its **floor**: what it may draw once silent however long, its reserve where the
-//!   fence it declares covers stops and reboots, else the higher of its reserve and its
-//!   GPUs' board defaults. Charging the floor while live means a node's charge never
-//!   rises when it goes silent: watts already granted elsewhere never have to come back
-//!   before the node can reboot into its defaults.
-//! - A **silent** node (no live record) is charged from its [`Hold`], what the leader
-//!   last wrote it may hold: with a fence, the hold until the fence's deadline has
-//!   passed since the coordinator first saw it silent, then its floor; without one, the
-//!   higher of its hold and its floor, until it reports again or an operator releases
-//!   it (then its reserve). A node never heard of (no hold) is charged its floor as the
-//!   budget states it. How long a node has been silent is the coordinator's own count,
-//!   passed in ([`Ledger::with_silence`]): a new leader counts anew, which only
-//!   lengthens a charge.
+//!   its reboot floor. Charging the floor while live means a reboot never has to wait
+//!   for watts granted elsewhere to come back.
+//! - A **silent** node (no live record) is charged, from the first moment it is seen
+//!   silent, the higher of its [`Hold`] (what the leader last wrote it may hold) and its
+//!   reboot floor, until one of: a proof of release newer than its hold (the hold is
+//!   rewritten with every grant, so newer than its last grant): then the higher of the
+//!   proof's sum and its reboot floor; an operator's release: its reserve; or its agent
+//!   reporting again. Nothing else frees it, however long it is silent.
+//! - A node **never heard** (no hold) is charged by its proofs alike (any proof is newer
+//!   than a grant it never had), else its reboot floor.
+//!
+//! How long a node has been silent is the coordinator's own count, passed in
+//! ([`Ledger::with_silence`]) for what it shows; no charge depends on it.
 //!
 //! Planning keeps the sum: a cut is written at once and charged at the old level until
 //! the node acknowledges it; a raise is written only into headroom (the budget less
@@ -43,7 +49,8 @@ use std::time::Duration;
 
 use crate::budget::{DomainBudget, NodeBudget};
 use crate::store::{
-    DomainView, Fence, FrozenWrite, Grant, Hold, NodeRecord, StoredFreeze, StoredHold,
+    DomainView, Fence, FrozenWrite, Grant, Hold, NodeRecord, ProofSource, StoredFreeze, StoredHold,
+    StoredProof,
 };
 
 /// Grants within this many watts of the current one are not rewritten (hysteresis: a
@@ -54,32 +61,27 @@ pub const MIN_CHANGE_W: f64 = 1.0;
 /// Why a node is charged what it is.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Why {
-    /// A live lease: its grant, its reported caps, its reserve, its floor.
+    /// A live lease: its grant, its reported caps, its reserve, its reboot floor.
     Live,
-    /// Silent, with a fence declared: its hold until the fence's deadline has passed
-    /// since the coordinator first saw it silent (`frees_in` from now), then `then_w`.
-    SilentFenced { frees_in: Duration, then_w: f64 },
-    /// Silent, its fence's deadline passed: its reserve, or its board defaults where the
-    /// fence does not cover a reboot.
-    FenceElapsed,
-    /// Silent, no fence declared: the higher of its hold and its board defaults, until it
-    /// reports again or an operator releases it.
-    SilentUnfenced,
+    /// Silent, no proof of release since its last grant: the higher of its hold and its
+    /// reboot floor, until a proof, a release, or its agent.
+    SilentUnproven,
+    /// Silent (or never heard), with a proof of release newer than its last grant: the
+    /// higher of the proof's sum and its reboot floor.
+    Proven(ProofSource),
     /// Silent and released by an operator: its reserve.
     Released,
-    /// Never reported under a hold: its reserve where the budget calls it fenced, else
-    /// its board defaults.
+    /// Never reported under a hold: its reboot floor, or a proof's sum where higher.
     NeverHeard,
 }
 
 impl Why {
-    /// A short name (the coordinator's metrics label).
+    /// A short name (the coordinator's metrics label, `fleet show --json`'s `why`).
     pub fn label(&self) -> &'static str {
         match self {
             Self::Live => "live",
-            Self::SilentFenced { .. } => "silent-fenced",
-            Self::FenceElapsed => "fence-elapsed",
-            Self::SilentUnfenced => "silent-unfenced",
+            Self::SilentUnproven => "silent-unproven",
+            Self::Proven(_) => "proven",
             Self::Released => "released",
             Self::NeverHeard => "never-heard",
         }
@@ -93,41 +95,75 @@ pub struct Entry {
     pub record: Option<NodeRecord>,
     pub grant: Option<Grant>,
     pub hold: Option<StoredHold>,
+    /// The node's proofs of release in the store (every source's newest).
+    pub proofs: Vec<StoredProof>,
     /// How long the coordinator has seen the node silent (`None` while live, or where
-    /// the reader does not know: counted as silent since now, the longest charge).
+    /// the reader does not know). Shown; no charge depends on it.
     pub silent_for: Option<Duration>,
     /// Live: the most its grants and reports let it have in force (without its floor).
     pub may_hold_w: f64,
-    /// What it may draw once silent however long (see the module).
+    /// What a reboot leaves in force (see the module).
     pub floor_w: f64,
     /// The most this node may have in force now (see the module's rule).
     pub charged_w: f64,
     pub why: Why,
+    /// The proof a silent node's charge rests on, where one does.
+    pub proof: Option<StoredProof>,
+    /// A boot unit's record proves a reboot of the node's current boot lands at its
+    /// reserve.
+    pub boot_proven: bool,
     /// Silent: what it is charged above its reserve (watts no other node can be given
-    /// until it reports, its fence's deadline passes, or it is released).
+    /// until it reports, a proof of release arrives, or it is released).
     pub stranded_w: f64,
-    /// The budget calls the node fenced, but it declares no fence that covers stops
-    /// and reboots: it is charged as unfenced (named loudly).
+    /// The budget calls the node fenced, but it declares no fence, or its boot unit has
+    /// not proved itself: it is charged as unfenced (named loudly).
     pub fence_missing: bool,
 }
 
-/// A declared fence the ledger can count on: one with a deadline it can wait out.
+/// A declared fence: one with a deadline (shown; it frees nothing by itself).
 fn usable(fence: Option<Fence>) -> Option<Fence> {
     fence.filter(|f| f.deadline_s.is_finite() && f.deadline_s >= 0.0)
 }
 
-/// What a node may draw once silent however long, by what it declared (the budget's
-/// `default_w` where it declared no defaults).
-fn floor(budget: &NodeBudget, fence: Option<Fence>, default_w: f64) -> f64 {
+/// Whether a boot unit's record proves that a reboot of `node` lands at its reserve: a
+/// [`ProofSource::Boot`] proof at or under the reserve, of the boot the node last
+/// reported (any boot where either side does not know its boot).
+fn boot_proven(budget: &NodeBudget, proofs: &[StoredProof], boot: u64) -> bool {
+    proofs.iter().any(|p| {
+        p.proof.source == ProofSource::Boot
+            && p.proof
+                .usable_sum()
+                .is_some_and(|sum| sum <= budget.reserve_w + MIN_CHANGE_W)
+            && (boot == 0 || p.proof.boot == 0 || p.proof.boot == boot)
+    })
+}
+
+/// What a reboot leaves in force: the reserve where a boot unit proved it runs, else the
+/// higher of the reserve and the board defaults (the budget's where none were declared).
+fn floor(budget: &NodeBudget, boot_proven: bool, default_w: f64) -> f64 {
     let defaults = if default_w.is_finite() && default_w > 0.0 {
         default_w
     } else {
         budget.board_default_w()
     };
-    match usable(fence) {
-        Some(fence) if fence.covers_reboot => budget.reserve_w,
-        _ => budget.reserve_w.max(defaults),
+    if boot_proven {
+        budget.reserve_w
+    } else {
+        budget.reserve_w.max(defaults)
     }
+}
+
+/// The newest proof of release (not an operator's word, which is a release) written after
+/// `after` (a store revision): what the node's GPUs were read back at since then.
+fn newest_proof(proofs: &[StoredProof], after: i64) -> Option<&StoredProof> {
+    proofs
+        .iter()
+        .filter(|p| {
+            p.proof.source != ProofSource::Operator
+                && p.mod_revision > after
+                && p.proof.usable_sum().is_some()
+        })
+        .max_by_key(|p| p.mod_revision)
 }
 
 impl Entry {
@@ -136,11 +172,13 @@ impl Entry {
         record: Option<NodeRecord>,
         grant: Option<Grant>,
         hold: Option<StoredHold>,
+        proofs: Vec<StoredProof>,
         silent_for: Option<Duration>,
     ) -> Self {
         let reserve_w = budget.reserve_w;
-        let covers = |fence: Option<Fence>| usable(fence).is_some_and(|f| f.covers_reboot);
-        let (may_hold_w, floor_w, charged_w, why, fence_missing) = match (&record, &hold) {
+        let declares_stop_fence = |fence: Option<Fence>| usable(fence).is_some();
+        let mut proof = None;
+        let (may_hold_w, floor_w, charged_w, why, boot_ok, fence_missing) = match (&record, &hold) {
             (Some(record), _) => {
                 let report = &record.report;
                 let granted = match grant {
@@ -149,59 +187,65 @@ impl Entry {
                     None => reserve_w,
                 };
                 let may_hold_w = reserve_w.max(granted).max(report.caps_in_force_w);
-                let floor_w = floor(&budget, report.fence, report.default_w);
+                let boot_ok = boot_proven(&budget, &proofs, report.boot);
+                let floor_w = floor(&budget, boot_ok, report.default_w);
                 (
                     may_hold_w,
                     floor_w,
                     may_hold_w.max(floor_w),
                     Why::Live,
-                    budget.fenced && !covers(report.fence),
+                    boot_ok,
+                    budget.fenced && !(boot_ok && declares_stop_fence(report.fence)),
                 )
             }
             (None, Some(stored)) => {
-                let hold = stored.hold;
-                let floor_w = floor(&budget, hold.fence, hold.default_w);
+                let held = stored.hold;
+                let boot_ok = boot_proven(&budget, &proofs, held.boot);
+                let floor_w = floor(&budget, boot_ok, held.default_w);
                 // A damaged hold counts as the most the node can use.
-                let held_w = if hold.watts.is_finite() && hold.watts >= 0.0 {
-                    hold.watts
+                let held_w = if held.watts.is_finite() && held.watts >= 0.0 {
+                    held.watts
                 } else {
                     budget.max_w
                 };
-                let silent = silent_for.unwrap_or(Duration::ZERO);
-                let (charged_w, why) = if hold.released {
+                let (charged_w, why) = if held.released {
                     (reserve_w, Why::Released)
+                } else if let Some(found) = newest_proof(&proofs, stored.mod_revision) {
+                    proof = Some(found.clone());
+                    let sum = found.proof.usable_sum().unwrap_or(budget.max_w);
+                    (sum.max(floor_w), Why::Proven(found.proof.source))
                 } else {
-                    match usable(hold.fence) {
-                        Some(fence) => {
-                            // A deadline too long to count is never passed.
-                            let deadline = Duration::try_from_secs_f64(fence.deadline_s)
-                                .unwrap_or(Duration::MAX);
-                            if silent < deadline {
-                                (
-                                    held_w.max(floor_w),
-                                    Why::SilentFenced {
-                                        frees_in: deadline - silent,
-                                        then_w: floor_w,
-                                    },
-                                )
-                            } else {
-                                (floor_w, Why::FenceElapsed)
-                            }
-                        }
-                        None => (held_w.max(floor_w), Why::SilentUnfenced),
-                    }
+                    (held_w.max(floor_w), Why::SilentUnproven)
                 };
                 (
                     reserve_w,
                     floor_w,
                     charged_w,
                     why,
-                    budget.fenced && !covers(hold.fence),
+                    boot_ok,
+                    budget.fenced && !(boot_ok && declares_stop_fence(held.fence)),
                 )
             }
             (None, None) => {
-                let floor_w = budget.silent_w();
-                (reserve_w, floor_w, floor_w, Why::NeverHeard, false)
+                let boot_ok = boot_proven(&budget, &proofs, 0);
+                let floor_w = floor(&budget, boot_ok, 0.0);
+                // Any proof is newer than a grant it never had.
+                let charged_w = match newest_proof(&proofs, 0) {
+                    Some(found) => {
+                        proof = Some(found.clone());
+                        let sum = found.proof.usable_sum().unwrap_or(budget.max_w);
+                        sum.max(floor_w)
+                    }
+                    None => floor_w,
+                };
+                (
+                    reserve_w,
+                    floor_w,
+                    charged_w,
+                    Why::NeverHeard,
+                    boot_ok,
+                    false,
+                )
             }
         };
         let stranded_w = if record.is_some() {
@@ -214,11 +258,14 @@ impl Entry {
             record,
             grant,
             hold,
+            proofs,
             silent_for: if record.is_some() { None } else { silent_for },
             may_hold_w,
             floor_w,
             charged_w,
             why,
+            proof,
+            boot_proven: boot_ok,
             stranded_w,
             fence_missing,
         }
@@ -265,8 +312,8 @@ pub struct PlannedHold {
 }
 
 impl Ledger {
-    /// The ledger as a reader that does not lead sees it: every silent node counted as
-    /// silent since now (its fence's whole deadline still to run: the longest charge).
+    /// The ledger as a reader that does not lead sees it (how long each silent node has
+    /// been silent unknown: only shown, never charged on).
     pub fn from_view(view: DomainView) -> Self {
         Self::build(view, |_| None)
     }
@@ -278,6 +325,10 @@ impl Ledger {
     }
 
     fn build(view: DomainView, silent_for: impl Fn(&str) -> Option<Duration>) -> Self {
+        let mut proofs: BTreeMap<String, Vec<StoredProof>> = BTreeMap::new();
+        for proof in view.proofs {
+            proofs.entry(proof.node.clone()).or_default().push(proof);
+        }
         let mut records: BTreeMap<String, _> = view
             .nodes
             .into_iter()
@@ -291,7 +342,8 @@ impl Ledger {
                 let (record, grant, hold) =
                     records.remove(&budget.node).unwrap_or((None, None, None));
                 let silent = silent_for(&budget.node);
-                Entry::new(budget.clone(), record, grant, hold, silent)
+                let node_proofs = proofs.remove(&budget.node).unwrap_or_default();
+                Entry::new(budget.clone(), record, grant, hold, node_proofs, silent)
             })
             .collect();
         let unbudgeted = records
@@ -437,6 +489,7 @@ impl Ledger {
                     entry.record,
                     Some(grant.grant),
                     entry.hold,
+                    std::mem::take(&mut entry.proofs),
                     entry.silent_for,
                 );
             }
@@ -445,12 +498,14 @@ impl Ledger {
     }
 
     /// The holds to write with the round's grants (call it on the ledger [`after`]
-    /// them): each live node's charge, fence and defaults, where the hold in the store
-    /// no longer covers its charge, is higher by [`MIN_CHANGE_W`] or more, declares
-    /// another fence or other defaults, or was released.
+    /// them): each live node's charge, fence, defaults and boot, for every node granted
+    /// in the round (so a hold's revision is never older than the node's last grant, and
+    /// a proof of release counts only once written after it), and wherever the hold in
+    /// the store no longer covers its charge, is higher by [`MIN_CHANGE_W`] or more,
+    /// declares another fence, other defaults or another boot, or was released.
     ///
     /// [`after`]: Self::after
-    pub fn holds(&self) -> Vec<PlannedHold> {
+    pub fn holds(&self, granted: &[PlannedGrant]) -> Vec<PlannedHold> {
         self.entries
             .iter()
             .filter_map(|entry| {
@@ -460,15 +515,19 @@ impl Ledger {
                     fence: report.fence,
                     default_w: report.default_w,
                     released: false,
+                    boot: report.boot,
                 };
-                let stale = entry.hold.is_none_or(|stored| {
-                    let was = stored.hold;
-                    was.released
-                        || was.fence != hold.fence
-                        || (was.default_w - hold.default_w).abs() >= MIN_CHANGE_W
-                        || hold.watts > was.watts + 1e-9
-                        || hold.watts <= was.watts - MIN_CHANGE_W
-                });
+                let granted_now = granted.iter().any(|g| g.node == entry.node());
+                let stale = granted_now
+                    || entry.hold.is_none_or(|stored| {
+                        let was = stored.hold;
+                        was.released
+                            || was.fence != hold.fence
+                            || was.boot != hold.boot
+                            || (was.default_w - hold.default_w).abs() >= MIN_CHANGE_W
+                            || hold.watts > was.watts + 1e-9
+                            || hold.watts <= was.watts - MIN_CHANGE_W
+                    });
                 stale.then(|| PlannedHold {
                     node: entry.node().to_owned(),
                     hold,
@@ -521,6 +580,7 @@ mod tests {
     /// A report from a node whose fence covers stops and reboots.
     fn report(acked_generation: u64, caps_in_force_w: f64) -> NodeReport {
         NodeReport {
+            boot: 0,
             acked_generation,
             caps_in_force_w,
             draw_w: caps_in_force_w,
@@ -532,12 +592,39 @@ mod tests {
         }
     }
 
+    /// The domain with a boot unit's record (at revision 1, before any hold) for each
+    /// node the budget calls fenced: their boot units proved themselves.
     fn view(budget: DomainBudget, nodes: Vec<NodeView>) -> DomainView {
+        let proofs = budget
+            .nodes
+            .iter()
+            .filter(|n| n.fenced)
+            .map(|n| proof(&n.node, ProofSource::Boot, n.reserve_w, 1))
+            .collect();
         DomainView {
+            proofs,
             revision: 1,
             budget,
             nodes,
             freeze: None,
+        }
+    }
+
+    /// A record of `node`'s caps read back at `sum_w`, written at `revision`.
+    fn proof(node: &str, source: ProofSource, sum_w: f64, revision: i64) -> StoredProof {
+        StoredProof {
+            node: node.into(),
+            proof: crate::store::ReleaseProof {
+                source,
+                by: "test".into(),
+                caps_w: vec![sum_w],
+                sum_w,
+                at_unix_ms: 0,
+                boot: 0,
+                detail: String::new(),
+            },
+            mod_revision: revision,
+            lease: 5,
         }
     }
 
@@ -564,6 +651,7 @@ mod tests {
 
     fn hold(watts: f64, fence: Option<Fence>, default_w: f64) -> Hold {
         Hold {
+            boot: 0,
             watts,
             fence,
             default_w,
@@ -696,7 +784,7 @@ mod tests {
                 live("n1", 2, report(2, 5000.0), grant(3, 3000.0, 5000.0)),
                 // Joined, no grant yet: its reserve or what it reports, the higher.
                 live("n2", 3, report(0, 1200.0), None),
-                // n3 was never heard of, and the budget calls it fenced: its reserve.
+                // n3 was never heard of, and its boot unit proved itself: its reserve.
             ],
         ));
         let charged: Vec<f64> = ledger.entries.iter().map(|e| e.charged_w).collect();
@@ -706,9 +794,10 @@ mod tests {
         assert_eq!(ledger.stranded_w(), 0.0);
     }
 
-    /// Every reason a node is charged what it is, and the watts it strands.
+    /// Every reason a node is charged what it is, and the watts it strands: a silent
+    /// node's watts fall only on a record written after its hold, never with time.
     #[test]
-    fn a_silent_node_is_charged_what_its_gpus_may_still_hold() {
+    fn a_silent_node_is_charged_what_its_gpus_may_still_hold_until_proof() {
         let mut b = budget(8, 40_000.0);
         // n6 and n7: nodes the budget does not call fenced, with 8 × 350 W defaults
         // given (n6) or not (n7: its maximum).
@@ -717,28 +806,40 @@ mod tests {
         b.nodes[7].fenced = false;
         b.nodes[7].default_w = None;
         let covered = Some(fence(5.0, true));
-        let uncovered = Some(fence(5.0, false));
         let released = Hold {
             released: true,
             ..hold(4000.0, None, 2800.0)
         };
         let views = vec![
             silent("n0", Some(hold(4000.0, covered, 2800.0))),
-            silent("n1", Some(hold(4000.0, uncovered, 2800.0))),
-            silent("n2", Some(hold(4000.0, None, 2800.0))),
-            silent("n3", Some(hold(1500.0, None, 2800.0))),
+            silent("n1", Some(hold(4000.0, covered, 2800.0))),
+            silent("n2", Some(hold(4000.0, covered, 2800.0))),
+            silent("n3", Some(hold(1500.0, covered, 2800.0))),
             silent("n4", Some(released)),
-            // A fence whose deadline cannot be waited out is no fence.
-            silent("n5", Some(hold(1500.0, Some(fence(f64::NAN, true)), 0.0))),
+            silent("n5", Some(hold(1500.0, covered, 0.0))),
             // n6, n7: never heard of.
         ];
+        let mut domain = view(b.clone(), views);
+        // n3 claims its fence covers reboots, but no boot unit ever wrote a record.
+        domain.proofs.retain(|p| p.node != "n3");
+        domain.proofs.extend([
+            // After n1's hold (revision 9): its fence read its caps back at the reserve.
+            proof("n1", ProofSource::Fence, 1000.0, 12),
+            // Before n2's hold: its last grant came after, so this proves nothing now;
+            // nor does an operator's record without the release itself.
+            proof("n2", ProofSource::Fence, 1000.0, 8),
+            proof("n2", ProofSource::Operator, 1000.0, 13),
+            // n3's fence acted, but a reboot may still leave its defaults.
+            proof("n3", ProofSource::Fence, 1000.0, 12),
+            // n5 was powered off through its BMC.
+            proof("n5", ProofSource::OffNode, 0.0, 14),
+        ]);
         let at = |seconds: u64| {
             let silence = (0..8)
                 .map(|i| (format!("n{i}"), Duration::from_secs(seconds)))
                 .collect();
-            Ledger::with_silence(view(b.clone(), views.clone()), &silence)
+            Ledger::with_silence(domain.clone(), &silence)
         };
-        let early = at(2);
         let charges = |ledger: &Ledger| -> Vec<(f64, &'static str, f64)> {
             ledger
                 .entries
@@ -746,91 +847,80 @@ mod tests {
                 .map(|e| (e.charged_w, e.why.label(), e.stranded_w))
                 .collect()
         };
+        let early = at(2);
         assert_eq!(
             charges(&early),
             [
-                // Fenced: its hold while the fence may not have acted yet ...
-                (4000.0, "silent-fenced", 3000.0),
-                // ... at least its defaults where the fence does not cover a reboot.
-                (4000.0, "silent-fenced", 3000.0),
-                // No fence: its hold, or its defaults where higher (a reboot).
-                (4000.0, "silent-unfenced", 3000.0),
-                (2800.0, "silent-unfenced", 1800.0),
+                // No proof since its last grant: its hold, however long it is silent.
+                (4000.0, "silent-unproven", 3000.0),
+                // Proven at its reserve.
+                (1000.0, "proven", 0.0),
+                (4000.0, "silent-unproven", 3000.0),
+                // Proven, but no boot unit proved itself: its defaults.
+                (2800.0, "proven", 1800.0),
                 (1000.0, "released", 0.0),
-                // No usable fence, no defaults declared: the budget's (5.6 kW).
-                (5600.0, "silent-unfenced", 4600.0),
+                // Powered off: its floor (its boot unit puts the reserve in force).
+                (1000.0, "proven", 0.0),
                 (2800.0, "never-heard", 1800.0),
                 (5600.0, "never-heard", 4600.0),
             ]
         );
+        assert_eq!(early.entries[1].why, Why::Proven(ProofSource::Fence));
+        assert_eq!(early.entries[5].why, Why::Proven(ProofSource::OffNode));
         assert_eq!(
-            early.entries[0].why,
-            Why::SilentFenced {
-                frees_in: Duration::from_secs(3),
-                then_w: 1000.0
-            }
+            early.entries[1].proof.as_ref().map(|p| p.mod_revision),
+            Some(12)
         );
-        assert_eq!(
-            early.entries[1].why,
-            Why::SilentFenced {
-                frees_in: Duration::from_secs(3),
-                then_w: 2800.0
-            }
-        );
-        // The budget calls n2 to n5 fenced: they declared none, so they are charged as
-        // unfenced (n4 once it reports again), and named; n1's fence does not cover a
-        // reboot.
-        assert_eq!(early.fence_missing(), ["n1", "n2", "n3", "n4", "n5"]);
+        // A deadline frees nothing: an hour later the charges are the same.
+        assert_eq!(charges(&at(3600)), charges(&early));
+        assert_eq!(charges(&Ledger::from_view(domain.clone())), charges(&early));
+        // The budget calls n3 fenced: its claimed boot unit never proved itself; n4
+        // declared no fence.
+        assert_eq!(early.fence_missing(), ["n3", "n4"]);
 
-        // Once the fence's deadline has passed: the reserve where it covers reboots,
-        // the defaults where not. Without a fence nothing changes, however long.
-        let late = at(3600);
-        assert_eq!(
-            charges(&late)[..4],
-            [
-                (1000.0, "fence-elapsed", 0.0),
-                (2800.0, "fence-elapsed", 1800.0),
-                (4000.0, "silent-unfenced", 3000.0),
-                (2800.0, "silent-unfenced", 1800.0),
-            ]
-        );
-        // A reader that does not know how long the node has been silent (`fleet show`)
-        // counts the whole deadline still to run.
-        let unknown = Ledger::from_view(view(b.clone(), views.clone()));
-        assert_eq!(
-            unknown.entries[0].why,
-            Why::SilentFenced {
-                frees_in: Duration::from_secs(5),
-                then_w: 1000.0
-            }
-        );
-        assert_eq!(unknown.entries[0].silent_for, None);
+        // A boot unit's record of another boot proves nothing of this one: a node that
+        // rebooted without its unit reports a new boot, and its floor is its defaults.
+        let mut rebooted = domain.clone();
+        for p in rebooted.proofs.iter_mut().filter(|p| p.node == "n0") {
+            p.proof.boot = 7;
+        }
+        if let Some(stored) = rebooted.nodes[0].hold.as_mut() {
+            stored.hold.boot = 8;
+            stored.hold.watts = 1000.0;
+        }
+        let ledger = Ledger::from_view(rebooted);
+        assert!(!ledger.entries[0].boot_proven);
+        assert_eq!(ledger.entries[0].charged_w, 2800.0);
     }
 
     #[test]
     fn a_live_node_is_charged_at_least_what_it_may_draw_once_silent() {
         let b = budget(3, 20_000.0);
-        let unfenced = NodeReport {
+        let no_fence = NodeReport {
             fence: None,
             default_w: 2800.0,
             ..report(1, 1500.0)
         };
-        let uncovered = NodeReport {
-            fence: Some(fence(5.0, false)),
+        // Claims a fence covering reboots, declares no defaults.
+        let claims = NodeReport {
             default_w: 0.0,
             ..report(1, 1500.0)
         };
-        let ledger = Ledger::from_view(view(
+        let mut domain = view(
             b,
             vec![
                 live("n0", 1, report(1, 1500.0), grant(1, 1500.0, 1500.0)),
-                live("n1", 2, unfenced, grant(1, 1500.0, 1500.0)),
-                live("n2", 3, uncovered, grant(1, 1500.0, 1500.0)),
+                live("n1", 2, no_fence, grant(1, 1500.0, 1500.0)),
+                live("n2", 3, claims, grant(1, 1500.0, 1500.0)),
             ],
-        ));
+        );
+        // Only n0's boot unit wrote its record.
+        domain.proofs.retain(|p| p.node == "n0");
+        let ledger = Ledger::from_view(domain);
         let charged: Vec<f64> = ledger.entries.iter().map(|e| e.charged_w).collect();
-        // Fenced: its grant. Unfenced: its GPUs' defaults (2.8 kW declared; 5.6 kW, the
-        // budget's, where it declared none), which a reboot would put in force.
+        // A proven boot unit: its grant. Otherwise its GPUs' defaults (2.8 kW declared;
+        // 5.6 kW, the budget's, where it declared none), which a reboot would put in
+        // force, whatever the node claims.
         assert_eq!(charged, [1500.0, 2800.0, 5600.0]);
         assert!(ledger.entries.iter().all(|e| e.why == Why::Live));
         assert_eq!(ledger.fence_missing(), ["n1", "n2"]);
@@ -883,13 +973,19 @@ mod tests {
         let order = vec!["n1".to_owned(), "n0".to_owned()];
         // n0 is charged its 3 kW of defaults at a 1 kW grant: raised to 2.5 kW at no
         // cost; n1 takes the 2 kW of headroom.
-        let ledger = Ledger::from_view(view(
-            b.clone(),
-            vec![
-                live("n0", 1, unfenced(1, 1000.0), grant(1, 1000.0, 1000.0)),
-                live("n1", 2, report(1, 1000.0), grant(1, 1000.0, 1000.0)),
-            ],
-        ));
+        // n0 runs no boot unit (none wrote a record): its floor is its defaults.
+        let without_boot_unit = |budget: DomainBudget| {
+            let mut domain = view(
+                budget,
+                vec![
+                    live("n0", 1, unfenced(1, 1000.0), grant(1, 1000.0, 1000.0)),
+                    live("n1", 2, report(1, 1000.0), grant(1, 1000.0, 1000.0)),
+                ],
+            );
+            domain.proofs.retain(|p| p.node != "n0");
+            Ledger::from_view(domain)
+        };
+        let ledger = without_boot_unit(b.clone());
         assert_eq!(ledger.headroom_w(), 2000.0);
         let plan = ledger.plan(&targets, &order);
         let watts: Vec<(f64, f64)> = plan
@@ -902,13 +998,7 @@ mod tests {
         // (its GPUs would hold more than now), and n1 is cut.
         let mut lowered = b;
         lowered.budget_w = 3500.0;
-        let ledger = Ledger::from_view(view(
-            lowered,
-            vec![
-                live("n0", 1, unfenced(1, 1000.0), grant(1, 1000.0, 1000.0)),
-                live("n1", 2, report(1, 1000.0), grant(1, 1000.0, 1000.0)),
-            ],
-        ));
+        let ledger = without_boot_unit(lowered);
         assert!(ledger.headroom_w() < 0.0);
         assert_eq!(ledger.plan(&targets, &order), []);
     }
@@ -926,10 +1016,10 @@ mod tests {
             mod_revision: 3,
         });
         let ledger = Ledger::from_view(view(b.clone(), vec![node.clone()]));
-        assert_eq!(ledger.after(&[]).holds(), [], "nothing changed");
+        assert_eq!(ledger.after(&[]).holds(&[]), [], "nothing changed");
         let plan = ledger.plan(&targets, &order);
         let after = ledger.after(&plan);
-        let holds = after.holds();
+        let holds = after.holds(&plan);
         assert_eq!(
             holds,
             [PlannedHold {
@@ -949,14 +1039,24 @@ mod tests {
         });
         let targets: BTreeMap<String, f64> = [("n0".into(), 2000.0)].into();
         let ledger = Ledger::from_view(view(b.clone(), vec![node.clone()]));
-        assert_eq!(ledger.after(&ledger.plan(&targets, &order)).holds(), []);
+        let plan = ledger.plan(&targets, &order);
+        assert_eq!(plan, []);
+        assert_eq!(ledger.after(&plan).holds(&plan), []);
+        // A further cut, to 1.5 kW: charged at 4 kW still, but the hold is rewritten
+        // with the grant, so that a proof of release counts only once written after it.
+        let lower: BTreeMap<String, f64> = [("n0".into(), 1500.0)].into();
+        let plan = ledger.plan(&lower, &order);
+        let rewritten = ledger.after(&plan).holds(&plan);
+        assert_eq!(rewritten.len(), 1);
+        assert_eq!(rewritten[0].hold.watts, 4000.0);
         // Acknowledged: the hold falls with the charge.
         node.record = Some(NodeRecord {
             lease: 1,
             report: report(3, 2000.0),
         });
         let ledger = Ledger::from_view(view(b.clone(), vec![node.clone()]));
-        let holds = ledger.after(&ledger.plan(&targets, &order)).holds();
+        let plan = ledger.plan(&targets, &order);
+        let holds = ledger.after(&plan).holds(&plan);
         assert_eq!(holds.len(), 1);
         assert_eq!(holds[0].hold.watts, 2000.0);
         // A node that declares another fence, or was released and is back, gets a new
@@ -969,7 +1069,7 @@ mod tests {
             mod_revision: 5,
         });
         let ledger = Ledger::from_view(view(b, vec![node]));
-        let holds = ledger.after(&[]).holds();
+        let holds = ledger.after(&[]).holds(&[]);
         assert_eq!(holds.len(), 1);
         assert!(!holds[0].hold.released);
     }
@@ -977,58 +1077,99 @@ mod tests {
     /// What one node is, in the world the interleaving test plays.
     #[derive(Debug, Clone, Copy)]
     struct Kind {
+        /// The fence it declares (its claim: `covers_reboot` may be false words).
         fence: Option<Fence>,
-        /// Its GPUs' board defaults, summed: what a reboot leaves in force.
+        /// Whether its on-node fence really acts (not killed, not frozen with its host).
+        fence_works: bool,
+        /// Whether a boot unit really puts the reserve in force at boot (and writes its
+        /// record).
+        boot_unit: bool,
+        /// Its GPUs' board defaults, summed: what a reboot without the unit leaves.
         default_w: f64,
         /// Whether it declares its defaults in its reports (else the budget's are used).
         declares_default: bool,
     }
 
+    /// The world's store of proofs: each record and the revision that wrote it.
+    fn write_proof(
+        proofs: &mut Vec<StoredProof>,
+        revision: &mut i64,
+        node: usize,
+        source: ProofSource,
+        sum_w: f64,
+        boot: u64,
+    ) {
+        *revision += 1;
+        let name = format!("n{node}");
+        proofs.retain(|p| !(p.node == name && p.proof.source == source));
+        let mut record = proof(&name, source, sum_w, *revision);
+        record.proof.boot = boot;
+        proofs.push(record);
+    }
+
     /// The protocol, played against nodes that act late, out of order, or not at all;
     /// that are cut off (and drop to their reserve on their own), or hang or die and so
-    /// KEEP their caps until their fence acts (some steps later, within its deadline)
-    /// or forever where they have none; that reboot while silent (into their board
-    /// defaults, or their reserve where the fence covers reboots); that come back,
-    /// under coordinators that change (and count silence anew), and operators that
-    /// release a node whose GPUs they checked. The watts that may be in force never
-    /// pass the budget, and no node holds more than it is charged.
+    /// KEEP their caps until their fence acts and writes its record (some steps later)
+    /// or forever where the fence is dead or frozen with the host; whose operators
+    /// claim a boot unit they may not have; that reboot while silent (into their board
+    /// defaults, or their reserve where a boot unit really runs, which writes its
+    /// record); that are powered off by an off-node fence; that come back, under
+    /// coordinators that change (and count silence anew), and operators that release a
+    /// node whose GPUs they checked. The watts that may be in force never pass the
+    /// budget, and no node holds more than it is charged.
     ///
     /// One step is a second. A reboot comes only after the node's lease lapsed (a
     /// reboot takes longer than the lease's TTL).
     ///
-    /// With the charge before fences (a silent node at its reserve) this fails at once
-    /// (trial 1: a hung node holds more than it is charged; trial 105, without that
-    /// check: the sum passes the budget once its watts were granted elsewhere); charging
-    /// a live node less than its floor fails too (trial 308: a node reboots into its
-    /// defaults before the cuts that made room for them land).
+    /// With the rule before proofs (a silent node's hold freed once its declared fence's
+    /// deadline passed, and `covers_reboot` taken on trust) this fails at once: trial 0,
+    /// step 45, a node that claims a boot unit it does not run holds its 3.6 kW of
+    /// defaults after a reboot while charged its 1 kW reserve.
     #[test]
-    fn no_interleaving_of_grants_acks_and_lapses_passes_the_budget() {
+    fn no_interleaving_of_grants_acks_lapses_and_proofs_passes_the_budget() {
         let mut rng = Rng::stream(7, 0);
         let mut reasons = std::collections::BTreeSet::new();
         for trial in 0..1000 {
             let nodes = 2 + below(&mut rng, 6) as usize;
             let reserve = 1000.0;
             let kinds: Vec<Kind> = (0..nodes)
-                .map(|_| Kind {
-                    fence: match below(&mut rng, 3) {
-                        0 => None,
-                        _ => Some(fence(
-                            1.0 + below(&mut rng, 6) as f64,
-                            below(&mut rng, 2) == 0,
-                        )),
-                    },
-                    default_w: 1000.0 + 100.0 * below(&mut rng, 47) as f64,
-                    declares_default: below(&mut rng, 4) != 0,
+                .map(|_| {
+                    let declared = below(&mut rng, 3) != 0;
+                    Kind {
+                        fence: declared.then(|| {
+                            fence(1.0 + below(&mut rng, 6) as f64, below(&mut rng, 3) != 0)
+                        }),
+                        fence_works: declared && below(&mut rng, 3) != 0,
+                        boot_unit: below(&mut rng, 2) == 0,
+                        default_w: 1000.0 + 100.0 * below(&mut rng, 47) as f64,
+                        declares_default: below(&mut rng, 4) != 0,
+                    }
                 })
                 .collect();
             let mut b = budget(nodes, 0.0);
             for (node, kind) in b.nodes.iter_mut().zip(&kinds) {
-                // The budget tells the truth about each node's fence; it knows the
-                // defaults of some, and counts the rest at their maximum.
+                // The operator's word: a node claiming a fence that covers reboots is
+                // called fenced, whether or not it runs a boot unit. The budget knows
+                // the defaults of some, and counts the rest at their maximum.
                 node.fenced = kind.fence.is_some_and(|f| f.covers_reboot);
                 node.default_w = (below(&mut rng, 2) == 0).then_some(kind.default_w);
             }
-            b.budget_w = b.silent_w() + 500.0 * below(&mut rng, 9) as f64;
+            // The budget fits the truth: every node silent at once, those without a
+            // working boot unit at their defaults (a budget sized on a false claim
+            // cannot be kept by anyone).
+            let truthful: f64 = b
+                .nodes
+                .iter()
+                .zip(&kinds)
+                .map(|(n, k)| {
+                    if k.boot_unit {
+                        n.reserve_w
+                    } else {
+                        n.reserve_w.max(n.board_default_w())
+                    }
+                })
+                .sum();
+            b.budget_w = truthful.max(b.silent_w()) + 500.0 * below(&mut rng, 9) as f64;
             b.check()
                 .expect("the budget counts every node at its silent draw");
             let available = b.available_w();
@@ -1036,19 +1177,36 @@ mod tests {
 
             // What the world holds: per node, its lease (None: lapsed or never joined),
             // the grants written under it, the caps it has in force, the generation it
-            // acknowledged, what it last reported, and its hold in the store.
+            // acknowledged, what it last reported, its boot, and its hold in the store.
             let mut lease: Vec<Option<i64>> = vec![None; nodes];
             let mut grants: Vec<Option<Grant>> = vec![None; nodes];
             let mut in_force: Vec<f64> = vec![reserve; nodes];
             let mut acked: Vec<u64> = vec![0; nodes];
             let mut reported: Vec<f64> = vec![reserve; nodes];
             let mut reported_ack: Vec<u64> = vec![0; nodes];
+            let mut boot: Vec<u64> = (0..nodes).map(|i| 100 * i as u64 + 1).collect();
             let mut holds: Vec<Option<StoredHold>> = vec![None; nodes];
+            let mut proofs: Vec<StoredProof> = Vec::new();
             let mut revision = 1;
+            // Each node booted once: a boot unit wrote its record of that boot.
+            for (i, kind) in kinds.iter().enumerate() {
+                if kind.boot_unit {
+                    write_proof(
+                        &mut proofs,
+                        &mut revision,
+                        i,
+                        ProofSource::Boot,
+                        reserve,
+                        boot[i],
+                    );
+                }
+            }
             // The grant a node has read and not yet applied (it may apply it late).
             let mut seen: Vec<Option<Grant>> = vec![None; nodes];
-            // The step at which a silent node's fence puts it at its reserve.
+            // The step at which a silent node's fence lowers its caps and writes it down.
             let mut fence_acts: Vec<Option<u64>> = vec![None; nodes];
+            // Its fence holds the reserve now (and may write its record again).
+            let mut fence_holds: Vec<bool> = vec![false; nodes];
             // An operator released the node (it stays at its reserve until it is back).
             let mut released: Vec<bool> = vec![false; nodes];
             // The leader's own count: the step it first saw each node silent.
@@ -1059,11 +1217,20 @@ mod tests {
                     if lease[i].is_none() && fence_acts[i].is_some_and(|at| at <= step) {
                         in_force[i] = in_force[i].min(reserve);
                         fence_acts[i] = None;
+                        fence_holds[i] = true;
+                        write_proof(
+                            &mut proofs,
+                            &mut revision,
+                            i,
+                            ProofSource::Fence,
+                            in_force[i],
+                            boot[i],
+                        );
                     }
                 }
                 let node = below(&mut rng, nodes as u64) as usize;
                 let kind = kinds[node];
-                match below(&mut rng, 11) {
+                match below(&mut rng, 13) {
                     0 | 1 => {
                         // The leader reads the store, plans, and writes its grants and
                         // holds in one transaction.
@@ -1079,6 +1246,7 @@ mod tests {
                                         } else {
                                             0.0
                                         },
+                                        boot: boot[i],
                                         ..report(reported_ack[i], reported[i])
                                     },
                                 }),
@@ -1097,7 +1265,11 @@ mod tests {
                             .iter()
                             .map(|(n, since)| (n.clone(), Duration::from_secs(step - since)))
                             .collect();
-                        let ledger = Ledger::with_silence(view(b.clone(), views), &silence);
+                        let domain = DomainView {
+                            proofs: proofs.clone(),
+                            ..view(b.clone(), views)
+                        };
+                        let ledger = Ledger::with_silence(domain, &silence);
                         for (i, entry) in ledger.entries.iter().enumerate() {
                             reasons.insert(entry.why.label());
                             assert!(
@@ -1120,7 +1292,7 @@ mod tests {
                             grants[i] = Some(p.grant);
                         }
                         revision += 1;
-                        for h in ledger.after(&plan).holds() {
+                        for h in ledger.after(&plan).holds(&plan) {
                             let i: usize = h.node[1..].parse().expect("index");
                             holds[i] = Some(StoredHold {
                                 hold: h.hold,
@@ -1146,12 +1318,16 @@ mod tests {
                     4 if lease[node].is_some() => {
                         // A lease lapses. Cut off from the store, the agent dropped to
                         // its reserve on its own first; hung, paused or killed, its GPUs
-                        // keep their caps until its fence acts, within its deadline.
-                        if below(&mut rng, 2) == 0 {
-                            in_force[node] = in_force[node].min(reserve);
-                        } else if let Some(f) = kind.fence {
-                            fence_acts[node] =
-                                Some(step + below(&mut rng, f.deadline_s as u64 + 1));
+                        // keep their caps until its fence acts, if it works; a frozen
+                        // host's fence acts never.
+                        match below(&mut rng, 3) {
+                            0 => in_force[node] = in_force[node].min(reserve),
+                            1 if kind.fence_works => {
+                                let deadline = kind.fence.map_or(1.0, |f| f.deadline_s);
+                                fence_acts[node] =
+                                    Some(step + below(&mut rng, deadline as u64 + 1));
+                            }
+                            _ => {}
                         }
                         lease[node] = None;
                         grants[node] = None;
@@ -1160,9 +1336,7 @@ mod tests {
                     // A node (re)joins, but one released without a boot unit does not:
                     // its operator keeps it off until there is room for its defaults
                     // (what `tokwatt fleet release` says it assumes).
-                    5 if lease[node].is_none()
-                        && (!released[node] || kind.fence.is_some_and(|f| f.covers_reboot)) =>
-                    {
+                    5 if lease[node].is_none() && (!released[node] || kind.boot_unit) => {
                         // Its agent applies its reserve before anything; its join ends an
                         // operator's release.
                         in_force[node] = in_force[node].min(reserve);
@@ -1179,6 +1353,7 @@ mod tests {
                         lease[node] = Some(next_lease);
                         next_lease += 1;
                         fence_acts[node] = None;
+                        fence_holds[node] = false;
                         released[node] = false;
                     }
                     // A node reads the grant bound to its lease.
@@ -1186,16 +1361,27 @@ mod tests {
                         seen[node] = grants[node];
                     }
                     7 if lease[node].is_none() => {
-                        // A silent node reboots (or its driver reloads): the board
-                        // defaults, or the reserve where its fence covers reboots (the
-                        // boot unit). A released node without one stays off.
-                        let covered = kind.fence.is_some_and(|f| f.covers_reboot);
-                        if covered {
+                        // A silent node reboots (or its driver reloads, or it is powered
+                        // on again): the board defaults, or the reserve where a boot unit
+                        // really runs, which writes its record of the new boot. A
+                        // released node without one stays off.
+                        if kind.boot_unit {
+                            boot[node] += 1;
                             in_force[node] = reserve;
+                            write_proof(
+                                &mut proofs,
+                                &mut revision,
+                                node,
+                                ProofSource::Boot,
+                                reserve,
+                                boot[node],
+                            );
                         } else if !released[node] {
+                            boot[node] += 1;
                             in_force[node] = kind.default_w;
-                            fence_acts[node] = None;
                         }
+                        fence_acts[node] = None;
+                        fence_holds[node] = false;
                     }
                     // The leader changes: the new one counts silence anew.
                     8 => silent_since.clear(),
@@ -1211,11 +1397,38 @@ mod tests {
                                     fence: kind.fence,
                                     default_w: kind.default_w,
                                     released: true,
+                                    boot: boot[node],
                                 },
                                 mod_revision: revision,
                             });
                             released[node] = true;
                         }
+                    }
+                    10 if lease[node].is_none() && !released[node] => {
+                        // The off-node fence powers a silent node off through its BMC,
+                        // reads the power state back, and writes it down.
+                        in_force[node] = 0.0;
+                        fence_acts[node] = None;
+                        fence_holds[node] = false;
+                        write_proof(
+                            &mut proofs,
+                            &mut revision,
+                            node,
+                            ProofSource::OffNode,
+                            0.0,
+                            boot[node],
+                        );
+                    }
+                    11 if lease[node].is_none() && fence_holds[node] => {
+                        // A fence that holds the reserve writes its reading again.
+                        write_proof(
+                            &mut proofs,
+                            &mut revision,
+                            node,
+                            ProofSource::Fence,
+                            in_force[node],
+                            boot[node],
+                        );
                     }
                     _ => {}
                 }
@@ -1227,6 +1440,6 @@ mod tests {
             }
         }
         // Every reason came up.
-        assert_eq!(reasons.len(), 6, "{reasons:?}");
+        assert_eq!(reasons.len(), 5, "{reasons:?}");
     }
 }

@@ -14,6 +14,7 @@ pub mod coordinator;
 pub mod etcd;
 pub mod ledger;
 pub mod node;
+pub mod offnode;
 pub mod show;
 pub mod store;
 
@@ -23,7 +24,8 @@ pub use coordinator::{Coordinator, CoordinatorConfig, Round};
 pub use ledger::{Ledger, PlannedGrant};
 pub use node::{Allowance, AllowanceSnapshot, LinkCounts, LinkState, NodeConfig, NodeLink};
 pub use store::{
-    DomainView, Fence, FenceKind, FleetStore, Freeze, FreezeOutcome, FreezeSession, FrozenWrite,
-    Grant, GrantWrite, Hold, HoldWrite, Leadership, NodeRecord, NodeReport, NodeSession, NodeView,
-    StoreError, StoredFreeze, StoredHold, Written,
+    DEFAULT_PROOF_TTL, DomainView, Fence, FenceKind, FleetStore, Freeze, FreezeOutcome,
+    FreezeSession, FrozenWrite, Grant, GrantWrite, Hold, HoldWrite, Leadership, NodeRecord,
+    NodeReport, NodeSession, NodeView, ProofSource, ReleaseProof, StoreError, StoredFreeze,
+    StoredHold, StoredProof, Written, boot_of,
 };

@@ -155,6 +155,8 @@ pub struct NodeLink {
     fence: Option<Fence>,
     /// The sum of its GPUs' board-default caps, declared in its reports.
     default_w: f64,
+    /// The boot it runs in ([`crate::store::boot_of`]; 0: unknown), declared in its reports.
+    boot: u64,
 }
 
 /// What the link has been through, for the node's metrics.
@@ -181,6 +183,7 @@ impl NodeLink {
             counts: LinkCounts::default(),
             fence: None,
             default_w: 0.0,
+            boot: 0,
         }
     }
 
@@ -189,6 +192,12 @@ impl NodeLink {
     pub fn declare(&mut self, fence: Option<Fence>, default_w: f64) {
         self.fence = fence;
         self.default_w = default_w;
+    }
+
+    /// The boot the node runs in, declared from its next report on: a boot unit's record
+    /// of the same boot proves a reboot lands at the reserve.
+    pub fn declare_boot(&mut self, boot: u64) {
+        self.boot = boot;
     }
 
     pub fn config(&self) -> &NodeConfig {
@@ -357,6 +366,7 @@ impl NodeLink {
             requested_w,
             fence: self.fence,
             default_w: self.default_w,
+            boot: self.boot,
         }
     }
 

@@ -10,36 +10,42 @@
 use serde::Serialize;
 
 use crate::ledger::{Entry, Ledger, Why};
-use crate::store::{Fence, FrozenWrite, NodeReport};
+use crate::store::{Fence, FrozenWrite, NodeReport, ProofSource, ReleaseProof, StoredProof};
 
-/// The version of [`LedgerDocument`]'s keys.
-pub const SHOW_FORMAT_VERSION: u32 = 1;
+/// The version of [`LedgerDocument`]'s keys. 2: a silent node's watts are freed on a
+/// proof of release only (`why` `silent-unproven` and `proven`, no more `silent-fenced`,
+/// `fence-elapsed` or `silent-unfenced`; `frees_in_s` and `then_w` gone; `proof`,
+/// `proofs`, `boot_proven` and the release's `released_by` added).
+pub const SHOW_FORMAT_VERSION: u32 = 2;
 
 /// Why a node is charged what it is, and until when, in words.
 pub fn why_words(entry: &Entry) -> String {
     match entry.why {
         Why::Live => "live".to_owned(),
-        Why::SilentFenced { frees_in, then_w } => match entry.silent_for {
-            Some(_) => format!(
-                "silent, fenced: {then_w:.0} W in {:.0} s",
-                frees_in.as_secs_f64()
-            ),
-            // A reader that does not lead does not know since when.
-            None => format!(
-                "silent, fenced: {then_w:.0} W at most {:.0} s after the leader saw it silent",
-                frees_in.as_secs_f64()
-            ),
+        Why::SilentUnproven => {
+            "silent, no proof of release: until its fence, boot unit, agent or an off-node fence writes one, it reports again, or `tokwatt fleet release`".to_owned()
+        }
+        Why::Proven(source) if entry.charged_w > entry.budget.reserve_w + 1e-9 => format!(
+            "silent, proven by its {} record; a reboot may leave its board defaults (no boot unit proved)",
+            source.label()
+        ),
+        Why::Proven(source) => format!("silent, proven by its {} record", source.label()),
+        Why::Released => match release_record(entry) {
+            Some(record) => format!("silent, released by {}: {}", record.by, record.detail),
+            None => "silent, released".to_owned(),
         },
-        Why::FenceElapsed if entry.charged_w > entry.budget.reserve_w => {
-            "silent, its fence acted; it does not cover a reboot (its board defaults)".to_owned()
-        }
-        Why::FenceElapsed => "silent, its fence acted".to_owned(),
-        Why::SilentUnfenced => {
-            "silent, no fence: until it reports again or `tokwatt fleet release`".to_owned()
-        }
-        Why::Released => "silent, released".to_owned(),
         Why::NeverHeard => "never heard".to_owned(),
     }
+}
+
+/// The operator's record of a node's release (who and why), where the store has one.
+fn release_record(entry: &Entry) -> Option<&ReleaseProof> {
+    entry
+        .proofs
+        .iter()
+        .filter(|p| p.proof.source == ProofSource::Operator)
+        .max_by_key(|p| p.mod_revision)
+        .map(|p| &p.proof)
 }
 
 /// Whether the node has enforced its grant (`None`: no grant, or no report to tell).
@@ -102,15 +108,19 @@ pub struct NodeDocument {
     pub report: Option<ReportDocument>,
     /// The most this node may have in force now: what the ledger counts.
     pub charged_w: f64,
-    /// Why it is charged that: `live`, `silent-fenced`, `fence-elapsed`,
-    /// `silent-unfenced`, `released` or `never-heard` (the coordinator's metrics label).
+    /// Why it is charged that: `live`, `silent-unproven`, `proven`, `released` or
+    /// `never-heard` (the coordinator's metrics label).
     pub why: &'static str,
     /// The same in words, with its figures (as the table prints it).
     pub why_words: String,
-    /// `silent-fenced`: in how many seconds the charge falls (`None` otherwise).
-    pub frees_in_s: Option<f64>,
-    /// `silent-fenced`: what it falls to, W.
-    pub then_w: Option<f64>,
+    /// `proven`: the record the charge rests on (`None` otherwise).
+    pub proof: Option<ProofDocument>,
+    /// Every proof of release the store holds for the node, each source's newest.
+    pub proofs: Vec<ProofDocument>,
+    /// A boot unit's record proves a reboot of its current boot lands at its reserve.
+    pub boot_proven: bool,
+    /// `released`: who released it (`None` otherwise, or no record of who).
+    pub released_by: Option<String>,
     /// How long the leader has seen it silent, s (`None`: live, or not known to this
     /// reader: only the leader counts).
     pub silent_for_s: Option<f64>,
@@ -123,9 +133,41 @@ pub struct NodeDocument {
     pub max_w: f64,
     pub priority: u8,
     pub fenced: bool,
-    /// The budget calls it fenced, but it declares no fence covering stops and reboots:
-    /// it is charged as unfenced.
+    /// The budget calls it fenced, but it declares no fence, or no boot unit proved
+    /// itself: it is charged as unfenced.
     pub fence_missing: bool,
+}
+
+/// A proof of release: who read the node's caps back, what they summed to, and when.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProofDocument {
+    /// `fence`, `boot`, `agent`, `off-node` or `operator`.
+    pub source: &'static str,
+    pub by: String,
+    pub sum_w: f64,
+    pub caps_w: Vec<f64>,
+    /// The writer's clock, ms since the Unix epoch (shown, never compared).
+    pub at_unix_ms: u64,
+    /// etcd's revision that wrote it (compared with the node's hold).
+    pub revision: i64,
+    /// Its lease, in hex (the writer's own).
+    pub lease: String,
+    pub detail: String,
+}
+
+impl From<&StoredProof> for ProofDocument {
+    fn from(stored: &StoredProof) -> Self {
+        Self {
+            source: stored.proof.source.label(),
+            by: stored.proof.by.clone(),
+            sum_w: stored.proof.sum_w,
+            caps_w: stored.proof.caps_w.clone(),
+            at_unix_ms: stored.proof.at_unix_ms,
+            revision: stored.mod_revision,
+            lease: format!("{:x}", stored.lease),
+            detail: stored.proof.detail.clone(),
+        }
+    }
 }
 
 /// A node's grant.
@@ -158,6 +200,8 @@ pub struct ReportDocument {
     pub default_w: f64,
     /// The fence it declares (`None`: none): `kind`, `deadline_s`, `covers_reboot`.
     pub fence: Option<Fence>,
+    /// The boot it runs in (a hash of the kernel's boot id; 0: not reported).
+    pub boot: u64,
 }
 
 impl From<&NodeReport> for ReportDocument {
@@ -171,6 +215,7 @@ impl From<&NodeReport> for ReportDocument {
             acked_generation: report.acked_generation,
             default_w: report.default_w,
             fence: report.fence,
+            boot: report.boot,
         }
     }
 }
@@ -185,10 +230,6 @@ pub struct UnbudgetedDocument {
 
 impl NodeDocument {
     fn of(entry: &Entry) -> Self {
-        let (frees_in_s, then_w) = match entry.why {
-            Why::SilentFenced { frees_in, then_w } => (Some(frees_in.as_secs_f64()), Some(then_w)),
-            _ => (None, None),
-        };
         Self {
             node: entry.node().to_owned(),
             live: entry.live(),
@@ -204,8 +245,12 @@ impl NodeDocument {
             charged_w: entry.charged_w,
             why: entry.why.label(),
             why_words: why_words(entry),
-            frees_in_s,
-            then_w,
+            proof: entry.proof.as_ref().map(ProofDocument::from),
+            proofs: entry.proofs.iter().map(ProofDocument::from).collect(),
+            boot_proven: entry.boot_proven,
+            released_by: (entry.why == Why::Released)
+                .then(|| release_record(entry).map(|r| r.by.clone()))
+                .flatten(),
             silent_for_s: entry.silent_for.map(|d| d.as_secs_f64()),
             stranded_w: entry.stranded_w,
             floor_w: entry.floor_w,

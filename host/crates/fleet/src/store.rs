@@ -135,7 +135,101 @@ pub struct NodeReport {
     /// budget's `default_w` is used).
     #[serde(default)]
     pub default_w: f64,
+    /// Which boot of the node this report is from ([`boot_of`] of the kernel's boot id, or
+    /// of a simulated driver's boots; 0: not reported): a boot unit's [`ReleaseProof`] of
+    /// the same boot proves the unit runs, so a reboot lands at the reserve.
+    #[serde(default)]
+    pub boot: u64,
 }
+
+/// A boot's number as the fleet compares it: FNV-1a of the boot's identity (the kernel's
+/// `/proc/sys/kernel/random/boot_id`, or a simulated driver's file and boot count), never
+/// 0 (0 means unknown).
+pub fn boot_of(identity: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in identity.trim().bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash.max(1)
+}
+
+/// Who read a node's caps back from its driver and wrote them down as proof.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProofSource {
+    /// `tokwatt fence`, after it applied the reserve to a stalled agent's GPUs.
+    Fence,
+    /// The boot unit (`tokwatt fence --once --etcd …`), after it applied the reserve at
+    /// boot: also proof that a reboot lands at the reserve (`covers_reboot`).
+    Boot,
+    /// A restarted agent, after it applied the reserve at start, before it joins.
+    Agent,
+    /// The coordinator's off-node fence (a BMC through a ClusterLabs fence agent), after
+    /// the action succeeded and the node's power state was read back.
+    OffNode,
+    /// An operator's `tokwatt fleet release`: not a reading, a person's word (who and
+    /// why are kept).
+    Operator,
+}
+
+impl ProofSource {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Fence => "fence",
+            Self::Boot => "boot",
+            Self::Agent => "agent",
+            Self::OffNode => "off-node",
+            Self::Operator => "operator",
+        }
+    }
+}
+
+/// "Node N: GPUs at these caps since t, sum W": written to the store by whatever lowered a
+/// node's caps, after reading them back from the driver, with its own credentials and
+/// under a lease of its own (not the agent's, which lapses with the node's silence). The
+/// coordinator frees a silent node's watts above `sum_w` only on such a record written
+/// after the node's last grant (compared on the store's revisions, never on clocks).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReleaseProof {
+    pub source: ProofSource,
+    /// Who wrote it: a host and process, a fence agent and BMC, an operator.
+    pub by: String,
+    /// Each GPU's cap as read back, watts (empty for a node powered off, or an operator).
+    #[serde(default)]
+    pub caps_w: Vec<f64>,
+    /// The caps summed: what the node holds from this record on, at most.
+    pub sum_w: f64,
+    /// When it was read, by the writer's clock (milliseconds since the Unix epoch; shown,
+    /// never compared).
+    pub at_unix_ms: u64,
+    /// The boot it was read in ([`boot_of`]; 0: unknown).
+    #[serde(default)]
+    pub boot: u64,
+    /// The writer's words: the fence agent's output, the operator's reason.
+    #[serde(default)]
+    pub detail: String,
+}
+
+impl ReleaseProof {
+    /// A sum the ledger can count on: finite and not negative.
+    pub fn usable_sum(&self) -> Option<f64> {
+        (self.sum_w.is_finite() && self.sum_w >= 0.0).then_some(self.sum_w)
+    }
+}
+
+/// A proof as the store keeps it: the revision that wrote it and the writer's lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredProof {
+    pub node: String,
+    pub proof: ReleaseProof,
+    pub mod_revision: i64,
+    pub lease: i64,
+}
+
+/// How long a proof lives unless its writer renews it: a week, so that a node powered off
+/// over a weekend stays proven; a lapsed proof charges the node again until the next.
+pub const DEFAULT_PROOF_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// What fences a node: the mechanism outside the agent's loop that puts its GPUs back
 /// at the reserve when the agent stops renewing its lease, and how soon.
@@ -180,6 +274,10 @@ pub struct Hold {
     /// or under its reserve: it is charged its reserve until it reports again.
     #[serde(default)]
     pub released: bool,
+    /// The boot the node last reported (0: unknown): a boot unit's proof of this boot
+    /// proves a reboot lands at the reserve.
+    #[serde(default)]
+    pub boot: u64,
 }
 
 /// A hold as the store keeps it: the revision of its last write, which a release
@@ -218,6 +316,8 @@ pub struct DomainView {
     pub nodes: Vec<NodeView>,
     /// The domain's freeze, where an experiment holds one.
     pub freeze: Option<StoredFreeze>,
+    /// Every proof of release in the store, each node's in the order read.
+    pub proofs: Vec<StoredProof>,
 }
 
 /// A coordinator's leadership of one domain: its lease, and the revision that created
@@ -306,14 +406,28 @@ pub trait FleetStore: Send + Sync + std::fmt::Debug {
 
     /// Writes `hold` for `node` (the operator's release), only where the node has no
     /// live record and its hold is still the one at `hold_revision` (0: none): `false`
-    /// (nothing written) where it came back or a leader rewrote its hold since.
+    /// (nothing written) where it came back or a leader rewrote its hold since. `record`
+    /// (an [`ProofSource::Operator`] proof: who released it and why) is written in the
+    /// same transaction.
     fn release(
         &self,
         domain: &str,
         node: &str,
         hold: &Hold,
         hold_revision: i64,
+        record: &ReleaseProof,
     ) -> Result<bool, StoreError>;
+
+    /// Writes `proof` as `node`'s latest of its source, under a lease of its own of `ttl`
+    /// (the writer's, granted here: it outlives the agent's silence, and lapses by itself
+    /// once stale). Returns the revision it was written at.
+    fn prove(
+        &self,
+        domain: &str,
+        node: &str,
+        proof: &ReleaseProof,
+        ttl: Duration,
+    ) -> Result<i64, StoreError>;
 
     /// Joins the domain: a lease of `ttl` and the node's first report under it, in the
     /// same step as the end of any operator's release of the node (its hold is kept,

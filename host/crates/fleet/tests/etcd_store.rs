@@ -7,7 +7,7 @@ use tokwatt_fleet::etcd::EtcdFleet;
 use tokwatt_fleet::ledger::Why;
 use tokwatt_fleet::{
     DomainBudget, Fence, FenceKind, FleetStore, Grant, GrantWrite, Hold, HoldWrite, Ledger,
-    NodeBudget, NodeReport, Written,
+    NodeBudget, NodeReport, ProofSource, ReleaseProof, Written,
 };
 use tokwatt_test_support::{EtcdCluster, eventually, free_port};
 
@@ -35,6 +35,7 @@ fn budget(domain: &str) -> DomainBudget {
 
 fn report(caps_in_force_w: f64) -> NodeReport {
     NodeReport {
+        boot: 0,
         acked_generation: 0,
         caps_in_force_w,
         draw_w: caps_in_force_w * 0.9,
@@ -384,6 +385,7 @@ fn a_hold_outlives_the_nodes_lease_and_a_release_cannot_overwrite_a_newer_one() 
         .expect("joins");
     // The leader writes a's grant and its hold in one transaction.
     let held = Hold {
+        boot: 0,
         watts: 4000.0,
         fence: None,
         default_w: 4800.0,
@@ -450,7 +452,7 @@ fn a_hold_outlives_the_nodes_lease_and_a_release_cannot_overwrite_a_newer_one() 
     let ledger = Ledger::from_view(view);
     let a = &ledger.entries[0];
     assert_eq!(a.hold.map(|h| h.hold), Some(held));
-    assert_eq!((a.charged_w, a.why), (4800.0, Why::SilentUnfenced));
+    assert_eq!((a.charged_w, a.why), (4800.0, Why::SilentUnproven));
     assert_eq!(a.stranded_w, 3800.0);
 
     // An operator reads the hold; the leader rewrites it before the release lands: the
@@ -463,6 +465,15 @@ fn a_hold_outlives_the_nodes_lease_and_a_release_cannot_overwrite_a_newer_one() 
     let rewritten = Hold {
         watts: 4500.0,
         ..held
+    };
+    let operator = ReleaseProof {
+        source: ProofSource::Operator,
+        by: "alice@ops-1".into(),
+        caps_w: Vec::new(),
+        sum_w: 1000.0,
+        at_unix_ms: 0,
+        boot: 0,
+        detail: "checked nvidia-smi: 8 x 125 W".into(),
     };
     assert_eq!(
         store
@@ -480,7 +491,7 @@ fn a_hold_outlives_the_nodes_lease_and_a_release_cannot_overwrite_a_newer_one() 
     );
     assert!(
         !store
-            .release("rack-8", "a", &released, first.mod_revision)
+            .release("rack-8", "a", &released, first.mod_revision, &operator)
             .expect("release"),
         "a release over a hold it did not read"
     );
@@ -489,7 +500,7 @@ fn a_hold_outlives_the_nodes_lease_and_a_release_cannot_overwrite_a_newer_one() 
     // Read again, it lands.
     assert!(
         store
-            .release("rack-8", "a", &released, second.mod_revision)
+            .release("rack-8", "a", &released, second.mod_revision, &operator)
             .expect("release")
     );
     let view = store.read_domain("rack-8").expect("read").expect("budget");
@@ -498,13 +509,28 @@ fn a_hold_outlives_the_nodes_lease_and_a_release_cannot_overwrite_a_newer_one() 
         (ledger.entries[0].charged_w, ledger.entries[0].why),
         (1000.0, Why::Released)
     );
+    // Who released it, and why, is kept with the release (the refused one left none).
+    let records: Vec<_> = ledger.entries[0]
+        .proofs
+        .iter()
+        .filter(|p| p.proof.source == ProofSource::Operator)
+        .collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].proof, operator);
+    assert!(
+        tokwatt_fleet::show::why_words(&ledger.entries[0]).contains("alice@ops-1"),
+        "{}",
+        tokwatt_fleet::show::why_words(&ledger.entries[0])
+    );
 
     // A live node cannot be released, whatever hold the operator read.
     let b = store
         .join("rack-8", "b", Duration::from_secs(30), &report(1000.0))
         .expect("joins");
     assert!(
-        !store.release("rack-8", "b", &released, 0).expect("release"),
+        !store
+            .release("rack-8", "b", &released, 0, &operator)
+            .expect("release"),
         "a live node released"
     );
     assert_eq!(hold_of("b"), None);
@@ -535,6 +561,27 @@ fn fenced_report(acked_generation: u64, caps_in_force_w: f64) -> NodeReport {
     }
 }
 
+/// `node`'s boot unit's record: the reserve in force at its boot (of any boot: the
+/// nodes here report none), which proves a reboot lands at the reserve.
+fn boot_record(store: &EtcdFleet, domain: &str, node: &str) {
+    store
+        .prove(
+            domain,
+            node,
+            &ReleaseProof {
+                source: ProofSource::Boot,
+                by: format!("the boot unit of {node}"),
+                caps_w: vec![1000.0],
+                sum_w: 1000.0,
+                at_unix_ms: 0,
+                boot: 0,
+                detail: String::new(),
+            },
+            Duration::from_secs(600),
+        )
+        .expect("a boot record");
+}
+
 #[test]
 fn a_freeze_is_exclusive_holds_the_grants_still_cuts_and_lapses_with_its_lease() {
     use tokwatt_fleet::{
@@ -545,6 +592,8 @@ fn a_freeze_is_exclusive_holds_the_grants_still_cuts_and_lapses_with_its_lease()
     };
     let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
     store.put_budget(&budget("rack-f")).expect("budget");
+    boot_record(&store, "rack-f", "a");
+    boot_record(&store, "rack-f", "b");
     let a = store
         .join(
             "rack-f",
@@ -808,6 +857,7 @@ fn a_round_of_more_writes_than_one_transaction_takes_lands_whole() {
         })
         .collect();
     let held = Hold {
+        boot: 0,
         watts: 3000.0,
         fence: None,
         default_w: 5600.0,
@@ -838,4 +888,119 @@ fn a_round_of_more_writes_than_one_transaction_takes_lands_whole() {
         assert_eq!(node.grant.map(|g| g.watts), Some(3000.0), "{}", node.node);
         assert_eq!(node.hold.map(|h| h.hold), Some(held), "{}", node.node);
     }
+}
+
+/// A proof of release on a real etcd: written under a lease of its writer's own (not the
+/// node's), it frees a silent node's watts only when written after the node's hold (the
+/// leader's last grant), and once its lease lapses the node is charged again.
+#[test]
+fn a_silent_node_is_freed_only_by_a_proof_written_after_its_last_grant() {
+    let Some(cluster) = EtcdCluster::start(1) else {
+        return;
+    };
+    let store = EtcdFleet::connect(&cluster.endpoints(), TIMEOUT).expect("connects");
+    store.put_budget(&budget("rack-p")).expect("budget");
+    let leader = store
+        .campaign("rack-p", "c", Duration::from_secs(30))
+        .expect("campaign")
+        .expect("leads");
+    let fence_record = |sum_w: f64| ReleaseProof {
+        source: ProofSource::Fence,
+        by: "tokwatt fence on a".into(),
+        caps_w: vec![sum_w / 2.0, sum_w / 2.0],
+        sum_w,
+        at_unix_ms: 0,
+        boot: 0,
+        detail: String::new(),
+    };
+    // A record from before the grant: it proves nothing of what the node did after.
+    let early = store
+        .prove(
+            "rack-p",
+            "a",
+            &fence_record(1000.0),
+            Duration::from_secs(60),
+        )
+        .expect("proves");
+    let node = store
+        .join(
+            "rack-p",
+            "a",
+            Duration::from_secs(2),
+            &fenced_report(0, 1000.0),
+        )
+        .expect("joins");
+    assert_eq!(
+        store
+            .write_grants(
+                &leader,
+                None,
+                &[GrantWrite {
+                    node: "a",
+                    lease: node.lease,
+                    grant: grant(1, 4000.0),
+                }],
+                &[HoldWrite {
+                    node: "a",
+                    hold: Hold {
+                        watts: 4000.0,
+                        fence: None,
+                        default_w: 0.0,
+                        released: false,
+                        boot: 0,
+                    },
+                }],
+            )
+            .expect("write"),
+        Written::Done
+    );
+    let ledger = || Ledger::from_view(store.read_domain("rack-p").expect("read").expect("budget"));
+    assert!(
+        eventually(Duration::from_secs(10), || !ledger().entries[0].live()),
+        "the node's lease lapsed"
+    );
+    let silent = ledger();
+    let a = &silent.entries[0];
+    assert!(a.hold.is_some_and(|h| h.mod_revision > early));
+    assert_eq!((a.charged_w, a.why), (5600.0, Why::SilentUnproven));
+
+    // Its fence reads the caps back under the reserve and writes them down, under a
+    // short lease of its own. No boot unit proved itself, so a reboot may still leave
+    // the defaults (the budget's maximum, 5.6 kW): that much stays charged.
+    let proven_at = store
+        .prove("rack-p", "a", &fence_record(900.0), Duration::from_secs(2))
+        .expect("proves");
+    let proven = ledger();
+    let a = &proven.entries[0];
+    assert_eq!(a.why, Why::Proven(ProofSource::Fence));
+    assert_eq!(a.proof.as_ref().map(|p| p.mod_revision), Some(proven_at));
+    assert_ne!(a.proof.as_ref().map(|p| p.lease), Some(node.lease));
+    assert_eq!(a.charged_w, 5600.0, "a reboot may still leave the defaults");
+    // Its lease lapses (a fence gone for good, a stale reading): no proof any more.
+    assert!(
+        eventually(Duration::from_secs(10), || ledger().entries[0].why
+            == Why::SilentUnproven),
+        "the proof lapsed with its writer's lease"
+    );
+
+    // Its boot unit's record (of any boot: the node reported none) proves a reboot lands
+    // at the reserve: now the node is charged the fence's reading, at least its reserve.
+    store
+        .prove(
+            "rack-p",
+            "a",
+            &ReleaseProof {
+                source: ProofSource::Boot,
+                by: "tokwatt fence --once on a".into(),
+                ..fence_record(1000.0)
+            },
+            Duration::from_secs(60),
+        )
+        .expect("proves");
+    let both = ledger();
+    assert_eq!(both.entries[0].charged_w, 1000.0);
+    assert!(both.entries[0].boot_proven);
+    // The boot record is the newest proof now; it proves the same reserve.
+    assert_eq!(both.entries[0].why, Why::Proven(ProofSource::Boot));
+    assert_eq!(both.entries[0].stranded_w, 0.0);
 }

@@ -67,6 +67,7 @@ fn the_fleet_works_over_tls_with_a_client_certificate() {
             "a",
             Duration::from_secs(30),
             &NodeReport {
+                boot: 0,
                 acked_generation: 0,
                 caps_in_force_w: 1000.0,
                 draw_w: 900.0,

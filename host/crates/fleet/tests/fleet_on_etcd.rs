@@ -78,6 +78,25 @@ fn the_caps_in_force_stay_within_the_budget_through_a_leader_killed_and_a_budget
     };
     let store = connect(&cluster);
     store.put_budget(&budget(12_000.0)).expect("budget");
+    // Each node's boot unit wrote its record: a reboot lands at the reserve.
+    for i in 0..NODES {
+        store
+            .prove(
+                "row-1",
+                &format!("node-{i}"),
+                &tokwatt_fleet::ReleaseProof {
+                    source: tokwatt_fleet::ProofSource::Boot,
+                    by: format!("the boot unit of node-{i}"),
+                    caps_w: vec![1000.0],
+                    sum_w: 1000.0,
+                    at_unix_ms: 0,
+                    boot: 0,
+                    detail: String::new(),
+                },
+                Duration::from_secs(600),
+            )
+            .expect("a boot record");
+    }
     let done = Arc::new(AtomicBool::new(false));
     let in_force: Arc<Vec<Mutex<f64>>> = Arc::new((0..NODES).map(|_| Mutex::new(1000.0)).collect());
 

@@ -75,6 +75,8 @@ struct Seen {
     guard_takeover_ticks: u64,
     actuator_errors: u64,
     telemetry_errors: u64,
+    stalls: u64,
+    stalled_s: f64,
     /// Per GPU index.
     slo_violation_ticks: BTreeMap<u32, u64>,
 }
@@ -82,6 +84,13 @@ struct Seen {
 /// How much a run total grew since it was last seen. A total below the last one is a new
 /// run's (the loop's totals never decrease within a run): all of it is new.
 fn advance(last: &mut u64, now: u64) -> u64 {
+    let grown = if now >= *last { now - *last } else { now };
+    *last = now;
+    grown
+}
+
+/// [`advance`] for a run total that is a sum of seconds.
+fn advance_seconds(last: &mut f64, now: f64) -> f64 {
     let grown = if now >= *last { now - *last } else { now };
     *last = now;
     grown
@@ -179,6 +188,8 @@ impl AgentMetrics {
             operator_rollbacks: TotalCounter::default(),
             actuator_errors: TotalCounter::default(),
             telemetry_errors: TotalCounter::default(),
+            stalls: TotalCounter::default(),
+            stall_seconds: TotalCounter::default(),
             paused: GaugeF64::default(),
             guard_in_charge: GaugeF64::default(),
         };
@@ -471,6 +482,14 @@ impl Inner {
         ));
         let telemetry_errors = advance(&mut self.seen.telemetry_errors, totals.telemetry_errors);
         self.agent.telemetry_errors.inc_by(telemetry_errors);
+        // In the same update as the settings the stall's read-back gave: a scrape that
+        // sees the stall counted sees those too.
+        self.agent
+            .stalls
+            .inc_by(advance(&mut self.seen.stalls, totals.stalls));
+        self.agent
+            .stall_seconds
+            .inc_by(advance_seconds(&mut self.seen.stalled_s, totals.stalled_s));
         self.agent
             .tick_lateness_seconds
             .observe(progress.lateness.as_secs_f64());
@@ -514,7 +533,9 @@ impl Inner {
             family.remove(&labels);
         };
 
-        // The settings in force during the window.
+        // The settings in force during the window, as the loop last read them back from
+        // the device (at a stall, before the window's observation was built; after each
+        // change it made), never as it asked for them.
         set(
             &families.power_cap_requested_watts,
             obs.in_force.power_cap_requested_w,

@@ -7,16 +7,19 @@
 //! A dev-dependency only: no product crate links it. It also holds [`NativePolicy`], a
 //! policy whose `decide` is a closure, for the control loop's tests, [`EtcdCluster`],
 //! a real etcd cluster on loopback for the fleet's (over TLS too), and [`TestPki`], the
-//! certificates for that, made with openssl.
+//! certificates for that, made with openssl, and [`RedfishEmulator`], a BMC on loopback
+//! (sushy-tools) for the fleet's off-node fence and the ClusterLabs fence agents.
 
 use std::fmt::Display;
 
 pub mod etcd;
 mod native_policy;
 mod pki;
+pub mod redfish;
 pub use etcd::{EtcdCluster, REQUIRE_ETCD_VAR, ServerTls};
 pub use native_policy::NativePolicy;
 pub use pki::TestPki;
+pub use redfish::{FakeSystem, REQUIRE_FENCE_AGENTS_VAR, RedfishEmulator, fence_agent};
 
 // `crate::supervisor` in `native_policy.rs`, which the policy crate also compiles as its own.
 use tokwatt_policy::supervisor;

@@ -2,7 +2,11 @@
 //! agent (a sidecar container, a node-level unit), it watches the heartbeat the agent's
 //! loop touches after every on-time tick and holds the caps within the reserve while it
 //! stalls; with `--once` it applies the reserve and exits (a boot unit, a pod's init
-//! container). The logic is `tokwatt_serve::fence`; this file parses and opens the GPUs.
+//! container). With `--etcd`, `--domain` and `--node` it also writes what it read back to
+//! the fleet's store, with its own credentials and under its own lease: a boot record
+//! (`--once`) or, while it holds the reserve, a fence record; the coordinator frees a
+//! silent node's watts only on such a record. The logic is `tokwatt_serve::fence`; this
+//! file parses and opens the GPUs.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +17,9 @@ use anyhow::{Context, Result, bail};
 
 use tokwatt_agent::assembly;
 use tokwatt_core::actuator::Actuator;
+use tokwatt_fleet::{ProofSource, boot_of};
 use tokwatt_nvml::NvmlSystem;
+use tokwatt_serve::fence::ProofTarget;
 use tokwatt_serve::fence::watch::FenceSettings;
 
 #[derive(Debug, clap::Args)]
@@ -46,6 +52,76 @@ pub struct FenceArgs {
     /// agent's node.sim_driver), not NVML's.
     #[arg(long, value_name = "PATH", conflicts_with = "gpus")]
     sim_driver: Option<PathBuf>,
+    /// Write each reading to the fleet's store as proof of release (`--etcd URL`, repeat
+    /// per member, with this fence's own --etcd-ca/--etcd-cert/--etcd-key, not the
+    /// agent's): without it the coordinator keeps the node's watts charged while it is
+    /// silent, and a boot unit does not prove itself.
+    #[command(flatten)]
+    proof: ProofArgs,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ProofArgs {
+    /// An etcd client URL of the fleet's store (http://HOST:PORT, or https:// with
+    /// --etcd-ca); repeat for each member.
+    #[arg(long = "etcd", value_name = "URL", requires_all = ["domain", "node"])]
+    endpoints: Vec<String>,
+    /// The node's power domain, as its budget names it.
+    #[arg(long, requires = "endpoints")]
+    domain: Option<String>,
+    /// The node's name, as the budget names it (the agent's fleet.node).
+    #[arg(long, requires = "endpoints")]
+    node: Option<String>,
+    /// Each request's deadline.
+    #[arg(long, default_value = "2s", value_parser = tokwatt::cli::parse_duration)]
+    etcd_timeout: Duration,
+    /// The CA that signed etcd's server certificate (PEM).
+    #[arg(long, value_name = "FILE")]
+    etcd_ca: Option<PathBuf>,
+    /// This fence's own client certificate (PEM), for an etcd with --client-cert-auth: a
+    /// role that may write only this node's proofs.
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_ca", "etcd_key"])]
+    etcd_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, value_name = "FILE", requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// How long each record lives unless written again: a record outlives this process,
+    /// and lapses by itself once stale.
+    #[arg(long, default_value = "7d", value_parser = tokwatt::cli::parse_duration)]
+    proof_ttl: Duration,
+}
+
+/// Where this fence writes its records, if it was given a store.
+fn proof_target(args: &FenceArgs) -> Result<Option<ProofTarget>> {
+    let proof = &args.proof;
+    let (Some(domain), Some(node)) = (&proof.domain, &proof.node) else {
+        return Ok(None);
+    };
+    let store = crate::fleet::connect_etcd(
+        &proof.endpoints,
+        proof.etcd_timeout,
+        proof.etcd_ca.as_ref(),
+        proof.etcd_cert.as_ref(),
+        proof.etcd_key.as_ref(),
+    )?;
+    let identity = assembly::boot_identity(args.sim_driver.as_deref())
+        .context("reading which boot this node runs in")?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown host".to_owned());
+    let what = if args.once {
+        "tokwatt fence --once"
+    } else {
+        "tokwatt fence"
+    };
+    Ok(Some(ProofTarget {
+        store: Box::new(store),
+        domain: domain.clone(),
+        node: node.clone(),
+        by: format!("{what} on {host} (pid {})", std::process::id()),
+        boot: boot_of(&identity),
+        ttl: proof.proof_ttl,
+    }))
 }
 
 pub fn fence(args: &FenceArgs) -> Result<()> {
@@ -61,6 +137,7 @@ pub fn fence(args: &FenceArgs) -> Result<()> {
             args.reserve
         );
     }
+    let proof = proof_target(args)?;
     if args.once {
         let mut actuator = open_gpus(args)?;
         let applied = tokwatt_serve::fence::apply_reserve(actuator.as_mut(), args.reserve)
@@ -70,6 +147,17 @@ pub fn fence(args: &FenceArgs) -> Result<()> {
             bail!(
                 "the reserve ({} W) is below the sum of the GPUs' lowest caps: they are held at their lowest",
                 args.reserve
+            );
+        }
+        if let Some(target) = &proof {
+            // The boot unit's record: the reserve in force at this boot, read back. It
+            // proves the unit runs (a reboot lands at the reserve) for this boot only.
+            let written = target
+                .write(ProofSource::Boot, actuator.as_mut(), "the reserve applied at boot")
+                .context("the reserve is in force, but its record was not written: the coordinator keeps charging the node its board defaults until one is")?;
+            println!(
+                "tokwatt fence: the caps read back ({:.0} W) written as node `{}`'s boot record (revision {})",
+                written.sum_w, target.node, written.revision
             );
         }
         return Ok(());
@@ -115,6 +203,7 @@ pub fn fence(args: &FenceArgs) -> Result<()> {
         },
         actuator.as_mut(),
         &stop,
+        proof.as_ref(),
     )?;
     eprintln!("tokwatt fence: stopped");
     Ok(())

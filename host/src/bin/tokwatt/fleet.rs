@@ -15,7 +15,7 @@ use tokwatt_fleet::ledger::Why;
 use tokwatt_fleet::show::{LedgerDocument, acknowledged, why_words};
 use tokwatt_fleet::{
     Coordinator, CoordinatorConfig, DomainBudget, FleetStore, FrozenWrite, Hold, Ledger,
-    MarginalAllocator, Round,
+    MarginalAllocator, ProofSource, ReleaseProof, Round,
 };
 
 #[derive(Debug, clap::Subcommand)]
@@ -145,6 +145,13 @@ pub struct ReleaseArgs {
     domain: String,
     /// The node, as the budget names it.
     node: String,
+    /// Why you release it, in words kept with the release (`fleet show` prints them):
+    /// what you checked, e.g. "nvidia-smi: 8 x 125 W" or "powered off at the PDU".
+    #[arg(long, value_name = "TEXT")]
+    why: String,
+    /// Who releases it (default: $USER on this host), kept with the release.
+    #[arg(long, value_name = "WHO")]
+    by: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -167,6 +174,13 @@ pub struct CoordinateArgs {
     /// leads, the ledger and each node's grant) on ADDR, e.g. 0.0.0.0:9401.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
+    /// Power a frozen host off through its BMC (a ClusterLabs fence agent such as
+    /// fence_redfish or fence_ipmilan, as configured per node in this TOML file) once it
+    /// has been silent long enough with watts stranded and no proof, and free its watts
+    /// on the power state read back OFF. Checked before the replica starts. The book's
+    /// "The off-node fence" page has the format.
+    #[arg(long, value_name = "FILE")]
+    off_node_fence: Option<PathBuf>,
 }
 
 pub fn fleet(command: &FleetCommand) -> Result<()> {
@@ -275,7 +289,7 @@ fn show(args: &ShowArgs) -> Result<()> {
     }
     for entry in ledger.entries.iter().filter(|e| e.fence_missing) {
         println!(
-            "node {} is fenced in the budget but declares no fence covering stops and reboots: charged as unfenced ({:.0} W once silent, not its {:.0} W reserve); run its fence and boot unit, or set fenced = false",
+            "node {} is fenced in the budget but declares no fence, or no boot unit proved itself for its boot: charged as unfenced ({:.0} W, what a reboot may leave, not its {:.0} W reserve); run its fence and its boot unit with --etcd (tokwatt fence --once --etcd …), or set fenced = false",
             entry.node(),
             entry.floor_w,
             entry.budget.reserve_w
@@ -289,7 +303,7 @@ fn show(args: &ShowArgs) -> Result<()> {
     }
     if ledger.stranded_w() > 0.0 {
         println!(
-            "{:.0} W stranded on silent nodes: what their GPUs may still hold, given to no other node until each reports again, its fence's deadline passes, or it is released (`tokwatt fleet release NODE`)",
+            "{:.0} W stranded on silent nodes: what their GPUs may still hold, given to no other node until each reports again, a record proves its caps lower (its fence, boot unit or agent, or an off-node fence), or it is released (`tokwatt fleet release NODE --why …`)",
             ledger.stranded_w()
         );
     }
@@ -304,6 +318,17 @@ fn show(args: &ShowArgs) -> Result<()> {
         ledger.revision
     );
     Ok(())
+}
+
+/// Who runs this command: $USER (or $LOGNAME) on this host.
+fn operator_name() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "unknown user".to_owned());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "unknown host".to_owned());
+    format!("{user}@{host}")
 }
 
 fn release(args: &ReleaseArgs) -> Result<()> {
@@ -356,17 +381,32 @@ fn release(args: &ReleaseArgs) -> Result<()> {
             floor_w - reserve_w
         );
     }
-    let (fence, default_w) = entry.hold.map_or((None, 0.0), |stored| {
-        (stored.hold.fence, stored.hold.default_w)
+    if args.why.trim().is_empty() {
+        bail!(
+            "--why is empty: say what you checked (e.g. --why \"nvidia-smi: 8 x 125 W\"), so the next operator can trust it"
+        );
+    }
+    let (fence, default_w, boot) = entry.hold.map_or((None, 0.0, 0), |stored| {
+        (stored.hold.fence, stored.hold.default_w, stored.hold.boot)
     });
     let hold = Hold {
         watts: reserve_w,
         fence,
         default_w,
         released: true,
+        boot,
+    };
+    let record = ReleaseProof {
+        source: ProofSource::Operator,
+        by: args.by.clone().unwrap_or_else(operator_name),
+        caps_w: Vec::new(),
+        sum_w: reserve_w,
+        at_unix_ms: tokwatt_serve::fence::unix_ms_now(),
+        boot,
+        detail: args.why.trim().to_owned(),
     };
     let revision = entry.hold.map_or(0, |stored| stored.mod_revision);
-    if !store.release(&args.domain, &args.node, &hold, revision)? {
+    if !store.release(&args.domain, &args.node, &hold, revision, &record)? {
         bail!(
             "node `{}` came back, or the leader rewrote its hold, since it was read: nothing written; look again with `tokwatt fleet show --domain {}`",
             args.node,
@@ -374,13 +414,21 @@ fn release(args: &ReleaseArgs) -> Result<()> {
         );
     }
     println!(
-        "Released: node `{}` is charged its {reserve_w:.0} W reserve from the leader's next round, freeing {:.0} W, until its agent reports again.",
-        args.node, entry.stranded_w
+        "Released by {}: node `{}` is charged its {reserve_w:.0} W reserve from the leader's next round, freeing {:.0} W, until its agent reports again.",
+        record.by, args.node, entry.stranded_w
     );
     Ok(())
 }
 
 fn coordinate(args: &CoordinateArgs) -> Result<()> {
+    // A file with a mistake is refused before anything starts, rather than found out
+    // when a host freezes.
+    let off_node = args
+        .off_node_fence
+        .as_deref()
+        .map(tokwatt_fleet::offnode::OffNodeConfig::load)
+        .transpose()
+        .context("the off-node fence (--off-node-fence)")?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, Arc::clone(&stop))
@@ -427,12 +475,23 @@ fn coordinate(args: &CoordinateArgs) -> Result<()> {
         },
         Box::new(MarginalAllocator::default()),
     );
+    if let Some(config) = off_node {
+        let nodes: Vec<&str> = config.nodes.keys().map(String::as_str).collect();
+        eprintln!(
+            "coordinator {name}: off-node fence for {} (while leading)",
+            nodes.join(", ")
+        );
+        coordinator = coordinator.with_off_node(tokwatt_fleet::offnode::OffNodeFence::new(config));
+    }
     eprintln!("coordinator {name} for domain {}: campaigning", args.domain);
     let mut was_leader = false;
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
         let round = coordinator.round(&store);
         metrics.observe(&round);
+        if let Some(fence) = coordinator.off_node() {
+            metrics.observe_off_node(&fence.counts());
+        }
         match round {
             Ok(Round::Leader {
                 took_over,

@@ -8,9 +8,40 @@ use std::time::Duration;
 use super::{ControlLoop, ratio};
 use tokwatt_core::actuator::ActuatorError;
 use tokwatt_core::types::{Knobs, Observation, Settings, TelemetryWindow, WorkloadWindow};
+use tokwatt_policy::envelope::Applied;
 use tokwatt_policy::guard::Decider;
 
 impl ControlLoop {
+    /// Each GPU's settings this tick, from what the loop knows is in force: the policy's
+    /// `decision` through the envelope (nothing while the guard is in charge), with the
+    /// host's own moves where the decision leaves a knob unset. Counts nothing, so a tick
+    /// may work its settings out again after reading them back (a stall inside it).
+    pub(super) fn settle(
+        &mut self,
+        decision: &[Settings],
+        observations: &[Observation],
+        guard_in_charge: bool,
+    ) -> Vec<Applied> {
+        let mut settled = Vec::with_capacity(observations.len());
+        for (gpu, obs) in observations.iter().enumerate() {
+            let requested = decision.get(gpu).copied().unwrap_or_default();
+            let mut applied = if guard_in_charge {
+                Applied::default()
+            } else {
+                self.envelope
+                    .apply(gpu as u32, &requested, &self.in_force[gpu])
+            };
+            let host_moves = if self.paused {
+                Settings::default()
+            } else {
+                self.host_moves(gpu as u32, guard_in_charge, obs)
+            };
+            applied.settings = merged(applied.settings, host_moves);
+            settled.push(applied);
+        }
+        settled
+    }
+
     /// The host's own moves on `gpu` this tick: every knob of the node the policy in
     /// charge does not own goes back to the node's baseline, and while the guard is in
     /// charge every knob goes to the device defaults; within the node's guardrails and
@@ -217,14 +248,19 @@ impl ControlLoop {
     }
 
     /// Apply the knobs that change. A failed change is logged and counted, never fatal:
-    /// the setting stays as it was.
+    /// the setting stays as it was. A cap or clock lock that changed is read back from the
+    /// device afterwards ([`Self::read_back`]): what the loop shows is what the driver
+    /// holds, not what it was asked.
     pub(super) fn apply(&mut self, gpu: u32, settings: &Settings) {
         let g = gpu as usize;
+        let mut device_changed = false;
         if let Some(watts) = settings.power_cap_w {
             match self.backends.actuator.set_power_cap(gpu, watts) {
                 Ok(enforced) => {
+                    // What the setter answered stands only where the read-back fails.
                     self.in_force[g].power_cap_w = enforced;
                     self.in_force[g].power_cap_requested_w = watts;
+                    device_changed = true;
                     self.changed(gpu);
                 }
                 Err(e) => self.actuator_error(gpu, e),
@@ -246,10 +282,17 @@ impl ControlLoop {
             match self.backends.actuator.set_sm_clock_lock(gpu, range) {
                 Ok(()) => {
                     self.in_force[g].sm_clock_max_mhz = mhz;
+                    device_changed = true;
                     self.changed(gpu);
                 }
                 Err(e) => self.actuator_error(gpu, e),
             }
+        }
+        if device_changed && let Err(error) = self.read_back(gpu) {
+            tracing::warn!(
+                gpu,
+                "reading the settings back after a change failed; the setter's answer stands: {error}"
+            );
         }
         if let Some(batch) = settings.batch_size {
             match self.backends.workload.set_batch_size(gpu, batch) {
@@ -275,6 +318,26 @@ impl ControlLoop {
                 }
             }
         }
+    }
+
+    /// Replace what the loop knows of `gpu`'s power cap (requested and enforced) and SM
+    /// clock lock with what the actuator reads back from the device: the driver's, where
+    /// another process may have changed them (a fence, a restore, an operator); a dry
+    /// run's, what it pretends is set. On an error nothing changes.
+    pub(super) fn read_back(&mut self, gpu: u32) -> Result<(), ActuatorError> {
+        let g = gpu as usize;
+        let read = self.backends.actuator.read(gpu)?;
+        // Unlocked: the device's highest clock (its default), as the loop's start reads it.
+        let unlocked_mhz = self.defaults.get(g).and_then(|d| d.sm_clock_max_mhz);
+        if let Some(in_force) = self.in_force.get_mut(g) {
+            in_force.power_cap_w = read.power_cap_enforced_w;
+            in_force.power_cap_requested_w = read.power_cap_w;
+            in_force.sm_clock_max_mhz = match read.sm_clock_lock_mhz {
+                Some((_, highest)) => highest,
+                None => unlocked_mhz.unwrap_or(in_force.sm_clock_max_mhz),
+            };
+        }
+        Ok(())
     }
 
     pub(super) fn changed(&mut self, gpu: u32) {

@@ -760,3 +760,277 @@ fn a_granted_token_budget_reaches_the_workload_and_goes_back_when_no_policy_owns
     assert_eq!(recorded[1], "512", "{recorded:?}");
     assert_eq!(recorded.last(), Some(&"4096"), "{recorded:?}");
 }
+
+/// Two simulated H200s whose settings live in a driver file, as a real driver holds them
+/// (a fence changes them from outside the loop), on a virtual clock the test moves, run by
+/// a policy that asks 650 W of each GPU every tick; `on_decide` runs in the policy's
+/// `decide` with its call number, the clock and the driver (a stall inside a tick).
+struct DriverNode {
+    control: ControlLoop,
+    recorder: Recorder,
+    clock: Arc<VirtualClock>,
+    driver: tokwatt_sim::SimDriver,
+    _dir: tempfile::TempDir,
+}
+
+fn driver_node(
+    on_decide: impl Fn(u64, &VirtualClock, &tokwatt_sim::SimDriver) + Send + 'static,
+) -> DriverNode {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("driver.json");
+    let clock = VirtualClock::new();
+    let sim = SimGpu::with_driver(
+        SimConfig {
+            profile: GpuProfile::load("h200").expect("profile"),
+            scenario: Scenario::built_in().expect("scenario"),
+            gpus: 2,
+            seed: 1,
+            noise_seed: None,
+        },
+        clock.clone(),
+        &path,
+    )
+    .expect("sim");
+    let devices = sim.telemetry().devices();
+    let backends = Backends {
+        telemetry: sim.telemetry(),
+        actuator: sim.actuator(),
+        workload: sim.workload(),
+        clock: clock.clone(),
+    };
+    let knobs = Knobs {
+        power_cap: true,
+        ..Knobs::default()
+    };
+    let envelope =
+        Envelope::new(&devices, &[512, 512], &Guardrails::default(), knobs).expect("envelope");
+    let args = InitArgs {
+        devices: envelope.facts(&devices),
+        knobs,
+        objective: Objective::default(),
+        params: vec![],
+        tick_ms: 1000,
+        seed: 1,
+    };
+    let driver = tokwatt_sim::SimDriver::at(&path);
+    let policy = NativePolicy::new({
+        let clock = clock.clone();
+        let driver = driver.clone();
+        move |call, observations| {
+            on_decide(call, &clock, &driver);
+            Ok(vec![
+                Settings {
+                    power_cap_w: Some(650.0),
+                    ..Settings::default()
+                };
+                observations.len()
+            ])
+        }
+    });
+    let (supervisor, first) =
+        Supervisor::start(Box::new(policy), args, BreakerConfig::default()).expect("starts");
+    let control = ControlLoop::new(
+        backends,
+        supervisor,
+        &first,
+        envelope,
+        LoopConfig::new(
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+            Objective::default(),
+        ),
+        Arc::new(AtomicBool::new(false)),
+    );
+    DriverNode {
+        control,
+        recorder: Recorder::discard(),
+        clock,
+        driver,
+        _dir: dir,
+    }
+}
+
+/// What a fence does to a stopped agent's node: every cap lowered in the driver (and, to
+/// show that clock locks are read back too, the SM clock locked at `sm_clock_mhz`).
+fn fence_lowers(driver: &tokwatt_sim::SimDriver, watts: f64, sm_clock_mhz: Option<u32>) {
+    let lowest = *GpuProfile::load("h200")
+        .expect("profile")
+        .sm_clocks_mhz()
+        .last()
+        .expect("clocks");
+    driver
+        .update(|state| {
+            for board in &mut state.boards {
+                board.power_cap_w = watts;
+                board.sm_clock_lock_mhz = sm_clock_mhz.map(|mhz| (lowest, mhz));
+            }
+            Ok(())
+        })
+        .expect("the driver file takes the change");
+}
+
+/// Each GPU's settings as the driver holds them: the requested cap and the SM clock
+/// lock's upper bound (`None`: unlocked).
+fn driver_holds(driver: &tokwatt_sim::SimDriver) -> Vec<(f64, Option<u32>)> {
+    driver
+        .read()
+        .expect("the driver file reads")
+        .boards
+        .iter()
+        .map(|b| (b.power_cap_w, b.sm_clock_lock_mhz.map(|(_, hi)| hi)))
+        .collect()
+}
+
+/// `in_force` as the driver would hold it: the requested cap, and the lock's upper bound
+/// (`None` where it is the device's highest clock, which is no lock).
+fn as_held(in_force: &[InForce], device_max_mhz: u32) -> Vec<(f64, Option<u32>)> {
+    in_force
+        .iter()
+        .map(|f| {
+            (
+                f.power_cap_requested_w,
+                (f.sm_clock_max_mhz < device_max_mhz).then_some(f.sm_clock_max_mhz),
+            )
+        })
+        .collect()
+}
+
+fn h200_top_clock() -> u32 {
+    GpuProfile::load("h200")
+        .expect("profile")
+        .sm_clocks_mhz()
+        .first()
+        .copied()
+        .expect("clocks")
+}
+
+#[test]
+fn after_a_stall_the_loop_reads_back_what_a_fence_changed_before_it_shows_or_acts_on_it() {
+    let mut node = driver_node(|_, _, _| {});
+    let top = h200_top_clock();
+    for _ in 0..3 {
+        node.control
+            .tick(&mut node.recorder)
+            .expect("ticks")
+            .expect("a tick");
+    }
+    assert_eq!(driver_holds(&node.driver), [(650.0, None), (650.0, None)]);
+
+    // The agent is stopped for 20 s (its tick comes 19 s late); meanwhile a fence lowers
+    // every cap to 300 W, and something locks the SM clock at a supported clock.
+    let clocks = GpuProfile::load("h200").expect("profile").sm_clocks_mhz();
+    let locked = clocks[clocks.len() / 2];
+    node.clock
+        .sleep_until(node.clock.now() + Duration::from_secs(20));
+    fence_lowers(&node.driver, 300.0, Some(locked));
+    assert_eq!(driver_holds(&node.driver)[0], (300.0, Some(locked)));
+
+    let progress = node
+        .control
+        .tick(&mut node.recorder)
+        .expect("ticks")
+        .expect("a tick");
+    assert_eq!(progress.totals.stalls, 1);
+    assert!(
+        (progress.totals.stalled_s - 19.0).abs() < 1e-6,
+        "{}",
+        progress.totals.stalled_s
+    );
+    assert_eq!(progress.lateness, Duration::from_secs(19));
+    // What the status and /metrics show of this tick (the observations' settings in
+    // force): the driver's, read back before anything used them, never the 650 W the
+    // loop had set before the stall.
+    for observation in progress.observations {
+        let in_force = observation.in_force;
+        assert_eq!(
+            (
+                in_force.power_cap_requested_w,
+                in_force.power_cap_w,
+                in_force.sm_clock_max_mhz
+            ),
+            (300.0, 300.0, locked),
+            "GPU {}",
+            observation.gpu
+        );
+    }
+    // What the loop did next was worked out from them: the policy's 650 W applied again
+    // (the loop believing 650 W in force would have changed nothing), the clock no policy
+    // owns sent back toward the start's, and what it reports in force after the tick (the
+    // fleet's report) is what the driver holds.
+    assert_eq!(progress.totals.settings_changes, 2 + 2 * 2);
+    assert_eq!(as_held(progress.in_force, top), driver_holds(&node.driver));
+    assert!(progress.in_force.iter().all(|f| f.power_cap_w == 650.0));
+
+    // The ticks the stall missed are not run back to back: the next is due a period after
+    // the late one, on time, and no second stall is counted.
+    let late_at = progress.time;
+    let next = node
+        .control
+        .tick(&mut node.recorder)
+        .expect("ticks")
+        .expect("a tick");
+    assert_eq!(next.lateness, Duration::ZERO);
+    assert_eq!(next.time, late_at + Duration::from_secs(1));
+    assert_eq!(next.totals.stalls, 1);
+    assert_eq!(as_held(next.in_force, top), driver_holds(&node.driver));
+    let (totals, _) = node.control.finish();
+    assert_eq!(totals.stalls, 1);
+}
+
+#[test]
+fn a_stall_between_a_ticks_reads_and_its_changes_is_read_back_before_anything_is_applied() {
+    // The policy's fourth call stands for the process stopped while it decided: 20 s pass
+    // and a fence lowers every cap to 300 W before the tick applies anything.
+    let mut node = driver_node(|call, clock, driver| {
+        if call == 3 {
+            clock.sleep_until(clock.now() + Duration::from_secs(20));
+            fence_lowers(driver, 300.0, None);
+        }
+    });
+    let top = h200_top_clock();
+    for tick in 0..3 {
+        let progress = node
+            .control
+            .tick(&mut node.recorder)
+            .expect("ticks")
+            .expect("a tick");
+        assert_eq!(progress.totals.stalls, 0, "tick {tick}");
+    }
+    let progress = node
+        .control
+        .tick(&mut node.recorder)
+        .expect("ticks")
+        .expect("a tick");
+    // The tick started on time and was stopped in its middle: one stall, of 20 s.
+    assert_eq!(progress.lateness, Duration::ZERO);
+    assert_eq!(progress.totals.stalls, 1);
+    assert!((progress.totals.stalled_s - 20.0).abs() < 1e-6);
+    // What the tick shows in force (status, metrics) is what it read back after the
+    // stall, not the 650 W it had read before it.
+    for observation in progress.observations {
+        assert_eq!(
+            (
+                observation.in_force.power_cap_requested_w,
+                observation.in_force.power_cap_w
+            ),
+            (300.0, 300.0),
+            "GPU {}",
+            observation.gpu
+        );
+    }
+    // Its settings were worked out again from the driver's 300 W: the 650 W asked is
+    // applied (the loop believing 650 W in force would have changed nothing, and reported
+    // 650 W in force over 300 W held), and what it reports in force is the driver's.
+    assert_eq!(progress.totals.settings_changes, 2 + 2);
+    assert_eq!(as_held(progress.in_force, top), driver_holds(&node.driver));
+    assert!(progress.in_force.iter().all(|f| f.power_cap_w == 650.0));
+
+    // The schedule moved on with it: the next tick is on time, and no second stall.
+    let next = node
+        .control
+        .tick(&mut node.recorder)
+        .expect("ticks")
+        .expect("a tick");
+    assert_eq!(next.lateness, Duration::ZERO);
+    assert_eq!(next.totals.stalls, 1);
+}

@@ -162,6 +162,10 @@ fn is_zero(count: &u64) -> bool {
     *count == 0
 }
 
+fn is_no_time(seconds: &f64) -> bool {
+    *seconds == 0.0
+}
+
 /// What a run did, for `summary.json`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LoopTotals {
@@ -196,6 +200,15 @@ pub struct LoopTotals {
     #[serde(skip_serializing_if = "is_zero", default)]
     pub allowance_unmet_ticks: u64,
     pub non_finite_values: u64,
+    /// Stalls: times the loop found itself more than
+    /// [`STALL_TICKS`](crate::control::STALL_TICKS) periods behind its schedule (the
+    /// process stopped, a call hung) and read every GPU's settings back before going on;
+    /// and the time they lost, seconds (how far behind each found the loop). Written only
+    /// where there were some, so a run without one keeps the summary's layout.
+    #[serde(skip_serializing_if = "is_zero", default)]
+    pub stalls: u64,
+    #[serde(skip_serializing_if = "is_no_time", default)]
+    pub stalled_s: f64,
     pub actuator_errors: u64,
     pub telemetry_errors: u64,
     pub settings_changes: u64,

@@ -8,6 +8,9 @@
 //!   node's record and grant go together, in one step of etcd's log;
 //! - `holds/<node>`: the node's [`Hold`], bound to no lease: what it may still hold once
 //!   silent, written by the leader with the grants, or released by an operator;
+//! - `proofs/<node>/<source>`: the newest [`ReleaseProof`] of each source (fence, boot,
+//!   agent, off-node, operator), each under a lease of its writer's own: what the node's
+//!   GPUs were read back at, after whatever lowered them;
 //! - `freeze`: the domain's [`Freeze`] (who froze its grants and why), bound to the
 //!   lease of the experiment that holds it, created only where absent.
 //!
@@ -26,8 +29,8 @@ pub use tls::{ClientFiles, EtcdTls, TlsError, TlsFile, TlsFiles};
 use crate::budget::{DomainBudget, valid_name};
 use crate::store::{
     DomainView, FleetStore, Freeze, FreezeOutcome, FreezeSession, Grant, GrantWrite, Hold,
-    HoldWrite, Leadership, NodeRecord, NodeReport, NodeSession, NodeView, StoreError, StoredFreeze,
-    StoredHold, Written,
+    HoldWrite, Leadership, NodeRecord, NodeReport, NodeSession, NodeView, ReleaseProof, StoreError,
+    StoredFreeze, StoredHold, StoredProof, Written,
 };
 
 /// Where every domain lives.
@@ -65,6 +68,10 @@ fn grant_key(domain: &str, node: &str) -> String {
 
 fn hold_key(domain: &str, node: &str) -> String {
     format!("{ROOT}{domain}/holds/{node}")
+}
+
+fn proof_key(domain: &str, node: &str, proof: &ReleaseProof) -> String {
+    format!("{ROOT}{domain}/proofs/{node}/{}", proof.source.label())
 }
 
 fn freeze_key(domain: &str) -> String {
@@ -245,6 +252,7 @@ impl FleetStore for EtcdFleet {
         let mut grants: Vec<(String, i64, Grant)> = Vec::new();
         let mut holds: Vec<(String, StoredHold)> = Vec::new();
         let mut freeze = None;
+        let mut proofs = Vec::new();
         for kv in &keys {
             let rest = &kv.key[prefix.len()..];
             if rest == "budget" {
@@ -261,6 +269,16 @@ impl FleetStore for EtcdFleet {
                 ));
             } else if let Some(node) = rest.strip_prefix("grants/") {
                 grants.push((node.to_owned(), kv.lease, decode(kv)?));
+            } else if let Some(path) = rest.strip_prefix("proofs/") {
+                // A damaged proof proves nothing: it is left out (the node stays charged).
+                if let (Some((node, _)), Ok(proof)) = (path.split_once('/'), decode(kv)) {
+                    proofs.push(StoredProof {
+                        node: node.to_owned(),
+                        proof,
+                        mod_revision: kv.mod_revision,
+                        lease: kv.lease,
+                    });
+                }
             } else if let Some(node) = rest.strip_prefix("holds/") {
                 holds.push((
                     node.to_owned(),
@@ -306,6 +324,7 @@ impl FleetStore for EtcdFleet {
             budget,
             nodes,
             freeze,
+            proofs,
         }))
     }
 
@@ -415,24 +434,64 @@ impl FleetStore for EtcdFleet {
         node: &str,
         hold: &Hold,
         hold_revision: i64,
+        record: &ReleaseProof,
     ) -> Result<bool, StoreError> {
         check_name("domain", domain)?;
         check_name("node", node)?;
         let key = hold_key(domain, node);
+        let (lease, _) = self.client.grant_lease(crate::store::DEFAULT_PROOF_TTL)?;
         let outcome = self.client.txn(&Txn {
             compare: vec![
                 // No live record: the node is silent (its lease lapsed, or it left).
                 Compare::CreateRevision(node_key(domain, node), 0),
                 Compare::ModRevision(key.clone(), hold_revision),
             ],
-            success: vec![Op::Put {
-                key,
-                value: encode(hold)?,
-                lease: 0,
-            }],
+            success: vec![
+                Op::Put {
+                    key,
+                    value: encode(hold)?,
+                    lease: 0,
+                },
+                Op::Put {
+                    key: proof_key(domain, node, record),
+                    value: encode(record)?,
+                    lease,
+                },
+            ],
             failure: Vec::new(),
         })?;
+        if !outcome.succeeded {
+            let _ = self.client.revoke(lease);
+        }
         Ok(outcome.succeeded)
+    }
+
+    fn prove(
+        &self,
+        domain: &str,
+        node: &str,
+        proof: &ReleaseProof,
+        ttl: Duration,
+    ) -> Result<i64, StoreError> {
+        check_name("domain", domain)?;
+        check_name("node", node)?;
+        let (lease, _) = self.client.grant_lease(ttl)?;
+        let outcome = self.client.txn(&Txn {
+            compare: Vec::new(),
+            success: vec![Op::Put {
+                key: proof_key(domain, node, proof),
+                value: encode(proof)?,
+                lease,
+            }],
+            failure: Vec::new(),
+        });
+        match outcome {
+            Ok(outcome) => Ok(outcome.revision),
+            Err(error) => {
+                let _ = self.client.revoke(lease);
+                Err(error)
+            }
+        }
     }
 
     fn join(

@@ -4,8 +4,26 @@ use std::time::Duration;
 use super::*;
 use crate::budget::{DomainBudget, NodeBudget};
 use crate::store::{
-    DomainView, FenceKind, Freeze, Grant, Hold, NodeRecord, NodeView, StoredFreeze, StoredHold,
+    DomainView, FenceKind, Freeze, Grant, Hold, NodeRecord, NodeView, ReleaseProof, StoredFreeze,
+    StoredHold, StoredProof,
 };
+
+fn proof(node: &str, source: ProofSource, sum_w: f64, revision: i64) -> StoredProof {
+    StoredProof {
+        node: node.into(),
+        proof: ReleaseProof {
+            source,
+            by: format!("{} on {node}", source.label()),
+            caps_w: vec![sum_w / 2.0, sum_w / 2.0],
+            sum_w,
+            at_unix_ms: 1_765_000_000_000,
+            boot: 0,
+            detail: String::new(),
+        },
+        mod_revision: revision,
+        lease: 0x51,
+    }
+}
 
 fn node(name: &str, fenced: bool) -> NodeBudget {
     NodeBudget {
@@ -18,9 +36,9 @@ fn node(name: &str, fenced: bool) -> NodeBudget {
     }
 }
 
-/// Domain `rack-1`: `a` live and granted (acknowledged), `b` silent behind its fence
-/// (6 s silent of a 10 s deadline), `c` never heard; `x` reports without a budget line;
-/// frozen by an experiment.
+/// Domain `rack-1`: `a` live and granted (acknowledged), `b` silent for 6 s, its fence's
+/// record written after its hold, `c` never heard; `a` and `b`'s boot units proved
+/// themselves; `x` reports without a budget line; frozen by an experiment.
 fn ledger() -> Ledger {
     let fence = Fence {
         kind: FenceKind::Heartbeat,
@@ -28,6 +46,7 @@ fn ledger() -> Ledger {
         covers_reboot: true,
     };
     let report = NodeReport {
+        boot: 0,
         acked_generation: 4,
         caps_in_force_w: 3000.0,
         draw_w: 2800.0,
@@ -38,6 +57,11 @@ fn ledger() -> Ledger {
         default_w: 5600.0,
     };
     let view = DomainView {
+        proofs: vec![
+            proof("a", ProofSource::Boot, 1000.0, 5),
+            proof("b", ProofSource::Boot, 1000.0, 6),
+            proof("b", ProofSource::Fence, 900.0, 11),
+        ],
         revision: 42,
         budget: DomainBudget {
             domain: "rack-1".into(),
@@ -66,6 +90,7 @@ fn ledger() -> Ledger {
                 grant: None,
                 hold: Some(StoredHold {
                     hold: Hold {
+                        boot: 0,
                         watts: 2500.0,
                         fence: Some(fence),
                         default_w: 5600.0,
@@ -135,22 +160,24 @@ fn the_documents_keys_are_stable() {
     assert_eq!(
         keys(&json["nodes"][0]),
         [
+            "boot_proven",
             "charged_w",
             "fence_missing",
             "fenced",
             "floor_w",
-            "frees_in_s",
             "grant",
             "lease",
             "live",
             "max_w",
             "node",
             "priority",
+            "proof",
+            "proofs",
+            "released_by",
             "report",
             "reserve_w",
             "silent_for_s",
             "stranded_w",
-            "then_w",
             "why",
             "why_words",
         ]
@@ -169,6 +196,7 @@ fn the_documents_keys_are_stable() {
         keys(&json["nodes"][0]["report"]),
         [
             "acked_generation",
+            "boot",
             "caps_in_force_w",
             "default_w",
             "draw_w",
@@ -181,6 +209,19 @@ fn the_documents_keys_are_stable() {
     assert_eq!(
         keys(&json["nodes"][0]["report"]["fence"]),
         ["covers_reboot", "deadline_s", "kind"]
+    );
+    assert_eq!(
+        keys(&json["nodes"][1]["proof"]),
+        [
+            "at_unix_ms",
+            "by",
+            "caps_w",
+            "detail",
+            "lease",
+            "revision",
+            "source",
+            "sum_w",
+        ]
     );
     assert_eq!(keys(&json["unbudgeted"][0]), ["node", "watts"]);
 }
@@ -215,14 +256,19 @@ fn the_document_holds_the_ledgers_figures() {
     assert_eq!(a["silent_for_s"], serde_json::Value::Null);
 
     let b = &json["nodes"][1];
-    assert_eq!(b["why"], "silent-fenced");
+    assert_eq!(b["why"], "proven");
     assert_eq!(b["lease"], serde_json::Value::Null);
     assert_eq!(b["report"], serde_json::Value::Null);
-    assert_eq!(b["frees_in_s"], 4.0);
-    assert_eq!(b["then_w"], 1000.0);
+    assert_eq!(b["proof"]["source"], "fence");
+    assert_eq!(b["proof"]["revision"], 11);
+    assert_eq!(b["proof"]["sum_w"], 900.0);
+    assert_eq!(b["proofs"].as_array().map(Vec::len), Some(2));
+    assert_eq!(b["boot_proven"], true);
     assert_eq!(b["silent_for_s"], 6.0);
-    assert_eq!(b["stranded_w"], 1500.0);
-    assert_eq!(b["why_words"], "silent, fenced: 1000 W in 4 s");
+    // Proven at 900 W, but charged its 1 kW reserve: what its boot unit puts in force.
+    assert_eq!(b["charged_w"], 1000.0);
+    assert_eq!(b["stranded_w"], 0.0);
+    assert_eq!(b["why_words"], "silent, proven by its fence record");
 
     let c = &json["nodes"][2];
     assert_eq!(c["why"], "never-heard");

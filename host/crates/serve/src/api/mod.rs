@@ -220,7 +220,9 @@ pub struct GpuStatus {
     pub gpu: u32,
     pub name: String,
     pub uuid: String,
-    /// The settings in force after the last tick. Where the workload is a serving engine
+    /// The settings in force after the last tick, the power cap and clock lock as the loop
+    /// last read them back from the device (after a stall, before it reports again), never
+    /// as it asked for them. Where the workload is a serving engine
     /// (`NodeStatus::workload` = `prometheus`), `batch_size` is a placeholder: the batch is
     /// the engine's, which tokwatt neither reads nor sets.
     pub in_force: InForce,

@@ -19,15 +19,23 @@
 //!   declares the fence only while that file shows the fence alive. Deadline: the stall
 //!   plus `restore_s`.
 //!
+//! Neither kind's deadline frees a silent node's watts any more: the coordinator waits for
+//! a record of the caps read back ([`proof`]), which `tokwatt fence --etcd …` writes when
+//! it holds the reserve, the boot unit (`tokwatt fence --once --etcd …`) after it applied
+//! it at boot, and `tokwatt serve` after it applied it at start. The deadline is declared
+//! still, and shown.
+//!
 //! [`apply_reserve`] is the one way any of them lowers caps: `tokwatt fence` when it
 //! fires, `tokwatt fence --once` at boot and at a pod's start, and `tokwatt serve` at its
 //! own start, before anything that can fail.
 
 pub mod notify;
+pub mod proof;
 mod reserve;
 pub mod status;
 pub mod watch;
 
+pub use proof::{ProofTarget, ProofWritten, read_caps, unix_ms_now};
 pub use reserve::{ReserveApplied, apply_reserve};
 
 use std::path::PathBuf;
@@ -58,6 +66,12 @@ pub enum FenceError {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error("writing node `{node}`'s proof of release to the fleet's store: {source}")]
+    Proof {
+        node: String,
+        #[source]
+        source: tokwatt_fleet::StoreError,
     },
     #[error(
         "the heartbeat's folder {} does not exist: create it (the agent's `fleet.fence.heartbeat` must be in it)",

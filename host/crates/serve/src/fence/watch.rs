@@ -20,11 +20,18 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokwatt_core::actuator::Actuator;
 
+use tokwatt_fleet::ProofSource;
+
+use super::proof::ProofTarget;
 use super::status::{FenceStatus, STATUS_EVERY, STATUS_FORMAT_VERSION};
 use super::{FenceError, apply_reserve};
 
 /// How often the fence looks at the heartbeat (a stat call) and, while stalled, at the caps.
 pub const CHECK_EVERY: Duration = Duration::from_millis(250);
+
+/// While it holds the reserve, how often the fence writes its reading to the fleet's store
+/// again (a grant written after the last record makes it stale).
+pub const PROOF_EVERY: Duration = Duration::from_secs(2);
 
 /// `tokwatt fence`'s settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -182,10 +189,18 @@ pub fn heartbeat_mtime(path: &Path) -> Option<SystemTime> {
 /// Runs the fence until `stop` is raised: a check every [`CHECK_EVERY`], the status
 /// rewritten every [`STATUS_EVERY`] and whenever the hold starts or ends. The status file
 /// is removed on the way out, so the agent stops declaring the fence at once.
+///
+/// With a `proof` target, while it holds the reserve the fence reads the caps back and
+/// writes them to the fleet's store (a [`ProofSource::Fence`] record) at once and then
+/// every [`PROOF_EVERY`]: the coordinator frees the node's watts only on a record
+/// written after its last grant, and a grant may land after the first record while the
+/// node's lease is still live. A record that cannot be written is logged and tried
+/// again; the hold never depends on the store.
 pub fn run(
     settings: FenceSettings,
     actuator: &mut dyn Actuator,
     stop: &AtomicBool,
+    proof: Option<&ProofTarget>,
 ) -> Result<(), FenceError> {
     if !(settings.reserve_w.is_finite() && settings.reserve_w > 0.0) {
         return Err(FenceError::BadReserve {
@@ -208,11 +223,39 @@ pub fn run(
     // The first status at once: the agent needs two to see the fence alive.
     write_status(&watch, &status_path)?;
     let mut next_status = Instant::now() + STATUS_EVERY;
+    // While holding: when the next record is due (`None`: at once).
+    let mut next_proof: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         let was_holding = watch.holding();
         let mtime = heartbeat_mtime(&watch.settings.heartbeat);
-        watch.check(now, mtime, actuator);
+        let verdict = watch.check(now, mtime, actuator);
+        match verdict {
+            Verdict::Stalled { failed: false, .. } => {
+                if let Some(target) = proof
+                    && next_proof.is_none_or(|due| now >= due)
+                {
+                    match target.write(ProofSource::Fence, actuator, "the heartbeat stalled") {
+                        Ok(written) => {
+                            if next_proof.is_none() {
+                                tracing::warn!(
+                                    revision = written.revision,
+                                    "fence: the caps read back ({:.0} W) written to the fleet's store as proof of release",
+                                    written.sum_w
+                                );
+                            }
+                            next_proof = Some(now + PROOF_EVERY);
+                        }
+                        Err(error) => {
+                            tracing::error!("fence: {error}; trying again");
+                            next_proof = Some(now + CHECK_EVERY);
+                        }
+                    }
+                }
+            }
+            Verdict::Stalled { failed: true, .. } => {}
+            Verdict::Beating => next_proof = None,
+        }
         if now >= next_status || watch.holding() != was_holding {
             if let Err(error) = write_status(&watch, &status_path) {
                 // The hold does not depend on the status: keep fencing.
@@ -401,7 +444,7 @@ mod tests {
             let (settings, stop) = (settings.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut boards = Boards::at(&[700.0, 700.0]);
-                run(settings, &mut boards, &stop).map(|()| boards)
+                run(settings, &mut boards, &stop, None).map(|()| boards)
             })
         };
         tokwatt_test_support::wait_for("a holding status", Duration::from_secs(10), || {
@@ -419,8 +462,13 @@ mod tests {
             heartbeat: dir.path().join("absent/heartbeat"),
             ..settings
         };
-        let error =
-            run(missing, &mut Boards::at(&[700.0]), &AtomicBool::new(false)).expect_err("refused");
+        let error = run(
+            missing,
+            &mut Boards::at(&[700.0]),
+            &AtomicBool::new(false),
+            None,
+        )
+        .expect_err("refused");
         assert!(error.to_string().contains("absent"), "{error}");
     }
 }

@@ -4,13 +4,16 @@
 //! and lease, and the watts stranded on silent nodes (charged above their reserve until
 //! they report again, their fence's deadline passes, or an operator releases them), by
 //! reason. A follower does not read the ledger, so it exports no ledger series: an
-//! absent series, never a zero that would read as "nothing charged".
+//! absent series, never a zero that would read as "nothing charged". With
+//! `--off-node-fence`, the off-node fence's actions by outcome (counted by this replica
+//! while it led; kept when it stops leading, as counters are).
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use tokwatt_fleet::offnode::OffNodeCounts;
 use tokwatt_fleet::{Ledger, Round};
 
 use super::registry::{GaugeF64, TotalCounter};
@@ -30,8 +33,8 @@ struct NodeLabels {
 struct ReasonLabels {
     domain: String,
     node: String,
-    /// Why the node is charged what it is (live, silent-fenced, fence-elapsed,
-    /// silent-unfenced, released, never-heard).
+    /// Why the node is charged what it is (live, silent-unproven, proven, released,
+    /// never-heard).
     reason: String,
 }
 
@@ -41,6 +44,16 @@ struct FreezeLabels {
     /// Who froze the domain (empty while it is not frozen).
     by: String,
 }
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct OffNodeLabels {
+    domain: String,
+    /// started, powered-off, failed, cancelled.
+    outcome: &'static str,
+}
+
+/// The off-node fence's outcomes, as labelled.
+const OFF_NODE_OUTCOMES: [&str; 4] = ["started", "powered-off", "failed", "cancelled"];
 
 #[derive(Debug, Default)]
 struct Families {
@@ -61,6 +74,9 @@ struct Families {
     node_stranded_watts: Family<ReasonLabels, GaugeF64>,
     node_fence_missing: Family<NodeLabels, GaugeF64>,
     frozen: Family<FreezeLabels, GaugeF64>,
+    off_node_actions: Family<OffNodeLabels, TotalCounter<u64>>,
+    /// The off-node fence's counts as last seen (the counters move by the difference).
+    off_node_seen: OffNodeCounts,
 }
 
 /// Every family the coordinator exports: name, type, help (for the book and its test).
@@ -138,7 +154,7 @@ pub const COORDINATOR_METRICS: &[(&str, &str, &str)] = &[
     (
         "tokwatt_fleet_node_stranded_watts",
         "gauge",
-        "What each budgeted node is charged above its reserve while silent (0 while live), labelled with the reason it is charged what it is: live, silent-fenced, fence-elapsed, silent-unfenced, released, never-heard (leader only)",
+        "What each budgeted node is charged above its reserve while silent (0 while live), labelled with the reason it is charged what it is: live, silent-unproven, proven, released, never-heard (leader only)",
     ),
     (
         "tokwatt_fleet_node_fence_missing",
@@ -149,6 +165,11 @@ pub const COORDINATOR_METRICS: &[(&str, &str, &str)] = &[
         "tokwatt_fleet_frozen",
         "gauge",
         "1 while the domain is frozen, labelled with who froze it (by): every grant is held where it is, only the cuts the budget needs and a joining node's reserve are written (an experiment such as tokwatt fleet ab holds it); 0, with by empty, while it is not (leader only)",
+    ),
+    (
+        "tokwatt_fleet_off_node_actions_total",
+        "counter",
+        "Off-node fence actions this replica ran (--off-node-fence: a frozen host powered off through its BMC), by outcome: started; powered-off (read back off, its proof written); failed (nothing written, tried again after retry_after_s); cancelled (the node reported again, was proven or released, or this replica stopped leading)",
     ),
 ];
 
@@ -213,6 +234,11 @@ impl CoordinatorMetrics {
             help("tokwatt_fleet_node_stranded_watts"),
             f.node_stranded_watts.clone(),
         );
+        registry.register(
+            "tokwatt_fleet_off_node_actions_total",
+            help("tokwatt_fleet_off_node_actions_total"),
+            f.off_node_actions.clone(),
+        );
         let domain = DomainLabels {
             domain: domain.to_owned(),
         };
@@ -224,6 +250,15 @@ impl CoordinatorMetrics {
             &families.grants_written,
         ] {
             family.get_or_create(&domain).inc_by(0);
+        }
+        for outcome in OFF_NODE_OUTCOMES {
+            families
+                .off_node_actions
+                .get_or_create(&OffNodeLabels {
+                    domain: domain.domain.clone(),
+                    outcome,
+                })
+                .inc_by(0);
         }
         Self {
             domain,
@@ -263,6 +298,29 @@ impl CoordinatorMetrics {
                 families.round_errors.get_or_create(domain).inc_by(1);
             }
         }
+    }
+
+    /// After each round, where an off-node fence is configured: its counts since it
+    /// started (the counters move by what changed).
+    pub fn observe_off_node(&self, counts: &OffNodeCounts) {
+        let mut inner = self.lock();
+        let families = &mut inner.1;
+        let seen = families.off_node_seen;
+        for (outcome, now, before) in [
+            ("started", counts.started, seen.started),
+            ("powered-off", counts.powered_off, seen.powered_off),
+            ("failed", counts.failed, seen.failed),
+            ("cancelled", counts.cancelled, seen.cancelled),
+        ] {
+            families
+                .off_node_actions
+                .get_or_create(&OffNodeLabels {
+                    domain: self.domain.domain.clone(),
+                    outcome,
+                })
+                .inc_by(now.saturating_sub(before));
+        }
+        families.off_node_seen = *counts;
     }
 
     fn observe_ledger(&self, families: &Families, ledger: &Ledger) {
@@ -392,8 +450,8 @@ mod tests {
 
     use super::*;
 
-    /// `a` live under a fence covering stops and reboots; `b` silent, its fence's
-    /// deadline still to run; `c` silent without the fence its budget says it runs.
+    /// `a` live under a fence, its boot unit proven; `b` silent, no record of its caps
+    /// yet; `c` silent without the fence and boot unit its budget says it runs.
     fn ledger() -> Ledger {
         let node = |name: &str| NodeBudget {
             node: name.into(),
@@ -414,6 +472,7 @@ mod tests {
             grant: None,
             hold: Some(StoredHold {
                 hold: Hold {
+                    boot: 0,
                     watts,
                     fence,
                     default_w: 0.0,
@@ -422,7 +481,22 @@ mod tests {
                 mod_revision: 3,
             }),
         };
+        let boot_record = |name: &str| tokwatt_fleet::StoredProof {
+            node: name.into(),
+            proof: tokwatt_fleet::ReleaseProof {
+                source: tokwatt_fleet::ProofSource::Boot,
+                by: "the boot unit".into(),
+                caps_w: vec![1000.0],
+                sum_w: 1000.0,
+                at_unix_ms: 0,
+                boot: 0,
+                detail: String::new(),
+            },
+            mod_revision: 2,
+            lease: 9,
+        };
         Ledger::from_view(DomainView {
+            proofs: vec![boot_record("a"), boot_record("b")],
             revision: 7,
             budget: DomainBudget {
                 domain: "rack".into(),
@@ -436,6 +510,7 @@ mod tests {
                     record: Some(NodeRecord {
                         lease: 1,
                         report: NodeReport {
+                            boot: 0,
                             acked_generation: 2,
                             caps_in_force_w: 2500.0,
                             draw_w: 2400.0,
@@ -488,8 +563,8 @@ mod tests {
             value(&text, "tokwatt_fleet_coordinator_leading{domain=\"rack\"}"),
             Some(1.0)
         );
-        // a holds its 2.5 kW grant; b may hold its 1.5 kW until its fence acts; c, with
-        // no fence, may hold its 1.2 kW of board defaults.
+        // a holds its 2.5 kW grant; b may hold its 1.5 kW until a record proves less; c,
+        // with no boot unit proven, may hold its 1.2 kW of board defaults.
         assert_eq!(
             value(&text, "tokwatt_fleet_charged_watts{domain=\"rack\"}"),
             Some(5200.0)
@@ -504,8 +579,8 @@ mod tests {
         );
         for (node, reason, watts) in [
             ("a", "live", 0.0),
-            ("b", "silent-fenced", 500.0),
-            ("c", "silent-unfenced", 200.0),
+            ("b", "silent-unproven", 500.0),
+            ("c", "silent-unproven", 200.0),
         ] {
             let series = format!(
                 "tokwatt_fleet_node_stranded_watts{{domain=\"rack\",node=\"{node}\",reason=\"{reason}\"}}"
@@ -610,6 +685,40 @@ mod tests {
             ),
             Some(4.0)
         );
+    }
+
+    #[test]
+    fn the_off_node_fences_counts_move_its_counters_by_what_changed() {
+        let metrics = CoordinatorMetrics::new("rack");
+        let series = |outcome: &str| {
+            format!("tokwatt_fleet_off_node_actions_total{{domain=\"rack\",outcome=\"{outcome}\"}}")
+        };
+        // Before any action: every outcome at 0, not absent.
+        let text = metrics.encode();
+        for outcome in OFF_NODE_OUTCOMES {
+            assert_eq!(value(&text, &series(outcome)), Some(0.0), "{text}");
+        }
+        let mut counts = OffNodeCounts {
+            started: 2,
+            powered_off: 1,
+            failed: 1,
+            cancelled: 0,
+        };
+        metrics.observe_off_node(&counts);
+        // The same counts again (a round where nothing ended): nothing counted twice.
+        metrics.observe_off_node(&counts);
+        counts.started = 3;
+        counts.cancelled = 1;
+        metrics.observe_off_node(&counts);
+        let text = metrics.encode();
+        for (outcome, expected) in [
+            ("started", 3.0),
+            ("powered-off", 1.0),
+            ("failed", 1.0),
+            ("cancelled", 1.0),
+        ] {
+            assert_eq!(value(&text, &series(outcome)), Some(expected), "{text}");
+        }
     }
 
     #[test]

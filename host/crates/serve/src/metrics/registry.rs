@@ -306,6 +306,10 @@ pub(super) struct AgentFamilies {
     pub(super) operator_rollbacks: TotalCounter<u64>,
     pub(super) actuator_errors: TotalCounter<u64>,
     pub(super) telemetry_errors: TotalCounter<u64>,
+    /// The loop's stalls and the time they lost: present at zero from the start, so that
+    /// `increase()` counts the first one.
+    pub(super) stalls: TotalCounter<u64>,
+    pub(super) stall_seconds: TotalCounter<f64>,
     pub(super) paused: GaugeF64,
     pub(super) guard_in_charge: GaugeF64,
 }
@@ -351,7 +355,7 @@ pub(super) fn register_gpu(registry: &mut Registry, families: &GpuFamilies) {
         ),
         (
             "tokwatt_gpu_power_cap_requested_watts",
-            "Power cap tokwatt last requested of the GPU, watts (the device's own setting before the first change), in force during the last window".to_owned(),
+            "Power cap requested of the GPU (the limit its driver holds, whoever set it), watts, in force during the last window, as last read back from the device: at the start, after each change tokwatt made and after a stall (tokwatt_stalls_total), never what tokwatt asked for unread. In a dry run (tokwatt_info dry_run=\"true\"), the cap the dry run pretends is set".to_owned(),
             &families.power_cap_requested_watts,
         ),
         (
@@ -361,7 +365,7 @@ pub(super) fn register_gpu(registry: &mut Registry, families: &GpuFamilies) {
         ),
         (
             "tokwatt_gpu_sm_clock_max_requested_hertz",
-            "Upper bound of the SM clock lock in force during the last window, hertz (the highest supported clock when unlocked)".to_owned(),
+            "Upper bound of the SM clock lock in force during the last window, hertz (the highest supported clock when unlocked), as last read back from the device: at the start, after each change tokwatt made and after a stall. In a dry run (tokwatt_info dry_run=\"true\"), the lock the dry run pretends is set".to_owned(),
             &families.sm_clock_max_requested_hertz,
         ),
         (
@@ -550,6 +554,16 @@ pub(super) fn register_agent(
         "tokwatt_telemetry_errors_total",
         "Telemetry reads that failed; that GPU's telemetry series are absent for the tick",
         families.telemetry_errors.clone(),
+    );
+    registry.register(
+        "tokwatt_stalls_total",
+        "Times the control loop found itself more than two tick periods behind its schedule (the process was stopped, or a call hung) and read every GPU's power cap and clock lock back from the device before acting or reporting again",
+        families.stalls.clone(),
+    );
+    registry.register(
+        "tokwatt_stall_seconds_total",
+        "Time the control loop lost to stalls, seconds: how far behind its schedule each stall found it",
+        families.stall_seconds.clone(),
     );
     registry.register(
         "tokwatt_paused",

@@ -300,6 +300,23 @@ pub(super) fn prepare(
     })
 }
 
+/// The boot this node runs in, as its reports and its boot unit's record name it (0, and
+/// a warning, where it cannot be read: no boot record then proves a reboot lands at the
+/// reserve, and the node is charged its board defaults).
+pub(super) fn node_boot(config: &ServeConfig) -> u64 {
+    let driver = match &config.backend {
+        NodeBackend::Sim { driver, .. } => driver.as_deref(),
+        NodeBackend::Nvml { .. } => None,
+    };
+    match tokwatt_agent::assembly::boot_identity(driver) {
+        Ok(identity) => tokwatt_fleet::boot_of(&identity),
+        Err(error) => {
+            tracing::warn!("fleet: {error}; reporting no boot");
+            0
+        }
+    }
+}
+
 /// In a power domain, the node's caps within `reserve_w` now: the first thing a start
 /// does, before the policy spec, the plugin and anything else that can fail. A caps left
 /// by a crash, a board's defaults after a reboot, or a grant that lapsed while the agent
@@ -307,9 +324,15 @@ pub(super) fn prepare(
 /// them there, charged by nobody. Lowers only; leaves a dry run, a batch-only node and a
 /// simulator without a driver file alone (nothing of theirs is set, or outlives the
 /// process).
+///
+/// With a `proof` target (the node's fleet store), the caps read back are then written
+/// there as the restarted agent's record ([`tokwatt_fleet::ProofSource::Agent`]): a node
+/// whose agent starts but cannot join still frees the watts its silence strands. A record
+/// that cannot be written is logged; the start goes on (the node stays charged).
 pub(super) fn apply_reserve_at_start(
     config: &ServeConfig,
     reserve_w: f64,
+    proof: Option<&crate::fence::ProofTarget>,
 ) -> Result<(), ServeError> {
     if config.dry_run || config.batch_only {
         return Ok(());
@@ -332,6 +355,22 @@ pub(super) fn apply_reserve_at_start(
         tracing::info!("fleet: at start, {applied}");
     } else {
         tracing::warn!("fleet: the reserve applied at start: {applied}");
+    }
+    if let Some(target) = proof {
+        match target.write(
+            tokwatt_fleet::ProofSource::Agent,
+            actuator.as_mut(),
+            "the reserve applied at the agent's start",
+        ) {
+            Ok(written) => tracing::info!(
+                revision = written.revision,
+                "fleet: the caps read back at start ({:.0} W) written as proof of release",
+                written.sum_w
+            ),
+            Err(error) => tracing::warn!(
+                "fleet: {error}; the coordinator keeps the node charged until it joins"
+            ),
+        }
     }
     Ok(())
 }

@@ -12,8 +12,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use tokwatt_agent::control::{PowerAllowance, Progress};
+use tokwatt_agent::control::{PowerAllowance, Progress, stall_threshold};
 use tokwatt_fleet::etcd::EtcdFleet;
+
+use crate::fence::ProofTarget;
 use tokwatt_fleet::{Allowance, AllowanceSnapshot, FleetStore, LinkState, NodeLink};
 
 use super::config::FleetConfig;
@@ -72,7 +74,13 @@ pub(super) struct Figures {
     pub requested_w: f64,
     /// Ticks the loop has reported (0: none yet).
     pub ticks: u64,
+    /// When the loop published them (`None`: not yet).
+    pub published: Option<Instant>,
 }
+
+/// How often the fleet thread looks again for the loop's next tick while the figures it
+/// holds are from before a stall.
+const FRESH_FIGURES_POLL: Duration = Duration::from_millis(10);
 
 /// What the fleet thread last learnt of the node's link, for the status.
 #[derive(Debug, Clone, PartialEq)]
@@ -144,24 +152,36 @@ pub(super) struct FleetNode {
     /// The domain and node names (the rest of the status is filled in each tick).
     place: FleetStatus,
     link: Mutex<LinkView>,
+    /// The loop's tick: how old its figures may be before they are from before a stall.
+    tick: Duration,
 }
 
 impl FleetNode {
-    pub(super) fn new(config: &FleetConfig) -> Arc<Self> {
-        Arc::new(Self {
-            allowance: Arc::new(SharedAllowance::new(config.link.reserve_w)),
-            figures: Mutex::new(Figures::default()),
-            allowance_cuts_seen: Mutex::new(0),
-            place: FleetStatus {
+    /// The node of `config`, whose loop ticks every `tick`.
+    pub(super) fn new(config: &FleetConfig, tick: Duration) -> Arc<Self> {
+        Self::placed(
+            config.link.reserve_w,
+            FleetStatus {
                 domain: config.link.domain.clone(),
                 node: config.link.node.clone(),
                 ..FleetStatus::default()
             },
+            tick,
+        )
+    }
+
+    fn placed(reserve_w: f64, place: FleetStatus, tick: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            allowance: Arc::new(SharedAllowance::new(reserve_w)),
+            figures: Mutex::new(Figures::default()),
+            allowance_cuts_seen: Mutex::new(0),
+            place,
             link: Mutex::new(LinkView {
                 lease: None,
                 apart_because: Some("not joined yet".into()),
                 acked_generation: 0,
             }),
+            tick,
         })
     }
 
@@ -209,7 +229,38 @@ impl FleetNode {
             wants_more: figures.wants_more || wants_more,
             requested_w: figures.requested_w.max(requested_w),
             ticks: progress.tick + 1,
+            published: Some(Instant::now()),
         };
+    }
+
+    /// The figures for a report ([`Self::take_figures`]), read back after any stall, and
+    /// whether they were. Figures the loop published longer ago than it takes it to
+    /// notice a stall of its own (its stall threshold and a tick) were read before one:
+    /// the process was stopped and this thread woke with it, and something (a fence) may
+    /// have changed the caps meanwhile. So it waits, as long again at most and checking
+    /// `stop`, for the loop's next tick, which reads every GPU back before it publishes.
+    /// A loop that does not tick by then (hung in a GPU call) is reported as last seen.
+    fn take_figures_read_back(&self, stop: &AtomicBool) -> (Figures, bool) {
+        let stale_after = stall_threshold(self.tick).saturating_add(self.tick);
+        let waiting_since = Instant::now();
+        loop {
+            let published = self
+                .figures
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .published;
+            let read_back = published.is_none_or(|at| at.elapsed() <= stale_after);
+            if read_back || stop.load(Ordering::Relaxed) || waiting_since.elapsed() >= stale_after {
+                return (self.take_figures(), read_back);
+            }
+            std::thread::sleep(FRESH_FIGURES_POLL.min(self.tick));
+        }
+    }
+
+    /// Figures as the loop would publish them, for the tests.
+    #[cfg(test)]
+    fn publish_for_test(&self, figures: Figures) {
+        *self.figures.lock().unwrap_or_else(PoisonError::into_inner) = figures;
     }
 
     /// The figures for a report: the latest tick's, with what the node asked for since
@@ -271,6 +322,26 @@ fn connect(config: &FleetConfig) -> Result<EtcdFleet, tokwatt_fleet::StoreError>
     EtcdFleet::connect_with(&config.endpoints, tls.as_ref(), config.timeout)
 }
 
+/// Where a starting agent writes its record of the reserve it applied (its own lease, not
+/// its membership's: the record outlives the agent's silence). `None`, and a warning,
+/// where the store cannot be reached: the node stays charged until it joins.
+pub(super) fn agent_proof_target(config: &FleetConfig, boot: u64) -> Option<ProofTarget> {
+    match connect(config) {
+        Ok(store) => Some(ProofTarget {
+            store: Box::new(store),
+            domain: config.link.domain.clone(),
+            node: config.link.node.clone(),
+            by: format!("tokwatt serve (pid {}) at its start", std::process::id()),
+            boot,
+            ttl: tokwatt_fleet::DEFAULT_PROOF_TTL,
+        }),
+        Err(error) => {
+            tracing::warn!("fleet: {error}; no record of the reserve applied at start");
+            None
+        }
+    }
+}
+
 /// The thread that talks to the store.
 #[derive(Debug)]
 pub(super) struct FleetThread {
@@ -287,14 +358,20 @@ impl FleetThread {
         control: Arc<ServeControl>,
         fence: Option<FenceDeclaration>,
         default_w: f64,
+        boot: u64,
     ) -> Result<Self, tokwatt_fleet::StoreError> {
+        let declared = Declared {
+            fence,
+            default_w,
+            boot,
+        };
         let store = connect(&config)?;
         let stop = Arc::new(AtomicBool::new(false));
         let handle = std::thread::Builder::new()
             .name("tokwatt-fleet".into())
             .spawn({
                 let stop = Arc::clone(&stop);
-                move || run(&store, &config, &node, &control, &stop, fence, default_w)
+                move || run(&store, &config, &node, &control, &stop, declared)
             })
             .map_err(|e| {
                 tokwatt_fleet::StoreError::Config(format!("cannot start the fleet thread: {e}"))
@@ -326,25 +403,51 @@ impl Drop for FleetThread {
     }
 }
 
+/// What the node declares of itself in its reports, beside its figures.
+struct Declared {
+    /// Its fence (`None`: none), as alive as its status shows.
+    fence: Option<FenceDeclaration>,
+    /// Its GPUs' board-default caps, summed.
+    default_w: f64,
+    /// The boot it runs in.
+    boot: u64,
+}
+
 fn run(
     store: &dyn FleetStore,
     config: &FleetConfig,
     node: &FleetNode,
     control: &ServeControl,
     stop: &AtomicBool,
-    mut fence: Option<FenceDeclaration>,
-    default_w: f64,
+    declared: Declared,
 ) {
+    let Declared {
+        mut fence,
+        default_w,
+        boot,
+    } = declared;
     let mut link = NodeLink::new(config.link.clone());
+    link.declare_boot(boot);
     tracing::info!(
         domain = %config.link.domain,
         node = %config.link.node,
         reserve_w = config.link.reserve_w,
         "fleet: joining the power domain; holding the reserve until granted"
     );
+    // The loop has not ticked for long: said once, until it ticks again.
+    let mut said_stale = false;
     while !stop.load(Ordering::Relaxed) {
         let started = Instant::now();
-        let figures = node.take_figures();
+        let (figures, read_back) = node.take_figures_read_back(stop);
+        if !read_back && !said_stale && figures.ticks > 0 {
+            tracing::warn!(
+                "fleet: the control loop has not ticked for {:.1} s; reporting the caps it last read back",
+                figures
+                    .published
+                    .map_or(0.0, |at| at.elapsed().as_secs_f64())
+            );
+        }
+        said_stale = !read_back;
         if figures.ticks > 0 {
             link.declare(
                 fence.as_mut().and_then(|f| f.now(Instant::now())),
@@ -388,6 +491,11 @@ fn run(
     }
     node.observe_link(&link);
 }
+
+/// The serve loop's chain after a stall: the control loop, this node's figures, the metrics.
+#[cfg(test)]
+#[path = "stall_tests.rs"]
+mod stall_tests;
 
 #[cfg(test)]
 mod tests {

@@ -293,18 +293,19 @@ pub fn start(
     // coordinator charges a node without a lease, and an agent that then failed to start
     // would leave them there. The node starts, stops and restores at its reserve: the
     // settings guard puts the caps back within it, never at the board defaults.
-    let fleet_config = match &config.fleet {
+    let (fleet_config, boot) = match &config.fleet {
         Some(fleet) => {
-            fence::apply_reserve_at_start(config, fleet.link.reserve_w)?;
+            let boot = fence::node_boot(config);
+            fence::apply_reserve_at_start(config, fleet.link.reserve_w, None)?;
             let mut fleet = fleet.clone();
             fleet.link.reserve_w = fleet::reserve_at_start(&fleet);
-            if fleet.link.reserve_w < config.fleet.as_ref().map_or(0.0, |f| f.link.reserve_w) {
-                // The budget gives this node less than its config.
-                fence::apply_reserve_at_start(config, fleet.link.reserve_w)?;
-            }
-            Some(fleet)
+            // The reserve the node holds now, read back and written down as the
+            // restarted agent's record (the budget's, where it gives less than the config).
+            let proof = fleet::agent_proof_target(&fleet, boot);
+            fence::apply_reserve_at_start(config, fleet.link.reserve_w, proof.as_ref())?;
+            (Some(fleet), boot)
         }
-        None => None,
+        None => (None, 0),
     };
     let systemd = crate::fence::notify::SystemdNotifier::from_process_env()
         .map_err(|e| ServeError::Fence(e.to_string()))?;
@@ -350,7 +351,9 @@ pub fn start(
         None => None,
     };
 
-    let fleet_node = fleet_config.as_ref().map(fleet::FleetNode::new);
+    let fleet_node = fleet_config
+        .as_ref()
+        .map(|f| fleet::FleetNode::new(f, tick));
     let fence::FenceParts {
         feed: mut fence_feed,
         declaration: fence_declaration,
@@ -559,6 +562,7 @@ pub fn start(
                 Arc::clone(&control),
                 fence_declaration,
                 default_w,
+                boot,
             ) {
                 Ok(thread) => Some(thread),
                 Err(error) => {

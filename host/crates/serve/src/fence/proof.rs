@@ -1,0 +1,86 @@
+//! Proofs of release: after whatever lowered a node's caps (the fence, the boot unit, a
+//! starting agent) reads them back from the driver, it writes them to the fleet's store
+//! ("node N: GPUs at these caps since t, sum W"), under a lease of its own and with its
+//! own credentials. The coordinator frees a silent node's watts only on such a record
+//! written after the node's last grant: a fence's deadline is a promise a frozen host
+//! cannot keep, its record a reading.
+
+use std::time::{Duration, SystemTime};
+
+use tokwatt_core::actuator::Actuator;
+use tokwatt_fleet::{FleetStore, ProofSource, ReleaseProof};
+
+use super::FenceError;
+
+/// Where a node's proofs go, and who writes them.
+#[derive(Debug)]
+pub struct ProofTarget {
+    pub store: Box<dyn FleetStore>,
+    pub domain: String,
+    pub node: String,
+    /// The writer, as `fleet show` names it (a command and host).
+    pub by: String,
+    /// The boot the node runs in ([`tokwatt_fleet::boot_of`]).
+    pub boot: u64,
+    /// The lease each record lives under.
+    pub ttl: Duration,
+}
+
+/// A record written: its revision, and the caps' sum it holds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProofWritten {
+    pub revision: i64,
+    pub sum_w: f64,
+}
+
+impl ProofTarget {
+    /// Reads every GPU's cap back from `actuator`'s driver and writes them down as
+    /// `source`'s record. A GPU that cannot be read writes nothing (a record is a
+    /// reading, never a guess).
+    pub fn write(
+        &self,
+        source: ProofSource,
+        actuator: &mut dyn Actuator,
+        detail: &str,
+    ) -> Result<ProofWritten, FenceError> {
+        let caps_w = read_caps(actuator)?;
+        let sum_w = caps_w.iter().sum();
+        let record = ReleaseProof {
+            source,
+            by: self.by.clone(),
+            caps_w,
+            sum_w,
+            at_unix_ms: unix_ms_now(),
+            boot: self.boot,
+            detail: detail.to_owned(),
+        };
+        let revision = self
+            .store
+            .prove(&self.domain, &self.node, &record, self.ttl)
+            .map_err(|source| FenceError::Proof {
+                node: self.node.clone(),
+                source,
+            })?;
+        Ok(ProofWritten { revision, sum_w })
+    }
+}
+
+/// Every GPU's power cap, as the driver holds it now.
+pub fn read_caps(actuator: &mut dyn Actuator) -> Result<Vec<f64>, FenceError> {
+    (0..actuator.devices().len() as u32)
+        .map(|gpu| {
+            actuator
+                .read(gpu)
+                .map(|settings| settings.power_cap_w)
+                .map_err(|source| FenceError::Read { gpu, source })
+        })
+        .collect()
+}
+
+/// Milliseconds since the Unix epoch by this host's clock (0 before it): shown beside a
+/// record, never compared (the store's revisions order records).
+pub fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
