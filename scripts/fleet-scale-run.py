@@ -22,10 +22,16 @@ It runs up to four arms, one after another, on the same nodes, demand and seeds:
   stops   issue 40's faults, agents that stop running while their GPUs keep the caps
           they had: an agent paused (SIGSTOP) for 20 s and for 60 s, killed and
           restarted 30 s later, killed at start five times (a crash loop), failing at
-          start (a bad config), and a node rebooted. Every node runs the `static`
-          policy at 700 W (every node wants its maximum) beside its fence (`tokwatt
-          fence`, the Kubernetes sidecar), and the coordinator's stranded watts and
-          the time until they are freed are recorded.
+          start (a bad config), and a node rebooted; and issue 52's, what a proof of
+          release must survive: a frozen node (agent and fence stopped together for
+          30 s), a fence killed and its agent paused 1 s later (20 s), and a reboot of
+          a node whose budget line claims it fenced but which has no boot unit (its
+          driver back at the board defaults, its agent down 20 s). Every node runs the
+          `static` policy at 700 W (every node wants its maximum) beside its fence
+          (`tokwatt fence`, the Kubernetes sidecar); the coordinator's stranded watts,
+          the ledger (`tokwatt fleet show --json`: why each silent node is charged,
+          the proof that freed it) and the time until they are freed are recorded,
+          fault by fault.
 
 The last three are compared on fleet tokens per joule and on served demand (tokens
 served over tokens asked for), over the same window of every node's run.
@@ -34,8 +40,13 @@ Every agent's simulated GPUs keep their settings in a file outside the agent pro
 (`[node] sim_driver`), as a real driver keeps a cap after the process that set it
 stopped: the caps in force are read from there every second, so a paused, dead or
 restarting agent is counted at what its GPUs really hold. In the fleet arms every node
-runs its fence beside it and declares it (`[fleet.fence]`); its boot unit
-(`tokwatt sim-driver boot-reserve`) puts a rebooted node at its reserve.
+runs its fence beside it and declares it (`[fleet.fence]`); the fence writes a proof of
+release to etcd while it holds the reserve (`--etcd --domain --node`), the only thing
+besides the agent, the boot unit and an operator that frees a silent node's watts. Its
+boot unit (`tokwatt sim-driver boot-reserve`) puts a rebooted node at its reserve, and
+its record (`tokwatt fence --once --etcd …`, run at the start and after each reboot, as
+tokwatt-reserve.service at boot) proves that to the ledger, which otherwise charges the
+node its board defaults.
 
     python3 scripts/fleet-scale-run.py --nodes 125            # issue 31's run
     python3 scripts/fleet-scale-run.py --nodes 4 --duration 90   # a quick one
@@ -60,6 +71,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import zlib
@@ -71,6 +83,36 @@ DOMAIN = "row-1"
 FENCE_STALL_S, FENCE_RESTORE_S = 3, 2
 STRANDED_METRIC = "tokwatt_fleet_node_stranded_watts"
 BRIDGE_IP = "10.77.0.1"
+
+# The stops arm's faults: key -> (how long until its cause is gone, s; what it is).
+STOPS_FAULTS = {
+    "pause20": (20, "agent paused (SIGSTOP) 20 s"),
+    "pause60": (60, "agent paused (SIGSTOP) 60 s"),
+    "kill": (30, "agent killed, restarted 30 s later"),
+    "crash": (15, "crash loop (killed at start five times)"),
+    "bad": (25, "a clean stop, then a bad config three times"),
+    "reboot": (15, "reboot with its boot unit (15 s down)"),
+    "frozen": (30, "frozen node (agent+fence SIGSTOP, 30 s)"),
+    "fence_killed": (21, "fence killed, agent paused 1 s later for 20 s"),
+    "no_boot_unit": (20, "reboot, boot unit claimed (fenced = true) but missing (20 s down)"),
+}
+# Which node takes each (an index into the nodes): five nodes, each fault on a node of its
+# own while it runs, the later ones on nodes whose first fault is over. The node without
+# a boot unit has none all run long (it is charged its board defaults throughout). A
+# frozen node and a killed fence strand only what their node holds above its reserve, so
+# those two go to the node that holds the most above its reserve when they start (among
+# the nodes live and in no other fault; the index here where the ledger is unread).
+STOPS_NODES = {"pause20": 0, "pause60": 1, "kill": 2, "crash": 3, "bad": 4,
+               "reboot": 3, "frozen": 0, "fence_killed": 2, "no_boot_unit": 4}
+STOPS_ON_RICHEST = ("frozen", "fence_killed")
+STOPS_WAIT_S = 8
+STOPS_START_APART = {"pause20": 15, "pause60": 45, "kill": 55, "crash": 100, "bad": 125, "reboot": 170,
+                     "frozen": 195, "fence_killed": 235, "no_boot_unit": 270}
+# The first five at once; the frozen node once the first pause is over (its node holds the
+# watts others gave back), the reboots, and the killed fence once the frozen node and the
+# long pause are over (with a 2.8 kW headroom at 5 nodes one node at a time holds it).
+STOPS_START_TOGETHER = {"pause20": 15, "pause60": 15, "kill": 15, "crash": 15, "bad": 15, "reboot": 50,
+                        "frozen": 42, "fence_killed": 80, "no_boot_unit": 50}
 
 
 def free_port():
@@ -334,6 +376,10 @@ class Arm:
         self.etcd = None
         self.skewed = {}
         self.cache = os.path.join(root, "plugin-cache")
+        # Nodes whose budget line claims them fenced (every node's does) but whose boot
+        # unit is missing: no boot reserve in the driver, never a boot record (the stops
+        # arm's claimed-but-missing boot unit).
+        self.no_boot_unit = {self.names[STOPS_NODES["no_boot_unit"]]} if name == "stops" else set()
 
     # --- processes
 
@@ -351,7 +397,9 @@ class Arm:
         with open(path, "w") as f:
             f.write(f'domain = "{DOMAIN}"\nbudget_w = {watts}\n')
             for n in self.names:
-                # Every node runs its fence and its boot unit: counted at its reserve when silent.
+                # Every node's line claims its fence and its boot unit (`fenced = true`),
+                # the stops arm's node without one too: the ledger believes only a boot
+                # record, so that node is charged its board defaults (5.6 kW) all along.
                 f.write(f'[[nodes]]\nnode = "{n}"\nreserve_w = {self.reserve}\nmax_w = {700.0 * self.args.gpus}\n'
                         f'default_w = {700.0 * self.args.gpus}\nfenced = true\n')
         subprocess.run([self.binary, "fleet", "budget", *sum((["--etcd", e] for e in self.etcd.endpoints()), []),
@@ -373,17 +421,35 @@ class Arm:
     def driver(self, n):
         return os.path.join(self.root, n, "driver.json")
 
+    def proof_flags(self, n):
+        """Where `n`'s fence and boot unit write their proofs of release."""
+        return [*sum((["--etcd", e] for e in self.endpoints_for(n)), []), "--domain", DOMAIN, "--node", n]
+
     def start_fence(self, n):
         """The node's fence (the Kubernetes sidecar): it applies the reserve to the
-        node's simulated driver when the agent's heartbeat stalls."""
+        node's simulated driver when the agent's heartbeat stalls, and writes what it read
+        back to etcd (a `fence` proof of release: the only thing that frees a silent node's
+        watts besides its agent, its boot unit and an operator). It reads the node's boot
+        from the driver file at start, so it starts once the agent has created that file."""
         d = os.path.join(self.root, n)
         os.makedirs(d, exist_ok=True)
         p = subprocess.Popen([*self.prefix(n), self.binary, "fence", "--heartbeat", os.path.join(d, "heartbeat"),
                               "--status", os.path.join(d, "fence.json"), "--stall", f"{FENCE_STALL_S}s",
-                              "--reserve", str(self.reserve), "--sim-driver", self.driver(n)],
+                              "--reserve", str(self.reserve), "--sim-driver", self.driver(n), *self.proof_flags(n)],
                              stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "fence.log"), "a"))
         self.fences[n] = p
         self.procs.append(p)
+
+    def boot_unit(self, n):
+        """The boot unit's run at this boot (tokwatt-reserve.service): the reserve applied
+        (the simulated driver's boot reserve did that already at a reboot), read back and
+        written as the node's `boot` record of its current boot, which proves to the
+        ledger that a reboot lands at the reserve."""
+        d = os.path.join(self.root, n)
+        with open(os.path.join(d, "boot-unit.log"), "a") as log:
+            subprocess.run([*self.prefix(n), self.binary, "fence", "--once", "--reserve", str(self.reserve),
+                            "--sim-driver", self.driver(n), *self.proof_flags(n)],
+                           check=True, stdout=log, stderr=log, timeout=30)
 
     def start_agent(self, n, bad_config=False):
         d = os.path.join(self.root, n)
@@ -405,7 +471,9 @@ class Arm:
                      f'reserve_w = {self.reserve}\nlease_ttl = "10s"\nmargin = "3s"\n'
                      f'[fleet.fence]\nkind = "heartbeat"\nheartbeat = "{d}/heartbeat"\nstatus = "{d}/fence.json"\n'
                      f'restore_s = {FENCE_RESTORE_S}\ncovers_reboot = true\n')
-            if n not in self.fences:
+            # The fence needs the driver file (its boot); a node's first start creates it,
+            # and start() starts those fences once the agents serve.
+            if n not in self.fences and os.path.exists(self.driver(n)):
                 self.start_fence(n)
         if bad_config:
             # A bad ConfigMap: the agent fails at start, before it knows its reserve.
@@ -521,10 +589,18 @@ class Arm:
         for n in self.names:
             wait_for(lambda: self.serving(n), f"{n} serving", 180)
         if self.fleet:
-            # Each node's boot unit (tokwatt-reserve.service): a reboot puts it at its reserve.
             for n in self.names:
+                if n not in self.fences:
+                    self.start_fence(n)
+            # Each node's boot unit (tokwatt-reserve.service): a reboot puts it at its
+            # reserve, and its record of this boot proves it (without the record the
+            # ledger charges the node its board defaults while it is live and silent).
+            for n in self.names:
+                if n in self.no_boot_unit:
+                    continue
                 subprocess.run([self.binary, "sim-driver", "boot-reserve", self.driver(n), "--watts", str(self.reserve)],
                                check=True, stdout=subprocess.DEVNULL)
+                self.boot_unit(n)
 
     # Five distinct nodes take the node faults; the ones cut off, flapping or skewed slow
     # carry heavy load (a grant above their reserve, which a cut must take back).
@@ -575,13 +651,35 @@ class Arm:
 
     def reboot(self, n):
         """The node goes down (agent and fence with it); the driver comes back at the
-        board defaults and its boot unit applies the reserve."""
+        board defaults and, where the node has its boot unit, the unit applies the reserve
+        and writes its record of the new boot (before the agent is started again)."""
         self.kill(n)
         fence = self.fences.pop(n)
         fence.kill()
         fence.wait()
         subprocess.run([self.binary, "sim-driver", "reboot", self.driver(n)], check=True,
                        stdout=subprocess.DEVNULL)
+        if n not in self.no_boot_unit:
+            self.boot_unit(n)
+
+    def unproven_nodes(self):
+        """The nodes (with their boot unit) that the ledger charges as unfenced now: node
+        -> its line's why, boot_proven, fence_missing and charge (None: ledger unread)."""
+        doc = self.ledger()
+        if doc is None:
+            return None
+        return {n["node"]: {k: n[k] for k in ("why", "boot_proven", "fence_missing", "charged_w")}
+                for n in doc["nodes"]
+                if n["node"] not in self.no_boot_unit and (n["fence_missing"] or not n["boot_proven"])}
+
+    def ledger(self, timeout=5.0):
+        """`tokwatt fleet show --json` (None: unread)."""
+        try:
+            out = subprocess.run([self.binary, "fleet", "show", *sum((["--etcd", e] for e in self.etcd.endpoints()), []),
+                                  "--domain", DOMAIN, "--json"], capture_output=True, text=True, timeout=timeout)
+            return json.loads(out.stdout) if out.returncode == 0 else None
+        except (subprocess.TimeoutExpired, ValueError, OSError):
+            return None
 
     def totals(self, start_s, end_s, exclude=()):
         """Tokens, energy and tokens asked for over [start_s, end_s) of every node's own run
@@ -761,18 +859,46 @@ def run_faults(arm, args):
     return result, over
 
 
+def stops_faults(together):
+    """The stops arm's faults: (key, node index, when it starts, how long until its cause
+    is gone, what it is). One after another (the figures read fault by fault), or, with
+    --stops-together, the first five at 15 s on their five nodes and the rest on nodes
+    whose first fault is over (what .ci/run runs, in about half the time)."""
+    start = STOPS_START_TOGETHER if together else STOPS_START_APART
+    return sorted(((key, STOPS_NODES[key], start[key], length, what) for key, (length, what) in STOPS_FAULTS.items()),
+                  key=lambda f: f[2])
+
+
+def stops_last_fault_ends(together):
+    """When the last fault's cause is gone at the latest (the two on the richest node may
+    wait STOPS_WAIT_S for one)."""
+    return max(t + length + (STOPS_WAIT_S if key in STOPS_ON_RICHEST else 0)
+               for key, _, t, length, _ in stops_faults(together))
+
+
 def run_stops(arm, args):
-    """Agents that stop running while their GPUs keep their caps (issue 40): returns
-    (result, seconds over the budget)."""
+    """Agents that stop running while their GPUs keep their caps (issue 40), and what a
+    proof of release must survive (issue 52: a frozen node, a fence killed before its
+    agent stops, a boot unit claimed but missing): returns (result, seconds over the
+    budget)."""
     d = args.stops_duration
-    a, b, c, dd, e = (arm.names[i] for i in range(5))
-    events, over, samples = [], [], []
+    events, over, samples, over_ledgers, ledgers = [], [], [], [], []
     stranded_log = {}
     schedule = []
+    ran = []  # each fault as it ran: its node, start, and what its node held then
+    busy = {}  # node -> until when a fault has it (s)
 
     def at(t, what, act):
         schedule.append((t, what, act))
         schedule.sort(key=lambda x: x[0])
+
+    def now():
+        return time.time() - t0
+
+    def turn():
+        """The whole second of the loop's turn now (a fault's end, that many seconds
+        after its start, comes on that many turns later, not one more)."""
+        return float(int(now()))
 
     def crash_loop(n, left):
         def act():
@@ -780,91 +906,301 @@ def run_stops(arm, args):
             def kill():
                 arm.kill(n)
                 if left > 1:
-                    at(time.time() - t0 + 1.0, None, crash_loop(n, left - 1))
+                    at(now() + 1.0, None, crash_loop(n, left - 1))
                 else:
-                    at(time.time() - t0 + 3.0, f"start agent {n} for good after its crash loop",
+                    at(now() + 3.0, f"start agent {n} for good after its crash loop",
                        lambda: arm.start_agent(n))
-            at(time.time() - t0 + 1.5, f"kill -9 agent {n} at start ({6 - left} of 5)", kill)
+            at(now() + 1.5, f"kill -9 agent {n} at start ({6 - left} of 5)", kill)
         return act
 
     def bad_start(n, tries):
         def act():
             arm.start_agent(n, bad_config=True)
             if tries > 1:
-                at(time.time() - t0 + 5.0, f"start agent {n} again with its bad config", bad_start(n, tries - 1))
+                at(now() + 5.0, f"start agent {n} again with its bad config", bad_start(n, tries - 1))
         return act
 
     def stop_cleanly(n):
         arm.agents[n]["proc"].send_signal(signal.SIGTERM)
         arm.agents[n]["proc"].wait(timeout=30)
 
-    # When each fault starts: one after another (the figures read fault by fault), or,
-    # with --stops-together, all at 15 s on their five nodes and the reboot after the
-    # first pause (half the time: what .ci/run runs).
-    start = ({"pause20": 15, "pause60": 15, "kill": 15, "crash": 15, "bad": 15, "reboot": 50}
-             if args.stops_together else
-             {"pause20": 15, "pause60": 45, "kill": 55, "crash": 100, "bad": 125, "reboot": 170})
-    at(start["pause20"], f"pause agent {a} (SIGSTOP) for 20 s", lambda: arm.pause(a))
-    at(start["pause20"] + 20, f"resume agent {a}", lambda: arm.resume(a))
-    at(start["pause60"], f"pause agent {b} (SIGSTOP) for 60 s", lambda: arm.pause(b))
-    at(start["pause60"] + 60, f"resume agent {b}", lambda: arm.resume(b))
-    at(start["kill"], f"kill -9 agent {c}; nothing restarts it for 30 s", lambda: arm.kill(c))
-    at(start["kill"] + 30, f"restart agent {c}", lambda: arm.start_agent(c))
-    at(start["crash"], f"crash loop: agent {dd} stopped, then killed at start five times", lambda: (arm.kill(dd), crash_loop(dd, 5)()))
-    at(start["bad"], f"agent {e} stopped, then started with a bad config three times, 5 s apart",
-       lambda: (stop_cleanly(e), bad_start(e, 3)()))
-    at(start["bad"] + 25, f"agent {e} started with its config fixed", lambda: arm.start_agent(e))
-    at(start["reboot"], f"reboot node {a}: agent and fence gone, the driver at its board defaults, then its boot unit",
-       lambda: arm.reboot(a))
-    at(start["reboot"] + 15, f"node {a} booted: fence and agent started", lambda: (arm.start_fence(a), arm.start_agent(a)))
+    def freeze(n):
+        arm.pause(n)
+        arm.fences[n].send_signal(signal.SIGSTOP)
+
+    def thaw(n):
+        arm.fences[n].send_signal(signal.SIGCONT)
+        arm.resume(n)
+
+    def kill_fence(n):
+        fence = arm.fences.pop(n)
+        fence.kill()
+        fence.wait()
+
+    def held_above_reserve(n):
+        """What the ledger last charged `n` above its reserve (None: unread)."""
+        line = ledgers[-1]["nodes"].get(n) if ledgers else None
+        return None if line is None else line["charged_w"] - arm.reserve
+
+    def eligible(n):
+        return (n not in arm.no_boot_unit and busy.get(n, -1.0) <= now() and n in arm.fences
+                and arm.agents[n]["proc"].poll() is None and not arm.agents[n].get("paused"))
+
+    def richest(key, settled):
+        """The node, live, in no fault and with its boot unit, that the ledger charged the
+        most above its reserve in each of its last three reads, where that is 500 W or
+        more and the grant last written to it (acknowledged or not) is too (`settled`: a
+        cut in flight, which the node may acknowledge before it stops, would leave it at
+        its reserve; the charge, the old grant's ceiling until then, says otherwise);
+        else (not `settled`) the one it last charged the most; None: none yet (settled)
+        or unread."""
+        if len(ledgers) < 3:
+            return None if settled else arm.names[STOPS_NODES[key]]
+        last = ledgers[-3:]
+
+        def held(n):
+            lines = [l["nodes"].get(n) or {} for l in last]
+            if not all(line.get("live") for line in lines):
+                return -1.0
+            if not settled:
+                return lines[-1]["charged_w"] - arm.reserve
+            return min(min(line["charged_w"] for line in lines),
+                       lines[-1].get("grant_w") or 0.0) - arm.reserve
+
+        free = [n for n in arm.names if eligible(n)]
+        best = max(free, key=held, default=None)
+        if best is None or (settled and held(best) < 500.0):
+            return None if settled else arm.names[STOPS_NODES[key]]
+        return best
+
+    def begin(key, n, act):
+        """Starts fault `key` on node `n`: `act` does it and schedules its end."""
+        length, what = STOPS_FAULTS[key]
+        t = now()
+        busy[n] = t + length + 5
+        line = ledgers[-1]["nodes"].get(n) if ledgers else None
+        ran.append({"key": key, "node": n, "from_s": round(t, 1), "length_s": length, "what": what,
+                    "held_above_reserve_w": held_above_reserve(n),
+                    "acked_grant_above_reserve_w": (line["acked_grant_w"] - arm.reserve
+                                                    if line and line.get("acked_grant_w") is not None else None)})
+        act(n)
+
+    def fault(key, act, planned):
+        def start():
+            if key in STOPS_ON_RICHEST:
+                # Up to STOPS_WAIT_S for a node that holds watts above its reserve, steadily.
+                n = richest(key, settled=True)
+                if n is None and now() < planned + STOPS_WAIT_S:
+                    at(now() + 1.0, None, start)
+                    return None
+                begin(key, n or richest(key, settled=False), act)
+            else:
+                begin(key, arm.names[STOPS_NODES[key]], act)
+            held, granted = ran[-1]["held_above_reserve_w"], ran[-1]["acked_grant_above_reserve_w"]
+            return (f"{ran[-1]['what']} on {ran[-1]['node']}"
+                    + (f" (charged {held:.0f} W above its reserve" if held is not None else "")
+                    + (f", its grant acknowledged {granted:.0f} W above it)" if granted is not None
+                       else ", a grant in flight)" if held is not None else ""))
+        return start
+
+    def pause_for(seconds):
+        def act(n):
+            arm.pause(n)
+            at(turn() + seconds, f"resume agent {n}", lambda: arm.resume(n))
+        return act
+
+    def kill_then_restart(n):
+        arm.kill(n)
+        at(turn() + 30, f"restart agent {n}", lambda: arm.start_agent(n))
+
+    def crash(n):
+        arm.kill(n)
+        crash_loop(n, 5)()
+
+    def bad(n):
+        stop_cleanly(n)
+        bad_start(n, 3)()
+        at(turn() + 25, f"agent {n} started with its config fixed", lambda: arm.start_agent(n))
+
+    def reboot(n):
+        arm.reboot(n)
+        at(turn() + 15, f"node {n} booted: fence and agent started", lambda: (arm.start_fence(n), arm.start_agent(n)))
+
+    def frozen(n):
+        freeze(n)
+        at(turn() + 30, f"thaw node {n} (SIGCONT fence and agent)", lambda: thaw(n))
+
+    def fence_killed(n):
+        kill_fence(n)
+
+        def pause():  # on time, not at the next second's turn of the loop
+            arm.pause(n)
+            events.append((round(now(), 1), f"pause agent {n} (SIGSTOP), 1 s after its fence died"))
+            print(f"[stops {now():6.1f} s] {events[-1][1]}", flush=True)
+        threading.Timer(1.0, pause).start()
+        at(turn() + 21, f"resume agent {n} and restart its fence", lambda: (arm.resume(n), arm.start_fence(n)))
+
+    def no_boot_unit(n):
+        arm.reboot(n)
+        at(turn() + 20, f"node {n} booted (slowly): fence and agent started",
+           lambda: (arm.start_fence(n), arm.start_agent(n)))
+
+    acts = {"pause20": pause_for(20), "pause60": pause_for(60), "kill": kill_then_restart, "crash": crash,
+            "bad": bad, "reboot": reboot, "frozen": frozen, "fence_killed": fence_killed,
+            "no_boot_unit": no_boot_unit}
+    for key, _, t, _, _ in stops_faults(args.stops_together):
+        at(t, None, fault(key, acts[key], t))
+
+    # The ledger as `tokwatt fleet show --json` prints it, every second beside the caps:
+    # each node's charge, why (live, silent-unproven, proven …), the proof it rests on,
+    # its stranded watts; and whether a node's driver held more than it was charged (its
+    # caps read just before and just after the ledger both above its charge).
+    stop_polling = threading.Event()
+
+    raw = open(os.path.join(arm.root, "ledgers-raw.jsonl"), "w")
+
+    def poll():
+        while not stop_polling.is_set():
+            began = time.time()
+            before = {n: driver_caps(arm.driver(n)) for n in arm.names}
+            doc = arm.ledger(timeout=3.0)
+            after = {n: driver_caps(arm.driver(n)) for n in arm.names}
+            if doc:
+                t = round((began + time.time()) / 2 - t0, 1)
+                raw.write(json.dumps({"t": t, "caps_before": before, "caps_after": after, "ledger": doc}) + "\n")
+                entry = {"t": t, "charged_w": doc["charged_w"], "stranded_w": doc["stranded_w"], "nodes": {}}
+                for n in doc["nodes"]:
+                    held = [w for w in (before.get(n["node"]), after.get(n["node"])) if w is not None]
+                    grant, report = n.get("grant") or {}, n.get("report") or {}
+                    entry["nodes"][n["node"]] = {
+                        "why": n["why"], "live": n["live"], "charged_w": n["charged_w"],
+                        # The grant written to it, and the same where it acknowledged it
+                        # (None: none, or one in flight).
+                        "grant_w": grant.get("watts"),
+                        "acked_grant_w": (grant["watts"] if grant and report.get("acked_generation", -1)
+                                          >= grant.get("generation", 0) else None),
+                        "stranded_w": n["stranded_w"], "proof": (n.get("proof") or {}).get("source"),
+                        "boot_proven": n["boot_proven"], "fence_missing": n["fence_missing"],
+                        "caps_above_charge_w": (min(held) - n["charged_w"]
+                                                if held and min(held) > n["charged_w"] + 1.0 else 0.0),
+                    }
+                ledgers.append(entry)
+            stop_polling.wait(max(0.0, 1.0 - (time.time() - began)))
+
     t0 = time.time()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-        while time.time() - t0 < d:
-            second = time.time() - t0
-            while schedule and second >= schedule[0][0]:
-                _, what, act = schedule.pop(0)
-                act()
-                if what:
-                    events.append((round(second, 1), what))
-                    print(f"[stops {second:6.1f} s] {what}", flush=True)
-            total, missing = arm.sample(pool)
-            stranded = arm.stranded()
-            for node, watts in (stranded or {}).items():
-                stranded_log.setdefault(node, []).append((round(second, 1), watts))
-            sample = {"t": round(second, 2), "caps_w": total, "budget_w": arm.budget_now,
-                      "unreadable": missing, "stranded_w": stranded}
-            samples.append(sample)
-            if total > arm.budget_now + 1e-6:
-                over.append(sample)
-            time.sleep(max(0.0, 1.0 - (time.time() - t0 - second)))
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+            while time.time() - t0 < d:
+                second = time.time() - t0
+                while schedule and second >= schedule[0][0]:
+                    _, what, act = schedule.pop(0)
+                    said = act()
+                    what = what or (said if isinstance(said, str) else None)
+                    if what:
+                        events.append((round(second, 1), what))
+                        print(f"[stops {second:6.1f} s] {what}", flush=True)
+                caps = dict(zip(arm.names, pool.map(arm.caps_of, arm.names)))
+                total = sum(w for w, _ in caps.values())
+                stranded = arm.stranded()
+                for n, watts in (stranded or {}).items():
+                    stranded_log.setdefault(n, []).append((round(second, 1), watts))
+                sample = {"t": round(second, 2), "caps_w": total, "budget_w": arm.budget_now,
+                          "stranded_w": stranded, "nodes": {n: {"caps_w": w, "agent": s} for n, (w, s) in caps.items()}}
+                samples.append(sample)
+                if total > arm.budget_now + 1e-6:
+                    over.append(sample)
+                    # What the ledger said at that moment: a finding, kept whole.
+                    doc = arm.ledger(timeout=3.0)
+                    over_ledgers.append({"t": sample["t"], "caps_w": total, "budget_w": arm.budget_now,
+                                         "nodes": sample["nodes"], "ledger": doc})
+                    print(f"[stops {second:6.1f} s] OVER: caps {total:.0f} W of {arm.budget_now:.0f} W; "
+                          f"ledger {json.dumps(doc)}", flush=True)
+                time.sleep(max(0.0, 1.0 - (time.time() - t0 - second)))
+    finally:
+        stop_polling.set()
+        poller.join(timeout=10)
+        raw.close()
     # Per node: the most stranded at once, and each stretch of stranded watts (from the
     # first second they show to the first second they are gone).
     stretches = {}
-    for node, log in stranded_log.items():
-        runs, start, peak = [], None, 0.0
+    for n, log in stranded_log.items():
+        runs, begun, peak = [], None, 0.0
         for t, w in log:
-            if w > 0.5 and start is None:
-                start, peak = t, w
+            if w > 0.5 and begun is None:
+                begun, peak = t, w
             elif w > 0.5:
                 peak = max(peak, w)
-            elif start is not None:
-                runs.append({"from_s": start, "freed_after_s": round(t - start, 1), "peak_w": peak})
-                start = None
-        if start is not None:
-            runs.append({"from_s": start, "freed_after_s": None, "peak_w": peak})
+            elif begun is not None:
+                runs.append({"from_s": begun, "freed_after_s": round(t - begun, 1), "peak_w": peak})
+                begun = None
+        if begun is not None:
+            runs.append({"from_s": begun, "freed_after_s": None, "peak_w": peak})
         if runs:
-            stretches[node] = runs
+            stretches[n] = runs
+    events.sort(key=lambda e: e[0])
+    per_fault = [fault_figures(f, samples, ledgers, d) for f in ran]
     peak = max(samples, key=lambda s: s["caps_w"])
     result = {
         "budget_w": arm.budget, "reserve_w": arm.reserve, "default_w": 700.0 * args.gpus,
         "seconds_sampled": len(samples), "seconds_over_budget": len(over),
         "peak_caps_w": peak["caps_w"], "peak_at_s": peak["t"],
         "seconds_without_leader_metrics": sum(1 for s in samples if s["stranded_w"] is None),
-        "stranded": stretches, "events": events,
+        "ledger_reads": len(ledgers),
+        "ledger_reads_with_caps_above_charge": sum(
+            1 for l in ledgers if any(v["caps_above_charge_w"] > 0 for v in l["nodes"].values())),
+        "stranded": stretches, "faults": per_fault, "events": events,
+        "over_ledgers": over_ledgers,
     }
     with open(os.path.join(arm.root, "samples.json"), "w") as f:
         json.dump(samples, f)
+    with open(os.path.join(arm.root, "ledgers.json"), "w") as f:
+        json.dump(ledgers, f)
     return result, over
+
+
+def fault_figures(fault, samples, ledgers, end_of_run):
+    """One fault's figures, over its window (from its start to 15 s after its cause is
+    gone): seconds over the budget and the peak over (the whole domain's, while it ran:
+    faults that run together share them), and, from the ledger read every second, how
+    long the node's watts stayed stranded, what it was charged as while silent, and what
+    freed them."""
+    n, start, length = fault["node"], fault["from_s"], fault["length_s"]
+    until = min(start + length + 15, end_of_run)
+    window = [s for s in samples if start <= s["t"] < until]
+    over = [s["caps_w"] - s["budget_w"] for s in window if s["caps_w"] > s["budget_w"] + 1e-6]
+    lines = [(l["t"], l["nodes"].get(n)) for l in ledgers if start <= l["t"] < until and l["nodes"].get(n)]
+    silent = []
+    for _, v in lines:
+        if not v["live"]:
+            label = v["why"] + (f" ({v['proof']})" if v["proof"] else "")
+            if not silent or silent[-1] != label:
+                silent.append(label)
+    stranded_from = stranded_until = freed_by = None
+    peak_stranded = 0.0
+    for t, v in lines:
+        if v["stranded_w"] > 0.5:
+            if stranded_from is None:
+                stranded_from = t
+            peak_stranded = max(peak_stranded, v["stranded_w"])
+        elif stranded_from is not None:
+            stranded_until = t
+            freed_by = ("its agent reported again (live)" if v["live"] else
+                        v["why"] + (f" by a `{v['proof']}` proof" if v["proof"] else ""))
+            break
+    return {
+        **fault, "cause_gone_at_s": round(start + length, 1),
+        "window_s": [start, until], "seconds_over_budget": len(over),
+        "peak_over_w": max(over, default=0.0),
+        "stranded_from_s": stranded_from,
+        "stranded_for_s": (round(stranded_until - stranded_from, 1) if stranded_until is not None
+                           else None),
+        "stranded_peak_w": peak_stranded, "freed_by": freed_by,
+        "silent_as": silent,
+        "seconds_caps_above_charge": sum(1 for _, v in lines if v["caps_above_charge_w"] > 0),
+        "ledger_reads": len(lines),
+    }
 
 
 def stops_table(r):
@@ -873,10 +1209,34 @@ def stops_table(r):
         ("peak of the summed caps (read from the drivers)",
          f"{r['peak_caps_w']:.0f} W of {r['budget_w']:.0f} W at {r['peak_at_s']} s"),
     ]
+    for fault in r.get("faults", []):
+        if fault["stranded_from_s"] is None:
+            stranded = "never stranded"
+        elif fault["stranded_for_s"] is None:
+            stranded = (f"stranded from {fault['stranded_from_s']} s (up to {fault['stranded_peak_w']:.0f} W), "
+                        "not freed within the window")
+        else:
+            stranded = (f"stranded {fault['stranded_for_s']} s (up to {fault['stranded_peak_w']:.0f} W, "
+                        f"from {fault['stranded_from_s']} s)")
+        silent = " → ".join(fault["silent_as"]) if fault["silent_as"] else "never silent"
+        freed = f"; freed by: {fault['freed_by']}" if fault["freed_by"] else ""
+        above = (f"; caps above its charge in {fault['seconds_caps_above_charge']} ledger reads"
+                 if fault["seconds_caps_above_charge"] else "")
+        held, granted = fault.get("held_above_reserve_w"), fault.get("acked_grant_above_reserve_w")
+        held = (f"; at the start charged {held:.0f} W above its reserve, "
+                + (f"its acknowledged grant {granted:.0f} W above it" if granted is not None else "a grant in flight")
+                if held is not None else "")
+        rows.append((f"{fault['what']} ({fault['node']}, from {fault['from_s']} s)",
+                     f"{fault['seconds_over_budget']} s over (peak over {fault['peak_over_w']:.0f} W){held}; "
+                     f"{stranded}; silent as: {silent}{freed}{above}"))
+    first = min((f["from_s"] for f in r.get("faults", [])), default=0.0)
     for node, runs in sorted(r["stranded"].items()):
         for run in runs:
+            if run["freed_after_s"] is not None and run["from_s"] + run["freed_after_s"] < first:
+                continue  # at the start, before every node's first report and boot record
             freed = f"freed after {run['freed_after_s']} s" if run["freed_after_s"] is not None else "not freed by the end"
-            rows.append((f"{node}: stranded from {run['from_s']} s", f"up to {run['peak_w']:.0f} W, {freed}"))
+            rows.append((f"{node}: stranded from {run['from_s']} s (leader's metrics)",
+                         f"up to {run['peak_w']:.0f} W, {freed}"))
     lines = ["| agents that stop (simulator) | |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
     lines += ["", "Events: " + "; ".join(f"{t} s {what}" for t, what in r["events"])]
     return "\n".join(lines)
@@ -949,6 +1309,11 @@ def table(results, args):
         lines.append(f"| {name} | {t['tokens_per_joule']:.2f} | {t['tokens'] / 1e6:.1f} M | "
                      f"{t['served_fraction'] * 100:.1f} % | {t['requests_waiting_at_end']:.0f} | "
                      f"{t['requests_turned_away']:.0f} | {rel('tokens_per_joule')} | {rel('tokens')} |")
+    for name in ("faults", "stops", "fleet"):
+        unproven = (results.get(name) or {}).get("unproven_at_end")
+        if unproven:
+            lines += ["", f"The {name} arm ended with nodes charged as unfenced (no boot record of their boot, "
+                          f"or no fence declared): {', '.join(sorted(unproven))}."]
     churn = (results.get("fleet") or {}).get("churn")
     if churn:
         lines += ["", f"Fleet grants after the warm-up: {churn['grants_written']:.0f} written in {churn['rounds']:.0f} "
@@ -963,11 +1328,13 @@ def main():
     ap.add_argument("--nodes", type=int, default=125)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--duration", type=float, default=180.0, help="seconds each arm runs")
-    ap.add_argument("--stops-duration", type=float, default=240.0,
-                    help="seconds the stops arm runs (its faults are on a fixed schedule: at least 200, or 90 "
-                         "with --stops-together)")
+    ap.add_argument("--stops-duration", type=float, default=320.0,
+                    help=f"seconds the stops arm runs (its faults are on a fixed schedule: at least "
+                         f"{stops_last_fault_ends(False) + 15}, or {stops_last_fault_ends(True) + 15} with "
+                         "--stops-together)")
     ap.add_argument("--stops-together", action="store_true",
-                    help="the stops arm's faults all at once on their five nodes, the reboot after the first pause")
+                    help="the stops arm's first five faults at once on their five nodes, the other four "
+                         "together on nodes whose first fault is over")
     ap.add_argument("--warmup", type=float, default=30.0, help="seconds of each node's run left out of the comparison")
     ap.add_argument("--shift", type=float, default=90.0, help="when rising and falling nodes change load (s)")
     ap.add_argument("--share-w", type=float, default=450.0, help="the budget's watts a GPU on average")
@@ -985,8 +1352,8 @@ def main():
     if unknown:
         raise SystemExit(f"unknown arm(s) {sorted(unknown)}: choose from faults, stops, fleet, static, local")
     if "stops" in arms and args.nodes < 5:
-        raise SystemExit("the stops arm needs 5 nodes or more (five agent faults on distinct nodes)")
-    last_fault_ends = 75 if args.stops_together else 185
+        raise SystemExit("the stops arm needs 5 nodes or more (its faults on five distinct nodes)")
+    last_fault_ends = stops_last_fault_ends(args.stops_together)
     if "stops" in arms and args.stops_duration < last_fault_ends + 15:
         raise SystemExit(f"--stops-duration must be at least {last_fault_ends + 15} s: its last fault ends at "
                          f"{last_fault_ends} s")
@@ -1048,6 +1415,15 @@ def main():
                     failed = True
                 results[name] = {"seconds_over_budget": over, "churn": churn,
                                  "totals": arm.totals(args.warmup, args.duration)}
+            if arm.fleet:
+                # Every node with its boot unit should end proven (its record of its boot
+                # read) and its fence declared: else the ledger charges it its board
+                # defaults and the fleet's figures are a stranded fleet's.
+                unproven = arm.unproven_nodes()
+                results[name]["unproven_at_end"] = unproven
+                if unproven:
+                    print(f"[{name}] at the end the ledger charged as unfenced (no boot record of its boot, or "
+                          f"no fence declared): {json.dumps(unproven)}", flush=True)
         finally:
             arm.stop()
             if network:

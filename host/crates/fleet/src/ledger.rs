@@ -9,9 +9,11 @@
 //! by whatever lowered its caps and read them back, or an operator's release.
 //!
 //! - A node's **reboot floor** is what a reboot leaves in force: its reserve where the
-//!   boot unit proved it runs (a [`ProofSource::Boot`] record of the boot the node last
-//!   reported, holding the reserve), else the higher of its reserve and its GPUs' board
-//!   defaults. A declared `covers_reboot` is a claim, never counted.
+//!   boot unit proved it runs (a [`ProofSource::Boot`] record of the node's current boot,
+//!   holding the reserve), else the higher of its reserve and its GPUs' board defaults. A
+//!   declared `covers_reboot` is a claim, never counted. The current boot is the one the
+//!   node reports while live; while silent, the boot of the newest record written since
+//!   its hold (it may have rebooted), else the one it last reported.
 //! - A **live** node (a record under a live lease) is charged the highest of its
 //!   reserve, the caps it reported in force, its grant (or, while that grant is not
 //!   acknowledged, every grant since the last acknowledgement: the grant's ceiling), and
@@ -138,6 +140,16 @@ fn boot_proven(budget: &NodeBudget, proofs: &[StoredProof], boot: u64) -> bool {
     })
 }
 
+/// The boot of the newest record written after `after` that names one: the node's boot
+/// as its writer read it (a restarted agent, a boot unit, a fence after a reboot).
+fn newest_boot(proofs: &[StoredProof], after: i64) -> Option<u64> {
+    proofs
+        .iter()
+        .filter(|p| p.mod_revision > after && p.proof.boot != 0)
+        .max_by_key(|p| p.mod_revision)
+        .map(|p| p.proof.boot)
+}
+
 /// What a reboot leaves in force: the reserve where a boot unit proved it runs, else the
 /// higher of the reserve and the board defaults (the budget's where none were declared).
 fn floor(budget: &NodeBudget, boot_proven: bool, default_w: f64) -> f64 {
@@ -200,7 +212,10 @@ impl Entry {
             }
             (None, Some(stored)) => {
                 let held = stored.hold;
-                let boot_ok = boot_proven(&budget, &proofs, held.boot);
+                // The boot it runs in now: a record written since its hold may be of a
+                // new one (it rebooted while silent), else the one it last reported.
+                let boot = newest_boot(&proofs, stored.mod_revision).unwrap_or(held.boot);
+                let boot_ok = boot_proven(&budget, &proofs, boot);
                 let floor_w = floor(&budget, boot_ok, held.default_w);
                 // A damaged hold counts as the most the node can use.
                 let held_w = if held.watts.is_finite() && held.watts >= 0.0 {
@@ -227,7 +242,8 @@ impl Entry {
                 )
             }
             (None, None) => {
-                let boot_ok = boot_proven(&budget, &proofs, 0);
+                let boot = newest_boot(&proofs, 0).unwrap_or(0);
+                let boot_ok = boot_proven(&budget, &proofs, boot);
                 let floor_w = floor(&budget, boot_ok, 0.0);
                 // Any proof is newer than a grant it never had.
                 let charged_w = match newest_proof(&proofs, 0) {
@@ -893,6 +909,78 @@ mod tests {
         assert_eq!(ledger.entries[0].charged_w, 2800.0);
     }
 
+    /// A node that reboots: its boot unit's record of the new boot does not disprove the
+    /// old one, which the node still reports (or is held under) until its agent joins
+    /// again; a record of a new boot written while it is silent names the boot it runs in
+    /// now, proven by its boot unit's record or not.
+    #[test]
+    fn a_reboot_is_charged_by_the_boot_it_runs_in_now() {
+        let b = budget(2, 20_000.0);
+        let record = |node: &str, source, sum_w, revision, boot| {
+            let mut p = proof(node, source, sum_w, revision);
+            p.proof.boot = boot;
+            p
+        };
+        let at_boot = |boot| NodeReport {
+            boot,
+            default_w: 5600.0,
+            ..report(1, 3000.0)
+        };
+        // Both booted once (boot 1); n0 runs its boot unit, n1 does not.
+        let mut domain = view(
+            b,
+            vec![
+                live("n0", 1, at_boot(1), grant(1, 3000.0, 3000.0)),
+                live("n1", 2, at_boot(1), grant(1, 3000.0, 3000.0)),
+            ],
+        );
+        domain.proofs = vec![record("n0", ProofSource::Boot, 1000.0, 2, 1)];
+        let charged = |domain: &DomainView| -> Vec<(f64, &'static str)> {
+            Ledger::from_view(domain.clone())
+                .entries
+                .iter()
+                .map(|e| (e.charged_w, e.why.label()))
+                .collect()
+        };
+        assert_eq!(charged(&domain), [(3000.0, "live"), (5600.0, "live")]);
+
+        // Both reboot before their leases lapse: n0's unit writes its record of boot 2;
+        // the old record still proves boot 1, which n0 still reports.
+        domain
+            .proofs
+            .push(record("n0", ProofSource::Boot, 1000.0, 20, 2));
+        assert_eq!(charged(&domain), [(3000.0, "live"), (5600.0, "live")]);
+
+        // Silent, held under boot 1 (revision 10); each agent starts on boot 2 and writes
+        // its record: n0's boot is proven, n1's is not.
+        for (i, node) in domain.nodes.iter_mut().enumerate() {
+            node.record = None;
+            node.grant = None;
+            node.hold = Some(StoredHold {
+                hold: Hold {
+                    boot: 1,
+                    ..hold(3000.0, Some(fence(5.0, true)), 5600.0)
+                },
+                mod_revision: 10 + i as i64,
+            });
+        }
+        domain.proofs.extend([
+            record("n0", ProofSource::Agent, 1000.0, 21, 2),
+            record("n1", ProofSource::Agent, 1000.0, 22, 2),
+        ]);
+        let ledger = Ledger::from_view(domain.clone());
+        assert!(ledger.entries[0].boot_proven);
+        assert!(!ledger.entries[1].boot_proven);
+        assert_eq!(charged(&domain), [(1000.0, "proven"), (5600.0, "proven")]);
+
+        // Without the agent's record, n0's boot unit record alone names boot 2 and
+        // proves it.
+        domain
+            .proofs
+            .retain(|p| p.proof.source != ProofSource::Agent);
+        assert_eq!(charged(&domain)[0], (1000.0, "proven"));
+    }
+
     #[test]
     fn a_live_node_is_charged_at_least_what_it_may_draw_once_silent() {
         let b = budget(3, 20_000.0);
@@ -1101,7 +1189,12 @@ mod tests {
     ) {
         *revision += 1;
         let name = format!("n{node}");
-        proofs.retain(|p| !(p.node == name && p.proof.source == source));
+        // One record per source, and per boot for the boot unit's (as the store keys them).
+        proofs.retain(|p| {
+            !(p.node == name
+                && p.proof.source == source
+                && (source != ProofSource::Boot || p.proof.boot == boot))
+        });
         let mut record = proof(&name, source, sum_w, *revision);
         record.proof.boot = boot;
         proofs.push(record);
@@ -1209,6 +1302,10 @@ mod tests {
             let mut fence_holds: Vec<bool> = vec![false; nodes];
             // An operator released the node (it stays at its reserve until it is back).
             let mut released: Vec<bool> = vec![false; nodes];
+            // The node rebooted while its lease was still live: its old agent is gone (it
+            // applies, reports and reads nothing more), its record stays until the lease
+            // lapses.
+            let mut gone: Vec<bool> = vec![false; nodes];
             // The leader's own count: the step it first saw each node silent.
             let mut silent_since: BTreeMap<String, u64> = BTreeMap::new();
             let mut next_lease = 1;
@@ -1304,6 +1401,7 @@ mod tests {
                         // A node applies the grant it read (cut or raise), perhaps long
                         // after reading it, and reads its caps back.
                         if lease[node].is_some()
+                            && !gone[node]
                             && let Some(g) = seen[node].take()
                         {
                             in_force[node] = g.watts;
@@ -1311,7 +1409,7 @@ mod tests {
                         }
                     }
                     // A node reports (possibly long after it acted).
-                    3 if lease[node].is_some() => {
+                    3 if lease[node].is_some() && !gone[node] => {
                         reported[node] = in_force[node];
                         reported_ack[node] = acked[node];
                     }
@@ -1332,6 +1430,7 @@ mod tests {
                         lease[node] = None;
                         grants[node] = None;
                         seen[node] = None;
+                        gone[node] = false;
                     }
                     // A node (re)joins, but one released without a boot unit does not:
                     // its operator keeps it off until there is room for its defaults
@@ -1357,14 +1456,20 @@ mod tests {
                         released[node] = false;
                     }
                     // A node reads the grant bound to its lease.
-                    6 if lease[node].is_some() => {
+                    6 if lease[node].is_some() && !gone[node] => {
                         seen[node] = grants[node];
                     }
-                    7 if lease[node].is_none() => {
-                        // A silent node reboots (or its driver reloads, or it is powered
-                        // on again): the board defaults, or the reserve where a boot unit
+                    7 if lease[node].is_none() || below(&mut rng, 4) == 0 => {
+                        // A node reboots (or its driver reloads, or it is powered on
+                        // again): the board defaults, or the reserve where a boot unit
                         // really runs, which writes its record of the new boot. A
-                        // released node without one stays off.
+                        // released node without one stays off. Mostly once silent; now
+                        // and then faster than its lease lapses, its record (of the old
+                        // boot) still live meanwhile.
+                        if lease[node].is_some() {
+                            gone[node] = true;
+                            seen[node] = None;
+                        }
                         if kind.boot_unit {
                             boot[node] += 1;
                             in_force[node] = reserve;

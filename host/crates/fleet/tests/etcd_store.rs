@@ -1003,4 +1003,29 @@ fn a_silent_node_is_freed_only_by_a_proof_written_after_its_last_grant() {
     // The boot record is the newest proof now; it proves the same reserve.
     assert_eq!(both.entries[0].why, Why::Proven(ProofSource::Boot));
     assert_eq!(both.entries[0].stranded_w, 0.0);
+
+    // A boot unit keeps one record per boot: the next boot's does not replace this one,
+    // which still proves the boot the node reports until its agent joins again.
+    for boot in [5, 6] {
+        store
+            .prove(
+                "rack-p",
+                "a",
+                &ReleaseProof {
+                    source: ProofSource::Boot,
+                    boot,
+                    ..fence_record(1000.0)
+                },
+                Duration::from_secs(60),
+            )
+            .expect("proves");
+    }
+    let boots: Vec<u64> = ledger().entries[0]
+        .proofs
+        .iter()
+        .filter(|p| p.proof.source == ProofSource::Boot)
+        .map(|p| p.proof.boot)
+        .collect();
+    assert_eq!(boots.len(), 3, "{boots:?}");
+    assert!(boots.contains(&5) && boots.contains(&6), "{boots:?}");
 }

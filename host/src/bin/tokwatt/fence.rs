@@ -137,9 +137,9 @@ pub fn fence(args: &FenceArgs) -> Result<()> {
             args.reserve
         );
     }
-    let proof = proof_target(args)?;
     if args.once {
         let mut actuator = open_gpus(args)?;
+        let proof = proof_target(args)?;
         let applied = tokwatt_serve::fence::apply_reserve(actuator.as_mut(), args.reserve)
             .with_context(|| format!("applying the reserve ({} W)", args.reserve))?;
         println!("tokwatt fence: reserve {} W: {applied}", args.reserve);
@@ -186,6 +186,9 @@ pub fn fence(args: &FenceArgs) -> Result<()> {
             }
         }
     };
+    // Once the GPUs are open (a simulated node's driver file exists, so its boot can be
+    // read): where its records go.
+    let proof = proof_target(args)?;
     eprintln!(
         "tokwatt fence: watching {} (stall {}), holding the {} GPU(s) within {} W when it stalls; status in {}",
         heartbeat.display(),

@@ -8,9 +8,10 @@
 //!   node's record and grant go together, in one step of etcd's log;
 //! - `holds/<node>`: the node's [`Hold`], bound to no lease: what it may still hold once
 //!   silent, written by the leader with the grants, or released by an operator;
-//! - `proofs/<node>/<source>`: the newest [`ReleaseProof`] of each source (fence, boot,
-//!   agent, off-node, operator), each under a lease of its writer's own: what the node's
-//!   GPUs were read back at, after whatever lowered them;
+//! - `proofs/<node>/<source>`: the newest [`ReleaseProof`] of each source (fence, agent,
+//!   off-node, operator; the boot unit's one per boot, `boot-<boot>`), each under a lease
+//!   of its writer's own: what the node's GPUs were read back at, after whatever lowered
+//!   them;
 //! - `freeze`: the domain's [`Freeze`] (who froze its grants and why), bound to the
 //!   lease of the experiment that holds it, created only where absent.
 //!
@@ -29,8 +30,8 @@ pub use tls::{ClientFiles, EtcdTls, TlsError, TlsFile, TlsFiles};
 use crate::budget::{DomainBudget, valid_name};
 use crate::store::{
     DomainView, FleetStore, Freeze, FreezeOutcome, FreezeSession, Grant, GrantWrite, Hold,
-    HoldWrite, Leadership, NodeRecord, NodeReport, NodeSession, NodeView, ReleaseProof, StoreError,
-    StoredFreeze, StoredHold, StoredProof, Written,
+    HoldWrite, Leadership, NodeRecord, NodeReport, NodeSession, NodeView, ProofSource,
+    ReleaseProof, StoreError, StoredFreeze, StoredHold, StoredProof, Written,
 };
 
 /// Where every domain lives.
@@ -70,8 +71,14 @@ fn hold_key(domain: &str, node: &str) -> String {
     format!("{ROOT}{domain}/holds/{node}")
 }
 
+/// One key per source, but one per boot for the boot unit's records: a node that
+/// rebooted is still reported (and held) under its old boot until its agent joins again,
+/// and the old boot's record must still prove that one meanwhile.
 fn proof_key(domain: &str, node: &str, proof: &ReleaseProof) -> String {
-    format!("{ROOT}{domain}/proofs/{node}/{}", proof.source.label())
+    match proof.source {
+        ProofSource::Boot => format!("{ROOT}{domain}/proofs/{node}/boot-{:016x}", proof.boot),
+        source => format!("{ROOT}{domain}/proofs/{node}/{}", source.label()),
+    }
 }
 
 fn freeze_key(domain: &str) -> String {
