@@ -282,15 +282,13 @@ fn the_fleet_commands_set_a_budget_show_the_ledger_and_coordinate_until_stopped(
             .prove(
                 "rack-c",
                 name,
-                &tokwatt_fleet::ReleaseProof {
-                    source: tokwatt_fleet::ProofSource::Boot,
-                    by: format!("the boot unit of {name}"),
-                    caps_w: vec![500.0, 500.0],
-                    sum_w: 1000.0,
-                    at_unix_ms: 0,
-                    boot: 0,
-                    detail: String::new(),
-                },
+                &tokwatt_fleet::ReleaseProof::of_caps(
+                    tokwatt_fleet::ProofSource::Boot,
+                    format!("the boot unit of {name}"),
+                    vec![500.0, 500.0],
+                    0,
+                    0,
+                ),
                 Duration::from_secs(600),
             )
             .expect("a boot record");

@@ -212,6 +212,26 @@ pub struct ReleaseProof {
 }
 
 impl ReleaseProof {
+    /// `source`'s record of the caps `caps_w` it read back (their sum with them), by `by`,
+    /// at `at_unix_ms` by its clock, in `boot`; no words beside.
+    pub fn of_caps(
+        source: ProofSource,
+        by: impl Into<String>,
+        caps_w: Vec<f64>,
+        at_unix_ms: u64,
+        boot: u64,
+    ) -> Self {
+        Self {
+            source,
+            by: by.into(),
+            sum_w: caps_w.iter().sum(),
+            caps_w,
+            at_unix_ms,
+            boot,
+            detail: String::new(),
+        }
+    }
+
     /// A sum the ledger can count on: finite and not negative.
     pub fn usable_sum(&self) -> Option<f64> {
         (self.sum_w.is_finite() && self.sum_w >= 0.0).then_some(self.sum_w)

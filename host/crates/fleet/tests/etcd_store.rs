@@ -568,15 +568,13 @@ fn boot_record(store: &EtcdFleet, domain: &str, node: &str) {
         .prove(
             domain,
             node,
-            &ReleaseProof {
-                source: ProofSource::Boot,
-                by: format!("the boot unit of {node}"),
-                caps_w: vec![1000.0],
-                sum_w: 1000.0,
-                at_unix_ms: 0,
-                boot: 0,
-                detail: String::new(),
-            },
+            &ReleaseProof::of_caps(
+                ProofSource::Boot,
+                format!("the boot unit of {node}"),
+                vec![1000.0],
+                0,
+                0,
+            ),
             Duration::from_secs(600),
         )
         .expect("a boot record");

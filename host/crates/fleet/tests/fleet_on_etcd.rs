@@ -84,15 +84,13 @@ fn the_caps_in_force_stay_within_the_budget_through_a_leader_killed_and_a_budget
             .prove(
                 "row-1",
                 &format!("node-{i}"),
-                &tokwatt_fleet::ReleaseProof {
-                    source: tokwatt_fleet::ProofSource::Boot,
-                    by: format!("the boot unit of node-{i}"),
-                    caps_w: vec![1000.0],
-                    sum_w: 1000.0,
-                    at_unix_ms: 0,
-                    boot: 0,
-                    detail: String::new(),
-                },
+                &tokwatt_fleet::ReleaseProof::of_caps(
+                    tokwatt_fleet::ProofSource::Boot,
+                    format!("the boot unit of node-{i}"),
+                    vec![1000.0],
+                    0,
+                    0,
+                ),
                 Duration::from_secs(600),
             )
             .expect("a boot record");

@@ -43,17 +43,17 @@ impl ProofTarget {
         actuator: &mut dyn Actuator,
         detail: &str,
     ) -> Result<ProofWritten, FenceError> {
-        let caps_w = read_caps(actuator)?;
-        let sum_w = caps_w.iter().sum();
         let record = ReleaseProof {
-            source,
-            by: self.by.clone(),
-            caps_w,
-            sum_w,
-            at_unix_ms: unix_ms_now(),
-            boot: self.boot,
             detail: detail.to_owned(),
+            ..ReleaseProof::of_caps(
+                source,
+                self.by.clone(),
+                read_caps(actuator)?,
+                unix_ms_now(),
+                self.boot,
+            )
         };
+        let sum_w = record.sum_w;
         let revision = self
             .store
             .prove(&self.domain, &self.node, &record, self.ttl)
