@@ -58,8 +58,32 @@ fn eval_writes_every_field_for_every_policy_and_scenario() {
             "slo_violation_fraction",
             "served_fraction",
             "setting_changes",
+            "causal_violation_fraction",
+            "oracle_violation_fraction",
+            "default_violation_fraction",
+            "oracle_served_fraction",
+            "causal_served_fraction",
+            "default_served_fraction",
+            "failure_rule",
         ] {
             assert!(entry.get(key).is_some(), "entry lacks `{key}`: {entry}");
+        }
+        // The failure rule's arithmetic is in the file: its means decide `failed`, and a
+        // failure quotes them.
+        let rule = &entry["failure_rule"];
+        assert_eq!(rule["seeds"], 2, "{entry}");
+        let over_ticks = num(rule, "slo_violation_fraction_mean")
+            > num(rule, "reference_violation_fraction") + 0.01;
+        let served_less = num(rule, "served_shortfall_mean") > 0.01;
+        assert_eq!(
+            entry["failed"].is_null(),
+            !(over_ticks || served_less),
+            "`failed` follows failure_rule: {entry}"
+        );
+        if served_less {
+            let failed = entry["failed"].as_str().unwrap_or_default();
+            let quoted = format!("{:.4}", num(rule, "served_fraction_mean"));
+            assert!(failed.contains(&quoted), "{failed} quotes {quoted}");
         }
         assert_eq!(entry["seeds"], serde_json::json!([1, 2]));
         let tpj = &entry["tokens_per_joule"];

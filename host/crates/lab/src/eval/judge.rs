@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use super::{EvalEntry, EvalScenario, HOLD_S, PhaseOracle, TRAILING_WINDOW_S};
+use super::{EvalEntry, EvalScenario, HOLD_S, PhaseOracle, RuleFigures, TRAILING_WINDOW_S};
 use tokwatt_agent::RunSummary;
 use tokwatt_policy::spec::PolicySpec;
 use tokwatt_sim::SimGpu;
@@ -167,6 +167,7 @@ pub(super) fn judge(
     let mut causal_violations = Vec::new();
     let mut default_tpj = Vec::new();
     let mut default_violations = Vec::new();
+    let mut default_served = Vec::new();
     let mut over_default = Vec::new();
     let mut changes = Vec::new();
     let mut fallbacks = Vec::new();
@@ -194,6 +195,7 @@ pub(super) fn judge(
         causal_violations.push(causal.violation_fraction);
         default_tpj.push(references.default.tokens_per_joule());
         default_violations.push(references.default.violation_fraction);
+        default_served.push(references.default.served_fraction);
         over_default.push(policy_tpj / references.default.tokens_per_joule());
         let ticks = run.summary.totals.ticks.max(1) as f64;
         violations.push(run.summary.totals.slo_violation_ticks as f64 / ticks);
@@ -220,26 +222,31 @@ pub(super) fn judge(
     let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len().max(1) as f64;
     // Served demand is judged against the lesser of the two references: a backlog the
     // reaction lag leaves is not the policy's fault.
-    let shortfalls: Vec<f64> = oracle_served
+    let reference_served: Vec<f64> = oracle_served
         .iter()
         .zip(&causal_served)
-        .zip(&served)
-        .map(|((oracle, causal), policy)| oracle.min(*causal) - policy)
+        .map(|(oracle, causal)| oracle.min(*causal))
         .collect();
-    let failed = if per_seed.is_empty() {
-        None // said by the caller, which knows why no seed ran
-    } else {
-        super::objective_breach(
-            mean(&violations),
-            mean(&shortfalls),
-            allowed_violations(
-                mean(&causal_violations),
-                mean(&oracle_violations),
-                mean(&default_violations),
-                super::oracle::is_overload(oracle),
-            ),
-        )
-    };
+    let overload = super::oracle::is_overload(oracle);
+    let figures = (!per_seed.is_empty()).then(|| RuleFigures {
+        seeds: per_seed.len(),
+        slo_violation_fraction_mean: mean(&violations),
+        causal_violation_fraction_mean: mean(&causal_violations),
+        oracle_violation_fraction_mean: mean(&oracle_violations),
+        default_violation_fraction_mean: mean(&default_violations),
+        overload,
+        reference_violation_fraction: allowed_violations(
+            mean(&causal_violations),
+            mean(&oracle_violations),
+            mean(&default_violations),
+            overload,
+        ),
+        served_fraction_mean: mean(&served),
+        reference_served_fraction_mean: mean(&reference_served),
+        served_shortfall_mean: mean(&reference_served) - mean(&served),
+    });
+    // None where no seed ran: said by the caller, which knows why.
+    let failed = figures.as_ref().and_then(super::objective_breach);
     let measured_ratio = median(&ratios);
     let measured_causal_ratio = median(&causal_ratios);
     let passed = |ratio: f64| (failed.is_none() && ratio.is_finite()).then_some(ratio);
@@ -262,6 +269,11 @@ pub(super) fn judge(
             m.is_finite().then_some(m)
         },
         causal_violation_fraction: median(&causal_violations),
+        oracle_violation_fraction: median(&oracle_violations),
+        default_violation_fraction: median(&default_violations),
+        causal_served_fraction: median(&causal_served),
+        default_served_fraction: median(&default_served),
+        failure_rule: figures,
         failed,
         ticks_to_95: reached(&to_95),
         ticks_to_98: reached(&to_98),

@@ -221,6 +221,7 @@ pub(super) fn run_policy(
             policy: spec.name.clone(),
             scenario: scenario.name.clone(),
             seed,
+            advice: super::eval_advice(&source, &scenario.objective),
             source: Box::new(source),
         })?;
     Ok(RunOutcome { summary, series })

@@ -68,27 +68,74 @@ fn spreads_ignore_nan_and_take_the_middle() {
     assert!(median(&[]).is_nan());
 }
 
+/// What the failure rule reads: a policy breaking the objective on `violations` of its
+/// ticks and serving `shortfall` less of the demand than references that serve all of it
+/// and may break it on `reference`, over three seeds.
+fn figures(violations: f64, shortfall: f64, reference: f64) -> super::RuleFigures {
+    super::RuleFigures {
+        seeds: 3,
+        slo_violation_fraction_mean: violations,
+        causal_violation_fraction_mean: reference,
+        oracle_violation_fraction_mean: 0.0,
+        default_violation_fraction_mean: 0.0,
+        overload: false,
+        reference_violation_fraction: reference,
+        served_fraction_mean: 1.0 - shortfall,
+        reference_served_fraction_mean: 1.0,
+        served_shortfall_mean: shortfall,
+    }
+}
+
 #[test]
 fn a_scenario_fails_beyond_one_percent_of_ticks_or_one_point_of_demand() {
+    use super::objective_breach;
     assert_eq!(
-        super::objective_breach(0.01, 0.01, 0.0),
+        objective_breach(&figures(0.01, 0.01, 0.0)),
         None,
         "at the limits: kept"
     );
-    let why = super::objective_breach(0.0101, 0.0, 0.0).expect("violations");
+    let why = objective_breach(&figures(0.0101, 0.0, 0.0)).expect("violations");
     assert!(why.contains("1.01 % of ticks"), "{why}");
-    let why = super::objective_breach(0.0, 0.02, 0.0).expect("served less");
+    let why = objective_breach(&figures(0.0, 0.02, 0.0)).expect("served less");
     assert!(why.contains("2.00 points less"), "{why}");
-    let both = super::objective_breach(0.5, 0.5, 0.0).expect("both");
+    let both = objective_breach(&figures(0.5, 0.5, 0.0)).expect("both");
     assert!(both.contains("; "), "{both}");
     // A burst that the causal reference itself breaks the objective on for 30 % of ticks.
-    assert_eq!(super::objective_breach(0.305, 0.0, 0.30), None);
-    let why = super::objective_breach(0.32, 0.0, 0.30).expect("beyond the oracle");
-    assert!(why.contains("causal reference"), "{why}");
+    assert_eq!(objective_breach(&figures(0.305, 0.0, 0.30)), None);
+    let why = objective_breach(&figures(0.32, 0.0, 0.30)).expect("beyond the reference");
+    assert!(why.contains("references' 30.00 %"), "{why}");
     assert!(
-        super::objective_breach(0.30, 0.05, 0.30).is_some(),
+        objective_breach(&figures(0.30, 0.05, 0.30)).is_some(),
         "served demand first"
     );
+}
+
+/// A failure message quotes the figures it was decided on, by their names in
+/// `eval.json`'s `failure_rule`, and says they are means over seeds: an entry whose
+/// medians look close (0.9943 against 0.9936) cannot read as failing for figures the
+/// file does not hold.
+#[test]
+fn a_failure_message_quotes_the_means_it_was_decided_on_by_their_names() {
+    let mut close_medians = figures(0.0, 0.0, 0.0);
+    close_medians.served_fraction_mean = 0.9490;
+    close_medians.reference_served_fraction_mean = 0.9943;
+    close_medians.served_shortfall_mean = 0.9943 - 0.9490;
+    let why = super::objective_breach(&close_medians).expect("served less");
+    for quoted in [
+        "0.9490 of the demand (served_fraction_mean)",
+        "0.9943 (reference_served_fraction_mean)",
+        "4.53 points less",
+        "means over 3 seeds",
+    ] {
+        assert!(why.contains(quoted), "{quoted:?} in {why}");
+    }
+    let why = super::objective_breach(&figures(0.05, 0.0, 0.02)).expect("violations");
+    for quoted in [
+        "5.00 % of ticks (slo_violation_fraction_mean)",
+        "2.00 % (reference_violation_fraction)",
+    ] {
+        assert!(why.contains(quoted), "{quoted:?} in {why}");
+    }
 }
 
 /// An overload (a 14B-class shape on an H200, the middle phase beyond what any setting
@@ -328,9 +375,8 @@ fn on_an_overload_a_policy_may_break_the_objective_as_often_as_the_default_setti
     assert_eq!(allowed_violations(0.31, 0.05, 0.37, true), 0.37);
     assert_eq!(allowed_violations(0.31, 0.40, 0.37, true), 0.40);
     // The serving held-out draw that failed every policy, the default settings too.
-    assert!(
-        super::objective_breach(0.37, 0.0, allowed_violations(0.31, 0.0, 0.37, true)).is_none()
-    );
+    let allowed = allowed_violations(0.31, 0.0, 0.37, true);
+    assert!(super::objective_breach(&figures(0.37, 0.0, allowed)).is_none());
 }
 
 /// An entry of `policy` on `scenario` at `ratio` to the oracle, or one that could not run.
@@ -351,6 +397,11 @@ fn entry(policy: &str, scenario: &str, ratio: Option<f64>) -> EvalEntry {
         measured_causal_ratio: ratio,
         over_default: ratio.map(|r| r * 1.2),
         causal_violation_fraction: 0.0,
+        oracle_violation_fraction: 0.0,
+        default_violation_fraction: 0.0,
+        causal_served_fraction: 1.0,
+        default_served_fraction: 1.0,
+        failure_rule: None,
         failed: (!ran).then(|| "could not run: seed 1: refused".to_owned()),
         ticks_to_95: ratio.map(|_| 12.0),
         ticks_to_98: None,
@@ -419,4 +470,34 @@ fn the_report_ranks_policies_by_score_and_says_why_a_figure_is_missing() {
     assert!(!html.contains("NaN"), "{html}");
     assert!(html.contains("n/a (no seed ran)"), "{html}");
     assert!(html.contains("FAILED"));
+}
+
+/// A policy refused under the judge is told that the scenario's objective replaced its
+/// spec's, with that objective's bounds: "remove ttft_p99_limit_ms from the spec" alone
+/// cannot help there. Errors that do not concern the objective get no advice.
+#[test]
+fn a_refusal_under_eval_says_the_scenarios_objective_replaced_the_specs() {
+    let objective = tokwatt_core::types::Objective {
+        tpot_p99_limit_ms: Some(40.0),
+        min_tokens_per_s: None,
+        queue_wait_p99_limit_ms: None,
+        ttft_p99_limit_ms: Some(500.0),
+    };
+    let refused = tokwatt_agent::AgentError::TtftUnchecked {
+        policy: "p".into(),
+        limit: 500.0,
+    };
+    let advice = super::eval_advice(&refused, &objective);
+    for said in [
+        "the scenario's [objective] replaces the spec's",
+        "tpot_p99_limit_ms = 40, ttft_p99_limit_ms = 500",
+        "cannot help",
+    ] {
+        assert!(advice.contains(said), "{said:?} in {advice}");
+    }
+    let unrelated = tokwatt_agent::AgentError::TooShort {
+        duration: std::time::Duration::from_millis(1),
+        tick: std::time::Duration::from_secs(1),
+    };
+    assert_eq!(super::eval_advice(&unrelated, &objective), "");
 }
