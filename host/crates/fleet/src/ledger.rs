@@ -630,15 +630,7 @@ mod tests {
     fn proof(node: &str, source: ProofSource, sum_w: f64, revision: i64) -> StoredProof {
         StoredProof {
             node: node.into(),
-            proof: crate::store::ReleaseProof {
-                source,
-                by: "test".into(),
-                caps_w: vec![sum_w],
-                sum_w,
-                at_unix_ms: 0,
-                boot: 0,
-                detail: String::new(),
-            },
+            proof: crate::store::ReleaseProof::of_caps(source, "test", vec![sum_w], 0, 0),
             mod_revision: revision,
             lease: 5,
         }

@@ -106,9 +106,9 @@ fn proof_target(args: &FenceArgs) -> Result<Option<ProofTarget>> {
     )?;
     let identity = assembly::boot_identity(args.sim_driver.as_deref())
         .context("reading which boot this node runs in")?;
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "unknown host".to_owned());
+    let host = Some(tokwatt_fleet::budget::host_name())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown host".to_owned());
     let what = if args.once {
         "tokwatt fence --once"
     } else {

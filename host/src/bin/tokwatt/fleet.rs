@@ -325,9 +325,9 @@ fn operator_name() -> String {
     let user = std::env::var("USER")
         .or_else(|_| std::env::var("LOGNAME"))
         .unwrap_or_else(|_| "unknown user".to_owned());
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "unknown host".to_owned());
+    let host = Some(tokwatt_fleet::budget::host_name())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown host".to_owned());
     format!("{user}@{host}")
 }
 

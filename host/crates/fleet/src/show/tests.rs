@@ -11,15 +11,13 @@ use crate::store::{
 fn proof(node: &str, source: ProofSource, sum_w: f64, revision: i64) -> StoredProof {
     StoredProof {
         node: node.into(),
-        proof: ReleaseProof {
+        proof: ReleaseProof::of_caps(
             source,
-            by: format!("{} on {node}", source.label()),
-            caps_w: vec![sum_w / 2.0, sum_w / 2.0],
-            sum_w,
-            at_unix_ms: 1_765_000_000_000,
-            boot: 0,
-            detail: String::new(),
-        },
+            format!("{} on {node}", source.label()),
+            vec![sum_w / 2.0, sum_w / 2.0],
+            1_765_000_000_000,
+            0,
+        ),
         mod_revision: revision,
         lease: 0x51,
     }

@@ -35,8 +35,8 @@ mod reserve;
 pub mod status;
 pub mod watch;
 
-pub use proof::{ProofTarget, ProofWritten, read_caps, unix_ms_now};
-pub use reserve::{ReserveApplied, apply_reserve};
+pub use proof::{ProofTarget, ProofWritten, unix_ms_now};
+pub use reserve::{ReserveApplied, apply_reserve, read_caps};
 
 use std::path::PathBuf;
 

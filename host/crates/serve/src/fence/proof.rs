@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use tokwatt_core::actuator::Actuator;
 use tokwatt_fleet::{FleetStore, ProofSource, ReleaseProof};
 
-use super::FenceError;
+use super::{FenceError, read_caps};
 
 /// Where a node's proofs go, and who writes them.
 #[derive(Debug)]
@@ -63,18 +63,6 @@ impl ProofTarget {
             })?;
         Ok(ProofWritten { revision, sum_w })
     }
-}
-
-/// Every GPU's power cap, as the driver holds it now.
-pub fn read_caps(actuator: &mut dyn Actuator) -> Result<Vec<f64>, FenceError> {
-    (0..actuator.devices().len() as u32)
-        .map(|gpu| {
-            actuator
-                .read(gpu)
-                .map(|settings| settings.power_cap_w)
-                .map_err(|source| FenceError::Read { gpu, source })
-        })
-        .collect()
 }
 
 /// Milliseconds since the Unix epoch by this host's clock (0 before it): shown beside a

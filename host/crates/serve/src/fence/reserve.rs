@@ -50,6 +50,18 @@ impl std::fmt::Display for ReserveApplied {
     }
 }
 
+/// Every GPU's power cap, as the driver holds it now.
+pub fn read_caps(actuator: &mut dyn Actuator) -> Result<Vec<f64>, FenceError> {
+    (0..actuator.devices().len() as u32)
+        .map(|gpu| {
+            actuator
+                .read(gpu)
+                .map(|settings| settings.power_cap_w)
+                .map_err(|source| FenceError::Read { gpu, source })
+        })
+        .collect()
+}
+
 /// Lowers the caps of `actuator`'s GPUs so that they sum to at most `reserve_w`, each
 /// toward its lowest cap in proportion to its room above it (the control loop's own
 /// fitting, [`fit_caps`]). Never raises a cap, and leaves clock locks and batch sizes
@@ -63,14 +75,7 @@ pub fn apply_reserve(
         return Err(FenceError::BadReserve { reserve_w });
     }
     let devices = actuator.devices();
-    let caps = (0..devices.len() as u32)
-        .map(|gpu| {
-            actuator
-                .read(gpu)
-                .map(|settings| settings.power_cap_w)
-                .map_err(|source| FenceError::Read { gpu, source })
-        })
-        .collect::<Result<Vec<f64>, FenceError>>()?;
+    let caps = read_caps(actuator)?;
     let min: Vec<f64> = devices.iter().map(|d| d.power_cap_min_w).collect();
     let fit = fit_caps(&caps, &min, reserve_w);
     let mut lowered = Vec::new();
@@ -98,14 +103,7 @@ pub fn apply_reserve(
     let after_w = if lowered.is_empty() {
         caps.iter().sum()
     } else {
-        (0..devices.len() as u32)
-            .map(|gpu| {
-                actuator
-                    .read(gpu)
-                    .map(|settings| settings.power_cap_w)
-                    .map_err(|source| FenceError::Read { gpu, source })
-            })
-            .sum::<Result<f64, FenceError>>()?
+        read_caps(actuator)?.iter().sum()
     };
     Ok(ReserveApplied {
         before_w: caps.iter().sum(),

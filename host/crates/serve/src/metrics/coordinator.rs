@@ -483,15 +483,13 @@ mod tests {
         };
         let boot_record = |name: &str| tokwatt_fleet::StoredProof {
             node: name.into(),
-            proof: tokwatt_fleet::ReleaseProof {
-                source: tokwatt_fleet::ProofSource::Boot,
-                by: "the boot unit".into(),
-                caps_w: vec![1000.0],
-                sum_w: 1000.0,
-                at_unix_ms: 0,
-                boot: 0,
-                detail: String::new(),
-            },
+            proof: tokwatt_fleet::ReleaseProof::of_caps(
+                tokwatt_fleet::ProofSource::Boot,
+                "the boot unit",
+                vec![1000.0],
+                0,
+                0,
+            ),
             mod_revision: 2,
             lease: 9,
         };
