@@ -317,36 +317,33 @@ pub(super) fn node_boot(config: &ServeConfig) -> u64 {
     }
 }
 
+/// The GPUs whose caps a start in a power domain fits within the reserve, opened once
+/// for the whole start: `None` for a dry run, a batch-only node and a simulator without a
+/// driver file (nothing of theirs is set, or outlives the process).
+pub(super) fn reserve_gpus(
+    config: &ServeConfig,
+) -> Result<Option<Box<dyn tokwatt_core::actuator::Actuator>>, ServeError> {
+    if config.dry_run || config.batch_only {
+        return Ok(None);
+    }
+    Ok(match &config.backend {
+        NodeBackend::Nvml { gpus } => Some(Box::new(
+            tokwatt_nvml::NvmlSystem::open(gpus.as_deref())?.actuator(),
+        )),
+        NodeBackend::Sim { .. } => sim_driver_actuator(config)?,
+    })
+}
+
 /// In a power domain, the node's caps within `reserve_w` now: the first thing a start
 /// does, before the policy spec, the plugin and anything else that can fail. A caps left
 /// by a crash, a board's defaults after a reboot, or a grant that lapsed while the agent
 /// was down may be above the reserve, and an agent that then fails to start would leave
-/// them there, charged by nobody. Lowers only; leaves a dry run, a batch-only node and a
-/// simulator without a driver file alone (nothing of theirs is set, or outlives the
-/// process).
-///
-/// With a `proof` target (the node's fleet store), the caps read back are then written
-/// there as the restarted agent's record ([`tokwatt_fleet::ProofSource::Agent`]): a node
-/// whose agent starts but cannot join still frees the watts its silence strands. A record
-/// that cannot be written is logged; the start goes on (the node stays charged).
+/// them there, charged by nobody. Lowers only.
 pub(super) fn apply_reserve_at_start(
-    config: &ServeConfig,
+    gpus: &mut dyn tokwatt_core::actuator::Actuator,
     reserve_w: f64,
-    proof: Option<&crate::fence::ProofTarget>,
 ) -> Result<(), ServeError> {
-    if config.dry_run || config.batch_only {
-        return Ok(());
-    }
-    let mut actuator: Box<dyn tokwatt_core::actuator::Actuator> = match &config.backend {
-        NodeBackend::Nvml { gpus } => {
-            Box::new(tokwatt_nvml::NvmlSystem::open(gpus.as_deref())?.actuator())
-        }
-        NodeBackend::Sim { .. } => match sim_driver_actuator(config)? {
-            Some(actuator) => actuator,
-            None => return Ok(()),
-        },
-    };
-    let applied = crate::fence::apply_reserve(actuator.as_mut(), reserve_w).map_err(|e| {
+    let applied = crate::fence::apply_reserve(gpus, reserve_w).map_err(|e| {
         ServeError::Fleet(format!(
             "applying the reserve ({reserve_w} W) at start: {e}; nothing else was changed"
         ))
@@ -356,23 +353,31 @@ pub(super) fn apply_reserve_at_start(
     } else {
         tracing::warn!("fleet: the reserve applied at start: {applied}");
     }
-    if let Some(target) = proof {
-        match target.write(
-            tokwatt_fleet::ProofSource::Agent,
-            actuator.as_mut(),
-            "the reserve applied at the agent's start",
-        ) {
-            Ok(written) => tracing::info!(
-                revision = written.revision,
-                "fleet: the caps read back at start ({:.0} W) written as proof of release",
-                written.sum_w
-            ),
-            Err(error) => tracing::warn!(
-                "fleet: {error}; the coordinator keeps the node charged until it joins"
-            ),
+    Ok(())
+}
+
+/// The caps read back once the reserve is in force, written to the fleet's store as the
+/// restarted agent's record ([`tokwatt_fleet::ProofSource::Agent`]): a node whose agent
+/// starts but cannot join still frees the watts its silence strands. A record that cannot
+/// be written is logged; the start goes on (the node stays charged).
+pub(super) fn prove_at_start(
+    gpus: &mut dyn tokwatt_core::actuator::Actuator,
+    target: &crate::fence::ProofTarget,
+) {
+    match target.write(
+        tokwatt_fleet::ProofSource::Agent,
+        gpus,
+        "the reserve applied at the agent's start",
+    ) {
+        Ok(written) => tracing::info!(
+            revision = written.revision,
+            "fleet: the caps read back at start ({:.0} W) written as proof of release",
+            written.sum_w
+        ),
+        Err(error) => {
+            tracing::warn!("fleet: {error}; the coordinator keeps the node charged until it joins")
         }
     }
-    Ok(())
 }
 
 /// The simulated node's actuator on its driver file, where it has one (the simulated

@@ -296,13 +296,23 @@ pub fn start(
     let (fleet_config, boot) = match &config.fleet {
         Some(fleet) => {
             let boot = fence::node_boot(config);
-            fence::apply_reserve_at_start(config, fleet.link.reserve_w, None)?;
+            let mut gpus = fence::reserve_gpus(config)?;
+            if let Some(gpus) = gpus.as_deref_mut() {
+                fence::apply_reserve_at_start(gpus, fleet.link.reserve_w)?;
+            }
             let mut fleet = fleet.clone();
             fleet.link.reserve_w = fleet::reserve_at_start(&fleet);
-            // The reserve the node holds now, read back and written down as the
-            // restarted agent's record (the budget's, where it gives less than the config).
-            let proof = fleet::agent_proof_target(&fleet, boot);
-            fence::apply_reserve_at_start(config, fleet.link.reserve_w, proof.as_ref())?;
+            if let Some(gpus) = gpus.as_deref_mut() {
+                if fleet.link.reserve_w < config.fleet.as_ref().map_or(0.0, |f| f.link.reserve_w) {
+                    // The budget gives this node less than its config.
+                    fence::apply_reserve_at_start(gpus, fleet.link.reserve_w)?;
+                }
+                // The reserve the node holds now, read back and written down as the
+                // restarted agent's record.
+                if let Some(proof) = fleet::agent_proof_target(&fleet, boot) {
+                    fence::prove_at_start(gpus, &proof);
+                }
+            }
             (Some(fleet), boot)
         }
         None => (None, 0),
