@@ -74,7 +74,7 @@ struct Readings {
 }
 
 /// Telemetry accumulated since the last `read_window`.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct TelemetryAccumulator {
     start_substep: u64,
     /// The substep of the counter update the window's energy starts from.
@@ -88,7 +88,7 @@ struct TelemetryAccumulator {
 }
 
 /// Workload accounting since the last `read_window`.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct WorkloadAccumulator {
     start_tokens: u64,
     start_steps: u64,
@@ -106,7 +106,7 @@ struct WorkloadAccumulator {
 
 /// Independent random streams, so drawing more of one (e.g. arrival times, only needed when
 /// a slot is free) never shifts another (the arrival counts every policy must face).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Streams {
     /// A scenario with prompts: its requests, the very ones tokwatt's CUDA serving loop is
     /// given for the same seed and GPU index (so a run on the GPU and one on its simulator
@@ -130,7 +130,7 @@ struct Arrival {
     arrived_s: Option<f64>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct GpuSim {
     model: DecodeModel,
     scenario: Arc<Scenario>,
@@ -847,7 +847,7 @@ impl GpuSim {
 /// Model results memoised per active-sequence count, for one set of device settings (cap,
 /// clock lock, memory clock): under varying load the same counts recur substep after substep,
 /// and the firmware's clock search is the costliest part of a substep.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct ModelCache {
     settings: Option<(u64, u32, u64)>,
     clocks: Vec<Option<FirmwareClock>>,

@@ -61,7 +61,7 @@ use driver_link::DriverLink;
 use gpu::GpuSim;
 use parallel::Helper;
 use tokwatt_core::actuator::Actuator;
-use tokwatt_core::clock::Clock;
+use tokwatt_core::clock::{Clock, VirtualClock};
 use tokwatt_core::telemetry::Telemetry;
 use tokwatt_core::types::DeviceInfo;
 use tokwatt_core::workload::Workload;
@@ -118,6 +118,11 @@ pub enum SimError {
     /// The simulated driver's file cannot be opened, or describes other boards.
     #[error(transparent)]
     Driver(#[from] DriverError),
+    /// A copy of boards whose settings live in a driver file was asked for.
+    #[error(
+        "simulated boards tied to a driver file cannot be copied: the file holds one set of settings. Fork a simulation without --sim-driver"
+    )]
+    Fork,
 }
 
 /// What to simulate.
@@ -398,6 +403,40 @@ impl SimGpu {
                 self.profile.name, calibration.source
             )
         }
+    }
+
+    /// An independent copy of these boards as they stand now, on a virtual clock of its
+    /// own set to now: what happens to the copy (settings, time) never reaches the
+    /// original, and both go on drawing the same random streams from here. The judge's
+    /// oracle tries settings on copies of one run, so each try starts from the queue the
+    /// run carried in. Boards tied to a driver file are refused: a copy cannot own the
+    /// file's settings beside the original ([`SimError::Fork`]).
+    pub fn fork(&self) -> Result<(SimGpu, Arc<VirtualClock>), SimError> {
+        let mut state = self.lock();
+        if state.driver.is_some() {
+            return Err(SimError::Fork);
+        }
+        let now = state.clock.now();
+        // Every board caught up to now (and back from the helper thread).
+        let count = state.count();
+        for index in 0..count {
+            let _ = state.gpu(index);
+        }
+        let clock = VirtualClock::new();
+        clock.sleep_until(now);
+        let copy = SimGpu {
+            state: Arc::new(Mutex::new(SimState {
+                clock: clock.clone(),
+                gpus: state.gpus.clone(),
+                driver: None,
+                helper: None,
+            })),
+            profile: Arc::clone(&self.profile),
+            scenario: Arc::clone(&self.scenario),
+            devices: Arc::clone(&self.devices),
+            batch_size_max: self.batch_size_max,
+        };
+        Ok((copy, clock))
     }
 
     /// Exact quantities of board `gpu` now (tests and evaluation; a real GPU has no such thing).

@@ -142,7 +142,7 @@ pub(super) enum Next {
 }
 
 /// Counts for the workload window, taken and reset by [`Server::take_window`].
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct ServerWindow {
     /// Queue waits (arrival to a first batch slot), ms.
     pub queue_waits_ms: Vec<f64>,
@@ -153,7 +153,7 @@ pub(super) struct ServerWindow {
     pub energy: RequestEnergy,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Server {
     /// Tokens one step may process: 1 to `budget_max`.
     budget: u32,

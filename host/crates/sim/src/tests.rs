@@ -1025,3 +1025,47 @@ fn idle_power_follows_the_model_at_the_idle_clock_and_under_a_lock() {
     assert!((watts - 105.2).abs() < 0.3, "{watts} W");
     assert_eq!(locked.sm_clock_mhz, 990);
 }
+
+/// A chat-like scenario with prompts, for the fork tests.
+fn chat() -> Scenario {
+    Scenario::from_toml_str(
+        r#"
+description = "chat"
+model = "llama-3-8b"
+prompt_tokens = { distribution = "lognormal", median = 900, sigma = 0.8, min = 16, max = 8192 }
+output_tokens = { distribution = "lognormal", median = 200, sigma = 0.7, min = 8, max = 2048 }
+max_batched_tokens = 2048
+batch_size_max = 256
+
+[[phases]]
+start_s = 0
+arrival_rps = 6
+"#,
+        "chat",
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_fork_goes_on_as_the_original_would_and_never_touches_it() {
+    for scenario in [saturated("llama-3-8b", 2048, 64), chat()] {
+        let (original, clock) = sim_with("h100", scenario.clone(), 1, 7);
+        let (untouched, untouched_clock) = sim_with("h100", scenario, 1, 7);
+        clock.sleep_until(secs(30.0));
+        let (copy, copy_clock) = original.fork().unwrap();
+        assert_eq!(copy_clock.now(), secs(30.0));
+        // The copy runs at a low cap; the original, left alone, must not notice.
+        copy.actuator().set_power_cap(0, 200.0).unwrap();
+        copy_clock.sleep_until(secs(60.0));
+        clock.sleep_until(secs(60.0));
+        untouched_clock.sleep_until(secs(60.0));
+        assert_eq!(original.truth(0), untouched.truth(0));
+        let (left_alone, lowered) = (original.truth(0).unwrap(), copy.truth(0).unwrap());
+        assert!(lowered.energy_j < left_alone.energy_j);
+        // A second copy with the original's settings goes on exactly as it does.
+        let (twin, twin_clock) = original.fork().unwrap();
+        twin_clock.sleep_until(secs(90.0));
+        clock.sleep_until(secs(90.0));
+        assert_eq!(original.truth(0), twin.truth(0));
+    }
+}
