@@ -48,6 +48,12 @@ pub struct EvalArgs {
     /// demand, the capacity within the objective and the oracle's settings.
     #[arg(long, num_args = 1.., value_name = "SCENARIO", conflicts_with_all = ["policies", "family", "scenarios"])]
     plan: Vec<PathBuf>,
+    /// With --plan: also check the oracle's invariant on each scenario: no fixed setting
+    /// of a coarse grid (6 caps × 6 SM clocks × 4 batches × 3 token budgets), held through
+    /// a phase from where the oracle's schedule left the run, beats the oracle's phase by
+    /// more than 0.5 % while keeping the objective. Exits non-zero where it fails.
+    #[arg(long)]
+    check: bool,
     /// Print the result as JSON on standard output instead of the tables: eval.json in an
     /// envelope with the output folder and its files (with --family, `result` holds each
     /// split's eval.json under its name). With --plan: the plans as JSON.
@@ -136,6 +142,9 @@ enum SplitArg {
 }
 
 pub fn eval(args: &EvalArgs) -> Result<()> {
+    if args.check {
+        return check_oracles(args);
+    }
     if !args.plan.is_empty() {
         return print_plans(args);
     }
@@ -355,16 +364,118 @@ fn print_details(results: &EvalResults) {
     println!("{table}");
 }
 
+/// `--plan --check`: the oracle's invariant on each scenario, phase by phase.
+fn check_oracles(args: &EvalArgs) -> Result<()> {
+    if args.plan.is_empty() {
+        anyhow::bail!(
+            "--check checks the oracle of scenario files: give them with --plan, e.g. \
+             `tokwatt eval --check --plan my-scenario.toml`"
+        );
+    }
+    let scenarios = EvalScenario::load_all(&args.plan)?;
+    let grid = eval::invariant::CheckGrid::coarse();
+    let seeds: Vec<u64> = (1..=args.seeds).collect();
+    let mut checks = Vec::new();
+    for scenario in &scenarios {
+        let duration_s = args
+            .duration
+            .map_or(scenario.duration_s, |d| d.as_secs_f64());
+        checks.push(
+            eval::invariant::check(scenario, duration_s, &seeds, &grid).with_context(|| {
+                format!("checking the oracle's invariant on `{}`", scenario.name)
+            })?,
+        );
+    }
+    let failed: Vec<&str> = checks
+        .iter()
+        .filter(|c| !c.holds)
+        .map(|c| c.scenario.as_str())
+        .collect();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&checks).context("serialising the checks")?
+        );
+    } else {
+        for check in &checks {
+            println!(
+                "\n{}: {} ({})",
+                check.scenario,
+                if check.holds { "holds" } else { "FAILS" },
+                check.data_source
+            );
+            let mut table = Table::new();
+            table.load_preset(UTF8_FULL_CONDENSED).set_header([
+                "phase",
+                "oracle (cap, clock, batch, budget)",
+                "oracle tok/J",
+                "settings",
+                "kept objective",
+                "best of them / oracle",
+                "beaten by",
+            ]);
+            for phase in &check.phases {
+                let o = &phase.oracle;
+                table.add_row([
+                    format!("{:.0}–{:.0} s", phase.start_s, phase.end_s),
+                    format!(
+                        "{:.0} W, {} MHz, {}, {}",
+                        o.power_cap_w, o.sm_clock_max_mhz, o.batch_size, o.token_budget
+                    ),
+                    format!("{:.4}", phase.oracle_tokens_per_joule),
+                    phase.settings_checked.to_string(),
+                    phase.kept_objective.to_string(),
+                    phase
+                        .best_ratio
+                        .map_or_else(|| "—".to_owned(), |r| format!("{r:.4}")),
+                    phase.beaten_by.first().map_or_else(
+                        || "nothing".to_owned(),
+                        |b| {
+                            format!(
+                                "{:.0} W, {} MHz, {}, {}: {:.4} (and {} more)",
+                                b.setting.power_cap_w,
+                                b.setting.sm_clock_max_mhz,
+                                b.setting.batch_size,
+                                b.setting.token_budget,
+                                b.ratio,
+                                phase.beaten_by.len() - 1
+                            )
+                        },
+                    ),
+                ]);
+            }
+            println!("{table}");
+        }
+        println!(
+            "\nThe invariant: no fixed setting of the grid, held through a phase from where the \
+             oracle's schedule left the run, beats the oracle's phase by more than {:.1} % \
+             while keeping the objective as the oracle must (ticks over, requests turned \
+             away, the queue left at the phase's end).",
+            eval::invariant::INVARIANT_MARGIN * 100.0
+        );
+    }
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "the oracle's invariant fails on {}: a fixed setting beats its phase; report it \
+             with this scenario file",
+            failed.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// `--plan`: each scenario's phases, capacity and oracle, judged nothing.
 fn print_plans(args: &EvalArgs) -> Result<()> {
     let scenarios = EvalScenario::load_all(&args.plan)?;
+    // The seeds `tokwatt eval` would judge on: the same oracle.
+    let seeds: Vec<u64> = (1..=args.seeds).collect();
     let mut plans = Vec::new();
     for scenario in &scenarios {
         let duration_s = args
             .duration
             .map_or(scenario.duration_s, |d| d.as_secs_f64());
         plans.push(
-            eval::plan::plan(scenario, duration_s, 1)
+            eval::plan::plan(scenario, duration_s, &seeds)
                 .with_context(|| format!("planning scenario `{}`", scenario.name))?,
         );
     }
@@ -400,6 +511,7 @@ fn print_plans(args: &EvalArgs) -> Result<()> {
             "oracle cap",
             "SM clock max",
             "batch",
+            "token budget",
             "tok/J",
             "violating",
             "feasible",
@@ -414,6 +526,7 @@ fn print_plans(args: &EvalArgs) -> Result<()> {
                 format!("{:.0} W", o.setting.power_cap_w),
                 format!("{} MHz", o.setting.sm_clock_max_mhz),
                 o.setting.batch_size.to_string(),
+                o.setting.token_budget.to_string(),
                 format!("{:.4}", o.simulated_tokens_per_joule),
                 format!("{:.2} %", o.simulated_violation_fraction * 100.0),
                 if o.feasible {
@@ -429,7 +542,9 @@ fn print_plans(args: &EvalArgs) -> Result<()> {
         "\ncapacity: the most requests/s served within the TPOT and TTFT bounds (10 % headroom) \
          by the steady-state model at the largest cap, no clock lock, any batch; load above \
          100 % queues until requests are turned away. The oracle's settings are the best \
-         that keep the objective on 99 % of a simulated run of the phase."
+         that keep the objective on 99 % of the ticks of a simulated run of the whole phase, \
+         from the queue the phase before left, turning nobody away and leaving no more \
+         waiting than the most capable setting (simulator output)."
     );
     Ok(())
 }

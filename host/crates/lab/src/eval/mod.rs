@@ -24,6 +24,8 @@
 //! Seeds run in parallel on the cores there are; the figures are medians over seeds.
 
 pub mod family;
+mod fixed;
+pub mod invariant;
 mod judge;
 pub mod oracle;
 pub mod plan;
@@ -31,6 +33,7 @@ mod report;
 mod rule;
 mod runner;
 pub mod scenario;
+pub mod search;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -58,7 +61,7 @@ use tokwatt_policy::spec::{PolicySpec, SpecError};
 use tokwatt_sim::SimError;
 
 /// Version of `eval.json`'s layout.
-pub const EVAL_FORMAT_VERSION: u32 = 3;
+pub const EVAL_FORMAT_VERSION: u32 = 4;
 /// How long after a demand phase starts the causal reference takes up its settings,
 /// seconds: a controller that sees the phase only through its one-second windows needs a
 /// few of them to tell a shift from noise, and a few ticks to move its settings.
@@ -316,6 +319,12 @@ pub struct ScenarioResult {
     /// judged first.
     pub overload: bool,
     pub oracle: Vec<PhaseOracle>,
+    /// The oracle's schedule's and the causal reference's share of ticks over the
+    /// objective within the phases the oracle found feasible, means over seeds (none: no
+    /// such phase). The causal reference is built to keep these at the oracle's own bar
+    /// ([`search::PHASE_VIOLATION_ALLOWANCE`]).
+    pub oracle_violation_fraction_in_feasible_phases: Option<f64>,
+    pub causal_violation_fraction_in_feasible_phases: Option<f64>,
 }
 
 /// Everything the judge found. **API boundary**: `eval.json`.
@@ -386,7 +395,7 @@ pub fn evaluate(
         &stop,
         |&i| {
             let scenario = &request.scenarios[i];
-            oracle::search(scenario, duration_of(scenario), seeds[0]).map_err(|source| {
+            oracle::search(scenario, duration_of(scenario), &seeds).map_err(|source| {
                 EvalError::Sim {
                     scenario: scenario.name.clone(),
                     source,
@@ -534,7 +543,20 @@ pub fn evaluate(
             .scenarios
             .iter()
             .zip(oracles)
-            .map(|(s, oracle)| ScenarioResult {
+            .enumerate()
+            .map(|(index, (s, oracle))| ScenarioResult {
+                oracle_violation_fraction_in_feasible_phases: feasible_mean(
+                    &schedule_jobs,
+                    &schedules,
+                    index,
+                    |r| &r.oracle,
+                ),
+                causal_violation_fraction_in_feasible_phases: feasible_mean(
+                    &schedule_jobs,
+                    &schedules,
+                    index,
+                    |r| &r.causal,
+                ),
                 name: s.name.clone(),
                 description: s.description.clone(),
                 gpu: s.profile.name.clone(),
@@ -554,5 +576,24 @@ pub fn evaluate(
     })
 }
 
+/// The mean over seeds of one reference's share of ticks over the objective in the
+/// feasible phases of scenario `index`.
+fn feasible_mean(
+    jobs: &[(usize, u64)],
+    schedules: &[judge::References],
+    index: usize,
+    which: impl Fn(&judge::References) -> &judge::Schedule,
+) -> Option<f64> {
+    let shares: Vec<f64> = jobs
+        .iter()
+        .zip(schedules)
+        .filter(|((s, _), _)| *s == index)
+        .filter_map(|(_, references)| which(references).feasible_violation_fraction)
+        .collect();
+    (!shares.is_empty()).then(|| shares.iter().sum::<f64>() / shares.len() as f64)
+}
+
+#[cfg(test)]
+mod invariant_tests;
 #[cfg(test)]
 mod tests;

@@ -40,9 +40,10 @@ pub struct Plan {
 }
 
 /// The plan of `scenario` over its first `duration_s` seconds (the oracle searches on
-/// `seed`'s arrivals).
-pub fn plan(scenario: &EvalScenario, duration_s: f64, seed: u64) -> Result<Plan, SimError> {
-    let phases = oracle::search(scenario, duration_s, seed)?;
+/// the first of `seeds`' arrivals and confirms on the others', as `tokwatt eval` does on
+/// its seeds).
+pub fn plan(scenario: &EvalScenario, duration_s: f64, seeds: &[u64]) -> Result<Plan, SimError> {
+    let phases = oracle::search(scenario, duration_s, seeds)?;
     let workload = &scenario.workload;
     let planned = phases
         .into_iter()

@@ -8,12 +8,16 @@ use tokwatt_agent::AgentError;
 
 use super::REACTION_LAG_S;
 
-/// A scenario fails for a policy that breaks the objective on more than this share of
-/// its ticks (mean over seeds): a ratio bought by breaking the service is not a score.
+/// The share of its ticks a policy may break the objective on (mean over seeds), beyond
+/// what the oracle's schedule itself breaks and what the reaction lag costs the causal
+/// reference: a ratio bought by breaking the service is not a score. The oracle's search
+/// holds each phase to the same share, so the bar is one for both.
 pub const MAX_VIOLATION_FRACTION: f64 = 0.01;
-/// A scenario fails for a policy that serves less of the demand than the oracle by more
-/// than this (a fraction of the demand, mean over seeds).
-pub const SERVED_MARGIN: f64 = 0.01;
+/// A scenario fails for a policy that serves less of the demand than the references by
+/// more than this (a fraction of the demand, mean over seeds). Half a point: work left in
+/// flight at the run's end is work not paid for, and a slower policy that leaves a point
+/// more of it saves more joules than its ratio's served share charges it.
+pub const SERVED_MARGIN: f64 = 0.005;
 
 /// What the failure rule reads of one policy on one scenario, written to `eval.json` as
 /// each entry's `failure_rule` so that a failure message's figures can be found there:
@@ -29,12 +33,13 @@ pub struct RuleFigures {
     pub causal_violation_fraction_mean: f64,
     pub oracle_violation_fraction_mean: f64,
     pub default_violation_fraction_mean: f64,
-    /// Whether a phase is beyond what any setting serves (then the largest of the three
-    /// references' shares is allowed, else the causal reference's).
+    /// Whether a phase is beyond what any setting serves (then the default settings'
+    /// share is allowed too, where it is larger).
     pub overload: bool,
-    /// The references' share a policy may match, before the one-point margin
-    /// ([`MAX_VIOLATION_FRACTION`]).
-    pub reference_violation_fraction: f64,
+    /// The share a policy may break the objective on: the oracle's share or
+    /// [`MAX_VIOLATION_FRACTION`], whichever is larger, plus what the reaction lag costs
+    /// the causal reference over the oracle (see `judge::allowed_violations`).
+    pub allowed_violation_fraction: f64,
     /// The policy's served share of the demand.
     pub served_fraction_mean: f64,
     /// Seed by seed the lesser of the oracle's and the causal reference's served shares
@@ -45,41 +50,36 @@ pub struct RuleFigures {
 }
 
 /// Why a policy fails a scenario on the objective, if it does: it broke the objective on
-/// more of its ticks than the references' share a controller reacting after the fact
-/// cannot avoid (see `judge::allowed_violations`) plus [`MAX_VIOLATION_FRACTION`], or it
-/// served less of the demand than the references by more than [`SERVED_MARGIN`]. The
-/// words quote `figures` by their names in `eval.json`'s `failure_rule`.
+/// more of its ticks than it is allowed (`allowed_violation_fraction`: what the oracle's
+/// search allows itself, and what a controller reacting after the fact cannot avoid, see
+/// `judge::allowed_violations`), or it served less of the demand than the references by
+/// more than [`SERVED_MARGIN`]. The words quote `figures` by their names in `eval.json`'s
+/// `failure_rule`.
 pub fn objective_breach(figures: &RuleFigures) -> Option<String> {
     let mut reasons = Vec::new();
-    let reference = if figures.reference_violation_fraction.is_finite() {
-        figures.reference_violation_fraction.max(0.0)
+    let allowed = if figures.allowed_violation_fraction.is_finite() {
+        figures.allowed_violation_fraction.max(0.0)
     } else {
-        0.0
+        MAX_VIOLATION_FRACTION
     };
     let means = match figures.seeds {
         1 => "over its 1 seed".to_owned(),
         n => format!("means over {n} seeds"),
     };
     let violations = figures.slo_violation_fraction_mean;
-    if violations > MAX_VIOLATION_FRACTION + reference {
-        reasons.push(if reference > 0.0 {
-            format!(
-                "broke the objective on {:.2} % of ticks (slo_violation_fraction_mean), more than the references' {:.2} % (reference_violation_fraction) + {:.0} point ({means})",
-                violations * 100.0,
-                reference * 100.0,
-                MAX_VIOLATION_FRACTION * 100.0
-            )
-        } else {
-            format!(
-                "broke the objective on {:.2} % of ticks (slo_violation_fraction_mean), more than {:.0} % ({means})",
-                violations * 100.0,
-                MAX_VIOLATION_FRACTION * 100.0
-            )
-        });
+    if violations > allowed + 1e-12 {
+        reasons.push(format!(
+            "broke the objective on {:.2} % of ticks (slo_violation_fraction_mean), more than the {:.2} % allowed (allowed_violation_fraction: the oracle's {:.2} % or {:.0} %, whichever is larger, plus the causal reference's {:.2} % less the oracle's) ({means})",
+            violations * 100.0,
+            allowed * 100.0,
+            figures.oracle_violation_fraction_mean * 100.0,
+            MAX_VIOLATION_FRACTION * 100.0,
+            figures.causal_violation_fraction_mean * 100.0,
+        ));
     }
     if figures.served_shortfall_mean > SERVED_MARGIN {
         reasons.push(format!(
-            "served {:.4} of the demand (served_fraction_mean) against the references' {:.4} (reference_served_fraction_mean): {:.2} points less, more than {:.0} ({means})",
+            "served {:.4} of the demand (served_fraction_mean) against the references' {:.4} (reference_served_fraction_mean): {:.2} points less, more than {:.1} ({means})",
             figures.served_fraction_mean,
             figures.reference_served_fraction_mean,
             figures.served_shortfall_mean * 100.0,
@@ -92,13 +92,14 @@ pub fn objective_breach(figures: &RuleFigures) -> Option<String> {
 /// The failure rule in words, for the terminal and the report.
 pub fn failure_rule_words() -> String {
     format!(
-        "A scenario fails for a policy that breaks the objective on more ticks than the causal \
-         reference (the oracle's settings taken up {:.0} s after each phase starts) plus {:.0} % \
-         of them, serves less of the demand than the references by more than {:.0} point, or \
+        "A scenario fails for a policy that breaks the objective on more ticks than the oracle's \
+         schedule or {:.0} % of them, whichever is more, plus what the causal reference (the \
+         oracle's settings taken up {:.0} s after each phase starts) breaks beyond the oracle; \
+         that serves less of the demand than the references by more than {:.1} point; or that \
          cannot run it (means over seeds). A failed scenario shows no ratio and counts as 0 in \
          the median: a ratio bought by breaking the service is not a score.",
-        REACTION_LAG_S,
         MAX_VIOLATION_FRACTION * 100.0,
+        REACTION_LAG_S,
         SERVED_MARGIN * 100.0
     )
 }

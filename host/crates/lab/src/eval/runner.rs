@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
+use super::fixed::{FixedRun, OracleSetting};
 use super::judge::{References, RunOutcome, Schedule};
 use super::{EvalError, EvalRequest, EvalScenario, PhaseOracle, Series, oracle};
 use tokwatt_agent::RunRequest;
@@ -75,8 +76,7 @@ pub(super) fn parallel<J: Sync, T: Send>(
 }
 
 /// The references of one scenario on one seed: the oracle's schedule, the causal
-/// reference (the same settings, each taken up [`super::REACTION_LAG_S`] after its
-/// phase starts) and the default settings throughout.
+/// reference ([`causal_setting`]) and the default settings throughout.
 pub(super) fn run_references(
     scenario: &EvalScenario,
     phases: &[PhaseOracle],
@@ -84,26 +84,59 @@ pub(super) fn run_references(
     seed: u64,
 ) -> Result<References, EvalError> {
     Ok(References {
-        oracle: run_schedule(scenario, phases, duration_s, seed, 0.0)?,
-        causal: run_schedule(scenario, phases, duration_s, seed, super::REACTION_LAG_S)?,
+        oracle: run_schedule(scenario, phases, duration_s, seed, false)?,
+        causal: run_schedule(scenario, phases, duration_s, seed, true)?,
         default: run_schedule(
             scenario,
             &[oracle::default_settings(scenario, duration_s)],
             duration_s,
             seed,
-            0.0,
+            false,
         )?,
     })
 }
 
-/// `phases`' settings on one seed, each phase's taken up `lag_s` after it starts (the
-/// first phase's from the start: nothing came before it).
+/// What the causal reference holds `since_s` seconds into phase `index` (a controller that
+/// sees a phase only through its one-second windows): the phase before's settings for the
+/// first second, while nothing shows the change yet; then, until [`super::REACTION_LAG_S`]
+/// has passed, on a rise in demand the most capable settings (no cap, no clock lock, the
+/// largest batch; the token budget the phase before kept its TPOT with), on a fall the
+/// phase before's (they served more); then the phase's own. It pays for its lag in joules
+/// instead of in broken objectives: a rise it has not sized yet is met at full speed.
+pub(super) fn causal_setting(
+    scenario: &EvalScenario,
+    phases: &[PhaseOracle],
+    index: usize,
+    since_s: f64,
+) -> OracleSetting {
+    let Some(phase) = phases.get(index) else {
+        return oracle::default_settings(scenario, 0.0).setting;
+    };
+    let Some(before) = index.checked_sub(1).and_then(|i| phases.get(i)) else {
+        return phase.setting;
+    };
+    if since_s + 1e-9 >= super::REACTION_LAG_S {
+        phase.setting
+    } else if since_s < 1.0 - 1e-9 || phase.arrival_rps <= before.arrival_rps {
+        before.setting
+    } else {
+        OracleSetting {
+            power_cap_w: scenario.profile.power_cap.max_w,
+            sm_clock_max_mhz: scenario.profile.sm_max_mhz(),
+            batch_size: scenario.workload.batch_size_max,
+            token_budget: before.setting.token_budget,
+        }
+    }
+}
+
+/// `phases`' settings on one seed: each from its phase's first second, or as the causal
+/// reference holds them (`causal`).
 fn run_schedule(
     scenario: &EvalScenario,
     phases: &[PhaseOracle],
     duration_s: f64,
     seed: u64,
-    lag_s: f64,
+    causal: bool,
 ) -> Result<Schedule, EvalError> {
     let sim_error = |source| EvalError::Sim {
         scenario: scenario.name.clone(),
@@ -121,40 +154,52 @@ fn run_schedule(
         clock.clone(),
     )
     .map_err(sim_error)?;
-    let mut run = oracle::FixedRun::new(&sim, clock, &scenario.objective);
+    let mut run = FixedRun::new(&sim, clock, &scenario.objective);
     let mut series = Series::default();
     let ticks = duration_s.round() as u64;
-    let mut phase_index = None;
+    let mut in_force = None;
     let mut violations = 0;
+    let (mut feasible_ticks, mut feasible_violations) = (0_u64, 0_u64);
     for _ in 0..ticks {
         let t = run.tick() as f64;
         let current = phases
             .iter()
             .enumerate()
-            .rposition(|(i, p)| i == 0 || p.start_s + lag_s <= t + 1e-9);
-        if current != phase_index
-            && let Some(phase) = current.and_then(|i| phases.get(i))
+            .rposition(|(i, p)| i == 0 || p.start_s <= t + 1e-9);
+        let setting = current.map(|i| {
+            if causal {
+                causal_setting(scenario, phases, i, t - phases[i].start_s)
+            } else {
+                phases[i].setting
+            }
+        });
+        if setting != in_force
+            && let Some(setting) = setting
         {
-            run.apply(phase.setting);
-            phase_index = current;
+            run.apply(setting);
+            in_force = Some(setting);
         }
-        violations += run.advance_ticks(1);
-        let setting = current
+        let broken = run.advance_ticks(1);
+        violations += broken;
+        if current
             .and_then(|i| phases.get(i))
-            .map_or((0.0, 0, 0), |p| {
-                (
-                    p.setting.power_cap_w,
-                    p.setting.sm_clock_max_mhz,
-                    p.setting.batch_size,
-                )
-            });
-        series.push(run.tick() as f64, &sim, scenario.gpus, setting);
+            .is_some_and(|p| p.feasible)
+        {
+            feasible_ticks += 1;
+            feasible_violations += broken;
+        }
+        let shown = in_force.map_or((0.0, 0, 0), |s| {
+            (s.power_cap_w, s.sm_clock_max_mhz, s.batch_size)
+        });
+        series.push(run.tick() as f64, &sim, scenario.gpus, shown);
     }
     let served_fraction = run.served_fraction();
     Ok(Schedule {
         series,
         served_fraction,
         violation_fraction: violations as f64 / ticks.max(1) as f64,
+        feasible_violation_fraction: (feasible_ticks > 0)
+            .then(|| feasible_violations as f64 / feasible_ticks as f64),
     })
 }
 

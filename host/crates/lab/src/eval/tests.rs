@@ -69,17 +69,18 @@ fn spreads_ignore_nan_and_take_the_middle() {
 }
 
 /// What the failure rule reads: a policy breaking the objective on `violations` of its
-/// ticks and serving `shortfall` less of the demand than references that serve all of it
-/// and may break it on `reference`, over three seeds.
-fn figures(violations: f64, shortfall: f64, reference: f64) -> super::RuleFigures {
+/// ticks and serving `shortfall` less of the demand than references that serve all of it,
+/// where it may break it on `allowed` (an oracle at none and a causal reference at
+/// `allowed` less 1 %, or `allowed` itself where that is below 1 %), over three seeds.
+fn figures(violations: f64, shortfall: f64, allowed: f64) -> super::RuleFigures {
     super::RuleFigures {
         seeds: 3,
         slo_violation_fraction_mean: violations,
-        causal_violation_fraction_mean: reference,
+        causal_violation_fraction_mean: (allowed - super::MAX_VIOLATION_FRACTION).max(0.0),
         oracle_violation_fraction_mean: 0.0,
         default_violation_fraction_mean: 0.0,
         overload: false,
-        reference_violation_fraction: reference,
+        allowed_violation_fraction: allowed,
         served_fraction_mean: 1.0 - shortfall,
         reference_served_fraction_mean: 1.0,
         served_shortfall_mean: shortfall,
@@ -87,25 +88,26 @@ fn figures(violations: f64, shortfall: f64, reference: f64) -> super::RuleFigure
 }
 
 #[test]
-fn a_scenario_fails_beyond_one_percent_of_ticks_or_one_point_of_demand() {
+fn a_scenario_fails_beyond_its_allowed_ticks_or_half_a_point_of_demand() {
     use super::objective_breach;
     assert_eq!(
-        objective_breach(&figures(0.01, 0.01, 0.0)),
+        objective_breach(&figures(0.01, 0.005, 0.01)),
         None,
         "at the limits: kept"
     );
-    let why = objective_breach(&figures(0.0101, 0.0, 0.0)).expect("violations");
+    let why = objective_breach(&figures(0.0101, 0.0, 0.01)).expect("violations");
     assert!(why.contains("1.01 % of ticks"), "{why}");
-    let why = objective_breach(&figures(0.0, 0.02, 0.0)).expect("served less");
+    let why = objective_breach(&figures(0.0, 0.02, 0.01)).expect("served less");
     assert!(why.contains("2.00 points less"), "{why}");
-    let both = objective_breach(&figures(0.5, 0.5, 0.0)).expect("both");
+    let both = objective_breach(&figures(0.5, 0.5, 0.01)).expect("both");
     assert!(both.contains("; "), "{both}");
-    // A burst that the causal reference itself breaks the objective on for 30 % of ticks.
-    assert_eq!(objective_breach(&figures(0.305, 0.0, 0.30)), None);
-    let why = objective_breach(&figures(0.32, 0.0, 0.30)).expect("beyond the reference");
-    assert!(why.contains("references' 30.00 %"), "{why}");
+    // A burst the causal reference itself breaks the objective on for 30 % of ticks: a
+    // policy may match it, not exceed it by a point as it once could.
+    assert_eq!(objective_breach(&figures(0.305, 0.0, 0.31)), None);
+    let why = objective_breach(&figures(0.32, 0.0, 0.31)).expect("beyond the allowance");
+    assert!(why.contains("31.00 % allowed"), "{why}");
     assert!(
-        objective_breach(&figures(0.30, 0.05, 0.30)).is_some(),
+        objective_breach(&figures(0.30, 0.05, 0.31)).is_some(),
         "served demand first"
     );
 }
@@ -132,7 +134,9 @@ fn a_failure_message_quotes_the_means_it_was_decided_on_by_their_names() {
     let why = super::objective_breach(&figures(0.05, 0.0, 0.02)).expect("violations");
     for quoted in [
         "5.00 % of ticks (slo_violation_fraction_mean)",
-        "2.00 % (reference_violation_fraction)",
+        "2.00 % allowed (allowed_violation_fraction",
+        "the oracle's 0.00 %",
+        "the causal reference's 1.00 %",
     ] {
         assert!(why.contains(quoted), "{quoted:?} in {why}");
     }
@@ -182,12 +186,14 @@ arrival_rps = 9.2
 "#;
     let scenario =
         EvalScenario::parse(std::path::Path::new("overload.toml"), text).expect("parses");
-    let phases = oracle::search(&scenario, 300.0, 1).expect("oracle");
+    let phases = oracle::search(&scenario, 300.0, &[1]).expect("oracle");
     assert!(oracle::is_overload(&phases), "{phases:?}");
+    // Each phase was searched from the queue the one before left, so the schedule run in
+    // one piece on the search's seed breaks the objective as its phases did one by one.
     let per_phase = oracle::violation_fraction(&phases);
     let references = run_references(&scenario, &phases, 300.0, 1).expect("references");
     assert!(
-        references.oracle.violation_fraction > per_phase + 0.01,
+        (references.oracle.violation_fraction - per_phase).abs() < 0.01,
         "one run {:.3}, phases one by one {per_phase:.3}",
         references.oracle.violation_fraction
     );
@@ -221,40 +227,64 @@ arrival_rps = 0.0
 "#;
 
 /// The causal reference runs the oracle's settings, each phase's taken up the reaction
-/// lag late; until then the last phase's hold, and it pays for them.
+/// lag late. Until then it holds the phase before's for the first second; on a rise, the
+/// most capable settings for the rest of the lag (keeping the objective, paying in
+/// joules); on a fall, the phase before's.
 #[test]
 fn the_causal_reference_takes_up_each_phase_a_reaction_lag_late() {
     let scenario =
         EvalScenario::parse(std::path::Path::new("lag.toml"), LIGHT_THEN_HEAVY).expect("parses");
-    let phases = oracle::search(&scenario, 300.0, 1).expect("oracle");
+    let phases = oracle::search(&scenario, 300.0, &[1]).expect("oracle");
     assert_ne!(phases[0].setting, phases[1].setting, "{phases:?}");
     let references = run_references(&scenario, &phases, 300.0, 1).expect("references");
     let setting_at = |series: &Series, t: f64| {
         let i = series.time_s.iter().position(|&s| s >= t).expect("tick");
         series.settings[i]
     };
-    let of = |p: &PhaseOracle| {
-        (
-            p.setting.power_cap_w,
-            p.setting.sm_clock_max_mhz,
-            p.setting.batch_size,
-        )
-    };
+    let of = |s: &OracleSetting| (s.power_cap_w, s.sm_clock_max_mhz, s.batch_size);
     let lag = REACTION_LAG_S;
-    assert_eq!(setting_at(&references.oracle.series, 102.0), of(&phases[1]));
+    assert_eq!(
+        setting_at(&references.oracle.series, 102.0),
+        of(&phases[1].setting)
+    );
+    // The series' tick at t shows the settings in force over (t - 1, t].
+    assert_eq!(
+        setting_at(&references.causal.series, 101.0),
+        of(&phases[0].setting),
+        "the first second of a rise: nothing shows it yet"
+    );
+    let most = (
+        scenario.profile.power_cap.max_w,
+        scenario.profile.sm_max_mhz(),
+        scenario.workload.batch_size_max,
+    );
     assert_eq!(
         setting_at(&references.causal.series, 100.0 + lag - 2.0),
-        of(&phases[0]),
-        "the light phase's settings hold through the lag"
+        most,
+        "the rest of the lag of a rise: the most capable settings"
     );
     assert_eq!(
         setting_at(&references.causal.series, 100.0 + lag + 2.0),
-        of(&phases[1])
+        of(&phases[1].setting)
     );
+    assert_eq!(
+        setting_at(&references.causal.series, 200.0 + lag - 2.0),
+        of(&phases[1].setting),
+        "a fall: the busier phase's settings hold through the lag"
+    );
+    let rise = super::runner::causal_setting(&scenario, &phases, 1, 5.0);
+    assert_eq!(rise.token_budget, phases[0].setting.token_budget);
     // The lag is charged: the two runs differ from the first shift on.
     assert_ne!(
         references.causal.series.energy_j.last(),
         references.oracle.series.energy_j.last()
+    );
+    // The causal reference keeps the objective where the oracle does.
+    assert!(
+        references.causal.violation_fraction <= references.oracle.violation_fraction + 0.01,
+        "causal {:.3}, oracle {:.3}",
+        references.causal.violation_fraction,
+        references.oracle.violation_fraction
     );
     // The default settings (no cap, no lock, the largest batch) cost more energy.
     assert!(references.default.tokens_per_joule() < references.oracle.tokens_per_joule());
@@ -266,11 +296,9 @@ fn the_causal_reference_takes_up_each_phase_a_reaction_lag_late() {
 fn the_oracle_idles_at_the_least_power() {
     let scenario =
         EvalScenario::parse(std::path::Path::new("idle.toml"), LIGHT_THEN_HEAVY).expect("parses");
-    let phases = oracle::search(&scenario, 300.0, 1).expect("oracle");
+    let phases = oracle::search(&scenario, 300.0, &[1]).expect("oracle");
     let idle = &phases[2];
     assert_eq!(idle.arrival_rps, 0.0);
-    let lowest = *scenario.profile.sm_clocks_mhz().last().expect("clocks");
-    assert_eq!(idle.setting.sm_clock_max_mhz, lowest, "{idle:?}");
     let references = run_references(&scenario, &phases, 300.0, 1).expect("references");
     let energy_over = |series: &Series, from: f64, to: f64| {
         let at = |t: f64| {
@@ -310,25 +338,25 @@ arrival_rps = 6.0
     let scenario = EvalScenario::parse(std::path::Path::new("rag.toml"), text).expect("parses");
     let capacity = oracle::capacity_rps(&scenario);
     assert!(capacity > 6.0, "capacity {capacity:.2} requests/s");
-    let phases = oracle::search(&scenario, 200.0, 1).expect("oracle");
+    let phases = oracle::search(&scenario, 200.0, &[1]).expect("oracle");
     let phase = &phases[0];
     assert!(phase.feasible, "{phase:?}");
     assert!(phase.simulated_violation_fraction <= 0.01, "{phase:?}");
     // Prefill is compute-bound: the oracle does not starve it of clock as it would a
     // light decode-only phase.
     assert!(phase.setting.sm_clock_max_mhz >= 900, "{phase:?}");
-    let plan = plan::plan(&scenario, 200.0, 1).expect("plan");
+    let plan = plan::plan(&scenario, 200.0, &[1]).expect("plan");
     assert!(plan.prompt_tokens_mean.is_some_and(|p| p > 1000.0));
     assert!((plan.phases[0].load - 6.0 / capacity).abs() < 1e-9);
 }
 
 /// Long agent-loop prompts under a TTFT bound: a window's TTFT p99 swings with the
 /// prompts it holds, so every setting the steady-state ranking offers breaks the bound
-/// on a few ticks. The oracle must then climb to a setting that keeps it (the most
-/// capable does), not take the least-breaking of the ranking: a schedule that breaks an
+/// on a few ticks. The oracle must still find a setting that keeps it (the most capable
+/// does), not take the least-breaking of the ranking: a schedule that breaks an
 /// objective some setting keeps is no reference.
 #[test]
-fn the_oracle_climbs_to_a_setting_that_keeps_the_objective_when_the_ranking_breaks_it() {
+fn the_oracle_keeps_the_objective_where_the_ranking_breaks_it() {
     let text = r#"
 gpu = "h100"
 duration_s = 240
@@ -357,23 +385,25 @@ arrival_rps = 4.2
     // steps (slower prompt attention than the forward tables) leave no setting that keeps
     // the objective, and the case is then about an overload, not the climb.
     let scenario = EvalScenario::parse(std::path::Path::new("agent.toml"), text).expect("parses");
-    let phases = oracle::search(&scenario, 240.0, 1).expect("oracle");
+    let phases = oracle::search(&scenario, 240.0, &[1]).expect("oracle");
     let phase = &phases[0];
     assert!(phase.feasible, "{phase:?}");
     assert!(phase.simulated_violation_fraction <= 0.01, "{phase:?}");
-    // More than the ranking's first rounds: the climb ran.
-    assert!(phase.settings_simulated > 24, "{phase:?}");
 }
 
-/// The violations a policy may match: the causal reference's; on an overload, also the
-/// oracle's schedule's and the default settings' (serving more of an overload leaves a
-/// longer backlog), whichever is largest.
+/// The violations a policy may have: the oracle's or 1 %, whichever is more, plus what
+/// the reaction lag costs the causal reference beyond the oracle; on an overload, the
+/// default settings' where that is more (serving more of an overload leaves a longer
+/// backlog).
 #[test]
-fn on_an_overload_a_policy_may_break_the_objective_as_often_as_the_default_settings() {
+fn a_policy_gets_the_oracles_allowance_and_the_lags_cost_and_no_point_more() {
     use super::judge::allowed_violations;
-    assert_eq!(allowed_violations(0.02, 0.05, 0.30, false), 0.02);
-    assert_eq!(allowed_violations(0.31, 0.05, 0.37, true), 0.37);
-    assert_eq!(allowed_violations(0.31, 0.40, 0.37, true), 0.40);
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    assert!(close(allowed_violations(0.002, 0.0, 0.30, false), 0.012));
+    assert!(close(allowed_violations(0.02, 0.05, 0.30, false), 0.05));
+    assert!(close(allowed_violations(0.31, 0.05, 0.37, true), 0.37));
+    assert!(close(allowed_violations(0.31, 0.40, 0.37, true), 0.40));
+    assert!(close(allowed_violations(0.45, 0.40, 0.37, true), 0.45));
     // The serving held-out draw that failed every policy, the default settings too.
     let allowed = allowed_violations(0.31, 0.0, 0.37, true);
     assert!(super::objective_breach(&figures(0.37, 0.0, allowed)).is_none());
@@ -436,6 +466,8 @@ fn the_report_ranks_policies_by_score_and_says_why_a_figure_is_missing() {
         duration_s: 60.0,
         overload: false,
         oracle: Vec::new(),
+        oracle_violation_fraction_in_feasible_phases: None,
+        causal_violation_fraction_in_feasible_phases: None,
     };
     let results = EvalResults {
         format_version: EVAL_FORMAT_VERSION,

@@ -270,6 +270,7 @@ mod tests {
                 power_cap_w: 700.0,
                 sm_clock_max_mhz: 1980,
                 batch_size: 64,
+                token_budget: 8192,
             },
             predicted_tokens_per_joule: 1.0,
             predicted_tpot_ms: 10.0,
