@@ -1,6 +1,7 @@
 //! The server alone, stepped by hand: how prompts share a step.
 
 use super::*;
+use tokwatt_core::workload::FinishedRequests;
 
 fn server(budget: u32) -> Server {
     let scenario = Scenario::from_toml_str(
