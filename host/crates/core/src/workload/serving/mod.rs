@@ -46,9 +46,14 @@
 //!   under way go on to its end at the room it started with, which gives the same chunks
 //!   whenever the room holds through a prompt; where a prompt longer than the room is
 //!   under way while the decoding count moves, its chunks' ends fall a fraction of a step
-//!   apart from whole steps'. That view is kept as it was: the simulator's results are
-//!   bit for bit those of the `Server` this replaced (eval.json and `tokwatt run`'s
-//!   outputs compared).
+//!   apart from whole steps'.
+//! - a run of steps applies the very shares [`Scheduler::next`] priced it with. The
+//!   simulator's `Server` recomputed them in `advance` with the step's prefill total as the
+//!   room, so a prompt whose prefill had begun in an earlier step (the last prompt of a
+//!   full step) and was longer than that total took all of it, and the prompts behind it,
+//!   priced in the step, got nothing and waited a step more for their first token. The test
+//!   `the_servers_runs_and_the_cuda_loops_single_steps_give_every_request_the_same_steps`
+//!   (in `sim`) found it; simulated serving results with prompts move by that much.
 //! - queue depth counts the paused sequences with the queue (they wait for a slot), and
 //!   preemptions are counted (0 where the cache is slots: a request cut to fit never
 //!   outgrows its slot).

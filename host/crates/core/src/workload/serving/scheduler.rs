@@ -515,16 +515,23 @@ impl Scheduler {
         let gap = energy_j.is_none();
         self.advance_decodes(load.decode, steps, per_token_j, gap, step_s, end_s);
         self.window.prefill_tokens += load.prefill * steps;
-        // The same shares as `next` gave the step (they sum to its prefill).
-        let mut left = load.prefill;
+        // The same shares as `next` gave the step (they sum to its prefill): the same room,
+        // the same order.
+        let mut left = if load.prefill > 0.0 {
+            self.prompt_room(load.decode)
+        } else {
+            0.0
+        };
+        let mut first = true;
         for pending in self.prefilling.iter_mut() {
             if left <= 0.0 {
                 break;
             }
-            let (take, _) = pending.step_take(left, left >= load.prefill);
+            let (take, _) = pending.step_take(left, first);
             if take <= 0.0 {
                 continue;
             }
+            first = false;
             left -= take;
             let remaining = pending.remaining();
             // Its final step starts when its whole rest is its share (a chunk under way
