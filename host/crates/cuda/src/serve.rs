@@ -1,7 +1,7 @@
 //! [`CudaServe`]: the engine serving requests on a thread of its own, behind the [`Workload`]
 //! trait. Requests arrive in real time from a [`RequestSource`] (a scenario's arrivals); each
 //! step runs every decoding sequence's next token and prompt chunks under the token budget
-//! ([`Scheduler`], continuous batching with chunked prefill) as one forward pass
+//! ([`Scheduler`], core's one serving scheduler, the simulator's too) as one forward pass
 //! ([`Engine::serve_step`]), and the step's end is when its tokens exist. The running limit
 //! (the batch size knob) and the token budget are the knobs; TTFT, TPOT and queue waits are
 //! measured per request on the wall clock. With an energy counter, each step's energy is
@@ -120,7 +120,7 @@ impl CudaServe {
         };
         let scheduler = Scheduler::new(limits, config.running_limit)
             .map_err(|e| CudaError::Config(e.to_string()))?;
-        let budget_max = scheduler.limits().max_batched_tokens;
+        let budget_max = limits.max_batched_tokens;
         let shared = Arc::new(Shared {
             requested_limit: AtomicU32::new(scheduler.running_limit()),
             requested_budget: AtomicU32::new(scheduler.token_budget()),
@@ -524,7 +524,7 @@ fn serve_thread(
         let finished = {
             let mut scheduler = shared.scheduler.lock().unwrap_or_else(|p| p.into_inner());
             scheduler.complete(&plan, end, end - now, step_j);
-            scheduler.take_finished()
+            scheduler.take_finished_records()
         };
         if !finished.is_empty() {
             let mut kept = shared.finished.lock().unwrap_or_else(|p| p.into_inner());

@@ -710,16 +710,16 @@ impl GpuSim {
 
     pub(super) fn read_workload_window(&mut self) -> WorkloadWindow {
         let server = &mut self.server;
-        let tokens_now = server.tokens.floor() as u64;
+        let tokens_now = server.tokens().floor() as u64;
         let steps_now = server.decode_steps().floor() as u64;
         let mut step_times = std::mem::take(&mut self.workload.step_times);
         let mut served = server.take_window();
-        let arrived = server.arrived - self.workload.start_arrived;
+        let arrived = server.arrived() - self.workload.start_arrived;
         let demand = DemandWindow {
             requests_arrived: arrived,
-            requests_completed: server.completed - self.workload.start_completed,
-            requests_turned_away: server.turned_away - self.workload.start_turned_away,
-            tokens_demanded: server.tokens_demanded - self.workload.start_demanded,
+            requests_completed: server.completed() - self.workload.start_completed,
+            requests_turned_away: server.turned_away() - self.workload.start_turned_away,
+            tokens_demanded: server.tokens_demanded() - self.workload.start_demanded,
             queue_wait_p99_ms: tokwatt_core::quantile::nearest_rank(
                 &mut served.queue_waits_ms,
                 0.99,
@@ -728,7 +728,7 @@ impl GpuSim {
         let busy_s = self.workload.busy_s;
         let requests = RequestsWindow {
             prefill_tokens: served.prefill_tokens.round() as u64,
-            first_tokens: server.first_tokens - self.workload.start_first_tokens,
+            first_tokens: server.first_tokens() - self.workload.start_first_tokens,
             ttft_p99_ms: tokwatt_core::quantile::nearest_rank(&mut served.ttfts_ms, 0.99),
             // No busy time, no share of it.
             prefill_time_share: (busy_s > 0.0)
@@ -753,11 +753,11 @@ impl GpuSim {
             start_tokens: tokens_now,
             start_steps: steps_now,
             step_times,
-            start_arrived: server.arrived,
-            start_completed: server.completed,
-            start_turned_away: server.turned_away,
-            start_demanded: server.tokens_demanded,
-            start_first_tokens: server.first_tokens,
+            start_arrived: server.arrived(),
+            start_completed: server.completed(),
+            start_turned_away: server.turned_away(),
+            start_demanded: server.tokens_demanded(),
+            start_first_tokens: server.first_tokens(),
             busy_s: 0.0,
             prefill_busy_s: 0.0,
         };
@@ -829,15 +829,15 @@ impl GpuSim {
         SimTruth {
             time_s: self.now_s(),
             energy_j: self.energy_true_j,
-            tokens: self.server.tokens,
+            tokens: self.server.tokens(),
             sm_mhz: self.sm_mhz,
             target_sm_mhz: self.target.sm_mhz,
             power_w: self.last_power_w,
             sensor_gain: self.gain,
             temperature_c: self.temperature_c,
-            requests_completed: self.server.completed,
-            requests_arrived: self.server.arrived,
-            requests_turned_away: self.server.turned_away,
+            requests_completed: self.server.completed(),
+            requests_arrived: self.server.arrived(),
+            requests_turned_away: self.server.turned_away(),
             active_sequences: self.server.decoding(),
             waiting: self.server.waiting(),
         }

@@ -79,23 +79,8 @@ impl DecodeCost {
     }
 }
 
-/// What one engine step processes: every decoding sequence's next token and a chunk of
-/// prompt tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct StepLoad {
-    /// Sequences decoding one token each.
-    pub decode: u32,
-    /// KV-cache positions the decoding sequences attend to, all together.
-    pub decode_positions: f64,
-    /// Positions the longest decoding row attends to (its own reads, a few blocks wide,
-    /// finish after the rest).
-    pub decode_position_max: f64,
-    /// Prompt tokens prefilled in the step.
-    pub prefill: f64,
-    /// Positions the prompt tokens attend to, all together (causal: a token sees the
-    /// prompt before it).
-    pub prefill_positions: f64,
-}
+/// What one engine step processes: core's (the serving scheduler composes it).
+pub use tokwatt_core::workload::serving::StepLoad;
 
 /// One decode step at one operating point.
 #[derive(Debug, Clone, Copy, PartialEq)]
