@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::fixed::OracleSetting;
 use super::oracle;
 use super::scenario::EvalScenario;
-use super::search::{Grids, Trial, phase_ticks, search_with_starts, seed_phases};
+use super::search::{Grids, Trial, phase_ticks, search_with_starts, seed_phases, shared_allowance};
 use tokwatt_sim::SimError;
 
 /// The fixed settings the oracle's invariant is checked against: every combination of
@@ -149,7 +149,8 @@ pub fn check(
         let ticks = phase_ticks(phase.start_s, phase.end_s);
         let (views, _, _) = seed_phases(scenario, &grids, &bases, ticks, phase.arrival_rps)?;
         let (first, others) = views.split_first().ok_or(SimError::GpuCount(0))?;
-        let (oracle_trial, _) = first.run(phase.setting, false)?;
+        let shared = shared_allowance(&views);
+        let (oracle_trial, _) = first.run(phase.setting, None)?;
         let ratio_of = |trial: &Trial| {
             if oracle_trial.tokens_per_joule > 0.0 {
                 trial.tokens_per_joule / oracle_trial.tokens_per_joule
@@ -164,8 +165,8 @@ pub fn check(
         let mut best_ratio: Option<f64> = None;
         let mut beaten_by = Vec::new();
         for &setting in &settings {
-            let (trial, _) = first.run(setting, true)?;
-            if !first.feasible(&trial) {
+            let (trial, _) = first.run(setting, Some(shared))?;
+            if !first.feasible_within(&trial, shared) {
                 continue;
             }
             kept += 1;
@@ -173,12 +174,14 @@ pub fn check(
             if ratio > 1.0 + INVARIANT_MARGIN {
                 // It must keep the objective on every seed, as the oracle's settings do.
                 let mut everywhere = true;
+                let mut left = shared - trial.violations;
                 for other in others {
-                    let (there, _) = other.run(setting, true)?;
-                    if !other.feasible(&there) {
+                    let (there, _) = other.run(setting, Some(left))?;
+                    if !other.feasible_within(&there, left) {
                         everywhere = false;
                         break;
                     }
+                    left -= there.violations;
                 }
                 if !everywhere {
                     continue;
