@@ -308,7 +308,9 @@ fn fit() {
 
 /// `TOKWATT_STEP_LOG=steps.jsonl` (from `tokwatt bench serving --steps`): each logged step
 /// of the real serving loop beside the model's time for the same load, at the clock its
-/// firmware picks under the default cap, grouped by what the step held.
+/// firmware picks under the default cap, grouped by what the step held. With
+/// `TOKWATT_CLOCK_LOG=clock.csv` (`clock-sampler.py` beside the same run) also the SM clock
+/// sampled during each step against the model's, and the model's time at the sampled clock.
 #[test]
 #[ignore = "analysis helper: needs TOKWATT_STEP_LOG (and TOKWATT_STEP_PROFILE, default h100)"]
 fn step_log_against_the_model() {
@@ -317,7 +319,35 @@ fn step_log_against_the_model() {
     let profile = GpuProfile::load(&id).unwrap();
     let model = model_of(&profile, "llama-3-8b");
     let mem = f64::from(profile.mem_max_mhz());
-    let mut groups: std::collections::BTreeMap<String, Vec<(f64, f64)>> = Default::default();
+    // (t_s, sm_mhz) samples, in time order.
+    let clock: Vec<(f64, f64)> = std::env::var("TOKWATT_CLOCK_LOG")
+        .map(|p| {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .skip(1)
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split(',').collect();
+                    Some((f.first()?.parse().ok()?, f.get(1)?.parse().ok()?))
+                })
+                .filter(|&(_, mhz): &(f64, f64)| mhz > 0.0)
+                .collect()
+        })
+        .unwrap_or_default();
+    // The mean of the samples taken inside [a, b] (the nearest one where none was).
+    let sampled = |a: f64, b: f64| -> Option<f64> {
+        if clock.is_empty() {
+            return None;
+        }
+        let i = clock.partition_point(|s| s.0 < a);
+        let j = clock.partition_point(|s| s.0 <= b);
+        if j > i {
+            return Some(clock[i..j].iter().map(|s| s.1).sum::<f64>() / (j - i) as f64);
+        }
+        Some(clock[i.min(clock.len() - 1)].1)
+    };
+    // Per group: measured ms, model ms, model MHz, sampled MHz, model ms at the sampled MHz.
+    let mut groups: std::collections::BTreeMap<String, Vec<[f64; 5]>> = Default::default();
     for line in std::fs::read_to_string(&path).unwrap().lines() {
         let Ok(step) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
@@ -330,39 +360,66 @@ fn step_log_against_the_model() {
             prefill: field("prompt_tokens"),
             prefill_positions: field("prompt_positions"),
         };
-        let measured_ms = (field("engine_end_s") - field("engine_start_s")) * 1e3;
+        let (a, b) = (field("engine_start_s"), field("engine_end_s"));
+        let measured_ms = (b - a) * 1e3;
         let state = model.steady_state_load(&load, profile.power_cap.default_w, u32::MAX, mem);
+        let seen = sampled(a, b).unwrap_or(f64::NAN);
+        let at_seen = if seen.is_finite() {
+            model.point_load(&load, seen, mem).step_s * 1e3
+        } else {
+            f64::NAN
+        };
         let rows = load.decode / 16 * 16;
         let prompt = match load.prefill as u32 {
             0 => "no prompt".to_owned(),
+            p if p >= 2048 => format!("prompt {:>4}+", p / 2048 * 2048),
             p => format!("prompt {:>4}+", p / 512 * 512),
         };
         groups
             .entry(format!("decodes {rows:>3}+, {prompt}"))
             .or_default()
-            .push((measured_ms, state.step_s * 1e3));
+            .push([
+                measured_ms,
+                state.step_s * 1e3,
+                f64::from(state.sm_mhz),
+                seen,
+                at_seen,
+            ]);
     }
     println!(
-        "{:<32} {:>6} {:>10} {:>10} {:>7}",
-        "steps", "count", "ms", "model ms", "model/ms"
+        "{:<32} {:>6} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10} {:>8}",
+        "steps",
+        "count",
+        "ms",
+        "model ms",
+        "model/ms",
+        "MHz mod",
+        "MHz seen",
+        "ms at seen",
+        "ratio"
     );
-    let (mut all_measured, mut all_model) = (0.0, 0.0);
+    let mut all = [0.0; 3];
     for (group, steps) in &groups {
-        let measured: f64 = steps.iter().map(|s| s.0).sum();
-        let modelled: f64 = steps.iter().map(|s| s.1).sum();
-        all_measured += measured;
-        all_model += modelled;
         let n = steps.len() as f64;
+        let sum = |i: usize| steps.iter().map(|s| s[i]).sum::<f64>();
+        all[0] += sum(0);
+        all[1] += sum(1);
+        all[2] += sum(4);
         println!(
-            "{group:<32} {:>6} {:>10.3} {:>10.3} {:>7.3}",
+            "{group:<32} {:>6} {:>9.3} {:>9.3} {:>8.3} {:>8.0} {:>8.0} {:>10.3} {:>8.3}",
             steps.len(),
-            measured / n,
-            modelled / n,
-            modelled / measured
+            sum(0) / n,
+            sum(1) / n,
+            sum(1) / sum(0),
+            sum(2) / n,
+            sum(3) / n,
+            sum(4) / n,
+            sum(4) / sum(0)
         );
     }
     println!(
-        "all steps: model/measured busy time {:.3}",
-        all_model / all_measured
+        "all steps: model/measured busy time {:.3} (at the sampled clock {:.3})",
+        all[1] / all[0],
+        all[2] / all[0]
     );
 }
