@@ -10,7 +10,9 @@
 # unit-test binaries of the agent, NVML and CUDA crates (their GPU tests run for real where
 # a GPU is present),
 # and the PyTorch decode and prefill references when ../shared/calibration has it. With LAB=1 it also holds
-# `kernel-lab`, the kernel timings kept out of the product (docs/kernel-experiments.md).
+# `kernel-lab`, the kernel timings kept out of the product (docs/kernel-experiments.md). With
+# TESTS=0 it leaves the unit-test binaries out (minutes of building saved where the call runs
+# no `tests` part).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dist="${1:-$root/dist}"
@@ -19,7 +21,8 @@ cd "$root"
 cargo build --release -p tokwatt
 # The unit tests of the crates that touch a GPU (NVML, the CUDA decode) and of the agent's
 # library, one executable each, as `name path` lines (cargo prints their paths).
-test_bins="$(cargo test --release -p tokwatt -p tokwatt-nvml -p tokwatt-cuda --lib --no-run \
+test_bins=""
+[[ "${TESTS:-1}" == 0 ]] || test_bins="$(cargo test --release -p tokwatt -p tokwatt-nvml -p tokwatt-cuda --lib --no-run \
   --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys
 for line in sys.stdin:
@@ -32,6 +35,7 @@ mkdir -p "$dist/specs" "$dist/scenarios"
 # Stripped: the debug info is most of their size, and the bundle travels.
 strip -o "$dist/tokwatt" target/release/tokwatt
 while read -r name path; do
+  [[ -n "$name" ]] || continue
   strip -o "$dist/tests-$name" "$path"
 done <<< "$test_bins"
 if [[ "${LAB:-0}" == 1 ]]; then
@@ -43,7 +47,7 @@ cp target/plugins/wasm32-wasip2/plugin/policy_*.wasm "$dist/"
 cp target/plugins/wasm32-wasip2/plugin/fixture_*.wasm "$dist/"
 cp policies/*.toml "$dist/specs/"
 cp host/scenarios/*.toml "$dist/scenarios/"
-cp scripts/gpu-check.sh scripts/guard-summary.py scripts/budget-sweep.sh "$dist/"
+cp scripts/gpu-check.sh scripts/guard-summary.py scripts/budget-sweep.sh scripts/clock-sampler.py "$dist/"
 # promtool checks the agent's /metrics on the GPU machine (a static Go binary, compressed:
 # it is twice the size of tokwatt).
 if command -v promtool >/dev/null; then

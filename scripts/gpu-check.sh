@@ -29,7 +29,15 @@
 # tokens/s, watts, tokens/J, TTFT and TPOT quantiles from each run's requests. budget
 # (issue 42, item 4): budget-sweep.sh, a fixed batch x token budget sweep and the
 # slo-batch-budget policy on scenarios/serving-budget.toml (dry run, batch only), each
-# SECONDS_PER_RUN (default 60), judged on request TTFT and TPOT p99. A short
+# SECONDS_PER_RUN (default 60), judged on request TTFT and TPOT p99. prefill-sat (issue 53,
+# item 2): `tokwatt bench serving` (the CUDA serving loop; no GPU setting touched) on
+# scenarios/prefill-half, prefill-ninetenths, chat-half and chat-ninetenths (PREFILL_SAT_RUNS,
+# each NAME or NAME:SEED; a name twice measures the GPU's own spread on the same requests),
+# PREFILL_SAT_SECONDS each (default 70), running limit 64 in slots of 4,096 positions, seed 1,
+# every step logged and the SM clock, power and clock-event reasons sampled beside it
+# (clock-sampler.py); then the whole-prompt prefill of llama-3.2-1b and llama-3-8b (the
+# reference's nine cases, PREFILL_SAT_PREFILL_SECONDS each, default 2), and the simulator (the
+# profile matching the GPU) on the same scenarios and seeds. A short
 # side-by-side check:
 #   gpu-check.sh OUT 3 bench
 #
@@ -43,8 +51,8 @@ seconds="${2:-6}"
 parts="${3:-tests,bench,dryrun,slo}"
 for part in ${parts//,/ }; do
   case "$part" in
-    tests | bench | prefill | steps | dryrun | slo | serve | guard | ab | serving | budget) ;;
-    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, prefill, steps, dryrun, slo, serve, guard, ab, serving and/or budget, comma-separated" >&2; exit 2 ;;
+    tests | bench | prefill | steps | dryrun | slo | serve | guard | ab | serving | budget | prefill-sat) ;;
+    *) echo "gpu-check.sh: unknown part '$part': use tests, bench, prefill, steps, dryrun, slo, serve, guard, ab, serving, budget and/or prefill-sat, comma-separated" >&2; exit 2 ;;
   esac
 done
 wants() { [[ ",$parts," == *",$1,"* ]]; }
@@ -426,6 +434,47 @@ fi
 if wants budget; then
   step "token-budget sweep and policy on the GPU (dry run, batch and token budget only)"
   ./budget-sweep.sh "$out/budget" || status=1
+fi
+
+if wants prefill-sat; then
+  pdir="$out/prefill-sat"
+  mkdir -p "$pdir"
+  gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null || true)"
+  case "$gpu_name" in
+    *H100*) profile=h100 ;;
+    *A100*) profile=a100 ;;
+    *) profile=h200 ;;
+  esac
+  psec="${PREFILL_SAT_SECONDS:-70}"
+  declare -A seen=()
+  for run in ${PREFILL_SAT_RUNS:-prefill-half prefill-ninetenths chat-half chat-ninetenths prefill-ninetenths}; do
+    name="${run%%:*}"; seed=1; [[ $run == *:* ]] && seed="${run#*:}"
+    n=$(( ${seen[$run]:-0} + 1 )); seen[$run]=$n
+    tag="$name-s$seed"; [[ $n -gt 1 ]] && tag="$tag-r$n"
+    step "bench serving $name (seed $seed, run $n) on GPU 0 ($gpu_name), ${psec} s, steps logged, clock sampled"
+    python3 ./clock-sampler.py "$pdir/$tag-clock.csv" -- \
+      ./tokwatt bench serving --scenario "scenarios/$name.toml" --seconds "$psec" --context 4096 \
+      --running-limit 64 --seed "$seed" --json "$pdir/$tag.json" --requests "$pdir/$tag-requests.jsonl" \
+      --steps "$pdir/$tag-steps.jsonl" > "$pdir/$tag.txt" 2> "$pdir/$tag.log"
+    [[ $? -eq 0 ]] || status=1
+    tail -n 12 "$pdir/$tag.txt" | grep -E "tokens_per_s|watts|ttft|tpot|finished"
+  done
+  for model in llama-3.2-1b llama-3-8b; do
+    step "bench prefill $model (whole prompts, the reference's nine cases)"
+    ./tokwatt bench prefill --model "$model" --seconds "${PREFILL_SAT_PREFILL_SECONDS:-2}" \
+      --json "$pdir/prefill-$model.jsonl" > "$pdir/prefill-$model.txt" 2>&1 || status=1
+    tail -n 12 "$pdir/prefill-$model.txt"
+  done
+  step "the simulator (--sim $profile) on the same scenarios and seeds"
+  printf 'name = "static-64"\nplugin = "policy_static.wasm"\nknobs = ["batch-size"]\ntick_ms = 1000\n[params]\nbatch_size = "64"\n[objective]\n[guardrails]\n[sandbox]\nfuel_per_call = 10000000\ndeadline_ms = 50\nmemory_mib = 16\n' > "$pdir/static-64.toml"
+  for run in ${PREFILL_SAT_RUNS:-prefill-half prefill-ninetenths chat-half chat-ninetenths}; do
+    name="${run%%:*}"; seed=1; [[ $run == *:* ]] && seed="${run#*:}"
+    [[ -d "$pdir/sim-$name-s$seed" ]] && continue
+    ./tokwatt run --sim "$profile" --seed "$seed" --batch-only --policy "$pdir/static-64.toml" \
+      --scenario "scenarios/$name.toml" --duration "${psec}s" --out "$pdir/sim-$name-s$seed" \
+      > /dev/null 2>&1 || status=1
+  done
+  for f in "$pdir"/*-steps.jsonl; do gzip -f "$f"; done
 fi
 
 step "GPU settings after (must equal before)"

@@ -29,7 +29,20 @@
 //!
 //! A serving step ([`DecodeModel::point_load`]) takes the same form with the profile's
 //! `[serving]` constants where it has them (the serving loop's own overhead, KV bandwidth,
-//! tensor rate and attention efficiency, fitted to measured serving steps); the whole-prompt
+//! tensor rate and attention efficiency, fitted to measured serving steps). There the
+//! prompt tokens' GEMMs in a step of `M` tokens run at `M / (M + ramp)` of the rate
+//! (`gemm_ramp_tokens`): a 2,048-token chunk fills the tensor cores' tiles less than four of
+//! them together, so it takes longer per token and draws less at a clock (the H100 ran
+//! 1,545 MHz under the cap beside one such chunk, 1,410 beside four); only the busy share
+//! counts in `u_c`:
+//!
+//! ```text
+//! t_p  = (c · prefill_flops_per_token / rate · (1 + ramp / M) + attention) / x
+//! u_c  = stream_activity · (step - t_ovh)/step + (t_c + core_activity · t_p · busy)/step
+//! busy = (t_p without the ramp) / t_p
+//! ```
+//!
+//! The whole-prompt
 //! prefill ([`DecodeModel::prefill_steady_state`]) keeps `[decode]` and `[prefill]`'s.
 //!
 //! The constants live in the profile files (`host/profiles/*.toml`), fitted to measurements.
@@ -125,6 +138,9 @@ struct Phases {
     kv_s: f64,
     decode_arithmetic_s: f64,
     prefill_arithmetic_s: f64,
+    /// The share of `prefill_arithmetic_s` that keeps the tensor cores busy (1 but where a
+    /// small chunk fills their tiles less: the ramp's `M / (M + ramp)` of its GEMMs).
+    prefill_busy_share: f64,
     /// Bytes the step moves (weights and the KV cache read).
     bytes: f64,
 }
@@ -170,6 +186,8 @@ struct LoadTerms {
     prefill_attention_s_per_position: f64,
     /// SM activity per second of prompt arithmetic, relative to decode's.
     prefill_activity: f64,
+    /// A step of `M` tokens runs its prompt tokens' GEMMs at `M / (M + this)` of the rate.
+    gemm_ramp_tokens: f64,
 }
 
 impl DecodeModel {
@@ -190,6 +208,7 @@ impl DecodeModel {
             prefill_attention_s_per_position: cost.attention_flops_per_position
                 / (pre.tensor_tflops * 1e12 * pre.attention_efficiency),
             prefill_activity: pre.core_activity,
+            gemm_ramp_tokens: 0.0,
         };
         // The serving loop launches every step alike and runs its decoding rows through the
         // prompt's GEMMs: one overhead, one tensor rate for every row.
@@ -207,6 +226,7 @@ impl DecodeModel {
                 prefill_attention_s_per_position: cost.attention_flops_per_position
                     / (tensor * sv.attention_efficiency),
                 prefill_activity: sv.core_activity,
+                gemm_ramp_tokens: sv.gemm_ramp_tokens,
             }
         });
         Self {
@@ -260,6 +280,7 @@ impl DecodeModel {
                 kv_s: n * self.kv_s_per_sequence / memory_speed,
                 decode_arithmetic_s: n * self.compute_s_per_sequence / x,
                 prefill_arithmetic_s: 0.0,
+                prefill_busy_share: 1.0,
                 bytes: self.weight_bytes + n * self.kv_bytes_per_sequence,
             },
             xv2,
@@ -292,6 +313,14 @@ impl DecodeModel {
         } else {
             terms.decode_overhead_s
         };
+        // The prompt tokens' GEMMs, slowed where the step's tokens fill the tiles less.
+        let gemm_s = load.prefill * terms.prefill_s_per_token;
+        let attention_s = load.prefill_positions * terms.prefill_attention_s_per_position;
+        let ramp = if load.prefill > 0.0 {
+            1.0 + terms.gemm_ramp_tokens / (load.prefill + n)
+        } else {
+            1.0
+        };
         self.combine(
             Phases {
                 overhead_s: overhead_s / below_knee,
@@ -304,9 +333,12 @@ impl DecodeModel {
                 decode_arithmetic_s: (n * terms.decode_linear_s_per_token
                     + load.decode_positions * terms.attention_s_per_position)
                     / x,
-                prefill_arithmetic_s: (load.prefill * terms.prefill_s_per_token
-                    + load.prefill_positions * terms.prefill_attention_s_per_position)
-                    / x,
+                prefill_arithmetic_s: (gemm_s * ramp + attention_s) / x,
+                prefill_busy_share: if gemm_s * ramp + attention_s > 0.0 {
+                    (gemm_s + attention_s) / (gemm_s * ramp + attention_s)
+                } else {
+                    1.0
+                },
                 bytes: self.weight_bytes + load.decode_positions * self.kv_bytes_per_token,
             },
             xv2,
@@ -335,7 +367,9 @@ impl DecodeModel {
         let step_s = parts.overhead_s + parts.kv_s + gemm;
         let memory_util = parts.bytes / (step_s * self.peak_bytes_per_s);
         let core_util = p.stream_activity * (step_s - parts.overhead_s) / step_s
-            + (parts.decode_arithmetic_s + prefill_activity * parts.prefill_arithmetic_s) / step_s;
+            + (parts.decode_arithmetic_s
+                + prefill_activity * parts.prefill_busy_share * parts.prefill_arithmetic_s)
+                / step_s;
         StepPoint {
             step_s,
             power_w: p.p0_w

@@ -156,6 +156,12 @@ pub struct ServingConstants {
     /// SM activity per second of prompt arithmetic, relative to decode's arithmetic in
     /// `power.core_w` (as `[prefill]`'s).
     pub core_activity: f64,
+    /// The prompt tokens' GEMMs in a step of `M` tokens (its prompt tokens and decoding
+    /// rows, one GEMM) run at `M / (M + gemm_ramp_tokens)` of `tensor_tflops`: a small chunk
+    /// fills the tensor cores' tiles less, takes longer per token and draws less per second
+    /// than a large one. 0 (the default): every chunk at `tensor_tflops`.
+    #[serde(default)]
+    pub gemm_ramp_tokens: f64,
 }
 
 impl PrefillConstants {

@@ -110,6 +110,7 @@ impl GpuProfile {
                 "serving.row_attention_ns_per_position",
                 serving.row_attention_ns_per_position,
             );
+            checks.non_negative("serving.gemm_ramp_tokens", serving.gemm_ramp_tokens);
         }
 
         let p = &self.power;
