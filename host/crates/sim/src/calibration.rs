@@ -5,6 +5,9 @@
 //! `cargo test -p tokwatt --lib sim::calibration -- --nocapture` prints the comparison tables;
 //! `cargo test -p tokwatt --lib sim::calibration::tests::fit_h200 -- --ignored --nocapture`
 //! re-runs the fit behind the h200 profile's [decode] and [power] constants.
+//!
+//! One file because it is test code over one set of measured tables: the checks and the
+//! fits behind the profiles' constants read the same tables through the same helpers.
 #![allow(clippy::unwrap_used)] // test-only module: tests may unwrap
 
 use super::model::{DecodeCost, DecodeModel, ModelShape, SteadyState};

@@ -5,6 +5,9 @@
 //! `cargo test -p tokwatt-sim --lib serving_calibration -- --nocapture` prints the tables;
 //! `cargo test -p tokwatt-sim --lib serving_calibration::fit -- --ignored --nocapture` re-runs
 //! the fit behind a profile's `[serving]` constants.
+//!
+//! One file because it is test code over one set of measured step tables: the checks and
+//! the fit behind `[serving]` read them through the same helpers.
 #![allow(clippy::unwrap_used)] // test-only module: tests may unwrap
 
 use super::model::{DecodeCost, DecodeModel, ModelShape, StepLoad};
