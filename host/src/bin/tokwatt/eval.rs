@@ -364,6 +364,31 @@ fn print_details(results: &EvalResults) {
     println!("{table}");
 }
 
+/// `work` on each scenario `--plan` names, over its simulated length (`--duration`, else
+/// its own) and the seeds `tokwatt eval` would judge on, so that the oracle is the one it
+/// would search; an error names the scenario after `doing`.
+fn over_planned<T, E>(
+    args: &EvalArgs,
+    doing: &str,
+    work: impl Fn(&EvalScenario, f64, &[u64]) -> Result<T, E>,
+) -> Result<Vec<T>>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let scenarios = EvalScenario::load_all(&args.plan)?;
+    let seeds: Vec<u64> = (1..=args.seeds).collect();
+    scenarios
+        .iter()
+        .map(|scenario| {
+            let duration_s = args
+                .duration
+                .map_or(scenario.duration_s, |d| d.as_secs_f64());
+            work(scenario, duration_s, &seeds)
+                .with_context(|| format!("{doing} `{}`", scenario.name))
+        })
+        .collect()
+}
+
 /// `--plan --check`: the oracle's invariant on each scenario, phase by phase.
 fn check_oracles(args: &EvalArgs) -> Result<()> {
     if args.plan.is_empty() {
@@ -372,20 +397,12 @@ fn check_oracles(args: &EvalArgs) -> Result<()> {
              `tokwatt eval --check --plan my-scenario.toml`"
         );
     }
-    let scenarios = EvalScenario::load_all(&args.plan)?;
     let grid = eval::invariant::CheckGrid::coarse();
-    let seeds: Vec<u64> = (1..=args.seeds).collect();
-    let mut checks = Vec::new();
-    for scenario in &scenarios {
-        let duration_s = args
-            .duration
-            .map_or(scenario.duration_s, |d| d.as_secs_f64());
-        checks.push(
-            eval::invariant::check(scenario, duration_s, &seeds, &grid).with_context(|| {
-                format!("checking the oracle's invariant on `{}`", scenario.name)
-            })?,
-        );
-    }
+    let checks = over_planned(
+        args,
+        "checking the oracle's invariant on",
+        |scenario, duration_s, seeds| eval::invariant::check(scenario, duration_s, seeds, &grid),
+    )?;
     let failed: Vec<&str> = checks
         .iter()
         .filter(|c| !c.holds)
@@ -466,19 +483,7 @@ fn check_oracles(args: &EvalArgs) -> Result<()> {
 
 /// `--plan`: each scenario's phases, capacity and oracle, judged nothing.
 fn print_plans(args: &EvalArgs) -> Result<()> {
-    let scenarios = EvalScenario::load_all(&args.plan)?;
-    // The seeds `tokwatt eval` would judge on: the same oracle.
-    let seeds: Vec<u64> = (1..=args.seeds).collect();
-    let mut plans = Vec::new();
-    for scenario in &scenarios {
-        let duration_s = args
-            .duration
-            .map_or(scenario.duration_s, |d| d.as_secs_f64());
-        plans.push(
-            eval::plan::plan(scenario, duration_s, &seeds)
-                .with_context(|| format!("planning scenario `{}`", scenario.name))?,
-        );
-    }
+    let plans = over_planned(args, "planning scenario", eval::plan::plan)?;
     if args.json {
         println!(
             "{}",

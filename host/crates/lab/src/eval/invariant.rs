@@ -8,7 +8,9 @@ use serde::Serialize;
 use super::fixed::OracleSetting;
 use super::oracle;
 use super::scenario::EvalScenario;
-use super::search::{Grids, Trial, phase_ticks, search_with_starts, seed_phases, shared_allowance};
+use super::search::{
+    Grids, Trial, keeps_on, phase_ticks, search_with_starts, seed_phases, shared_allowance,
+};
 use tokwatt_sim::SimError;
 
 /// The fixed settings the oracle's invariant is checked against: every combination of
@@ -173,17 +175,7 @@ pub fn check(
             let ratio = ratio_of(&trial);
             if ratio > 1.0 + INVARIANT_MARGIN {
                 // It must keep the objective on every seed, as the oracle's settings do.
-                let mut everywhere = true;
-                let mut left = shared - trial.violations;
-                for other in others {
-                    let (there, _) = other.run(setting, Some(left))?;
-                    if !other.feasible_within(&there, left) {
-                        everywhere = false;
-                        break;
-                    }
-                    left -= there.violations;
-                }
-                if !everywhere {
+                if keeps_on(others, setting, shared - trial.violations)?.is_none() {
                     continue;
                 }
                 beaten_by.push(Beaten {

@@ -255,8 +255,7 @@ impl<'a> SeedPhase<'a> {
                     (a.turned_away, a.violations).cmp(&(b.turned_away, b.violations))
                 });
                 if let Some((setting, trial, _)) = closest {
-                    seed.allowed_violations = seed.allowed_violations.max(trial.violations);
-                    seed.allowed_turned_away = trial.turned_away;
+                    seed.hold_to(trial);
                     setting.token_budget
                 } else {
                     most.token_budget
@@ -268,6 +267,14 @@ impl<'a> SeedPhase<'a> {
 
     pub(super) fn feasible(&self, trial: &Trial) -> bool {
         self.feasible_within(trial, self.allowed_violations)
+    }
+
+    /// An overload here: the bar becomes what `trial` (the most capable setting's run)
+    /// did, ticks over and requests turned away, where that is more than the bar's.
+    fn hold_to(&mut self, trial: &Trial) {
+        self.overload = true;
+        self.allowed_violations = self.allowed_violations.max(trial.violations);
+        self.allowed_turned_away = self.allowed_turned_away.max(trial.turned_away);
     }
 
     /// [`Self::feasible`], with `violations` ticks over allowed here (what the seeds'
@@ -346,6 +353,25 @@ pub(super) fn shared_allowance(seeds: &[SeedPhase<'_>]) -> u64 {
     seeds.iter().map(|s| s.allowed_violations).sum()
 }
 
+/// `setting` on each of `others` in turn, the seeds sharing `left` ticks over between
+/// them: every run's end where it kept each seed's bar, none as soon as one did not.
+pub(super) fn keeps_on(
+    others: &[SeedPhase<'_>],
+    setting: OracleSetting,
+    mut left: u64,
+) -> Result<Option<Vec<SimGpu>>, SimError> {
+    let mut ends = Vec::new();
+    for other in others {
+        let (there, end) = other.run(setting, Some(left))?;
+        if !other.feasible_within(&there, left) {
+            return Ok(None);
+        }
+        left -= there.violations;
+        ends.push(end);
+    }
+    Ok(Some(ends))
+}
+
 /// One phase's search: the first seed's trials, confirmed on the others.
 struct PhaseSearch<'a> {
     seeds: Vec<SeedPhase<'a>>,
@@ -385,17 +411,11 @@ impl PhaseSearch<'_> {
         let mut kept = None;
         let mut ends = Vec::new();
         if first.feasible_within(&trial, shared) && trial.better_than(&self.trials[than].1) {
-            ends.push(sim);
-            let mut left = shared - trial.violations;
-            for other in others {
-                let (there, end) = other.run(setting, Some(left))?;
-                if !other.feasible_within(&there, left) {
-                    break;
-                }
-                left -= there.violations;
-                ends.push(end);
-            }
-            kept = Some(ends.len() == self.seeds.len());
+            let elsewhere = keeps_on(others, setting, shared - trial.violations)?;
+            kept = Some(elsewhere.is_some());
+            ends = std::iter::once(sim)
+                .chain(elsewhere.into_iter().flatten())
+                .collect();
         }
         let index = self.trials.len();
         self.tried.insert(key(&setting), index);
@@ -578,9 +598,7 @@ pub(super) fn seed_phases<'a>(
             let (_, trial, end) = other_runs.swap_remove(at);
             let mut seed = seed;
             if !seed.feasible(&trial) {
-                seed.overload = true;
-                seed.allowed_violations = seed.allowed_violations.max(trial.violations);
-                seed.allowed_turned_away = seed.allowed_turned_away.max(trial.turned_away);
+                seed.hold_to(&trial);
             }
             seeds.push(seed);
             first_best_ends.push(end);
