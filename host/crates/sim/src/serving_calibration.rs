@@ -268,6 +268,18 @@ fn loss(base: &GpuProfile, preset: &str, rows: &[StepRow], p: &[f64]) -> f64 {
         .sum()
 }
 
+/// The step a line of the serving loop's step log describes.
+fn logged_load(step: &serde_json::Value) -> StepLoad {
+    let field = |name: &str| step[name].as_f64().unwrap();
+    StepLoad {
+        decode: field("decodes") as u32,
+        decode_positions: field("decode_positions"),
+        decode_position_max: field("decode_position_max"),
+        prefill: field("prompt_tokens"),
+        prefill_positions: field("prompt_positions"),
+    }
+}
+
 /// Steps a served run logged (`tokwatt bench serving --steps`): each step's load and its
 /// measured time, ms. Every step with prompt tokens, and every `thin`-th without.
 fn served_steps(path: &str, thin: usize) -> Vec<(StepLoad, f64)> {
@@ -277,13 +289,7 @@ fn served_steps(path: &str, thin: usize) -> Vec<(StepLoad, f64)> {
         .filter_map(|line| {
             let step: serde_json::Value = serde_json::from_str(line).ok()?;
             let field = |name: &str| step[name].as_f64().unwrap();
-            let load = StepLoad {
-                decode: field("decodes") as u32,
-                decode_positions: field("decode_positions"),
-                decode_position_max: field("decode_position_max"),
-                prefill: field("prompt_tokens"),
-                prefill_positions: field("prompt_positions"),
-            };
+            let load = logged_load(&step);
             if load.prefill <= 0.0 {
                 decode_only += 1;
                 if decode_only % thin != 0 {
@@ -460,13 +466,7 @@ fn step_log_against_the_model() {
             continue;
         };
         let field = |name: &str| step[name].as_f64().unwrap();
-        let load = StepLoad {
-            decode: field("decodes") as u32,
-            decode_positions: field("decode_positions"),
-            decode_position_max: field("decode_position_max"),
-            prefill: field("prompt_tokens"),
-            prefill_positions: field("prompt_positions"),
-        };
+        let load = logged_load(&step);
         let (a, b) = (field("engine_start_s"), field("engine_end_s"));
         let measured_ms = (b - a) * 1e3;
         let state = model.steady_state_load(&load, profile.power_cap.default_w, u32::MAX, mem);
