@@ -534,7 +534,9 @@ fn print_plans(args: &EvalArgs) -> Result<()> {
                 o.setting.token_budget.to_string(),
                 format!("{:.4}", o.simulated_tokens_per_joule),
                 format!("{:.2} %", o.simulated_violation_fraction * 100.0),
-                if o.feasible {
+                if o.drains_backlog {
+                    "no: drains the backlog".to_owned()
+                } else if o.feasible {
                     "yes".to_owned()
                 } else {
                     "no: closest".to_owned()

@@ -27,6 +27,11 @@ pub use super::fixed::OracleSetting;
 pub struct PhaseOracle {
     pub start_s: f64,
     pub end_s: f64,
+    /// The scenario's demand phase this is (or is part of).
+    pub scenario_phase: usize,
+    /// The first part of a phase that inherited a backlog, up to where the most capable
+    /// setting has worked it off; the rest of the phase follows with a setting of its own.
+    pub drains_backlog: bool,
     pub arrival_rps: f64,
     pub setting: OracleSetting,
     /// The decode model's steady-state estimate.
@@ -362,6 +367,8 @@ pub fn default_settings(scenario: &EvalScenario, duration_s: f64) -> PhaseOracle
     PhaseOracle {
         start_s: 0.0,
         end_s: duration_s,
+        scenario_phase: 0,
+        drains_backlog: false,
         arrival_rps: f64::NAN,
         setting: OracleSetting {
             power_cap_w: scenario.profile.power_cap.max_w,

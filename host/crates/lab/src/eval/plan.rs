@@ -47,11 +47,10 @@ pub fn plan(scenario: &EvalScenario, duration_s: f64, seeds: &[u64]) -> Result<P
     let workload = &scenario.workload;
     let planned = phases
         .into_iter()
-        .enumerate()
-        .map(|(index, phase)| {
+        .map(|phase| {
             let outside = workload
                 .phases
-                .get(index)
+                .get(phase.scenario_phase)
                 .and_then(|p| p.outside_power_limit_w);
             let cap = outside.map_or(scenario.profile.power_cap.max_w, |o| {
                 o.min(scenario.profile.power_cap.max_w)

@@ -243,7 +243,9 @@ pub fn eval_report(results: &EvalResults) -> String {
                     format!("{} MHz", p.setting.sm_clock_max_mhz),
                     p.setting.batch_size.to_string(),
                     format!("{:.4}", p.simulated_tokens_per_joule),
-                    if p.feasible {
+                    if p.drains_backlog {
+                        "no: drains the backlog".into()
+                    } else if p.feasible {
                         "yes".into()
                     } else {
                         "no: closest".into()

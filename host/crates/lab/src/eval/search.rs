@@ -61,6 +61,11 @@ const CAP_SEEDS: usize = 5;
 const MIN_TOKEN_BUDGET: u32 = 256;
 /// Seconds of arrivals a setting may leave waiting beyond the most capable setting.
 const BACKLOG_SLACK_S: f64 = 2.0;
+/// Seconds a drained backlog's own setting holds past the most capable setting's last tick
+/// over (rounded up to ten), before the rest of the phase gets a setting of its own.
+const DRAIN_MARGIN_S: u64 = 10;
+/// The shortest rest of a phase, after a drain, that gets a setting of its own.
+const MIN_REST_S: u64 = 60;
 
 /// What one setting did over one phase.
 pub(super) struct Trial {
@@ -72,6 +77,8 @@ pub(super) struct Trial {
     turned_away: u64,
     /// Requests waiting at the phase's end (none: stopped early, it had already failed).
     waiting_end: Option<u64>,
+    /// The last tick (from the phase's start) that broke the objective.
+    last_violation: Option<u64>,
 }
 
 impl Trial {
@@ -310,9 +317,14 @@ impl<'a> SeedPhase<'a> {
         let before = sim.truth(0);
         let mut violations = 0;
         let mut ticks_run = 0;
+        let mut last_violation = None;
         let mut failed = false;
         while ticks_run < self.ticks {
-            violations += run.advance_ticks(1);
+            let broken = run.advance_ticks(1);
+            if broken > 0 {
+                last_violation = Some(ticks_run);
+            }
+            violations += broken;
             ticks_run += 1;
             if let Some(stop_after) = stop_after {
                 let turned_away = match (before, sim.truth(0)) {
@@ -342,6 +354,7 @@ impl<'a> SeedPhase<'a> {
             ticks_run,
             turned_away,
             waiting_end: (!failed).then_some(waiting),
+            last_violation,
         }
     }
 }
@@ -538,18 +551,67 @@ pub(super) fn search_with_starts(
             .get(index)
             .and_then(|p| p.outside_power_limit_w);
         let ticks = phase_ticks(start_s, end_s);
-        let (phase, ends) = search_phase(scenario, &grids, &bases, ticks, rate, outside)?;
-        phases.push((
-            PhaseOracle {
-                start_s,
-                end_s,
-                ..phase
-            },
-            bases,
-        ));
-        bases = ends;
+        let drained_by = backlog_drained_by(scenario, &grids, &bases, ticks, rate)?;
+        let segments = match drained_by {
+            Some(split) => vec![
+                (start_s, start_s + split as f64, true),
+                (start_s + split as f64, end_s, false),
+            ],
+            None => vec![(start_s, end_s, false)],
+        };
+        for (start_s, end_s, drains_backlog) in segments {
+            let ticks = phase_ticks(start_s, end_s);
+            let (phase, ends) = search_phase(scenario, &grids, &bases, ticks, rate, outside)?;
+            phases.push((
+                PhaseOracle {
+                    start_s,
+                    end_s,
+                    scenario_phase: index,
+                    drains_backlog,
+                    ..phase
+                },
+                bases,
+            ));
+            bases = ends;
+        }
     }
     Ok(phases)
+}
+
+/// Ticks into a phase after which the rest of it gets a setting of its own: where the phase
+/// inherits a backlog (the phase before was an overload) that the most capable setting works
+/// off early, and keeps the objective from then on, on every seed. Held to one setting
+/// throughout, the oracle would drain at full speed and then keep full speed for the rest
+/// of the phase, which a policy that slows down once the queue is gone beats by far. The
+/// split falls [`DRAIN_MARGIN_S`] after the last tick over on any seed, rounded up to ten
+/// seconds; none where that leaves less than [`MIN_REST_S`], or where the most capable
+/// setting keeps the objective over the whole phase anyway.
+fn backlog_drained_by(
+    scenario: &EvalScenario,
+    grids: &Grids,
+    bases: &[SimGpu],
+    ticks: u64,
+    rate: f64,
+) -> Result<Option<u64>, SimError> {
+    let largest = grids.budgets.first().copied().unwrap_or(1);
+    let mut overload = false;
+    let mut last_over = None;
+    for base in bases {
+        let (seed, _, runs) = SeedPhase::start(scenario, grids, base, ticks, rate, &[largest])?;
+        let Some((_, trial, _)) = runs.first() else {
+            return Ok(None);
+        };
+        if trial.turned_away > 0 {
+            return Ok(None);
+        }
+        overload |= seed.overload;
+        last_over = last_over.max(trial.last_violation);
+    }
+    let Some(last_over) = last_over.filter(|_| overload) else {
+        return Ok(None);
+    };
+    let split = (last_over + 1).div_ceil(10) * 10 + DRAIN_MARGIN_S;
+    Ok((split + MIN_REST_S <= ticks).then_some(split))
 }
 
 pub(super) fn phase_ticks(start_s: f64, end_s: f64) -> u64 {
@@ -738,6 +800,8 @@ fn search_phase(
         PhaseOracle {
             start_s: 0.0,
             end_s: 0.0,
+            scenario_phase: 0,
+            drains_backlog: false,
             arrival_rps: rate,
             setting: *setting,
             predicted_tokens_per_joule,

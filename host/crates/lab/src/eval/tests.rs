@@ -142,14 +142,8 @@ fn a_failure_message_quotes_the_means_it_was_decided_on_by_their_names() {
     }
 }
 
-/// An overload (a 14B-class shape on an H200, the middle phase beyond what any setting
-/// serves) leaves a backlog that the phase after it must work off, whoever holds the
-/// knobs. The oracle's phases, each verified from an empty queue, leave that out; its
-/// schedule run in one piece, as a policy runs, counts it, and the judge allows a policy
-/// that share of ticks over the objective (plus the margin).
-#[test]
-fn an_overloads_backlog_counts_for_the_oracle_too() {
-    let text = r#"
+/// An overload between two light phases; the last inherits its backlog.
+const OVERLOAD_THEN_LIGHT: &str = r#"
 description = "overload, then a light phase that inherits its backlog"
 gpu = "h200"
 duration_s = 300
@@ -184,6 +178,15 @@ arrival_rps = 37.6
 start_s = 200
 arrival_rps = 9.2
 "#;
+
+/// An overload (a 14B-class shape on an H200, the middle phase beyond what any setting
+/// serves) leaves a backlog that the phase after it must work off, whoever holds the
+/// knobs. The oracle's phases, each verified from an empty queue, leave that out; its
+/// schedule run in one piece, as a policy runs, counts it, and the judge allows a policy
+/// that share of ticks over the objective (plus the margin).
+#[test]
+fn an_overloads_backlog_counts_for_the_oracle_too() {
+    let text = OVERLOAD_THEN_LIGHT;
     let scenario =
         EvalScenario::parse(std::path::Path::new("overload.toml"), text).expect("parses");
     let phases = oracle::search(&scenario, 300.0, &[1]).expect("oracle");
@@ -230,6 +233,37 @@ arrival_rps = 0.0
 /// lag late. Until then it holds the phase before's for the first second; on a rise, the
 /// most capable settings for the rest of the lag (keeping the objective, paying in
 /// joules); on a fall, the phase before's.
+#[test]
+fn the_oracle_slows_down_once_an_overloads_backlog_is_worked_off() {
+    // The overload scenario above, with a light phase long enough to outlast its backlog.
+    let text = OVERLOAD_THEN_LIGHT.replace("duration_s = 300", "duration_s = 500");
+    let scenario =
+        EvalScenario::parse(std::path::Path::new("overload.toml"), &text).expect("parses");
+    let phases = oracle::search(&scenario, 500.0, &[1]).expect("oracle");
+    let light: Vec<_> = phases.iter().filter(|p| p.scenario_phase == 2).collect();
+    assert_eq!(light.len(), 2, "a drain and the rest: {phases:?}");
+    let (drain, rest) = (light[0], light[1]);
+    assert!(drain.drains_backlog && !drain.feasible, "{drain:?}");
+    assert!(!rest.drains_backlog && rest.feasible, "{rest:?}");
+    assert_eq!(drain.end_s, rest.start_s);
+    assert!(rest.end_s - rest.start_s >= 60.0, "{rest:?}");
+    // The rest needs far less than the drain: held to the drain's setting, it would pay
+    // for speed nobody asks for any more.
+    assert!(
+        rest.setting.sm_clock_max_mhz < drain.setting.sm_clock_max_mhz,
+        "{drain:?} then {rest:?}"
+    );
+    assert!(rest.simulated_tokens_per_joule > drain.simulated_tokens_per_joule * 1.1);
+    // The schedule in one run breaks the objective where its segments did, one by one.
+    let references = run_references(&scenario, &phases, 500.0, 1).expect("references");
+    let per_phase = oracle::violation_fraction(&phases);
+    assert!(
+        (references.oracle.violation_fraction - per_phase).abs() < 0.01,
+        "one run {:.3}, segments one by one {per_phase:.3}",
+        references.oracle.violation_fraction
+    );
+}
+
 #[test]
 fn the_causal_reference_takes_up_each_phase_a_reaction_lag_late() {
     let scenario =

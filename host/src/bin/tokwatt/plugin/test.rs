@@ -265,6 +265,8 @@ mod tests {
         PhaseOracle {
             start_s,
             end_s,
+            scenario_phase: 0,
+            drains_backlog: false,
             arrival_rps: 1.0,
             setting: eval::OracleSetting {
                 power_cap_w: 700.0,
