@@ -54,7 +54,7 @@ pub(super) struct Candidate {
     tokens_per_joule: f64,
     /// The steady state's power (with nothing to run, on an idle phase).
     power_w: f64,
-    tpot_s: f64,
+    pub(super) tpot_s: f64,
     /// The operating point (firmware clock, active sequences): candidates sharing it are
     /// the same point, and only the first is simulated.
     pub(super) point: (u32, u32),

@@ -17,7 +17,9 @@
 //!    power, which no steady state averages right), at that budget.
 //! 3. A pattern search from the best of each (two basins): one step down and up each of
 //!    cap, SM clock, batch and token budget; a better step moves there; when none is, the
-//!    steps halve, down to one rung of each grid.
+//!    steps halve, down to one rung of each grid, where two diagonals are tried too (a
+//!    rung less of cap or clock with two rungs less of batch). Equal tokens per joule (a
+//!    knob that binds nothing) go to the setting with fewer ticks over.
 //!
 //! A setting keeps the objective over a phase when, on every seed, it turns nobody away
 //! and leaves no more waiting requests at the phase's end than the most capable setting
@@ -53,10 +55,20 @@ pub const PHASE_VIOLATION_ALLOWANCE: f64 = super::MAX_VIOLATION_FRACTION;
 /// Settings run per phase at most on the search's seed (the budget screen and the seeds
 /// included).
 const MAX_TRIES: usize = 48;
+/// Settings a polish around the best may run beyond [`MAX_TRIES`].
+const POLISH_TRIES: usize = 8;
 /// The model's best distinct operating points tried as seeds.
 const MODEL_SEEDS: usize = 5;
 /// Rungs of the cap ladder tried as seeds (no clock lock), from the top down.
 const CAP_SEEDS: usize = 5;
+/// The share of the TPOT bound a cap seed's batch is chosen to keep in the steady-state
+/// model: a p99 over a phase under a cap runs above the model's mean step.
+const CAP_SEED_TPOT_HEADROOM: f64 = 0.8;
+/// Tokens per joule this close (relative) are equal: a knob that binds nothing moves them
+/// by rounding only.
+const EQUAL_TOKENS_PER_JOULE: f64 = 1e-4;
+/// Batch rungs a diagonal move gives up with a rung of cap or clock.
+const DIAGONAL_BATCH_RUNGS: i64 = 2;
 /// The smallest token budget of the grid.
 const MIN_TOKEN_BUDGET: u32 = 256;
 /// Seconds of arrivals a setting may leave waiting beyond the most capable setting.
@@ -86,9 +98,15 @@ impl Trial {
         self.violations as f64 / self.ticks_run.max(1) as f64
     }
 
+    /// More tokens per joule; at equal tokens per joule (a knob that binds nothing), fewer
+    /// ticks over and then less power: the setting with more slack is where the next move
+    /// (a lower cap, a lower clock) still keeps the objective.
     pub(super) fn better_than(&self, other: &Trial) -> bool {
-        self.tokens_per_joule > other.tokens_per_joule
-            || (self.tokens_per_joule == other.tokens_per_joule && self.power_w < other.power_w)
+        let apart = (self.tokens_per_joule - other.tokens_per_joule).abs();
+        if apart > EQUAL_TOKENS_PER_JOULE * other.tokens_per_joule.abs() {
+            return self.tokens_per_joule > other.tokens_per_joule;
+        }
+        (self.violations, self.power_w) < (other.violations, other.power_w)
     }
 }
 
@@ -394,6 +412,8 @@ struct PhaseSearch<'a> {
     trials: Vec<(OracleSetting, Trial, Option<bool>)>,
     /// The best that kept the objective on every seed, and every seed's run to the end.
     best: (usize, Vec<SimGpu>),
+    /// Settings run on the first seed at most.
+    max_tries: usize,
 }
 
 fn key(setting: &OracleSetting) -> (u64, u32, u32, u32) {
@@ -415,7 +435,7 @@ impl PhaseSearch<'_> {
             return Ok(self.trials[index].2 == Some(true)
                 && self.trials[index].1.better_than(&self.trials[than].1));
         }
-        if self.trials.len() >= MAX_TRIES {
+        if self.trials.len() >= self.max_tries {
             return Ok(false);
         }
         let (first, others) = self.seeds.split_first().ok_or(SimError::GpuCount(0))?;
@@ -443,10 +463,20 @@ impl PhaseSearch<'_> {
     /// The pattern search from trial `from` (kept on every seed): at most `tries` more
     /// settings run.
     fn refine(&mut self, grids: &Grids, from: usize, tries: usize) -> Result<(), SimError> {
-        let limit = (self.trials.len() + tries).min(MAX_TRIES);
-        let mut at = from;
         // Steps per axis: cap (25 W rungs), clock rungs, batch rungs, budget rungs.
-        let mut steps: [i64; 4] = [4, 16, 8, 1];
+        self.refine_by(grids, from, tries, [4, 16, 8, 1])
+    }
+
+    /// [`Self::refine`] from `steps`.
+    fn refine_by(
+        &mut self,
+        grids: &Grids,
+        from: usize,
+        tries: usize,
+        mut steps: [i64; 4],
+    ) -> Result<(), SimError> {
+        let limit = (self.trials.len() + tries).min(self.max_tries);
+        let mut at = from;
         while self.trials.len() < limit {
             let (here, ref trial, _) = self.trials[at];
             let drawn_w = trial.power_w;
@@ -476,10 +506,35 @@ impl PhaseSearch<'_> {
                     }
                 }
             }
-            if !moved {
-                if steps.iter().all(|&s| s == 1) {
+            if !moved && steps.iter().all(|&s| s == 1) {
+                // Diagonals, at the last step size: a rung less of cap or clock with fewer
+                // sequences. A latency bound a lower cap or clock breaks alone may hold with
+                // a smaller batch, and a smaller batch alone only costs joules.
+                for axis in [0, 1] {
+                    let down = if axis == 0 {
+                        grids.cap_below(here, drawn_w, 1)
+                    } else {
+                        grids.moved(here, 1, -1)
+                    };
+                    let Some(next) = down.and_then(|d| grids.moved(d, 2, -DIAGONAL_BATCH_RUNGS))
+                    else {
+                        continue;
+                    };
+                    if self.trials.len() >= limit {
+                        return Ok(());
+                    }
+                    if self.try_setting(next, at)? {
+                        at = self.tried[&key(&next)];
+                        moved = true;
+                        break;
+                    }
+                }
+                if !moved {
                     return Ok(());
                 }
+                continue;
+            }
+            if !moved {
                 for step in &mut steps {
                     *step = (*step / 2).max(1);
                 }
@@ -699,6 +754,7 @@ fn search_phase(
         tried: HashMap::new(),
         trials: Vec::new(),
         best: (0, Vec::new()),
+        max_tries: MAX_TRIES,
     };
     for (setting, trial, ends) in runs {
         let index = search.trials.len();
@@ -734,15 +790,34 @@ fn search_phase(
         }
     }
     let ladder = oracle::cap_grid(grids.cap_min_w, grids.cap_max_w);
+    let tpot_limit_s = scenario
+        .objective
+        .tpot_p99_limit_ms
+        .map_or(f64::INFINITY, |ms| ms * 1e-3);
     let stride = (ladder.len() / CAP_SEEDS).max(1);
+    // Each rung at the batch the model ranks best under it with no clock lock: a low cap
+    // keeps a latency bound only with fewer sequences, and a walk one axis at a time
+    // cannot get there from the largest batch (the cap alone breaks the bound, the batch
+    // alone costs joules).
     let cap_seeds: Vec<OracleSetting> = ladder
         .iter()
         .skip(stride)
         .step_by(stride)
         .take(CAP_SEEDS)
-        .map(|&power_cap_w| OracleSetting {
-            power_cap_w,
-            ..most
+        .map(|&power_cap_w| {
+            let batch_size = scored
+                .iter()
+                .find(|c| {
+                    c.setting.power_cap_w == power_cap_w
+                        && c.setting.sm_clock_max_mhz == most.sm_clock_max_mhz
+                        && c.tpot_s <= CAP_SEED_TPOT_HEADROOM * tpot_limit_s
+                })
+                .map_or(most.batch_size, |c| grids.snapped(c.setting).batch_size);
+            OracleSetting {
+                power_cap_w,
+                batch_size,
+                ..most
+            }
         })
         .collect();
     // Two basins: clock locks (the model's seeds, mostly) and caps the firmware clocks
@@ -791,6 +866,10 @@ fn search_phase(
             search.refine(grids, from, MAX_TRIES)?;
         }
     }
+    // A polish: one rung each way from the best, past the budget of tries. A basin's walk
+    // that ran out of tries while its steps were still coarse stops a rung off the edge.
+    search.max_tries = search.trials.len() + POLISH_TRIES;
+    search.refine_by(grids, search.best.0, POLISH_TRIES, [1; 4])?;
     let simulated = search.trials.len();
     let (index, ends) = search.best;
     let (setting, trial, _) = &search.trials[index];
