@@ -533,7 +533,7 @@ fn step_log_against_the_model() {
 
 /// `profile` with its `[serving]` replaced by `TOKWATT_SERVING_PARAMS` (the fit's order,
 /// comma-separated) where that is set: to try a fit before writing it into the profile.
-fn overridden(profile: GpuProfile) -> GpuProfile {
+pub(super) fn overridden(profile: GpuProfile) -> GpuProfile {
     match std::env::var("TOKWATT_SERVING_PARAMS") {
         Ok(params) => {
             let p: Vec<f64> = params.split(',').map(|v| v.parse().unwrap()).collect();
