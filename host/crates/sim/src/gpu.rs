@@ -19,7 +19,7 @@ use super::profile::GpuProfile;
 use super::scenario::Scenario;
 use super::serving::{Next, Server};
 use tokwatt_core::actuator::GpuSettings;
-use tokwatt_core::rng::{Rng, SplitMix64};
+use tokwatt_core::rng::Rng;
 use tokwatt_core::types::{
     ClockEvents, DemandWindow, RequestsWindow, TelemetryWindow, WorkloadWindow,
 };
@@ -169,9 +169,8 @@ pub(super) struct GpuSim {
     offsets: Vec<f64>,
     /// Arrivals waiting past the substep's end for the step in progress to end.
     carried: Vec<Arrival>,
-    /// Arrivals timed so far (each one's wait for the step in progress is drawn from its
-    /// number, so no random stream moves).
-    timed_arrivals: u64,
+    /// The share of the engine's step in progress already run (0: between steps).
+    step_phase: f64,
 
     // NVML emulation.
     energy_true_j: f64,
@@ -259,7 +258,7 @@ impl GpuSim {
             arrivals: Vec::new(),
             offsets: Vec::new(),
             carried: Vec::new(),
-            timed_arrivals: 0,
+            step_phase: 0.0,
             energy_true_j: 0.0,
             bin_energy_j: 0.0,
             boxcar: std::iter::repeat_n(idle_w * gain, boxcar_len).collect(),
@@ -340,6 +339,7 @@ impl GpuSim {
             let (segment, step_in_progress_s) = match self.server.next() {
                 Next::Idle => {
                     let segment = remaining.min(until_arrival);
+                    self.step_phase = 0.0;
                     energy += idle_w * segment;
                     (segment, 0.0)
                 }
@@ -347,6 +347,11 @@ impl GpuSim {
                     let point = self.point(&load);
                     let segment = remaining.min(until_arrival).min(until_event * point.step_s);
                     let steps = segment / point.step_s;
+                    let phase = self.step_phase + steps;
+                    self.step_phase = phase - (phase + 1e-9).floor();
+                    if self.step_phase < 1e-9 {
+                        self.step_phase = 0.0;
+                    }
                     let segment_j = point.power_w * segment;
                     // Requests are charged what the board's sensor reads (its gain), as an
                     // attribution of its energy counter would charge them.
@@ -377,13 +382,15 @@ impl GpuSim {
                 let arrival = *arrival;
                 next_arrival += 1;
                 // An engine takes requests in at step boundaries: one arriving while a
-                // step runs waits for that step to end, unseen (its step stays as it was).
-                if arrival.arrived_s.is_none() && step_in_progress_s > 0.0 {
-                    self.timed_arrivals += 1;
-                    let draw = SplitMix64::new(self.timed_arrivals ^ 0x7374_6570).next_u64();
-                    let fraction = (draw >> 11) as f64 / (1u64 << 53) as f64;
+                // step runs waits, unseen, for what is left of that step (its step stays as
+                // it was). A random share of a step instead put it in mid-step, where the
+                // runs that followed were no longer whole steps: at half the H100's prefill
+                // capacity, short answers beside 8,192-token steps then decoded 20 % fast
+                // at the p99 (docs/measurements/h100-2026-12-07-prefill-saturation).
+                if arrival.arrived_s.is_none() && step_in_progress_s > 0.0 && self.step_phase > 0.0
+                {
                     let waiting = Arrival {
-                        offset_s: arrival.offset_s + fraction * step_in_progress_s,
+                        offset_s: arrival.offset_s + (1.0 - self.step_phase) * step_in_progress_s,
                         arrived_s: Some(start_s + arrival.offset_s),
                         ..arrival
                     };

@@ -44,6 +44,8 @@ mod calibration;
 mod prefill_tests;
 #[cfg(test)]
 mod serving_calibration;
+#[cfg(test)]
+mod serving_replay;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -39,8 +39,15 @@
 //! ```text
 //! t_p  = (c · prefill_flops_per_token / rate · (1 + ramp / M) + attention) / x
 //! u_c  = stream_activity · (step - t_ovh)/step + (t_c + core_activity · t_p · busy)/step
-//! busy = (t_p without the ramp) / t_p
+//! busy = (GEMMs' t_p without the ramp · (M / 4096)^size + attention's t_p) / t_p
 //! ```
+//!
+//! `size` (`gemm_power_exponent`) is there because at one clock a step's draw rises with its
+//! size past where its speed per token stops rising: in one measured grid the H100 ran
+//! 1,570 MHz under its cap beside one 2,048-token chunk and 1,410 beside four, the same
+//! attention per token. Fitted beside the served runs, whose 8,192-token steps ran at
+//! 1,515-1,550 MHz, it comes out small (0.03 on the h100): those runs bear out little of
+//! that grid's fall.
 //!
 //! The whole-prompt
 //! prefill ([`DecodeModel::prefill_steady_state`]) keeps `[decode]` and `[prefill]`'s.
@@ -48,6 +55,10 @@
 //! The constants live in the profile files (`host/profiles/*.toml`), fitted to measurements.
 
 use super::profile::GpuProfile;
+
+/// The step size at which `gemm_power_exponent` leaves the prompt GEMMs' core power as
+/// their busy time gives it (`core_activity` is their activity at this size).
+const GEMM_POWER_TOKENS: f64 = 4096.0;
 
 /// The simulator reads the same model shapes as the CUDA workload (`host/models/models.toml`).
 pub use tokwatt_core::model::ModelShape;
@@ -138,8 +149,9 @@ struct Phases {
     kv_s: f64,
     decode_arithmetic_s: f64,
     prefill_arithmetic_s: f64,
-    /// The share of `prefill_arithmetic_s` that keeps the tensor cores busy (1 but where a
-    /// small chunk fills their tiles less: the ramp's `M / (M + ramp)` of its GEMMs).
+    /// The share of `prefill_arithmetic_s` that draws the core power of busy tensor cores
+    /// (1 but where a small chunk fills their tiles less, the ramp's `M / (M + ramp)` of its
+    /// GEMMs, and draws with the step's size, `(M / 4096)^size` of that).
     prefill_busy_share: f64,
     /// Bytes the step moves (weights and the KV cache read).
     bytes: f64,
@@ -188,6 +200,8 @@ struct LoadTerms {
     prefill_activity: f64,
     /// A step of `M` tokens runs its prompt tokens' GEMMs at `M / (M + this)` of the rate.
     gemm_ramp_tokens: f64,
+    /// ... and their busy time draws `(M / 4096)^this` of the core power at a clock.
+    gemm_power_exponent: f64,
 }
 
 impl DecodeModel {
@@ -209,6 +223,7 @@ impl DecodeModel {
                 / (pre.tensor_tflops * 1e12 * pre.attention_efficiency),
             prefill_activity: pre.core_activity,
             gemm_ramp_tokens: 0.0,
+            gemm_power_exponent: 0.0,
         };
         // The serving loop launches every step alike and runs its decoding rows through the
         // prompt's GEMMs: one overhead, one tensor rate for every row.
@@ -227,6 +242,7 @@ impl DecodeModel {
                     / (tensor * sv.attention_efficiency),
                 prefill_activity: sv.core_activity,
                 gemm_ramp_tokens: sv.gemm_ramp_tokens,
+                gemm_power_exponent: sv.gemm_power_exponent,
             }
         });
         Self {
@@ -316,10 +332,14 @@ impl DecodeModel {
         // The prompt tokens' GEMMs, slowed where the step's tokens fill the tiles less.
         let gemm_s = load.prefill * terms.prefill_s_per_token;
         let attention_s = load.prefill_positions * terms.prefill_attention_s_per_position;
-        let ramp = if load.prefill > 0.0 {
-            1.0 + terms.gemm_ramp_tokens / (load.prefill + n)
+        let (ramp, size_share) = if load.prefill > 0.0 {
+            let tokens = load.prefill + n;
+            (
+                1.0 + terms.gemm_ramp_tokens / tokens,
+                (tokens / GEMM_POWER_TOKENS).powf(terms.gemm_power_exponent),
+            )
         } else {
-            1.0
+            (1.0, 1.0)
         };
         self.combine(
             Phases {
@@ -335,7 +355,7 @@ impl DecodeModel {
                     / x,
                 prefill_arithmetic_s: (gemm_s * ramp + attention_s) / x,
                 prefill_busy_share: if gemm_s * ramp + attention_s > 0.0 {
-                    (gemm_s + attention_s) / (gemm_s * ramp + attention_s)
+                    (gemm_s * size_share + attention_s) / (gemm_s * ramp + attention_s)
                 } else {
                     1.0
                 },

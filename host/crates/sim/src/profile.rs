@@ -162,6 +162,13 @@ pub struct ServingConstants {
     /// than a large one. 0 (the default): every chunk at `tensor_tflops`.
     #[serde(default)]
     pub gemm_ramp_tokens: f64,
+    /// At one clock, the prompt GEMMs of a step of `M` tokens draw `(M / 4096)^this` of the
+    /// core power their busy time would (`core_activity` holds at 4,096 tokens): a GEMM over
+    /// more rows keeps more of the tensor cores switching at once. Where a profile's steps
+    /// under the cap run slower clocks the larger they are at the same attention per token,
+    /// the busy time alone cannot give it. 0 (the default): no such term.
+    #[serde(default)]
+    pub gemm_power_exponent: f64,
 }
 
 impl PrefillConstants {

@@ -111,6 +111,7 @@ impl GpuProfile {
                 serving.row_attention_ns_per_position,
             );
             checks.non_negative("serving.gemm_ramp_tokens", serving.gemm_ramp_tokens);
+            checks.non_negative("serving.gemm_power_exponent", serving.gemm_power_exponent);
         }
 
         let p = &self.power;
