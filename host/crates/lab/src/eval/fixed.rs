@@ -25,6 +25,20 @@ pub struct OracleSetting {
     pub token_budget: u32,
 }
 
+impl OracleSetting {
+    /// The most capable setting of `scenario`: no cap below the board's maximum, no clock
+    /// lock, the largest batch and token budget. What serves the most; the bar of an
+    /// overload, and what the causal reference meets a rise with.
+    pub fn most_capable(scenario: &super::EvalScenario) -> Self {
+        OracleSetting {
+            power_cap_w: scenario.profile.power_cap.max_w,
+            sm_clock_max_mhz: scenario.profile.sm_max_mhz(),
+            batch_size: scenario.workload.batch_size_max,
+            token_budget: scenario.workload.max_batched_tokens,
+        }
+    }
+}
+
 /// Drives simulated GPUs at fixed settings in one-second ticks.
 pub(super) struct FixedRun {
     sim: SimGpu,

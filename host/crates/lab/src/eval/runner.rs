@@ -121,10 +121,8 @@ pub(super) fn causal_setting(
         before.setting
     } else {
         OracleSetting {
-            power_cap_w: scenario.profile.power_cap.max_w,
-            sm_clock_max_mhz: scenario.profile.sm_max_mhz(),
-            batch_size: scenario.workload.batch_size_max,
             token_budget: before.setting.token_budget,
+            ..OracleSetting::most_capable(scenario)
         }
     }
 }

@@ -119,6 +119,7 @@ pub(super) struct Grids {
     pub(super) budgets: Vec<u32>,
     pub(super) cap_min_w: f64,
     pub(super) cap_max_w: f64,
+    most_capable: OracleSetting,
 }
 
 impl Grids {
@@ -138,16 +139,12 @@ impl Grids {
             budgets,
             cap_min_w: scenario.profile.power_cap.min_w,
             cap_max_w: scenario.profile.power_cap.max_w,
+            most_capable: OracleSetting::most_capable(scenario),
         }
     }
 
     fn most_capable(&self) -> OracleSetting {
-        OracleSetting {
-            power_cap_w: self.cap_max_w,
-            sm_clock_max_mhz: self.clocks.first().copied().unwrap_or(0),
-            batch_size: self.batches.last().copied().unwrap_or(1),
-            token_budget: self.budgets.first().copied().unwrap_or(1),
-        }
+        self.most_capable
     }
 
     /// `setting` moved `steps` along `axis` (0 cap in 25 W rungs, 1 clock, 2 batch, 3

@@ -287,11 +287,7 @@ fn the_causal_reference_takes_up_each_phase_a_reaction_lag_late() {
         of(&phases[0].setting),
         "the first second of a rise: nothing shows it yet"
     );
-    let most = (
-        scenario.profile.power_cap.max_w,
-        scenario.profile.sm_max_mhz(),
-        scenario.workload.batch_size_max,
-    );
+    let most = of(&OracleSetting::most_capable(&scenario));
     assert_eq!(
         setting_at(&references.causal.series, 100.0 + lag - 2.0),
         most,
