@@ -1,0 +1,405 @@
+//! Serving with prompts: what a policy can predict from one observation, instead of
+//! waiting for a spiky per-tick p99 to break.
+//!
+//! A serving engine with chunked prefill runs steps of at most `token-budget` tokens:
+//! every decoding sequence takes one, and what is left (the *chunk*) goes to prompts. So
+//! with `n` sequences decoding and a budget `B`, a step that carries prompts costs about
+//!
+//! ```text
+//! t(B) = a + c·(B - n)        a: a decode step's time, c: one prompt token's
+//! ```
+//!
+//! and it sets the tick's p99 time per token (the longest steps are the ones with a full
+//! chunk). Prompts are prefilled at `(B - n) / t(B)` tokens a second while any wait, so a
+//! prompt that arrives behind `W` prompt tokens gets its first token after about
+//! `(W + P) · t(B) / (B - n)`. Both are measured at the setting in force and scaled to
+//! another budget through the same line; nothing here probes.
+//!
+//! - [`Ewma`]: the smoothing every estimate here uses.
+//! - [`StepModel`]: `a`, `c` and the mean prompt, learnt from each settled tick (the
+//!   prompt tokens prefilled, the share of busy time spent on them, the p50 time per
+//!   token); it predicts the p99 time per token ([`StepModel::tpot_p99_ms`]) and the
+//!   p99 time to first token ([`StepModel::ttft_p99_ms`]) at any budget, the latter
+//!   scaled by how far the measured p99 has run above the plain mean prediction
+//!   (the tail of the prompt lengths, learnt, not assumed).
+//! - [`choose_budget`]: the budget that leaves the most room under every latency bound
+//!   the objective sets (TPOT falls with a smaller budget, TTFT and the share of time
+//!   spent prefilling rise), so that a clock search can go as low as the tighter of them
+//!   allows: a broken TPOT is answered with smaller chunks first.
+//! - [`PhaseMix`]: the share of busy time spent on prompts, smoothed, with a hysteresis
+//!   between the two ways of slowing a GPU: under a power cap the firmware clocks each
+//!   step by its own power (compute-bound prompt chunks low, memory-bound decode steps
+//!   high), which a clock lock cannot do; on decode-only work a lock is finer.
+
+use tokwatt_policy_sdk::{Objective, Observation};
+
+/// An exponentially weighted mean; empty until its first value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ewma {
+    value: Option<f64>,
+    alpha: f64,
+}
+
+impl Ewma {
+    /// A mean that gives each new value the weight `alpha` (0 to 1).
+    pub fn new(alpha: f64) -> Ewma {
+        Ewma {
+            value: None,
+            alpha: alpha.clamp(0.0, 1.0),
+        }
+    }
+
+    /// Takes `value` in; a value that is not finite is ignored (a plugin never trusts a
+    /// figure the host could not measure).
+    pub fn push(&mut self, value: f64) {
+        if !value.is_finite() {
+            return;
+        }
+        self.value = Some(match self.value {
+            Some(mean) => mean + self.alpha * (value - mean),
+            None => value,
+        });
+    }
+
+    pub fn get(&self) -> Option<f64> {
+        self.value
+    }
+
+    pub fn clear(&mut self) {
+        self.value = None;
+    }
+}
+
+/// The prompt side of one tick, where the workload serves prompts and the tick tells
+/// enough to learn from (settled, busy, prompts prefilled).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct PromptTick {
+    prefill_tokens: f64,
+    /// Seconds spent in steps that carried prompt tokens.
+    prefill_s: f64,
+    /// Share of the busy time they took (0 to 1).
+    share: f64,
+    first_tokens: u64,
+    ttft_p99_ms: Option<f64>,
+}
+
+impl PromptTick {
+    fn of(observation: &Observation) -> Option<PromptTick> {
+        let requests = observation.requests.as_ref()?;
+        let share = requests.prefill_time_share?;
+        let interval_s = observation.interval_s;
+        let busy = observation.gpu_util_pct / 100.0;
+        if observation.settling
+            || requests.prefill_tokens == 0
+            || !(share.is_finite() && share > 0.0 && share <= 1.0)
+            || !(interval_s.is_finite() && interval_s > 0.0)
+            || !(busy.is_finite() && busy > 0.0)
+        {
+            return None;
+        }
+        let prefill_s = share * busy.min(1.0) * interval_s;
+        Some(PromptTick {
+            prefill_tokens: requests.prefill_tokens as f64,
+            prefill_s,
+            share,
+            first_tokens: requests.first_tokens,
+            ttft_p99_ms: requests
+                .ttft_p99_ms
+                .filter(|ms| ms.is_finite() && *ms > 0.0),
+        })
+    }
+}
+
+/// Ticks with less prompt work than this share of busy time say little about a prompt
+/// token's cost (one short prompt's chunk), and their p50 is a decode step's.
+const DECODE_ONLY_SHARE: f64 = 0.3;
+
+/// The measured tail of first tokens over the plain mean prediction is held within this
+/// range: a single odd tick must not make the predictor promise or forbid everything.
+const TAIL_RANGE: (f64, f64) = (1.0, 8.0);
+
+/// The cost of one engine step at the setting in force, learnt from settled ticks (see
+/// the module's text). Forget it (or make a new one) when the clock or cap changes: a
+/// prompt token's time scales with the clock, a decode step's with memory and clock.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepModel {
+    /// A decode step, in ms (the p50 time per token where few steps carry prompts).
+    decode_ms: Ewma,
+    /// Seconds of prompt-carrying steps per prompt token, at the budget `at_budget`.
+    prefill_s_per_token: Ewma,
+    /// The chunk (budget less the sequences decoding) those were measured with.
+    chunk: Ewma,
+    /// Mean prompt length, tokens.
+    prompt_tokens: Ewma,
+    /// The measured p99 time to first token over the plain mean prediction.
+    tail: Ewma,
+    /// The plain mean prediction of the last tick, to compare with the next tick's TTFT.
+    last_plain_ms: Option<f64>,
+}
+
+impl Default for StepModel {
+    fn default() -> StepModel {
+        StepModel::new()
+    }
+}
+
+impl StepModel {
+    pub fn new() -> StepModel {
+        StepModel {
+            decode_ms: Ewma::new(0.3),
+            prefill_s_per_token: Ewma::new(0.3),
+            chunk: Ewma::new(0.3),
+            prompt_tokens: Ewma::new(0.1),
+            tail: Ewma::new(0.2),
+            last_plain_ms: None,
+        }
+    }
+
+    /// Forgets what depends on the GPU's speed (after a clock or cap change); the prompt
+    /// lengths and their tail are the workload's and stay.
+    pub fn forget_speed(&mut self) {
+        self.decode_ms.clear();
+        self.prefill_s_per_token.clear();
+        self.chunk.clear();
+        self.last_plain_ms = None;
+    }
+
+    /// Learns from one tick.
+    pub fn observe(&mut self, observation: &Observation) {
+        if observation.settling {
+            self.last_plain_ms = None;
+            return;
+        }
+        let prompt = PromptTick::of(observation);
+        let share = prompt.map_or(0.0, |p| p.share);
+        if share < DECODE_ONLY_SHARE && observation.tokens > 0 {
+            self.decode_ms.push(observation.tpot_p50_ms);
+        }
+        let Some(prompt) = prompt else {
+            return;
+        };
+        let budget = f64::from(observation.in_force.token_budget);
+        let chunk = budget - f64::from(observation.active_sequences);
+        if chunk >= 1.0 {
+            self.chunk.push(chunk);
+        }
+        self.prefill_s_per_token
+            .push(prompt.prefill_s / prompt.prefill_tokens);
+        if prompt.first_tokens > 0 {
+            self.prompt_tokens
+                .push(prompt.prefill_tokens / prompt.first_tokens as f64);
+        }
+        if let (Some(measured), Some(plain)) = (prompt.ttft_p99_ms, self.last_plain_ms)
+            && plain > 0.0
+        {
+            self.tail
+                .push((measured / plain).clamp(TAIL_RANGE.0, TAIL_RANGE.1));
+        }
+        self.last_plain_ms = self.plain_ttft_ms(
+            waiting_prompt_tokens(observation, self.prompt_tokens.get()),
+            observation.in_force.token_budget,
+            observation.active_sequences,
+        );
+    }
+
+    /// Whether it has measured prompts at all.
+    pub fn knows_prompts(&self) -> bool {
+        self.prefill_s_per_token.get().is_some()
+    }
+
+    pub fn mean_prompt_tokens(&self) -> Option<f64> {
+        self.prompt_tokens.get()
+    }
+
+    /// A decode step, ms.
+    pub fn decode_ms(&self) -> Option<f64> {
+        self.decode_ms.get()
+    }
+
+    /// `(a, c)`: a decode step and a prompt token, in seconds. `c` comes from the
+    /// measured seconds per prompt token `s` at chunk `C` through `s = a / C + c`; where
+    /// `a` is unknown yet, or that leaves too little (the chunks were not full), a
+    /// prompt token keeps at least a fifth of `s`.
+    fn costs(&self) -> Option<(f64, f64)> {
+        let per_token = self.prefill_s_per_token.get()?;
+        let chunk = self.chunk.get().unwrap_or(1.0).max(1.0);
+        let a = self.decode_ms.get().map_or(0.0, |ms| ms / 1000.0);
+        let c = (per_token - a / chunk).max(per_token / 5.0);
+        Some((a, c))
+    }
+
+    /// Prompt tokens a second while prompts wait, at `budget` with `sequences` decoding.
+    pub fn prefill_rate(&self, budget: u32, sequences: u32) -> Option<f64> {
+        let (a, c) = self.costs()?;
+        let chunk = f64::from(budget) - f64::from(sequences);
+        if chunk < 1.0 {
+            return Some(0.0);
+        }
+        Some(chunk / (a + c * chunk))
+    }
+
+    /// Predicted p99 time per token at `budget` with `sequences` decoding: a step with a
+    /// full chunk. `None` until a decode step and a prompt token have been measured.
+    pub fn tpot_p99_ms(&self, budget: u32, sequences: u32) -> Option<f64> {
+        let (a, c) = self.costs()?;
+        self.decode_ms.get()?;
+        let chunk = (f64::from(budget) - f64::from(sequences)).max(0.0);
+        Some((a + c * chunk) * 1000.0)
+    }
+
+    /// The mean prediction of the time to first token of a prompt arriving behind
+    /// `waiting` prompt tokens, ms, before the learnt tail.
+    fn plain_ttft_ms(&self, waiting: f64, budget: u32, sequences: u32) -> Option<f64> {
+        let prompt = self.prompt_tokens.get()?;
+        let rate = self.prefill_rate(budget, sequences)?;
+        if rate <= 0.0 {
+            return Some(f64::INFINITY);
+        }
+        Some((waiting.max(0.0) + prompt) / rate * 1000.0)
+    }
+
+    /// Predicted p99 time to first token, ms, of the prompts now waiting (`waiting`
+    /// prompt tokens: see [`waiting_prompt_tokens`]) at `budget` with `sequences`
+    /// decoding. The tail (how far the measured p99 ran above the mean prediction: the
+    /// long prompts, the arrivals between ticks) is learnt; until a tick shows it, 2.
+    pub fn ttft_p99_ms(&self, waiting: f64, budget: u32, sequences: u32) -> Option<f64> {
+        let plain = self.plain_ttft_ms(waiting, budget, sequences)?;
+        Some(plain * self.tail.get().unwrap_or(2.0))
+    }
+}
+
+/// Prompt tokens waiting for their first chunk, from what an observation shows: the
+/// requests queued for a batch slot times the mean prompt (`mean_prompt`, learnt; 0 while
+/// unknown).
+pub fn waiting_prompt_tokens(observation: &Observation, mean_prompt: Option<f64>) -> f64 {
+    f64::from(observation.queue_depth) * mean_prompt.unwrap_or(0.0)
+}
+
+/// The latency bounds a budget answers to, as ratios it must stay under.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BudgetBounds {
+    /// p99 time per token, ms.
+    pub tpot_ms: Option<f64>,
+    /// p99 time to first token (or, with prompts, the queue-wait bound, whichever is
+    /// lower: a prompt waiting for its chunks waits as surely as one in the queue), ms.
+    pub first_token_ms: Option<f64>,
+    /// The most of the busy time prompts may take (a GPU that spends all of it on prompts
+    /// falls behind its decodes and its arrivals).
+    pub prefill_share_max: f64,
+}
+
+impl BudgetBounds {
+    /// The bounds `objective` sets.
+    pub fn of(objective: &Objective) -> BudgetBounds {
+        BudgetBounds {
+            tpot_ms: objective.tpot_p99_limit_ms.filter(|ms| *ms > 0.0),
+            first_token_ms: crate::ladder::first_token_bound(objective).filter(|ms| *ms > 0.0),
+            prefill_share_max: 0.8,
+        }
+    }
+}
+
+/// The budget of `candidates` that leaves the most room under the tightest of `bounds`
+/// (the least of the predicted ratios to each bound: TPOT, time to first token, share of
+/// time on prompts), for `sequences` decoding and `waiting` prompt tokens queued, with
+/// `share_now` the share of busy time prompts take at `budget_now`. Without a TPOT bound
+/// the largest candidate (a smaller chunk only costs first tokens and prefill
+/// efficiency). `None` while the model cannot predict.
+pub fn choose_budget(
+    model: &StepModel,
+    bounds: &BudgetBounds,
+    candidates: &[u32],
+    sequences: u32,
+    waiting: f64,
+    share_now: Option<(f64, u32)>,
+) -> Option<u32> {
+    let largest = candidates.iter().copied().max()?;
+    let Some(tpot_ms) = bounds.tpot_ms else {
+        return Some(largest);
+    };
+    let mut best: Option<(f64, u32)> = None;
+    for &budget in candidates {
+        if budget <= sequences {
+            continue;
+        }
+        let mut worst = model.tpot_p99_ms(budget, sequences)? / tpot_ms;
+        if let Some(first_ms) = bounds.first_token_ms {
+            worst = worst.max(model.ttft_p99_ms(waiting, budget, sequences)? / first_ms);
+        }
+        // The share of time on prompts scales with a prompt token's time at each budget.
+        if let Some((share, at)) = share_now
+            && let (Some(now), Some(then)) = (
+                model.prefill_rate(at, sequences),
+                model.prefill_rate(budget, sequences),
+            )
+            && then > 0.0
+        {
+            worst = worst.max(share * now / then / bounds.prefill_share_max);
+        }
+        if best.is_none_or(|(least, _)| worst < least) {
+            best = Some((worst, budget));
+        }
+    }
+    Some(best.map_or(largest, |(_, budget)| budget))
+}
+
+/// The share of busy time spent on prompts, smoothed, and which way to slow the GPU.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PhaseMix {
+    share: Ewma,
+    prefers_cap: bool,
+    /// Above this share a power cap is preferred…
+    pub cap_above: f64,
+    /// …and below this one a clock lock again (the gap keeps a mix near the line from
+    /// flipping the knob, which restarts a search each time).
+    pub lock_below: f64,
+}
+
+impl PhaseMix {
+    /// Starts on the clock lock.
+    pub fn new(cap_above: f64, lock_below: f64) -> PhaseMix {
+        PhaseMix {
+            share: Ewma::new(0.05),
+            prefers_cap: false,
+            cap_above,
+            lock_below: lock_below.min(cap_above),
+        }
+    }
+
+    /// Takes a tick in; returns whether the preference changed. A tick without a
+    /// share (decode only, or idle) counts as no prompt work only where the GPU worked.
+    pub fn observe(&mut self, observation: &Observation) -> bool {
+        if observation.settling || observation.tokens == 0 {
+            return false;
+        }
+        let share = observation
+            .requests
+            .as_ref()
+            .and_then(|r| r.prefill_time_share)
+            .filter(|s| s.is_finite())
+            .map_or(0.0, |s| s.clamp(0.0, 1.0));
+        self.share.push(share);
+        let before = self.prefers_cap;
+        if let Some(mean) = self.share.get() {
+            if mean > self.cap_above {
+                self.prefers_cap = true;
+            } else if mean < self.lock_below {
+                self.prefers_cap = false;
+            }
+        }
+        before != self.prefers_cap
+    }
+
+    pub fn share(&self) -> Option<f64> {
+        self.share.get()
+    }
+
+    /// Whether a power cap is the better knob for the mix seen.
+    pub fn prefers_cap(&self) -> bool {
+        self.prefers_cap
+    }
+}
+
+#[cfg(test)]
+#[path = "serving_tests.rs"]
+mod tests;
