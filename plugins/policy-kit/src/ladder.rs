@@ -439,6 +439,16 @@ impl LadderSearch {
         self.after_out_of_bounds(config);
     }
 
+    /// Settles on `rung` at once, where a model predicts it keeps the objective with room
+    /// (a descent that the settled search would otherwise make one probe a rung at a
+    /// time): never below a floor, never above a ceiling; its neighbours are probed from
+    /// there as from any settled rung. Returns the rung settled on.
+    pub fn settle_at(&mut self, rung: usize) -> usize {
+        let rung = rung.clamp(self.lowest_allowed(), self.highest_allowed());
+        self.resettle(rung);
+        rung
+    }
+
     /// Drops every record and brackets again: below the rung in force after a fall in
     /// load, above it after a rise.
     pub fn reexplore(&mut self, shift: Shift, config: &LadderConfig) {

@@ -524,3 +524,18 @@ fn a_rung_ruled_out_by_a_prediction_becomes_a_floor_and_the_search_moves_above_i
     assert_eq!(search.floor.map(|floor| floor.rung), Some(29));
     assert_eq!(search.current, 30, "back to the settled rung");
 }
+
+#[test]
+fn settling_at_a_predicted_rung_keeps_to_the_floor() {
+    let config = LadderConfig::defaults();
+    let mut search = LadderSearch::new(0, 51, &config).unwrap_or_else(|e| panic!("{e}"));
+    search.resettle(40);
+    assert_eq!(search.settle_at(25), 25);
+    assert_eq!((search.current, search.incumbent), (25, Some(25)));
+    search.floor = Some(Floor {
+        rung: 20,
+        windows_left: 3,
+    });
+    assert_eq!(search.settle_at(5), 21, "not below the floor");
+    assert_eq!(search.settle_at(99), 50, "not past the top");
+}

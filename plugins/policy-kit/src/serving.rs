@@ -118,9 +118,19 @@ const DECODE_ONLY_SHARE: f64 = 0.3;
 /// range: a single odd tick must not make the predictor promise or forbid everything.
 const TAIL_RANGE: (f64, f64) = (1.0, 8.0);
 
-/// The cost of one engine step at the setting in force, learnt from settled ticks (see
-/// the module's text). Forget it (or make a new one) when the clock or cap changes: a
-/// prompt token's time scales with the clock, a decode step's with memory and clock.
+/// A decode step's time goes as 1/clock to this power (between a memory-bound step, 0,
+/// and a compute-bound one, 1).
+const DECODE_CLOCK_EXPONENT: f64 = 0.6;
+
+/// The clock the learnt times are carried to, MHz.
+const REFERENCE_MHZ: f64 = 1000.0;
+
+/// The cost of one engine step, learnt from settled ticks (see the module's text), at
+/// any SM clock: what a tick shows is carried to a reference clock (a prompt token's
+/// time as 1/clock: compute-bound; a decode step's as 1/clock^`DECODE_CLOCK_EXPONENT`:
+/// it streams the weights and the cache as much as it computes) and back to the clock
+/// asked about ([`StepModel::at_clock`]), so a rung not yet visited is predicted from
+/// the rungs that were.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepModel {
     /// A decode step, in ms (the p50 time per token where few steps carry prompts).
@@ -135,6 +145,8 @@ pub struct StepModel {
     tail: Ewma,
     /// The plain mean prediction of the last tick, to compare with the next tick's TTFT.
     last_plain_ms: Option<f64>,
+    /// The clock the predictions are for, MHz (the last tick's, or [`StepModel::at_clock`]'s).
+    clock_mhz: f64,
 }
 
 impl Default for StepModel {
@@ -152,6 +164,7 @@ impl StepModel {
             prompt_tokens: Ewma::new(0.1),
             tail: Ewma::new(0.2),
             last_plain_ms: None,
+            clock_mhz: REFERENCE_MHZ,
         }
     }
 
@@ -164,16 +177,36 @@ impl StepModel {
         self.last_plain_ms = None;
     }
 
+    /// The same model, predicting at `mhz` (a clock not finite or not above zero leaves
+    /// it where it is).
+    pub fn at_clock(&self, mhz: f64) -> StepModel {
+        let mut model = *self;
+        if mhz.is_finite() && mhz > 0.0 {
+            model.clock_mhz = mhz;
+        }
+        model
+    }
+
+    /// The clock the predictions are for, MHz.
+    pub fn clock_mhz(&self) -> f64 {
+        self.clock_mhz
+    }
+
     /// Learns from one tick.
     pub fn observe(&mut self, observation: &Observation) {
         if observation.settling {
             self.last_plain_ms = None;
             return;
         }
+        let clock = f64::from(observation.sm_clock_mhz);
+        if clock > 0.0 {
+            self.clock_mhz = clock;
+        }
+        let (decode_scale, prompt_scale) = self.scales();
         let prompt = PromptTick::of(observation);
         let share = prompt.map_or(0.0, |p| p.share);
         if share < DECODE_ONLY_SHARE && observation.tokens > 0 {
-            self.decode_ms.push(observation.tpot_p50_ms);
+            self.decode_ms.push(observation.tpot_p50_ms / decode_scale);
         }
         let Some(prompt) = prompt else {
             return;
@@ -183,8 +216,10 @@ impl StepModel {
         if chunk >= 1.0 {
             self.chunk.push(chunk);
         }
+        // The seconds per prompt token mix both costs (s = a / C + c): carried at the
+        // prompt token's scale, the error is the decode share's, a few percent.
         self.prefill_s_per_token
-            .push(prompt.prefill_s / prompt.prefill_tokens);
+            .push(prompt.prefill_s / prompt.prefill_tokens / prompt_scale);
         if prompt.first_tokens > 0 {
             self.prompt_tokens
                 .push(prompt.prefill_tokens / prompt.first_tokens as f64);
@@ -211,9 +246,16 @@ impl StepModel {
         self.prompt_tokens.get()
     }
 
-    /// A decode step, ms.
+    /// A decode step at the model's clock, ms.
     pub fn decode_ms(&self) -> Option<f64> {
-        self.decode_ms.get()
+        Some(self.decode_ms.get()? * self.scales().0)
+    }
+
+    /// How much longer than at the reference clock a decode step and a prompt token take
+    /// at the model's clock.
+    fn scales(&self) -> (f64, f64) {
+        let ratio = REFERENCE_MHZ / self.clock_mhz.max(1.0);
+        (ratio.powf(DECODE_CLOCK_EXPONENT), ratio)
     }
 
     /// `(a, c)`: a decode step and a prompt token, in seconds. `c` comes from the
@@ -221,9 +263,9 @@ impl StepModel {
     /// `a` is unknown yet, or that leaves too little (the chunks were not full), a
     /// prompt token keeps at least a fifth of `s`.
     fn costs(&self) -> Option<(f64, f64)> {
-        let per_token = self.prefill_s_per_token.get()?;
+        let per_token = self.prefill_s_per_token.get()? * self.scales().1;
         let chunk = self.chunk.get().unwrap_or(1.0).max(1.0);
-        let a = self.decode_ms.get().map_or(0.0, |ms| ms / 1000.0);
+        let a = self.decode_ms().map_or(0.0, |ms| ms / 1000.0);
         let c = (per_token - a / chunk).max(per_token / 5.0);
         Some((a, c))
     }

@@ -65,8 +65,9 @@ impl From<String> for ConfigError {
 }
 
 /// The policy's own keys, beside the ladder search's.
-pub(crate) const KEYS: [&str; 8] = [
+pub(crate) const KEYS: [&str; 9] = [
     "knob_choice",
+    "descent_guard",
     "cap_above",
     "lock_below",
     "cap_grid_w",
@@ -89,6 +90,9 @@ pub(crate) struct Config {
     /// Predicted p99 time to first token over this share of its bound raises the knob
     /// (and rules out a lower rung) before a tick breaks it.
     pub ttft_guard: f64,
+    /// A settled clock goes down at once to the lowest clock whose predicted p99 time
+    /// to first token stays under this share of its bound.
+    pub descent_guard: f64,
     /// Settled ticks with prompts between two budget decisions.
     pub budget_window_ticks: u32,
     /// The smallest budget chosen (a chunk smaller than this costs more in step
@@ -102,11 +106,12 @@ impl Config {
     pub fn defaults() -> Config {
         Config {
             ladder: LadderConfig::defaults(),
-            knob_choice: KnobChoice::Auto,
+            knob_choice: KnobChoice::Clock,
             cap_above: 0.6,
             lock_below: 0.4,
             cap_grid_w: 25.0,
             ttft_guard: 0.85,
+            descent_guard: 0.6,
             budget_window_ticks: 4,
             budget_floor: 256,
             batch_calm_windows: 5,
@@ -119,7 +124,8 @@ impl Config {
         params.check_known(&known)?;
         let d = Config::defaults();
         let knob_choice = match params.raw("knob_choice").map(str::trim) {
-            None | Some("auto") => KnobChoice::Auto,
+            None => d.knob_choice,
+            Some("auto") => KnobChoice::Auto,
             Some("clock") => KnobChoice::Clock,
             Some("cap") => KnobChoice::Cap,
             Some(other) => return Err(ConfigError::KnobChoice(other.to_string())),
@@ -131,6 +137,7 @@ impl Config {
             lock_below: params.get("lock_below", d.lock_below)?,
             cap_grid_w: params.get("cap_grid_w", d.cap_grid_w)?,
             ttft_guard: params.get("ttft_guard", d.ttft_guard)?,
+            descent_guard: params.get("descent_guard", d.descent_guard)?,
             budget_window_ticks: params.get("budget_window_ticks", d.budget_window_ticks)?,
             budget_floor: params.get("budget_floor", d.budget_floor)?,
             batch_calm_windows: params.get("batch_calm_windows", d.batch_calm_windows)?,
@@ -139,6 +146,7 @@ impl Config {
             ("cap_above", config.cap_above),
             ("lock_below", config.lock_below),
             ("ttft_guard", config.ttft_guard),
+            ("descent_guard", config.descent_guard),
         ] {
             if !(value.is_finite() && value > 0.0 && value <= 1.0) {
                 return Err(ConfigError::Fraction { key, value });

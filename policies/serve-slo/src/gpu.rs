@@ -2,6 +2,7 @@
 //! the kit's ladder), the token budget and the batch. See the crate's text for the rules.
 
 use crate::config::{Config, KnobChoice};
+use tokwatt_policy_kit::measure::objective_breach;
 use tokwatt_policy_kit::serving::{self, BudgetBounds, PhaseMix, StepModel};
 use tokwatt_policy_kit::{KnobLadder, clocks, ladder::first_token_bound};
 use tokwatt_policy_sdk::{DeviceFacts, Knobs, Objective, Observation, Settings, debug, info};
@@ -73,6 +74,16 @@ pub(crate) struct Batch {
     worst_tpot_ms: f64,
     /// The last cut was for the KV cache.
     preempted: bool,
+    /// Ticks since the last cut for the KV cache.
+    since_cut: u32,
+}
+
+/// Ticks between two cuts for the KV cache.
+const KV_CUT_TICKS: u32 = 5;
+
+/// The least batch a cut leaves: an eighth of the workload's own (at least one).
+fn batch_floor(start: u32) -> u32 {
+    (start / 8).max(1)
 }
 
 /// A window of ticks for the batch's growth.
@@ -107,6 +118,81 @@ pub(crate) struct Gpu {
     batch: Option<Batch>,
     /// A knob to release at the next decision, after a switch of mode.
     release: Option<Mode>,
+    /// What the settled clock showed since it was taken up: the ground of a descent.
+    descent: Descent,
+}
+
+/// Settled ticks at one clock, for a descent predicted from them.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Descent {
+    mhz: u32,
+    ticks: u32,
+    tpot_sum_ms: f64,
+    tpot_worst_ms: f64,
+    ttft_sum_ms: f64,
+    ttft_worst_ms: f64,
+    ttft_ticks: u32,
+    queue_worst: u32,
+    /// A clock a descent reached and the objective broke at: no descent goes to it or
+    /// below again until `floor_ticks` run out (a shift of the workload resets it).
+    floor_mhz: f64,
+    floor_ticks: u32,
+    /// Ticks since the last descent.
+    since_descent: u32,
+}
+
+/// Ticks after a descent in which a breach is the descent's.
+const DESCENT_BLAME_TICKS: u32 = 30;
+/// Ticks a clock a descent broke at stays ruled out for descents.
+const DESCENT_FLOOR_TICKS: u32 = 300;
+
+impl Descent {
+    /// Takes a tick that broke the objective: blamed on a recent descent, its clock
+    /// is a floor for descents.
+    fn breach(&mut self, mhz: f64) {
+        if self.since_descent <= DESCENT_BLAME_TICKS {
+            self.floor_mhz = self.floor_mhz.max(mhz);
+            self.floor_ticks = DESCENT_FLOOR_TICKS;
+        }
+    }
+
+    fn push(&mut self, observation: &Observation) {
+        let mhz = observation.in_force.sm_clock_max_mhz;
+        self.since_descent = self.since_descent.saturating_add(1);
+        self.floor_ticks = self.floor_ticks.saturating_sub(1);
+        if self.floor_ticks == 0 {
+            self.floor_mhz = 0.0;
+        }
+        if mhz != self.mhz {
+            *self = Descent {
+                mhz,
+                floor_mhz: self.floor_mhz,
+                floor_ticks: self.floor_ticks,
+                since_descent: self.since_descent,
+                ..Descent::default()
+            };
+        }
+        if observation.settling || observation.tokens == 0 {
+            return;
+        }
+        self.ticks += 1;
+        let tpot = observation.tpot_p99_ms;
+        if tpot.is_finite() {
+            self.tpot_sum_ms += tpot;
+            self.tpot_worst_ms = self.tpot_worst_ms.max(tpot);
+        }
+        if let Some(ttft) = observation
+            .requests
+            .as_ref()
+            .and_then(|r| r.ttft_p99_ms)
+            .filter(|ms| ms.is_finite())
+        {
+            self.ttft_sum_ms += ttft;
+            self.ttft_worst_ms = self.ttft_worst_ms.max(ttft);
+            self.ttft_ticks += 1;
+        }
+        self.queue_worst = self.queue_worst.max(observation.queue_depth);
+    }
 }
 
 fn clock_ladder(device: &DeviceFacts) -> Vec<f64> {
@@ -170,6 +256,7 @@ impl Gpu {
             ticks: 0,
             worst_tpot_ms: 0.0,
             preempted: false,
+            since_cut: KV_CUT_TICKS,
         });
         if clock.is_none() && cap.is_none() && budget.is_none() && batch.is_none() {
             return Err(format!(
@@ -197,6 +284,7 @@ impl Gpu {
             budget,
             batch,
             release: None,
+            descent: Descent::default(),
         })
     }
 
@@ -232,6 +320,19 @@ impl Gpu {
         let cut_budget = self.steer_budget(observation, objective, config, &mut settings);
         self.steer_batch(observation, objective, config, cut_budget, &mut settings);
         settings
+    }
+
+    /// Requests wait while the clock and the cap are at their top: demand beyond the
+    /// GPU, where a smaller chunk or batch only serves less of it (the judge holds an
+    /// overload to the untuned GPU's breaches and to what it served).
+    fn beyond_the_gpu(&self, observation: &Observation) -> bool {
+        observation.queue_depth > 0 && self.at_top(observation)
+    }
+
+    /// The clock and the cap are at their top: nothing faster to go to.
+    fn at_top(&self, observation: &Observation) -> bool {
+        f64::from(observation.in_force.sm_clock_max_mhz) >= self.clock_top_mhz
+            && observation.in_force.power_cap_w >= self.cap_top_w - CAP_TOLERANCE_W
     }
 
     /// The phase mix picks the knob (where both are granted and the choice is `auto`).
@@ -287,13 +388,12 @@ impl Gpu {
         }
     }
 
-    /// The step model learns from the tick; what it knew of the GPU's speed goes when
-    /// the clock or the cap in force changes.
+    /// The step model learns from the tick (it carries what it learns across clocks);
+    /// what it knew of the GPU's speed goes when the cap in force changes (under a cap
+    /// prompt and decode steps run at clocks of their own, which the tick's median
+    /// clock does not tell apart).
     fn learn(&mut self, observation: &Observation) {
-        let at = (
-            observation.in_force.sm_clock_max_mhz,
-            observation.in_force.power_cap_w.round() as i64,
-        );
+        let at = (0, observation.in_force.power_cap_w.round() as i64);
         if self.speed_at != Some(at) {
             self.model.forget_speed();
             self.speed_at = Some(at);
@@ -334,6 +434,20 @@ impl Gpu {
         ladder
             .search
             .observe(observation, rung, objective, &config.ladder);
+        // Sequences pushed out of the KV cache: the rung let too many pile up in flight
+        // (a slower step holds each longer, with a longer context). A faster rung drains
+        // them, and the batch admits fewer (see `steer_batch`).
+        if preempted(observation) && !observation.settling {
+            ladder.search.raise_for_predicted_breach(
+                rung,
+                1.2,
+                "sequences preempted from the KV cache",
+                &config.ladder,
+            );
+            if self.mode == Mode::Clock {
+                self.descent.breach(in_force);
+            }
+        }
         if let (Some(bound_ms), false) = (first_token_bound(objective), observation.settling) {
             let waiting =
                 serving::waiting_prompt_tokens(observation, self.model.mean_prompt_tokens());
@@ -370,6 +484,40 @@ impl Gpu {
                 }
             }
         }
+        // A lower rung whose step with a full chunk of prompt is predicted past the TPOT
+        // bound's margin: the decode-only ticks it would show first say nothing of the
+        // first prompt that comes.
+        if self.mode == Mode::Clock
+            && ladder.search.current < rung
+            && let Some(limit_ms) = objective.tpot_p99_limit_ms
+            && let Some(step_ms) = self.model.at_clock(ladder.target()).tpot_p99_ms(
+                observation.in_force.token_budget,
+                observation.active_sequences,
+            )
+            && step_ms > limit_ms * (1.0 - config.ladder.tpot_margin)
+        {
+            let target = ladder.target();
+            ladder.search.rule_out_current(
+                &format!(
+                    "a step with a full chunk predicted at {step_ms:.1} ms at {target:.0} MHz"
+                ),
+                &config.ladder,
+            );
+        }
+        if self.mode == Mode::Clock {
+            if objective_breach(observation, objective).is_some() {
+                self.descent.breach(in_force);
+            }
+            self.descent.push(observation);
+            descend(
+                ladder,
+                &mut self.descent,
+                &self.model,
+                observation,
+                objective,
+                config,
+            );
+        }
         let target = ladder.target();
         if (target - in_force).abs() > tolerance {
             *settings = match self.mode {
@@ -390,6 +538,7 @@ impl Gpu {
         config: &Config,
         settings: &mut Settings,
     ) -> bool {
+        let beyond = self.beyond_the_gpu(observation);
         let Some(budget) = self.budget.as_mut() else {
             return false;
         };
@@ -409,6 +558,7 @@ impl Gpu {
         if let Some(limit_ms) = objective.tpot_p99_limit_ms
             && observation.tpot_p99_ms > limit_ms
             && in_force > floor
+            && !beyond
         {
             let cut = (in_force / 2).max(floor);
             debug!(
@@ -418,6 +568,15 @@ impl Gpu {
             *settings = settings.with_token_budget(cut);
             budget.ticks = 0;
             return true;
+        }
+        // Demand beyond the GPU: the largest budget serves the most of it.
+        if beyond {
+            let largest = budget.candidates.last().copied().unwrap_or(in_force);
+            if largest != in_force {
+                *settings = settings.with_token_budget(largest);
+            }
+            budget.ticks = 0;
+            return false;
         }
         let prompts = observation
             .requests
@@ -476,6 +635,7 @@ impl Gpu {
     ) {
         /// Ample room: the worst p99 of a window under this share of the bound.
         const CALM: f64 = 0.7;
+        let beyond = self.beyond_the_gpu(observation);
         let Some(batch) = self.batch.as_mut() else {
             return;
         };
@@ -491,9 +651,16 @@ impl Gpu {
         // feeds on itself until every step is a re-prefill and the GPU serves a fraction
         // of the demand. Admit fewer than are in flight now, whatever the latency says;
         // the queue that builds is the ladder's to answer with a faster rung.
+        batch.since_cut = batch.since_cut.saturating_add(1);
         if preempted(observation) {
-            let cut =
-                ((f64::from(observation.active_sequences.min(in_force)) * KV_CUT) as u32).max(1);
+            // The sequences already in flight hold their cache for a while after a cut:
+            // one cut per `KV_CUT_TICKS`, or the batch spirals down.
+            if batch.since_cut < KV_CUT_TICKS {
+                return;
+            }
+            batch.since_cut = 0;
+            let cut = ((f64::from(observation.active_sequences.min(in_force)) * KV_CUT) as u32)
+                .max(batch_floor(batch.start));
             if cut < in_force {
                 debug!(
                     "gpu {}: sequences preempted with {} decoding: batch {in_force} -> {cut}",
@@ -528,9 +695,13 @@ impl Gpu {
                 }
                 None => true,
             };
-            if budget_spent || decode_too_slow {
-                let cut =
-                    ((f64::from(observation.active_sequences.min(in_force)) * 0.8) as u32).max(1);
+            // Fewer sequences shorten a step only where the batch binds (every slot
+            // taken): a chunk's step with two sequences decoding is the chunk's, and
+            // cutting a batch of 299 to one there queued everything behind it.
+            let binds = observation.active_sequences >= in_force.saturating_mul(9) / 10;
+            if binds && (budget_spent || decode_too_slow) && !beyond {
+                let cut = ((f64::from(observation.active_sequences.min(in_force)) * 0.8) as u32)
+                    .max(batch_floor(batch.start));
                 if cut < in_force {
                     debug!(
                         "gpu {}: p99 time per token {tpot_ms:.1} ms over {limit_ms} ms with \
@@ -580,9 +751,114 @@ impl Gpu {
         batch.calm_windows = if calm { batch.calm_windows + 1 } else { 0 };
         if batch.calm_windows >= config.batch_calm_windows {
             batch.calm_windows = 0;
-            let factor = if batch.preempted { 1.1 } else { 1.25 };
+            let factor = if batch.preempted { 1.05 } else { 1.25 };
             let grown = (f64::from(in_force) * factor).ceil() as u32;
             *settings = settings.with_batch_size(grown.min(batch.start));
         }
+    }
+}
+
+/// A settled clock that keeps every bound with room goes down at once to the lowest
+/// clock predicted to keep them, instead of a probe a rung every `recheck_windows`
+/// windows (from a raise for a burst, that took minutes). The prediction scales what
+/// `descent.ticks` settled ticks at this clock showed: the time to first token by
+/// (old / new clock)^2.2 (a prompt token's time goes with the clock, and a slower GPU
+/// holds more sequences in flight, whose decodes share the prompts' steps: 1,140 to 555
+/// MHz took a chat's TTFT from 45 to about 200 ms on the simulated H100), the time per
+/// token by ^1.5; at most `DESCENT_STEP` lower a jump. The ladder judges the new clock's
+/// window as any other, and a breach raises it as any other.
+fn descend(
+    ladder: &mut KnobLadder,
+    descent: &mut Descent,
+    model: &StepModel,
+    observation: &Observation,
+    objective: &Objective,
+    config: &Config,
+) {
+    /// Settled ticks at a clock before a descent is predicted from them.
+    const DESCENT_TICKS: u32 = 6;
+    /// At most this much lower a jump.
+    const DESCENT_STEP: f64 = 0.25;
+    const TTFT_EXPONENT: f64 = 2.2;
+    const TPOT_EXPONENT: f64 = 1.5;
+    let search = &ladder.search;
+    let rung = ladder.rung_of(f64::from(observation.in_force.sm_clock_max_mhz));
+    if descent.ticks < DESCENT_TICKS
+        || search.incumbent != Some(rung)
+        || search.current != rung
+        || rung == 0
+        || descent.queue_worst >= config.ladder.queue_min / 2
+    {
+        return;
+    }
+    let f0 = ladder.values[rung];
+    let ticks = f64::from(descent.ticks);
+    let tpot_limit = objective.tpot_p99_limit_ms;
+    let first_bound = first_token_bound(objective);
+    // TTFT at this clock: the worse of the ticks' mean and the model's prediction for
+    // an empty queue (its learnt tail covers the long prompts a window may not hold).
+    let ttft_here = match (first_bound, descent.ttft_ticks) {
+        (Some(_), 0) => return,
+        (Some(_), n) => {
+            let mean = descent.ttft_sum_ms / f64::from(n);
+            let predicted = model
+                .ttft_p99_ms(
+                    0.0,
+                    observation.in_force.token_budget,
+                    observation.active_sequences,
+                )
+                .unwrap_or(mean);
+            mean.max(predicted).max(descent.ttft_worst_ms * 0.8)
+        }
+        (None, _) => 0.0,
+    };
+    let keeps = |mhz: f64| -> bool {
+        let ratio = f0 / mhz;
+        if let Some(limit) = tpot_limit
+            && let Some(step_ms) = model.at_clock(mhz).tpot_p99_ms(
+                observation.in_force.token_budget,
+                observation.active_sequences,
+            )
+            && step_ms > limit * (1.0 - config.ladder.tpot_margin)
+        {
+            return false;
+        }
+        if let Some(limit) = tpot_limit {
+            let mean = descent.tpot_sum_ms / ticks * ratio.powf(TPOT_EXPONENT);
+            let worst = descent.tpot_worst_ms * ratio.powf(TPOT_EXPONENT);
+            if mean > limit * (1.0 - config.ladder.tpot_margin) || worst > 0.95 * limit {
+                return false;
+            }
+        }
+        if let Some(bound) = first_bound {
+            let scale = ratio.powf(TTFT_EXPONENT);
+            // The typical tick with the guard's room, and the worst one seen under the
+            // bound itself (less a twentieth): a window's worst prompt comes again.
+            if ttft_here * scale > config.descent_guard * bound
+                || descent.ttft_worst_ms * scale > 0.95 * bound
+            {
+                return false;
+            }
+        }
+        true
+    };
+    let lowest = (f0 * (1.0 - DESCENT_STEP)).max(descent.floor_mhz + 0.5);
+    let mut chosen = rung;
+    for candidate in (0..rung).rev() {
+        let mhz = ladder.values[candidate];
+        if mhz < lowest || !keeps(mhz) {
+            break;
+        }
+        chosen = candidate;
+    }
+    // One rung is the ladder's own recheck.
+    if chosen + 1 < rung {
+        let settled = ladder.search.settle_at(chosen);
+        debug!(
+            "gpu {}: {f0:.0} MHz keeps every bound with room: down to {:.0} MHz",
+            observation.gpu, ladder.values[settled]
+        );
+        descent.ticks = 0;
+        descent.since_descent = 0;
     }
 }

@@ -11,9 +11,16 @@
 //!    ([`PhaseMix`](tokwatt_policy_kit::PhaseMix)), picks the cap above `cap_above` and
 //!    the lock again below `lock_below` (where both are granted and `knob_choice` is
 //!    `auto`); a switch releases the other knob and searches the new one from its top.
+//!    The default is `clock`: on the simulator `auto` measured lower (the cap's ladder
+//!    has no predicted descent; see `policies/serve-slo.toml`).
 //! 2. **The search.** The kit's noise-aware ladder search (as `clock-search` and
 //!    `cap-search`) walks the knob down to the least power that keeps the objective,
-//!    raises it at once on a breach, and searches again when the workload shifts.
+//!    raises it at once on a breach, and searches again when the workload shifts. A
+//!    clock settled for 6 ticks with no queue *descends* at once (at most 25 %) to the
+//!    lowest clock predicted to keep every bound with room (`descent_guard`), instead of
+//!    a probe one rung at a time; a breach soon after rules that clock out of descents
+//!    for 300 ticks. Sequences preempted from the KV cache raise the knob (a slower
+//!    rung holds more in flight).
 //! 3. **The time to first token, predicted.** The kit's step model
 //!    ([`StepModel`](tokwatt_policy_kit::StepModel)) learns a decode step's time and a
 //!    prompt token's at the setting in force (the prompt tokens prefilled and the share
@@ -31,8 +38,12 @@
 //!    and prefill efficiency). A tick that breaks the TPOT bound halves it at once.
 //! 5. **The batch**, where granted: cut to 80 % of the sequences decoding only on a TPOT
 //!    breach that the budget cannot answer (it is at its floor or not granted, or a decode
-//!    step alone is too slow): smaller chunks before fewer sequences. It grows back to
-//!    the workload's own batch after `batch_calm_windows` windows of ample room.
+//!    step alone is too slow) and only where the batch binds: smaller chunks before fewer
+//!    sequences. Preemptions cut it to 90 % of the sequences in flight (at most once in
+//!    5 ticks). Never below an eighth of the workload's own batch; it grows back after
+//!    `batch_calm_windows` windows of ample room. With requests waiting at the top clock
+//!    and cap (demand beyond the GPU) neither the budget nor the batch is cut, and the
+//!    budget goes to the largest: it serves the most.
 //!
 //! Under `--batch-only` (neither the clock nor the cap granted) steps 1-3 do nothing and
 //! the budget and the batch run alone.

@@ -56,10 +56,24 @@ fn a_broken_tpot_is_answered_with_smaller_chunks_before_fewer_sequences() {
         decided[0].batch_size, None,
         "the batch waits for the budget"
     );
-    // At the floor the batch goes.
+    // At the floor, with the batch not full, fewer sequences would not shorten the
+    // chunk's step: the batch stays.
     let decided = policy.decide(&[serving(2, 256, 0, 45.0, 200.0)]);
     assert_eq!(decided[0].token_budget, None);
+    assert_eq!(decided[0].batch_size, None);
+    // At the floor with every slot taken the batch goes.
+    let mut full = serving(3, 256, 0, 45.0, 200.0);
+    full.in_force.batch_size = 64;
+    let decided = policy.decide(&[full]);
+    assert_eq!(decided[0].token_budget, None);
     assert_eq!(decided[0].batch_size, Some(51), "80 % of the 64 decoding");
+    // Demand beyond the GPU (requests wait at the top clock and cap): neither goes, the
+    // budget goes to the largest (it serves the most).
+    let mut overload = serving(4, 2048, 40, 45.0, 200.0);
+    overload.in_force.batch_size = 64;
+    let decided = policy.decide(&[overload]);
+    assert_eq!(decided[0].batch_size, None);
+    assert_ne!(decided[0].token_budget, Some(1024));
 }
 
 #[test]
@@ -101,7 +115,11 @@ fn under_batch_only_the_budget_and_the_batch_run_alone() {
 
 #[test]
 fn prompt_heavy_work_moves_to_the_power_cap_and_releases_the_lock() {
-    let (mut policy, _) = policy(ALL, objective(None, Some(5000.0)), &[]);
+    let (mut policy, _) = policy(
+        ALL,
+        objective(None, Some(5000.0)),
+        &[("knob_choice", "auto")],
+    );
     let mut released = false;
     let mut capped = false;
     for tick in 1..200 {
