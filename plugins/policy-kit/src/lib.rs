@@ -45,7 +45,7 @@ pub use objective::check_objective;
 pub use search::{
     CAP_TOLERANCE_W, CapSearch, Direction, Measurement, SloFloor, Window, WindowScope,
 };
-pub use serving::{BudgetBounds, PhaseMix, StepModel, choose_budget};
+pub use serving::{BudgetBounds, PhaseMix, StepModel, choose_budget, largest_budget_within_tpot};
 
 use tokwatt_policy_sdk::{Observation, Settings};
 

@@ -22,10 +22,10 @@
 //!   p99 time to first token ([`StepModel::ttft_p99_ms`]) at any budget, the latter
 //!   scaled by how far the measured p99 has run above the plain mean prediction
 //!   (the tail of the prompt lengths, learnt, not assumed).
-//! - [`choose_budget`]: the budget that leaves the most room under every latency bound
-//!   the objective sets (TPOT falls with a smaller budget, TTFT and the share of time
-//!   spent prefilling rise), so that a clock search can go as low as the tighter of them
-//!   allows: a broken TPOT is answered with smaller chunks first.
+//! - [`choose_budget`]: the largest budget whose step with a full chunk keeps the TPOT
+//!   bound (a smaller chunk only costs first tokens and prefill efficiency), so that a
+//!   clock search can go as low as first tokens allow: a broken TPOT is answered with
+//!   smaller chunks first.
 //! - [`PhaseMix`]: the share of busy time spent on prompts, smoothed, with a hysteresis
 //!   between the two ways of slowing a GPU: under a power cap the firmware clocks each
 //!   step by its own power (compute-bound prompt chunks low, memory-bound decode steps
@@ -147,6 +147,7 @@ pub struct StepModel {
     last_plain_ms: Option<f64>,
     /// The clock the predictions are for, MHz (the last tick's, or [`StepModel::at_clock`]'s).
     clock_mhz: f64,
+    backlog: PromptBacklog,
 }
 
 impl Default for StepModel {
@@ -165,6 +166,7 @@ impl StepModel {
             tail: Ewma::new(0.2),
             last_plain_ms: None,
             clock_mhz: REFERENCE_MHZ,
+            backlog: PromptBacklog::default(),
         }
     }
 
@@ -194,6 +196,8 @@ impl StepModel {
 
     /// Learns from one tick.
     pub fn observe(&mut self, observation: &Observation) {
+        // The backlog counts every tick, settling or not: requests arrive regardless.
+        self.backlog.observe(observation);
         if observation.settling {
             self.last_plain_ms = None;
             return;
@@ -231,7 +235,7 @@ impl StepModel {
                 .push((measured / plain).clamp(TAIL_RANGE.0, TAIL_RANGE.1));
         }
         self.last_plain_ms = self.plain_ttft_ms(
-            waiting_prompt_tokens(observation, self.prompt_tokens.get()),
+            self.waiting_prompt_tokens(),
             observation.in_force.token_budget,
             observation.active_sequences,
         );
@@ -270,6 +274,13 @@ impl StepModel {
         Some((a, c))
     }
 
+    /// Prompt tokens waiting ahead of the last request admitted (see [`PromptBacklog`]:
+    /// queued or in the batch waiting for chunks), at the mean prompt learnt; 0 while no
+    /// prompt was seen.
+    pub fn waiting_prompt_tokens(&self) -> f64 {
+        (self.backlog.requests() - 1.0).max(0.0) * self.prompt_tokens.get().unwrap_or(0.0)
+    }
+
     /// Prompt tokens a second while prompts wait, at `budget` with `sequences` decoding.
     pub fn prefill_rate(&self, budget: u32, sequences: u32) -> Option<f64> {
         let (a, c) = self.costs()?;
@@ -301,7 +312,7 @@ impl StepModel {
     }
 
     /// Predicted p99 time to first token, ms, of the prompts now waiting (`waiting`
-    /// prompt tokens: see [`waiting_prompt_tokens`]) at `budget` with `sequences`
+    /// prompt tokens: see [`StepModel::waiting_prompt_tokens`]) at `budget` with `sequences`
     /// decoding. The tail (how far the measured p99 ran above the mean prediction: the
     /// long prompts, the arrivals between ticks) is learnt; until a tick shows it, 2.
     pub fn ttft_p99_ms(&self, waiting: f64, budget: u32, sequences: u32) -> Option<f64> {
@@ -310,21 +321,51 @@ impl StepModel {
     }
 }
 
-/// Prompt tokens waiting for their first chunk, from what an observation shows: the
-/// requests queued for a batch slot times the mean prompt (`mean_prompt`, learnt; 0 while
-/// unknown).
-pub fn waiting_prompt_tokens(observation: &Observation, mean_prompt: Option<f64>) -> f64 {
-    f64::from(observation.queue_depth) * mean_prompt.unwrap_or(0.0)
+/// Requests admitted whose first token has not come yet: those queued for a batch slot
+/// and those in the batch waiting for their prompt's chunks. The second kind never
+/// shows in the queue depth (a serving engine admits a prompt to the batch, then
+/// prefills it a chunk a step), so the count is kept from the demand: requests admitted
+/// (arrived less turned away) less first tokens, tick by tick, held within what is in
+/// flight and queued, and emptied by a tick that prefilled nothing with nobody queued
+/// (chunked prefill takes any prompt waiting, so none was).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PromptBacklog {
+    pending: f64,
 }
 
-/// The latency bounds a budget answers to, as ratios it must stay under.
+impl PromptBacklog {
+    pub fn observe(&mut self, observation: &Observation) {
+        let (Some(demand), Some(requests)) =
+            (observation.demand.as_ref(), observation.requests.as_ref())
+        else {
+            return;
+        };
+        let admitted = demand
+            .requests_arrived
+            .saturating_sub(demand.requests_turned_away);
+        let most = f64::from(observation.active_sequences) + f64::from(observation.queue_depth);
+        self.pending = (self.pending + admitted as f64 - requests.first_tokens as f64)
+            .clamp(0.0, most.max(0.0));
+        if requests.prefill_tokens == 0 && observation.queue_depth == 0 {
+            self.pending = 0.0;
+        }
+    }
+
+    /// Requests waiting for their first token.
+    pub fn requests(&self) -> f64 {
+        self.pending
+    }
+}
+
+/// The latency bounds a budget answers to.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BudgetBounds {
     /// p99 time per token, ms.
     pub tpot_ms: Option<f64>,
-    /// p99 time to first token (or, with prompts, the queue-wait bound, whichever is
-    /// lower: a prompt waiting for its chunks waits as surely as one in the queue), ms.
-    pub first_token_ms: Option<f64>,
+    /// The share of `tpot_ms` a full chunk's step is held to: under the margin a clock
+    /// search keeps (a window's mean p99 within it is out of bounds), so the budget does
+    /// not hold the clock up.
+    pub tpot_share: f64,
     /// The most of the busy time prompts may take (a GPU that spends all of it on prompts
     /// falls behind its decodes and its arrivals).
     pub prefill_share_max: f64,
@@ -335,54 +376,86 @@ impl BudgetBounds {
     pub fn of(objective: &Objective) -> BudgetBounds {
         BudgetBounds {
             tpot_ms: objective.tpot_p99_limit_ms.filter(|ms| *ms > 0.0),
-            first_token_ms: crate::ladder::first_token_bound(objective).filter(|ms| *ms > 0.0),
+            tpot_share: 0.83,
             prefill_share_max: 0.8,
         }
     }
 }
 
-/// The budget of `candidates` that leaves the most room under the tightest of `bounds`
-/// (the least of the predicted ratios to each bound: TPOT, time to first token, share of
-/// time on prompts), for `sequences` decoding and `waiting` prompt tokens queued, with
-/// `share_now` the share of busy time prompts take at `budget_now`. Without a TPOT bound
-/// the largest candidate (a smaller chunk only costs first tokens and prefill
-/// efficiency). `None` while the model cannot predict.
+/// The largest of `candidates` whose step with a full chunk is predicted within the TPOT
+/// bound's share, for `sequences` decoding; `None` where none is (or the model cannot
+/// tell yet, or there is no TPOT bound: then every budget is).
+pub fn largest_budget_within_tpot(
+    model: &StepModel,
+    bounds: &BudgetBounds,
+    candidates: &[u32],
+    sequences: u32,
+) -> Option<u32> {
+    let limit_ms = bounds.tpot_ms?;
+    let mut best = None;
+    for &budget in candidates {
+        if budget <= sequences {
+            continue;
+        }
+        if model.tpot_p99_ms(budget, sequences)? <= limit_ms * bounds.tpot_share {
+            best = best.max(Some(budget));
+        }
+    }
+    best
+}
+
+/// The budget of `candidates` for `sequences` decoding: the largest whose step with a
+/// full chunk keeps the TPOT bound (see [`largest_budget_within_tpot`]). A larger chunk
+/// only helps first tokens (prompts go through faster) and prefill efficiency (a large
+/// chunk fills the tensor cores' tiles), so of the budgets that keep TPOT the largest
+/// leaves a clock search the most room to go down before first tokens bind; it is
+/// where the TPOT bound is answered with smaller chunks. Without a TPOT bound, the
+/// largest candidate; where none keeps it, the smallest above the sequences decoding
+/// (the clock must rise: the search's to see). Never one under which prompts would take
+/// more than `prefill_share_max` of the busy time, given `share_now`, the share they
+/// take at the budget in force: (share, budget). `None` while the model cannot predict.
 pub fn choose_budget(
     model: &StepModel,
     bounds: &BudgetBounds,
     candidates: &[u32],
     sequences: u32,
-    waiting: f64,
     share_now: Option<(f64, u32)>,
 ) -> Option<u32> {
     let largest = candidates.iter().copied().max()?;
-    let Some(tpot_ms) = bounds.tpot_ms else {
+    if bounds.tpot_ms.is_none() {
         return Some(largest);
+    }
+    model.tpot_p99_ms(largest, sequences)?;
+    let mut chosen = match largest_budget_within_tpot(model, bounds, candidates, sequences) {
+        Some(budget) => budget,
+        None => candidates
+            .iter()
+            .copied()
+            .filter(|&budget| budget > sequences)
+            .min()
+            .unwrap_or(largest),
     };
-    let mut best: Option<(f64, u32)> = None;
-    for &budget in candidates {
-        if budget <= sequences {
-            continue;
-        }
-        let mut worst = model.tpot_p99_ms(budget, sequences)? / tpot_ms;
-        if let Some(first_ms) = bounds.first_token_ms {
-            worst = worst.max(model.ttft_p99_ms(waiting, budget, sequences)? / first_ms);
-        }
-        // The share of time on prompts scales with a prompt token's time at each budget.
-        if let Some((share, at)) = share_now
-            && let (Some(now), Some(then)) = (
-                model.prefill_rate(at, sequences),
-                model.prefill_rate(budget, sequences),
-            )
-            && then > 0.0
+    // The share of time on prompts scales with a prompt token's time at each budget: the
+    // smallest budget that keeps it under the most.
+    if let Some((share, at)) = share_now
+        && let Some(now) = model.prefill_rate(at, sequences)
+    {
+        let keeps_share = |budget: u32| {
+            model
+                .prefill_rate(budget, sequences)
+                .is_some_and(|then| then > 0.0 && share * now / then <= bounds.prefill_share_max)
+        };
+        if !keeps_share(chosen)
+            && let Some(least) = candidates
+                .iter()
+                .copied()
+                .filter(|&budget| budget > chosen && keeps_share(budget))
+                .min()
         {
-            worst = worst.max(share * now / then / bounds.prefill_share_max);
-        }
-        if best.is_none_or(|(least, _)| worst < least) {
-            best = Some((worst, budget));
+            chosen = least;
         }
     }
-    Some(best.map_or(largest, |(_, budget)| budget))
+    Some(chosen)
 }
 
 /// The share of busy time spent on prompts, smoothed, and which way to slow the GPU.

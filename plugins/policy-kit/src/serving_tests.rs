@@ -99,10 +99,10 @@ fn nothing_is_predicted_before_prompts_were_seen_and_bad_figures_are_ignored() {
     assert!(!model.knows_prompts());
 }
 
-fn bounds(tpot_ms: Option<f64>, first_token_ms: Option<f64>) -> BudgetBounds {
+fn bounds(tpot_ms: Option<f64>) -> BudgetBounds {
     BudgetBounds {
         tpot_ms,
-        first_token_ms,
+        tpot_share: 0.83,
         prefill_share_max: 0.8,
     }
 }
@@ -120,68 +120,52 @@ fn learnt() -> StepModel {
 #[test]
 fn without_a_tpot_bound_the_largest_budget_is_chosen() {
     let model = learnt();
-    let chosen = choose_budget(
-        &model,
-        &bounds(None, Some(500.0)),
-        &CANDIDATES,
-        64,
-        0.0,
-        None,
-    );
+    let chosen = choose_budget(&model, &bounds(None), &CANDIDATES, 64, None);
     assert_eq!(chosen, Some(8192));
 }
 
 #[test]
-fn a_tight_tpot_bound_takes_smaller_chunks_and_first_tokens_hold_them_up() {
+fn a_tight_tpot_bound_takes_the_largest_chunks_that_keep_it() {
     let model = learnt();
-    // TPOT 30 ms: a full chunk of 2048 takes 50 ms; 512 takes 19. With no first-token
-    // bound the smallest that fits wins (the most room).
-    let tpot_only = choose_budget(
-        &model,
-        &bounds(Some(30.0), None),
-        &CANDIDATES,
-        64,
-        0.0,
-        None,
+    // TPOT 30 ms, a full chunk's step held to 83 % of it (24.9 ms): 10 + 0.02 · (B - 64)
+    // fits up to B = 809, so 512 of the candidates.
+    let chosen = choose_budget(&model, &bounds(Some(30.0)), &CANDIDATES, 64, None);
+    assert_eq!(chosen, Some(512));
+    assert_eq!(
+        largest_budget_within_tpot(&model, &bounds(Some(30.0)), &CANDIDATES, 64),
+        Some(512)
     );
-    assert_eq!(tpot_only, Some(256));
-    // A first-token bound that a 256 budget would break balances the two.
-    let both = choose_budget(
-        &model,
-        &bounds(Some(30.0), Some(120.0)),
-        &CANDIDATES,
-        64,
-        0.0,
-        None,
-    )
-    .unwrap_or(0);
-    assert!(both > 256 && both < 2048, "{both}");
-    // A budget at or under the sequences decoding is never chosen.
-    let crowded = choose_budget(
-        &model,
-        &bounds(Some(30.0), None),
-        &CANDIDATES,
-        300,
-        0.0,
-        None,
+    // More sequences decoding take more of each budget: a larger one fits.
+    let crowded = choose_budget(&model, &bounds(Some(30.0)), &CANDIDATES, 300, None);
+    assert_eq!(crowded, Some(1024));
+    // None fits: the smallest above the sequences decoding, and the search must climb.
+    let tight = bounds(Some(11.0));
+    assert_eq!(
+        largest_budget_within_tpot(&model, &tight, &CANDIDATES, 64),
+        None
     );
-    assert_eq!(crowded, Some(512));
+    assert_eq!(
+        choose_budget(&model, &tight, &CANDIDATES, 64, None),
+        Some(256)
+    );
+    assert_eq!(
+        choose_budget(&model, &tight, &CANDIDATES, 300, None),
+        Some(512)
+    );
 }
 
 #[test]
 fn the_share_of_time_on_prompts_keeps_the_budget_from_starving_them() {
     let model = learnt();
-    // Prompts take 70 % of the time at 2048: at 256 they would take far more than 80 %.
+    // Prompts take 70 % of the time at 2048: at 512 they would take 118 %.
     let chosen = choose_budget(
         &model,
-        &bounds(Some(30.0), None),
+        &bounds(Some(30.0)),
         &CANDIDATES,
         64,
-        0.0,
         Some((0.7, 2048)),
-    )
-    .unwrap_or(0);
-    assert!(chosen > 256, "{chosen}");
+    );
+    assert_eq!(chosen, Some(2048));
 }
 
 #[test]
@@ -213,4 +197,58 @@ fn the_phase_mix_prefers_a_cap_for_prompt_heavy_work_with_a_hysteresis() {
     let before = mix.share();
     mix.observe(&idle);
     assert_eq!(mix.share(), before);
+}
+
+fn with_demand(mut observation: Observation, arrived: u64, turned_away: u64) -> Observation {
+    observation.demand = Some(tokwatt_policy_sdk::Demand {
+        requests_arrived: arrived,
+        requests_completed: 0,
+        requests_turned_away: turned_away,
+        tokens_demanded: 0,
+        queue_wait_p99_ms: None,
+    });
+    observation
+}
+
+#[test]
+fn prompts_waiting_in_the_batch_for_their_chunks_are_counted_though_the_queue_is_empty() {
+    let mut backlog = PromptBacklog::default();
+    // Nine arrive, one gets its first token: eight wait, none of them in the queue.
+    let mut busy = with_demand(tick((10.0, 0.02), 2048, 64, 1, 1000, 0, 300.0), 9, 0);
+    backlog.observe(&busy);
+    assert_eq!(backlog.requests(), 8.0);
+    // Three more, two of them turned away, four first tokens.
+    busy = with_demand(tick((10.0, 0.02), 2048, 64, 4, 1000, 0, 300.0), 3, 2);
+    backlog.observe(&busy);
+    assert_eq!(backlog.requests(), 5.0);
+    // Never more than what is in flight and queued.
+    busy = with_demand(tick((10.0, 0.02), 2048, 3, 0, 1000, 1, 300.0), 50, 0);
+    if let Some(requests) = busy.requests.as_mut() {
+        requests.prefill_tokens = 100;
+    }
+    backlog.observe(&busy);
+    assert_eq!(backlog.requests(), 4.0);
+    // A tick that prefilled nothing with nobody queued: nobody waited.
+    let mut idle = with_demand(tick((10.0, 0.02), 2048, 64, 0, 1000, 0, 300.0), 0, 0);
+    if let Some(requests) = idle.requests.as_mut() {
+        requests.prefill_tokens = 0;
+    }
+    backlog.observe(&idle);
+    assert_eq!(backlog.requests(), 0.0);
+    // The step model predicts the last one's first token behind the others' prompts.
+    let mut model = StepModel::new();
+    for _ in 0..5 {
+        model.observe(&with_demand(
+            tick((10.0, 0.02), 2048, 64, 4, 1000, 0, 300.0),
+            4,
+            0,
+        ));
+    }
+    assert_eq!(model.waiting_prompt_tokens(), 0.0);
+    model.observe(&with_demand(
+        tick((10.0, 0.02), 2048, 64, 4, 1000, 0, 300.0),
+        14,
+        0,
+    ));
+    assert_eq!(model.waiting_prompt_tokens(), 9000.0);
 }

@@ -141,6 +141,10 @@ struct Descent {
     since_descent: u32,
 }
 
+/// The time to first token goes as 1/clock to this power at a lower clock (see
+/// `descend`).
+const TTFT_CLOCK_EXPONENT: f64 = 2.2;
+
 /// Ticks after a descent in which a breach is the descent's.
 const DESCENT_BLAME_TICKS: u32 = 30;
 /// Ticks a clock a descent broke at stays ruled out for descents.
@@ -449,8 +453,7 @@ impl Gpu {
             }
         }
         if let (Some(bound_ms), false) = (first_token_bound(objective), observation.settling) {
-            let waiting =
-                serving::waiting_prompt_tokens(observation, self.model.mean_prompt_tokens());
+            let waiting = self.model.waiting_prompt_tokens();
             let predicted = self.model.ttft_p99_ms(
                 waiting,
                 observation.in_force.token_budget,
@@ -469,10 +472,12 @@ impl Gpu {
                         &config.ladder,
                     );
                 } else if ladder.search.current < rung && self.mode == Mode::Clock {
-                    // A prompt token's time goes with the clock (compute-bound): the lower
-                    // rung's first tokens, scaled from this one's.
+                    // The lower rung's first tokens, scaled from this one's as a descent
+                    // scales them (see `descend`: a prompt token's time goes with the
+                    // clock, and a slower GPU holds more sequences in flight).
                     let target = ladder.target();
-                    let scaled_ms = predicted_ms * in_force / target.max(1.0);
+                    let scaled_ms =
+                        predicted_ms * (in_force / target.max(1.0)).powf(TTFT_CLOCK_EXPONENT);
                     if scaled_ms > guard_ms {
                         ladder.search.rule_out_current(
                             &format!(
@@ -484,25 +489,34 @@ impl Gpu {
                 }
             }
         }
-        // A lower rung whose step with a full chunk of prompt is predicted past the TPOT
-        // bound's margin: the decode-only ticks it would show first say nothing of the
-        // first prompt that comes.
+        // A lower rung where no budget's step with a full chunk of prompt is predicted
+        // within the TPOT bound (without the budget knob: the budget in force): the
+        // decode-only ticks it would show first say nothing of the first prompt to come.
         if self.mode == Mode::Clock
             && ladder.search.current < rung
             && let Some(limit_ms) = objective.tpot_p99_limit_ms
-            && let Some(step_ms) = self.model.at_clock(ladder.target()).tpot_p99_ms(
-                observation.in_force.token_budget,
-                observation.active_sequences,
-            )
-            && step_ms > limit_ms * (1.0 - config.ladder.tpot_margin)
         {
             let target = ladder.target();
-            ladder.search.rule_out_current(
-                &format!(
-                    "a step with a full chunk predicted at {step_ms:.1} ms at {target:.0} MHz"
-                ),
-                &config.ladder,
-            );
+            let there = self.model.at_clock(target);
+            let sequences = observation.active_sequences;
+            let breaks = match &self.budget {
+                Some(budget) if there.knows_prompts() => serving::largest_budget_within_tpot(
+                    &there,
+                    &BudgetBounds::of(objective),
+                    &budget.candidates,
+                    sequences,
+                )
+                .is_none(),
+                _ => there
+                    .tpot_p99_ms(observation.in_force.token_budget, sequences)
+                    .is_some_and(|ms| ms > limit_ms * (1.0 - config.ladder.tpot_margin)),
+            };
+            if breaks {
+                ladder.search.rule_out_current(
+                    &format!("no chunk predicted within the TPOT bound at {target:.0} MHz"),
+                    &config.ladder,
+                );
+            }
         }
         if self.mode == Mode::Clock {
             if objective_breach(observation, objective).is_some() {
@@ -512,6 +526,7 @@ impl Gpu {
             descend(
                 ladder,
                 &mut self.descent,
+                self.budget.as_ref().map(|b| b.candidates.as_slice()),
                 &self.model,
                 observation,
                 objective,
@@ -590,7 +605,6 @@ impl Gpu {
             return false;
         }
         budget.ticks = 0;
-        let waiting = serving::waiting_prompt_tokens(observation, self.model.mean_prompt_tokens());
         let share_now = observation
             .requests
             .as_ref()
@@ -602,7 +616,6 @@ impl Gpu {
             &BudgetBounds::of(objective),
             &budget.candidates,
             sequences,
-            waiting,
             share_now,
         ) else {
             return false;
@@ -770,6 +783,7 @@ impl Gpu {
 fn descend(
     ladder: &mut KnobLadder,
     descent: &mut Descent,
+    candidates: Option<&[u32]>,
     model: &StepModel,
     observation: &Observation,
     objective: &Objective,
@@ -779,7 +793,6 @@ fn descend(
     const DESCENT_TICKS: u32 = 6;
     /// At most this much lower a jump.
     const DESCENT_STEP: f64 = 0.25;
-    const TTFT_EXPONENT: f64 = 2.2;
     const TPOT_EXPONENT: f64 = 1.5;
     let search = &ladder.search;
     let rung = ladder.rung_of(f64::from(observation.in_force.sm_clock_max_mhz));
@@ -812,18 +825,40 @@ fn descend(
         }
         (None, _) => 0.0,
     };
+    let budget_now = observation.in_force.token_budget;
+    let sequences = observation.active_sequences;
     let keeps = |mhz: f64| -> bool {
         let ratio = f0 / mhz;
-        if let Some(limit) = tpot_limit
-            && let Some(step_ms) = model.at_clock(mhz).tpot_p99_ms(
-                observation.in_force.token_budget,
-                observation.active_sequences,
-            )
+        let there = model.at_clock(mhz);
+        // Where the budget is turned and prompts were measured, the budget there is the
+        // largest whose full chunk keeps the TPOT bound: the clock keeps it if one does,
+        // and first tokens come as much later as that budget prefills slower.
+        let mut budget_scale = 1.0;
+        if let (Some(candidates), Some(_)) = (candidates, tpot_limit)
+            && there.knows_prompts()
+        {
+            let bounds = BudgetBounds::of(objective);
+            let Some(budget) =
+                serving::largest_budget_within_tpot(&there, &bounds, candidates, sequences)
+            else {
+                return false;
+            };
+            if let (Some(now), Some(then)) = (
+                there.prefill_rate(budget_now, sequences),
+                there.prefill_rate(budget, sequences),
+            ) && then > 0.0
+            {
+                budget_scale = (now / then).max(1.0);
+            }
+        } else if let Some(limit) = tpot_limit
+            && let Some(step_ms) = there.tpot_p99_ms(budget_now, sequences)
             && step_ms > limit * (1.0 - config.ladder.tpot_margin)
         {
             return false;
         }
-        if let Some(limit) = tpot_limit {
+        if let Some(limit) = tpot_limit
+            && (candidates.is_none() || !there.knows_prompts())
+        {
             let mean = descent.tpot_sum_ms / ticks * ratio.powf(TPOT_EXPONENT);
             let worst = descent.tpot_worst_ms * ratio.powf(TPOT_EXPONENT);
             if mean > limit * (1.0 - config.ladder.tpot_margin) || worst > 0.95 * limit {
@@ -831,7 +866,7 @@ fn descend(
             }
         }
         if let Some(bound) = first_bound {
-            let scale = ratio.powf(TTFT_EXPONENT);
+            let scale = ratio.powf(TTFT_CLOCK_EXPONENT) * budget_scale;
             // The typical tick with the guard's room, and the worst one seen under the
             // bound itself (less a twentieth): a window's worst prompt comes again.
             if ttft_here * scale > config.descent_guard * bound

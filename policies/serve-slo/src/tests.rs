@@ -30,6 +30,14 @@ fn serving(tick: u64, budget: u32, queued: u32, tpot_p99_ms: f64, ttft_ms: f64) 
     observation.queue_depth = queued;
     observation.tpot_p50_ms = 10.0;
     observation.tpot_p99_ms = tpot_p99_ms;
+    // Four arrive and four get their first token: nobody waits in the batch.
+    observation.demand = Some(tokwatt_policy_sdk::Demand {
+        requests_arrived: 4 + u64::from(queued),
+        requests_completed: 4,
+        requests_turned_away: 0,
+        tokens_demanded: 4 * 200,
+        queue_wait_p99_ms: None,
+    });
     observation.requests = Some(Requests {
         prefill_tokens: 4000,
         first_tokens: 4,
