@@ -330,7 +330,8 @@ impl Gpu {
     /// GPU, where a smaller chunk or batch only serves less of it (the judge holds an
     /// overload to the untuned GPU's breaches and to what it served).
     fn beyond_the_gpu(&self, observation: &Observation) -> bool {
-        observation.queue_depth > 0 && self.at_top(observation)
+        (observation.queue_depth > 0 || self.model.waiting_prompt_tokens() > 0.0)
+            && self.at_top(observation)
     }
 
     /// The clock and the cap are at their top: nothing faster to go to.
@@ -570,12 +571,22 @@ impl Gpu {
                 .unwrap_or(budget.min)
                 .min(in_force),
         );
+        let halved = (in_force / 2).max(floor);
+        // A smaller chunk prefills slower: not where first tokens would then be late.
+        let first_tokens_allow = match first_token_bound(objective) {
+            Some(bound_ms) => self
+                .model
+                .ttft_p99_ms(self.model.waiting_prompt_tokens(), halved, sequences)
+                .is_none_or(|ms| ms <= config.ttft_guard * bound_ms),
+            None => true,
+        };
         if let Some(limit_ms) = objective.tpot_p99_limit_ms
             && observation.tpot_p99_ms > limit_ms
             && in_force > floor
             && !beyond
+            && first_tokens_allow
         {
-            let cut = (in_force / 2).max(floor);
+            let cut = halved;
             debug!(
                 "gpu {}: p99 time per token {:.1} ms over {limit_ms} ms: budget {in_force} -> {cut}",
                 self.index, observation.tpot_p99_ms
