@@ -120,7 +120,15 @@ pub(crate) struct Gpu {
     release: Option<Mode>,
     /// What the settled clock showed since it was taken up: the ground of a descent.
     descent: Descent,
+    /// Ticks the knob stays at its top: the objective broke there with requests waiting
+    /// (demand beyond the GPU).
+    overload_ticks: u32,
 }
+
+/// Ticks at the top after the objective broke there with requests waiting: an overload
+/// is served first (the judge holds it to what the untuned GPU breaks and serves), and a
+/// search for efficiency under it serves less.
+const OVERLOAD_HOLD_TICKS: u32 = 30;
 
 /// Settled ticks at one clock, for a descent predicted from them.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -289,6 +297,7 @@ impl Gpu {
             batch,
             release: None,
             descent: Descent::default(),
+            overload_ticks: 0,
         })
     }
 
@@ -439,6 +448,27 @@ impl Gpu {
         ladder
             .search
             .observe(observation, rung, objective, &config.ladder);
+        let waiting = observation.queue_depth > 0 || self.model.waiting_prompt_tokens() > 0.0;
+        if rung == ladder.search.top()
+            && waiting
+            && !observation.settling
+            && objective_breach(observation, objective).is_some()
+        {
+            if self.overload_ticks == 0 {
+                info!(
+                    "gpu {}: the objective breaks at the top with requests waiting: demand \
+                     beyond the GPU; holding the top",
+                    self.index
+                );
+            }
+            self.overload_ticks = OVERLOAD_HOLD_TICKS;
+        } else {
+            self.overload_ticks = self.overload_ticks.saturating_sub(1);
+        }
+        if self.overload_ticks > 0 {
+            let top = ladder.search.top();
+            ladder.search.settle_at(top);
+        }
         // Sequences pushed out of the KV cache: the rung let too many pile up in flight
         // (a slower step holds each longer, with a longer context). A faster rung drains
         // them, and the batch admits fewer (see `steer_batch`).
@@ -660,6 +690,7 @@ impl Gpu {
         /// Ample room: the worst p99 of a window under this share of the bound.
         const CALM: f64 = 0.7;
         let beyond = self.beyond_the_gpu(observation);
+        let at_top = self.at_top(observation);
         let Some(batch) = self.batch.as_mut() else {
             return;
         };
@@ -676,7 +707,10 @@ impl Gpu {
         // of the demand. Admit fewer than are in flight now, whatever the latency says;
         // the queue that builds is the ladder's to answer with a faster rung.
         batch.since_cut = batch.since_cut.saturating_add(1);
-        if preempted(observation) {
+        // Below the top clock the ladder answers first (a faster rung drains them; a cut
+        // batch queues the arrivals behind sequences that take minutes to finish, which
+        // broke a queue-wait bound on a reasoning draw); at the top nothing else can.
+        if preempted(observation) && at_top {
             // The sequences already in flight hold their cache for a while after a cut:
             // one cut per `KV_CUT_TICKS`, or the batch spirals down.
             if batch.since_cut < KV_CUT_TICKS {
