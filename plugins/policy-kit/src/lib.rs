@@ -15,9 +15,9 @@
 //! - [`check_objective`] and [`decide_per_gpu`]: small pieces of `init` and `decide`.
 //! - [`serving`]: for serving with prompts, a step model that predicts the p99 time per
 //!   token and to first token at any token budget from what a tick shows (prompt tokens
-//!   waiting, the prefill rate measured at the setting in force), the budget that leaves
-//!   the most room under the objective's bounds, and the phase mix that says whether a
-//!   power cap or a clock lock is the better knob.
+//!   waiting in the queue and in the batch, the prefill rate measured, carried across
+//!   clocks), the largest budget whose full chunk keeps the TPOT bound, and the phase
+//!   mix that says whether a power cap or a clock lock is the better knob.
 //!
 //! It is a plain library: the policy crates link it into their components and export
 //! the policy themselves.

@@ -573,10 +573,11 @@ impl Gpu {
         }
     }
 
-    /// The token budget: the candidate that leaves the most room under the tighter of
-    /// the latency bounds, once a window; a tick that breaks the TPOT bound halves it at
-    /// once (smaller chunks before fewer sequences). Returns whether it was cut for a
-    /// breach, so the batch is not cut for the same one.
+    /// The token budget: the largest candidate whose full chunk keeps the TPOT bound
+    /// (the kit's `choose_budget`), once a window; a tick that breaks the TPOT bound
+    /// halves it at once where first tokens stay on time (smaller chunks before fewer
+    /// sequences); the largest with demand beyond the GPU. Returns whether it was cut for
+    /// a breach, so the batch is not cut for the same one.
     fn steer_budget(
         &mut self,
         observation: &Observation,

@@ -25,17 +25,19 @@
 //!    ([`StepModel`](tokwatt_policy_kit::StepModel)) learns a decode step's time and a
 //!    prompt token's at the setting in force (the prompt tokens prefilled and the share
 //!    of busy time they took), and predicts the p99 time to first token of the prompts
-//!    waiting now: (prompt tokens queued + one prompt) at the prefill rate the budget
+//!    waiting now (the requests admitted without a first token yet, in the queue and in
+//!    the batch waiting for chunks, at the mean prompt) at the prefill rate the budget
 //!    leaves, times the tail it learnt. Past `ttft_guard` of the bound the knob goes up
 //!    before a first token is late; a lower rung predicted past it (a prompt token's time
 //!    scaled by the clock) is ruled out before it is tried. A per-tick p99 that spikes
 //!    with one long prompt is not what it steers by.
 //! 4. **The token budget**, where granted: every `budget_window_ticks` ticks with prompts,
-//!    the budget (from the largest the workload takes down to `budget_floor`, √2 apart)
-//!    that leaves the most room under the tightest of the predicted TPOT (a full chunk's
-//!    step), TTFT (or queue wait) and share of time on prompts; at most a halving or a
-//!    doubling a decision. Without a TPOT bound the largest (chunks only cost first tokens
-//!    and prefill efficiency). A tick that breaks the TPOT bound halves it at once.
+//!    the largest budget (of those from the largest the workload takes down to
+//!    `budget_floor`, √2 apart) whose step with a full chunk is predicted within the TPOT
+//!    bound, and not so small that prompts would take over 80 % of the busy time; at
+//!    most a halving or a doubling a decision. Without a TPOT bound the largest (a
+//!    smaller chunk only costs first tokens and prefill efficiency). A tick that breaks
+//!    the TPOT bound halves it at once, where first tokens stay on time.
 //! 5. **The batch**, where granted: cut to 80 % of the sequences decoding only on a TPOT
 //!    breach that the budget cannot answer (it is at its floor or not granted, or a decode
 //!    step alone is too slow) and only where the batch binds: smaller chunks before fewer
