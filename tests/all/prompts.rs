@@ -178,3 +178,33 @@ fn slo_batch_granted_the_token_budget_moves_it_and_a_0_3_plugin_never_does() {
             .all(|row| row.f64("power_cap_requested_w") == 600.0)
     );
 }
+
+#[test]
+fn serve_slo_under_batch_only_turns_the_budget_and_never_the_gpu() {
+    let dir = tempdir();
+    let chat = repo_root().join("host/scenarios/chat.toml");
+    let chat = chat.to_str().expect("UTF-8 path");
+    // The shipped spec as it is (all four knobs, its 60 ms TPOT bound): --batch-only
+    // withholds the clock and the cap, and the budget and the batch run alone.
+    let spec = repo_root().join("policies/serve-slo.toml");
+    let run = run_sim(
+        &spec,
+        "2m",
+        &dir.path().join("serve-slo"),
+        &["--scenario", chat, "--batch-only", "--no-guard"],
+    );
+    assert_eq!(num(&run.summary, "fallback_ticks"), 0.0, "{}", run.summary);
+    let budgets = token_budgets(&run);
+    assert_eq!(budgets[0], 8192, "the scenario's budget at the start");
+    assert!(
+        budgets.iter().any(|&b| b < 8192),
+        "the budget never moved under the TPOT bound: {budgets:?}"
+    );
+    assert!(
+        run.trace
+            .iter()
+            .all(|row| row.f64("sm_clock_max_mhz") == 1980.0
+                && row.f64("power_cap_requested_w") == 700.0),
+        "a withheld knob moved"
+    );
+}

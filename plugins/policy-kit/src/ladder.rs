@@ -401,6 +401,54 @@ impl LadderSearch {
         self.current
     }
 
+    /// A breach predicted before it shows (see [`crate::serving`]: the prompt tokens
+    /// waiting, at the prefill rate measured, will reach their first token late) is
+    /// answered as a measured one: a floor at `in_force` and a move up, by `overshoot`
+    /// (the predicted ratio to the bound). Ignored while a raise still settles, so one
+    /// backlog is not answered twice.
+    pub fn raise_for_predicted_breach(
+        &mut self,
+        in_force: usize,
+        overshoot: f64,
+        reason: &str,
+        config: &LadderConfig,
+    ) {
+        if self.raised || in_force >= self.top() {
+            return;
+        }
+        let overshoot = if overshoot.is_finite() {
+            overshoot
+        } else {
+            2.0
+        };
+        self.raise_for_objective(in_force, overshoot, reason, config);
+    }
+
+    /// Rules out the rung the search now asks for, which a prediction says would break a
+    /// bound, as if its window had gone out of bounds: it becomes a floor and the search
+    /// moves above it. Nothing happens where the search asks for the top rung.
+    pub fn rule_out_current(&mut self, reason: &str, config: &LadderConfig) {
+        if self.current >= self.top() {
+            return;
+        }
+        debug!(
+            "gpu {}: rung {} is ruled out: {reason}",
+            self.gpu, self.current
+        );
+        self.window = LadderWindow::default();
+        self.after_out_of_bounds(config);
+    }
+
+    /// Settles on `rung` at once, where a model predicts it keeps the objective with room
+    /// (a descent that the settled search would otherwise make one probe a rung at a
+    /// time): never below a floor, never above a ceiling; its neighbours are probed from
+    /// there as from any settled rung. Returns the rung settled on.
+    pub fn settle_at(&mut self, rung: usize) -> usize {
+        let rung = rung.clamp(self.lowest_allowed(), self.highest_allowed());
+        self.resettle(rung);
+        rung
+    }
+
     /// Drops every record and brackets again: below the rung in force after a fall in
     /// load, above it after a rise.
     pub fn reexplore(&mut self, shift: Shift, config: &LadderConfig) {

@@ -490,3 +490,52 @@ fn a_rung_that_lags_its_demand_does_not_read_as_less_work() {
         "a lagging rung dropped the records"
     );
 }
+
+#[test]
+fn a_predicted_breach_raises_and_floors_like_a_measured_one_once_per_settling() {
+    let config = LadderConfig::defaults();
+    let mut search = LadderSearch::new(0, 51, &config).unwrap_or_else(|e| panic!("{e}"));
+    search.resettle(20);
+    search.raise_for_predicted_breach(20, 1.2, "first tokens predicted late", &config);
+    let raised = search.current;
+    assert!(raised > 20, "{raised}");
+    assert_eq!(search.floor.map(|floor| floor.rung), Some(20));
+    // While that raise settles, a second prediction does not stack on it.
+    search.raise_for_predicted_breach(raised, 1.2, "again", &config);
+    assert_eq!(search.current, raised);
+    // A prediction that is not a number still raises (as a clear breach), never panics.
+    search.raised = false;
+    search.raise_for_predicted_breach(raised, f64::NAN, "unknown", &config);
+    assert!(search.current > raised);
+    // At the top there is nowhere to go.
+    let mut top = LadderSearch::new(0, 51, &config).unwrap_or_else(|e| panic!("{e}"));
+    top.raise_for_predicted_breach(50, 1.5, "late", &config);
+    assert_eq!((top.current, top.floor), (50, None));
+}
+
+#[test]
+fn a_rung_ruled_out_by_a_prediction_becomes_a_floor_and_the_search_moves_above_it() {
+    let config = LadderConfig::defaults();
+    let mut search = LadderSearch::new(0, 51, &config).unwrap_or_else(|e| panic!("{e}"));
+    search.resettle(30);
+    // The search probes a rung below; a prediction rules it out before it is tried.
+    search.current = 29;
+    search.rule_out_current("first tokens predicted late at rung 29", &config);
+    assert_eq!(search.floor.map(|floor| floor.rung), Some(29));
+    assert_eq!(search.current, 30, "back to the settled rung");
+}
+
+#[test]
+fn settling_at_a_predicted_rung_keeps_to_the_floor() {
+    let config = LadderConfig::defaults();
+    let mut search = LadderSearch::new(0, 51, &config).unwrap_or_else(|e| panic!("{e}"));
+    search.resettle(40);
+    assert_eq!(search.settle_at(25), 25);
+    assert_eq!((search.current, search.incumbent), (25, Some(25)));
+    search.floor = Some(Floor {
+        rung: 20,
+        windows_left: 3,
+    });
+    assert_eq!(search.settle_at(5), 21, "not below the floor");
+    assert_eq!(search.settle_at(99), 50, "not past the top");
+}

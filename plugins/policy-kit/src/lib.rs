@@ -13,6 +13,11 @@
 //! - [`state`]: the search's part of a policy's hot-swap state, and the per-GPU framing
 //!   around it.
 //! - [`check_objective`] and [`decide_per_gpu`]: small pieces of `init` and `decide`.
+//! - [`serving`]: for serving with prompts, a step model that predicts the p99 time per
+//!   token and to first token at any token budget from what a tick shows (prompt tokens
+//!   waiting in the queue and in the batch, the prefill rate measured, carried across
+//!   clocks), the largest budget whose full chunk keeps the TPOT bound, and the phase
+//!   mix that says whether a power cap or a clock lock is the better knob.
 //!
 //! It is a plain library: the policy crates link it into their components and export
 //! the policy themselves.
@@ -27,6 +32,7 @@ mod ladder_state;
 pub mod measure;
 mod objective;
 mod search;
+pub mod serving;
 pub mod state;
 pub mod stats;
 
@@ -39,6 +45,7 @@ pub use objective::check_objective;
 pub use search::{
     CAP_TOLERANCE_W, CapSearch, Direction, Measurement, SloFloor, Window, WindowScope,
 };
+pub use serving::{BudgetBounds, PhaseMix, StepModel, choose_budget, largest_budget_within_tpot};
 
 use tokwatt_policy_sdk::{Observation, Settings};
 
