@@ -27,6 +27,7 @@ mod json;
 mod llamacpp;
 mod long_run;
 mod metrics;
+mod objective;
 mod outputs;
 mod plugin_check;
 mod plugin_new;

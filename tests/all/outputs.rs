@@ -219,6 +219,7 @@ fn recorded_summary(duration_s: f64) -> tokwatt_agent::RunSummary {
         plugin: "static.wasm".into(),
         tick_ms: 1000,
         objective: Some(tokwatt_core::types::Objective::default()),
+        objective_in_force: None,
         meta: tokwatt_agent::RunMeta {
             simulated: true,
             gpu_profile: "h200".into(),

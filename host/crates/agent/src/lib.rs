@@ -110,6 +110,12 @@ pub struct RunSummary {
     /// Always written; `None` only when reading a summary from before it was recorded.
     #[serde(default)]
     pub objective: Option<tokwatt_core::types::Objective>,
+    /// [`Self::objective`] bound by bound with where each came from (a flag, serve.toml,
+    /// the spec) and which of the operator's the spec narrowed. Absent where the node's
+    /// rules are tokwatt's own (the judge's, whose scenario replaces the spec's objective),
+    /// and in summaries from before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objective_in_force: Option<tokwatt_policy::in_force::ObjectiveInForce>,
     #[serde(flatten)]
     pub meta: RunMeta,
     #[serde(flatten)]
@@ -211,8 +217,9 @@ pub struct RunRequest {
     pub write_files: bool,
     /// The node's objective, guardrails and guard, which the spec may only narrow.
     pub rules: NodeRules,
-    /// Where the rules come from, for the error that refuses a spec loosening them.
-    pub rules_source: String,
+    /// Where the rules come from: for the error that refuses a spec loosening them, and for
+    /// the summary's `objective_in_force`.
+    pub rules_source: tokwatt_policy::in_force::RulesSource,
     /// The knobs the node's backends offer ([`crate::assembly::Assembled::offered`]).
     pub node_knobs: Knobs,
     /// How much the run's files may hold ([`OutputBounds`]: `tokwatt run`'s defaults, or its
@@ -519,7 +526,10 @@ pub(crate) fn run_in(
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<(RunSummary, Backends), AgentError> {
     // The node's rules first: what the spec narrows is in force, and its `init` is told.
-    let mut spec = request.rules.narrow(&request.spec, &request.rules_source)?;
+    let mut spec = request
+        .rules
+        .narrow(&request.spec, &request.rules_source.words)?;
+    let objective_in_force = objective_in_force(request);
     if let Some(tick) = request.tick {
         spec.override_tick(tick)?;
     }
@@ -584,6 +594,7 @@ pub(crate) fn run_in(
         plugin: plugin_path.display().to_string(),
         tick_ms: u32::try_from(tick.as_millis()).unwrap_or(u32::MAX),
         objective: Some(spec.objective),
+        objective_in_force: objective_in_force.clone(),
         meta: meta.clone(),
         totals,
     };
@@ -608,6 +619,20 @@ pub(crate) fn run_in(
         write_report(&request.out_dir, &spec.objective);
     }
     Ok((summary, backends))
+}
+
+/// The objective `request` holds its policy to, bound by bound with where each came from:
+/// for rules an operator set (flags, serve.toml, a scenario), not for rules set in code.
+fn objective_in_force(request: &RunRequest) -> Option<tokwatt_policy::in_force::ObjectiveInForce> {
+    use tokwatt_policy::in_force::{ObjectiveInForce, RulesOrigin};
+    (request.rules_source.origin != RulesOrigin::Described).then(|| {
+        ObjectiveInForce::merge(
+            &request.rules.objective,
+            &request.rules_source,
+            &request.spec.objective,
+            &request.spec.path,
+        )
+    })
 }
 
 /// `report.html` beside the trace. The run's data is already safe on disk, so a report

@@ -624,6 +624,7 @@ mod tests {
             plugin: "p.wasm".into(),
             tick_ms: 1000,
             objective: Some(Objective::default()),
+            objective_in_force: None,
             meta: RunMeta {
                 simulated,
                 gpu_profile: "h200".into(),

@@ -7,11 +7,13 @@
 //! - [`guard`]: the objective guard, which takes the node from a policy that is valid and
 //!   wrong.
 //! - [`rules`]: the node's rules file (what a policy may be given on this node).
+//! - [`in_force`]: the objective in force, bound by bound with where it came from.
 //! - [`spec`]: the policy spec (plugin, params, objective, guardrails, sandbox limits).
 //! - [`limits`]: the sandbox limits a spec sets and the plugin crate enforces.
 
 pub mod envelope;
 pub mod guard;
+pub mod in_force;
 pub mod limits;
 pub mod rules;
 pub mod spec;

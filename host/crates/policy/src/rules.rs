@@ -361,6 +361,25 @@ mod tests {
     }
 
     #[test]
+    fn the_objective_in_force_is_what_narrow_puts_in_force() {
+        use crate::in_force::{ObjectiveInForce, RulesOrigin, RulesSource};
+        let source = RulesSource::new(RulesOrigin::ServeToml("serve.toml".into()), "serve.toml");
+        for text in [
+            "",
+            "[objective]\ntpot_p99_limit_ms = 25.0\n",
+            "[objective]\nttft_p99_limit_ms = 800.0\nmin_tokens_per_s = 0.0\n",
+            "[objective]\nmin_tokens_per_s = 2000.0\nqueue_wait_p99_limit_ms = 100.0\n",
+        ] {
+            let given = spec(text);
+            let narrowed = node().narrow(&given, &source.words).expect("narrows");
+            let in_force =
+                ObjectiveInForce::merge(&node().objective, &source, &given.objective, &given.path);
+            assert_eq!(in_force.objective, narrowed.objective, "{text}");
+            assert!(in_force.set_aside.is_empty());
+        }
+    }
+
+    #[test]
     fn every_loosening_is_refused_by_key_with_the_fix() {
         let cases = [
             (

@@ -17,8 +17,10 @@ use tokwatt_agent::node::{Keep, KeepFor, Node, NodeRequest};
 use tokwatt_lab::ab::stats::{DEFAULT_ALPHA, DEFAULT_BUDGET, DEFAULT_SIM_BUDGET};
 use tokwatt_lab::ab::{self, AbOutcome, AbRequest, Schedule, SequentialPlan};
 
+use tokwatt_policy::in_force::ObjectiveInForce;
 use tokwatt_policy::spec::PolicySpec;
 
+use crate::node_rules::ObjectiveArgs;
 use crate::plugin_places::PluginPlaces;
 use crate::target::TargetArgs;
 
@@ -62,6 +64,9 @@ pub struct AbArgs {
     json: bool,
     #[command(flatten)]
     target: TargetArgs,
+    // The objective both arms are held to; each spec's own may only narrow it.
+    #[command(flatten)]
+    objective: ObjectiveArgs,
 }
 
 /// The epochs and the sequential test's budget, as `ab` and `bench ab-error-rates` take
@@ -186,6 +191,11 @@ pub fn ab(args: AbArgs) -> Result<()> {
     }
     let mut a = PolicySpec::load(&args.a).context("arm a")?;
     let mut b = PolicySpec::load(&args.b).context("arm b")?;
+    // The flags' objective, narrowed by each arm's spec where it is stricter.
+    let in_force = ArmsInForce {
+        a: args.objective.hold(&mut a).context("arm a")?,
+        b: args.objective.hold(&mut b).context("arm b")?,
+    };
     if let Some(tick) = args.epochs.tick {
         a.override_tick(tick).context("arm a")?;
         b.override_tick(tick).context("arm b")?;
@@ -266,6 +276,9 @@ pub fn ab(args: AbArgs) -> Result<()> {
             budget,
             args.epochs.describe(),
         );
+        for line in in_force.lines() {
+            eprintln!("tokwatt: {line}");
+        }
     }
     let request = AbRequest {
         a,
@@ -322,10 +335,42 @@ pub fn ab(args: AbArgs) -> Result<()> {
     tokwatt_lab::ab::report::write_ab_outputs(&out_dir, &outcome)
         .with_context(|| format!("writing ab.json and report.html in {}", out_dir.display()))?;
     if args.json {
-        return crate::json_out::JsonResult::new("ab", Some(&out_dir), &outcome).print();
+        return crate::json_out::JsonResult::new("ab", Some(&out_dir), &outcome)
+            .with_objective_in_force(&in_force)?
+            .print();
     }
     print_outcome(&outcome, &out_dir);
     Ok(())
+}
+
+/// The objective each arm is held to (`--json`'s `objective_in_force`: `a` and `b`).
+#[derive(Debug, serde::Serialize)]
+struct ArmsInForce {
+    a: ObjectiveInForce,
+    b: ObjectiveInForce,
+}
+
+impl ArmsInForce {
+    /// One objective's lines where both arms hold the same, else each arm's.
+    fn lines(&self) -> Vec<String> {
+        if self.a == self.b {
+            return self.a.lines();
+        }
+        let titled = |arm: &str, o: &ObjectiveInForce| {
+            let mut lines = o.lines();
+            if let Some(first) = lines.first_mut() {
+                *first = first.replacen(
+                    "objective in force",
+                    &format!("objective in force for arm {arm}"),
+                    1,
+                );
+            }
+            lines
+        };
+        let mut lines = titled("a", &self.a);
+        lines.extend(titled("b", &self.b));
+        lines
+    }
 }
 
 /// One single-GPU request per GPU of `request` (crossover runs a loop per GPU).

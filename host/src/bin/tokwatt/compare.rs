@@ -436,6 +436,7 @@ mod tests {
             plugin: String::new(),
             tick_ms: 1000,
             objective: None,
+            objective_in_force: None,
             meta: tokwatt_agent::assembly::RunMeta {
                 simulated: true,
                 gpu_profile: "h200".into(),

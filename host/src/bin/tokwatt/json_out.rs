@@ -29,6 +29,11 @@ pub struct JsonResult<'a, T: Serialize> {
     pub files: Vec<PathBuf>,
     /// The result: the document of the command's own file.
     pub result: &'a T,
+    /// `ab` and `tune`: the objective the policies were held to, bound by bound with where
+    /// each came from (`run`'s is in its summary, `result.objective_in_force`). Absent for
+    /// the other commands.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objective_in_force: Option<serde_json::Value>,
 }
 
 impl<'a, T: Serialize> JsonResult<'a, T> {
@@ -40,7 +45,15 @@ impl<'a, T: Serialize> JsonResult<'a, T> {
             out_dir,
             files: out_dir.map(files_in).unwrap_or_default(),
             result,
+            objective_in_force: None,
         }
+    }
+
+    /// The envelope with `objective_in_force` (`ab`, `tune`).
+    pub fn with_objective_in_force(mut self, in_force: &impl Serialize) -> Result<Self> {
+        self.objective_in_force =
+            Some(serde_json::to_value(in_force).context("writing the objective in force")?);
+        Ok(self)
     }
 
     /// Prints the document on standard output, pretty, ending with a newline.

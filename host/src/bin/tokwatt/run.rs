@@ -15,6 +15,7 @@ use tokwatt_agent::recorder::{OutputBounds, Rotation};
 use tokwatt_agent::{AgentError, RunRequest, RunSummary};
 use tokwatt_engines::prometheus;
 
+use tokwatt_policy::in_force::ObjectiveInForce;
 use tokwatt_policy::spec::PolicySpec;
 
 use crate::plugin_places::PluginPlaces;
@@ -92,7 +93,15 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let (rules, rules_source) = args.node.rules()?;
     // What the spec narrows of the node's rules is in force from here on.
-    let mut spec = rules.narrow(&PolicySpec::load(&args.policy)?, &rules_source)?;
+    let given = PolicySpec::load(&args.policy)?;
+    let mut spec = rules.narrow(&given, &rules_source.words)?;
+    // Said at the start: whose each bound is, and which of the flags' the spec narrowed.
+    let objective_in_force = ObjectiveInForce::merge(
+        &rules.objective,
+        &rules_source,
+        &given.objective,
+        &given.path,
+    );
     if let Some(tick) = args.tick {
         spec.override_tick(tick)?;
     }
@@ -155,6 +164,9 @@ pub fn run(args: RunArgs) -> Result<()> {
             meta.gpu_name,
             meta.data_source
         );
+        for line in objective_in_force.lines() {
+            eprintln!("tokwatt: {line}");
+        }
     }
     let engine_batch = meta.workload == prometheus::WORKLOAD_NAME;
     let mut reporter =

@@ -79,6 +79,9 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
             info.meta.data_source,
             humantime::format_duration(info.tick),
         );
+        for line in info.objective_in_force.lines() {
+            eprintln!("tokwatt serve: {line}");
+        }
         for withheld in &info.withheld {
             eprintln!("tokwatt serve: {withheld}");
         }

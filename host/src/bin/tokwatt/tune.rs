@@ -17,6 +17,7 @@ use tokwatt_lab::ab::tune::{
 };
 use tokwatt_policy::spec::PolicySpec;
 
+use crate::node_rules::ObjectiveArgs;
 use crate::plugin_places::PluginPlaces;
 use crate::progress::RoundBar;
 
@@ -73,10 +74,13 @@ pub struct TuneArgs {
     seed: u64,
     /// Tune for tokens per joule with no latency bound. Without one, the search favours
     /// the slowest settings of the ranges (the lowest clock or cap that still serves the
-    /// demand), so a spec whose [objective] bounds no latency is refused unless this is
-    /// given.
+    /// demand), so a spec whose [objective] bounds no latency is refused unless a flag
+    /// below gives a bound or this is given.
     #[arg(long)]
     without_objective: bool,
+    // The objective every candidate is held to; the spec's own may only narrow it.
+    #[command(flatten)]
+    objective: ObjectiveArgs,
     /// Output folder (default: out/tune-POLICY-TIME).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -116,6 +120,9 @@ pub fn tune(args: TuneArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.policy)
         .with_context(|| format!("reading {}", args.policy.display()))?;
     let mut spec = PolicySpec::parse(&args.policy, &text)?;
+    // The flags' objective, narrowed where the spec is stricter: every candidate (a copy
+    // of this spec with other parameters) is held to it.
+    let in_force = args.objective.hold(&mut spec)?;
     check_objective(&spec, &args.policy, args.without_objective)?;
     if let Some(tick) = args.tick {
         spec.override_tick(tick)?;
@@ -173,6 +180,9 @@ pub fn tune(args: TuneArgs) -> Result<()> {
             "tokwatt: tuning `{}` over {count} candidates on the simulator: rounds of A/B against the spec as given, η {}, {} pairs in the first round, epochs of {} ticks (warm-up {})",
             spec.name, args.eta, args.pairs, schedule.measure_ticks, schedule.warmup_ticks
         );
+        for line in in_force.lines() {
+            eprintln!("tokwatt: {line}");
+        }
     }
     let bar = RoundBar::new(args.quiet, planned_runs(count, args.eta));
     let mut progress = |event: TuneProgress<'_>| match event {
@@ -205,7 +215,9 @@ pub fn tune(args: TuneArgs) -> Result<()> {
     bar.finish();
     let tuned = tune::write_outputs(&out_dir, &outcome, &spec, &text)?;
     if args.json {
-        return crate::json_out::JsonResult::new("tune", Some(&out_dir), &outcome).print();
+        return crate::json_out::JsonResult::new("tune", Some(&out_dir), &outcome)
+            .with_objective_in_force(&in_force)?
+            .print();
     }
     print_outcome(&outcome, &out_dir, tuned.as_deref());
     Ok(())
@@ -224,7 +236,8 @@ fn check_objective(spec: &PolicySpec, path: &Path, without_objective: bool) -> R
     }
     let why = format!(
         "the spec `{}` ({}) bounds no latency in its [objective] (tpot_p99_limit_ms, \
-         queue_wait_p99_limit_ms or ttft_p99_limit_ms), so nothing holds the search back \
+         queue_wait_p99_limit_ms or ttft_p99_limit_ms) and no flag gives one \
+         (--tpot-p99-limit-ms, --queue-wait-p99-limit-ms or --ttft-p99-limit-ms), so nothing holds the search back \
          from the slowest settings of the ranges: it would pick the lowest clock or cap that \
          still serves the demand, however long each token takes",
         spec.name,
@@ -235,8 +248,8 @@ fn check_objective(spec: &PolicySpec, path: &Path, without_objective: bool) -> R
         return Ok(());
     }
     bail!(
-        "{why}. Set your service's bound in the spec, e.g. `tpot_p99_limit_ms = 25.0` under \
-         [objective], or pass --without-objective to tune for tokens per joule alone"
+        "{why}. Give your service's bound, e.g. `--tpot-p99-limit-ms 25` (or \
+         `tpot_p99_limit_ms = 25.0` under the spec's [objective]), or pass --without-objective to tune for tokens per joule alone"
     )
 }
 

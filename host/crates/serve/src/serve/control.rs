@@ -18,6 +18,7 @@ use tokwatt_agent::control::{LoopCommand, Progress};
 use tokwatt_agent::swap::{StateOnSwap, SwapEvent, SwapSender};
 use tokwatt_agent::{self as agent, NodeFacts};
 use tokwatt_plugin::PluginHost;
+use tokwatt_policy::in_force::{ObjectiveInForce, RulesSource};
 use tokwatt_policy::spec::PolicySpec;
 
 /// Policies a rollback can go back through.
@@ -148,8 +149,9 @@ pub(super) struct Parts {
     pub first: PolicyRecord,
     /// The node's rules, which every swapped-in spec may only narrow.
     pub rules: tokwatt_policy::rules::NodeRules,
-    /// Where they come from (the serve config), for the refusal of a spec loosening them.
-    pub rules_source: String,
+    /// Where they come from (the serve config): for the refusal of a spec loosening them,
+    /// and the objective in force said at each swap.
+    pub rules_source: RulesSource,
     /// The node is in a power domain: /metrics carries the fleet's series.
     pub fleet: bool,
 }
@@ -168,7 +170,7 @@ pub struct ServeControl {
     tick: Duration,
     probation_ticks: u64,
     rules: tokwatt_policy::rules::NodeRules,
-    rules_source: String,
+    rules_source: RulesSource,
     swaps: Mutex<SwapSender>,
     commands: Mutex<CommandLine>,
     book: Mutex<Book>,
@@ -366,16 +368,25 @@ impl ServeControl {
 
     /// Load and check a policy spec for this node: the loop's tick, the knobs the node
     /// offers, the privileges this process has.
-    fn load_spec(&self, request: &SwapRequest) -> Result<(PolicySpec, PathBuf), ControlError> {
+    fn load_spec(
+        &self,
+        request: &SwapRequest,
+    ) -> Result<(PolicySpec, PathBuf, ObjectiveInForce), ControlError> {
         let spec = PolicySpec::load(&request.spec).map_err(|e| {
             // The caller hears what is wrong, never the file's text; the log has it all.
             tracing::warn!("swap refused: {e}");
             ControlError::BadRequest(e.without_contents())
         })?;
         // The node's objective and guardrails are the operator's: the spec may narrow them.
+        let objective_in_force = ObjectiveInForce::merge(
+            &self.rules.objective,
+            &self.rules_source,
+            &spec.objective,
+            &spec.path,
+        );
         let mut spec = self
             .rules
-            .narrow(&spec, &self.rules_source)
+            .narrow(&spec, &self.rules_source.words)
             .map_err(|e| ControlError::BadRequest(e.to_string()))?;
         if u64::from(spec.tick_ms) != self.tick.as_millis() as u64 {
             tracing::info!(
@@ -428,7 +439,7 @@ impl ServeControl {
                 .resolve_plugin(&agent::plugin_search_path(&self.plugin_dirs))
                 .map_err(|e| ControlError::BadRequest(e.to_string()))?,
         };
-        Ok((spec, plugin))
+        Ok((spec, plugin, objective_in_force))
     }
 
     /// Start `record` off the loop and hand it over; wait until it is in charge.
@@ -573,11 +584,12 @@ impl Control for ServeControl {
             lock(&self.book).refused(&e.to_string());
             self.metrics.swap_refused();
         };
-        let (spec, plugin) = self.load_spec(request).inspect_err(refused)?;
+        let (spec, plugin, objective_in_force) = self.load_spec(request).inspect_err(refused)?;
         let version = super::plugin_version(&plugin)
             .map_err(|e| ControlError::BadRequest(e.to_string()))
             .inspect_err(refused)?;
-        self.hand_over(
+        let name = spec.name.clone();
+        let outcome = self.hand_over(
             PolicyRecord {
                 spec,
                 plugin,
@@ -589,7 +601,12 @@ impl Control for ServeControl {
             } else {
                 StateOnSwap::FromOutgoing
             },
-        )
+        )?;
+        // A new spec may narrow the node's objective otherwise than the last one.
+        for line in objective_in_force.lines() {
+            tracing::info!(policy = %name, "swapped in: {line}");
+        }
+        Ok(outcome)
     }
 
     fn rollback(&self) -> Result<ActionOutcome, ControlError> {

@@ -37,6 +37,7 @@ use tokwatt_agent::node::{Keep, KeepFor, Node, NodeRequest, PluginPlaces};
 use tokwatt_agent::recorder::{Recorder, Rotation};
 use tokwatt_agent::swap::swap_channel;
 use tokwatt_agent::{NodeFacts, OutputFormats, RunMeta, RunSummary, SUMMARY_FORMAT_VERSION};
+use tokwatt_policy::in_force::{ObjectiveInForce, RulesOrigin, RulesSource};
 use tokwatt_policy::spec::PolicySpec;
 
 /// Ticks over which the status's tick-lateness p99 is taken.
@@ -96,6 +97,8 @@ pub struct ServeInfo {
     pub withheld: Vec<Withheld>,
     pub out_dir: PathBuf,
     pub state_file: Option<PathBuf>,
+    /// The objective the first policy is held to, bound by bound with where it came from.
+    pub objective_in_force: ObjectiveInForce,
 }
 
 /// A running agent: the loop on its thread, and the [`ServeControl`] the API serves.
@@ -319,14 +322,26 @@ pub fn start(
     };
     let systemd = crate::fence::notify::SystemdNotifier::from_process_env()
         .map_err(|e| ServeError::Fence(e.to_string()))?;
-    let rules_source = format!(
-        "the node's rules in {} ([objective], [guardrails], [guard])",
-        config.path.display()
+    let rules_source = RulesSource::new(
+        RulesOrigin::ServeToml(config.path.clone()),
+        format!(
+            "the node's rules in {} ([objective], [guardrails], [guard])",
+            config.path.display()
+        ),
     );
+    let given = PolicySpec::load(&config.policy_spec)?;
     let mut spec = config
         .rules
-        .narrow(&PolicySpec::load(&config.policy_spec)?, &rules_source)
+        .narrow(&given, &rules_source.words)
         .map_err(tokwatt_agent::AgentError::from)?;
+    // serve.toml's objective, narrowed where the spec is stricter: said at the start
+    // (ServeInfo), written in summary.json.
+    let objective_in_force = ObjectiveInForce::merge(
+        &config.rules.objective,
+        &rules_source,
+        &given.objective,
+        &given.path,
+    );
     if let Some(tick) = config.tick {
         spec.override_tick(tick)?;
     }
@@ -498,6 +513,7 @@ pub fn start(
         withheld,
         out_dir: out_dir.clone(),
         state_file,
+        objective_in_force: objective_in_force.clone(),
     };
     let thread = std::thread::Builder::new()
         .name("tokwatt-control-loop".into())
@@ -516,6 +532,7 @@ pub fn start(
                     plugin: plugin.clone(),
                     tick_ms: u32::try_from(tick.as_millis()).unwrap_or(u32::MAX),
                     objective: Some(objective),
+                    objective_in_force: Some(objective_in_force.clone()),
                     meta: meta.clone(),
                     totals,
                 }
