@@ -526,10 +526,14 @@ pub(crate) fn run_in(
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<(RunSummary, Backends), AgentError> {
     // The node's rules first: what the spec narrows is in force, and its `init` is told.
-    let mut spec = request
+    let (mut spec, in_force) = request
         .rules
-        .narrow(&request.spec, &request.rules_source.words)?;
-    let objective_in_force = objective_in_force(request);
+        .narrow_in_force(&request.spec, &request.rules_source)?;
+    // Said for rules an operator set (flags, serve.toml, a scenario), not for those set in
+    // code (the judge's, whose scenario replaces the spec's objective).
+    let objective_in_force = (request.rules_source.origin
+        != tokwatt_policy::in_force::RulesOrigin::Described)
+        .then_some(in_force);
     if let Some(tick) = request.tick {
         spec.override_tick(tick)?;
     }
@@ -619,20 +623,6 @@ pub(crate) fn run_in(
         write_report(&request.out_dir, &spec.objective);
     }
     Ok((summary, backends))
-}
-
-/// The objective `request` holds its policy to, bound by bound with where each came from:
-/// for rules an operator set (flags, serve.toml, a scenario), not for rules set in code.
-fn objective_in_force(request: &RunRequest) -> Option<tokwatt_policy::in_force::ObjectiveInForce> {
-    use tokwatt_policy::in_force::{ObjectiveInForce, RulesOrigin};
-    (request.rules_source.origin != RulesOrigin::Described).then(|| {
-        ObjectiveInForce::merge(
-            &request.rules.objective,
-            &request.rules_source,
-            &request.spec.objective,
-            &request.spec.path,
-        )
-    })
 }
 
 /// `report.html` beside the trace. The run's data is already safe on disk, so a report

@@ -46,6 +46,15 @@ impl RulesSource {
             words: words.into(),
         }
     }
+
+    /// The node's rules in `tokwatt serve`'s config file at `path`.
+    pub fn serve_toml(path: &Path) -> Self {
+        let words = format!(
+            "the node's rules in {} ([objective], [guardrails], [guard])",
+            path.display()
+        );
+        Self::new(RulesOrigin::ServeToml(path.to_path_buf()), words)
+    }
 }
 
 impl From<&str> for RulesSource {

@@ -140,6 +140,23 @@ impl NodeRules {
         crate::envelope::Envelope::for_workload(devices, workload, &self.guardrails, knobs)
     }
 
+    /// [`Self::narrow`] with the rules' `source`, and the objective then in force bound by
+    /// bound with where each came from: what `run` and `serve` print and record.
+    pub fn narrow_in_force(
+        &self,
+        spec: &PolicySpec,
+        source: &crate::in_force::RulesSource,
+    ) -> Result<(PolicySpec, crate::in_force::ObjectiveInForce), Box<Loosened>> {
+        let narrowed = self.narrow(spec, &source.words)?;
+        let in_force = crate::in_force::ObjectiveInForce::merge(
+            &self.objective,
+            source,
+            &spec.objective,
+            &spec.path,
+        );
+        Ok((narrowed, in_force))
+    }
+
     /// The spec's objective and guardrails within the node's: every bound the spec leaves
     /// out is the node's, every bound it sets must be as tight or tighter. `source_of_rule`
     /// names where the node's rules come from, for the error.

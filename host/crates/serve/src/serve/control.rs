@@ -21,6 +21,9 @@ use tokwatt_plugin::PluginHost;
 use tokwatt_policy::in_force::{ObjectiveInForce, RulesSource};
 use tokwatt_policy::spec::PolicySpec;
 
+/// A spec checked for this node, its plugin, and the objective it would be held to.
+type LoadedSpec = (PolicySpec, PathBuf, ObjectiveInForce);
+
 /// Policies a rollback can go back through.
 const HISTORY: usize = 16;
 /// The longest text of a failure kept for the status.
@@ -368,25 +371,16 @@ impl ServeControl {
 
     /// Load and check a policy spec for this node: the loop's tick, the knobs the node
     /// offers, the privileges this process has.
-    fn load_spec(
-        &self,
-        request: &SwapRequest,
-    ) -> Result<(PolicySpec, PathBuf, ObjectiveInForce), ControlError> {
+    fn load_spec(&self, request: &SwapRequest) -> Result<LoadedSpec, ControlError> {
         let spec = PolicySpec::load(&request.spec).map_err(|e| {
             // The caller hears what is wrong, never the file's text; the log has it all.
             tracing::warn!("swap refused: {e}");
             ControlError::BadRequest(e.without_contents())
         })?;
         // The node's objective and guardrails are the operator's: the spec may narrow them.
-        let objective_in_force = ObjectiveInForce::merge(
-            &self.rules.objective,
-            &self.rules_source,
-            &spec.objective,
-            &spec.path,
-        );
-        let mut spec = self
+        let (mut spec, objective_in_force) = self
             .rules
-            .narrow(&spec, &self.rules_source.words)
+            .narrow_in_force(&spec, &self.rules_source)
             .map_err(|e| ControlError::BadRequest(e.to_string()))?;
         if u64::from(spec.tick_ms) != self.tick.as_millis() as u64 {
             tracing::info!(
@@ -601,8 +595,7 @@ impl Control for ServeControl {
             } else {
                 StateOnSwap::FromOutgoing
             },
-        )?;
-        // A new spec may narrow the node's objective otherwise than the last one.
+        )?; // A new spec may narrow the node's objective otherwise than the last one:
         for line in objective_in_force.lines() {
             tracing::info!(policy = %name, "swapped in: {line}");
         }

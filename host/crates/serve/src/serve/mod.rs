@@ -37,7 +37,7 @@ use tokwatt_agent::node::{Keep, KeepFor, Node, NodeRequest, PluginPlaces};
 use tokwatt_agent::recorder::{Recorder, Rotation};
 use tokwatt_agent::swap::swap_channel;
 use tokwatt_agent::{NodeFacts, OutputFormats, RunMeta, RunSummary, SUMMARY_FORMAT_VERSION};
-use tokwatt_policy::in_force::{ObjectiveInForce, RulesOrigin, RulesSource};
+use tokwatt_policy::in_force::{ObjectiveInForce, RulesSource};
 use tokwatt_policy::spec::PolicySpec;
 
 /// Ticks over which the status's tick-lateness p99 is taken.
@@ -322,26 +322,12 @@ pub fn start(
     };
     let systemd = crate::fence::notify::SystemdNotifier::from_process_env()
         .map_err(|e| ServeError::Fence(e.to_string()))?;
-    let rules_source = RulesSource::new(
-        RulesOrigin::ServeToml(config.path.clone()),
-        format!(
-            "the node's rules in {} ([objective], [guardrails], [guard])",
-            config.path.display()
-        ),
-    );
-    let given = PolicySpec::load(&config.policy_spec)?;
-    let mut spec = config
+    let rules_source = RulesSource::serve_toml(&config.path);
+    // serve.toml's objective, narrowed by a stricter spec: said at start, in summary.json.
+    let (mut spec, objective_in_force) = config
         .rules
-        .narrow(&given, &rules_source.words)
+        .narrow_in_force(&PolicySpec::load(&config.policy_spec)?, &rules_source)
         .map_err(tokwatt_agent::AgentError::from)?;
-    // serve.toml's objective, narrowed where the spec is stricter: said at the start
-    // (ServeInfo), written in summary.json.
-    let objective_in_force = ObjectiveInForce::merge(
-        &config.rules.objective,
-        &rules_source,
-        &given.objective,
-        &given.path,
-    );
     if let Some(tick) = config.tick {
         spec.override_tick(tick)?;
     }
