@@ -30,11 +30,12 @@
 //! other. Its state (schema version 3, see `tokwatt_policy_kit::ladder`) goes to a new
 //! version at a hot swap.
 
+use tokwatt_policy_kit::knob_ladder::cap_ladder;
 use tokwatt_policy_kit::{
     CAP_TOLERANCE_W, KnobLadder, LadderConfig, check_objective, decide_per_gpu, knob_ladder,
 };
 use tokwatt_policy_sdk::{
-    DeviceFacts, InitArgs, Knobs, Objective, Observation, Params, Policy, Settings, State, info,
+    InitArgs, Knobs, Objective, Observation, Params, Policy, Settings, State, info,
 };
 
 /// The version of the state layout.
@@ -45,27 +46,6 @@ struct CapSearchPolicy {
     config: LadderConfig,
     objective: Objective,
     gpus: Vec<KnobLadder>,
-}
-
-/// The caps from the device's lowest to its highest, `grid_w` apart, the highest included.
-fn cap_ladder(device: &DeviceFacts, grid_w: f64) -> Result<Vec<f64>, String> {
-    let (min_w, max_w) = (device.power_cap_min_w, device.power_cap_max_w);
-    if !(min_w.is_finite() && max_w.is_finite() && 0.0 < min_w && min_w <= max_w) {
-        return Err(format!(
-            "gpu {}: the host reports a power cap range of {min_w}-{max_w} W, in which no cap \
-             can be searched; check the spec's power cap guardrails",
-            device.index
-        ));
-    }
-    let mut caps = Vec::new();
-    let mut cap_w = min_w;
-    // Stop a rung short of the top when the last would be closer than half a grid step.
-    while cap_w < max_w - grid_w / 2.0 {
-        caps.push(cap_w);
-        cap_w += grid_w;
-    }
-    caps.push(max_w);
-    Ok(caps)
 }
 
 fn read_grid(params: &Params<'_>) -> Result<f64, String> {

@@ -7,6 +7,7 @@ mod knobs;
 use crate::config::{Config, KnobChoice};
 use descent::{Descent, TTFT_CLOCK_EXPONENT, descend};
 use knobs::{Batch, Budget, preempted};
+use tokwatt_policy_kit::knob_ladder::cap_ladder;
 use tokwatt_policy_kit::measure::objective_breach;
 use tokwatt_policy_kit::serving::{self, BudgetBounds, PhaseMix, StepModel};
 use tokwatt_policy_kit::{KnobLadder, clocks, ladder::first_token_bound};
@@ -63,21 +64,6 @@ fn clock_ladder(device: &DeviceFacts) -> Vec<f64> {
     clocks
 }
 
-fn cap_ladder(device: &DeviceFacts, grid_w: f64) -> Option<Vec<f64>> {
-    let (min_w, max_w) = (device.power_cap_min_w, device.power_cap_max_w);
-    if !(min_w.is_finite() && max_w.is_finite() && 0.0 < min_w && min_w <= max_w) {
-        return None;
-    }
-    let mut caps = Vec::new();
-    let mut cap_w = min_w;
-    while cap_w < max_w - grid_w / 2.0 {
-        caps.push(cap_w);
-        cap_w += grid_w;
-    }
-    caps.push(max_w);
-    Some(caps)
-}
-
 impl Gpu {
     /// The control of `device` under `knobs`.
     ///
@@ -97,13 +83,7 @@ impl Gpu {
             None
         };
         let cap = if knobs.contains(Knobs::POWER_CAP) && config.knob_choice != KnobChoice::Clock {
-            let Some(values) = cap_ladder(device, config.cap_grid_w) else {
-                return Err(format!(
-                    "gpu {}: the host reports a power cap range of {}-{} W, in which no cap \
-                     can be searched; check the spec's power cap guardrails",
-                    device.index, device.power_cap_min_w, device.power_cap_max_w
-                ));
-            };
+            let values = cap_ladder(device, config.cap_grid_w)?;
             Some(KnobLadder::new(device.index, values, &config.ladder)?)
         } else {
             None
