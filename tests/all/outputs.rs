@@ -50,6 +50,7 @@ fn summary_keys_are_stable() {
             "interrupted",
             "non_finite_values",
             "objective",
+            "objective_in_force",
             "output_formats",
             "plugin",
             "plugin_traps",
